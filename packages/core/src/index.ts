@@ -1,0 +1,18 @@
+/**
+ * @dsec/core — the vocabulary every DSec component shares: domain types,
+ * sandbox IDs, the closed error set and the interfaces at each seam. No I/O.
+ *
+ * @example
+ * ```ts
+ * import { DsecError, SandboxIdCodec } from '@dsec/core';
+ * const ids = new SandboxIdCodec(clusterSecret);
+ * const id = ids.mint('node-1');
+ * ids.decode(id).edgeId; // 'node-1'
+ * throw new DsecError('invalid_argument', 'memoryLimitMb must be ≥ 16', { field: 'memoryLimitMb' });
+ * ```
+ */
+export * from './errors.js';
+export * from './ids.js';
+export * from './types.js';
+export * from './images.js';
+export * from './edge-api.js';

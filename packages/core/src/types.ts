@@ -1,0 +1,91 @@
+/**
+ * Domain types shared by every component. Units are in the names
+ * (`memoryLimitMb`, `ttlSeconds`, `timeoutMs`).
+ */
+
+/** Which isolation mechanism runs a sandbox (paper 2.2). */
+export type BackendKind = 'container' | 'microvm' | 'vm' | 'fncall';
+
+export type SandboxState = 'creating' | 'running' | 'paused' | 'stopping' | 'stopped' | 'failed';
+
+/** Named network rules from the catalogue (`{ pypi: true, npm: false }`, paper 2.1). */
+export type NetworkRules = Record<string, boolean>;
+
+/** What a caller asks for when creating a sandbox. Validated before it reaches an edge. */
+export interface SandboxSpec {
+  backend: BackendKind;
+  /** Base image layer, `name` or `name:version`. */
+  image: string;
+  /** Workspace layer stacked above the base. */
+  workspace?: string | undefined;
+  /** Toolkit layers, lowest priority first; the last one wins on conflicts. */
+  toolkits: string[];
+  memoryLimitMb: number;
+  cpuCoresLimit: number;
+  pidsLimit: number;
+  /** The sandbox is stopped and reclaimed this long after creation. */
+  ttlSeconds: number;
+  networkRules: NetworkRules;
+  /** User that commands run as unless they say otherwise (`root`, `1000`, `app`). */
+  initUser: string;
+  env: Record<string, string>;
+  labels: Record<string, string>;
+}
+
+export interface SandboxInfo {
+  id: string;
+  edgeId: string;
+  projectId: string;
+  state: SandboxState;
+  spec: SandboxSpec;
+  createdAt: string;
+  expiresAt: string;
+  /** Why it failed or stopped, when it did. */
+  reason?: string | undefined;
+}
+
+/** One command to run in a sandbox. */
+export interface CommandSpec {
+  /** Program and arguments; exclusive with `shell`. */
+  argv?: string[] | undefined;
+  /** A shell line, run by the platform's own shell (never the sandbox's /bin/sh). */
+  shell?: string | undefined;
+  env?: Record<string, string> | undefined;
+  cwd?: string | undefined;
+  user?: string | undefined;
+  /** Whole stdin, sent then closed. */
+  stdin?: string | undefined;
+  timeoutMs?: number | undefined;
+  /** Cap on captured bytes per stream; head and tail are kept. */
+  maxOutputBytes?: number | undefined;
+}
+
+/** How a command ended. Exit codes come from the kernel's wait status. */
+export type CommandOutcome = 'exited' | 'signaled' | 'timeout' | 'killed' | 'oom';
+
+export interface CommandResult {
+  commandId: string;
+  exitCode: number;
+  /** Set when the process died of a signal. */
+  signal?: string | undefined;
+  outcome: CommandOutcome;
+  stdout: string;
+  stderr: string;
+  /** True when either stream went past the cap and its middle was dropped. */
+  truncated: boolean;
+  stdoutBytes: number;
+  stderrBytes: number;
+  durationMs: number;
+}
+
+/** What an edge reports to the watcher. */
+export interface EdgeStatus {
+  edgeId: string;
+  url: string;
+  healthy: boolean;
+  backends: BackendKind[];
+  capacity: { memoryMb: number; cpuCores: number; sandboxes: number };
+  used: { memoryMb: number; cpuCores: number; sandboxes: number };
+  sandboxesByProject: Record<string, number>;
+  labels: Record<string, string>;
+}

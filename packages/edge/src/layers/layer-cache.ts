@@ -1,0 +1,126 @@
+import { mkdir, rmdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { ImageStore, LayerInfo } from '@dsec/core';
+import { mountPoints } from './mountinfo.js';
+
+/** The privileged operations the cache needs (the native helper in production). */
+export interface LayerMounter {
+  mountErofs(image: string, target: string, options?: { blobDevice?: string }): Promise<void>;
+  unmount(targets: string[], options?: { detach?: boolean }): Promise<void>;
+}
+
+interface Entry {
+  layer: LayerInfo;
+  dir: string;
+  refs: number;
+  lastUsedMs: number;
+  mounting?: Promise<void> | undefined;
+}
+
+/**
+ * Node-wide cache of mounted layers (paper 5.1, 5.3). Each layer is mounted
+ * once per node — read-only EROFS, file-backed, no loop device — and shared by
+ * every sandbox that uses it. Concurrent acquires of one layer share a single
+ * mount. Layers nobody uses stay mounted (the next sandbox starts faster)
+ * until their total size passes the budget; then the least recently used are
+ * unmounted.
+ *
+ * Lifecycle: `adopt` (after a restart, takes over mounts already there) →
+ * `acquire`/`release` pairs per sandbox → `close` unmounts what is unused.
+ */
+export class LayerMountCache {
+  readonly #entries = new Map<string, Entry>();
+
+  constructor(
+    readonly dir: string,
+    readonly store: ImageStore,
+    readonly mounter: LayerMounter,
+    readonly budgetBytes: number,
+  ) {}
+
+  /** Takes over layer mounts left by a previous edge process. */
+  async adopt(layers: LayerInfo[]): Promise<void> {
+    await mkdir(this.dir, { recursive: true });
+    const mounted = await mountPoints();
+    for (const layer of layers) {
+      const dir = this.#dirFor(layer);
+      if (mounted.has(dir) && !this.#entries.has(layer.digest)) {
+        this.#entries.set(layer.digest, { layer, dir, refs: 0, lastUsedMs: Date.now() });
+      }
+    }
+  }
+
+  /** Mounts the layer if needed and returns its mount directory; pair with `release`. */
+  async acquire(layer: LayerInfo): Promise<string> {
+    let entry = this.#entries.get(layer.digest);
+    if (!entry) {
+      entry = { layer, dir: this.#dirFor(layer), refs: 0, lastUsedMs: Date.now() };
+      entry.mounting = this.#mount(entry);
+      this.#entries.set(layer.digest, entry);
+    }
+    entry.refs++;
+    entry.lastUsedMs = Date.now();
+    try {
+      await entry.mounting;
+    } catch (err) {
+      entry.refs--;
+      if (this.#entries.get(layer.digest) === entry) this.#entries.delete(layer.digest);
+      throw err;
+    }
+    return entry.dir;
+  }
+
+  release(digest: string): void {
+    const entry = this.#entries.get(digest);
+    if (entry && entry.refs > 0) {
+      entry.refs--;
+      entry.lastUsedMs = Date.now();
+    }
+  }
+
+  /** Unmounts unused layers, least recently used first, until the mounted total fits the budget. */
+  async trim(budgetBytes = this.budgetBytes): Promise<void> {
+    const settled = [...this.#entries.values()].filter((e) => !e.mounting);
+    let total = settled.reduce((sum, e) => sum + e.layer.sizeBytes, 0);
+    const idle = settled.filter((e) => e.refs === 0).sort((a, b) => a.lastUsedMs - b.lastUsedMs);
+    for (const entry of idle) {
+      if (total <= budgetBytes) break;
+      this.#entries.delete(entry.layer.digest);
+      await this.mounter.unmount([entry.dir]);
+      await rmdir(entry.dir).catch(() => undefined);
+      total -= entry.layer.sizeBytes;
+    }
+  }
+
+  /** Unmounts every unused layer. */
+  async close(): Promise<void> {
+    await this.trim(0);
+  }
+
+  stats(): { mounted: number; inUse: number; bytes: number } {
+    const entries = [...this.#entries.values()];
+    return {
+      mounted: entries.length,
+      inUse: entries.filter((e) => e.refs > 0).length,
+      bytes: entries.reduce((sum, e) => sum + e.layer.sizeBytes, 0),
+    };
+  }
+
+  #dirFor(layer: LayerInfo): string {
+    return join(this.dir, layer.digest.replace(/^sha256:/, '').slice(0, 32));
+  }
+
+  async #mount(entry: Entry): Promise<void> {
+    const { layer } = entry;
+    await mkdir(entry.dir, { recursive: true });
+    if ((await mountPoints()).has(entry.dir)) {
+      entry.mounting = undefined;
+      return;
+    }
+    const image = await this.store.blobPath(layer.digest);
+    const blobDevice = layer.blobDigest ? await this.store.blobPath(layer.blobDigest) : undefined;
+    await this.mounter.mountErofs(image, entry.dir, blobDevice ? { blobDevice } : {});
+    entry.mounting = undefined;
+    await this.trim();
+  }
+}

@@ -1,0 +1,165 @@
+import Database from 'better-sqlite3';
+import type { LayerInfo, SandboxSpec, SandboxState } from '@dsec/core';
+
+/** What the edge remembers about a sandbox across its own restarts. */
+export interface SandboxRecord {
+  id: string;
+  projectId: string;
+  requestId?: string | undefined;
+  state: SandboxState;
+  spec: SandboxSpec;
+  /** Resolved layers, bottom (base) first. */
+  layers: LayerInfo[];
+  /** Index of the sandbox's host uid/gid range. */
+  slot: number;
+  createdAt: string;
+  expiresAt: string;
+  runtimePid?: number | undefined;
+  initPid?: number | undefined;
+  chronusPid?: number | undefined;
+  reason?: string | undefined;
+}
+
+interface Row {
+  id: string;
+  project_id: string;
+  request_id: string | null;
+  state: SandboxState;
+  spec: string;
+  layers: string;
+  slot: number;
+  created_at: string;
+  expires_at: string;
+  runtime_pid: number | null;
+  init_pid: number | null;
+  chronus_pid: number | null;
+  reason: string | null;
+}
+
+/**
+ * The edge's durable local store (paper: the edge keeps what it needs on local
+ * disk). One SQLite file in WAL mode with synchronous=FULL: a record written
+ * before a step is there after a crash, so a restart can finish or undo it.
+ * Stopped sandboxes are kept for `retentionMs` so their final state can still
+ * be read, then forgotten.
+ */
+export class EdgeStore {
+  readonly #db: Database.Database;
+
+  constructor(file: string) {
+    this.#db = new Database(file);
+    this.#db.pragma('journal_mode = WAL');
+    this.#db.pragma('synchronous = FULL');
+    this.#db.pragma('busy_timeout = 5000');
+    this.#db.exec(`
+      CREATE TABLE IF NOT EXISTS sandboxes (
+        id TEXT PRIMARY KEY,
+        project_id TEXT NOT NULL,
+        request_id TEXT,
+        state TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        layers TEXT NOT NULL,
+        slot INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        expires_at TEXT NOT NULL,
+        runtime_pid INTEGER,
+        init_pid INTEGER,
+        chronus_pid INTEGER,
+        reason TEXT
+      );
+      CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_request ON sandboxes(project_id, request_id)
+        WHERE request_id IS NOT NULL;
+      CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
+    `);
+  }
+
+  /**
+   * Inserts a new `creating` record with the lowest free id-range slot. Returns
+   * the existing record instead when (projectId, requestId) was seen before.
+   */
+  insert(rec: Omit<SandboxRecord, 'slot' | 'state'>): { record: SandboxRecord; created: boolean } {
+    return this.#db.transaction(() => {
+      if (rec.requestId !== undefined) {
+        const prior = this.#db
+          .prepare('SELECT * FROM sandboxes WHERE project_id = ? AND request_id = ?')
+          .get(rec.projectId, rec.requestId) as Row | undefined;
+        if (prior) return { record: fromRow(prior), created: false };
+      }
+      const used = this.#db
+        .prepare("SELECT slot FROM sandboxes WHERE state NOT IN ('stopped', 'failed') ORDER BY slot")
+        .all() as { slot: number }[];
+      let slot = 0;
+      for (const u of used) {
+        if (u.slot !== slot) break;
+        slot++;
+      }
+      const record: SandboxRecord = { ...rec, slot, state: 'creating' };
+      this.#db
+        .prepare(
+          `INSERT INTO sandboxes (id, project_id, request_id, state, spec, layers, slot, created_at, expires_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+        )
+        .run(rec.id, rec.projectId, rec.requestId ?? null, 'creating', JSON.stringify(rec.spec),
+          JSON.stringify(rec.layers), slot, rec.createdAt, rec.expiresAt);
+      return { record, created: true };
+    })();
+  }
+
+  update(id: string, fields: Partial<Pick<SandboxRecord, 'state' | 'runtimePid' | 'initPid' | 'chronusPid' | 'reason'>>): void {
+    const cols: Record<string, unknown> = {
+      state: fields.state,
+      runtime_pid: fields.runtimePid,
+      init_pid: fields.initPid,
+      chronus_pid: fields.chronusPid,
+      reason: fields.reason,
+    };
+    const set = Object.entries(cols).filter(([, v]) => v !== undefined);
+    if (set.length === 0) return;
+    this.#db
+      .prepare(`UPDATE sandboxes SET ${set.map(([k]) => `${k} = ?`).join(', ')} WHERE id = ?`)
+      .run(...set.map(([, v]) => v), id);
+  }
+
+  get(id: string): SandboxRecord | undefined {
+    const row = this.#db.prepare('SELECT * FROM sandboxes WHERE id = ?').get(id) as Row | undefined;
+    return row && fromRow(row);
+  }
+
+  list(states?: SandboxState[]): SandboxRecord[] {
+    const rows = states
+      ? (this.#db
+          .prepare(`SELECT * FROM sandboxes WHERE state IN (${states.map(() => '?').join(',')}) ORDER BY created_at`)
+          .all(...states) as Row[])
+      : (this.#db.prepare('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]);
+    return rows.map(fromRow);
+  }
+
+  /** Forgets stopped or failed sandboxes that ended before `beforeIso`. */
+  purgeEnded(beforeIso: string): number {
+    return this.#db
+      .prepare("DELETE FROM sandboxes WHERE state IN ('stopped', 'failed') AND expires_at < ?")
+      .run(beforeIso).changes;
+  }
+
+  close(): void {
+    this.#db.close();
+  }
+}
+
+function fromRow(row: Row): SandboxRecord {
+  return {
+    id: row.id,
+    projectId: row.project_id,
+    requestId: row.request_id ?? undefined,
+    state: row.state,
+    spec: JSON.parse(row.spec) as SandboxSpec,
+    layers: JSON.parse(row.layers) as LayerInfo[],
+    slot: row.slot,
+    createdAt: row.created_at,
+    expiresAt: row.expires_at,
+    runtimePid: row.runtime_pid ?? undefined,
+    initPid: row.init_pid ?? undefined,
+    chronusPid: row.chronus_pid ?? undefined,
+    reason: row.reason ?? undefined,
+  };
+}

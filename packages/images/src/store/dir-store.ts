@@ -1,0 +1,282 @@
+import { createHash, randomBytes } from 'node:crypto';
+import { link, mkdir, open, readdir, readFile, rename, rmdir, stat, unlink } from 'node:fs/promises';
+import { join } from 'node:path';
+import {
+  DsecError,
+  formatLayerRef,
+  LAYER_NAME_PATTERN,
+  LAYER_VERSION_PATTERN,
+  parseLayerRef,
+  throwIfAborted,
+  type ImageStore,
+  type LayerInfo,
+  type LayerRef,
+} from '@dsec/core';
+import { assertDigest, layerDigests, normalizeLayerInfo, validateLayerInfo } from './validate.js';
+
+const COPY_CHUNK_BYTES = 1024 * 1024;
+const RECORD_SUFFIX = '.json';
+
+/**
+ * An ImageStore over a POSIX directory: local disk, or a shared mount
+ * (3FS, CephFS, NFS) used by many edges at once.
+ *
+ * Layout: `blobs/sha256/<hex>` (mode 0444, never rewritten),
+ * `layers/<name>/<version>.json`, and `tmp/` for builders' scratch space.
+ * Every write goes to a temp file in the destination directory, is fsynced,
+ * then renamed (blobs) or hard-linked (records, so that creation fails
+ * atomically when another process got there first). Nothing is locked: a
+ * `removeLayer` racing a `putLayer` that reuses the same blob can still drop
+ * that blob; `putLayer` checks the blobs exist to keep that window small.
+ */
+export class DirImageStore implements ImageStore {
+  readonly kind = 'dir';
+  readonly root: string;
+
+  constructor(root: string) {
+    this.root = root;
+  }
+
+  /** Scratch space on the store's filesystem, for builds and extractions. */
+  get tmpDir(): string {
+    return join(this.root, 'tmp');
+  }
+
+  private get blobDir(): string {
+    return join(this.root, 'blobs', 'sha256');
+  }
+
+  private blobFile(digest: string): string {
+    assertDigest(digest);
+    return join(this.blobDir, digest.slice('sha256:'.length));
+  }
+
+  private recordFile(ref: LayerRef): string {
+    return join(this.root, 'layers', ref.name, ref.version + RECORD_SUFFIX);
+  }
+
+  async putBlob(file: string, options: { signal?: AbortSignal } = {}): Promise<{ digest: string; sizeBytes: number }> {
+    throwIfAborted(options.signal);
+    const input = await open(file, 'r').catch((err: unknown) => {
+      throw new DsecError('invalid_argument', `cannot read ${file}`, { field: 'file', cause: err });
+    });
+    let tmp: string | undefined;
+    try {
+      if (!(await input.stat()).isFile()) {
+        throw new DsecError('invalid_argument', `${file} is not a regular file`, { field: 'file' });
+      }
+      await mkdir(this.blobDir, { recursive: true });
+      tmp = join(this.blobDir, tempName());
+      const out = await open(tmp, 'wx', 0o444);
+      const hash = createHash('sha256');
+      let sizeBytes = 0;
+      try {
+        const buf = Buffer.allocUnsafe(COPY_CHUNK_BYTES);
+        for (;;) {
+          throwIfAborted(options.signal);
+          const { bytesRead } = await input.read(buf, 0, buf.length, null);
+          if (bytesRead === 0) break;
+          const chunk = buf.subarray(0, bytesRead);
+          hash.update(chunk);
+          await out.write(chunk);
+          sizeBytes += bytesRead;
+        }
+        await out.sync();
+      } finally {
+        await out.close();
+      }
+      const digest = `sha256:${hash.digest('hex')}`;
+      const final = this.blobFile(digest);
+      if (await exists(final)) {
+        await unlink(tmp);
+      } else {
+        await rename(tmp, final);
+        await fsyncDir(this.blobDir);
+      }
+      tmp = undefined;
+      return { digest, sizeBytes };
+    } finally {
+      await input.close();
+      if (tmp !== undefined) await unlink(tmp).catch(() => undefined);
+    }
+  }
+
+  async hasBlob(digest: string): Promise<boolean> {
+    return await exists(this.blobFile(digest));
+  }
+
+  async blobPath(digest: string, options: { signal?: AbortSignal } = {}): Promise<string> {
+    throwIfAborted(options.signal);
+    const path = this.blobFile(digest);
+    if (!(await exists(path))) throw new DsecError('image_not_found', `no blob ${digest}`);
+    return path;
+  }
+
+  /** Deletes an unreferenced blob; `conflict` while a layer record still uses it. */
+  async deleteBlob(digest: string): Promise<void> {
+    const path = this.blobFile(digest);
+    const user = (await this.listLayers()).find((l) => layerDigests(l).includes(digest));
+    if (user) {
+      throw new DsecError('conflict', `blob ${digest} is used by layer ${formatLayerRef(user)}`, {
+        details: { layer: formatLayerRef(user) },
+      });
+    }
+    await unlinkIfPresent(path);
+  }
+
+  async putLayer(layer: LayerInfo): Promise<void> {
+    validateLayerInfo(layer);
+    const record = normalizeLayerInfo(layer);
+    for (const [field, digest] of [
+      ['digest', record.digest],
+      ['blobDigest', record.blobDigest],
+    ] as const) {
+      if (digest !== undefined && !(await this.hasBlob(digest))) {
+        throw new DsecError('invalid_argument', `${field} ${digest} is not in the store; putBlob it first`, {
+          field,
+        });
+      }
+    }
+    const final = this.recordFile(record);
+    const dir = join(this.root, 'layers', record.name);
+    await mkdir(dir, { recursive: true });
+    const tmp = join(dir, tempName());
+    try {
+      const fh = await open(tmp, 'wx', 0o644);
+      try {
+        await fh.writeFile(JSON.stringify(record, null, 2) + '\n');
+        await fh.sync();
+      } finally {
+        await fh.close();
+      }
+      try {
+        await link(tmp, final);
+        await fsyncDir(dir);
+        return;
+      } catch (err) {
+        if (errno(err) !== 'EEXIST') throw err;
+      }
+      const existing = await this.readRecord(final, formatLayerRef(record));
+      if (existing.digest !== record.digest || existing.blobDigest !== record.blobDigest) {
+        throw new DsecError(
+          'conflict',
+          `layer ${formatLayerRef(record)} already exists with digest ${existing.digest}`,
+          { field: 'digest', details: { existingDigest: existing.digest } },
+        );
+      }
+    } finally {
+      await unlink(tmp).catch(() => undefined);
+    }
+  }
+
+  async getLayer(ref: string): Promise<LayerInfo> {
+    const parsed = parseLayerRef(ref);
+    if (!parsed) throw new DsecError('image_not_found', `no layer ${JSON.stringify(ref)} (malformed reference)`);
+    return await this.readRecord(this.recordFile(parsed), ref);
+  }
+
+  async listLayers(): Promise<LayerInfo[]> {
+    const layersDir = join(this.root, 'layers');
+    const names = await readdirIfPresent(layersDir);
+    const out: LayerInfo[] = [];
+    for (const name of names.sort()) {
+      if (!LAYER_NAME_PATTERN.test(name)) continue;
+      const files = await readdirIfPresent(join(layersDir, name));
+      for (const file of files.sort()) {
+        if (!file.endsWith(RECORD_SUFFIX)) continue;
+        const version = file.slice(0, -RECORD_SUFFIX.length);
+        if (!LAYER_VERSION_PATTERN.test(version)) continue;
+        try {
+          out.push(await this.readRecord(join(layersDir, name, file), `${name}:${version}`));
+        } catch (err) {
+          // Removed between readdir and read: not a layer any more.
+          if (err instanceof DsecError && err.code === 'image_not_found') continue;
+          throw err;
+        }
+      }
+    }
+    return out;
+  }
+
+  async removeLayer(ref: string): Promise<void> {
+    const parsed = parseLayerRef(ref);
+    if (!parsed) throw new DsecError('image_not_found', `no layer ${JSON.stringify(ref)} (malformed reference)`);
+    const file = this.recordFile(parsed);
+    const removed = await this.readRecord(file, ref);
+    try {
+      await unlink(file);
+    } catch (err) {
+      if (errno(err) === 'ENOENT') throw new DsecError('image_not_found', `no layer ${ref}`, { cause: err });
+      throw err;
+    }
+    await rmdir(join(this.root, 'layers', parsed.name)).catch(() => undefined);
+    const inUse = new Set((await this.listLayers()).flatMap(layerDigests));
+    for (const digest of layerDigests(removed)) {
+      if (!inUse.has(digest)) await unlinkIfPresent(this.blobFile(digest));
+    }
+  }
+
+  private async readRecord(file: string, ref: string): Promise<LayerInfo> {
+    let text: string;
+    try {
+      text = await readFile(file, 'utf8');
+    } catch (err) {
+      if (errno(err) === 'ENOENT' || errno(err) === 'ENOTDIR') {
+        throw new DsecError('image_not_found', `no layer ${ref}`, { cause: err });
+      }
+      throw err;
+    }
+    try {
+      const layer = JSON.parse(text) as LayerInfo;
+      validateLayerInfo(layer);
+      return layer;
+    } catch (err) {
+      throw new DsecError('internal', `layer record ${file} is corrupt`, { cause: err });
+    }
+  }
+}
+
+function tempName(): string {
+  return `.tmp-${process.pid}-${randomBytes(8).toString('hex')}`;
+}
+
+function errno(err: unknown): string | undefined {
+  return (err as NodeJS.ErrnoException | undefined)?.code;
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await stat(path);
+    return true;
+  } catch (err) {
+    if (errno(err) === 'ENOENT') return false;
+    throw err;
+  }
+}
+
+async function unlinkIfPresent(path: string): Promise<void> {
+  try {
+    await unlink(path);
+  } catch (err) {
+    if (errno(err) !== 'ENOENT') throw err;
+  }
+}
+
+async function readdirIfPresent(dir: string): Promise<string[]> {
+  try {
+    return await readdir(dir);
+  } catch (err) {
+    if (errno(err) === 'ENOENT' || errno(err) === 'ENOTDIR') return [];
+    throw err;
+  }
+}
+
+// Makes a rename or link durable; some filesystems refuse fsync on a directory.
+async function fsyncDir(dir: string): Promise<void> {
+  const fh = await open(dir, 'r');
+  try {
+    await fh.sync().catch(() => undefined);
+  } finally {
+    await fh.close();
+  }
+}

@@ -1,0 +1,10 @@
+/* Entry points of the dsec-helper subcommands; each returns the exit status. */
+#ifndef DSEC_CMDS_H
+#define DSEC_CMDS_H
+
+int cmd_mount_erofs(int argc, char **argv);
+int cmd_umount(int argc, char **argv);
+int cmd_mount_rootfs(int argc, char **argv);
+int cmd_chronus(int argc, char **argv);
+
+#endif

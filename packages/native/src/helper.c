@@ -1,0 +1,32 @@
+/*
+ * dsec-helper: the few host operations Node cannot do itself (mount(2),
+ * idmapped mounts, setns), plus chronus, the per-sandbox command daemon.
+ * Usage: dsec-helper <subcommand> [args...]; errors are one line on stderr
+ * and exit status 1.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cmds.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+} commands[] = {
+    { "mount-erofs", cmd_mount_erofs },
+    { "umount", cmd_umount },
+    { "mount-rootfs", cmd_mount_rootfs },
+    { "chronus", cmd_chronus },
+};
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2) {
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+            if (strcmp(argv[1], commands[i].name) == 0)
+                return commands[i].run(argc - 2, argv + 2);
+        }
+    }
+    fprintf(stderr, "usage: dsec-helper mount-erofs|umount|mount-rootfs|chronus ...\n");
+    return 2;
+}

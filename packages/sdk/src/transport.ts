@@ -1,0 +1,266 @@
+import http from 'node:http';
+import https from 'node:https';
+import { DsecError } from '@dsec/core';
+
+/**
+ * The SDK's HTTP transport: node:http with a keep-alive agent rather than
+ * fetch, because the exec round trip is the hot path of every rollout and a
+ * pooled socket with Nagle off keeps it near a millisecond.
+ *
+ * Contract of every request:
+ * - resolves with the parsed JSON body (undefined for an empty body) on 2xx;
+ * - rejects with `DsecError.fromBody(body, status)` on any other status;
+ * - rejects with `aborted` when `signal` fires, `deadline_exceeded` when
+ *   `timeoutMs` passes, and `unavailable` when the server cannot be reached;
+ *   in each case the request and its socket are destroyed.
+ */
+export interface TransportOptions {
+  url: string;
+  apiKey?: string | undefined;
+  /** Sockets kept open per host; commands from many sandboxes share them. */
+  maxSockets?: number | undefined;
+}
+
+export interface RequestOptions {
+  method: 'GET' | 'POST' | 'DELETE';
+  path: string;
+  body?: unknown;
+  signal?: AbortSignal | undefined;
+  /** Deadline for the whole exchange, response body included. */
+  timeoutMs: number;
+  /** Safe to resend on a stale keep-alive socket (the server never saw it). */
+  idempotent?: boolean | undefined;
+}
+
+export interface StreamRequestOptions extends RequestOptions {
+  accept: string;
+  /** Called with each body chunk of a streamed 2xx answer; throwing rejects and destroys the request. */
+  onChunk: (chunk: Buffer) => void;
+  /** Called when a streamed 2xx body ends; its return value resolves the request. */
+  onEnd: () => unknown;
+  /** Called instead of the above when the server answered with plain JSON. */
+  onJson: (body: unknown) => unknown;
+}
+
+/** Errors that mean no connection was made, so the server is likely not running. */
+const CONNECT_ERRORS = new Set([
+  'ECONNREFUSED',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'ETIMEDOUT',
+]);
+
+export class HttpTransport {
+  readonly baseUrl: URL;
+  readonly #apiKey: string | undefined;
+  readonly #agent: http.Agent;
+  readonly #request: typeof http.request;
+  #closed = false;
+
+  constructor(options: TransportOptions) {
+    let base: URL;
+    try {
+      base = new URL(options.url);
+    } catch (cause) {
+      throw new DsecError('invalid_argument', `invalid DSec URL ${JSON.stringify(options.url)}`, {
+        field: 'url',
+        cause,
+      });
+    }
+    if (base.protocol !== 'http:' && base.protocol !== 'https:') {
+      throw new DsecError('invalid_argument', `DSec URL must be http(s): ${options.url}`, {
+        field: 'url',
+      });
+    }
+    this.baseUrl = base;
+    this.#apiKey = options.apiKey;
+    const agentOptions = {
+      keepAlive: true,
+      keepAliveMsecs: 10_000,
+      maxSockets: options.maxSockets ?? 256,
+      // Nagle would hold the small request bodies for an ACK and add ~40 ms.
+      noDelay: true,
+    };
+    const isHttps = base.protocol === 'https:';
+    this.#agent = isHttps ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
+    this.#request = isHttps ? https.request : http.request;
+  }
+
+  /** Destroys pooled sockets; later requests reject with `unavailable`. */
+  close(): void {
+    this.#closed = true;
+    this.#agent.destroy();
+  }
+
+  async json<T>(options: RequestOptions): Promise<T> {
+    return (await this.#send(options, undefined)) as T;
+  }
+
+  async stream<T>(options: StreamRequestOptions): Promise<T> {
+    return (await this.#send(options, options)) as T;
+  }
+
+  async #send(options: RequestOptions, stream: StreamRequestOptions | undefined): Promise<unknown> {
+    try {
+      return await this.#once(options, stream);
+    } catch (err) {
+      // A keep-alive socket the server closed while idle fails on reuse before
+      // the server sees anything; resending once is safe for idempotent calls.
+      if (err instanceof StaleSocketError && options.idempotent) {
+        return await this.#once(options, stream);
+      }
+      throw err instanceof StaleSocketError ? err.error : err;
+    }
+  }
+
+  #once(options: RequestOptions, stream: StreamRequestOptions | undefined): Promise<unknown> {
+    const { signal } = options;
+    if (this.#closed) {
+      return Promise.reject(new DsecError('unavailable', 'the DSec client is closed'));
+    }
+    if (signal?.aborted) {
+      return Promise.reject(abortedError(signal));
+    }
+    const payload = options.body === undefined ? undefined : Buffer.from(JSON.stringify(options.body));
+    const headers: http.OutgoingHttpHeaders = {
+      accept: stream?.accept ?? 'application/json',
+    };
+    if (this.#apiKey) headers.authorization = `Bearer ${this.#apiKey}`;
+    if (payload) {
+      headers['content-type'] = 'application/json';
+      headers['content-length'] = payload.length;
+    }
+
+    return new Promise<unknown>((resolve, reject) => {
+      let settled = false;
+      let timer: NodeJS.Timeout | undefined;
+      let req: http.ClientRequest | undefined;
+      const onAbort = () => fail(abortedError(signal));
+      const cleanup = () => {
+        if (timer) clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+      };
+      const succeed = (value: unknown) => {
+        if (settled) return;
+        settled = true;
+        cleanup();
+        resolve(value);
+      };
+      const fail = (err: unknown) => {
+        if (settled) return;
+        settled = true;
+        cleanup();
+        // Destroying rather than aborting drops the socket from the pool, so
+        // a half-read answer never leaks into the next request.
+        req?.destroy();
+        reject(err);
+      };
+
+      signal?.addEventListener('abort', onAbort, { once: true });
+      timer = setTimeout(() => {
+        fail(
+          new DsecError(
+            'deadline_exceeded',
+            `${options.method} ${options.path} ran past its ${options.timeoutMs} ms deadline`,
+          ),
+        );
+      }, options.timeoutMs);
+
+      req = this.#request(this.#url(options.path), {
+        method: options.method,
+        headers,
+        agent: this.#agent,
+      });
+      const request = req;
+      request.on('error', (err: NodeJS.ErrnoException) => {
+        const error = this.#networkError(err);
+        // No response byte came back on a reused socket: the server closed it.
+        fail(request.reusedSocket && err.code === 'ECONNRESET' ? new StaleSocketError(error) : error);
+      });
+      request.on('response', (res) => {
+        res.on('error', (err) => fail(this.#networkError(err)));
+        const status = res.statusCode ?? 0;
+        const contentType = String(res.headers['content-type'] ?? '');
+        if (stream && status >= 200 && status < 300 && !contentType.includes('json')) {
+          res.on('data', (chunk: Buffer) => {
+            if (settled) return;
+            try {
+              stream.onChunk(chunk);
+            } catch (err) {
+              fail(err);
+            }
+          });
+          res.on('end', () => {
+            if (settled) return;
+            try {
+              succeed(stream.onEnd());
+            } catch (err) {
+              fail(err);
+            }
+          });
+          return;
+        }
+        const chunks: Buffer[] = [];
+        res.on('data', (chunk: Buffer) => chunks.push(chunk));
+        res.on('end', () => {
+          const text = Buffer.concat(chunks).toString('utf8');
+          let body: unknown;
+          try {
+            body = text.length > 0 ? JSON.parse(text) : undefined;
+          } catch (cause) {
+            if (status >= 200 && status < 300) {
+              fail(new DsecError('internal', `DSec answered ${status} with a body that is not JSON`, { cause }));
+              return;
+            }
+          }
+          if (status < 200 || status >= 300) {
+            fail(DsecError.fromBody(body, status));
+            return;
+          }
+          try {
+            succeed(stream ? stream.onJson(body) : body);
+          } catch (err) {
+            fail(err);
+          }
+        });
+      });
+      request.end(payload);
+    });
+  }
+
+  #url(path: string): URL {
+    const url = new URL(this.baseUrl.href);
+    url.pathname = url.pathname.replace(/\/+$/, '') + path.replace(/\?.*$/, '');
+    const q = path.indexOf('?');
+    if (q >= 0) url.search = path.slice(q);
+    return url;
+  }
+
+  #networkError(err: NodeJS.ErrnoException): DsecError {
+    if (err instanceof DsecError) return err;
+    if (err.code !== undefined && CONNECT_ERRORS.has(err.code)) {
+      return new DsecError(
+        'unavailable',
+        `cannot reach DSec at ${this.baseUrl.origin}: ${err.message} — is \`dsec up\` running?`,
+        { cause: err, details: { errno: err.code } },
+      );
+    }
+    return new DsecError(
+      'unavailable',
+      `connection to DSec at ${this.baseUrl.origin} failed: ${err.message}`,
+      { cause: err, details: { errno: err.code } },
+    );
+  }
+}
+
+class StaleSocketError extends Error {
+  constructor(readonly error: DsecError) {
+    super(error.message);
+  }
+}
+
+function abortedError(signal: AbortSignal | undefined): DsecError {
+  return new DsecError('aborted', 'operation aborted', { cause: signal?.reason });
+}
