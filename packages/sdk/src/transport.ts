@@ -183,7 +183,8 @@ export class HttpTransport {
         res.on('error', (err) => fail(this.#networkError(err)));
         const status = res.statusCode ?? 0;
         const contentType = String(res.headers['content-type'] ?? '');
-        if (stream && status >= 200 && status < 300 && !contentType.includes('json')) {
+        const mediaType = contentType.split(';')[0]?.trim().toLowerCase();
+        if (stream && status >= 200 && status < 300 && mediaType === stream.accept) {
           res.on('data', (chunk: Buffer) => {
             if (settled) return;
             try {

@@ -73,18 +73,9 @@ export class EdgeStore {
     `);
   }
 
-  /**
-   * Inserts a new `creating` record with the lowest free id-range slot. Returns
-   * the existing record instead when (projectId, requestId) was seen before.
-   */
-  insert(rec: Omit<SandboxRecord, 'slot' | 'state'>): { record: SandboxRecord; created: boolean } {
+  /** Inserts a new `creating` record with the lowest free id-range slot. */
+  insert(rec: Omit<SandboxRecord, 'slot' | 'state'>): SandboxRecord {
     return this.#db.transaction(() => {
-      if (rec.requestId !== undefined) {
-        const prior = this.#db
-          .prepare('SELECT * FROM sandboxes WHERE project_id = ? AND request_id = ?')
-          .get(rec.projectId, rec.requestId) as Row | undefined;
-        if (prior) return { record: fromRow(prior), created: false };
-      }
       const used = this.#db
         .prepare("SELECT slot FROM sandboxes WHERE state NOT IN ('stopped', 'failed') ORDER BY slot")
         .all() as { slot: number }[];
@@ -93,16 +84,22 @@ export class EdgeStore {
         if (u.slot !== slot) break;
         slot++;
       }
-      const record: SandboxRecord = { ...rec, slot, state: 'creating' };
       this.#db
         .prepare(
           `INSERT INTO sandboxes (id, project_id, request_id, state, spec, layers, slot, created_at, expires_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+           VALUES (?, ?, ?, 'creating', ?, ?, ?, ?, ?)`,
         )
-        .run(rec.id, rec.projectId, rec.requestId ?? null, 'creating', JSON.stringify(rec.spec),
+        .run(rec.id, rec.projectId, rec.requestId ?? null, JSON.stringify(rec.spec),
           JSON.stringify(rec.layers), slot, rec.createdAt, rec.expiresAt);
-      return { record, created: true };
+      return { ...rec, slot, state: 'creating' as const };
     })();
+  }
+
+  findByRequest(projectId: string, requestId: string): SandboxRecord | undefined {
+    const row = this.#db
+      .prepare('SELECT * FROM sandboxes WHERE project_id = ? AND request_id = ?')
+      .get(projectId, requestId) as Row | undefined;
+    return row && fromRow(row);
   }
 
   update(id: string, fields: Partial<Pick<SandboxRecord, 'state' | 'runtimePid' | 'initPid' | 'chronusPid' | 'reason'>>): void {

@@ -1,0 +1,32 @@
+import type { BackendKind, CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
+import type { SandboxRecord } from '../state/edge-store.js';
+
+export interface StartedSandbox {
+  runtimePid: number;
+  initPid: number;
+  chronusPid: number;
+}
+
+/**
+ * One way of running sandboxes on a node (paper 2.2): container here; fncall,
+ * microVM and VM plug in behind the same interface.
+ *
+ * Lifecycle: `start` takes a record in state `creating` to running and
+ * returns the processes to remember; `stop` releases everything and must
+ * succeed on a half-started or already stopped sandbox (it is also how a
+ * failed start is rolled back); `isRunning` and `ensureChronus` let the edge
+ * reconcile after its own restart.
+ */
+export interface Backend {
+  readonly kind: BackendKind;
+  start(rec: SandboxRecord, signal?: AbortSignal): Promise<StartedSandbox>;
+  stop(rec: SandboxRecord): Promise<void>;
+  isRunning(rec: SandboxRecord): Promise<boolean>;
+  /** Restarts the command daemon if it died; returns its new PID, or undefined if it was alive. */
+  ensureChronus(rec: SandboxRecord): Promise<number | undefined>;
+  runCommand(
+    rec: SandboxRecord,
+    command: CommandSpec,
+    options: RunCommandOptions & { commandId: string },
+  ): Promise<CommandResult>;
+}

@@ -1,0 +1,211 @@
+import { createHash } from 'node:crypto';
+import { chown, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { DsecError } from '@dsec/core';
+import type { CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
+import { ChronusConnection, mountRootfs, startChronus, unmount } from '@dsec/native';
+import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
+import type { LayerMountCache } from '../../layers/layer-cache.js';
+import type { OciRuntime } from '../../runtime/oci-runtime.js';
+import { runOnChronus } from '../../sessions/run-command.js';
+import type { SandboxRecord } from '../../state/edge-store.js';
+import type { Backend, StartedSandbox } from '../backend.js';
+import { seccompLines } from './seccomp.js';
+import { buildContainerConfig, SANDBOX_CAPABILITIES } from './spec.js';
+
+/** Each sandbox gets its own 65536-id range of host uids/gids, starting here. */
+const ID_BASE = 100_000;
+const ID_COUNT = 65_536;
+const RUNTIME_START_TIMEOUT_MS = 30_000;
+const STOP_TIMEOUT_MS = 10_000;
+
+export interface ContainerBackendOptions {
+  /** Per-sandbox directories live under here (local disk: writes stay local). */
+  dir: string;
+  runtime: OciRuntime;
+  cgroups: CgroupDriver;
+  layers: LayerMountCache;
+  /** Host path of the static dsec-init binary bind-mounted as the sandbox's PID 1. */
+  initBinary: string;
+  /** Host path of the static shell the platform runs commands with (busybox). */
+  shellBinary: string;
+}
+
+/**
+ * Container sandboxes: an overlay of shared, idmapped EROFS layers plus a
+ * private upper directory, run by an OCI runtime in fresh user, mount, pid,
+ * ipc, uts, network and cgroup namespaces, with a chronus daemon that enters
+ * those namespaces from outside to run commands (invisible inside: it is not
+ * in the sandbox's pid namespace, and its socket is not in its mount
+ * namespace).
+ */
+export class ContainerBackend implements Backend {
+  readonly kind = 'container' as const;
+  readonly #connections = new Map<string, Promise<ChronusConnection>>();
+
+  constructor(readonly options: ContainerBackendOptions) {}
+
+  async start(rec: SandboxRecord, signal?: AbortSignal): Promise<StartedSandbox> {
+    const p = this.paths(rec);
+    const hostId = ID_BASE + rec.slot * ID_COUNT;
+    await mkdir(p.dir, { recursive: true, mode: 0o700 });
+    await Promise.all([p.upper, p.work, p.rootfs].map((d) => mkdir(d, { recursive: true })));
+    await Promise.all([p.upper, p.work].map((d) => chown(d, hostId, hostId)));
+
+    const lowers: string[] = [];
+    for (const layer of [...rec.layers].reverse()) {
+      lowers.push(await this.options.layers.acquire(layer));
+    }
+    await mountRootfs({ target: p.rootfs, upper: p.upper, work: p.work, lowers, idmap: { hostId, size: ID_COUNT } });
+
+    const config = buildContainerConfig({
+      spec: rec.spec,
+      hostname: p.name.slice(0, 12),
+      rootfs: p.rootfs,
+      initBinary: this.options.initBinary,
+      cgroupsPath: p.cgroupsPath,
+      hostIdBase: hostId,
+      idCount: ID_COUNT,
+    });
+    await writeFile(join(p.dir, 'config.json'), JSON.stringify(config));
+    const running = await this.options.runtime.run({
+      id: p.name,
+      bundle: p.dir,
+      pidFile: p.pidFile,
+      timeoutMs: RUNTIME_START_TIMEOUT_MS,
+      signal,
+    });
+    const chronus = await startChronus({
+      socketPath: p.socket,
+      initPid: running.initPid,
+      shellPath: this.options.shellBinary,
+      cgroupDirs: this.options.cgroups.dirs(p.cgroupsPath),
+      seccompProfile: seccompLines(),
+      capabilities: SANDBOX_CAPABILITIES,
+      noNewPrivs: true,
+    });
+    return { runtimePid: running.runtimePid, initPid: running.initPid, chronusPid: chronus.pid };
+  }
+
+  /**
+   * Releases everything the sandbox took, whatever state it is in: processes,
+   * runtime state and cgroups, mounts, directories, layer references. Safe to
+   * call twice and on a half-created sandbox.
+   */
+  async stop(rec: SandboxRecord): Promise<void> {
+    const p = this.paths(rec);
+    const conn = this.#connections.get(rec.id);
+    this.#connections.delete(rec.id);
+    if (conn) (await conn.catch(() => undefined))?.close();
+
+    if (rec.initPid !== undefined && (await isProcessOf(rec.initPid, p.cgroupsPath, 'cgroup'))) {
+      killQuietly(rec.initPid);
+    }
+    if (rec.runtimePid !== undefined) await waitGone(rec.runtimePid, p.name, STOP_TIMEOUT_MS);
+    // The runtime removes the container when its init dies; if the runtime was
+    // gone first (killed, host reboot), remove what it left.
+    if (this.options.cgroups.exists(p.cgroupsPath) || (await this.options.runtime.list()).includes(p.name)) {
+      await this.options.runtime.forceDelete(p.name);
+    }
+    if (rec.chronusPid !== undefined && (await isProcessOf(rec.chronusPid, p.socket, 'cmdline'))) {
+      killQuietly(rec.chronusPid);
+    }
+    await unmount([p.rootfs], { detach: true });
+    await rm(p.dir, { recursive: true, force: true });
+    for (const layer of rec.layers) this.options.layers.release(layer.digest);
+  }
+
+  /** Whether the sandbox's init is still alive (used after an edge restart). */
+  async isRunning(rec: SandboxRecord): Promise<boolean> {
+    return rec.initPid !== undefined && isProcessOf(rec.initPid, this.paths(rec).cgroupsPath, 'cgroup');
+  }
+
+  /** Makes sure a chronus daemon serves the sandbox (it may have died with a host fault). */
+  async ensureChronus(rec: SandboxRecord): Promise<number | undefined> {
+    const p = this.paths(rec);
+    if (rec.chronusPid !== undefined && (await isProcessOf(rec.chronusPid, p.socket, 'cmdline'))) return undefined;
+    if (rec.initPid === undefined) throw new DsecError('sandbox_not_running', `sandbox ${rec.id} has no init`);
+    const chronus = await startChronus({
+      socketPath: p.socket,
+      initPid: rec.initPid,
+      shellPath: this.options.shellBinary,
+      cgroupDirs: this.options.cgroups.dirs(p.cgroupsPath),
+      seccompProfile: seccompLines(),
+      capabilities: SANDBOX_CAPABILITIES,
+      noNewPrivs: true,
+    });
+    return chronus.pid;
+  }
+
+  async runCommand(rec: SandboxRecord, command: CommandSpec, options: RunCommandOptions & { commandId: string }): Promise<CommandResult> {
+    const conn = await this.#connection(rec);
+    const p = this.paths(rec);
+    const oomBefore = await this.options.cgroups.oomKills(p.cgroupsPath);
+    return runOnChronus(conn, rec, command, {
+      ...options,
+      oomKillsSince: async () => (await this.options.cgroups.oomKills(p.cgroupsPath)) - oomBefore,
+    });
+  }
+
+  paths(rec: Pick<SandboxRecord, 'id'>) {
+    // A short, stable, filesystem-safe name: runc IDs, cgroup names and unix
+    // socket paths (108-byte limit) all derive from it.
+    const name = 'dsec-' + createHash('sha256').update(rec.id).digest('hex').slice(0, 20);
+    const dir = join(this.options.dir, name);
+    return {
+      name,
+      dir,
+      rootfs: join(dir, 'rootfs'),
+      upper: join(dir, 'upper'),
+      work: join(dir, 'work'),
+      socket: join(dir, 'chronus.sock'),
+      pidFile: join(dir, 'init.pid'),
+      cgroupsPath: `/dsec/${name}`,
+    };
+  }
+
+  #connection(rec: SandboxRecord): Promise<ChronusConnection> {
+    let conn = this.#connections.get(rec.id);
+    if (!conn) {
+      conn = ChronusConnection.connect(this.paths(rec).socket);
+      this.#connections.set(rec.id, conn);
+      conn.then(
+        (c) => c.onClose(() => this.#connections.get(rec.id) === conn && this.#connections.delete(rec.id)),
+        () => this.#connections.delete(rec.id),
+      );
+    }
+    return conn;
+  }
+}
+
+function killQuietly(pid: number): void {
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    // already gone
+  }
+}
+
+/** Guards against PID reuse: the process must still be the one we started. */
+async function isProcessOf(pid: number, marker: string, file: 'cgroup' | 'cmdline'): Promise<boolean> {
+  try {
+    const text = await readFile(`/proc/${pid}/${file}`, 'utf8');
+    return text.includes(marker);
+  } catch {
+    return false;
+  }
+}
+
+async function waitGone(pid: number, marker: string, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let delayMs = 1;
+  while (await isProcessOf(pid, marker, 'cmdline')) {
+    if (Date.now() > deadline) {
+      killQuietly(pid);
+      return;
+    }
+    await sleep(delayMs);
+    delayMs = Math.min(delayMs * 2, 50);
+  }
+}

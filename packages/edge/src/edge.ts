@@ -1,0 +1,277 @@
+import { mkdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { DsecError, randomId, toDsecError } from '@dsec/core';
+import type {
+  CommandResult,
+  CommandSpec,
+  CreateSandboxRequest,
+  EdgeApi,
+  EdgeStatus,
+  ImageStore,
+  LayerInfo,
+  RunCommandOptions,
+  SandboxInfo,
+  SandboxSpec,
+} from '@dsec/core';
+import type { Backend } from './backends/backend.js';
+import type { LayerMountCache } from './layers/layer-cache.js';
+import { EdgeStore, type SandboxRecord } from './state/edge-store.js';
+
+export interface EdgeCapacity {
+  /** Memory that may be promised to sandboxes (overcommitted: sandboxes mostly idle, paper 4.3). */
+  memoryMb: number;
+  cpuCores: number;
+  sandboxes: number;
+}
+
+export interface EdgeOptions {
+  edgeId: string;
+  url?: string;
+  /** Local directory for the edge's database and per-sandbox state. */
+  stateDir: string;
+  store: ImageStore;
+  backend: Backend;
+  layers: LayerMountCache;
+  capacity: EdgeCapacity;
+  /** How often expired sandboxes are looked for. */
+  ttlSweepMs?: number;
+  /** How long a stopped sandbox's record stays readable. */
+  retentionMs?: number;
+  log?: (msg: string, fields?: Record<string, unknown>) => void;
+}
+
+/**
+ * The per-node agent (paper 3.3). It has final admission authority, creates
+ * sandboxes through its backend, enforces TTLs, and keeps what it needs in a
+ * local database so that after its own restart running sandboxes are adopted
+ * and half-created ones are rolled back.
+ */
+export class Edge implements EdgeApi {
+  readonly edgeId: string;
+  readonly #store: EdgeStore;
+  readonly #inflight = new Map<string, Promise<SandboxInfo>>();
+  readonly #stopping = new Map<string, Promise<void>>();
+  #sweeper: NodeJS.Timeout | undefined;
+
+  private constructor(readonly options: EdgeOptions, store: EdgeStore) {
+    this.edgeId = options.edgeId;
+    this.#store = store;
+  }
+
+  /** Opens the local store, reconciles with what is actually running, starts the TTL sweeper. */
+  static async open(options: EdgeOptions): Promise<Edge> {
+    await mkdir(options.stateDir, { recursive: true, mode: 0o700 });
+    const edge = new Edge(options, new EdgeStore(join(options.stateDir, 'edge.db')));
+    await edge.#reconcile();
+    edge.#sweeper = setInterval(() => void edge.#sweep(), options.ttlSweepMs ?? 1000);
+    edge.#sweeper.unref();
+    return edge;
+  }
+
+  /** Stops background work and closes the store. Sandboxes keep running. */
+  async close(): Promise<void> {
+    clearInterval(this.#sweeper);
+    await Promise.allSettled([...this.#inflight.values(), ...this.#stopping.values()]);
+    this.#store.close();
+  }
+
+  async status(): Promise<EdgeStatus> {
+    const live = this.#store.list(['creating', 'running', 'stopping']);
+    const byProject: Record<string, number> = {};
+    for (const r of live) byProject[r.projectId] = (byProject[r.projectId] ?? 0) + 1;
+    return {
+      edgeId: this.edgeId,
+      url: this.options.url ?? '',
+      healthy: true,
+      backends: [this.options.backend.kind],
+      capacity: { ...this.options.capacity },
+      used: {
+        memoryMb: sum(live, (r) => r.spec.memoryLimitMb),
+        cpuCores: sum(live, (r) => r.spec.cpuCoresLimit),
+        sandboxes: live.length,
+      },
+      sandboxesByProject: byProject,
+      labels: {},
+    };
+  }
+
+  async createSandbox(req: CreateSandboxRequest, signal?: AbortSignal): Promise<SandboxInfo> {
+    const { spec } = req;
+    if (spec.backend !== this.options.backend.kind) {
+      throw new DsecError('invalid_argument', `this edge runs ${this.options.backend.kind} sandboxes, not ${spec.backend}`, {
+        field: 'backend',
+      });
+    }
+    const layers = await this.#resolveLayers(spec.image, spec.workspace, spec.toolkits);
+    if (req.requestId !== undefined) {
+      const prior = this.#store.findByRequest(req.projectId, req.requestId);
+      if (prior) return this.#inflight.get(prior.id) ?? toInfo(prior, this.edgeId);
+    }
+    this.#admit(spec);
+    const now = new Date();
+    const record = this.#store.insert({
+      id: req.id,
+      projectId: req.projectId,
+      requestId: req.requestId,
+      spec,
+      layers,
+      createdAt: now.toISOString(),
+      expiresAt: new Date(now.getTime() + spec.ttlSeconds * 1000).toISOString(),
+    });
+    const creating = this.#start(record, signal).finally(() => this.#inflight.delete(record.id));
+    this.#inflight.set(record.id, creating);
+    return creating;
+  }
+
+  async getSandbox(id: string): Promise<SandboxInfo> {
+    return toInfo(this.#get(id), this.edgeId);
+  }
+
+  async listSandboxes(filter: { projectIds?: string[] }): Promise<SandboxInfo[]> {
+    const projects = filter.projectIds && new Set(filter.projectIds);
+    return this.#store
+      .list(['creating', 'running', 'stopping', 'paused'])
+      .filter((r) => !projects || projects.has(r.projectId))
+      .map((r) => toInfo(r, this.edgeId));
+  }
+
+  async stopSandbox(id: string): Promise<void> {
+    const rec = this.#get(id);
+    await this.#stop(rec, 'stopped by request');
+  }
+
+  async runCommand(id: string, command: CommandSpec, options: RunCommandOptions = {}): Promise<CommandResult> {
+    const rec = this.#get(id);
+    if (rec.state !== 'running') {
+      throw new DsecError('sandbox_not_running', `sandbox ${id} is ${rec.state}`, { details: { state: rec.state } });
+    }
+    return this.options.backend.runCommand(rec, command, { ...options, commandId: randomId('cmd') });
+  }
+
+  #get(id: string): SandboxRecord {
+    const rec = this.#store.get(id);
+    if (!rec) throw new DsecError('sandbox_not_found', `no sandbox ${id}`);
+    return rec;
+  }
+
+  /**
+   * Admission control: the edge refuses work it cannot hold, whatever placement
+   * thought. Synchronous with the insert that follows, so no race lets two
+   * creates both take the last slot.
+   */
+  #admit(spec: SandboxSpec): void {
+    const { capacity } = this.options;
+    const live = this.#store.list(['creating', 'running', 'stopping', 'paused']);
+    const memoryMb = sum(live, (r) => r.spec.memoryLimitMb);
+    const cpuCores = sum(live, (r) => r.spec.cpuCoresLimit);
+    if (
+      live.length + 1 > capacity.sandboxes ||
+      memoryMb + spec.memoryLimitMb > capacity.memoryMb ||
+      cpuCores + spec.cpuCoresLimit > capacity.cpuCores
+    ) {
+      throw new DsecError('capacity_exhausted', `edge ${this.edgeId} has no room for this sandbox`, {
+        details: { edgeId: this.edgeId, sandboxes: live.length, memoryMb, cpuCores, capacity },
+      });
+    }
+  }
+
+  async #start(rec: SandboxRecord, signal?: AbortSignal): Promise<SandboxInfo> {
+    try {
+      const started = await this.options.backend.start(rec, signal);
+      this.#store.update(rec.id, { state: 'running', ...started });
+      return toInfo({ ...rec, ...started, state: 'running' }, this.edgeId);
+    } catch (err) {
+      this.options.log?.('sandbox start failed', { id: rec.id, err: String(err) });
+      await this.options.backend.stop(rec).catch((e: unknown) => this.options.log?.('rollback failed', { id: rec.id, err: String(e) }));
+      this.#store.update(rec.id, { state: 'failed', reason: toDsecError(err).message });
+      throw toDsecError(err);
+    }
+  }
+
+  #stop(rec: SandboxRecord, reason: string): Promise<void> {
+    if (rec.state === 'stopped' || rec.state === 'failed') return Promise.resolve();
+    let stopping = this.#stopping.get(rec.id);
+    if (!stopping) {
+      stopping = (async () => {
+        await this.#inflight.get(rec.id)?.catch(() => undefined);
+        const current = this.#store.get(rec.id) ?? rec;
+        if (current.state === 'stopped' || current.state === 'failed') return;
+        this.#store.update(rec.id, { state: 'stopping' });
+        await this.options.backend.stop(current);
+        this.#store.update(rec.id, { state: 'stopped', reason });
+      })().finally(() => this.#stopping.delete(rec.id));
+      this.#stopping.set(rec.id, stopping);
+    }
+    return stopping;
+  }
+
+  async #sweep(): Promise<void> {
+    const now = new Date().toISOString();
+    for (const rec of this.#store.list(['running'])) {
+      if (rec.expiresAt <= now) {
+        await this.#stop(rec, 'ttl expired').catch((err: unknown) => this.options.log?.('ttl stop failed', { id: rec.id, err: String(err) }));
+      }
+    }
+    const retentionMs = this.options.retentionMs ?? 3_600_000;
+    this.#store.purgeEnded(new Date(Date.now() - retentionMs).toISOString());
+  }
+
+  /**
+   * After a restart: adopt sandboxes whose init still runs (restarting their
+   * command daemon if needed), finish stopping the rest, roll back creates
+   * that were interrupted, and enforce TTLs that expired while we were down.
+   */
+  async #reconcile(): Promise<void> {
+    const backend = this.options.backend;
+    const live = this.#store.list(['creating', 'running', 'stopping', 'paused']);
+    await this.options.layers.adopt(live.flatMap((r) => r.layers));
+    const now = new Date().toISOString();
+    for (const rec of live) {
+      const running = rec.state === 'running' && (await backend.isRunning(rec));
+      if (running && rec.expiresAt > now) {
+        for (const layer of rec.layers) await this.options.layers.acquire(layer);
+        const chronusPid = await backend.ensureChronus(rec).catch(() => undefined);
+        if (chronusPid !== undefined) this.#store.update(rec.id, { chronusPid });
+        continue;
+      }
+      const reason = rec.state === 'creating' ? 'interrupted while creating' : running ? 'ttl expired' : 'exited';
+      // stop() releases layers it holds; acquire first so the counts balance.
+      for (const layer of rec.layers) await this.options.layers.acquire(layer).catch(() => undefined);
+      await backend.stop(rec);
+      this.#store.update(rec.id, { state: rec.state === 'creating' ? 'failed' : 'stopped', reason });
+    }
+  }
+
+  async #resolveLayers(image: string, workspace: string | undefined, toolkits: string[]): Promise<LayerInfo[]> {
+    const resolve = async (ref: string, field: string, kind: LayerInfo['kind']) => {
+      const layer = await this.options.store.getLayer(ref).catch((err: unknown) => {
+        throw new DsecError('image_not_found', toDsecError(err).message, { field, cause: err });
+      });
+      if (kind !== 'base' && layer.kind === 'base') {
+        throw new DsecError('invalid_argument', `${ref} is a base image, not a ${kind}`, { field });
+      }
+      return layer;
+    };
+    const layers = [await resolve(image, 'image', 'base')];
+    if (workspace) layers.push(await resolve(workspace, 'workspace', 'workspace'));
+    for (const [i, t] of toolkits.entries()) layers.push(await resolve(t, `toolkits.${i}`, 'toolkit'));
+    return layers;
+  }
+}
+
+function sum<T>(items: T[], f: (item: T) => number): number {
+  return items.reduce((acc, item) => acc + f(item), 0);
+}
+
+function toInfo(rec: SandboxRecord, edgeId: string): SandboxInfo {
+  return {
+    id: rec.id,
+    edgeId,
+    projectId: rec.projectId,
+    state: rec.state,
+    spec: rec.spec,
+    createdAt: rec.createdAt,
+    expiresAt: rec.expiresAt,
+    ...(rec.reason !== undefined ? { reason: rec.reason } : {}),
+  };
+}

@@ -1,0 +1,80 @@
+/** Vocabulary of identity and quota. */
+
+export type Role = 'admin' | 'member';
+
+/** Rank of each role: a key may grant only roles ranked at or below its own. */
+export const ROLE_RANK: Record<Role, number> = { member: 1, admin: 2 };
+
+/**
+ * Limits on what a project's whole subtree may hold at once. An unset field
+ * means "no limit of its own"; every ancestor's limit still applies.
+ */
+export interface Quota {
+  sandboxes?: number | undefined;
+  memoryMb?: number | undefined;
+  cpuCores?: number | undefined;
+}
+
+export interface Project {
+  id: string;
+  name: string;
+  /** `null` for the root project. */
+  parentId: string | null;
+  quota: Quota;
+  createdAt: string;
+}
+
+/** Who is calling: the authenticated API key. */
+export interface Principal {
+  keyId: string;
+  projectId: string;
+  role: Role;
+}
+
+export interface ApiKeyInfo {
+  id: string;
+  projectId: string;
+  role: Role;
+  name: string;
+  createdAt: string;
+  revokedAt: string | null;
+}
+
+/** Returned once when a key is created; `key` is never stored or shown again. */
+export interface CreatedKey {
+  id: string;
+  key: string;
+  projectId: string;
+  role: Role;
+}
+
+/** What one sandbox holds against quotas. */
+export interface Resources {
+  memoryMb: number;
+  cpuCores: number;
+}
+
+export interface Usage {
+  sandboxes: number;
+  memoryMb: number;
+  cpuCores: number;
+}
+
+export type AuditOutcome = 'ok' | 'denied';
+
+export interface AuditEntry {
+  id: number;
+  at: string;
+  /** `null` for the system itself (bootstrap) or an unidentified caller. */
+  actorKeyId: string | null;
+  action: string;
+  target: string;
+  outcome: AuditOutcome;
+  details?: Record<string, unknown> | undefined;
+}
+
+/** Result of claiming an idempotency key for a create. */
+export type RequestClaim =
+  | { state: 'claimed' }
+  | { state: 'done'; sandboxId: string }
+  | { state: 'pending' };

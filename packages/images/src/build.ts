@@ -1,0 +1,170 @@
+import { mkdir, mkdtemp, rm, stat } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import {
+  DEFAULT_LAYER_VERSION,
+  DsecError,
+  isDsecError,
+  throwIfAborted,
+  type ImageStore,
+  type LayerInfo,
+  type LayerKind,
+} from '@dsec/core';
+import { buildErofs } from './erofs.js';
+import { DirImageStore } from './store/dir-store.js';
+import { assertLayerKind, assertLayerName, assertLayerVersion } from './store/validate.js';
+import { runTool } from './util/run-tool.js';
+import { treeStats } from './walk.js';
+
+export interface BuildProgress {
+  /** `extract`, `scan`, `mkfs`, `store`, then `done`. */
+  phase: string;
+  done?: number;
+  total?: number;
+}
+
+export interface BuildLayerOptions {
+  name: string;
+  version?: string;
+  kind: LayerKind;
+  /** A directory, or a tar archive (plain, .gz, .xz, .zst, .bz2; detected from its bytes). */
+  from: { dir: string } | { tar: string };
+  /** Build the metadata/data split (`--blobdev`): `digest` is the metadata image, `blobDigest` the data. */
+  split?: boolean;
+  /** Recorded as `source` (default `dir` or `tar`), e.g. `busybox`, `debootstrap`. */
+  source?: string;
+  /** lz4hc compression for unsplit layers (default true). */
+  compress?: boolean;
+  /** Scratch space (default: the store's `tmp/` for a DirImageStore, else the OS temp dir). */
+  workDir?: string;
+  signal?: AbortSignal;
+  onProgress?(p: BuildProgress): void;
+}
+
+/**
+ * Builds an EROFS layer from a directory or a tar archive, stores its blobs
+ * and records it as `name:version`. Idempotent: rebuilding the same content
+ * under the same name returns the existing record; other content under a
+ * taken name is `conflict`.
+ */
+export async function buildLayer(store: ImageStore, options: BuildLayerOptions): Promise<LayerInfo> {
+  const version = options.version ?? DEFAULT_LAYER_VERSION;
+  assertLayerName(options.name);
+  assertLayerVersion(version);
+  assertLayerKind(options.kind);
+  const from = await checkSource(options.from);
+  throwIfAborted(options.signal);
+
+  const { signal } = options;
+  const progress = options.onProgress ?? ((): void => undefined);
+  const workRoot = options.workDir ?? (store instanceof DirImageStore ? store.tmpDir : tmpdir());
+  await mkdir(workRoot, { recursive: true });
+  const work = await mkdtemp(join(workRoot, 'build-'));
+  try {
+    let tree = from.path;
+    if (from.kind === 'tar') {
+      progress({ phase: 'extract' });
+      tree = join(work, 'rootfs');
+      await extractTar(from.path, tree, signal);
+    }
+
+    progress({ phase: 'scan' });
+    const stats = await treeStats(tree, { signal, onEntry: (done) => progress({ phase: 'scan', done }) });
+
+    progress({ phase: 'mkfs' });
+    const image = join(work, options.split ? 'layer.meta' : 'layer.erofs');
+    const blob = options.split ? join(work, 'layer.blob') : undefined;
+    await buildErofs({
+      sourceDir: tree,
+      output: image,
+      ...(blob !== undefined ? { blobDevice: blob } : {}),
+      ...(options.compress !== undefined ? { compress: options.compress } : {}),
+      ...(signal ? { signal } : {}),
+    });
+
+    const files = blob !== undefined ? [image, blob] : [image];
+    const puts: { digest: string; sizeBytes: number }[] = [];
+    for (const [i, file] of files.entries()) {
+      progress({ phase: 'store', done: i, total: files.length });
+      puts.push(await store.putBlob(file, signal ? { signal } : {}));
+    }
+    progress({ phase: 'store', done: files.length, total: files.length });
+
+    const layer: LayerInfo = {
+      name: options.name,
+      version,
+      kind: options.kind,
+      digest: puts[0]!.digest,
+      ...(puts[1] ? { blobDigest: puts[1].digest } : {}),
+      sizeBytes: puts.reduce((sum, p) => sum + p.sizeBytes, 0),
+      contentBytes: stats.contentBytes,
+      fileCount: stats.fileCount,
+      createdAt: new Date().toISOString(),
+      source: options.source ?? from.kind,
+    };
+    throwIfAborted(signal);
+    await store.putLayer(layer);
+    // Same content stored earlier: hand back the record as it is kept.
+    const stored = await store.getLayer(`${layer.name}:${layer.version}`);
+    progress({ phase: 'done' });
+    return stored;
+  } catch (err) {
+    if (err instanceof Error && err.name === 'AbortError') {
+      throw new DsecError('aborted', 'layer build aborted', { cause: err });
+    }
+    throw err;
+  } finally {
+    await rm(work, { recursive: true, force: true });
+  }
+}
+
+async function checkSource(from: BuildLayerOptions['from']): Promise<{ kind: 'dir' | 'tar'; path: string }> {
+  const isDir = 'dir' in from && typeof from.dir === 'string';
+  const isTar = 'tar' in from && typeof from.tar === 'string';
+  if (isDir === isTar) {
+    throw new DsecError('invalid_argument', 'from needs exactly one of dir or tar', { field: 'from' });
+  }
+  const kind = isDir ? 'dir' : 'tar';
+  const path = resolve(isDir ? (from as { dir: string }).dir : (from as { tar: string }).tar);
+  const st = await stat(path).catch(() => undefined);
+  const ok = kind === 'dir' ? st?.isDirectory() : st?.isFile();
+  if (!ok) {
+    const want = kind === 'dir' ? 'a directory' : 'a file';
+    throw new DsecError('invalid_argument', `${path} is not ${want}`, { field: `from.${kind}` });
+  }
+  return { kind, path };
+}
+
+/**
+ * Extracts as root keeping numeric owners, modes and xattrs, so the layer
+ * holds exactly what the archive says. GNU tar detects the compression from
+ * the bytes, refuses `..` members and strips leading `/`.
+ */
+async function extractTar(archive: string, dest: string, signal: AbortSignal | undefined): Promise<void> {
+  await mkdir(dest, { mode: 0o755 });
+  try {
+    await runTool(
+      'tar',
+      [
+        '--extract',
+        `--file=${archive}`,
+        `--directory=${dest}`,
+        '--same-owner',
+        '--numeric-owner',
+        '--same-permissions',
+        '--xattrs',
+        '--xattrs-include=*',
+      ],
+      { signal },
+    );
+  } catch (err) {
+    // A tar that ran and failed means a bad archive; a missing tar stays `internal`.
+    if (isDsecError(err, 'internal') && err.details?.['exitCode'] !== undefined) {
+      throw new DsecError('invalid_argument', `cannot extract ${archive}: ${err.message}`, {
+        field: 'from.tar',
+        cause: err,
+      });
+    }
+    throw err;
+  }
+}

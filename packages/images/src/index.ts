@@ -1,0 +1,41 @@
+/**
+ * @dsec/images — builds immutable EROFS layers and keeps them in an image
+ * store. A layer is made from a directory or a tar archive (or from a root
+ * filesystem made here: static busybox, or Debian via debootstrap), packed
+ * with `mkfs.erofs` so the same content always gives the same digest, and
+ * recorded as `name:version`. Split layers keep metadata and file data in two
+ * blobs (`--blobdev`) so an edge holds metadata locally and reads data on
+ * demand from the store. Every store passes `imageStoreConformance`.
+ *
+ * @example
+ * ```ts
+ * import { DirImageStore, buildLayer, makeBusyboxRootfs } from '@dsec/images';
+ * const store = new DirImageStore('/var/lib/dsec/images');
+ * await makeBusyboxRootfs('/tmp/bb-root');
+ * const layer = await buildLayer(store, {
+ *   name: 'busybox', kind: 'base', from: { dir: '/tmp/bb-root' }, source: 'busybox',
+ *   onProgress: (p) => console.log(p.phase),
+ * });
+ * const image = await store.blobPath(layer.digest); // mount this read-only (EROFS)
+ * ```
+ */
+export { buildErofs, erofsArgs, DEFAULT_CHUNK_SIZE_BYTES, ZERO_UUID } from './erofs.js';
+export type { BuildErofsOptions, BuildErofsResult } from './erofs.js';
+export { buildLayer } from './build.js';
+export type { BuildLayerOptions, BuildProgress } from './build.js';
+export { treeStats } from './walk.js';
+export type { TreeStats } from './walk.js';
+export { DirImageStore } from './store/dir-store.js';
+export { imageStoreConformance } from './store/conformance.js';
+export type { StoreUnderTest } from './store/conformance.js';
+export { validateLayerInfo } from './store/validate.js';
+export { makeBusyboxRootfs } from './rootfs/busybox.js';
+export type { BusyboxRootfsOptions, BusyboxRootfsResult } from './rootfs/busybox.js';
+export {
+  makeDebianRootfs,
+  hostAptMirror,
+  mirrorFromDeb822,
+  mirrorFromList,
+  DEFAULT_DEBIAN_MIRROR,
+} from './rootfs/debian.js';
+export type { DebianRootfsOptions } from './rootfs/debian.js';

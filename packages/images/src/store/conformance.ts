@@ -1,0 +1,248 @@
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, test } from 'node:test';
+import { isDsecError, type ErrorCode, type ImageStore, type LayerInfo } from '@dsec/core';
+
+export interface StoreUnderTest {
+  store: ImageStore;
+  cleanup(): Promise<void>;
+}
+
+/**
+ * Registers the node:test suite every ImageStore implementation must pass.
+ * Each test gets a fresh, empty store from `makeStore` and cleans it up.
+ *
+ * @example
+ * ```ts
+ * imageStoreConformance('DirImageStore', async () => {
+ *   const root = await mkdtemp(join(tmpdir(), 'store-'));
+ *   return { store: new DirImageStore(root), cleanup: () => rm(root, { recursive: true, force: true }) };
+ * });
+ * ```
+ */
+export function imageStoreConformance(name: string, makeStore: () => Promise<StoreUnderTest>): void {
+  describe(`ImageStore conformance: ${name}`, () => {
+    let sut: StoreUnderTest;
+    let scratch: string;
+    let store: ImageStore;
+    let n = 0;
+
+    beforeEach(async () => {
+      sut = await makeStore();
+      store = sut.store;
+      scratch = await mkdtemp(join(tmpdir(), 'dsec-conformance-'));
+    });
+    afterEach(async () => {
+      await sut.cleanup();
+      await rm(scratch, { recursive: true, force: true });
+    });
+
+    const file = async (content: string | Buffer): Promise<string> => {
+      const path = join(scratch, `f${n++}`);
+      await writeFile(path, content);
+      return path;
+    };
+    const blob = async (content: string): Promise<string> => (await store.putBlob(await file(content))).digest;
+    const layer = (over: Partial<LayerInfo> & { digest: string }): LayerInfo => ({
+      name: 'base-img',
+      version: 'v1',
+      kind: 'base',
+      sizeBytes: 10,
+      contentBytes: 5,
+      fileCount: 2,
+      createdAt: '2025-01-01T00:00:00.000Z',
+      source: 'dir',
+      ...over,
+    });
+
+    test('putBlob stores content under its sha256 and reports its size', async () => {
+      const content = Buffer.from('hello, layers\n'.repeat(100_000));
+      const put = await store.putBlob(await file(content));
+      assert.equal(put.digest, `sha256:${createHash('sha256').update(content).digest('hex')}`);
+      assert.equal(put.sizeBytes, content.length);
+      assert.equal(await store.hasBlob(put.digest), true);
+      assert.deepEqual(await readFile(await store.blobPath(put.digest)), content);
+    });
+
+    test('putBlob is idempotent, also when racing itself', async () => {
+      const a = await file('same bytes');
+      const b = await file('same bytes');
+      const results = await Promise.all([store.putBlob(a), store.putBlob(b), store.putBlob(a)]);
+      assert.equal(new Set(results.map((r) => r.digest)).size, 1);
+      assert.notEqual(await blob('other bytes'), results[0]?.digest);
+      assert.equal(await readFile(await store.blobPath(results[0]!.digest), 'utf8'), 'same bytes');
+    });
+
+    test('an empty file is a valid blob', async () => {
+      const put = await store.putBlob(await file(''));
+      assert.equal(put.sizeBytes, 0);
+      assert.equal(put.digest, `sha256:${createHash('sha256').digest('hex')}`);
+      assert.equal(await store.hasBlob(put.digest), true);
+    });
+
+    test('putBlob of a missing file is invalid_argument', async () => {
+      await rejectsWith(store.putBlob(join(scratch, 'missing')), 'invalid_argument');
+    });
+
+    test('an absent blob is reported, not invented', async () => {
+      const absent = `sha256:${'0'.repeat(64)}`;
+      assert.equal(await store.hasBlob(absent), false);
+      await rejectsWith(store.blobPath(absent), 'image_not_found');
+      await store.deleteBlob(absent);
+    });
+
+    test('malformed digests are invalid_argument (no path tricks)', async () => {
+      for (const bad of ['', 'sha256:', 'md5:abc', `sha256:${'A'.repeat(64)}`, 'sha256:../../etc/passwd', `sha256:${'0'.repeat(63)}/`]) {
+        await rejectsWith(store.hasBlob(bad), 'invalid_argument', bad);
+        await rejectsWith(store.blobPath(bad), 'invalid_argument', bad);
+        await rejectsWith(store.deleteBlob(bad), 'invalid_argument', bad);
+      }
+    });
+
+    test('a layer record round-trips; a bare name means :latest', async () => {
+      const digest = await blob('image');
+      const v1 = layer({ digest });
+      const latest = layer({ digest, version: 'latest', kind: 'toolkit', source: 'tar' });
+      await store.putLayer(v1);
+      await store.putLayer(latest);
+      assert.deepEqual(await store.getLayer('base-img:v1'), v1);
+      assert.deepEqual(await store.getLayer('base-img'), latest);
+      assert.deepEqual(await store.getLayer('base-img:latest'), latest);
+    });
+
+    test('a split layer keeps its data blob digest', async () => {
+      const split = layer({ digest: await blob('meta'), blobDigest: await blob('data') });
+      await store.putLayer(split);
+      assert.deepEqual(await store.getLayer('base-img:v1'), split);
+    });
+
+    test('putLayer is idempotent for the same digest and conflicts for another', async () => {
+      const d1 = await blob('one');
+      const d2 = await blob('two');
+      await store.putLayer(layer({ digest: d1 }));
+      await store.putLayer(layer({ digest: d1, createdAt: '2030-01-01T00:00:00.000Z' }));
+      await rejectsWith(store.putLayer(layer({ digest: d2 })), 'conflict');
+      assert.equal((await store.getLayer('base-img:v1')).digest, d1);
+      assert.equal((await store.listLayers()).length, 1);
+    });
+
+    test('racing putLayer calls for one name: one wins, the rest conflict', async () => {
+      const digests = await Promise.all(['a', 'b', 'c', 'd'].map(blob));
+      const settled = await Promise.allSettled(digests.map((digest) => store.putLayer(layer({ digest }))));
+      const won = settled.filter((s) => s.status === 'fulfilled');
+      assert.equal(won.length, 1);
+      for (const s of settled) {
+        if (s.status === 'rejected') assert.ok(isDsecError(s.reason, 'conflict'), String(s.reason));
+      }
+      const winner = digests[settled.findIndex((s) => s.status === 'fulfilled')];
+      assert.equal((await store.getLayer('base-img:v1')).digest, winner);
+    });
+
+    test('putLayer rejects bad records with the field at fault', async () => {
+      const digest = await blob('x');
+      const cases: [Partial<LayerInfo>, string][] = [
+        [{ name: 'Bad_Name' }, 'name'],
+        [{ name: '../etc' }, 'name'],
+        [{ version: '../v1' }, 'version'],
+        [{ version: '' }, 'version'],
+        [{ kind: 'weird' as LayerInfo['kind'] }, 'kind'],
+        [{ digest: 'sha256:nope' }, 'digest'],
+        [{ digest: `sha256:${'1'.repeat(64)}` }, 'digest'],
+        [{ blobDigest: `sha256:${'2'.repeat(64)}` }, 'blobDigest'],
+        [{ sizeBytes: -1 }, 'sizeBytes'],
+        [{ fileCount: 1.5 }, 'fileCount'],
+        [{ createdAt: 'yesterday' }, 'createdAt'],
+      ];
+      for (const [over, field] of cases) {
+        await assert.rejects(
+          store.putLayer(layer({ digest, ...over })),
+          (e) => isDsecError(e, 'invalid_argument') && e.field === field,
+          `${JSON.stringify(over)} → ${field}`,
+        );
+      }
+      assert.deepEqual(await store.listLayers(), []);
+    });
+
+    test('unknown and malformed references are image_not_found naming the ref', async () => {
+      await store.putLayer(layer({ digest: await blob('x') }));
+      for (const ref of ['nope', 'base-img:v2', 'Bad Name', '../../etc/passwd', 'base-img:', ':v1', 'a:b:c', '']) {
+        await assert.rejects(
+          store.getLayer(ref),
+          (e) => isDsecError(e, 'image_not_found') && e.message.includes(ref),
+          ref,
+        );
+        await rejectsWith(store.removeLayer(ref), 'image_not_found', ref);
+      }
+    });
+
+    test('listLayers returns every record, sorted by name then version', async () => {
+      assert.deepEqual(await store.listLayers(), []);
+      const digest = await blob('x');
+      const refs = ['zeta:1', 'alpha:2', 'alpha:1', 'mid:latest'];
+      for (const ref of refs) {
+        const [name, version] = ref.split(':') as [string, string];
+        await store.putLayer(layer({ digest, name, version }));
+      }
+      const listed = (await store.listLayers()).map((l) => `${l.name}:${l.version}`);
+      assert.deepEqual(listed, ['alpha:1', 'alpha:2', 'mid:latest', 'zeta:1']);
+    });
+
+    test('removeLayer drops the record and only the blobs nothing else uses', async () => {
+      const shared = await blob('shared');
+      const own = await blob('own');
+      const data = await blob('data');
+      await store.putLayer(layer({ name: 'a', digest: shared }));
+      await store.putLayer(layer({ name: 'b', digest: own, blobDigest: shared }));
+      await store.putLayer(layer({ name: 'c', digest: data }));
+      await store.putLayer(layer({ name: 'c', version: 'v2', digest: data }));
+
+      await store.removeLayer('b:v1');
+      await rejectsWith(store.getLayer('b:v1'), 'image_not_found');
+      assert.equal(await store.hasBlob(own), false);
+      assert.equal(await store.hasBlob(shared), true);
+
+      await store.removeLayer('a:v1');
+      assert.equal(await store.hasBlob(shared), false);
+
+      await store.removeLayer('c:v1');
+      assert.equal(await store.hasBlob(data), true);
+      await store.removeLayer('c:v2');
+      assert.equal(await store.hasBlob(data), false);
+      assert.deepEqual(await store.listLayers(), []);
+      await rejectsWith(store.removeLayer('c:v2'), 'image_not_found');
+    });
+
+    test('removeLayer of a bare name removes :latest', async () => {
+      const digest = await blob('x');
+      await store.putLayer(layer({ digest, version: 'latest' }));
+      await store.putLayer(layer({ digest, version: 'v1' }));
+      await store.removeLayer('base-img');
+      assert.deepEqual((await store.listLayers()).map((l) => l.version), ['v1']);
+      assert.equal(await store.hasBlob(digest), true);
+    });
+
+    test('deleteBlob removes an unused blob and refuses one a layer uses', async () => {
+      const used = await blob('used');
+      const unused = await blob('unused');
+      await store.putLayer(layer({ digest: used }));
+      await rejectsWith(store.deleteBlob(used), 'conflict');
+      assert.equal(await store.hasBlob(used), true);
+      await store.deleteBlob(unused);
+      assert.equal(await store.hasBlob(unused), false);
+      await rejectsWith(store.blobPath(unused), 'image_not_found');
+    });
+
+    test('an aborted putBlob stores nothing and says aborted', async () => {
+      const ac = new AbortController();
+      ac.abort();
+      await rejectsWith(store.putBlob(await file('x'), { signal: ac.signal }), 'aborted');
+    });
+  });
+}
+
+async function rejectsWith(p: Promise<unknown>, code: ErrorCode, what = ''): Promise<void> {
+  await assert.rejects(p, (e) => isDsecError(e, code), `${what} should be ${code}`);
+}

@@ -1,0 +1,42 @@
+import assert from 'node:assert/strict';
+import { mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { imageStoreConformance } from './conformance.js';
+import { DirImageStore } from './dir-store.js';
+
+imageStoreConformance('DirImageStore', async () => {
+  const root = await mkdtemp(join(tmpdir(), 'dsec-dir-store-'));
+  return { store: new DirImageStore(root), cleanup: () => rm(root, { recursive: true, force: true }) };
+});
+
+test('DirImageStore lays blobs and records out as documented, read-only, no temp files left', async () => {
+  const root = await mkdtemp(join(tmpdir(), 'dsec-dir-store-'));
+  try {
+    const store = new DirImageStore(root);
+    const src = join(root, 'input');
+    await writeFile(src, 'bytes');
+    const { digest } = await store.putBlob(src);
+    const hex = digest.slice('sha256:'.length);
+    const blob = join(root, 'blobs', 'sha256', hex);
+    assert.equal(await store.blobPath(digest), blob);
+    assert.equal((await stat(blob)).mode & 0o777, 0o444);
+    await store.putLayer({
+      name: 'demo',
+      version: 'latest',
+      kind: 'base',
+      digest,
+      sizeBytes: 5,
+      contentBytes: 5,
+      fileCount: 1,
+      createdAt: new Date(0).toISOString(),
+      source: 'dir',
+    });
+    assert.deepEqual(await readdir(join(root, 'layers', 'demo')), ['latest.json']);
+    assert.deepEqual(await readdir(join(root, 'blobs', 'sha256')), [hex]);
+    assert.equal(store.tmpDir, join(root, 'tmp'));
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
+});

@@ -1,0 +1,157 @@
+import { DsecError } from '@dsec/core';
+import type { LayerInfo, SandboxInfo } from '@dsec/core';
+import { Sandbox } from './sandbox.js';
+import { HttpTransport } from './transport.js';
+import type {
+  CallOptions,
+  CreatedKey,
+  CreateKeyOptions,
+  CreateProjectOptions,
+  DSecClientOptions,
+  Health,
+  Project,
+  RunContainerOptions,
+  Whoami,
+} from './types.js';
+
+export const DEFAULT_URL = 'http://127.0.0.1:7420';
+export const DEFAULT_TIMEOUT_MS = 30_000;
+export const DEFAULT_CREATE_TIMEOUT_MS = 120_000;
+
+/**
+ * A connection to one DSec apiserver. Cheap to keep: it pools keep-alive
+ * sockets, so one client should serve many sandboxes and concurrent calls.
+ * Every method throws `DsecError`; `unavailable` when the server cannot be
+ * reached, `aborted` on `signal`, `deadline_exceeded` past `timeoutMs`.
+ */
+export class DSecClient {
+  readonly url: string;
+  /** Who the key belongs to; set by `open()`. */
+  whoami: Whoami | undefined;
+  readonly #http: HttpTransport;
+  readonly #timeoutMs: number;
+
+  constructor(options: DSecClientOptions = {}) {
+    this.url = options.url ?? process.env.DSEC_URL ?? DEFAULT_URL;
+    this.#timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    this.#http = new HttpTransport({
+      url: this.url,
+      apiKey: options.apiKey ?? process.env.DSEC_API_KEY,
+      maxSockets: options.maxSockets,
+    });
+  }
+
+  /**
+   * Checks that the server answers and the key is valid, and records
+   * `whoami`. Optional: every other call works without it, but this fails
+   * early with a clear `unavailable` or `unauthenticated`.
+   */
+  async open(options: CallOptions = {}): Promise<Whoami> {
+    await this.health(options);
+    this.whoami = await this.#get<Whoami>('/v1/whoami', options);
+    return this.whoami;
+  }
+
+  /** Releases pooled sockets. Later calls throw `unavailable`. */
+  close(): void {
+    this.#http.close();
+  }
+
+  health(options: CallOptions = {}): Promise<Health> {
+    return this.#get<Health>('/healthz', options);
+  }
+
+  /**
+   * Creates a container sandbox and returns once it is running (the paper's
+   * `run_container`). Deadline: `timeoutMs`, default 120 s. Pass `requestId`
+   * to make a retry after a lost answer return the same sandbox.
+   * Throws `invalid_argument` (with `field`), `image_not_found`,
+   * `quota_exceeded`, `capacity_exhausted`, and the transport errors.
+   */
+  async runContainer(spec: RunContainerOptions, options: CallOptions = {}): Promise<Sandbox> {
+    const { ttlRunningStopSeconds, ttlSeconds, ...rest } = spec;
+    if (ttlRunningStopSeconds !== undefined && ttlSeconds !== undefined && ttlRunningStopSeconds !== ttlSeconds) {
+      throw new DsecError('invalid_argument', 'give ttlSeconds or ttlRunningStopSeconds, not both', {
+        field: 'ttlRunningStopSeconds',
+      });
+    }
+    const info = await this.#http.json<SandboxInfo>({
+      method: 'POST',
+      path: '/v1/sandboxes',
+      body: { backend: 'container', ...rest, ttlSeconds: ttlSeconds ?? ttlRunningStopSeconds },
+      signal: options.signal,
+      timeoutMs: options.timeoutMs ?? DEFAULT_CREATE_TIMEOUT_MS,
+      // With an idempotency key a resend cannot create a second sandbox.
+      idempotent: spec.requestId !== undefined,
+    });
+    return new Sandbox(this.#http, info.id, info, this.#timeoutMs);
+  }
+
+  /** A handle for an existing sandbox; makes no request (`refresh()` loads its info). */
+  sandbox(id: string): Sandbox {
+    return new Sandbox(this.#http, id, undefined, this.#timeoutMs);
+  }
+
+  /** Fetches a sandbox's info; throws `sandbox_not_found`. */
+  async getSandbox(id: string, options: CallOptions = {}): Promise<Sandbox> {
+    const sandbox = this.sandbox(id);
+    await sandbox.refresh(options);
+    return sandbox;
+  }
+
+  /** The sandboxes this key may see, optionally of one project. */
+  async listSandboxes(options: CallOptions & { projectId?: string | undefined } = {}): Promise<SandboxInfo[]> {
+    const query = options.projectId ? `?projectId=${encodeURIComponent(options.projectId)}` : '';
+    return (await this.#get<{ sandboxes: SandboxInfo[] }>(`/v1/sandboxes${query}`, options)).sandboxes;
+  }
+
+  async listImages(options: CallOptions = {}): Promise<LayerInfo[]> {
+    return (await this.#get<{ layers: LayerInfo[] }>('/v1/images', options)).layers;
+  }
+
+  async createProject(options: CreateProjectOptions): Promise<Project> {
+    return this.#http.json<Project>({
+      method: 'POST',
+      path: '/v1/projects',
+      body: { name: options.name, parentId: options.parentId, quota: options.quota },
+      signal: options.signal,
+      timeoutMs: options.timeoutMs ?? this.#timeoutMs,
+    });
+  }
+
+  /** The key's project and its descendants. */
+  async listProjects(options: CallOptions = {}): Promise<Project[]> {
+    return (await this.#get<{ projects: Project[] }>('/v1/projects', options)).projects;
+  }
+
+  /** Creates an API key; the secret in `key` is returned only this once. */
+  async createKey(options: CreateKeyOptions): Promise<CreatedKey> {
+    return this.#http.json<CreatedKey>({
+      method: 'POST',
+      path: '/v1/keys',
+      body: { projectId: options.projectId, role: options.role, name: options.name },
+      signal: options.signal,
+      timeoutMs: options.timeoutMs ?? this.#timeoutMs,
+    });
+  }
+
+  async deleteKey(id: string, options: CallOptions = {}): Promise<void> {
+    await this.#http.json<undefined>({
+      method: 'DELETE',
+      path: `/v1/keys/${encodeURIComponent(id)}`,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs ?? this.#timeoutMs,
+      idempotent: true,
+    });
+  }
+
+  #get<T>(path: string, options: CallOptions): Promise<T> {
+    return this.#http.json<T>({
+      method: 'GET',
+      path,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs ?? this.#timeoutMs,
+      idempotent: true,
+    });
+  }
+}

@@ -1,0 +1,36 @@
+/**
+ * @dsec/sdk — the TypeScript client of DSec (the paper's libdsec): create a
+ * sandbox, run commands in it, stop it. Talks HTTP API v1
+ * (docs/CONVENTIONS.md) over pooled keep-alive sockets; every call takes an
+ * `AbortSignal` and has a deadline, and every failure is a `DsecError` whose
+ * `code` says what to do (`unavailable`, `quota_exceeded`, ...).
+ *
+ * @example The paper's minimal session (run with `DSEC_URL`/`DSEC_API_KEY` set):
+ * ```ts
+ * import { DSecClient } from '@dsec/sdk';
+ *
+ * const client = new DSecClient(); // DSEC_URL, DSEC_API_KEY
+ * await client.open();
+ * const sandbox = await client.runContainer(
+ *   {
+ *     image: 'busybox',
+ *     memoryLimitMb: 4096,
+ *     cpuCoresLimit: 4,
+ *     ttlRunningStopSeconds: 300,
+ *     networkRules: { npm: false, pypi: true },
+ *     initUser: 'root',
+ *   },
+ *   { timeoutMs: 120_000 },
+ * );
+ * const result = await sandbox.runShell('echo hello world');
+ * console.log(result.exitCode, result.stdout); // 0 'hello world\n'
+ * await sandbox.exec(['ls', '-la'], { onStdout: (text) => process.stdout.write(text) });
+ * await sandbox.stop();
+ * client.close();
+ * ```
+ */
+export { DSecClient, DEFAULT_URL, DEFAULT_TIMEOUT_MS, DEFAULT_CREATE_TIMEOUT_MS } from './client.js';
+export { Sandbox, DEFAULT_COMMAND_TIMEOUT_MS, COMMAND_DEADLINE_SLACK_MS } from './sandbox.js';
+export type * from './types.js';
+export { DsecError, isDsecError } from '@dsec/core';
+export type { CommandResult, ErrorCode, LayerInfo, SandboxInfo, SandboxState } from '@dsec/core';

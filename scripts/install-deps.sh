@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what DSec needs on a fresh Debian 12 machine (as root) and builds
+# it. Idempotent: what is already there is skipped, so it is cheap to re-run.
+#   DSEC_EXTRA_PACKAGES="podman"  additionally installs peers for benchmarks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "error: DSec manages mounts, cgroups and namespaces and must run as root (try: sudo $0)" >&2
+  exit 1
+fi
+
+packages=(runc erofs-utils busybox-static nftables iproute2 libseccomp-dev libcap-dev debootstrap make gcc libc6-dev ${DSEC_EXTRA_PACKAGES:-})
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> installing Debian packages: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
+  echo "==> installing npm dependencies"
+  npm ci --no-audit --no-fund --loglevel=error
+fi
+
+echo "==> building"
+npm run -s build >/dev/null

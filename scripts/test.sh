@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Quick start, part 2: install what is missing, then run every gate: format
+# check, type-aware lint, strict type check, unit tests, integration tests
+# (real runc, EROFS, overlay, cgroups and namespaces; needs root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+
+echo "==> format check";  npx prettier --check --log-level warn .
+echo "==> lint";          npx eslint --max-warnings 0 .
+echo "==> type check";    npx tsc -p tsconfig.json --noEmit
+
+mapfile -t unit < <(find packages -name '*.test.ts' -not -path '*/node_modules/*' -not -path '*/test/integration/*' | sort)
+mapfile -t integration < <(find packages -path '*/test/integration/*.test.ts' -not -path '*/node_modules/*' | sort)
+run_tests() { node --conditions=dsec-source --import tsx --test --test-reporter=spec "$@"; }
+
+echo "==> unit tests (${#unit[@]} files)"
+run_tests --test-concurrency=2 "${unit[@]}"
+echo "==> integration tests (${#integration[@]} files, one at a time: they count host mounts and cgroups)"
+run_tests --test-concurrency=1 "${integration[@]}"
