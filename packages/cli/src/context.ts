@@ -46,7 +46,12 @@ export class CliContext {
   }
 
   get options(): GlobalOptions {
-    const o = this.program.opts<{ url?: string; apiKey?: string; stateDir?: string; json?: boolean }>();
+    const o = this.program.opts<{
+      url?: string;
+      apiKey?: string;
+      stateDir?: string;
+      json?: boolean;
+    }>();
     const env = this.io.env;
     const stateDir = o.stateDir ?? env.DSEC_STATE_DIR ?? DEFAULT_STATE_DIR;
     return {

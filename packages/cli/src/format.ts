@@ -23,7 +23,8 @@ export function formatRelative(iso: string | undefined, now = Date.now()): strin
 export function formatSeconds(s: number): string {
   if (s < 60) return `${s}s`;
   if (s < 3600) return `${Math.floor(s / 60)}m`;
-  if (s < 86_400) return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
+  if (s < 86_400)
+    return `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, '0')}m`;
   return `${Math.floor(s / 86_400)}d${Math.floor((s % 86_400) / 3600)}h`;
 }
 

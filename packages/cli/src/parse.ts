@@ -9,7 +9,8 @@ export function parseInteger(value: string): number {
 
 export function parseNumber(value: string): number {
   const n = Number(value);
-  if (value.trim() === '' || !Number.isFinite(n)) throw new InvalidArgumentError('expected a number');
+  if (value.trim() === '' || !Number.isFinite(n))
+    throw new InvalidArgumentError('expected a number');
   return n;
 }
 
@@ -19,13 +20,17 @@ export function collect(value: string, previous: string[] = []): string[] {
 }
 
 /** Repeatable `--env K=V`; the value may itself contain `=`. */
-export function collectKeyValue(value: string, previous: Record<string, string> = {}): Record<string, string> {
+export function collectKeyValue(
+  value: string,
+  previous: Record<string, string> = {},
+): Record<string, string> {
   const i = value.indexOf('=');
   if (i <= 0) throw new InvalidArgumentError(`expected KEY=VALUE, got ${JSON.stringify(value)}`);
   return { ...previous, [value.slice(0, i)]: value.slice(i + 1) };
 }
 
 export function parseRole(value: string): 'admin' | 'member' {
-  if (value !== 'admin' && value !== 'member') throw new InvalidArgumentError('expected admin or member');
+  if (value !== 'admin' && value !== 'member')
+    throw new InvalidArgumentError('expected admin or member');
   return value;
 }

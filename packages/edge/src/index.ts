@@ -25,6 +25,7 @@ import { RuncRuntime } from './runtime/oci-runtime.js';
 
 export { Edge, type EdgeCapacity, type EdgeOptions } from './edge.js';
 export { ContainerBackend } from './backends/container/container-backend.js';
+export { buildContainerConfig, SANDBOX_CAPABILITIES } from './backends/container/spec.js';
 export type { Backend, StartedSandbox } from './backends/backend.js';
 export { detectCgroupDriver, type CgroupDriver } from './cgroups/cgroup-driver.js';
 export { RuncRuntime, type OciRuntime } from './runtime/oci-runtime.js';
@@ -72,7 +73,7 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     runtime: new RuncRuntime(options.runtimeBinary ?? 'runc', join(options.stateDir, 'runtime')),
     cgroups: detectCgroupDriver(),
     layers,
-    initBinary: initPath,
+    initBinary: initPath(),
     shellBinary: options.shellBinary ?? '/bin/busybox',
   });
   return Edge.open({

@@ -20,7 +20,7 @@ async function withStore(fn: (store: DirImageStore, dir: string) => Promise<void
   }
 }
 
-test('a layer from a directory is stored and recorded', async () => {
+void test('a layer from a directory is stored and recorded', async () => {
   await withStore(async (store, dir) => {
     const src = join(dir, 'src');
     await makeTree(src);
@@ -45,39 +45,88 @@ test('a layer from a directory is stored and recorded', async () => {
     const again = await buildLayer(store, { name: 'demo', kind: 'base', from: { dir: src } });
     assert.deepEqual(again, layer);
     await writeFile(join(src, 'new-file'), 'x');
-    await assert.rejects(buildLayer(store, { name: 'demo', kind: 'base', from: { dir: src } }), (e) =>
-      isDsecError(e, 'conflict'),
+    await assert.rejects(
+      buildLayer(store, { name: 'demo', kind: 'base', from: { dir: src } }),
+      (e) => isDsecError(e, 'conflict'),
     );
     assert.deepEqual(await readdir(store.tmpDir), [], 'scratch space is cleaned up');
   });
 });
 
-test('a layer from a .tar.gz has the same digest as from the directory, and keeps owners', { skip: !isRoot && 'tar --same-owner needs root' }, async () => {
+void test(
+  'a layer from a .tar.gz has the same digest as from the directory, and keeps owners',
+  { skip: !isRoot && 'tar --same-owner needs root' },
+  async () => {
+    await withStore(async (store, dir) => {
+      const src = join(dir, 'src');
+      await makeTree(src);
+      const tgz = join(dir, 'src.tar.gz');
+      await runTool('tar', [
+        '--create',
+        '--gzip',
+        `--file=${tgz}`,
+        '--numeric-owner',
+        `--directory=${src}`,
+        '.',
+      ]);
+      const fromDir = await buildLayer(store, {
+        name: 'from-dir',
+        kind: 'toolkit',
+        from: { dir: src },
+      });
+      const fromTar = await buildLayer(store, {
+        name: 'from-tar',
+        version: 'v1.2',
+        kind: 'toolkit',
+        from: { tar: tgz },
+      });
+      assert.equal(fromTar.source, 'tar');
+      assert.equal(fromTar.version, 'v1.2');
+      assert.equal(fromTar.digest, fromDir.digest);
+      assert.equal(fromTar.fileCount, TREE_ENTRIES);
+      assert.equal(fromTar.contentBytes, fromDir.contentBytes);
+
+      for (const [ext, flag] of [
+        ['tar', '--no-auto-compress'],
+        ['tar.xz', '--xz'],
+        ['tar.zst', '--zstd'],
+      ] as const) {
+        const archive = join(dir, `src.${ext}`);
+        await runTool('tar', [
+          '--create',
+          flag,
+          `--file=${archive}`,
+          '--numeric-owner',
+          `--directory=${src}`,
+          '.',
+        ]);
+        const layer = await buildLayer(store, {
+          name: 'from-tar',
+          version: ext,
+          kind: 'toolkit',
+          from: { tar: archive },
+        });
+        assert.equal(layer.digest, fromDir.digest, ext);
+      }
+
+      const out = join(dir, 'out');
+      await runTool('fsck.erofs', [`--extract=${out}`, await store.blobPath(fromTar.digest)]);
+      assert.equal((await stat(join(out, 'home/user/notes'))).uid, 1000);
+      assert.deepEqual(await readdir(store.tmpDir), []);
+    });
+  },
+);
+
+void test('a split layer stores metadata and data as two blobs', async () => {
   await withStore(async (store, dir) => {
     const src = join(dir, 'src');
     await makeTree(src);
-    const tgz = join(dir, 'src.tar.gz');
-    await runTool('tar', ['--create', '--gzip', `--file=${tgz}`, '--numeric-owner', `--directory=${src}`, '.']);
-    const fromDir = await buildLayer(store, { name: 'from-dir', kind: 'toolkit', from: { dir: src } });
-    const fromTar = await buildLayer(store, { name: 'from-tar', version: 'v1.2', kind: 'toolkit', from: { tar: tgz } });
-    assert.equal(fromTar.source, 'tar');
-    assert.equal(fromTar.version, 'v1.2');
-    assert.equal(fromTar.digest, fromDir.digest);
-    assert.equal(fromTar.fileCount, TREE_ENTRIES);
-    assert.equal(fromTar.contentBytes, fromDir.contentBytes);
-
-    const out = join(dir, 'out');
-    await runTool('fsck.erofs', [`--extract=${out}`, await store.blobPath(fromTar.digest)]);
-    assert.equal((await stat(join(out, 'home/user/notes'))).uid, 1000);
-    assert.deepEqual(await readdir(store.tmpDir), []);
-  });
-});
-
-test('a split layer stores metadata and data as two blobs', async () => {
-  await withStore(async (store, dir) => {
-    const src = join(dir, 'src');
-    await makeTree(src);
-    const layer = await buildLayer(store, { name: 'split', kind: 'workspace', from: { dir: src }, split: true });
+    const layer = await buildLayer(store, {
+      name: 'split',
+      kind: 'workspace',
+      from: { dir: src },
+      split: true,
+    });
     assert.ok(layer.blobDigest);
     assert.notEqual(layer.blobDigest, layer.digest);
     const meta = (await stat(await store.blobPath(layer.digest))).size;
@@ -89,7 +138,7 @@ test('a split layer stores metadata and data as two blobs', async () => {
   });
 });
 
-test('bad names, kinds and sources are invalid_argument with the field', async () => {
+void test('bad names, kinds and sources are invalid_argument with the field', async () => {
   await withStore(async (store, dir) => {
     const src = join(dir, 'src');
     await makeTree(src);
@@ -114,7 +163,7 @@ test('bad names, kinds and sources are invalid_argument with the field', async (
   });
 });
 
-test('a corrupt archive is invalid_argument and leaves no scratch behind', async () => {
+void test('a corrupt archive is invalid_argument and leaves no scratch behind', async () => {
   await withStore(async (store, dir) => {
     const bad = join(dir, 'bad.tar.gz');
     await writeFile(bad, Buffer.from([0x1f, 0x8b, 0x08, 0, 1, 2, 3, 4, 5, 6, 7]));
@@ -127,7 +176,7 @@ test('a corrupt archive is invalid_argument and leaves no scratch behind', async
   });
 });
 
-test('an aborted build says aborted and cleans up', async () => {
+void test('an aborted build says aborted and cleans up', async () => {
   await withStore(async (store, dir) => {
     const src = join(dir, 'src');
     await makeTree(src);

@@ -47,7 +47,10 @@ export interface BuildLayerOptions {
  * under the same name returns the existing record; other content under a
  * taken name is `conflict`.
  */
-export async function buildLayer(store: ImageStore, options: BuildLayerOptions): Promise<LayerInfo> {
+export async function buildLayer(
+  store: ImageStore,
+  options: BuildLayerOptions,
+): Promise<LayerInfo> {
   const version = options.version ?? DEFAULT_LAYER_VERSION;
   assertLayerName(options.name);
   assertLayerVersion(version);
@@ -56,7 +59,7 @@ export async function buildLayer(store: ImageStore, options: BuildLayerOptions):
   throwIfAborted(options.signal);
 
   const { signal } = options;
-  const progress = options.onProgress ?? ((): void => undefined);
+  const progress = (p: BuildProgress): void => options.onProgress?.(p);
   const workRoot = options.workDir ?? (store instanceof DirImageStore ? store.tmpDir : tmpdir());
   await mkdir(workRoot, { recursive: true });
   const work = await mkdtemp(join(workRoot, 'build-'));
@@ -69,7 +72,10 @@ export async function buildLayer(store: ImageStore, options: BuildLayerOptions):
     }
 
     progress({ phase: 'scan' });
-    const stats = await treeStats(tree, { signal, onEntry: (done) => progress({ phase: 'scan', done }) });
+    const stats = await treeStats(tree, {
+      signal,
+      onEntry: (done) => progress({ phase: 'scan', done }),
+    });
 
     progress({ phase: 'mkfs' });
     const image = join(work, options.split ? 'layer.meta' : 'layer.erofs');
@@ -118,14 +124,18 @@ export async function buildLayer(store: ImageStore, options: BuildLayerOptions):
   }
 }
 
-async function checkSource(from: BuildLayerOptions['from']): Promise<{ kind: 'dir' | 'tar'; path: string }> {
+async function checkSource(
+  from: BuildLayerOptions['from'],
+): Promise<{ kind: 'dir' | 'tar'; path: string }> {
   const isDir = 'dir' in from && typeof from.dir === 'string';
   const isTar = 'tar' in from && typeof from.tar === 'string';
   if (isDir === isTar) {
-    throw new DsecError('invalid_argument', 'from needs exactly one of dir or tar', { field: 'from' });
+    throw new DsecError('invalid_argument', 'from needs exactly one of dir or tar', {
+      field: 'from',
+    });
   }
   const kind = isDir ? 'dir' : 'tar';
-  const path = resolve(isDir ? (from as { dir: string }).dir : (from as { tar: string }).tar);
+  const path = resolve('dir' in from ? from.dir : from.tar);
   const st = await stat(path).catch(() => undefined);
   const ok = kind === 'dir' ? st?.isDirectory() : st?.isFile();
   if (!ok) {
@@ -140,7 +150,11 @@ async function checkSource(from: BuildLayerOptions['from']): Promise<{ kind: 'di
  * holds exactly what the archive says. GNU tar detects the compression from
  * the bytes, refuses `..` members and strips leading `/`.
  */
-async function extractTar(archive: string, dest: string, signal: AbortSignal | undefined): Promise<void> {
+async function extractTar(
+  archive: string,
+  dest: string,
+  signal: AbortSignal | undefined,
+): Promise<void> {
   await mkdir(dest, { mode: 0o755 });
   try {
     await runTool(

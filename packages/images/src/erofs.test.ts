@@ -7,7 +7,7 @@ import { buildErofs, erofsArgs } from './erofs.js';
 import { isRoot, makeTree, sha256File, tempDir } from './testing/fixtures.js';
 import { runTool } from './util/run-tool.js';
 
-test('the same tree gives byte-identical images, whatever its mtimes or creation order', async () => {
+void test('the same tree gives byte-identical images, whatever its mtimes or creation order', async () => {
   const t = await tempDir();
   try {
     await makeTree(join(t.dir, 'a'), { order: 'forward' });
@@ -20,14 +20,18 @@ test('the same tree gives byte-identical images, whatever its mtimes or creation
     assert.equal(await sha256File(b.output), digest);
     assert.equal(a1.sizeBytes, (await stat(a1.output)).size);
 
-    const plain = await buildErofs({ sourceDir: join(t.dir, 'a'), output: join(t.dir, 'p.erofs'), compress: false });
+    const plain = await buildErofs({
+      sourceDir: join(t.dir, 'a'),
+      output: join(t.dir, 'p.erofs'),
+      compress: false,
+    });
     assert.notEqual(await sha256File(plain.output), digest);
   } finally {
     await t.cleanup();
   }
 });
 
-test('split builds (metadata + data blob) are deterministic too', async () => {
+void test('split builds (metadata + data blob) are deterministic too', async () => {
   const t = await tempDir();
   try {
     await makeTree(join(t.dir, 'a'));
@@ -49,7 +53,7 @@ test('split builds (metadata + data blob) are deterministic too', async () => {
   }
 });
 
-test('an image holds the tree with its owners, modes and links (checked with fsck.erofs --extract)', async () => {
+void test('an image holds the tree with its owners, modes and links (checked with fsck.erofs --extract)', async () => {
   const t = await tempDir();
   try {
     const src = join(t.dir, 'src');
@@ -58,7 +62,10 @@ test('an image holds the tree with its owners, modes and links (checked with fsc
     await buildErofs({ sourceDir: src, output: img });
     const out = join(t.dir, 'out');
     await runTool('fsck.erofs', [`--extract=${out}`, img]);
-    assert.equal(await readFile(join(out, 'usr/bin/big'), 'utf8'), await readFile(join(src, 'usr/bin/big'), 'utf8'));
+    assert.equal(
+      await readFile(join(out, 'usr/bin/big'), 'utf8'),
+      await readFile(join(src, 'usr/bin/big'), 'utf8'),
+    );
     assert.equal(await readlink(join(out, 'usr/link')), '../etc/f1');
     assert.equal((await stat(join(out, 'usr/bin/tool'))).mode & 0o777, 0o755);
     assert.equal((await lstat(join(out, 'home/user/notes'))).mode & 0o777, 0o600);
@@ -72,14 +79,34 @@ test('an image holds the tree with its owners, modes and links (checked with fsc
   }
 });
 
-test('the flags that make builds reproducible are always passed', () => {
+void test('the flags that make builds reproducible are always passed', () => {
   const args = erofsArgs({ sourceDir: 's', output: 'o' });
-  assert.deepEqual(args, ['--quiet', '-U00000000-0000-0000-0000-000000000000', '-T0', '-zlz4hc', 'o', 's']);
-  const split = erofsArgs({ sourceDir: 's', output: 'o', blobDevice: 'b', chunkSizeBytes: 1 << 20 });
-  assert.deepEqual(split, ['--quiet', '-U00000000-0000-0000-0000-000000000000', '-T0', '--chunksize=1048576', '--blobdev=b', 'o', 's']);
+  assert.deepEqual(args, [
+    '--quiet',
+    '-U00000000-0000-0000-0000-000000000000',
+    '-T0',
+    '-zlz4hc',
+    'o',
+    's',
+  ]);
+  const split = erofsArgs({
+    sourceDir: 's',
+    output: 'o',
+    blobDevice: 'b',
+    chunkSizeBytes: 1 << 20,
+  });
+  assert.deepEqual(split, [
+    '--quiet',
+    '-U00000000-0000-0000-0000-000000000000',
+    '-T0',
+    '--chunksize=1048576',
+    '--blobdev=b',
+    'o',
+    's',
+  ]);
 });
 
-test('bad options are invalid_argument with the field', async () => {
+void test('bad options are invalid_argument with the field', async () => {
   for (const [opts, field] of [
     [{ chunkSizeBytes: 1000, blobDevice: 'b' }, 'chunkSizeBytes'],
     [{ chunkSizeBytes: 2048, blobDevice: 'b' }, 'chunkSizeBytes'],
@@ -102,7 +129,7 @@ test('bad options are invalid_argument with the field', async () => {
   }
 });
 
-test('an aborted build says aborted', async () => {
+void test('an aborted build says aborted', async () => {
   const t = await tempDir();
   try {
     await makeTree(join(t.dir, 'a'));

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cmds.h"
+#include "util.h"
 
 static const struct {
     const char *name;
@@ -21,6 +22,7 @@ static const struct {
 
 int main(int argc, char **argv)
 {
+    save_argv(argc, argv);
     if (argc >= 2) {
         for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
             if (strcmp(argv[1], commands[i].name) == 0)

@@ -56,3 +56,22 @@ int parse_u64(const char *s, uint64_t max, uint64_t *out)
     *out = v;
     return 0;
 }
+
+static char *argv_start;
+static size_t argv_len;
+
+void save_argv(int argc, char **argv)
+{
+    if (argc < 1)
+        return;
+    argv_start = argv[0];
+    argv_len = (size_t)(argv[argc - 1] + strlen(argv[argc - 1]) - argv[0]);
+}
+
+void set_process_title(const char *title)
+{
+    if (!argv_start)
+        return;
+    memset(argv_start, 0, argv_len);
+    strncpy(argv_start, title, argv_len);
+}

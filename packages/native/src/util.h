@@ -21,6 +21,12 @@ int write_all(int fd, const void *buf, size_t len);
 /* Parses a decimal unsigned integer that must fit in max; returns 0 or -1. */
 int parse_u64(const char *s, uint64_t max, uint64_t *out);
 
+/* Remembers main()'s argv so that set_process_title() can overwrite it. */
+void save_argv(int argc, char **argv);
+
+/* Replaces what /proc/PID/cmdline shows (reapers are visible inside the sandbox). */
+void set_process_title(const char *title);
+
 /* Little-endian accessors for the wire protocol. */
 static inline uint16_t get_u16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static inline uint32_t get_u32(const unsigned char *p)

@@ -24,8 +24,8 @@ beforeEach(() => {
   server.onCommand = () => ({ stdout: ['ok\n'] });
 });
 
-describe('request shapes', () => {
-  test('open checks health then whoami', async () => {
+void describe('request shapes', () => {
+  void test('open checks health then whoami', async () => {
     const who = await client.open();
     assert.deepEqual(who, { keyId: 'key-1', projectId: 'prj-root', role: 'admin' });
     assert.deepEqual(
@@ -35,7 +35,7 @@ describe('request shapes', () => {
     assert.equal(server.requests[1]?.headers.authorization, `Bearer ${FAKE_API_KEY}`);
   });
 
-  test('runContainer posts a CreateSandboxBody and maps ttlRunningStopSeconds', async () => {
+  void test('runContainer posts a CreateSandboxBody and maps ttlRunningStopSeconds', async () => {
     const sandbox = await client.runContainer({
       image: 'busybox',
       memoryLimitMb: 4096,
@@ -64,7 +64,7 @@ describe('request shapes', () => {
     assert.equal(sandbox.info?.spec.ttlSeconds, 300);
   });
 
-  test('conflicting TTL aliases are rejected before any request', async () => {
+  void test('conflicting TTL aliases are rejected before any request', async () => {
     await assert.rejects(
       client.runContainer({ image: 'busybox', ttlSeconds: 1, ttlRunningStopSeconds: 2 }),
       (e) => isDsecError(e, 'invalid_argument') && e.field === 'ttlRunningStopSeconds',
@@ -72,9 +72,13 @@ describe('request shapes', () => {
     assert.equal(server.requests.length, 0);
   });
 
-  test('runShell and exec post a CommandBody and return the CommandResult', async () => {
+  void test('runShell and exec post a CommandBody and return the CommandResult', async () => {
     const sandbox = await client.runContainer({ image: 'busybox' });
-    const shell = await sandbox.runShell('echo hello world', { cwd: '/tmp', env: { A: '1' }, timeoutMs: 5000 });
+    const shell = await sandbox.runShell('echo hello world', {
+      cwd: '/tmp',
+      env: { A: '1' },
+      timeoutMs: 5000,
+    });
     assert.deepEqual(server.requests.at(-1)?.body, {
       shell: 'echo hello world',
       cwd: '/tmp',
@@ -88,12 +92,16 @@ describe('request shapes', () => {
 
     server.onCommand = () => ({ stderr: ['bad\n'], exitCode: 3 });
     const exec = await sandbox.exec(['ls', '-la'], { user: 'app', stdin: 'x' });
-    assert.deepEqual(server.requests.at(-1)?.body, { argv: ['ls', '-la'], user: 'app', stdin: 'x' });
+    assert.deepEqual(server.requests.at(-1)?.body, {
+      argv: ['ls', '-la'],
+      user: 'app',
+      stdin: 'x',
+    });
     assert.equal(exec.exitCode, 3);
     assert.equal(exec.stderr, 'bad\n');
   });
 
-  test('stop deletes, refresh re-reads, sandbox(id) makes no request', async () => {
+  void test('stop deletes, refresh re-reads, sandbox(id) makes no request', async () => {
     const sandbox = await client.runContainer({ image: 'busybox' });
     const handle = client.sandbox(sandbox.id);
     const initial = handle.info;
@@ -107,14 +115,14 @@ describe('request shapes', () => {
     assert.equal(handle.info?.state, 'stopped');
   });
 
-  test('listSandboxes passes projectId as a query', async () => {
+  void test('listSandboxes passes projectId as a query', async () => {
     await client.runContainer({ image: 'busybox' });
     const list = await client.listSandboxes({ projectId: 'prj-root' });
     assert.ok(list.length >= 1);
     assert.equal(server.requests.at(-1)?.query.get('projectId'), 'prj-root');
   });
 
-  test('calls reuse one keep-alive connection', async () => {
+  void test('calls reuse one keep-alive connection', async () => {
     const sandbox = await client.runContainer({ image: 'busybox' });
     const start = server.connections;
     for (let i = 0; i < 20; i++) await sandbox.runShell('true');
@@ -122,8 +130,8 @@ describe('request shapes', () => {
   });
 });
 
-describe('error mapping', () => {
-  test('a 404 body becomes sandbox_not_found', async () => {
+void describe('error mapping', () => {
+  void test('a 404 body becomes sandbox_not_found', async () => {
     await assert.rejects(client.sandbox('sb-nope').runShell('true'), (e) => {
       assert.ok(isDsecError(e, 'sandbox_not_found'));
       assert.equal(e.status, 404);
@@ -132,14 +140,14 @@ describe('error mapping', () => {
     });
   });
 
-  test('a 400 keeps its field', async () => {
+  void test('a 400 keeps its field', async () => {
     await assert.rejects(
       client.runContainer({ image: 'busybox', memoryLimitMb: 1 }),
       (e) => isDsecError(e, 'invalid_argument') && e.field === 'memoryLimitMb',
     );
   });
 
-  test('a bad key is unauthenticated; a body-less 5xx is unavailable', async () => {
+  void test('a bad key is unauthenticated; a body-less 5xx is unavailable', async () => {
     const bad = new DSecClient({ url: server.url, apiKey: 'wrong' });
     await assert.rejects(bad.open(), (e) => isDsecError(e, 'unauthenticated'));
     bad.close();
@@ -147,25 +155,28 @@ describe('error mapping', () => {
     await assert.rejects(client.listSandboxes(), (e) => isDsecError(e, 'unavailable'));
   });
 
-  test('an unreachable server is unavailable with a hint', async () => {
+  void test('an unreachable server is unavailable with a hint', async () => {
     const port = await freePort();
     const down = new DSecClient({ url: `http://127.0.0.1:${port}`, apiKey: 'k' });
     await assert.rejects(down.open(), (e) => {
       assert.ok(isDsecError(e, 'unavailable'));
-      assert.match(e.message, /cannot reach DSec at http:\/\/127\.0\.0\.1:\d+: .* is `dsec up` running\?/);
+      assert.match(
+        e.message,
+        /cannot reach DSec at http:\/\/127\.0\.0\.1:\d+: .* is `dsec up` running\?/,
+      );
       return true;
     });
     down.close();
   });
 
-  test('a closed client refuses calls', async () => {
+  void test('a closed client refuses calls', async () => {
     client.close();
     await assert.rejects(client.listSandboxes(), (e) => isDsecError(e, 'unavailable'));
   });
 });
 
-describe('streaming', () => {
-  test('NDJSON chunks arrive in order before the result', async () => {
+void describe('streaming', () => {
+  void test('NDJSON chunks arrive in order before the result', async () => {
     const sandbox = await client.runContainer({ image: 'busybox' });
     const e = Buffer.from('é');
     const events = [
@@ -173,13 +184,27 @@ describe('streaming', () => {
       { type: 'stderr', data: Buffer.from('warn\n').toString('base64') },
       // A two-byte character split across events must arrive whole.
       { type: 'stdout', data: e.subarray(0, 1).toString('base64') },
-      { type: 'stdout', data: Buffer.concat([e.subarray(1), Buffer.from('\ntwo\n')]).toString('base64') },
+      {
+        type: 'stdout',
+        data: Buffer.concat([e.subarray(1), Buffer.from('\ntwo\n')]).toString('base64'),
+      },
       {
         type: 'result',
-        result: { commandId: 'cmd-1', exitCode: 0, outcome: 'exited', stdout: 'one\né\ntwo\n', stderr: 'warn\n', truncated: false, stdoutBytes: 10, stderrBytes: 5, durationMs: 1 },
+        result: {
+          commandId: 'cmd-1',
+          exitCode: 0,
+          outcome: 'exited',
+          stdout: 'one\né\ntwo\n',
+          stderr: 'warn\n',
+          truncated: false,
+          stdoutBytes: 10,
+          stderrBytes: 5,
+          durationMs: 1,
+        },
       },
     ];
-    server.override = (req) => (req.path.endsWith('/commands') ? { ndjson: events, delayMs: 5 } : undefined);
+    server.override = (req) =>
+      req.path.endsWith('/commands') ? { ndjson: events, delayMs: 5 } : undefined;
     const seen: string[] = [];
     const result = await sandbox.runShell('x', {
       onStdout: (s) => seen.push(`out:${s}`),
@@ -191,7 +216,7 @@ describe('streaming', () => {
     assert.equal(result.commandId, 'cmd-1');
   });
 
-  test('the fake server streams scripted output through the callbacks', async () => {
+  void test('the fake server streams scripted output through the callbacks', async () => {
     const sandbox = await client.runContainer({ image: 'busybox' });
     server.onCommand = () => ({ stdout: ['a', 'b'], stderr: ['c'], exitCode: 1 });
     let out = '';
@@ -200,27 +225,42 @@ describe('streaming', () => {
     assert.equal(result.exitCode, 1);
   });
 
-  test('an error event rejects with its code', async () => {
+  void test('an error event rejects with its code', async () => {
     const sandbox = await client.runContainer({ image: 'busybox' });
     server.override = (req) =>
       req.path.endsWith('/commands')
-        ? { ndjson: [{ type: 'error', error: { code: 'sandbox_not_running', message: 'it stopped' } }] }
+        ? {
+            ndjson: [
+              { type: 'error', error: { code: 'sandbox_not_running', message: 'it stopped' } },
+            ],
+          }
         : undefined;
-    await assert.rejects(
-      sandbox.runShell('x', { onStdout: () => {} }),
-      (e) => isDsecError(e, 'sandbox_not_running'),
+    await assert.rejects(sandbox.runShell('x', { onStdout: () => {} }), (e) =>
+      isDsecError(e, 'sandbox_not_running'),
     );
   });
 
-  test('a stream without a result is unavailable', async () => {
+  void test('a stream without a result is unavailable', async () => {
     const sandbox = await client.runContainer({ image: 'busybox' });
     server.override = (req) => (req.path.endsWith('/commands') ? { ndjson: [] } : undefined);
-    await assert.rejects(sandbox.runShell('x', { onStdout: () => {} }), (e) => isDsecError(e, 'unavailable'));
+    await assert.rejects(sandbox.runShell('x', { onStdout: () => {} }), (e) =>
+      isDsecError(e, 'unavailable'),
+    );
   });
 
-  test('a server that does not stream still feeds the callbacks', async () => {
+  void test('a server that does not stream still feeds the callbacks', async () => {
     const sandbox = await client.runContainer({ image: 'busybox' });
-    const result = { commandId: 'c', exitCode: 0, outcome: 'exited', stdout: 'all\n', stderr: '', truncated: false, stdoutBytes: 4, stderrBytes: 0, durationMs: 1 };
+    const result = {
+      commandId: 'c',
+      exitCode: 0,
+      outcome: 'exited',
+      stdout: 'all\n',
+      stderr: '',
+      truncated: false,
+      stdoutBytes: 4,
+      stderrBytes: 0,
+      durationMs: 1,
+    };
     server.override = (req) => (req.path.endsWith('/commands') ? { body: result } : undefined);
     let out = '';
     await sandbox.runShell('x', { onStdout: (s) => (out += s) });
@@ -228,8 +268,8 @@ describe('streaming', () => {
   });
 });
 
-describe('cancellation', () => {
-  test('aborting a pending call throws aborted and frees the socket', async () => {
+void describe('cancellation', () => {
+  void test('aborting a pending call throws aborted and frees the socket', async () => {
     const sandbox = await client.runContainer({ image: 'busybox' });
     server.override = (req) => (req.path.endsWith('/commands') ? { hang: true } : undefined);
     const ac = new AbortController();
@@ -240,11 +280,13 @@ describe('cancellation', () => {
     assert.equal((await sandbox.runShell('true')).exitCode, 0);
   });
 
-  test('aborting mid-stream stops the callbacks', async () => {
+  void test('aborting mid-stream stops the callbacks', async () => {
     const sandbox = await client.runContainer({ image: 'busybox' });
     const chunk = { type: 'stdout', data: Buffer.from('tick\n').toString('base64') };
     server.override = (req) =>
-      req.path.endsWith('/commands') ? { ndjson: Array.from({ length: 200 }, () => chunk), delayMs: 10 } : undefined;
+      req.path.endsWith('/commands')
+        ? { ndjson: Array.from({ length: 200 }, () => chunk), delayMs: 10 }
+        : undefined;
     const ac = new AbortController();
     let ticks = 0;
     const pending = sandbox.runShell('yes', {
@@ -257,19 +299,17 @@ describe('cancellation', () => {
     assert.equal(ticks, 2);
   });
 
-  test('an already-aborted signal sends nothing', async () => {
-    await assert.rejects(
-      client.listSandboxes({ signal: AbortSignal.abort() }),
-      (e) => isDsecError(e, 'aborted'),
+  void test('an already-aborted signal sends nothing', async () => {
+    await assert.rejects(client.listSandboxes({ signal: AbortSignal.abort() }), (e) =>
+      isDsecError(e, 'aborted'),
     );
     assert.equal(server.requests.length, 0);
   });
 
-  test('a deadline throws deadline_exceeded', async () => {
+  void test('a deadline throws deadline_exceeded', async () => {
     server.override = () => ({ hang: true });
-    await assert.rejects(
-      client.runContainer({ image: 'busybox' }, { timeoutMs: 30 }),
-      (e) => isDsecError(e, 'deadline_exceeded'),
+    await assert.rejects(client.runContainer({ image: 'busybox' }, { timeoutMs: 30 }), (e) =>
+      isDsecError(e, 'deadline_exceeded'),
     );
   });
 });

@@ -70,10 +70,18 @@ export class DSecClient {
    */
   async runContainer(spec: RunContainerOptions, options: CallOptions = {}): Promise<Sandbox> {
     const { ttlRunningStopSeconds, ttlSeconds, ...rest } = spec;
-    if (ttlRunningStopSeconds !== undefined && ttlSeconds !== undefined && ttlRunningStopSeconds !== ttlSeconds) {
-      throw new DsecError('invalid_argument', 'give ttlSeconds or ttlRunningStopSeconds, not both', {
-        field: 'ttlRunningStopSeconds',
-      });
+    if (
+      ttlRunningStopSeconds !== undefined &&
+      ttlSeconds !== undefined &&
+      ttlRunningStopSeconds !== ttlSeconds
+    ) {
+      throw new DsecError(
+        'invalid_argument',
+        'give ttlSeconds or ttlRunningStopSeconds, not both',
+        {
+          field: 'ttlRunningStopSeconds',
+        },
+      );
     }
     const info = await this.#http.json<SandboxInfo>({
       method: 'POST',
@@ -100,9 +108,12 @@ export class DSecClient {
   }
 
   /** The sandboxes this key may see, optionally of one project. */
-  async listSandboxes(options: CallOptions & { projectId?: string | undefined } = {}): Promise<SandboxInfo[]> {
+  async listSandboxes(
+    options: CallOptions & { projectId?: string | undefined } = {},
+  ): Promise<SandboxInfo[]> {
     const query = options.projectId ? `?projectId=${encodeURIComponent(options.projectId)}` : '';
-    return (await this.#get<{ sandboxes: SandboxInfo[] }>(`/v1/sandboxes${query}`, options)).sandboxes;
+    return (await this.#get<{ sandboxes: SandboxInfo[] }>(`/v1/sandboxes${query}`, options))
+      .sandboxes;
   }
 
   async listImages(options: CallOptions = {}): Promise<LayerInfo[]> {

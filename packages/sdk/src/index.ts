@@ -29,7 +29,12 @@
  * client.close();
  * ```
  */
-export { DSecClient, DEFAULT_URL, DEFAULT_TIMEOUT_MS, DEFAULT_CREATE_TIMEOUT_MS } from './client.js';
+export {
+  DSecClient,
+  DEFAULT_URL,
+  DEFAULT_TIMEOUT_MS,
+  DEFAULT_CREATE_TIMEOUT_MS,
+} from './client.js';
 export { Sandbox, DEFAULT_COMMAND_TIMEOUT_MS, COMMAND_DEADLINE_SLACK_MS } from './sandbox.js';
 export type * from './types.js';
 export { DsecError, isDsecError } from '@dsec/core';

@@ -21,7 +21,12 @@ export class Sandbox {
   readonly #defaultTimeoutMs: number;
 
   /** @internal Use `DSecClient.runContainer` or `DSecClient.sandbox`. */
-  constructor(http: HttpTransport, id: string, info: SandboxInfo | undefined, defaultTimeoutMs: number) {
+  constructor(
+    http: HttpTransport,
+    id: string,
+    info: SandboxInfo | undefined,
+    defaultTimeoutMs: number,
+  ) {
     this.#http = http;
     this.id = id;
     this.info = info;
@@ -67,7 +72,10 @@ export class Sandbox {
     if (this.info) this.info = { ...this.info, state: 'stopped' };
   }
 
-  async #run(target: Pick<CommandSpec, 'argv' | 'shell'>, options: RunCommandOptions): Promise<CommandResult> {
+  async #run(
+    target: Pick<CommandSpec, 'argv' | 'shell'>,
+    options: RunCommandOptions,
+  ): Promise<CommandResult> {
     const body: CommandSpec = {
       ...target,
       env: options.env,

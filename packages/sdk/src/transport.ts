@@ -1,6 +1,6 @@
 import http from 'node:http';
 import https from 'node:https';
-import { DsecError } from '@dsec/core';
+import { DsecError, toDsecError } from '@dsec/core';
 
 /**
  * The SDK's HTTP transport: node:http with a keep-alive agent rather than
@@ -123,7 +123,8 @@ export class HttpTransport {
     if (signal?.aborted) {
       return Promise.reject(abortedError(signal));
     }
-    const payload = options.body === undefined ? undefined : Buffer.from(JSON.stringify(options.body));
+    const payload =
+      options.body === undefined ? undefined : Buffer.from(JSON.stringify(options.body));
     const headers: http.OutgoingHttpHeaders = {
       accept: stream?.accept ?? 'application/json',
     };
@@ -135,12 +136,20 @@ export class HttpTransport {
 
     return new Promise<unknown>((resolve, reject) => {
       let settled = false;
-      let timer: NodeJS.Timeout | undefined;
-      let req: http.ClientRequest | undefined;
-      const onAbort = () => fail(abortedError(signal));
-      const cleanup = () => {
-        if (timer) clearTimeout(timer);
-        signal?.removeEventListener('abort', onAbort);
+      // Nothing is sent before end(), so listeners can be attached below.
+      const request = this.#request(this.#url(options.path), {
+        method: options.method,
+        headers,
+        agent: this.#agent,
+      });
+      const fail = (err: unknown) => {
+        if (settled) return;
+        settled = true;
+        cleanup();
+        // Destroying rather than aborting drops the socket from the pool, so
+        // a half-read answer never leaks into the next request.
+        request.destroy();
+        reject(err instanceof Error ? err : toDsecError(err));
       };
       const succeed = (value: unknown) => {
         if (settled) return;
@@ -148,18 +157,8 @@ export class HttpTransport {
         cleanup();
         resolve(value);
       };
-      const fail = (err: unknown) => {
-        if (settled) return;
-        settled = true;
-        cleanup();
-        // Destroying rather than aborting drops the socket from the pool, so
-        // a half-read answer never leaks into the next request.
-        req?.destroy();
-        reject(err);
-      };
-
-      signal?.addEventListener('abort', onAbort, { once: true });
-      timer = setTimeout(() => {
+      const onAbort = () => fail(abortedError(signal));
+      const timer = setTimeout(() => {
         fail(
           new DsecError(
             'deadline_exceeded',
@@ -167,17 +166,18 @@ export class HttpTransport {
           ),
         );
       }, options.timeoutMs);
+      const cleanup = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+      };
+      signal?.addEventListener('abort', onAbort, { once: true });
 
-      req = this.#request(this.#url(options.path), {
-        method: options.method,
-        headers,
-        agent: this.#agent,
-      });
-      const request = req;
       request.on('error', (err: NodeJS.ErrnoException) => {
         const error = this.#networkError(err);
         // No response byte came back on a reused socket: the server closed it.
-        fail(request.reusedSocket && err.code === 'ECONNRESET' ? new StaleSocketError(error) : error);
+        fail(
+          request.reusedSocket && err.code === 'ECONNRESET' ? new StaleSocketError(error) : error,
+        );
       });
       request.on('response', (res) => {
         res.on('error', (err) => fail(this.#networkError(err)));
@@ -212,7 +212,11 @@ export class HttpTransport {
             body = text.length > 0 ? JSON.parse(text) : undefined;
           } catch (cause) {
             if (status >= 200 && status < 300) {
-              fail(new DsecError('internal', `DSec answered ${status} with a body that is not JSON`, { cause }));
+              fail(
+                new DsecError('internal', `DSec answered ${status} with a body that is not JSON`, {
+                  cause,
+                }),
+              );
               return;
             }
           }

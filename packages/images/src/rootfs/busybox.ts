@@ -46,7 +46,10 @@ const USER_UID = 1000;
  * Everything is owned by root except `/home/user`, which its user must be
  * able to write. Ownership is only set when running as root.
  */
-export async function makeBusyboxRootfs(dir: string, options: BusyboxRootfsOptions = {}): Promise<BusyboxRootfsResult> {
+export async function makeBusyboxRootfs(
+  dir: string,
+  options: BusyboxRootfsOptions = {},
+): Promise<BusyboxRootfsResult> {
   const busybox = options.busyboxPath ?? '/bin/busybox';
   const { signal } = options;
   await assertStatic(busybox);
@@ -94,7 +97,11 @@ export async function makeBusyboxRootfs(dir: string, options: BusyboxRootfsOptio
       0o644,
     ],
     ['etc/group', `root:x:0:\nuser:x:${USER_UID}:\nnogroup:x:65534:\n`, 0o644],
-    ['etc/shadow', 'root:*:0:0:99999:7:::\nuser:*:0:0:99999:7:::\nnobody:*:0:0:99999:7:::\n', 0o640],
+    [
+      'etc/shadow',
+      'root:*:0:0:99999:7:::\nuser:*:0:0:99999:7:::\nnobody:*:0:0:99999:7:::\n',
+      0o640,
+    ],
     ['etc/hosts', '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n', 0o644],
     ['etc/hostname', 'sandbox\n', 0o644],
     [
@@ -103,7 +110,11 @@ export async function makeBusyboxRootfs(dir: string, options: BusyboxRootfsOptio
         `VERSION_ID=${version}\nPRETTY_NAME="BusyBox ${version}"\nHOME_URL="https://busybox.net/"\n`,
       0o644,
     ],
-    ['etc/profile', 'export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n', 0o644],
+    [
+      'etc/profile',
+      'export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n',
+      0o644,
+    ],
   ];
   for (const [name, content, mode] of files) {
     const path = join(dir, name);
@@ -121,7 +132,9 @@ async function listApplets(busybox: string, signal: AbortSignal | undefined): Pr
   } catch (err) {
     // Builds without --list-full: put every applet in /bin.
     if ((err as DsecError).code === 'aborted') throw err;
-    lines = (await runTool(busybox, ['--list'], { signal })).stdout.split('\n').map((a) => `bin/${a}`);
+    lines = (await runTool(busybox, ['--list'], { signal })).stdout
+      .split('\n')
+      .map((a) => `bin/${a}`);
   }
   const applets = lines.map((l) => l.trim().replace(/^\/+/, '')).filter((l) => l !== '');
   for (const a of applets) {
@@ -149,7 +162,10 @@ async function busyboxVersion(busybox: string, signal: AbortSignal | undefined):
  */
 async function assertStatic(path: string): Promise<void> {
   const fh = await open(path, 'r').catch((err: unknown) => {
-    throw new DsecError('invalid_argument', `cannot read ${path}`, { field: 'busyboxPath', cause: err });
+    throw new DsecError('invalid_argument', `cannot read ${path}`, {
+      field: 'busyboxPath',
+      cause: err,
+    });
   });
   try {
     const header = Buffer.alloc(64);
@@ -166,9 +182,13 @@ async function assertStatic(path: string): Promise<void> {
     await fh.read(table, 0, table.length, phoff);
     for (let i = 0; i < phnum; i++) {
       if (table.readUInt32LE(i * phentsize) === 3) {
-        throw new DsecError('invalid_argument', `${path} is dynamically linked; use a static busybox`, {
-          field: 'busyboxPath',
-        });
+        throw new DsecError(
+          'invalid_argument',
+          `${path} is dynamically linked; use a static busybox`,
+          {
+            field: 'busyboxPath',
+          },
+        );
       }
     }
   } finally {

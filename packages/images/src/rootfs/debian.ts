@@ -23,31 +23,43 @@ const SUITE_PATTERN = /^[a-z][a-z0-9-]*$/;
 /**
  * Bootstraps a Debian root filesystem into `dir` (created, or empty) with
  * `debootstrap --variant=minbase`, then drops apt's caches so the layer only
- * holds the installed system. Needs root and the mirror; takes minutes.
+ * holds the installed system. Needs root and the mirror; takes minutes. On
+ * failure `dir` is left for the caller to inspect and remove.
  */
-export async function makeDebianRootfs(dir: string, options: DebianRootfsOptions = {}): Promise<void> {
+export async function makeDebianRootfs(
+  dir: string,
+  options: DebianRootfsOptions = {},
+): Promise<void> {
   const suite = options.suite ?? 'bookworm';
   if (!SUITE_PATTERN.test(suite)) {
-    throw new DsecError('invalid_argument', `bad suite ${JSON.stringify(suite)}`, { field: 'suite' });
+    throw new DsecError('invalid_argument', `bad suite ${JSON.stringify(suite)}`, {
+      field: 'suite',
+    });
   }
   const packages = options.packages ?? ['python3'];
   for (const [i, p] of packages.entries()) {
     if (!PACKAGE_PATTERN.test(p)) {
-      throw new DsecError('invalid_argument', `bad package name ${JSON.stringify(p)}`, { field: `packages.${i}` });
+      throw new DsecError('invalid_argument', `bad package name ${JSON.stringify(p)}`, {
+        field: `packages.${i}`,
+      });
     }
   }
   const mirror = options.mirror ?? (await hostAptMirror(suite)) ?? DEFAULT_DEBIAN_MIRROR;
   if (!/^(https?|file):\/\//.test(mirror)) {
-    throw new DsecError('invalid_argument', `mirror must be an http(s) or file URL`, { field: 'mirror' });
+    throw new DsecError('invalid_argument', `mirror must be an http(s) or file URL`, {
+      field: 'mirror',
+    });
   }
   await prepareEmptyDir(dir);
-  const progress = options.onProgress ?? ((): void => undefined);
+  const progress = (p: BuildProgress): void => options.onProgress?.(p);
   const args = ['--variant=minbase'];
   if (packages.length > 0) args.push(`--include=${packages.join(',')}`);
   args.push(suite, dir, mirror);
   let last = '';
   await runTool('debootstrap', args, {
     signal: options.signal,
+    // debootstrap mounts /proc and /sys in the target; its exit trap unmounts them.
+    killSignal: 'SIGTERM',
     onLine: (line) => {
       const phase = debootstrapPhase(line);
       if (phase !== undefined && phase !== last) progress({ phase });
@@ -81,14 +93,19 @@ function debootstrapPhase(line: string): string | undefined {
  * The first `deb` URI the host's apt sources give for `suite` (one-line
  * `.list` files and deb822 `.sources` files), or undefined.
  */
-export async function hostAptMirror(suite: string, aptDir = '/etc/apt'): Promise<string | undefined> {
+export async function hostAptMirror(
+  suite: string,
+  aptDir = '/etc/apt',
+): Promise<string | undefined> {
   const files = [join(aptDir, 'sources.list')];
   const d = join(aptDir, 'sources.list.d');
   for (const f of (await readdir(d).catch(() => [] as string[])).sort()) files.push(join(d, f));
   for (const file of files) {
     const text = await readFile(file, 'utf8').catch(() => undefined);
     if (text === undefined) continue;
-    const found = file.endsWith('.sources') ? mirrorFromDeb822(text, suite) : mirrorFromList(text, suite);
+    const found = file.endsWith('.sources')
+      ? mirrorFromDeb822(text, suite)
+      : mirrorFromList(text, suite);
     if (found !== undefined) return found;
   }
   return undefined;

@@ -23,8 +23,11 @@ export interface StoreUnderTest {
  * });
  * ```
  */
-export function imageStoreConformance(name: string, makeStore: () => Promise<StoreUnderTest>): void {
-  describe(`ImageStore conformance: ${name}`, () => {
+export function imageStoreConformance(
+  name: string,
+  makeStore: () => Promise<StoreUnderTest>,
+): void {
+  void describe(`ImageStore conformance: ${name}`, () => {
     let sut: StoreUnderTest;
     let scratch: string;
     let store: ImageStore;
@@ -45,7 +48,8 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       await writeFile(path, content);
       return path;
     };
-    const blob = async (content: string): Promise<string> => (await store.putBlob(await file(content))).digest;
+    const blob = async (content: string): Promise<string> =>
+      (await store.putBlob(await file(content))).digest;
     const layer = (over: Partial<LayerInfo> & { digest: string }): LayerInfo => ({
       name: 'base-img',
       version: 'v1',
@@ -58,7 +62,7 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       ...over,
     });
 
-    test('putBlob stores content under its sha256 and reports its size', async () => {
+    void test('putBlob stores content under its sha256 and reports its size', async () => {
       const content = Buffer.from('hello, layers\n'.repeat(100_000));
       const put = await store.putBlob(await file(content));
       assert.equal(put.digest, `sha256:${createHash('sha256').update(content).digest('hex')}`);
@@ -67,42 +71,49 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       assert.deepEqual(await readFile(await store.blobPath(put.digest)), content);
     });
 
-    test('putBlob is idempotent, also when racing itself', async () => {
+    void test('putBlob is idempotent, also when racing itself', async () => {
       const a = await file('same bytes');
       const b = await file('same bytes');
       const results = await Promise.all([store.putBlob(a), store.putBlob(b), store.putBlob(a)]);
       assert.equal(new Set(results.map((r) => r.digest)).size, 1);
       assert.notEqual(await blob('other bytes'), results[0]?.digest);
-      assert.equal(await readFile(await store.blobPath(results[0]!.digest), 'utf8'), 'same bytes');
+      assert.equal(await readFile(await store.blobPath(results[0].digest), 'utf8'), 'same bytes');
     });
 
-    test('an empty file is a valid blob', async () => {
+    void test('an empty file is a valid blob', async () => {
       const put = await store.putBlob(await file(''));
       assert.equal(put.sizeBytes, 0);
       assert.equal(put.digest, `sha256:${createHash('sha256').digest('hex')}`);
       assert.equal(await store.hasBlob(put.digest), true);
     });
 
-    test('putBlob of a missing file is invalid_argument', async () => {
+    void test('putBlob of a missing file is invalid_argument', async () => {
       await rejectsWith(store.putBlob(join(scratch, 'missing')), 'invalid_argument');
     });
 
-    test('an absent blob is reported, not invented', async () => {
+    void test('an absent blob is reported, not invented', async () => {
       const absent = `sha256:${'0'.repeat(64)}`;
       assert.equal(await store.hasBlob(absent), false);
       await rejectsWith(store.blobPath(absent), 'image_not_found');
       await store.deleteBlob(absent);
     });
 
-    test('malformed digests are invalid_argument (no path tricks)', async () => {
-      for (const bad of ['', 'sha256:', 'md5:abc', `sha256:${'A'.repeat(64)}`, 'sha256:../../etc/passwd', `sha256:${'0'.repeat(63)}/`]) {
+    void test('malformed digests are invalid_argument (no path tricks)', async () => {
+      for (const bad of [
+        '',
+        'sha256:',
+        'md5:abc',
+        `sha256:${'A'.repeat(64)}`,
+        'sha256:../../etc/passwd',
+        `sha256:${'0'.repeat(63)}/`,
+      ]) {
         await rejectsWith(store.hasBlob(bad), 'invalid_argument', bad);
         await rejectsWith(store.blobPath(bad), 'invalid_argument', bad);
         await rejectsWith(store.deleteBlob(bad), 'invalid_argument', bad);
       }
     });
 
-    test('a layer record round-trips; a bare name means :latest', async () => {
+    void test('a layer record round-trips; a bare name means :latest', async () => {
       const digest = await blob('image');
       const v1 = layer({ digest });
       const latest = layer({ digest, version: 'latest', kind: 'toolkit', source: 'tar' });
@@ -113,13 +124,13 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       assert.deepEqual(await store.getLayer('base-img:latest'), latest);
     });
 
-    test('a split layer keeps its data blob digest', async () => {
+    void test('a split layer keeps its data blob digest', async () => {
       const split = layer({ digest: await blob('meta'), blobDigest: await blob('data') });
       await store.putLayer(split);
       assert.deepEqual(await store.getLayer('base-img:v1'), split);
     });
 
-    test('putLayer is idempotent for the same digest and conflicts for another', async () => {
+    void test('putLayer is idempotent for the same digest and conflicts for another', async () => {
       const d1 = await blob('one');
       const d2 = await blob('two');
       await store.putLayer(layer({ digest: d1 }));
@@ -129,9 +140,11 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       assert.equal((await store.listLayers()).length, 1);
     });
 
-    test('racing putLayer calls for one name: one wins, the rest conflict', async () => {
+    void test('racing putLayer calls for one name: one wins, the rest conflict', async () => {
       const digests = await Promise.all(['a', 'b', 'c', 'd'].map(blob));
-      const settled = await Promise.allSettled(digests.map((digest) => store.putLayer(layer({ digest }))));
+      const settled = await Promise.allSettled(
+        digests.map((digest) => store.putLayer(layer({ digest }))),
+      );
       const won = settled.filter((s) => s.status === 'fulfilled');
       assert.equal(won.length, 1);
       for (const s of settled) {
@@ -141,7 +154,7 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       assert.equal((await store.getLayer('base-img:v1')).digest, winner);
     });
 
-    test('putLayer rejects bad records with the field at fault', async () => {
+    void test('putLayer rejects bad records with the field at fault', async () => {
       const digest = await blob('x');
       const cases: [Partial<LayerInfo>, string][] = [
         [{ name: 'Bad_Name' }, 'name'],
@@ -166,9 +179,18 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       assert.deepEqual(await store.listLayers(), []);
     });
 
-    test('unknown and malformed references are image_not_found naming the ref', async () => {
+    void test('unknown and malformed references are image_not_found naming the ref', async () => {
       await store.putLayer(layer({ digest: await blob('x') }));
-      for (const ref of ['nope', 'base-img:v2', 'Bad Name', '../../etc/passwd', 'base-img:', ':v1', 'a:b:c', '']) {
+      for (const ref of [
+        'nope',
+        'base-img:v2',
+        'Bad Name',
+        '../../etc/passwd',
+        'base-img:',
+        ':v1',
+        'a:b:c',
+        '',
+      ]) {
         await assert.rejects(
           store.getLayer(ref),
           (e) => isDsecError(e, 'image_not_found') && e.message.includes(ref),
@@ -178,7 +200,7 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       }
     });
 
-    test('listLayers returns every record, sorted by name then version', async () => {
+    void test('listLayers returns every record, sorted by name then version', async () => {
       assert.deepEqual(await store.listLayers(), []);
       const digest = await blob('x');
       const refs = ['zeta:1', 'alpha:2', 'alpha:1', 'mid:latest'];
@@ -190,7 +212,7 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       assert.deepEqual(listed, ['alpha:1', 'alpha:2', 'mid:latest', 'zeta:1']);
     });
 
-    test('removeLayer drops the record and only the blobs nothing else uses', async () => {
+    void test('removeLayer drops the record and only the blobs nothing else uses', async () => {
       const shared = await blob('shared');
       const own = await blob('own');
       const data = await blob('data');
@@ -215,16 +237,19 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       await rejectsWith(store.removeLayer('c:v2'), 'image_not_found');
     });
 
-    test('removeLayer of a bare name removes :latest', async () => {
+    void test('removeLayer of a bare name removes :latest', async () => {
       const digest = await blob('x');
       await store.putLayer(layer({ digest, version: 'latest' }));
       await store.putLayer(layer({ digest, version: 'v1' }));
       await store.removeLayer('base-img');
-      assert.deepEqual((await store.listLayers()).map((l) => l.version), ['v1']);
+      assert.deepEqual(
+        (await store.listLayers()).map((l) => l.version),
+        ['v1'],
+      );
       assert.equal(await store.hasBlob(digest), true);
     });
 
-    test('deleteBlob removes an unused blob and refuses one a layer uses', async () => {
+    void test('deleteBlob removes an unused blob and refuses one a layer uses', async () => {
       const used = await blob('used');
       const unused = await blob('unused');
       await store.putLayer(layer({ digest: used }));
@@ -235,7 +260,7 @@ export function imageStoreConformance(name: string, makeStore: () => Promise<Sto
       await rejectsWith(store.blobPath(unused), 'image_not_found');
     });
 
-    test('an aborted putBlob stores nothing and says aborted', async () => {
+    void test('an aborted putBlob stores nothing and says aborted', async () => {
       const ac = new AbortController();
       ac.abort();
       await rejectsWith(store.putBlob(await file('x'), { signal: ac.signal }), 'aborted');

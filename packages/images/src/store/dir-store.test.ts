@@ -8,10 +8,13 @@ import { DirImageStore } from './dir-store.js';
 
 imageStoreConformance('DirImageStore', async () => {
   const root = await mkdtemp(join(tmpdir(), 'dsec-dir-store-'));
-  return { store: new DirImageStore(root), cleanup: () => rm(root, { recursive: true, force: true }) };
+  return {
+    store: new DirImageStore(root),
+    cleanup: () => rm(root, { recursive: true, force: true }),
+  };
 });
 
-test('DirImageStore lays blobs and records out as documented, read-only, no temp files left', async () => {
+void test('DirImageStore lays blobs and records out as documented, read-only, no temp files left', async () => {
   const root = await mkdtemp(join(tmpdir(), 'dsec-dir-store-'));
   try {
     const store = new DirImageStore(root);

@@ -1,5 +1,15 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { link, mkdir, open, readdir, readFile, rename, rmdir, stat, unlink } from 'node:fs/promises';
+import {
+  link,
+  mkdir,
+  open,
+  readdir,
+  readFile,
+  rename,
+  rmdir,
+  stat,
+  unlink,
+} from 'node:fs/promises';
 import { join } from 'node:path';
 import {
   DsecError,
@@ -55,7 +65,10 @@ export class DirImageStore implements ImageStore {
     return join(this.root, 'layers', ref.name, ref.version + RECORD_SUFFIX);
   }
 
-  async putBlob(file: string, options: { signal?: AbortSignal } = {}): Promise<{ digest: string; sizeBytes: number }> {
+  async putBlob(
+    file: string,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<{ digest: string; sizeBytes: number }> {
     throwIfAborted(options.signal);
     const input = await open(file, 'r').catch((err: unknown) => {
       throw new DsecError('invalid_argument', `cannot read ${file}`, { field: 'file', cause: err });
@@ -132,9 +145,13 @@ export class DirImageStore implements ImageStore {
       ['blobDigest', record.blobDigest],
     ] as const) {
       if (digest !== undefined && !(await this.hasBlob(digest))) {
-        throw new DsecError('invalid_argument', `${field} ${digest} is not in the store; putBlob it first`, {
-          field,
-        });
+        throw new DsecError(
+          'invalid_argument',
+          `${field} ${digest} is not in the store; putBlob it first`,
+          {
+            field,
+          },
+        );
       }
     }
     const final = this.recordFile(record);
@@ -171,7 +188,11 @@ export class DirImageStore implements ImageStore {
 
   async getLayer(ref: string): Promise<LayerInfo> {
     const parsed = parseLayerRef(ref);
-    if (!parsed) throw new DsecError('image_not_found', `no layer ${JSON.stringify(ref)} (malformed reference)`);
+    if (!parsed)
+      throw new DsecError(
+        'image_not_found',
+        `no layer ${JSON.stringify(ref)} (malformed reference)`,
+      );
     return await this.readRecord(this.recordFile(parsed), ref);
   }
 
@@ -200,13 +221,18 @@ export class DirImageStore implements ImageStore {
 
   async removeLayer(ref: string): Promise<void> {
     const parsed = parseLayerRef(ref);
-    if (!parsed) throw new DsecError('image_not_found', `no layer ${JSON.stringify(ref)} (malformed reference)`);
+    if (!parsed)
+      throw new DsecError(
+        'image_not_found',
+        `no layer ${JSON.stringify(ref)} (malformed reference)`,
+      );
     const file = this.recordFile(parsed);
     const removed = await this.readRecord(file, ref);
     try {
       await unlink(file);
     } catch (err) {
-      if (errno(err) === 'ENOENT') throw new DsecError('image_not_found', `no layer ${ref}`, { cause: err });
+      if (errno(err) === 'ENOENT')
+        throw new DsecError('image_not_found', `no layer ${ref}`, { cause: err });
       throw err;
     }
     await rmdir(join(this.root, 'layers', parsed.name)).catch(() => undefined);
@@ -229,6 +255,8 @@ export class DirImageStore implements ImageStore {
     try {
       const layer = JSON.parse(text) as LayerInfo;
       validateLayerInfo(layer);
+      // A record must sit where its name and version say, or lookups would lie.
+      if (file !== this.recordFile(layer)) throw new Error(`record names ${formatLayerRef(layer)}`);
       return layer;
     } catch (err) {
       throw new DsecError('internal', `layer record ${file} is corrupt`, { cause: err });

@@ -11,27 +11,37 @@ export const LAYER_KINDS: readonly LayerKind[] = ['base', 'workspace', 'toolkit'
 
 export function assertDigest(digest: unknown, field = 'digest'): asserts digest is string {
   if (typeof digest !== 'string' || !DIGEST_PATTERN.test(digest)) {
-    throw new DsecError('invalid_argument', `${field} must look like sha256:<64 hex digits>`, { field });
-  }
-}
-
-export function assertLayerName(name: unknown, field = 'name'): asserts name is string {
-  if (typeof name !== 'string' || !LAYER_NAME_PATTERN.test(name)) {
-    throw new DsecError('invalid_argument', `${field} must match ${String(LAYER_NAME_PATTERN)}`, { field });
-  }
-}
-
-export function assertLayerVersion(version: unknown, field = 'version'): asserts version is string {
-  if (typeof version !== 'string' || !LAYER_VERSION_PATTERN.test(version)) {
-    throw new DsecError('invalid_argument', `${field} must match ${String(LAYER_VERSION_PATTERN)}`, {
+    throw new DsecError('invalid_argument', `${field} must look like sha256:<64 hex digits>`, {
       field,
     });
   }
 }
 
+export function assertLayerName(name: unknown, field = 'name'): asserts name is string {
+  if (typeof name !== 'string' || !LAYER_NAME_PATTERN.test(name)) {
+    throw new DsecError('invalid_argument', `${field} must match ${String(LAYER_NAME_PATTERN)}`, {
+      field,
+    });
+  }
+}
+
+export function assertLayerVersion(version: unknown, field = 'version'): asserts version is string {
+  if (typeof version !== 'string' || !LAYER_VERSION_PATTERN.test(version)) {
+    throw new DsecError(
+      'invalid_argument',
+      `${field} must match ${String(LAYER_VERSION_PATTERN)}`,
+      {
+        field,
+      },
+    );
+  }
+}
+
 export function assertLayerKind(kind: unknown, field = 'kind'): asserts kind is LayerKind {
   if (!LAYER_KINDS.includes(kind as LayerKind)) {
-    throw new DsecError('invalid_argument', `${field} must be one of ${LAYER_KINDS.join(', ')}`, { field });
+    throw new DsecError('invalid_argument', `${field} must be one of ${LAYER_KINDS.join(', ')}`, {
+      field,
+    });
   }
 }
 
@@ -52,10 +62,14 @@ export function validateLayerInfo(layer: LayerInfo): void {
   assertCount(layer.contentBytes, 'contentBytes');
   assertCount(layer.fileCount, 'fileCount');
   if (typeof layer.createdAt !== 'string' || Number.isNaN(Date.parse(layer.createdAt))) {
-    throw new DsecError('invalid_argument', 'createdAt must be an ISO 8601 time', { field: 'createdAt' });
+    throw new DsecError('invalid_argument', 'createdAt must be an ISO 8601 time', {
+      field: 'createdAt',
+    });
   }
   if (typeof layer.source !== 'string' || layer.source === '') {
-    throw new DsecError('invalid_argument', 'source must be a non-empty string', { field: 'source' });
+    throw new DsecError('invalid_argument', 'source must be a non-empty string', {
+      field: 'source',
+    });
   }
 }
 

@@ -1,18 +1,32 @@
 import { createHash } from 'node:crypto';
-import { chown, link, mkdir, mkdtemp, readFile, rm, symlink, utimes, writeFile } from 'node:fs/promises';
+import {
+  chown,
+  link,
+  mkdir,
+  mkdtemp,
+  readFile,
+  rm,
+  symlink,
+  utimes,
+  writeFile,
+} from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 export const isRoot = process.getuid?.() === 0;
 
 /** A temp dir removed by the returned cleanup. */
-export async function tempDir(prefix = 'dsec-images-'): Promise<{ dir: string; cleanup(): Promise<void> }> {
+export async function tempDir(
+  prefix = 'dsec-images-',
+): Promise<{ dir: string; cleanup(): Promise<void> }> {
   const dir = await mkdtemp(join(tmpdir(), prefix));
   return { dir, cleanup: () => rm(dir, { recursive: true, force: true }) };
 }
 
 export async function sha256File(path: string): Promise<string> {
-  return createHash('sha256').update(await readFile(path)).digest('hex');
+  return createHash('sha256')
+    .update(await readFile(path))
+    .digest('hex');
 }
 
 /**
@@ -21,7 +35,10 @@ export async function sha256File(path: string): Promise<string> {
  * owned by 1000:1000. `order` flips creation order; `mtime` sets every file's
  * times, so two calls give the same content with different metadata noise.
  */
-export async function makeTree(root: string, options: { order?: 'forward' | 'reverse'; mtime?: Date } = {}): Promise<void> {
+export async function makeTree(
+  root: string,
+  options: { order?: 'forward' | 'reverse'; mtime?: Date } = {},
+): Promise<void> {
   await mkdir(join(root, 'etc'), { recursive: true });
   await mkdir(join(root, 'usr/bin'), { recursive: true });
   await mkdir(join(root, 'home/user'), { recursive: true });

@@ -5,6 +5,8 @@ export interface RunToolOptions {
   cwd?: string;
   env?: NodeJS.ProcessEnv;
   signal?: AbortSignal | undefined;
+  /** Sent on abort (default SIGKILL); SIGTERM lets a tool run its cleanup traps. */
+  killSignal?: NodeJS.Signals;
   /** Called with each complete line the tool writes (stdout and stderr). */
   onLine?: (line: string) => void;
 }
@@ -53,14 +55,16 @@ export async function runTool(
     child.stderr.setEncoding('utf8').on('data', (c: string) => feed('stderr', c));
 
     const onAbort = (): void => {
-      child.kill('SIGKILL');
+      child.kill(options.killSignal ?? 'SIGKILL');
     };
     options.signal?.addEventListener('abort', onAbort, { once: true });
 
     child.once('error', (err: NodeJS.ErrnoException) => {
       options.signal?.removeEventListener('abort', onAbort);
       const message =
-        err.code === 'ENOENT' ? `${command} not found on this host` : `cannot run ${command}: ${err.message}`;
+        err.code === 'ENOENT'
+          ? `${command} not found on this host`
+          : `cannot run ${command}: ${err.message}`;
       reject(new DsecError('internal', message, { cause: err }));
     });
     child.once('close', (code, sig) => {

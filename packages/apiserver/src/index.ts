@@ -1,0 +1,35 @@
+/**
+ * @dsec/apiserver — the stateless ingress of a DSec cluster, serving HTTP API
+ * v1 (docs/CONVENTIONS.md): authenticates API keys against IAM, reserves
+ * quota, asks placement for an edge, and forwards every sandbox operation to
+ * the edge decoded from the sandbox ID (paper 3.2). Any number of instances
+ * can run side by side; none keeps durable state.
+ *
+ * @example
+ * ```ts
+ * import { SandboxIdCodec } from '@dsec/core';
+ * import { Iam } from '@dsec/iam';
+ * import { Watcher } from '@dsec/watcher';
+ * import { PowerOfKPlacer } from '@dsec/placement';
+ * import { buildApiServer } from '@dsec/apiserver';
+ *
+ * const edges = new Map([[edge.edgeId, edge]]);           // EdgeApi clients
+ * const watcher = new Watcher({ edges });
+ * watcher.start();
+ * const app = buildApiServer({
+ *   iam: Iam.open({ path: 'iam.db' }),
+ *   edges,
+ *   watcher,
+ *   placer: new PowerOfKPlacer({ view: () => watcher.view() }),
+ *   ids: new SandboxIdCodec(clusterSecret),
+ * });
+ * await app.listen({ port: 7070 });
+ * ```
+ */
+export { buildApiServer, API_VERSION, BODY_LIMIT_BYTES } from './server.js';
+export type { ApiServerOptions } from './server.js';
+export { SandboxService } from './sandbox-service.js';
+export type { EdgeDirectory, FleetSource, OpenSandbox, SandboxServiceDeps } from './sandbox-service.js';
+export { ApiMetrics } from './metrics.js';
+export { toHttpError } from './errors.js';
+export * as schemas from './schemas.js';

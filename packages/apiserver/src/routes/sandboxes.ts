@@ -1,0 +1,98 @@
+import { PassThrough } from 'node:stream';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { toDsecError } from '@dsec/core';
+import type { CommandResult } from '@dsec/core';
+import { principalOf } from '../auth.js';
+import { CommandBody, CreateSandboxBody, IdParams, ListSandboxesQuery, parse, toSandboxSpec } from '../schemas.js';
+import type { SandboxService } from '../sandbox-service.js';
+
+/** A stream whose reader has fallen this far behind is cut off: a client that never reads must not grow memory. */
+const MAX_STREAM_BUFFER_BYTES = 8 * 1024 * 1024;
+/** Socket idle allowance beyond a command's own timeout. */
+const COMMAND_SOCKET_GRACE_MS = 60_000;
+
+export function sandboxRoutes(app: FastifyInstance, service: SandboxService): void {
+  app.post('/v1/sandboxes', async (req, reply) => {
+    const body = parse(CreateSandboxBody, req.body);
+    const info = await service.create(
+      principalOf(req),
+      { spec: toSandboxSpec(body), projectId: body.projectId, requestId: body.requestId },
+      clientGone(reply),
+    );
+    return reply.code(201).send(info);
+  });
+
+  app.get('/v1/sandboxes', async (req, reply) => {
+    const q = parse(ListSandboxesQuery, req.query, 'query');
+    return { sandboxes: await service.list(principalOf(req), q.projectId, clientGone(reply)) };
+  });
+
+  app.get('/v1/sandboxes/:id', async (req, reply) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    return service.get(principalOf(req), id, clientGone(reply));
+  });
+
+  app.delete('/v1/sandboxes/:id', async (req, reply) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    await service.delete(principalOf(req), id, clientGone(reply));
+    return reply.code(204).send();
+  });
+
+  app.post('/v1/sandboxes/:id/commands', async (req, reply) => {
+    const { id } = parse(IdParams, req.params, 'path');
+    const command = parse(CommandBody, req.body);
+    const principal = principalOf(req);
+    // A quiet command must not trip the idle-socket timeout before its own timeout.
+    const socket = req.raw.socket as { setTimeout?: unknown } | undefined;
+    if (typeof socket?.setTimeout === 'function') req.raw.socket.setTimeout(command.timeoutMs + COMMAND_SOCKET_GRACE_MS);
+    const signal = clientGone(reply);
+    if (!wantsNdjson(req)) return service.run(principal, id, command, { signal });
+
+    // Authorise before streaming so a bad ID is a plain 404, not an event in a 200 stream.
+    const sandbox = await service.open(principal, id, signal);
+    const out = new PassThrough();
+    const stop = new AbortController();
+    const both = AbortSignal.any([signal, stop.signal]);
+    const emit = (event: unknown) => {
+      if (out.writableLength > MAX_STREAM_BUFFER_BYTES) {
+        stop.abort(new Error('client is not reading the stream'));
+        return;
+      }
+      out.write(`${JSON.stringify(event)}\n`);
+    };
+    service
+      .runIn(sandbox, command, {
+        signal: both,
+        onStdout: (chunk) => emit({ type: 'stdout', data: chunk.toString('base64') }),
+        onStderr: (chunk) => emit({ type: 'stderr', data: chunk.toString('base64') }),
+      })
+      .then(
+        (result: CommandResult) => emit({ type: 'result', result }),
+        (err: unknown) => {
+          const e = toDsecError(err);
+          if (e.code === 'internal') req.log.error({ err }, 'streamed command failed');
+          out.write(`${JSON.stringify({ type: 'error', error: { code: e.code, message: e.message } })}\n`);
+        },
+      )
+      .finally(() => out.end());
+    return reply
+      .header('content-type', 'application/x-ndjson')
+      .header('cache-control', 'no-store')
+      .header('x-accel-buffering', 'no')
+      .send(out);
+  });
+}
+
+function wantsNdjson(req: FastifyRequest): boolean {
+  const accept = req.headers.accept;
+  return typeof accept === 'string' && accept.toLowerCase().includes('application/x-ndjson');
+}
+
+/** Aborts when the client goes away before the answer is complete. */
+function clientGone(reply: FastifyReply): AbortSignal {
+  const ac = new AbortController();
+  reply.raw.once('close', () => {
+    if (!reply.raw.writableFinished) ac.abort(new Error('client closed the connection'));
+  });
+  return ac.signal;
+}

@@ -1,0 +1,281 @@
+import { DsecError, randomId, toDsecError } from '@dsec/core';
+import type {
+  CommandResult,
+  CommandSpec,
+  EdgeApi,
+  RunCommandOptions,
+  SandboxIdCodec,
+  SandboxInfo,
+  SandboxSpec,
+} from '@dsec/core';
+import type { Iam, Principal } from '@dsec/iam';
+import type { Placer } from '@dsec/placement';
+import type { ApiMetrics } from './metrics.js';
+
+/** Finds the client for an edge ID; a Map or a lookup function. */
+export type EdgeDirectory = Map<string, EdgeApi> | ((edgeId: string) => EdgeApi | undefined);
+
+/** The part of the watcher's view the apiserver reads (structurally a `FleetView`). */
+export interface FleetSource {
+  view(): { edges: readonly { edgeId: string; healthy: boolean }[] };
+}
+
+export interface SandboxServiceDeps {
+  iam: Iam;
+  edges: EdgeDirectory;
+  watcher: FleetSource;
+  placer: Placer;
+  ids: SandboxIdCodec;
+  metrics: ApiMetrics;
+  /** Called when a best-effort rollback or a list fan-out fails (never with secrets). */
+  onWarning?: (message: string, context: Record<string, unknown>) => void;
+}
+
+/** A sandbox the caller may operate on, and the edge that owns it. */
+export interface OpenSandbox {
+  edge: EdgeApi;
+  info: SandboxInfo;
+}
+
+/** Edges tried for one create: the first choice plus retries after refusals. */
+const MAX_PLACEMENT_ATTEMPTS = 3;
+
+/**
+ * The sandbox domain of the apiserver: every route calls one method here.
+ * Holds no durable state; quota and idempotency live in IAM, sandboxes on
+ * their edges, and the edge of a sandbox is decoded from its ID.
+ *
+ * Create: project access → idempotency claim → quota reservation → placement
+ * → mint ID → edge admission (retry on another edge after
+ * `capacity_exhausted` / `unavailable`) → bind the reservation. Any failure
+ * rolls back what earlier steps took (reservation, claim, half-made sandbox).
+ *
+ * Operate: decode ID (forged → `sandbox_not_found`) → load from its edge →
+ * `canAccess`, where another tenant's sandbox is `sandbox_not_found` too, so
+ * IDs cannot be probed for existence.
+ */
+export class SandboxService {
+  readonly #d: SandboxServiceDeps;
+  /** Creates in flight per (project, requestId): concurrent duplicates share one. */
+  readonly #creating = new Map<string, Promise<SandboxInfo>>();
+
+  constructor(deps: SandboxServiceDeps) {
+    this.#d = deps;
+  }
+
+  async create(
+    principal: Principal,
+    input: { spec: SandboxSpec; projectId?: string | undefined; requestId?: string | undefined },
+    signal?: AbortSignal,
+  ): Promise<SandboxInfo> {
+    const projectId = input.projectId ?? principal.projectId;
+    this.#requireProject(principal, projectId);
+    const { requestId } = input;
+    if (requestId === undefined) {
+      return this.#place(principal, projectId, input.spec, randomId('rsv'), undefined, signal);
+    }
+    const key = `${projectId}\n${requestId}`;
+    const running = this.#creating.get(key);
+    if (running) return running;
+    const p = this.#createOnce(principal, projectId, input.spec, requestId, signal).finally(() => {
+      this.#creating.delete(key);
+    });
+    this.#creating.set(key, p);
+    return p;
+  }
+
+  async get(principal: Principal, id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    return (await this.open(principal, id, signal)).info;
+  }
+
+  /**
+   * Sandboxes in `projectId` (default: the caller's project) and its
+   * descendants, gathered from every healthy edge. An edge that fails to
+   * answer is skipped (and reported through `onWarning`) rather than failing
+   * the whole listing.
+   */
+  async list(principal: Principal, projectId: string | undefined, signal?: AbortSignal): Promise<SandboxInfo[]> {
+    const root = projectId ?? principal.projectId;
+    this.#requireProject(principal, root);
+    const projectIds = this.#d.iam.subtreeIds(root);
+    const allowed = new Set(projectIds);
+    const viewed = this.#d.watcher.view().edges;
+    const edgeIds = new Set(viewed.filter((e) => e.healthy).map((e) => e.edgeId));
+    // Edges configured but not yet probed are asked too, so a fresh apiserver does not list nothing.
+    if (this.#d.edges instanceof Map) {
+      for (const id of this.#d.edges.keys()) if (!viewed.some((e) => e.edgeId === id)) edgeIds.add(id);
+    }
+    const results = await Promise.allSettled(
+      [...edgeIds].map(async (edgeId) => {
+        const edge = this.#edge(edgeId);
+        return edge ? edge.listSandboxes({ projectIds }, signal) : [];
+      }),
+    );
+    const out: SandboxInfo[] = [];
+    results.forEach((r, i) => {
+      if (r.status === 'fulfilled') out.push(...r.value.filter((s) => allowed.has(s.projectId)));
+      else this.#warn('listing an edge failed', { edgeId: [...edgeIds][i], error: String(r.reason) });
+    });
+    return out.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id));
+  }
+
+  /** Stops the sandbox and frees its quota. */
+  async delete(principal: Principal, id: string, signal?: AbortSignal): Promise<void> {
+    let sandbox: OpenSandbox;
+    try {
+      sandbox = await this.open(principal, id, signal);
+    } catch (err) {
+      // The edge may have lost the sandbox (reclaimed, node replaced): free its quota anyway.
+      const owner = this.#d.iam.reservationProject(id);
+      if (owner !== undefined && this.#d.iam.canAccess(principal, owner)) {
+        this.#d.iam.release(id, { actorKeyId: principal.keyId, action: 'sandbox.delete' });
+      }
+      throw err;
+    }
+    await sandbox.edge.stopSandbox(id, signal);
+    this.#d.iam.release(id, { actorKeyId: principal.keyId, action: 'sandbox.delete' });
+  }
+
+  /** Resolves and authorises a sandbox; throws `sandbox_not_found` for forged, unknown or foreign IDs. */
+  async open(principal: Principal, id: string, signal?: AbortSignal): Promise<OpenSandbox> {
+    const { edgeId } = this.#d.ids.decode(id);
+    const edge = this.#edge(edgeId);
+    if (!edge) throw notFound(id);
+    const info = await edge.getSandbox(id, signal);
+    if (info.id !== id || !this.#d.iam.canAccess(principal, info.projectId)) {
+      this.#d.iam.audit(principal.keyId, 'sandbox.access', id, 'denied');
+      throw notFound(id);
+    }
+    return { edge, info };
+  }
+
+  /** Runs a command in a sandbox the caller may use. */
+  async run(principal: Principal, id: string, command: CommandSpec, options: RunCommandOptions = {}): Promise<CommandResult> {
+    return this.runIn(await this.open(principal, id, options.signal), command, options);
+  }
+
+  /** Runs a command in an already opened sandbox (streaming routes open first, to answer 404 before streaming). */
+  runIn(sandbox: OpenSandbox, command: CommandSpec, options: RunCommandOptions = {}): Promise<CommandResult> {
+    return sandbox.edge.runCommand(sandbox.info.id, command, options);
+  }
+
+  async #createOnce(
+    principal: Principal,
+    projectId: string,
+    spec: SandboxSpec,
+    requestId: string,
+    signal?: AbortSignal,
+  ): Promise<SandboxInfo> {
+    const { iam } = this.#d;
+    const holder = randomId('rsv');
+    const claim = iam.claimRequest(projectId, requestId, holder);
+    if (claim.state === 'done') return this.#load(claim.sandboxId, signal);
+    if (claim.state === 'pending') {
+      throw new DsecError('conflict', 'a create with this requestId is still in progress; retry later', {
+        field: 'requestId',
+      });
+    }
+    try {
+      return await this.#place(principal, projectId, spec, holder, requestId, signal);
+    } catch (err) {
+      iam.abandonRequest(projectId, requestId, holder);
+      throw err;
+    }
+  }
+
+  async #place(
+    principal: Principal,
+    projectId: string,
+    spec: SandboxSpec,
+    holder: string,
+    requestId: string | undefined,
+    signal?: AbortSignal,
+  ): Promise<SandboxInfo> {
+    const { iam, placer, ids, metrics } = this.#d;
+    try {
+      iam.reserve(projectId, { memoryMb: spec.memoryLimitMb, cpuCores: spec.cpuCoresLimit }, holder, {
+        actorKeyId: principal.keyId,
+      });
+    } catch (err) {
+      metrics.sandboxCreateFailures.inc({ code: toDsecError(err).code });
+      throw err;
+    }
+    const exclude = new Set<string>();
+    let refusal: DsecError | undefined;
+    try {
+      for (let attempt = 0; attempt < MAX_PLACEMENT_ATTEMPTS; attempt++) {
+        if (attempt > 0) metrics.placementRetries.inc();
+        const edgeId = placer.place({ spec, exclude });
+        const edge = this.#edge(edgeId);
+        if (!edge) {
+          exclude.add(edgeId);
+          refusal = new DsecError('unavailable', `edge ${edgeId} is not reachable from this apiserver`);
+          continue;
+        }
+        const id = ids.mint(edgeId);
+        let info: SandboxInfo;
+        try {
+          info = await edge.createSandbox({ id, projectId, spec, requestId }, signal);
+        } catch (err) {
+          const e = toDsecError(err);
+          // Only a clean refusal is known to have created nothing; otherwise undo whatever exists.
+          if (e.code !== 'capacity_exhausted') this.#rollback(edge, id);
+          if (e.code === 'capacity_exhausted' || e.code === 'unavailable') {
+            exclude.add(edgeId);
+            refusal = e;
+            continue;
+          }
+          throw e;
+        }
+        try {
+          iam.bindReservation(holder, info.id, { expiresAt: info.expiresAt, requestId, actorKeyId: principal.keyId });
+        } catch (err) {
+          this.#rollback(edge, info.id);
+          throw err;
+        }
+        metrics.sandboxesCreated.inc({ backend: spec.backend });
+        return info;
+      }
+      throw refusal ?? new DsecError('capacity_exhausted', 'no edge accepted the sandbox');
+    } catch (err) {
+      iam.release(holder);
+      metrics.sandboxCreateFailures.inc({ code: toDsecError(err).code });
+      throw err;
+    }
+  }
+
+  /** Loads a sandbox by ID without an access check (the caller already owns its project). */
+  async #load(id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    const edge = this.#edge(this.#d.ids.decode(id).edgeId);
+    if (!edge) throw notFound(id);
+    return edge.getSandbox(id, signal);
+  }
+
+  #rollback(edge: EdgeApi, id: string): void {
+    edge.stopSandbox(id).catch((err: unknown) => {
+      if (toDsecError(err).code !== 'sandbox_not_found') {
+        this.#warn('rolling back a failed create failed', { sandboxId: id, edgeId: edge.edgeId, error: String(err) });
+      }
+    });
+  }
+
+  #requireProject(principal: Principal, projectId: string): void {
+    if (!this.#d.iam.canAccess(principal, projectId)) {
+      this.#d.iam.audit(principal.keyId, 'project.access', projectId, 'denied');
+      throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`, { field: 'projectId' });
+    }
+  }
+
+  #edge(edgeId: string): EdgeApi | undefined {
+    const { edges } = this.#d;
+    return typeof edges === 'function' ? edges(edgeId) : edges.get(edgeId);
+  }
+
+  #warn(message: string, context: Record<string, unknown>): void {
+    this.#d.onWarning?.(message, context);
+  }
+}
+
+function notFound(id: string): DsecError {
+  return new DsecError('sandbox_not_found', `no sandbox ${JSON.stringify(id.slice(0, 80))}`);
+}

@@ -1,0 +1,143 @@
+import { z } from 'zod';
+import { DsecError, parseLayerRef } from '@dsec/core';
+import type { SandboxSpec } from '@dsec/core';
+
+/**
+ * Request schemas of HTTP API v1 (docs/CONVENTIONS.md), the one place where
+ * wire input is checked and defaults are applied. Every object is `.strict()`:
+ * an unknown field is an error naming that field. Strings are bounded and
+ * may not carry NUL bytes (they end up in argv, env and paths).
+ */
+
+const KIB = 1024;
+const MIB = 1024 * KIB;
+
+const noNul = (s: string) => !s.includes('\0');
+const text = (max: number) => z.string().max(max).refine(noNul, 'must not contain NUL bytes');
+const layerRef = z
+  .string()
+  .max(300)
+  .refine((s) => parseLayerRef(s) !== undefined, 'must be a layer reference `name` or `name:version`');
+const userName = z
+  .string()
+  .regex(/^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,10})$/, 'must be a user name or a numeric uid');
+/** IDs are opaque to the API layer; IAM and the edges decide whether they exist. */
+const opaqueId = z.string().min(1).max(128).regex(/^[A-Za-z0-9._:-]+$/, 'must be an ID');
+const boundedRecord = <T extends z.ZodTypeAny>(key: z.ZodString, value: T, maxEntries: number) =>
+  z.record(key, value).refine((r) => Object.keys(r).length <= maxEntries, `at most ${maxEntries} entries`);
+const envMap = boundedRecord(
+  z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,255}$/, 'must be an environment variable name'),
+  text(32 * KIB),
+  256,
+);
+const labelMap = boundedRecord(z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$/, 'must be a label key'), text(256), 64);
+const int = (min: number, max: number) => z.number().int().min(min).max(max);
+
+export const CreateSandboxBody = z
+  .object({
+    backend: z.enum(['container', 'microvm', 'vm', 'fncall']).default('container'),
+    image: layerRef,
+    workspace: layerRef.optional(),
+    toolkits: z.array(layerRef).max(32).default([]),
+    memoryLimitMb: int(16, 1_048_576).default(512),
+    cpuCoresLimit: z.number().min(0.01).max(256).default(1),
+    pidsLimit: int(16, 1_000_000).default(1024),
+    ttlSeconds: int(1, 604_800).default(3600),
+    networkRules: boundedRecord(z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'must be a rule name'), z.boolean(), 64).default({}),
+    initUser: userName.default('root'),
+    env: envMap.default({}),
+    labels: labelMap.default({}),
+    projectId: opaqueId.optional(),
+    requestId: z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, 'must be 1–128 chars of [A-Za-z0-9._:-]').optional(),
+  })
+  .strict();
+export type CreateSandboxInput = z.infer<typeof CreateSandboxBody>;
+
+export function toSandboxSpec(b: CreateSandboxInput): SandboxSpec {
+  return {
+    backend: b.backend,
+    image: b.image,
+    workspace: b.workspace,
+    toolkits: b.toolkits,
+    memoryLimitMb: b.memoryLimitMb,
+    cpuCoresLimit: b.cpuCoresLimit,
+    pidsLimit: b.pidsLimit,
+    ttlSeconds: b.ttlSeconds,
+    networkRules: b.networkRules,
+    initUser: b.initUser,
+    env: b.env,
+    labels: b.labels,
+  };
+}
+
+export const CommandBody = z
+  .object({
+    argv: z
+      .array(text(128 * KIB))
+      .min(1)
+      .max(4096)
+      .refine((a) => (a[0] ?? '') !== '', 'argv.0 must not be empty')
+      .optional(),
+    shell: text(MIB).optional(),
+    env: envMap.optional(),
+    cwd: text(4096).refine((s) => s.length > 0, 'must not be empty').optional(),
+    user: userName.optional(),
+    stdin: z.string().max(MIB).optional(),
+    timeoutMs: int(1, 86_400_000).default(60_000),
+    maxOutputBytes: int(0, 67_108_864).default(1_048_576),
+  })
+  .strict()
+  .superRefine((b, ctx) => {
+    if ((b.argv === undefined) === (b.shell === undefined)) {
+      ctx.addIssue({ code: z.ZodIssueCode.custom, path: ['argv'], message: 'give exactly one of argv or shell' });
+    }
+  });
+export type CommandInput = z.infer<typeof CommandBody>;
+
+export const ProjectBody = z
+  .object({
+    name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, 'must be 1–63 chars of [A-Za-z0-9._-]'),
+    parentId: opaqueId.optional(),
+    quota: z
+      .object({
+        sandboxes: int(0, 1_000_000_000).optional(),
+        memoryMb: int(0, 1_000_000_000_000).optional(),
+        cpuCores: z.number().min(0).max(1_000_000).optional(),
+      })
+      .strict()
+      .optional(),
+  })
+  .strict();
+
+export const KeyBody = z
+  .object({
+    projectId: opaqueId,
+    role: z.enum(['admin', 'member']).default('member'),
+    name: text(128).optional(),
+  })
+  .strict();
+
+export const ListSandboxesQuery = z.object({ projectId: opaqueId.optional() }).strict();
+export const IdParams = z.object({ id: z.string().max(256) }).strict();
+
+/**
+ * Parses `value` or throws `invalid_argument` naming the first offending
+ * field as a dotted path (`env.PATH`, `argv.0`, `quota.memoryMb`).
+ */
+export function parse<S extends z.ZodTypeAny>(schema: S, value: unknown, what = 'request body'): z.output<S> {
+  const r = schema.safeParse(value);
+  if (r.success) return r.data as z.output<S>;
+  const issue = r.error.issues[0];
+  if (!issue) throw new DsecError('invalid_argument', `invalid ${what}`);
+  const path = issue.path.map(String);
+  if (issue.code === z.ZodIssueCode.unrecognized_keys) path.push(issue.keys[0] ?? '');
+  // Keys come from the client: a field path is capped so a huge key cannot bloat the answer.
+  const field = path.length > 0 ? path.join('.').slice(0, 256) : undefined;
+  const message =
+    issue.code === z.ZodIssueCode.unrecognized_keys
+      ? `unknown field ${JSON.stringify(field)}`
+      : field === undefined
+        ? `${what}: ${issue.message === 'Required' ? 'a JSON object is required' : issue.message}`
+        : `${field}: ${issue.message}`;
+  throw new DsecError('invalid_argument', message, { field });
+}

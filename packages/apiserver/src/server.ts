@@ -1,0 +1,108 @@
+import Fastify from 'fastify';
+import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
+import { randomId } from '@dsec/core';
+import type { LayerInfo, SandboxIdCodec } from '@dsec/core';
+import type { Iam } from '@dsec/iam';
+import type { Placer } from '@dsec/placement';
+import type { FleetView } from '@dsec/watcher';
+import { authenticateRequest } from './auth.js';
+import { toHttpError } from './errors.js';
+import { ApiMetrics } from './metrics.js';
+import { adminRoutes } from './routes/admin.js';
+import { sandboxRoutes } from './routes/sandboxes.js';
+import { SandboxService } from './sandbox-service.js';
+import type { EdgeDirectory } from './sandbox-service.js';
+
+export const API_VERSION = '0.1.0';
+export const BODY_LIMIT_BYTES = 1024 * 1024;
+
+export interface ApiServerOptions {
+  iam: Iam;
+  /** Clients of the edges, by edge ID. */
+  edges: EdgeDirectory;
+  /** Source of the fleet view (a `Watcher`). */
+  watcher: { view(): FleetView };
+  placer: Placer;
+  ids: SandboxIdCodec;
+  /** A pino logger, `true` for a default one, or nothing for silence. */
+  logger?: FastifyBaseLogger | boolean | undefined;
+  imagesList?: (() => Promise<LayerInfo[]>) | undefined;
+  /** Time allowed to receive a whole request (slow-header and slow-body defence). Default 30 000. */
+  requestTimeoutMs?: number;
+  /** Idle socket timeout; command routes extend it to the command's own timeout. Default 600 000. */
+  connectionTimeoutMs?: number;
+  /** Keep-alive idle time, above common load-balancer idle timeouts. Default 72 000. */
+  keepAliveTimeoutMs?: number;
+}
+
+/**
+ * Builds the HTTP API v1 server (docs/CONVENTIONS.md). Stateless: every
+ * decision comes from IAM, the sandbox ID and the edges. The caller owns the
+ * lifecycle: `await app.listen({ port })`, then `await app.close()`.
+ * `app.inject()` works without listening.
+ */
+export function buildApiServer(options: ApiServerOptions): FastifyInstance {
+  const { iam, watcher } = options;
+  const loggerOpts =
+    typeof options.logger === 'object'
+      ? { loggerInstance: options.logger }
+      : { logger: options.logger ? { level: 'info', redact: ['req.headers.authorization'] } : false };
+  const app = Fastify({
+    ...loggerOpts,
+    bodyLimit: BODY_LIMIT_BYTES,
+    requestTimeout: options.requestTimeoutMs ?? 30_000,
+    connectionTimeout: options.connectionTimeoutMs ?? 600_000,
+    keepAliveTimeout: options.keepAliveTimeoutMs ?? 72_000,
+    // Sandbox IDs run past fastify's default limit of 100 characters.
+    routerOptions: { maxParamLength: 256 },
+    genReqId: () => randomId('req', 9),
+    return503OnClosing: true,
+  }) as unknown as FastifyInstance;
+
+  const metrics = new ApiMetrics();
+  const service = new SandboxService({
+    ...options,
+    metrics,
+    onWarning: (message, context) => app.log.warn(context, message),
+  });
+
+  // JSON only; an empty body (a DELETE sent with a JSON content type) is simply no body.
+  const json = app.getDefaultJsonParser('error', 'error');
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (req, body, done) => {
+    if (body === '') return done(null, undefined);
+    json(req, body as string, done);
+  });
+
+  app.addHook('onRequest', async (req, reply) => {
+    reply.header('x-request-id', req.id);
+    // Authenticate before the body is read: an anonymous client gets 401, not a parse of its upload.
+    if (req.routeOptions.url?.startsWith('/v1/')) authenticateRequest(iam, req);
+  });
+  app.addHook('onResponse', async (req, reply) => {
+    const route = req.routeOptions.url ?? 'unmatched';
+    metrics.requests.inc({ method: req.method, route, status: String(reply.statusCode) });
+    metrics.latency.observe({ method: req.method, route }, reply.elapsedTime / 1000);
+  });
+
+  app.setErrorHandler((err, req, reply) => {
+    const e = toHttpError(err, req.id);
+    if (e.status >= 500 && e.code !== 'unavailable' && e.code !== 'capacity_exhausted') {
+      req.log.error({ err, reqId: req.id }, 'request failed');
+    } else {
+      req.log.info({ code: e.code, field: e.field }, 'request rejected');
+    }
+    return reply.code(e.status).header('content-type', 'application/json; charset=utf-8').send(e.toJSON());
+  });
+  app.setNotFoundHandler((req, reply) =>
+    reply.code(404).send({ error: { code: 'not_found', message: `no route ${req.method} ${req.url.split('?')[0]?.slice(0, 200)}` } }),
+  );
+
+  app.get('/healthz', async () => ({ ok: true, version: API_VERSION }));
+  app.get('/metrics', async (_req, reply) =>
+    reply.header('content-type', metrics.registry.contentType).send(await metrics.registry.metrics()),
+  );
+  sandboxRoutes(app, service);
+  adminRoutes(app, { iam, fleet: () => watcher.view(), imagesList: options.imagesList });
+  return app;
+}

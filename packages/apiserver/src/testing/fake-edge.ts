@@ -1,0 +1,185 @@
+import { DsecError, randomId, throwIfAborted } from '@dsec/core';
+import type {
+  BackendKind,
+  CommandResult,
+  CommandSpec,
+  CreateSandboxRequest,
+  EdgeApi,
+  EdgeStatus,
+  RunCommandOptions,
+  SandboxInfo,
+} from '@dsec/core';
+
+export interface FakeEdgeOptions {
+  edgeId: string;
+  capacity?: { memoryMb: number; cpuCores: number; sandboxes: number };
+  backends?: BackendKind[];
+  /** Simulated create latency (lets tests overlap concurrent creates). Default 0. */
+  createDelayMs?: number;
+  now?: () => number;
+}
+
+/**
+ * An in-memory `EdgeApi` that keeps the contract of a real edge: admission
+ * against its own capacity (`capacity_exhausted`), `sandbox_not_found` for
+ * unknown IDs, `requestId` idempotency, TTL expiry (checked lazily), and
+ * `runCommand` that "runs" by echoing: stdout is `argv.join(' ')` (or the
+ * shell line) plus a newline, stderr is the stdin it was given; `false` as
+ * argv[0] exits 1. Fault hooks: `healthy = false` fails `status()`,
+ * `failNextCreate` makes the next create throw that error.
+ */
+export class FakeEdge implements EdgeApi {
+  readonly edgeId: string;
+  readonly capacity: { memoryMb: number; cpuCores: number; sandboxes: number };
+  readonly backends: BackendKind[];
+  healthy = true;
+  failNextCreate: Error | undefined;
+  createCalls = 0;
+  readonly #sandboxes = new Map<string, SandboxInfo>();
+  readonly #byRequest = new Map<string, string>();
+  readonly #createDelayMs: number;
+  readonly #now: () => number;
+
+  constructor(options: FakeEdgeOptions) {
+    this.edgeId = options.edgeId;
+    this.capacity = options.capacity ?? { memoryMb: 1 << 20, cpuCores: 1024, sandboxes: 1000 };
+    this.backends = options.backends ?? ['container'];
+    this.#createDelayMs = options.createDelayMs ?? 0;
+    this.#now = options.now ?? Date.now;
+  }
+
+  async status(signal?: AbortSignal): Promise<EdgeStatus> {
+    throwIfAborted(signal);
+    if (!this.healthy) throw new DsecError('unavailable', `edge ${this.edgeId} is down`);
+    const used = { memoryMb: 0, cpuCores: 0, sandboxes: 0 };
+    const sandboxesByProject: Record<string, number> = {};
+    for (const s of this.#live()) {
+      used.memoryMb += s.spec.memoryLimitMb;
+      used.cpuCores += s.spec.cpuCoresLimit;
+      used.sandboxes += 1;
+      sandboxesByProject[s.projectId] = (sandboxesByProject[s.projectId] ?? 0) + 1;
+    }
+    return {
+      edgeId: this.edgeId,
+      url: `fake://${this.edgeId}`,
+      healthy: true,
+      backends: [...this.backends],
+      capacity: { ...this.capacity },
+      used,
+      sandboxesByProject,
+      labels: {},
+    };
+  }
+
+  async createSandbox(req: CreateSandboxRequest, signal?: AbortSignal): Promise<SandboxInfo> {
+    throwIfAborted(signal);
+    this.createCalls++;
+    if (this.failNextCreate) {
+      const err = this.failNextCreate;
+      this.failNextCreate = undefined;
+      throw err;
+    }
+    if (!this.healthy) throw new DsecError('unavailable', `edge ${this.edgeId} is down`);
+    const requestKey = req.requestId === undefined ? undefined : `${req.projectId}\n${req.requestId}`;
+    const earlier = requestKey === undefined ? undefined : this.#byRequest.get(requestKey);
+    if (earlier !== undefined) return clone(this.#get(earlier));
+    if (this.#sandboxes.has(req.id)) throw new DsecError('conflict', `sandbox ${req.id} exists`);
+    if (!this.backends.includes(req.spec.backend)) {
+      throw new DsecError('capacity_exhausted', `edge ${this.edgeId} has no ${req.spec.backend} backend`);
+    }
+    const live = this.#live();
+    const mem = live.reduce((n, s) => n + s.spec.memoryLimitMb, 0);
+    const cpu = live.reduce((n, s) => n + s.spec.cpuCoresLimit, 0);
+    if (
+      live.length + 1 > this.capacity.sandboxes ||
+      mem + req.spec.memoryLimitMb > this.capacity.memoryMb ||
+      cpu + req.spec.cpuCoresLimit > this.capacity.cpuCores + 1e-9
+    ) {
+      throw new DsecError('capacity_exhausted', `edge ${this.edgeId} is full`);
+    }
+    const now = this.#now();
+    const info: SandboxInfo = {
+      id: req.id,
+      edgeId: this.edgeId,
+      projectId: req.projectId,
+      state: 'creating',
+      spec: clone(req.spec),
+      createdAt: new Date(now).toISOString(),
+      expiresAt: new Date(now + req.spec.ttlSeconds * 1000).toISOString(),
+    };
+    // Admission is synchronous (capacity is taken before the first await), as on a real edge.
+    this.#sandboxes.set(info.id, info);
+    if (requestKey !== undefined) this.#byRequest.set(requestKey, info.id);
+    if (this.#createDelayMs > 0) await new Promise((r) => setTimeout(r, this.#createDelayMs));
+    if (info.state === 'creating') info.state = 'running';
+    return clone(info);
+  }
+
+  async getSandbox(id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    throwIfAborted(signal);
+    return clone(this.#get(id));
+  }
+
+  async listSandboxes(filter: { projectIds?: string[] }, signal?: AbortSignal): Promise<SandboxInfo[]> {
+    throwIfAborted(signal);
+    const want = filter.projectIds ? new Set(filter.projectIds) : undefined;
+    return [...this.#sandboxes.values()]
+      .map((s) => this.#get(s.id))
+      .filter((s) => !want || want.has(s.projectId))
+      .map(clone);
+  }
+
+  async stopSandbox(id: string, signal?: AbortSignal): Promise<void> {
+    throwIfAborted(signal);
+    const s = this.#get(id);
+    if (s.state !== 'stopped' && s.state !== 'failed') {
+      s.state = 'stopped';
+      s.reason ??= 'stopped by request';
+    }
+  }
+
+  async runCommand(id: string, command: CommandSpec, options: RunCommandOptions = {}): Promise<CommandResult> {
+    throwIfAborted(options.signal);
+    const s = this.#get(id);
+    if (s.state !== 'running') throw new DsecError('sandbox_not_running', `sandbox ${id} is ${s.state}`);
+    const stdout = Buffer.from(`${command.argv ? command.argv.join(' ') : (command.shell ?? '')}\n`);
+    const stderr = Buffer.from(command.stdin ?? '');
+    // Two chunks, so streaming callers see more than one event.
+    const half = Math.ceil(stdout.length / 2);
+    options.onStdout?.(stdout.subarray(0, half));
+    await Promise.resolve();
+    options.onStdout?.(stdout.subarray(half));
+    if (stderr.length > 0) options.onStderr?.(stderr);
+    const cap = command.maxOutputBytes ?? 1_048_576;
+    return {
+      commandId: randomId('cmd'),
+      exitCode: command.argv?.[0] === 'false' ? 1 : 0,
+      outcome: 'exited',
+      stdout: stdout.subarray(0, cap).toString(),
+      stderr: stderr.subarray(0, cap).toString(),
+      truncated: stdout.length > cap || stderr.length > cap,
+      stdoutBytes: stdout.length,
+      stderrBytes: stderr.length,
+      durationMs: 0,
+    };
+  }
+
+  /** Sandboxes holding capacity (creating or running, not expired). */
+  #live(): SandboxInfo[] {
+    return [...this.#sandboxes.keys()].map((id) => this.#get(id)).filter((s) => s.state === 'creating' || s.state === 'running');
+  }
+
+  #get(id: string): SandboxInfo {
+    const s = this.#sandboxes.get(id);
+    if (!s) throw new DsecError('sandbox_not_found', `no sandbox ${JSON.stringify(id.slice(0, 80))}`);
+    if ((s.state === 'running' || s.state === 'creating') && Date.parse(s.expiresAt) <= this.#now()) {
+      s.state = 'stopped';
+      s.reason = 'ttl expired';
+    }
+    return s;
+  }
+}
+
+function clone<T>(v: T): T {
+  return structuredClone(v);
+}

@@ -1,0 +1,51 @@
+import { randomBytes } from 'node:crypto';
+import type { FastifyInstance } from 'fastify';
+import { SandboxIdCodec } from '@dsec/core';
+import { Iam } from '@dsec/iam';
+import { PowerOfKPlacer } from '@dsec/placement';
+import type { Placer } from '@dsec/placement';
+import { Watcher } from '@dsec/watcher';
+import { buildApiServer } from '../server.js';
+import { FakeEdge } from './fake-edge.js';
+
+export interface TestApi {
+  app: FastifyInstance;
+  iam: Iam;
+  /** The bootstrap admin key of the root project. */
+  rootKey: string;
+  rootProjectId: string;
+  edges: Map<string, FakeEdge>;
+  watcher: Watcher;
+  ids: SandboxIdCodec;
+  close(): Promise<void>;
+}
+
+/**
+ * An apiserver over fake edges with a fresh IAM, ready for `app.inject()`.
+ * The watcher has probed once; call `watcher.refresh()` after changing edges.
+ */
+export async function createTestApi(
+  options: { edges?: FakeEdge[]; iamPath?: string; placer?: (watcher: Watcher) => Placer; logger?: boolean } = {},
+): Promise<TestApi> {
+  const iam = Iam.open({ path: options.iamPath ?? ':memory:' });
+  const boot = iam.bootstrap();
+  const edges = new Map((options.edges ?? [new FakeEdge({ edgeId: 'edge-a' })]).map((e) => [e.edgeId, e]));
+  const watcher = new Watcher({ edges });
+  await watcher.refresh();
+  const placer = options.placer?.(watcher) ?? new PowerOfKPlacer({ view: () => watcher.view() });
+  const ids = new SandboxIdCodec(randomBytes(32));
+  const app = buildApiServer({ iam, edges, watcher, placer, ids, logger: options.logger });
+  return {
+    app,
+    iam,
+    rootKey: boot.key ?? '',
+    rootProjectId: boot.projectId,
+    edges,
+    watcher,
+    ids,
+    close: async () => {
+      await app.close();
+      iam.close();
+    },
+  };
+}

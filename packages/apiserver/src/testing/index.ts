@@ -1,0 +1,16 @@
+/**
+ * Test helpers for code that talks to edges: an in-memory `EdgeApi` that
+ * keeps the edge contract. Import from `@dsec/apiserver/testing`.
+ *
+ * @example
+ * ```ts
+ * import { FakeEdge } from '@dsec/apiserver/testing';
+ * const edge = new FakeEdge({ edgeId: 'edge-a', capacity: { memoryMb: 4096, cpuCores: 4, sandboxes: 2 } });
+ * ```
+ */
+export { FakeEdge } from './fake-edge.js';
+export type { FakeEdgeOptions } from './fake-edge.js';
+export { createTestApi } from './harness.js';
+export type { TestApi } from './harness.js';
+export { edgeApiConformance, conformanceSpec } from './edge-conformance.js';
+export type { EdgeUnderTest } from './edge-conformance.js';

@@ -1,0 +1,203 @@
+import { execFile, spawnSync } from 'node:child_process';
+import { chown, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { startSingleNode } from '@dsec/cluster';
+import { buildContainerConfig } from '@dsec/edge';
+import { makeBusyboxRootfs } from '@dsec/images';
+import { mountErofs, mountRootfs, unmount } from '@dsec/native';
+import { DSecClient } from '@dsec/sdk';
+import type { SandboxSpec } from '@dsec/core';
+import { ratio, summarize, type LatencySummary } from './stats.js';
+
+const execFileAsync = promisify(execFile);
+
+export interface CreateBenchOptions {
+  iterations: number;
+  warmup: number;
+  onProgress?: (done: number, total: number) => void;
+  signal?: AbortSignal;
+}
+
+export interface CreateBenchReport {
+  benchmark: 'create';
+  cycle: string;
+  iterations: number;
+  results: Record<string, LatencySummary>;
+  ratios: { runc: number | null; podman: number | null };
+  machine: Record<string, unknown>;
+}
+
+const SPEC: SandboxSpec = {
+  backend: 'container',
+  image: 'busybox',
+  toolkits: [],
+  memoryLimitMb: 256,
+  cpuCoresLimit: 1,
+  pidsLimit: 1024,
+  ttlSeconds: 600,
+  networkRules: {},
+  initUser: 'root',
+  env: {},
+  labels: {},
+};
+
+/**
+ * create → first exec of `true` → destroy, through the full path (SDK →
+ * apiserver → edge → runc → chronus), interleaved with the same cycle by bare
+ * `runc run` on the same EROFS layer, idmapped overlay and namespaces, and by
+ * `podman run --rm` when podman is installed.
+ */
+export async function benchCreate(options: CreateBenchOptions): Promise<CreateBenchReport> {
+  const work = await mkdtemp(join(tmpdir(), 'dsec-bench-create-'));
+  const cleanups: (() => Promise<unknown>)[] = [() => rm(work, { recursive: true, force: true })];
+  try {
+    const node = await startSingleNode({ stateDir: join(work, 'state'), port: 0 });
+    cleanups.unshift(() => node.close({ stopSandboxes: true }));
+    const rootfsDir = join(work, 'busybox-rootfs');
+    await makeBusyboxRootfs(rootfsDir);
+    const layer = await node.buildLayer({
+      name: 'busybox',
+      kind: 'base',
+      from: { dir: rootfsDir },
+    });
+
+    const peer = await preparePeerBundle(work, await node.store.blobPath(layer.digest));
+    cleanups.unshift(peer.cleanup);
+    const hasPodman = spawnSync('podman', ['--version']).status === 0;
+
+    const client = new DSecClient({ url: node.url, apiKey: node.adminKey });
+    await client.open();
+    cleanups.unshift(async () => client.close());
+
+    const systems: Record<string, (i: number) => Promise<void>> = {
+      dsec: async () => {
+        const sb = await client.runContainer({
+          image: 'busybox',
+          memoryLimitMb: 256,
+          cpuCoresLimit: 1,
+        });
+        const r = await sb.exec(['true']);
+        if (r.exitCode !== 0) throw new Error(`true exited ${r.exitCode}`);
+        await sb.stop();
+      },
+      runc: async (i) => {
+        await execFileAsync('runc', [
+          '--root',
+          peer.runtimeRoot,
+          'run',
+          '--bundle',
+          peer.bundle,
+          `bench-${process.pid}-${i}`,
+        ]);
+      },
+    };
+    if (hasPodman) {
+      systems.podman = async () => {
+        await execFileAsync('podman', [
+          'run',
+          '--rm',
+          '--runtime',
+          'runc',
+          '--network',
+          'none',
+          '--rootfs',
+          rootfsDir,
+          '/bin/true',
+        ]);
+      };
+    }
+
+    const names = Object.keys(systems);
+    const samples: Record<string, number[]> = Object.fromEntries(names.map((n) => [n, []]));
+    const total = options.warmup + options.iterations;
+    for (let i = 0; i < total; i++) {
+      if (options.signal?.aborted) throw new Error('benchmark aborted');
+      // Rotate the order so no system always runs first (warm caches) or last.
+      for (let k = 0; k < names.length; k++) {
+        const name = names[(i + k) % names.length]!;
+        const t0 = process.hrtime.bigint();
+        await systems[name]!(i);
+        const ms = Number(process.hrtime.bigint() - t0) / 1e6;
+        if (i >= options.warmup) samples[name]!.push(ms);
+      }
+      options.onProgress?.(i + 1, total);
+    }
+    const results = Object.fromEntries(names.map((n) => [n, summarize(samples[n]!)]));
+    return {
+      benchmark: 'create',
+      cycle: 'create → exec `true` → destroy',
+      iterations: options.iterations,
+      results,
+      ratios: {
+        runc: ratio(results.dsec!, results.runc),
+        podman: ratio(results.dsec!, results.podman),
+      },
+      machine: await describeMachine(),
+    };
+  } finally {
+    for (const cleanup of cleanups) await cleanup().catch(() => undefined);
+  }
+}
+
+/** A bundle for bare `runc run`: same layer, same idmapped overlay, same namespaces and limits. */
+async function preparePeerBundle(work: string, image: string) {
+  const dir = join(work, 'peer');
+  const layerDir = join(dir, 'layer');
+  const bundle = join(dir, 'bundle');
+  const rootfs = join(bundle, 'rootfs');
+  const upper = join(dir, 'upper');
+  const wdir = join(dir, 'work');
+  const hostId = 100_000 + 60_000 * 65_536; // a uid range far above the edge's slots
+  await Promise.all([layerDir, rootfs, upper, wdir].map((d) => mkdir(d, { recursive: true })));
+  await Promise.all([upper, wdir].map((d) => chown(d, hostId, hostId)));
+  await mountErofs(image, layerDir);
+  await mountRootfs({
+    target: rootfs,
+    upper,
+    work: wdir,
+    lowers: [layerDir],
+    idmap: { hostId, size: 65_536 },
+  });
+  const config = buildContainerConfig({
+    spec: SPEC,
+    hostname: 'bench',
+    rootfs,
+    initBinary: '/bin/true',
+    cgroupsPath: `/dsec-bench/${process.pid}`,
+    hostIdBase: hostId,
+    idCount: 65_536,
+  }) as { process: { args: string[] }; mounts: { destination: string }[] };
+  // The peer runs `true` directly: no init, no exec channel.
+  config.process.args = ['/bin/true'];
+  config.mounts = config.mounts.filter((m) => m.destination !== '/dev/.dsec-init');
+  await writeFile(join(bundle, 'config.json'), JSON.stringify(config));
+  const runtimeRoot = join(dir, 'runtime');
+  return {
+    bundle,
+    runtimeRoot,
+    cleanup: async () => {
+      await unmount([rootfs], { detach: true });
+      await unmount([layerDir], { detach: true });
+    },
+  };
+}
+
+export async function describeMachine(): Promise<Record<string, unknown>> {
+  const os = await import('node:os');
+  const version = async (cmd: string, args: string[]) =>
+    (await execFileAsync(cmd, args).then(
+      (r) => r.stdout.split('\n')[0]?.trim(),
+      () => undefined,
+    )) ?? null;
+  return {
+    cpu: os.cpus()[0]?.model ?? 'unknown',
+    cores: os.cpus().length,
+    memoryGiB: Math.round(os.totalmem() / 2 ** 30),
+    kernel: os.release(),
+    node: process.version,
+    runc: await version('runc', ['--version']),
+    podman: await version('podman', ['--version']),
+  };
+}

@@ -1,0 +1,83 @@
+import { mkdtemp, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { Command } from 'commander';
+import { DsecError, parseLayerRef } from '@dsec/core';
+import type { LayerKind } from '@dsec/core';
+import { buildLayer, DirImageStore, makeBusyboxRootfs, makeDebianRootfs } from '@dsec/images';
+import { contextOf } from '../context.js';
+import { createProgress } from '../progress.js';
+import { imageCommand } from './image.js';
+
+interface BuildOptions {
+  fromDir?: string;
+  fromTar?: string;
+  fromBusybox?: boolean;
+  fromDebootstrap?: boolean;
+  kind: string;
+  split?: boolean;
+  packages?: string;
+}
+
+/**
+ * `dsec image build NAME[:VERSION]`: builds an EROFS layer into the image
+ * store under the state directory (no cluster needed; a running one sees it
+ * at once).
+ */
+export function register(program: Command): void {
+  imageCommand(program)
+    .command('build <ref>')
+    .description('build an image layer (EROFS) from a directory, a tarball, busybox or debootstrap')
+    .option('--from-dir <dir>', 'a directory tree')
+    .option('--from-tar <file>', 'a tarball (plain, .gz, .xz, .zst)')
+    .option('--from-busybox', "a minimal root filesystem from the host's static busybox")
+    .option('--from-debootstrap', 'Debian bookworm (minbase) from the Debian mirror')
+    .option('--packages <list>', 'with --from-debootstrap: comma-separated packages', 'python3')
+    .option('--kind <kind>', 'base, workspace or toolkit', 'base')
+    .option('--split', 'store metadata and data separately (data read on demand)')
+    .action(async (refText: string, opts: BuildOptions, command: Command) => {
+      const ctx = contextOf(command);
+      const ref = parseLayerRef(refText);
+      if (!ref) throw new DsecError('invalid_argument', `invalid image name ${JSON.stringify(refText)}`, { field: 'name' });
+      if (!['base', 'workspace', 'toolkit'].includes(opts.kind)) {
+        throw new DsecError('invalid_argument', `--kind must be base, workspace or toolkit`, { field: 'kind' });
+      }
+      const sources = [opts.fromDir, opts.fromTar, opts.fromBusybox, opts.fromDebootstrap].filter(Boolean);
+      if (sources.length !== 1) {
+        throw new DsecError('invalid_argument', 'give exactly one of --from-dir, --from-tar, --from-busybox, --from-debootstrap', {
+          field: 'from',
+        });
+      }
+      const store = new DirImageStore(join(ctx.options.stateDir, 'images'));
+      const progress = createProgress({ label: `building ${ref.name}:${ref.version}`, enabled: !ctx.json });
+      let scratch: string | undefined;
+      try {
+        let from: { dir: string } | { tar: string };
+        if (opts.fromTar) from = { tar: opts.fromTar };
+        else if (opts.fromDir) from = { dir: opts.fromDir };
+        else {
+          scratch = await mkdtemp(join(ctx.options.stateDir, 'rootfs-'));
+          if (opts.fromBusybox) await makeBusyboxRootfs(scratch);
+          else {
+            ctx.io.stderr.write('running debootstrap (a few minutes)…\n');
+            await makeDebianRootfs(scratch, { packages: (opts.packages ?? '').split(',').filter(Boolean), signal: ctx.signal });
+          }
+          from = { dir: scratch };
+        }
+        const layer = await buildLayer(store, {
+          name: ref.name,
+          version: ref.version,
+          kind: opts.kind as LayerKind,
+          from,
+          split: opts.split === true,
+          source: opts.fromBusybox ? 'busybox' : opts.fromDebootstrap ? 'debootstrap' : undefined,
+          signal: ctx.signal,
+          onProgress: (p) => progress.update(p.done ?? 0),
+        });
+        progress.done();
+        if (ctx.json) ctx.out(JSON.stringify(layer));
+        else ctx.out(`${layer.name}:${layer.version} ${layer.digest} (${layer.fileCount} files, ${layer.sizeBytes} bytes)`);
+      } finally {
+        if (scratch) await rm(scratch, { recursive: true, force: true });
+      }
+    });
+}

@@ -1,0 +1,49 @@
+import type { Command } from 'commander';
+import { contextOf } from '../context.js';
+import { parseRole } from '../parse.js';
+
+/** `dsec key create|rm`. */
+export function register(program: Command): void {
+  const key = program.command('key').description('API keys');
+
+  key
+    .command('create')
+    .description('create an API key and print it (it is shown only once)')
+    .requiredOption('--project <id>', 'project the key acts for')
+    .option('--role <role>', 'member or admin (default member)', parseRole)
+    .option('--name <name>', 'a note to recognise the key by')
+    .action(
+      async (
+        opts: { project: string; role?: 'admin' | 'member'; name?: string },
+        command: Command,
+      ) => {
+        const ctx = contextOf(command);
+        const created = await ctx.client().createKey({
+          projectId: opts.project,
+          role: opts.role,
+          name: opts.name,
+          signal: ctx.signal,
+        });
+        if (ctx.json) {
+          ctx.printJson(created);
+          return;
+        }
+        // The secret alone on stdout so `KEY=$(dsec key create ...)` works.
+        ctx.out(created.key);
+        ctx.err(
+          `key ${created.id} (${created.role} of ${created.projectId}); store it now, it is not shown again`,
+        );
+      },
+    );
+
+  key
+    .command('rm')
+    .description('revoke an API key')
+    .argument('<id>', 'key ID (not the secret)')
+    .action(async (id: string, _opts: unknown, command: Command) => {
+      const ctx = contextOf(command);
+      await ctx.client().deleteKey(id, { signal: ctx.signal });
+      if (ctx.json) ctx.printJson({ removed: [id] });
+      else ctx.out(id);
+    });
+}

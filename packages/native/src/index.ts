@@ -1,0 +1,196 @@
+/**
+ * @dsec/native — the host operations Node cannot do itself, done by two small
+ * C programs built at install time (`make` in this package):
+ *
+ * - `dsec-helper`: file-backed EROFS mounts, the overlay root filesystem over
+ *   idmapped layers, and `chronus`, the per-sandbox command daemon that runs
+ *   commands inside a sandbox's namespaces while staying out of its reach.
+ * - `dsec-init`: PID 1 of every container sandbox (bind-mount {@link initPath}).
+ *
+ * @example
+ * ```ts
+ * import { mountErofs, mountRootfs, startChronus, unmount } from '@dsec/native';
+ * import { ChronusConnection } from '@dsec/native';
+ * await mountErofs('/layers/base.erofs', '/mnt/base');
+ * await mountRootfs({ target: '/sb/1/root', upper: '/sb/1/up', work: '/sb/1/wk',
+ *   lowers: ['/mnt/base'], idmap: { hostId: 100000, size: 65536 } });
+ * // … start the container (runc) with dsec-init as PID 1, then:
+ * await startChronus({ socketPath: '/run/dsec/1.sock', initPid, shellPath: '/bin/busybox',
+ *   cgroupDirs: [], seccompProfile, capabilities: ['CAP_CHOWN'], noNewPrivs: true });
+ * const conn = await ChronusConnection.connect('/run/dsec/1.sock');
+ * const cmd = conn.spawn({ argv: ['sh', '-c', 'echo hi'], shell: true });
+ * cmd.onStdout((b) => process.stdout.write(b));
+ * const { exitCode } = await cmd.exited;
+ * conn.close();
+ * await unmount(['/sb/1/root', '/mnt/base']);
+ * ```
+ */
+import { spawn } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { rm, writeFile } from 'node:fs/promises';
+import { fileURLToPath } from 'node:url';
+
+import { DsecError, throwIfAborted } from '@dsec/core';
+
+export { ChronusConnection, CommandHandle } from './chronus-client.js';
+export type { CommandExit, SpawnRequest } from './chronus-client.js';
+
+function builtFile(name: string): string {
+  const path = fileURLToPath(new URL(`../build/${name}`, import.meta.url));
+  if (!existsSync(path)) throw new Error('native helpers not built: run `npm install`');
+  return path;
+}
+
+/** Absolute path of the `dsec-helper` binary; throws if it was not built. */
+export function helperPath(): string {
+  return builtFile('dsec-helper');
+}
+
+/** Absolute path of the static `dsec-init` binary (PID 1 of sandboxes); throws if it was not built. */
+export function initPath(): string {
+  return builtFile('dsec-init');
+}
+
+/** Runs `dsec-helper ARGS` to completion; rejects with its one-line error. */
+function runHelper(args: string[]): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(helperPath(), args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
+    child.on('error', (err) => reject(new DsecError('internal', `dsec-helper ${args[0]}: ${err.message}`, { cause: err })));
+    child.on('close', (code, signal) => {
+      if (code === 0) resolve();
+      else {
+        const why = stderr.trim() || `dsec-helper ${args[0]} exited with ${signal ?? code}`;
+        reject(new DsecError('internal', why, { details: { exitCode: code } }));
+      }
+    });
+  });
+}
+
+/**
+ * Helper runs take milliseconds and undo their own partial work on failure,
+ * so they are never killed halfway; a cancelled mount is undone afterwards.
+ */
+async function mountCancellable(args: string[], target: string, signal: AbortSignal | undefined): Promise<void> {
+  throwIfAborted(signal);
+  await runHelper(args);
+  if (signal?.aborted) {
+    await runHelper(['umount', '--detach', target]).catch(() => undefined);
+    throwIfAborted(signal);
+  }
+}
+
+/** Mounts an EROFS image file read-only (no loop device); `blobDevice` is the data blob of a split layer. */
+export async function mountErofs(
+  image: string,
+  target: string,
+  options: { blobDevice?: string; signal?: AbortSignal } = {},
+): Promise<void> {
+  const args = ['mount-erofs', image, target];
+  if (options.blobDevice !== undefined) args.push('--device', options.blobDevice);
+  await mountCancellable(args, target, options.signal);
+}
+
+/** Unmounts each target; targets that are not mounted or do not exist are fine. */
+export async function unmount(targets: string[], options: { detach?: boolean; signal?: AbortSignal } = {}): Promise<void> {
+  throwIfAborted(options.signal);
+  if (targets.length === 0) return;
+  await runHelper(['umount', ...(options.detach ? ['--detach'] : []), ...targets]);
+}
+
+export interface MountRootfsOptions {
+  target: string;
+  upper: string;
+  work: string;
+  /** Lower layers, top (highest priority) first. */
+  lowers: string[];
+  /** Map layer uid/gid 0..size-1 to hostId.. through idmapped lower mounts. */
+  idmap?: { hostId: number; size: number };
+  signal?: AbortSignal;
+}
+
+/**
+ * Mounts the sandbox root overlay. With `idmap` the lowers are idmapped clones;
+ * those staging mounts are detached right after the overlay is mounted (the
+ * overlay keeps its own clones), so unmounting `target` is the only cleanup.
+ */
+export async function mountRootfs(options: MountRootfsOptions): Promise<void> {
+  const args = ['mount-rootfs', '--target', options.target, '--upper', options.upper, '--work', options.work];
+  if (options.idmap) args.push('--idmap', `${options.idmap.hostId}:${options.idmap.size}`);
+  for (const lower of options.lowers) args.push('--lower', lower);
+  await mountCancellable(args, options.target, options.signal);
+}
+
+export interface ChronusOptions {
+  /** Host path of the daemon's unix socket, in a root-only directory. */
+  socketPath: string;
+  /** Host pid of the sandbox's PID 1: the daemon joins its namespaces and exits when it dies. */
+  initPid: number;
+  /** Host path of a static shell (busybox) that SHELL commands run from a sealed copy. */
+  shellPath: string;
+  /** cgroup directories (one per v1 hierarchy, or the v2 leaf) the daemon and its commands join. */
+  cgroupDirs: string[];
+  /** Seccomp profile in the line format (`default errno 1`, `allow read`, …); '' loads none. */
+  seccompProfile: string;
+  /** Capabilities commands may hold, e.g. `CAP_CHOWN`. */
+  capabilities: string[];
+  noNewPrivs: boolean;
+  signal?: AbortSignal;
+}
+
+/**
+ * Starts the sandbox's command daemon, detached: it outlives this Node process
+ * (an edge restart must not kill it) and exits by itself when the sandbox's
+ * init dies. Resolves once it listens on `socketPath`.
+ */
+export async function startChronus(options: ChronusOptions): Promise<{ pid: number }> {
+  throwIfAborted(options.signal);
+  const args = ['chronus', '--sock', options.socketPath, '--pid', String(options.initPid), '--shell', options.shellPath];
+  for (const dir of options.cgroupDirs) args.push('--cgroup', dir);
+  args.push('--caps', options.capabilities.join(','));
+  if (options.noNewPrivs) args.push('--no-new-privs');
+  const profilePath = `${options.socketPath}.seccomp`;
+  if (options.seccompProfile !== '') {
+    await writeFile(profilePath, options.seccompProfile, { mode: 0o600 });
+    args.push('--seccomp', profilePath);
+  }
+  try {
+    return await spawnDaemon(args, options.signal);
+  } finally {
+    await rm(profilePath, { force: true }); // read before `ready`; the daemon cannot see it afterwards
+  }
+}
+
+function spawnDaemon(args: string[], signal: AbortSignal | undefined): Promise<{ pid: number }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(helperPath(), args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    let settled = false;
+    const finish = (err: DsecError | null): void => {
+      if (settled) return;
+      settled = true;
+      signal?.removeEventListener('abort', onAbort);
+      child.stdout.destroy();
+      child.stderr.destroy();
+      child.unref();
+      if (err) {
+        if (child.pid !== undefined && child.exitCode === null) process.kill(child.pid, 'SIGKILL');
+        reject(err);
+      } else resolve({ pid: child.pid ?? 0 });
+    };
+    const onAbort = (): void => finish(new DsecError('aborted', 'startChronus aborted', { cause: signal?.reason }));
+    signal?.addEventListener('abort', onAbort, { once: true });
+    child.stdout.setEncoding('utf8').on('data', (s: string) => {
+      stdout += s;
+      if (stdout.includes('ready\n')) finish(null);
+    });
+    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
+    child.on('error', (err) => finish(new DsecError('internal', `chronus: ${err.message}`, { cause: err })));
+    child.on('close', (code, sig) => {
+      const why = stderr.trim() || `chronus exited with ${sig ?? code} before it was ready`;
+      finish(new DsecError('internal', why, { details: { exitCode: code } }));
+    });
+  });
+}

@@ -1,0 +1,438 @@
+/*
+ * The per-command reaper and the command's own setup before exec.
+ *
+ * The reaper runs inside the sandbox's pid namespace as a session leader and
+ * child subreaper: orphans of the command re-parent to it, so it can find
+ * and kill the whole tree, even processes that called setsid() or
+ * double-forked. It reports STARTED / SPAWN_ERROR / EXIT to the daemon over
+ * a SOCK_SEQPACKET pair; those messages are already in the client's frame
+ * payload format (prefixed by the frame type byte).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "chronus.h"
+#include "util.h"
+
+/* Fixed fd layout inside the reaper; 0-2 are the command's stdio. */
+enum { FD_CTL = 3, FD_SHELL = 4 };
+
+/* Write end of the CLOEXEC pipe that carries a failure from before exec. */
+static int err_pipe_w = -1;
+
+#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#define MAX_GROUPS 64
+
+/* ---- messages to the daemon ---- */
+
+static void send_msg(const void *msg, size_t len)
+{
+    (void)!send(FD_CTL, msg, len, MSG_NOSIGNAL);
+}
+
+static void send_spawn_error(int err, const char *text)
+{
+    unsigned char m[REAPER_MSG_MAX] = { F_SPAWN_ERROR };
+    size_t n = strnlen(text, sizeof m - 5);
+    put_u32(m + 1, (uint32_t)err);
+    memcpy(m + 5, text, n);
+    send_msg(m, 5 + n);
+}
+
+static void send_exit(int status, const struct rusage *ru)
+{
+    unsigned char m[1 + EXIT_PAYLOAD] = { F_EXIT };
+    put_u32(m + 1, (uint32_t)status);
+    put_u64(m + 5, (uint64_t)ru->ru_utime.tv_sec * 1000000 + (uint64_t)ru->ru_utime.tv_usec);
+    put_u64(m + 13, (uint64_t)ru->ru_stime.tv_sec * 1000000 + (uint64_t)ru->ru_stime.tv_usec);
+    put_u64(m + 21, (uint64_t)ru->ru_maxrss);
+    send_msg(m, sizeof m);
+}
+
+/* ---- the command (runs in the reaper's child until exec) ---- */
+
+/* Reports a setup failure through the CLOEXEC error pipe and exits. */
+static _Noreturn void child_fail(int err, const char *fmt, const char *arg)
+{
+    struct {
+        int err;
+        char text[REAPER_MSG_MAX - 8];
+    } msg = { .err = err };
+    snprintf(msg.text, sizeof msg.text, fmt, arg);
+    (void)!write(err_pipe_w, &msg, sizeof msg.err + strlen(msg.text));
+    _exit(127);
+}
+
+/*
+ * Reads a small regular file of the sandbox (its /etc/passwd or /etc/group).
+ * Never getpwnam(): NSS would load libraries from the sandbox into a
+ * process that still holds the daemon's privileges.
+ */
+static char *read_small_file(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode) || sb.st_size > (4 << 20)) {
+        if (fd >= 0)
+            close(fd);
+        return NULL;
+    }
+    char *text = malloc((size_t)sb.st_size + 1);
+    ssize_t n = text ? read(fd, text, (size_t)sb.st_size) : -1;
+    close(fd);
+    if (n < 0) {
+        free(text);
+        return NULL;
+    }
+    text[n] = 0;
+    return text;
+}
+
+/* Splits a colon-separated line into at most `max` fields in place; returns the count. */
+static int split_fields(char *line, char **fields, int max)
+{
+    int n = 0;
+    fields[n++] = line;
+    for (char *p = line; *p && n < max; p++) {
+        if (*p == ':') {
+            *p = 0;
+            fields[n++] = p + 1;
+        }
+    }
+    return n;
+}
+
+struct identity {
+    uid_t uid;
+    gid_t gid;
+    const char *name; /* NULL when unknown */
+    const char *home; /* NULL when unknown */
+    gid_t groups[MAX_GROUPS];
+    int ngroups;
+};
+
+/* Finds the passwd entry by name (or by uid when name is NULL); fills id. */
+static int lookup_passwd(const char *name, uid_t uid, struct identity *id)
+{
+    char *text = read_small_file("/etc/passwd"), *save = NULL;
+    if (!text)
+        return 0;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *f[7];
+        uint64_t u, g;
+        if (split_fields(line, f, 7) < 7 || parse_u64(f[2], UINT32_MAX - 1, &u) ||
+            parse_u64(f[3], UINT32_MAX - 1, &g))
+            continue;
+        if (name ? strcmp(f[0], name) == 0 : u == uid) {
+            id->uid = (uid_t)u;
+            id->gid = (gid_t)g;
+            id->name = f[0];
+            id->home = f[5];
+            return 1; /* `text` stays allocated: id points into it */
+        }
+    }
+    free(text);
+    return 0;
+}
+
+/* Supplementary groups: every /etc/group entry listing the user, plus the primary group. */
+static void lookup_groups(struct identity *id)
+{
+    id->groups[id->ngroups++] = id->gid;
+    char *text = id->name ? read_small_file("/etc/group") : NULL, *save = NULL;
+    if (!text)
+        return;
+    for (char *line = strtok_r(text, "\n", &save); line && id->ngroups < MAX_GROUPS;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *f[4], *msave = NULL;
+        uint64_t g;
+        if (split_fields(line, f, 4) < 4 || parse_u64(f[2], UINT32_MAX - 1, &g) || g == id->gid)
+            continue;
+        for (char *mem = strtok_r(f[3], ",", &msave); mem; mem = strtok_r(NULL, ",", &msave)) {
+            if (strcmp(mem, id->name) == 0) {
+                id->groups[id->ngroups++] = (gid_t)g;
+                break;
+            }
+        }
+    }
+    free(text);
+}
+
+static void resolve_identity(const struct spawn_request *req, struct identity *id)
+{
+    *id = (struct identity){ .uid = req->uid, .gid = req->gid };
+    uint64_t num;
+    if (!req->user[0]) {
+        struct identity found = *id;
+        if (lookup_passwd(NULL, req->uid, &found)) { /* only for HOME/USER/cwd defaults */
+            id->name = found.name;
+            id->home = found.home;
+        }
+    } else if (!parse_u64(req->user, UINT32_MAX - 1, &num)) {
+        id->uid = id->gid = (uid_t)num;
+        lookup_passwd(NULL, id->uid, id);
+    } else if (!lookup_passwd(req->user, 0, id)) {
+        child_fail(ENOENT, "unknown user %s", req->user);
+    }
+    lookup_groups(id);
+}
+
+static void switch_identity(const struct identity *id)
+{
+    /* setgroups is refused where the sandbox's user namespace denies it; then groups stay empty. */
+    if (setgroups((size_t)id->ngroups, id->groups) < 0 && errno != EPERM)
+        child_fail(errno, "setgroups%s", "");
+    if (setresgid(id->gid, id->gid, id->gid) < 0)
+        child_fail(errno, "setgid %s", id->name ? id->name : "");
+    if (setresuid(id->uid, id->uid, id->uid) < 0)
+        child_fail(errno, "setuid %s", id->name ? id->name : "");
+}
+
+static int env_has(char **envp, const char *key)
+{
+    size_t n = strlen(key);
+    for (; *envp; envp++)
+        if (strncmp(*envp, key, n) == 0 && (*envp)[n] == '=')
+            return 1;
+    return 0;
+}
+
+/* The client's environment plus HOME and USER from passwd where missing. */
+static char **build_env(char **envp, const struct identity *id)
+{
+    size_t n = 0;
+    while (envp[n])
+        n++;
+    char **env = calloc(n + 3, sizeof *env);
+    if (!env)
+        child_fail(ENOMEM, "environment%s", "");
+    memcpy(env, envp, n * sizeof *env);
+    if (id->home && !env_has(envp, "HOME") && asprintf(&env[n], "HOME=%s", id->home) > 0)
+        n++;
+    if (id->name && !env_has(envp, "USER") && asprintf(&env[n], "USER=%s", id->name) > 0)
+        n++;
+    return env;
+}
+
+/* execvpe() with the PATH taken from the command's environment, not ours. */
+static _Noreturn void exec_path(char **argv, char **env)
+{
+    const char *file = argv[0];
+    if (strchr(file, '/')) {
+        execve(file, argv, env);
+        child_fail(errno, "exec %s", file);
+    }
+    const char *path = DEFAULT_PATH;
+    for (char **e = env; *e; e++)
+        if (strncmp(*e, "PATH=", 5) == 0)
+            path = *e + 5;
+    int err = ENOENT;
+    char full[4096];
+    for (const char *dir = path;; dir++) {
+        const char *colon = strchrnul(dir, ':');
+        int len = (int)(colon - dir);
+        if (snprintf(full, sizeof full, "%.*s%s%s", len, dir, len ? "/" : "", file) < (int)sizeof full) {
+            execve(full, argv, env);
+            if (errno == EACCES)
+                err = EACCES; /* remembered, as execvp does; keep searching */
+            else if (errno != ENOENT && errno != ENOTDIR)
+                child_fail(errno, "exec %s", full);
+        }
+        if (!*colon)
+            break;
+        dir = colon;
+    }
+    child_fail(err, "exec %s", file);
+}
+
+static _Noreturn void run_command(const struct spawn_request *req)
+{
+    /* Undo what the daemon set for itself: ignored signals survive exec. */
+    for (int sig = 1; sig < NSIG; sig++)
+        signal(sig, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+
+    /* Its own process group (SIGNAL targets it); a pty also needs its own session. */
+    if (req->flags & SPAWN_PTY) {
+        if (setsid() < 0 || ioctl(0, TIOCSCTTY, 0) < 0)
+            child_fail(errno, "set controlling terminal%s", "");
+    } else if (setpgid(0, 0) < 0) {
+        child_fail(errno, "setpgid%s", "");
+    }
+
+    struct identity id;
+    resolve_identity(req, &id);
+    switch_identity(&id);
+    /* An explicit cwd must exist; a home that does not falls back to "/", as login does. */
+    const char *cwd = req->cwd[0] ? req->cwd : id.home && id.home[0] ? id.home : "/";
+    if (chdir(cwd) < 0 && (req->cwd[0] || chdir("/") < 0))
+        child_fail(errno, "chdir %s", cwd);
+    char **env = build_env(req->envp, &id);
+    if (req->flags & SPAWN_SHELL) {
+        fexecve(FD_SHELL, req->argv, env);
+        child_fail(errno, "exec platform shell%s", "");
+    }
+    exec_path(req->argv, env);
+}
+
+/* ---- the reaper ---- */
+
+/* Moves the channels to the fixed layout and closes every other inherited fd. */
+static void arrange_fds(const struct spawn_request *req, const struct reaper_fds *f)
+{
+    int empty[2] = { -1, -1 };
+    if (f->stdin_r < 0 && pipe2(empty, O_CLOEXEC) < 0) /* stdin at EOF, without trusting the sandbox's /dev/null */
+        _exit(1);
+    int src[5] = { f->stdin_r >= 0 ? f->stdin_r : empty[0], f->stdout_w, f->stderr_w, f->ctl,
+                   req->flags & SPAWN_SHELL ? f->shell_memfd : -1 };
+    int tmp[5];
+    for (int i = 0; i < 5; i++) /* above the targets first, so no dup2 below clobbers a source */
+        if ((tmp[i] = src[i] < 0 ? -1 : fcntl(src[i], F_DUPFD_CLOEXEC, 10)) < 0 && src[i] >= 0)
+            _exit(1);
+    for (int i = 0; i < 5; i++) {
+        if (tmp[i] < 0)
+            close(i); /* e.g. fd 4 without SHELL: whatever was there must not stay */
+        else if (dup3(tmp[i], i, i <= 2 ? 0 : O_CLOEXEC) < 0)
+            _exit(1);
+    }
+    syscall(SYS_close_range, FD_SHELL + 1, ~0u, 0);
+}
+
+/* SIGKILLs the command's group, then every child (orphans land here) until none is left. */
+static void kill_tree(pid_t main, int *main_status, struct rusage *main_ru)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)syscall(SYS_gettid));
+    kill(-main, SIGKILL);
+    for (;;) {
+        FILE *f = fopen(path, "re");
+        long pid;
+        while (f && fscanf(f, "%ld", &pid) == 1)
+            kill((pid_t)pid, SIGKILL);
+        if (f)
+            fclose(f);
+        int st;
+        struct rusage ru;
+        pid_t w = wait4(-1, &st, 0, &ru);
+        if (w < 0 && errno == ECHILD)
+            return;
+        if (w == main) {
+            *main_status = st;
+            *main_ru = ru;
+        }
+    }
+}
+
+/* Starts the command; returns its pid, or exits after reporting SPAWN_ERROR. */
+static pid_t start_command(const struct spawn_request *req)
+{
+    int ep[2];
+    if (pipe2(ep, O_CLOEXEC) < 0) {
+        send_spawn_error(errno, "error pipe");
+        _exit(1);
+    }
+    err_pipe_w = ep[1];
+    pid_t pid = fork();
+    if (pid == 0)
+        run_command(req);
+    int fork_err = errno;
+    close(ep[1]);
+    /* Only the command holds its stdio now, so the daemon sees EOF when it is done. */
+    syscall(SYS_close_range, 0, 2, 0);
+    if (pid < 0) {
+        send_spawn_error(fork_err, "fork");
+        _exit(1);
+    }
+    struct {
+        int err;
+        char text[REAPER_MSG_MAX - 8];
+    } msg = { 0 };
+    ssize_t n = read(ep[0], &msg, sizeof msg - 1);
+    close(ep[0]);
+    if (n > 0) { /* exec did not happen: report the errno, not an exit code */
+        waitpid(pid, NULL, 0);
+        send_spawn_error(msg.err, msg.text);
+        _exit(0);
+    }
+    unsigned char started[5] = { F_STARTED };
+    put_u32(started + 1, (uint32_t)pid);
+    send_msg(started, sizeof started);
+    return pid;
+}
+
+_Noreturn void reaper_main(const struct spawn_request *req, const struct reaper_fds *fds)
+{
+    signal(SIGCHLD, SIG_DFL); /* the daemon ignores it; we need wait statuses */
+    /* Visible inside the sandbox: show no host paths. */
+    set_process_title("dsec-reaper");
+    prctl(PR_SET_NAME, "dsec-reaper", 0, 0, 0);
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    setsid();
+    arrange_fds(req, fds);
+
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    pid_t main = start_command(req);
+    int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+
+    int status = 0, done = 0, killing = 0;
+    struct rusage ru = { 0 };
+    struct pollfd p[2] = { { .fd = sfd, .events = POLLIN }, { .fd = FD_CTL, .events = POLLIN } };
+    while (!done && !killing) {
+        if (poll(p, 2, -1) < 0 && errno != EINTR)
+            break;
+        struct signalfd_siginfo si;
+        while (read(sfd, &si, sizeof si) > 0)
+            ;
+        int st;
+        struct rusage r;
+        pid_t w;
+        while ((w = wait4(-1, &st, WNOHANG, &r)) > 0) {
+            if (w == main) {
+                status = st;
+                ru = r;
+                done = 1;
+            }
+        }
+        if (!(p[1].revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        unsigned char msg[8];
+        ssize_t n = recv(FD_CTL, msg, sizeof msg, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+            /* The daemon is gone, or dropped the client: a detached command lives on. */
+            if (req->flags & SPAWN_DETACHED)
+                p[1].fd = -1;
+            else
+                killing = 1;
+        } else if (n == 5 && msg[0] == F_SIGNAL) {
+            kill(-main, (int)get_u32(msg + 1));
+        } else if (n >= 1 && msg[0] == F_KILL_TREE) {
+            killing = 1;
+        }
+    }
+    if (killing)
+        kill_tree(main, &status, &ru);
+    send_exit(status, &ru);
+    _exit(0);
+}
