@@ -29,7 +29,12 @@
 export { buildApiServer, API_VERSION, BODY_LIMIT_BYTES } from './server.js';
 export type { ApiServerOptions } from './server.js';
 export { SandboxService } from './sandbox-service.js';
-export type { EdgeDirectory, FleetSource, OpenSandbox, SandboxServiceDeps } from './sandbox-service.js';
+export type {
+  EdgeDirectory,
+  FleetSource,
+  OpenSandbox,
+  SandboxServiceDeps,
+} from './sandbox-service.js';
 export { ApiMetrics } from './metrics.js';
 export { toHttpError } from './errors.js';
 export * as schemas from './schemas.js';

@@ -94,7 +94,11 @@ export class SandboxService {
    * answer is skipped (and reported through `onWarning`) rather than failing
    * the whole listing.
    */
-  async list(principal: Principal, projectId: string | undefined, signal?: AbortSignal): Promise<SandboxInfo[]> {
+  async list(
+    principal: Principal,
+    projectId: string | undefined,
+    signal?: AbortSignal,
+  ): Promise<SandboxInfo[]> {
     const root = projectId ?? principal.projectId;
     this.#requireProject(principal, root);
     const projectIds = this.#d.iam.subtreeIds(root);
@@ -103,7 +107,8 @@ export class SandboxService {
     const edgeIds = new Set(viewed.filter((e) => e.healthy).map((e) => e.edgeId));
     // Edges configured but not yet probed are asked too, so a fresh apiserver does not list nothing.
     if (this.#d.edges instanceof Map) {
-      for (const id of this.#d.edges.keys()) if (!viewed.some((e) => e.edgeId === id)) edgeIds.add(id);
+      for (const id of this.#d.edges.keys())
+        if (!viewed.some((e) => e.edgeId === id)) edgeIds.add(id);
     }
     const results = await Promise.allSettled(
       [...edgeIds].map(async (edgeId) => {
@@ -114,7 +119,8 @@ export class SandboxService {
     const out: SandboxInfo[] = [];
     results.forEach((r, i) => {
       if (r.status === 'fulfilled') out.push(...r.value.filter((s) => allowed.has(s.projectId)));
-      else this.#warn('listing an edge failed', { edgeId: [...edgeIds][i], error: String(r.reason) });
+      else
+        this.#warn('listing an edge failed', { edgeId: [...edgeIds][i], error: String(r.reason) });
     });
     return out.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id));
   }
@@ -150,12 +156,21 @@ export class SandboxService {
   }
 
   /** Runs a command in a sandbox the caller may use. */
-  async run(principal: Principal, id: string, command: CommandSpec, options: RunCommandOptions = {}): Promise<CommandResult> {
+  async run(
+    principal: Principal,
+    id: string,
+    command: CommandSpec,
+    options: RunCommandOptions = {},
+  ): Promise<CommandResult> {
     return this.runIn(await this.open(principal, id, options.signal), command, options);
   }
 
   /** Runs a command in an already opened sandbox (streaming routes open first, to answer 404 before streaming). */
-  runIn(sandbox: OpenSandbox, command: CommandSpec, options: RunCommandOptions = {}): Promise<CommandResult> {
+  runIn(
+    sandbox: OpenSandbox,
+    command: CommandSpec,
+    options: RunCommandOptions = {},
+  ): Promise<CommandResult> {
     return sandbox.edge.runCommand(sandbox.info.id, command, options);
   }
 
@@ -171,9 +186,13 @@ export class SandboxService {
     const claim = iam.claimRequest(projectId, requestId, holder);
     if (claim.state === 'done') return this.#load(claim.sandboxId, signal);
     if (claim.state === 'pending') {
-      throw new DsecError('conflict', 'a create with this requestId is still in progress; retry later', {
-        field: 'requestId',
-      });
+      throw new DsecError(
+        'conflict',
+        'a create with this requestId is still in progress; retry later',
+        {
+          field: 'requestId',
+        },
+      );
     }
     try {
       return await this.#place(principal, projectId, spec, holder, requestId, signal);
@@ -193,9 +212,14 @@ export class SandboxService {
   ): Promise<SandboxInfo> {
     const { iam, placer, ids, metrics } = this.#d;
     try {
-      iam.reserve(projectId, { memoryMb: spec.memoryLimitMb, cpuCores: spec.cpuCoresLimit }, holder, {
-        actorKeyId: principal.keyId,
-      });
+      iam.reserve(
+        projectId,
+        { memoryMb: spec.memoryLimitMb, cpuCores: spec.cpuCoresLimit },
+        holder,
+        {
+          actorKeyId: principal.keyId,
+        },
+      );
     } catch (err) {
       metrics.sandboxCreateFailures.inc({ code: toDsecError(err).code });
       throw err;
@@ -209,7 +233,10 @@ export class SandboxService {
         const edge = this.#edge(edgeId);
         if (!edge) {
           exclude.add(edgeId);
-          refusal = new DsecError('unavailable', `edge ${edgeId} is not reachable from this apiserver`);
+          refusal = new DsecError(
+            'unavailable',
+            `edge ${edgeId} is not reachable from this apiserver`,
+          );
           continue;
         }
         const id = ids.mint(edgeId);
@@ -228,7 +255,11 @@ export class SandboxService {
           throw e;
         }
         try {
-          iam.bindReservation(holder, info.id, { expiresAt: info.expiresAt, requestId, actorKeyId: principal.keyId });
+          iam.bindReservation(holder, info.id, {
+            expiresAt: info.expiresAt,
+            requestId,
+            actorKeyId: principal.keyId,
+          });
         } catch (err) {
           this.#rollback(edge, info.id);
           throw err;
@@ -254,7 +285,11 @@ export class SandboxService {
   #rollback(edge: EdgeApi, id: string): void {
     edge.stopSandbox(id).catch((err: unknown) => {
       if (toDsecError(err).code !== 'sandbox_not_found') {
-        this.#warn('rolling back a failed create failed', { sandboxId: id, edgeId: edge.edgeId, error: String(err) });
+        this.#warn('rolling back a failed create failed', {
+          sandboxId: id,
+          edgeId: edge.edgeId,
+          error: String(err),
+        });
       }
     });
   }
@@ -262,7 +297,9 @@ export class SandboxService {
   #requireProject(principal: Principal, projectId: string): void {
     if (!this.#d.iam.canAccess(principal, projectId)) {
       this.#d.iam.audit(principal.keyId, 'project.access', projectId, 'denied');
-      throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`, { field: 'projectId' });
+      throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`, {
+        field: 'projectId',
+      });
     }
   }
 

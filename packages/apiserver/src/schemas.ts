@@ -17,20 +17,33 @@ const text = (max: number) => z.string().max(max).refine(noNul, 'must not contai
 const layerRef = z
   .string()
   .max(300)
-  .refine((s) => parseLayerRef(s) !== undefined, 'must be a layer reference `name` or `name:version`');
+  .refine(
+    (s) => parseLayerRef(s) !== undefined,
+    'must be a layer reference `name` or `name:version`',
+  );
 const userName = z
   .string()
   .regex(/^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,10})$/, 'must be a user name or a numeric uid');
 /** IDs are opaque to the API layer; IAM and the edges decide whether they exist. */
-const opaqueId = z.string().min(1).max(128).regex(/^[A-Za-z0-9._:-]+$/, 'must be an ID');
+const opaqueId = z
+  .string()
+  .min(1)
+  .max(128)
+  .regex(/^[A-Za-z0-9._:-]+$/, 'must be an ID');
 const boundedRecord = <T extends z.ZodTypeAny>(key: z.ZodString, value: T, maxEntries: number) =>
-  z.record(key, value).refine((r) => Object.keys(r).length <= maxEntries, `at most ${maxEntries} entries`);
+  z
+    .record(key, value)
+    .refine((r) => Object.keys(r).length <= maxEntries, `at most ${maxEntries} entries`);
 const envMap = boundedRecord(
   z.string().regex(/^[A-Za-z_][A-Za-z0-9_]{0,255}$/, 'must be an environment variable name'),
   text(32 * KIB),
   256,
 );
-const labelMap = boundedRecord(z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$/, 'must be a label key'), text(256), 64);
+const labelMap = boundedRecord(
+  z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$/, 'must be a label key'),
+  text(256),
+  64,
+);
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
 
 export const CreateSandboxBody = z
@@ -43,12 +56,19 @@ export const CreateSandboxBody = z
     cpuCoresLimit: z.number().min(0.01).max(256).default(1),
     pidsLimit: int(16, 1_000_000).default(1024),
     ttlSeconds: int(1, 604_800).default(3600),
-    networkRules: boundedRecord(z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'must be a rule name'), z.boolean(), 64).default({}),
+    networkRules: boundedRecord(
+      z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'must be a rule name'),
+      z.boolean(),
+      64,
+    ).default({}),
     initUser: userName.default('root'),
     env: envMap.default({}),
     labels: labelMap.default({}),
     projectId: opaqueId.optional(),
-    requestId: z.string().regex(/^[A-Za-z0-9._:-]{1,128}$/, 'must be 1–128 chars of [A-Za-z0-9._:-]').optional(),
+    requestId: z
+      .string()
+      .regex(/^[A-Za-z0-9._:-]{1,128}$/, 'must be 1–128 chars of [A-Za-z0-9._:-]')
+      .optional(),
   })
   .strict();
 export type CreateSandboxInput = z.infer<typeof CreateSandboxBody>;
@@ -80,7 +100,9 @@ export const CommandBody = z
       .optional(),
     shell: text(MIB).optional(),
     env: envMap.optional(),
-    cwd: text(4096).refine((s) => s.length > 0, 'must not be empty').optional(),
+    cwd: text(4096)
+      .refine((s) => s.length > 0, 'must not be empty')
+      .optional(),
     user: userName.optional(),
     stdin: z.string().max(MIB).optional(),
     timeoutMs: int(1, 86_400_000).default(60_000),
@@ -89,14 +111,20 @@ export const CommandBody = z
   .strict()
   .superRefine((b, ctx) => {
     if ((b.argv === undefined) === (b.shell === undefined)) {
-      ctx.addIssue({ code: z.ZodIssueCode.custom, path: ['argv'], message: 'give exactly one of argv or shell' });
+      ctx.addIssue({
+        code: z.ZodIssueCode.custom,
+        path: ['argv'],
+        message: 'give exactly one of argv or shell',
+      });
     }
   });
 export type CommandInput = z.infer<typeof CommandBody>;
 
 export const ProjectBody = z
   .object({
-    name: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, 'must be 1–63 chars of [A-Za-z0-9._-]'),
+    name: z
+      .string()
+      .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, 'must be 1–63 chars of [A-Za-z0-9._-]'),
     parentId: opaqueId.optional(),
     quota: z
       .object({
@@ -124,7 +152,11 @@ export const IdParams = z.object({ id: z.string().max(256) }).strict();
  * Parses `value` or throws `invalid_argument` naming the first offending
  * field as a dotted path (`env.PATH`, `argv.0`, `quota.memoryMb`).
  */
-export function parse<S extends z.ZodTypeAny>(schema: S, value: unknown, what = 'request body'): z.output<S> {
+export function parse<S extends z.ZodTypeAny>(
+  schema: S,
+  value: unknown,
+  what = 'request body',
+): z.output<S> {
   const r = schema.safeParse(value);
   if (r.success) return r.data as z.output<S>;
   const issue = r.error.issues[0];

@@ -11,7 +11,10 @@ import type { TestApi } from './testing/index.js';
 
 type TestContext = { after: (fn: () => Promise<void> | void) => void };
 
-async function api(t: TestContext, options: Parameters<typeof createTestApi>[0] = {}): Promise<TestApi> {
+async function api(
+  t: TestContext,
+  options: Parameters<typeof createTestApi>[0] = {},
+): Promise<TestApi> {
   const a = await createTestApi(options);
   t.after(() => a.close());
   return a;
@@ -31,13 +34,22 @@ async function call(
     headers: { ...(key ? { authorization: `Bearer ${key}` } : {}), ...headers },
     ...(body === undefined ? {} : { payload: body as object }),
   });
-  const json = res.body && res.headers['content-type']?.toString().includes('json') ? res.json() : undefined;
+  const json =
+    res.body && res.headers['content-type']?.toString().includes('json') ? res.json() : undefined;
   return { status: res.statusCode, body: json, raw: res };
 }
 
 /** Creates a child project of root with an admin (or member) key; returns the raw key. */
-async function tenant(a: TestApi, name: string, quota?: Record<string, number>, role: 'admin' | 'member' = 'admin') {
-  const p = await call(a.app, 'POST', '/v1/projects', a.rootKey, { name, ...(quota ? { quota } : {}) });
+async function tenant(
+  a: TestApi,
+  name: string,
+  quota?: Record<string, number>,
+  role: 'admin' | 'member' = 'admin',
+) {
+  const p = await call(a.app, 'POST', '/v1/projects', a.rootKey, {
+    name,
+    ...(quota ? { quota } : {}),
+  });
   assert.equal(p.status, 201, JSON.stringify(p.body));
   const k = await call(a.app, 'POST', '/v1/keys', a.rootKey, { projectId: p.body.id, role });
   assert.equal(k.status, 201);
@@ -53,7 +65,10 @@ test('healthz, whoami and metrics', async (t) => {
   assert.equal(w.body.role, 'admin');
   const m = await a.app.inject({ method: 'GET', url: '/metrics' });
   assert.equal(m.statusCode, 200);
-  assert.match(m.body, /dsec_http_requests_total\{method="GET",route="\/v1\/whoami",status="200"\} 1/);
+  assert.match(
+    m.body,
+    /dsec_http_requests_total\{method="GET",route="\/v1\/whoami",status="200"\} 1/,
+  );
   const nf = await call(a.app, 'GET', '/nope', undefined);
   assert.equal(nf.status, 404);
   assert.equal(nf.body.error.code, 'not_found');
@@ -62,7 +77,11 @@ test('healthz, whoami and metrics', async (t) => {
 test('create, get, list, run, delete; TTL passes through; quota is released', async (t) => {
   const a = await api(t);
   const team = await tenant(a, 'team', { sandboxes: 1 });
-  const c = await call(a.app, 'POST', '/v1/sandboxes', team.key, { image: 'base:1', ttlSeconds: 120, env: { A: 'b' } });
+  const c = await call(a.app, 'POST', '/v1/sandboxes', team.key, {
+    image: 'base:1',
+    ttlSeconds: 120,
+    env: { A: 'b' },
+  });
   assert.equal(c.status, 201, JSON.stringify(c.body));
   const sb = c.body as SandboxInfo;
   assert.match(sb.id, /^sb-/);
@@ -84,7 +103,10 @@ test('create, get, list, run, delete; TTL passes through; quota is released', as
   const rootList = await call(a.app, 'GET', `/v1/sandboxes?projectId=${team.projectId}`, a.rootKey);
   assert.equal(rootList.body.sandboxes.length, 1);
 
-  const r = await call(a.app, 'POST', `/v1/sandboxes/${sb.id}/commands`, team.key, { argv: ['echo', 'hi'], stdin: 'in' });
+  const r = await call(a.app, 'POST', `/v1/sandboxes/${sb.id}/commands`, team.key, {
+    argv: ['echo', 'hi'],
+    stdin: 'in',
+  });
   assert.equal(r.status, 200, JSON.stringify(r.body));
   assert.equal(r.body.stdout, 'echo hi\n');
   assert.equal(r.body.stderr, 'in');
@@ -117,8 +139,14 @@ test('NDJSON streaming sends output chunks then the result', async (t) => {
   });
   assert.equal(res.statusCode, 200);
   assert.match(String(res.headers['content-type']), /application\/x-ndjson/);
-  const events = res.body.trim().split('\n').map((l) => JSON.parse(l) as { type: string; data?: string; result?: { stdout: string } });
-  const out = events.filter((e) => e.type === 'stdout').map((e) => Buffer.from(e.data!, 'base64').toString()).join('');
+  const events = res.body
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as { type: string; data?: string; result?: { stdout: string } });
+  const out = events
+    .filter((e) => e.type === 'stdout')
+    .map((e) => Buffer.from(e.data!, 'base64').toString())
+    .join('');
   assert.equal(out, 'echo streamed\n');
   assert.ok(events.filter((e) => e.type === 'stdout').length >= 2);
   assert.ok(events.some((e) => e.type === 'stderr'));
@@ -133,7 +161,10 @@ test('NDJSON streaming sends output chunks then the result', async (t) => {
     headers: { authorization: `Bearer ${a.rootKey}`, accept: 'application/x-ndjson' },
     payload: { argv: ['true'] },
   });
-  const last = JSON.parse(res2.body.trim().split('\n').at(-1)!) as { type: string; error: { code: string } };
+  const last = JSON.parse(res2.body.trim().split('\n').at(-1)!) as {
+    type: string;
+    error: { code: string };
+  };
   assert.deepEqual([last.type, last.error.code], ['error', 'sandbox_not_running']);
 });
 
@@ -173,9 +204,17 @@ test('validation errors are 4xx and name the field', async (t) => {
   ];
   for (const [url, body, field] of cases) {
     const r = await call(a.app, 'POST', url, a.rootKey, body);
-    assert.equal(r.status, 400, `${url} ${JSON.stringify(body).slice(0, 80)} → ${r.status} ${JSON.stringify(r.body)}`);
+    assert.equal(
+      r.status,
+      400,
+      `${url} ${JSON.stringify(body).slice(0, 80)} → ${r.status} ${JSON.stringify(r.body)}`,
+    );
     assert.equal(r.body.error.code, 'invalid_argument');
-    assert.equal(r.body.error.field, field, `${JSON.stringify(body).slice(0, 80)}: ${r.body.error.message}`);
+    assert.equal(
+      r.body.error.field,
+      field,
+      `${JSON.stringify(body).slice(0, 80)}: ${r.body.error.message}`,
+    );
   }
   const q = await call(a.app, 'GET', '/v1/sandboxes?projectId=a&projectId=b', a.rootKey);
   assert.equal(q.status, 400);
@@ -198,14 +237,22 @@ test('transport abuse: big, broken, deep or non-JSON bodies are 4xx', async (t) 
     ['[', 'application/json'],
     ['{"__proto__":{"x":1},"image":"base"}', 'application/json'],
     ['{"constructor":{"prototype":{"x":1}},"image":"base"}', 'application/json'],
-    ['[' .repeat(100_000) + ']'.repeat(100_000), 'application/json'],
+    ['['.repeat(100_000) + ']'.repeat(100_000), 'application/json'],
     ['image=base', 'application/x-www-form-urlencoded'],
     ['image: base', 'text/plain'],
     ['', 'application/json'],
   ];
   for (const [payload, type] of bodies) {
-    const r = await a.app.inject({ method: 'POST', url: '/v1/sandboxes', headers: { ...auth, 'content-type': type }, payload });
-    assert.ok(r.statusCode >= 400 && r.statusCode < 500, `${payload.slice(0, 30)} (${type}) → ${r.statusCode} ${r.body}`);
+    const r = await a.app.inject({
+      method: 'POST',
+      url: '/v1/sandboxes',
+      headers: { ...auth, 'content-type': type },
+      payload,
+    });
+    assert.ok(
+      r.statusCode >= 400 && r.statusCode < 500,
+      `${payload.slice(0, 30)} (${type}) → ${r.statusCode} ${r.body}`,
+    );
     assert.equal(r.json().error.code, 'invalid_argument');
   }
   // DELETE with a JSON content type and no body is fine.
@@ -225,7 +272,15 @@ test('forged, edited and unknown IDs are 404', async (t) => {
   const edited = id.slice(0, -2) + (id.at(-2) === 'A' ? 'B' : 'A') + id.at(-1);
   const unknownOnEdge = a.ids.mint('edge-a');
   const unknownEdge = a.ids.mint('edge-zz');
-  for (const bad of [edited, 'sb-AAAA', 'x', '..%2F..%2Fetc', 'sb-' + 'A'.repeat(250), unknownOnEdge, unknownEdge]) {
+  for (const bad of [
+    edited,
+    'sb-AAAA',
+    'x',
+    '..%2F..%2Fetc',
+    'sb-' + 'A'.repeat(250),
+    unknownOnEdge,
+    unknownEdge,
+  ]) {
     for (const [method, url, body] of [
       ['GET', `/v1/sandboxes/${bad}`, undefined],
       ['DELETE', `/v1/sandboxes/${bad}`, undefined],
@@ -242,7 +297,8 @@ test('tenant A cannot see, delete or exec in tenant B (404), nor create in B', a
   const a = await api(t);
   const A = await tenant(a, 'tenant-a', undefined, 'member');
   const B = await tenant(a, 'tenant-b', undefined, 'member');
-  const sb = (await call(a.app, 'POST', '/v1/sandboxes', B.key, { image: 'base' })).body as SandboxInfo;
+  const sb = (await call(a.app, 'POST', '/v1/sandboxes', B.key, { image: 'base' }))
+    .body as SandboxInfo;
   for (const [method, url, body] of [
     ['GET', `/v1/sandboxes/${sb.id}`, undefined],
     ['DELETE', `/v1/sandboxes/${sb.id}`, undefined],
@@ -262,7 +318,10 @@ test('tenant A cannot see, delete or exec in tenant B (404), nor create in B', a
   assert.equal((await call(a.app, 'GET', '/v1/sandboxes', A.key)).body.sandboxes.length, 0);
   const listB = await call(a.app, 'GET', `/v1/sandboxes?projectId=${B.projectId}`, A.key);
   assert.equal(listB.status, 404);
-  const createInB = await call(a.app, 'POST', '/v1/sandboxes', A.key, { image: 'base', projectId: B.projectId });
+  const createInB = await call(a.app, 'POST', '/v1/sandboxes', A.key, {
+    image: 'base',
+    projectId: B.projectId,
+  });
   assert.equal(createInB.status, 404);
   assert.equal(createInB.body.error.field, 'projectId');
   const keyInB = await call(a.app, 'POST', '/v1/keys', A.key, { projectId: B.projectId });
@@ -278,7 +337,12 @@ test('tenant A cannot see, delete or exec in tenant B (404), nor create in B', a
 test('missing, malformed, unknown and revoked keys are 401', async (t) => {
   const a = await api(t);
   const team = await tenant(a, 'team', undefined, 'member');
-  const revoke = await call(a.app, 'DELETE', `/v1/keys/${(await call(a.app, 'GET', '/v1/whoami', team.key)).body.keyId}`, a.rootKey);
+  const revoke = await call(
+    a.app,
+    'DELETE',
+    `/v1/keys/${(await call(a.app, 'GET', '/v1/whoami', team.key)).body.keyId}`,
+    a.rootKey,
+  );
   assert.equal(revoke.status, 204);
   for (const headers of [
     {},
@@ -289,7 +353,12 @@ test('missing, malformed, unknown and revoked keys are 401', async (t) => {
     { authorization: `Bearer ${team.key}` },
     { authorization: `Bearer ${a.rootKey}x` },
   ]) {
-    const r = await a.app.inject({ method: 'POST', url: '/v1/sandboxes', headers, payload: { image: 'base' } });
+    const r = await a.app.inject({
+      method: 'POST',
+      url: '/v1/sandboxes',
+      headers,
+      payload: { image: 'base' },
+    });
     assert.equal(r.statusCode, 401, JSON.stringify(headers));
     assert.equal(r.json().error.code, 'unauthenticated');
   }
@@ -298,19 +367,37 @@ test('missing, malformed, unknown and revoked keys are 401', async (t) => {
 test('nested projects: child quota ≤ parent; members cannot mint admins', async (t) => {
   const a = await api(t);
   const team = await tenant(a, 'team', { sandboxes: 5, memoryMb: 4096 });
-  const over = await call(a.app, 'POST', '/v1/projects', team.key, { name: 'sub', quota: { memoryMb: 8192 } });
+  const over = await call(a.app, 'POST', '/v1/projects', team.key, {
+    name: 'sub',
+    quota: { memoryMb: 8192 },
+  });
   assert.equal(over.status, 403);
   assert.equal(over.body.error.field, 'quota.memoryMb');
-  const sub = await call(a.app, 'POST', '/v1/projects', team.key, { name: 'sub', quota: { sandboxes: 2 } });
+  const sub = await call(a.app, 'POST', '/v1/projects', team.key, {
+    name: 'sub',
+    quota: { sandboxes: 2 },
+  });
   assert.equal(sub.status, 201);
   assert.equal(sub.body.parentId, team.projectId);
-  const subsub = await call(a.app, 'POST', '/v1/projects', team.key, { name: 'deeper', parentId: sub.body.id, quota: { sandboxes: 3 } });
+  const subsub = await call(a.app, 'POST', '/v1/projects', team.key, {
+    name: 'deeper',
+    parentId: sub.body.id,
+    quota: { sandboxes: 3 },
+  });
   assert.equal(subsub.status, 403);
   const projects = await call(a.app, 'GET', '/v1/projects', team.key);
-  assert.deepEqual(projects.body.projects.map((p: { name: string }) => p.name).sort(), ['sub', 'team']);
+  assert.deepEqual(projects.body.projects.map((p: { name: string }) => p.name).sort(), [
+    'sub',
+    'team',
+  ]);
 
-  const member = (await call(a.app, 'POST', '/v1/keys', team.key, { projectId: sub.body.id, role: 'member' })).body.key as string;
-  const grant = await call(a.app, 'POST', '/v1/keys', member, { projectId: sub.body.id, role: 'admin' });
+  const member = (
+    await call(a.app, 'POST', '/v1/keys', team.key, { projectId: sub.body.id, role: 'member' })
+  ).body.key as string;
+  const grant = await call(a.app, 'POST', '/v1/keys', member, {
+    projectId: sub.body.id,
+    role: 'admin',
+  });
   assert.equal(grant.status, 403);
   assert.equal(grant.body.error.field, 'role');
   const mkProject = await call(a.app, 'POST', '/v1/projects', member, { name: 'nope' });
@@ -320,18 +407,28 @@ test('nested projects: child quota ≤ parent; members cannot mint admins', asyn
 });
 
 test('20 concurrent creates at a quota of 5: exactly 5 succeed, the rest 429', async (t) => {
-  const a = await api(t, { edges: [new FakeEdge({ edgeId: 'edge-a', createDelayMs: 5 }), new FakeEdge({ edgeId: 'edge-b', createDelayMs: 5 })] });
+  const a = await api(t, {
+    edges: [
+      new FakeEdge({ edgeId: 'edge-a', createDelayMs: 5 }),
+      new FakeEdge({ edgeId: 'edge-b', createDelayMs: 5 }),
+    ],
+  });
   const team = await tenant(a, 'team', { sandboxes: 5 });
-  const sub = (await call(a.app, 'POST', '/v1/projects', team.key, { name: 'sub' })).body.id as string;
+  const sub = (await call(a.app, 'POST', '/v1/projects', team.key, { name: 'sub' })).body
+    .id as string;
   const results = await Promise.all(
     Array.from({ length: 20 }, (_, i) =>
       // Half in the child project: the parent's quota counts its whole subtree.
-      call(a.app, 'POST', '/v1/sandboxes', team.key, { image: 'base', ...(i % 2 ? { projectId: sub } : {}) }),
+      call(a.app, 'POST', '/v1/sandboxes', team.key, {
+        image: 'base',
+        ...(i % 2 ? { projectId: sub } : {}),
+      }),
     ),
   );
   const statuses = results.map((r) => r.status).sort();
   assert.deepEqual(statuses, [...Array(5).fill(201), ...Array(15).fill(429)]);
-  for (const r of results.filter((x) => x.status === 429)) assert.equal(r.body.error.code, 'quota_exceeded');
+  for (const r of results.filter((x) => x.status === 429))
+    assert.equal(r.body.error.code, 'quota_exceeded');
   assert.equal(a.iam.usage(team.projectId).sandboxes, 5);
   const live = (await call(a.app, 'GET', '/v1/sandboxes', team.key)).body.sandboxes.length;
   assert.equal(live, 5);
@@ -341,15 +438,23 @@ test('idempotent create: same requestId, concurrent or repeated, makes one sandb
   const edge = new FakeEdge({ edgeId: 'edge-a', createDelayMs: 10 });
   const a = await api(t, { edges: [edge] });
   const body = { image: 'base', requestId: 'job-42:attempt.1' };
-  const results = await Promise.all(Array.from({ length: 8 }, () => call(a.app, 'POST', '/v1/sandboxes', a.rootKey, body)));
+  const results = await Promise.all(
+    Array.from({ length: 8 }, () => call(a.app, 'POST', '/v1/sandboxes', a.rootKey, body)),
+  );
   const ids = new Set(results.map((r) => r.body.id));
-  assert.deepEqual(results.map((r) => r.status), Array(8).fill(201));
+  assert.deepEqual(
+    results.map((r) => r.status),
+    Array(8).fill(201),
+  );
   assert.equal(ids.size, 1);
   const later = await call(a.app, 'POST', '/v1/sandboxes', a.rootKey, body);
   assert.equal(later.body.id, [...ids][0]);
   assert.equal(edge.createCalls, 1);
   assert.equal(a.iam.usage(a.rootProjectId).sandboxes, 1);
-  const other = await call(a.app, 'POST', '/v1/sandboxes', a.rootKey, { ...body, requestId: 'job-43' });
+  const other = await call(a.app, 'POST', '/v1/sandboxes', a.rootKey, {
+    ...body,
+    requestId: 'job-43',
+  });
   assert.notEqual(other.body.id, later.body.id);
 });
 
@@ -359,7 +464,10 @@ test('capacity exhausted on one edge: placed on another; all full → 503 and no
   const b1 = new FakeEdge({ edgeId: 'edge-b' });
   const a = await api(t, {
     edges: [a1, b1],
-    placer: () => ({ place: ({ exclude }) => (exclude?.has('edge-a') ? (exclude.has('edge-b') ? fail() : 'edge-b') : 'edge-a') }),
+    placer: () => ({
+      place: ({ exclude }) =>
+        exclude?.has('edge-a') ? (exclude.has('edge-b') ? fail() : 'edge-b') : 'edge-a',
+    }),
   });
   a1.failNextCreate = new DsecError('capacity_exhausted', 'full');
   const c = await call(a.app, 'POST', '/v1/sandboxes', a.rootKey, { image: 'base' });
@@ -384,7 +492,10 @@ test('capacity exhausted on one edge: placed on another; all full → 503 and no
 });
 
 test('real placement: a full edge is skipped using the watcher view', async (t) => {
-  const small = new FakeEdge({ edgeId: 'edge-small', capacity: { memoryMb: 1024, cpuCores: 2, sandboxes: 1 } });
+  const small = new FakeEdge({
+    edgeId: 'edge-small',
+    capacity: { memoryMb: 1024, cpuCores: 2, sandboxes: 1 },
+  });
   const big = new FakeEdge({ edgeId: 'edge-big' });
   const a = await api(t, { edges: [small, big] });
   const placed: string[] = [];

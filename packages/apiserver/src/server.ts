@@ -46,7 +46,9 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   const loggerOpts =
     typeof options.logger === 'object'
       ? { loggerInstance: options.logger }
-      : { logger: options.logger ? { level: 'info', redact: ['req.headers.authorization'] } : false };
+      : {
+          logger: options.logger ? { level: 'info', redact: ['req.headers.authorization'] } : false,
+        };
   const app = Fastify({
     ...loggerOpts,
     bodyLimit: BODY_LIMIT_BYTES,
@@ -71,7 +73,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('application/json', { parseAs: 'string' }, (req, body, done) => {
     if (body === '') return done(null, undefined);
-    json(req, body as string, done);
+    void json(req, body as string, done);
   });
 
   app.addHook('onRequest', async (req, reply) => {
@@ -92,15 +94,25 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     } else {
       req.log.info({ code: e.code, field: e.field }, 'request rejected');
     }
-    return reply.code(e.status).header('content-type', 'application/json; charset=utf-8').send(e.toJSON());
+    return reply
+      .code(e.status)
+      .header('content-type', 'application/json; charset=utf-8')
+      .send(e.toJSON());
   });
   app.setNotFoundHandler((req, reply) =>
-    reply.code(404).send({ error: { code: 'not_found', message: `no route ${req.method} ${req.url.split('?')[0]?.slice(0, 200)}` } }),
+    reply.code(404).send({
+      error: {
+        code: 'not_found',
+        message: `no route ${req.method} ${req.url.split('?')[0]?.slice(0, 200)}`,
+      },
+    }),
   );
 
   app.get('/healthz', async () => ({ ok: true, version: API_VERSION }));
   app.get('/metrics', async (_req, reply) =>
-    reply.header('content-type', metrics.registry.contentType).send(await metrics.registry.metrics()),
+    reply
+      .header('content-type', metrics.registry.contentType)
+      .send(await metrics.registry.metrics()),
   );
   sandboxRoutes(app, service);
   adminRoutes(app, { iam, fleet: () => watcher.view(), imagesList: options.imagesList });

@@ -13,7 +13,7 @@
  * ```
  */
 import { randomBytes } from 'node:crypto';
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { buildApiServer } from '@dsec/apiserver';
@@ -54,7 +54,9 @@ export interface SingleNode {
 
 export async function startSingleNode(options: SingleNodeOptions): Promise<SingleNode> {
   const { stateDir } = options;
-  await mkdir(stateDir, { recursive: true, mode: 0o700 });
+  // 0711: the sandboxes' mapped root must traverse down to their rootfs; nobody may list.
+  await mkdir(stateDir, { recursive: true });
+  await chmod(stateDir, 0o711);
   const secret = await readOrCreate(join(stateDir, 'cluster.secret'), () => randomBytes(32).toString('hex'));
   const store = new DirImageStore(join(stateDir, 'images'));
   const iam = Iam.open({ path: join(stateDir, 'iam.db') });

@@ -1,4 +1,4 @@
-import { mkdir } from 'node:fs/promises';
+import { chmod, mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError, randomId, toDsecError } from '@dsec/core';
 import type {
@@ -60,7 +60,9 @@ export class Edge implements EdgeApi {
 
   /** Opens the local store, reconciles with what is actually running, starts the TTL sweeper. */
   static async open(options: EdgeOptions): Promise<Edge> {
-    await mkdir(options.stateDir, { recursive: true, mode: 0o700 });
+    // 0711: a sandbox's mapped root must traverse down to its rootfs; nobody may list.
+    await mkdir(options.stateDir, { recursive: true });
+    await chmod(options.stateDir, 0o711);
     const edge = new Edge(options, new EdgeStore(join(options.stateDir, 'edge.db')));
     await edge.#reconcile();
     edge.#sweeper = setInterval(() => void edge.#sweep(), options.ttlSweepMs ?? 1000);
@@ -68,10 +70,11 @@ export class Edge implements EdgeApi {
     return edge;
   }
 
-  /** Stops background work and closes the store. Sandboxes keep running. */
+  /** Stops background work, unmounts unused layers and closes the store. Sandboxes keep running. */
   async close(): Promise<void> {
     clearInterval(this.#sweeper);
     await Promise.allSettled([...this.#inflight.values(), ...this.#stopping.values()]);
+    await this.options.layers.close();
     this.#store.close();
   }
 

@@ -15,7 +15,7 @@ function withDir(t: { after: (fn: () => void) => void }): string {
 function fresh() {
   const iam = Iam.open({ path: ':memory:' });
   const boot = iam.bootstrap();
-  const root = iam.authenticate(boot.key!);
+  const root = iam.authenticate(boot.key);
   return { iam, root, boot };
 }
 
@@ -66,12 +66,17 @@ test('nested projects: access flows down, quota bounded by the parent', () => {
     (e) => isDsecError(e, 'permission_denied') && e.field === 'quota.memoryMb',
   );
   const b = iam.createProject(root, { name: 'b' });
-  assert.throws(() => iam.createProject(aAdmin, { name: 'z', parentId: b.id }), (e) => isDsecError(e, 'not_found'));
+  assert.throws(
+    () => iam.createProject(aAdmin, { name: 'z', parentId: b.id }),
+    (e) => isDsecError(e, 'not_found'),
+  );
   assert.deepEqual(
     iam.listProjects(aAdmin).map((p) => p.name),
     ['a', 'a1', 'a11'],
   );
-  const denied = iam.listAudit().filter((e) => e.outcome === 'denied' && e.action === 'project.create');
+  const denied = iam
+    .listAudit()
+    .filter((e) => e.outcome === 'denied' && e.action === 'project.create');
   assert.equal(denied.length, 3);
   iam.close();
 });
@@ -81,16 +86,25 @@ test('members cannot create projects or grant admin; keys only in own subtree', 
   const a = iam.createProject(root, { name: 'a' });
   const b = iam.createProject(root, { name: 'b' });
   const member = iam.authenticate(iam.createKey(root, { projectId: a.id, role: 'member' }).key);
-  assert.throws(() => iam.createProject(member, { name: 'm' }), (e) => isDsecError(e, 'permission_denied'));
+  assert.throws(
+    () => iam.createProject(member, { name: 'm' }),
+    (e) => isDsecError(e, 'permission_denied'),
+  );
   assert.throws(
     () => iam.createKey(member, { projectId: a.id, role: 'admin' }),
     (e) => isDsecError(e, 'permission_denied') && e.field === 'role',
   );
-  assert.throws(() => iam.createKey(member, { projectId: b.id }), (e) => isDsecError(e, 'not_found'));
+  assert.throws(
+    () => iam.createKey(member, { projectId: b.id }),
+    (e) => isDsecError(e, 'not_found'),
+  );
   const sibling = iam.createKey(member, { projectId: a.id, role: 'member' });
   assert.equal(sibling.role, 'member');
   const adminOfA = iam.createKey(root, { projectId: a.id, role: 'admin' });
-  assert.throws(() => iam.revokeKey(member, adminOfA.id), (e) => isDsecError(e, 'permission_denied'));
+  assert.throws(
+    () => iam.revokeKey(member, adminOfA.id),
+    (e) => isDsecError(e, 'permission_denied'),
+  );
   iam.close();
 });
 
@@ -104,13 +118,19 @@ test('reserve checks every ancestor over its subtree; release frees', () => {
   iam.reserve(a2.id, { memoryMb: 1, cpuCores: 0.1 }, 's3'); // 0.1+0.1+0.1 is exactly 0.3
   assert.throws(
     () => iam.reserve(a1.id, { memoryMb: 1, cpuCores: 0 }, 's4'),
-    (e) => isDsecError(e, 'quota_exceeded') && e.details?.['projectId'] === a.id && e.details['resource'] === 'sandboxes',
+    (e) =>
+      isDsecError(e, 'quota_exceeded') &&
+      e.details?.['projectId'] === a.id &&
+      e.details['resource'] === 'sandboxes',
   );
   assert.deepEqual(iam.usage(a.id), { sandboxes: 3, memoryMb: 3, cpuCores: 0.3 });
   assert.equal(iam.release('s2'), true);
   assert.equal(iam.release('s2'), false);
   iam.reserve(a1.id, { memoryMb: 1, cpuCores: 0.1 }, 's4');
-  assert.throws(() => iam.reserve(a1.id, { memoryMb: 1, cpuCores: 0.1 }, 's5'), (e) => isDsecError(e, 'quota_exceeded'));
+  assert.throws(
+    () => iam.reserve(a1.id, { memoryMb: 1, cpuCores: 0.1 }, 's5'),
+    (e) => isDsecError(e, 'quota_exceeded'),
+  );
   assert.ok(iam.listAudit().some((e) => e.action === 'quota.reserve' && e.outcome === 'denied'));
   iam.close();
 });
@@ -118,7 +138,7 @@ test('reserve checks every ancestor over its subtree; release frees', () => {
 test('pending reservations lapse; bound ones live until the sandbox expires', () => {
   let now = 1_000_000;
   const iam = Iam.open({ path: ':memory:', now: () => now, pendingTtlMs: 1000, expiryGraceMs: 0 });
-  const root = iam.authenticate(iam.bootstrap().key!);
+  const root = iam.authenticate(iam.bootstrap().key);
   const p = iam.createProject(root, { name: 'p', quota: { sandboxes: 1 } });
   iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'rsv-a');
   now += 1001;
@@ -126,7 +146,10 @@ test('pending reservations lapse; bound ones live until the sandbox expires', ()
   iam.bindReservation('rsv-b', 'sb-b', { expiresAt: now + 5000 });
   now += 2000;
   assert.equal(iam.reservationProject('sb-b'), p.id);
-  assert.throws(() => iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'rsv-c'), (e) => isDsecError(e, 'quota_exceeded'));
+  assert.throws(
+    () => iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'rsv-c'),
+    (e) => isDsecError(e, 'quota_exceeded'),
+  );
   now += 3001;
   iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'rsv-c');
   iam.close();
@@ -140,7 +163,10 @@ test('idempotency claims: claimed, pending, done, abandoned', () => {
   assert.deepEqual(iam.claimRequest(root.projectId, 'r1', 'h2'), { state: 'claimed' });
   iam.reserve(root.projectId, { memoryMb: 1, cpuCores: 1 }, 'h2');
   iam.bindReservation('h2', 'sb-1', { expiresAt: Date.now() + 60_000, requestId: 'r1' });
-  assert.deepEqual(iam.claimRequest(root.projectId, 'r1', 'h3'), { state: 'done', sandboxId: 'sb-1' });
+  assert.deepEqual(iam.claimRequest(root.projectId, 'r1', 'h3'), {
+    state: 'done',
+    sandboxId: 'sb-1',
+  });
   iam.close();
 });
 
@@ -149,7 +175,7 @@ test('state survives reopen; raw keys are never stored', (t) => {
   const path = join(dir, 'iam.db');
   let iam = Iam.open({ path });
   const boot = iam.bootstrap();
-  const root = iam.authenticate(boot.key!);
+  const root = iam.authenticate(boot.key);
   const p = iam.createProject(root, { name: 'team', quota: { memoryMb: 1024 } });
   const k = iam.createKey(root, { projectId: p.id, role: 'member', name: 'ci' });
   iam.reserve(p.id, { memoryMb: 512, cpuCores: 1 }, 'sb-x');

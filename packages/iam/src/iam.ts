@@ -117,9 +117,9 @@ export class Iam {
    */
   bootstrap(): { created: boolean; projectId: string; keyId?: string; key?: string } {
     return this.#tx(() => {
-      const root = this.#db.prepare('SELECT id FROM projects WHERE parent_id IS NULL LIMIT 1').get() as
-        | { id: string }
-        | undefined;
+      const root = this.#db
+        .prepare('SELECT id FROM projects WHERE parent_id IS NULL LIMIT 1')
+        .get() as { id: string } | undefined;
       if (root) return { created: false, projectId: root.id };
       const projectId = randomId('prj');
       const at = this.#iso();
@@ -141,7 +141,8 @@ export class Iam {
     }
     const row = this.#db
       .prepare('SELECT id, project_id, role, revoked_at FROM api_keys WHERE hash = ?')
-      .get(hashApiKey(rawKey)) as Pick<KeyRow, 'id' | 'project_id' | 'role' | 'revoked_at'> | undefined;
+      .get(hashApiKey(rawKey)) as
+      Pick<KeyRow, 'id' | 'project_id' | 'role' | 'revoked_at'> | undefined;
     if (!row) {
       this.#audit(null, 'auth', '', 'denied', { reason: 'unknown' });
       throw new DsecError('unauthenticated', 'unknown API key');
@@ -159,7 +160,9 @@ export class Iam {
   }
 
   isAncestorOrSelf(ancestorId: string, projectId: string): boolean {
-    const row = this.#db.prepare(`${ANCESTORS_CTE} SELECT 1 AS x FROM anc WHERE id = ?`).get(projectId, ancestorId);
+    const row = this.#db
+      .prepare(`${ANCESTORS_CTE} SELECT 1 AS x FROM anc WHERE id = ?`)
+      .get(projectId, ancestorId);
     return row !== undefined;
   }
 
@@ -172,20 +175,29 @@ export class Iam {
    * tightest over its ancestors) — else `permission_denied` naming the field.
    * A duplicate name under the same parent is `conflict`.
    */
-  createProject(caller: Principal, input: { name: string; parentId?: string | undefined; quota?: Quota | undefined }): Project {
+  createProject(
+    caller: Principal,
+    input: { name: string; parentId?: string | undefined; quota?: Quota | undefined },
+  ): Project {
     const parentId = input.parentId ?? caller.projectId;
     const quota = input.quota ?? {};
     return this.#tx(() => {
       if (!this.#projectRow(parentId) || !this.canAccess(caller, parentId)) {
-        this.#audit(caller.keyId, 'project.create', parentId, 'denied', { reason: 'parent not found' });
-        throw new DsecError('not_found', `no project ${JSON.stringify(parentId)}`, { field: 'parentId' });
+        this.#audit(caller.keyId, 'project.create', parentId, 'denied', {
+          reason: 'parent not found',
+        });
+        throw new DsecError('not_found', `no project ${JSON.stringify(parentId)}`, {
+          field: 'parentId',
+        });
       }
       if (caller.role !== 'admin') {
         this.#audit(caller.keyId, 'project.create', parentId, 'denied', { reason: 'not admin' });
         throw new DsecError('permission_denied', 'only admin keys create projects');
       }
       if (!PROJECT_NAME_PATTERN.test(input.name)) {
-        throw new DsecError('invalid_argument', 'name must match [A-Za-z0-9][A-Za-z0-9._-]{0,62}', { field: 'name' });
+        throw new DsecError('invalid_argument', 'name must match [A-Za-z0-9][A-Za-z0-9._-]{0,62}', {
+          field: 'name',
+        });
       }
       checkQuotaShape(quota);
       const limits = this.#effectiveQuota(parentId);
@@ -193,15 +205,27 @@ export class Iam {
         const want = quota[field];
         const limit = limits[field];
         if (want !== undefined && limit !== undefined && want > limit) {
-          this.#audit(caller.keyId, 'project.create', parentId, 'denied', { reason: 'quota above parent', field });
-          throw new DsecError('permission_denied', `quota.${field} ${want} exceeds the parent's limit ${limit}`, {
-            field: `quota.${field}`,
-            details: { limit, requested: want },
+          this.#audit(caller.keyId, 'project.create', parentId, 'denied', {
+            reason: 'quota above parent',
+            field,
           });
+          throw new DsecError(
+            'permission_denied',
+            `quota.${field} ${want} exceeds the parent's limit ${limit}`,
+            {
+              field: `quota.${field}`,
+              details: { limit, requested: want },
+            },
+          );
         }
       }
-      const exists = this.#db.prepare('SELECT 1 FROM projects WHERE parent_id = ? AND name = ?').get(parentId, input.name);
-      if (exists) throw new DsecError('conflict', `project ${input.name} already exists here`, { field: 'name' });
+      const exists = this.#db
+        .prepare('SELECT 1 FROM projects WHERE parent_id = ? AND name = ?')
+        .get(parentId, input.name);
+      if (exists)
+        throw new DsecError('conflict', `project ${input.name} already exists here`, {
+          field: 'name',
+        });
       const id = randomId('prj');
       const at = this.#iso();
       this.#db
@@ -209,7 +233,15 @@ export class Iam {
           `INSERT INTO projects (id, name, parent_id, quota_sandboxes, quota_memory_mb, quota_cpu_millis, created_at)
            VALUES (?, ?, ?, ?, ?, ?, ?)`,
         )
-        .run(id, input.name, parentId, quota.sandboxes ?? null, quota.memoryMb ?? null, toMillis(quota.cpuCores), at);
+        .run(
+          id,
+          input.name,
+          parentId,
+          quota.sandboxes ?? null,
+          quota.memoryMb ?? null,
+          toMillis(quota.cpuCores),
+          at,
+        );
       this.#audit(caller.keyId, 'project.create', id, 'ok', { parentId, name: input.name, quota });
       return { id, name: input.name, parentId, quota: cleanQuota(quota), createdAt: at };
     });
@@ -227,14 +259,18 @@ export class Iam {
   /** The caller's project and all its descendants. */
   listProjects(caller: Principal): Project[] {
     const rows = this.#db
-      .prepare(`${SUBTREE_CTE} SELECT p.* FROM projects p JOIN sub ON p.id = sub.id ORDER BY p.created_at, p.id`)
+      .prepare(
+        `${SUBTREE_CTE} SELECT p.* FROM projects p JOIN sub ON p.id = sub.id ORDER BY p.created_at, p.id`,
+      )
       .all(caller.projectId) as ProjectRow[];
     return rows.map(toProject);
   }
 
   /** IDs of `projectId` and every descendant. */
   subtreeIds(projectId: string): string[] {
-    const rows = this.#db.prepare(`${SUBTREE_CTE} SELECT id FROM sub`).all(projectId) as { id: string }[];
+    const rows = this.#db.prepare(`${SUBTREE_CTE} SELECT id FROM sub`).all(projectId) as {
+      id: string;
+    }[];
     return rows.map((r) => r.id);
   }
 
@@ -245,16 +281,28 @@ export class Iam {
    * a role at or below the caller's. Foreign or unknown projects are
    * `not_found`; a higher role is `permission_denied`.
    */
-  createKey(caller: Principal, input: { projectId: string; role?: Role | undefined; name?: string | undefined }): CreatedKey {
+  createKey(
+    caller: Principal,
+    input: { projectId: string; role?: Role | undefined; name?: string | undefined },
+  ): CreatedKey {
     const role = input.role ?? 'member';
     return this.#tx(() => {
       if (!this.#projectRow(input.projectId) || !this.canAccess(caller, input.projectId)) {
-        this.#audit(caller.keyId, 'key.create', input.projectId, 'denied', { reason: 'project not found' });
-        throw new DsecError('not_found', `no project ${JSON.stringify(input.projectId)}`, { field: 'projectId' });
+        this.#audit(caller.keyId, 'key.create', input.projectId, 'denied', {
+          reason: 'project not found',
+        });
+        throw new DsecError('not_found', `no project ${JSON.stringify(input.projectId)}`, {
+          field: 'projectId',
+        });
       }
       if (ROLE_RANK[role] > ROLE_RANK[caller.role]) {
-        this.#audit(caller.keyId, 'key.create', input.projectId, 'denied', { reason: 'role above own', role });
-        throw new DsecError('permission_denied', `a ${caller.role} key cannot grant ${role}`, { field: 'role' });
+        this.#audit(caller.keyId, 'key.create', input.projectId, 'denied', {
+          reason: 'role above own',
+          role,
+        });
+        throw new DsecError('permission_denied', `a ${caller.role} key cannot grant ${role}`, {
+          field: 'role',
+        });
       }
       const { id, key } = this.#insertKey(input.projectId, role, input.name ?? '', caller.keyId);
       this.#audit(caller.keyId, 'key.create', id, 'ok', { projectId: input.projectId, role });
@@ -268,14 +316,18 @@ export class Iam {
    */
   revokeKey(caller: Principal, keyId: string): void {
     this.#tx(() => {
-      const row = this.#db.prepare('SELECT * FROM api_keys WHERE id = ?').get(keyId) as KeyRow | undefined;
+      const row = this.#db.prepare('SELECT * FROM api_keys WHERE id = ?').get(keyId) as
+        KeyRow | undefined;
       if (!row || !this.canAccess(caller, row.project_id)) {
         this.#audit(caller.keyId, 'key.revoke', keyId, 'denied', { reason: 'not found' });
         throw new DsecError('not_found', `no key ${JSON.stringify(keyId)}`);
       }
       if (ROLE_RANK[row.role] > ROLE_RANK[caller.role]) {
         this.#audit(caller.keyId, 'key.revoke', keyId, 'denied', { reason: 'role above own' });
-        throw new DsecError('permission_denied', `a ${caller.role} key cannot revoke an ${row.role} key`);
+        throw new DsecError(
+          'permission_denied',
+          `a ${caller.role} key cannot revoke an ${row.role} key`,
+        );
       }
       if (row.revoked_at === null) {
         this.#db.prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ?').run(this.#iso(), keyId);
@@ -312,19 +364,29 @@ export class Iam {
    * reservation lapses after `pendingTtlMs`. Throws `quota_exceeded` naming
    * the limiting project and resource; `conflict` if `holderId` is taken.
    */
-  reserve(projectId: string, resources: Resources, holderId: string, options: { actorKeyId?: string } = {}): void {
+  reserve(
+    projectId: string,
+    resources: Resources,
+    holderId: string,
+    options: { actorKeyId?: string } = {},
+  ): void {
     const memoryMb = Math.ceil(resources.memoryMb);
     const cpuMillis = Math.ceil(resources.cpuCores * 1000);
-    if (!(memoryMb >= 0 && cpuMillis >= 0)) throw new DsecError('invalid_argument', 'resources must be ≥ 0');
+    if (!(memoryMb >= 0 && cpuMillis >= 0))
+      throw new DsecError('invalid_argument', 'resources must be ≥ 0');
     this.#tx(() => {
       const now = this.#now();
       this.#db.prepare('DELETE FROM reservations WHERE expires_at <= ?').run(now);
       const chain = this.#db
-        .prepare(`${ANCESTORS_CTE} SELECT p.* FROM anc JOIN projects p ON p.id = anc.id ORDER BY anc.depth`)
+        .prepare(
+          `${ANCESTORS_CTE} SELECT p.* FROM anc JOIN projects p ON p.id = anc.id ORDER BY anc.depth`,
+        )
         .all(projectId) as ProjectRow[];
-      if (chain.length === 0) throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`);
+      if (chain.length === 0)
+        throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`);
       for (const p of chain) {
-        if (p.quota_sandboxes === null && p.quota_memory_mb === null && p.quota_cpu_millis === null) continue;
+        if (p.quota_sandboxes === null && p.quota_memory_mb === null && p.quota_cpu_millis === null)
+          continue;
         const used = this.#usageRaw(p.id);
         const checks = [
           ['sandboxes', p.quota_sandboxes, used.n + 1, 1],
@@ -342,7 +404,11 @@ export class Iam {
               requested: requested / scale,
             };
             this.#audit(options.actorKeyId ?? null, 'quota.reserve', projectId, 'denied', details);
-            throw new DsecError('quota_exceeded', `project ${p.name} would exceed its ${resource} quota`, { details });
+            throw new DsecError(
+              'quota_exceeded',
+              `project ${p.name} would exceed its ${resource} quota`,
+              { details },
+            );
           }
         }
       }
@@ -364,24 +430,33 @@ export class Iam {
   bindReservation(
     holderId: string,
     sandboxId: string,
-    options: { expiresAt: string | number; requestId?: string | undefined; actorKeyId?: string } ,
+    options: { expiresAt: string | number; requestId?: string | undefined; actorKeyId?: string },
   ): void {
     const expires =
-      (typeof options.expiresAt === 'number' ? options.expiresAt : Date.parse(options.expiresAt)) + this.#expiryGraceMs;
+      (typeof options.expiresAt === 'number' ? options.expiresAt : Date.parse(options.expiresAt)) +
+      this.#expiryGraceMs;
     this.#tx(() => {
-      const row = this.#db.prepare('SELECT project_id FROM reservations WHERE id = ?').get(holderId) as
-        | { project_id: string }
-        | undefined;
+      const row = this.#db
+        .prepare('SELECT project_id FROM reservations WHERE id = ?')
+        .get(holderId) as { project_id: string } | undefined;
       if (!row) throw new DsecError('conflict', `reservation ${holderId} lapsed`);
       this.#db
         .prepare('UPDATE reservations SET id = ?, expires_at = ? WHERE id = ?')
-        .run(sandboxId, Number.isFinite(expires) ? expires : this.#now() + this.#pendingTtlMs, holderId);
+        .run(
+          sandboxId,
+          Number.isFinite(expires) ? expires : this.#now() + this.#pendingTtlMs,
+          holderId,
+        );
       if (options.requestId !== undefined) {
         this.#db
-          .prepare('UPDATE idempotency SET sandbox_id = ? WHERE project_id = ? AND request_id = ? AND holder = ?')
+          .prepare(
+            'UPDATE idempotency SET sandbox_id = ? WHERE project_id = ? AND request_id = ? AND holder = ?',
+          )
           .run(sandboxId, row.project_id, options.requestId, holderId);
       }
-      this.#audit(options.actorKeyId ?? null, 'sandbox.create', sandboxId, 'ok', { projectId: row.project_id });
+      this.#audit(options.actorKeyId ?? null, 'sandbox.create', sandboxId, 'ok', {
+        projectId: row.project_id,
+      });
     });
   }
 
@@ -396,9 +471,9 @@ export class Iam {
 
   /** The project a live reservation is charged to, if any. */
   reservationProject(id: string): string | undefined {
-    const row = this.#db.prepare('SELECT project_id FROM reservations WHERE id = ? AND expires_at > ?').get(id, this.#now()) as
-      | { project_id: string }
-      | undefined;
+    const row = this.#db
+      .prepare('SELECT project_id FROM reservations WHERE id = ? AND expires_at > ?')
+      .get(id, this.#now()) as { project_id: string } | undefined;
     return row?.project_id;
   }
 
@@ -420,8 +495,11 @@ export class Iam {
     return this.#tx(() => {
       const now = this.#now();
       const row = this.#db
-        .prepare('SELECT holder, sandbox_id, created_at FROM idempotency WHERE project_id = ? AND request_id = ?')
-        .get(projectId, requestId) as { holder: string; sandbox_id: string | null; created_at: number } | undefined;
+        .prepare(
+          'SELECT holder, sandbox_id, created_at FROM idempotency WHERE project_id = ? AND request_id = ?',
+        )
+        .get(projectId, requestId) as
+        { holder: string; sandbox_id: string | null; created_at: number } | undefined;
       if (row?.sandbox_id) return { state: 'done', sandboxId: row.sandbox_id };
       if (row && row.created_at + this.#pendingTtlMs > now) return { state: 'pending' };
       this.#db
@@ -437,14 +515,22 @@ export class Iam {
   /** Drops a claim that did not lead to a sandbox, so a retry may create. */
   abandonRequest(projectId: string, requestId: string, holderId: string): void {
     this.#db
-      .prepare('DELETE FROM idempotency WHERE project_id = ? AND request_id = ? AND holder = ? AND sandbox_id IS NULL')
+      .prepare(
+        'DELETE FROM idempotency WHERE project_id = ? AND request_id = ? AND holder = ? AND sandbox_id IS NULL',
+      )
       .run(projectId, requestId, holderId);
   }
 
   // ---- audit ----------------------------------------------------------------------
 
   /** Appends an audit record (for denials decided outside IAM, e.g. sandbox access). */
-  audit(actorKeyId: string | null, action: string, target: string, outcome: AuditOutcome, details?: Record<string, unknown>): void {
+  audit(
+    actorKeyId: string | null,
+    action: string,
+    target: string,
+    outcome: AuditOutcome,
+    details?: Record<string, unknown>,
+  ): void {
     this.#audit(actorKeyId, action, target, outcome, details);
   }
 
@@ -491,18 +577,45 @@ export class Iam {
     return new Date(this.#now()).toISOString();
   }
 
-  #audit(actor: string | null, action: string, target: string, outcome: AuditOutcome, details?: Record<string, unknown>): void {
-    if (outcome === 'denied' && this.#db.inTransaction) this.#deferred.push([actor, action, target, outcome, details]);
+  #audit(
+    actor: string | null,
+    action: string,
+    target: string,
+    outcome: AuditOutcome,
+    details?: Record<string, unknown>,
+  ): void {
+    if (outcome === 'denied' && this.#db.inTransaction)
+      this.#deferred.push([actor, action, target, outcome, details]);
     else this.#writeAudit(actor, action, target, outcome, details);
   }
 
-  #writeAudit(actor: string | null, action: string, target: string, outcome: AuditOutcome, details?: Record<string, unknown>): void {
+  #writeAudit(
+    actor: string | null,
+    action: string,
+    target: string,
+    outcome: AuditOutcome,
+    details?: Record<string, unknown>,
+  ): void {
     this.#db
-      .prepare('INSERT INTO audit (at, actor_key_id, action, target, outcome, details) VALUES (?, ?, ?, ?, ?, ?)')
-      .run(this.#iso(), actor, action, target.slice(0, 200), outcome, details ? JSON.stringify(details) : null);
+      .prepare(
+        'INSERT INTO audit (at, actor_key_id, action, target, outcome, details) VALUES (?, ?, ?, ?, ?, ?)',
+      )
+      .run(
+        this.#iso(),
+        actor,
+        action,
+        target.slice(0, 200),
+        outcome,
+        details ? JSON.stringify(details) : null,
+      );
   }
 
-  #insertKey(projectId: string, role: Role, name: string, createdBy: string | null): { id: string; key: string } {
+  #insertKey(
+    projectId: string,
+    role: Role,
+    name: string,
+    createdBy: string | null,
+  ): { id: string; key: string } {
     const id = randomId('key');
     const key = newApiKey();
     this.#db
@@ -514,7 +627,8 @@ export class Iam {
   }
 
   #projectRow(id: string): ProjectRow | undefined {
-    return this.#db.prepare('SELECT * FROM projects WHERE id = ?').get(id) as ProjectRow | undefined;
+    return this.#db.prepare('SELECT * FROM projects WHERE id = ?').get(id) as
+      ProjectRow | undefined;
   }
 
   /** The tightest limit per field over the project and its ancestors. */
@@ -560,12 +674,16 @@ function checkQuotaShape(q: Quota): void {
   for (const f of ['sandboxes', 'memoryMb'] as const) {
     const v = q[f];
     if (v !== undefined && !(Number.isSafeInteger(v) && v >= 0)) {
-      throw new DsecError('invalid_argument', `quota.${f} must be an integer ≥ 0`, { field: `quota.${f}` });
+      throw new DsecError('invalid_argument', `quota.${f} must be an integer ≥ 0`, {
+        field: `quota.${f}`,
+      });
     }
   }
   const c = q.cpuCores;
   if (c !== undefined && !(Number.isFinite(c) && c >= 0 && c <= 1e9)) {
-    throw new DsecError('invalid_argument', 'quota.cpuCores must be ≥ 0', { field: 'quota.cpuCores' });
+    throw new DsecError('invalid_argument', 'quota.cpuCores must be ≥ 0', {
+      field: 'quota.cpuCores',
+    });
   }
 }
 

@@ -75,6 +75,4 @@ export interface AuditEntry {
 
 /** Result of claiming an idempotency key for a create. */
 export type RequestClaim =
-  | { state: 'claimed' }
-  | { state: 'done'; sandboxId: string }
-  | { state: 'pending' };
+  { state: 'claimed' } | { state: 'done'; sandboxId: string } | { state: 'pending' };

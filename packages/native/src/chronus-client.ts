@@ -316,6 +316,11 @@ export class ChronusConnection {
     return handle;
   }
 
+  /** True once the connection is gone (closed here, or by the daemon). */
+  get closed(): boolean {
+    return this.closedError !== null;
+  }
+
   /** Closes the connection; the daemon kills the trees of its non-detached commands. */
   close(): void {
     this.socket.destroy();

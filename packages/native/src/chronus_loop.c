@@ -424,38 +424,48 @@ struct channels {
     int ctl[2], in[2], out[2], err[2]; /* [0] daemon side, [1] reaper side */
 };
 
-static void close_pair(int p[2])
+/* Closes the reaper's ends (the pty slave may stand for several), and with `all` ours too. */
+static void close_ends(struct channels *ch, int all)
 {
-    for (int i = 0; i < 2; i++)
-        if (p[i] >= 0)
-            close(p[i]);
+    int *fds[] = { &ch->ctl[1], &ch->in[1], &ch->out[1], &ch->err[1], &ch->ctl[0], &ch->in[0], &ch->out[0], &ch->err[0] };
+    for (int i = 0; i < (all ? 8 : 4); i++) {
+        int fd = *fds[i];
+        if (fd < 0)
+            continue;
+        close(fd);
+        for (int j = i; j < 8; j++)
+            if (*fds[j] == fd)
+                *fds[j] = -1;
+    }
+}
+
+static void close_channels(struct channels *ch)
+{
+    close_ends(ch, 1);
 }
 
 static int open_channels(const struct spawn_request *req, struct channels *ch)
 {
     memset(ch, -1, sizeof *ch);
     int r = socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ch->ctl) < 0 ? -errno : 0;
-    if (!r && (req->flags & SPAWN_STDIN)) {
-        int p[2];
-        if (!(r = make_pipe(p))) {
-            ch->in[0] = p[1]; /* we write */
-            ch->in[1] = p[0];
-        }
-    }
     if (!r && (req->flags & SPAWN_PTY)) {
-        if (!(r = open_pty(req->rows, req->cols, &ch->out[0], &ch->out[1])))
-            ch->err[1] = ch->out[1];
-    } else if (!r && !(r = make_pipe(ch->out)) && !(r = make_pipe(ch->err))) {
+        /* The slave is all three of the command's stdio; STDIN frames go to the master. */
+        if (!(r = open_pty(req->rows, req->cols, &ch->out[0], &ch->out[1]))) {
+            ch->in[1] = ch->err[1] = ch->out[1];
+            if ((req->flags & SPAWN_STDIN) && (ch->in[0] = fcntl(ch->out[0], F_DUPFD_CLOEXEC, 0)) < 0)
+                r = -errno;
+        }
+    } else if (!r && (req->flags & SPAWN_STDIN) && !(r = make_pipe(ch->in))) {
+        int rd = ch->in[0];
+        ch->in[0] = ch->in[1]; /* we write */
+        ch->in[1] = rd;
+    }
+    if (!r && !(req->flags & SPAWN_PTY) && !(r = make_pipe(ch->out)) && !(r = make_pipe(ch->err))) {
         /* Larger pipes mean fewer wake-ups per byte on bulk output. */
         fcntl(ch->out[1], F_SETPIPE_SZ, STDOUT_PIPE_SIZE);
     }
-    if (r < 0) {
-        close_pair(ch->ctl);
-        close_pair(ch->in);
-        close_pair(ch->out);
-        if (ch->err[1] != ch->out[1])
-            close_pair(ch->err);
-    }
+    if (r < 0)
+        close_channels(ch);
     return r;
 }
 
@@ -474,17 +484,9 @@ static void spawn(struct conn *c, uint32_t stream, const struct spawn_request *r
         reaper_main(req, &fds);
     }
     int err = errno;
-    close(ch.ctl[1]);
-    if (ch.in[1] >= 0)
-        close(ch.in[1]);
-    close(ch.out[1]);
-    if (ch.err[1] >= 0 && ch.err[1] != ch.out[1])
-        close(ch.err[1]);
+    close_ends(&ch, 0);
     if (pid < 0) {
-        close_pair(ch.ctl);
-        close_pair(ch.in);
-        close_pair(ch.out);
-        close_pair(ch.err);
+        close_channels(&ch);
         send_spawn_error(c, stream, err, "fork");
         return;
     }
@@ -595,6 +597,12 @@ static void on_frame(struct conn *c, uint8_t type, uint32_t stream, unsigned cha
         }
         break;
     case F_STDIN_EOF:
+        if (m->in.fd >= 0 && !m->stdin_eof && (m->flags & SPAWN_PTY)) {
+            /* A terminal has no EOF of its own: send the VEOF character (^D). */
+            static const unsigned char veof = 4;
+            if (buf_reserve(&m->stdin_pending, 1) == 0)
+                m->stdin_pending.data[m->stdin_pending.off + m->stdin_pending.len++] = veof;
+        }
         m->stdin_eof = 1;
         if (m->in.fd >= 0)
             flush_stdin(m);

@@ -5,13 +5,14 @@
  */
 import { execFile } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
-import { mkdir, mkdtemp, rm, symlink, writeFile, copyFile } from 'node:fs/promises';
+import { chmod, copyFile, mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 
 import type { ChronusConnection, CommandExit, SpawnRequest } from './chronus-client.js';
-import { initPath } from './index.js';
+import { initPath, startChronus } from './index.js';
 
 const run = promisify(execFile);
 
@@ -33,16 +34,23 @@ export interface RuncSandbox {
   destroy(): Promise<void>;
 }
 
-const APPLETS = ['sh', 'cat', 'ls', 'id', 'ps', 'sleep', 'true', 'mount', 'yes', 'head', 'kill', 'echo', 'pwd', 'env', 'wc'];
+const APPLETS = ['sh', 'cat', 'ls', 'id', 'ps', 'sleep', 'true', 'mount', 'yes', 'head', 'kill', 'echo', 'pwd', 'env', 'wc', 'tty', 'stty', 'setsid', 'grep', 'touch'];
 
 /** Starts a busybox container under runc with dsec-init as PID 1. */
 export async function startRuncSandbox(): Promise<RuncSandbox> {
   const dir = await mkdtemp(join(tmpdir(), 'dsec-native-runc-'));
+  await chmod(dir, 0o755); // the container's root (host uid 100000) must reach its rootfs
   const id = `dsec-native-${process.pid}-${Math.random().toString(36).slice(2, 8)}`;
   const rootfs = join(dir, 'rootfs');
   for (const d of ['bin', 'etc', 'proc', 'dev', 'sys', 'tmp', 'home/alice']) await mkdir(join(rootfs, d), { recursive: true });
   await copyFile(BUSYBOX, join(rootfs, 'bin/busybox'));
   for (const a of APPLETS) await symlink('busybox', join(rootfs, 'bin', a));
+  // GNU yes/head (busybox yes is too slow to measure the channel) and the libc they need.
+  for (const f of ['/usr/bin/yes', '/usr/bin/head', '/lib/x86_64-linux-gnu/libc.so.6', '/lib64/ld-linux-x86-64.so.2']) {
+    if (!existsSync(f)) continue;
+    await mkdir(join(rootfs, dirname(f)), { recursive: true });
+    await copyFile(f, join(rootfs, f));
+  }
   await writeFile(
     join(rootfs, 'etc/passwd'),
     'root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\nnobody:x:65534:65534::/nonexistent:/bin/false\n',
@@ -69,7 +77,7 @@ export async function startRuncSandbox(): Promise<RuncSandbox> {
   const map = [{ containerID: 0, hostID: 100000, size: 65536 }];
   config.linux.uidMappings = map;
   config.linux.gidMappings = map;
-  config.linux.cgroupsPath = `/dsec-native-test/${id}`;
+  config.linux.cgroupsPath = `/${id}`; // a top-level leaf: `runc delete` removes it entirely
   await writeFile(join(dir, 'config.json'), JSON.stringify(config));
   await run('runc', ['run', '-d', '--bundle', dir, id], { timeout: 20_000 });
   const state = JSON.parse((await run('runc', ['state', id])).stdout) as { pid: number };
@@ -113,7 +121,56 @@ export async function runCollect(conn: ChronusConnection, req: SpawnRequest, std
   return { exit, stdout: Buffer.concat(out), stderr: Buffer.concat(err), pid };
 }
 
-/** Host pids in a pid namespace whose /proc/PID/status NSpid ends with `nsPid`... */
-export function processExists(hostPid: number): boolean {
-  return existsSync(`/proc/${hostPid}`);
+/** Docker's default capability set. */
+export const DOCKER_CAPS = [
+  'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FSETID', 'CAP_FOWNER', 'CAP_MKNOD', 'CAP_NET_RAW', 'CAP_SETGID',
+  'CAP_SETUID', 'CAP_SETFCAP', 'CAP_SETPCAP', 'CAP_NET_BIND_SERVICE', 'CAP_SYS_CHROOT', 'CAP_KILL', 'CAP_AUDIT_WRITE',
+];
+
+export async function waitFor(cond: () => boolean | Promise<boolean>, what: string, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(20);
+  }
+}
+
+export interface Daemon {
+  sandbox: RuncSandbox;
+  socketPath: string;
+  pid: number;
+  stop(): Promise<void>;
+}
+
+/** A runc sandbox plus its chronus daemon; stop() kills the sandbox and checks the daemon went with it. */
+export async function startDaemon(opts: { seccompProfile?: string; capabilities?: string[] } = {}): Promise<Daemon> {
+  const sandbox = await startRuncSandbox();
+  const sockDir = await mkdtemp(join(tmpdir(), 'dsec-native-sock-'));
+  const socketPath = join(sockDir, 'chronus.sock');
+  try {
+    const { pid } = await startChronus({
+      socketPath,
+      initPid: sandbox.initPid,
+      shellPath: BUSYBOX,
+      cgroupDirs: sandbox.cgroupDirs,
+      seccompProfile: opts.seccompProfile ?? '',
+      capabilities: opts.capabilities ?? DOCKER_CAPS,
+      noNewPrivs: true,
+    });
+    return {
+      sandbox,
+      socketPath,
+      pid,
+      async stop() {
+        await sandbox.destroy();
+        await waitFor(() => !existsSync(`/proc/${pid}`), 'chronus to exit').finally(() =>
+          rm(sockDir, { recursive: true, force: true }),
+        );
+      },
+    };
+  } catch (err) {
+    await sandbox.destroy();
+    await rm(sockDir, { recursive: true, force: true });
+    throw err;
+  }
 }

@@ -44,8 +44,18 @@ function seeded(seed: number): () => number {
 
 test('spreads evenly over equal edges and avoids the loaded one', () => {
   let now = 1;
-  const edges = [edge('a'), edge('b'), edge('c'), edge('d', { used: { memoryMb: 60 * 1024, cpuCores: 60, sandboxes: 900 } })];
-  const placer = new PowerOfKPlacer({ view: () => ({ edges }), random: seeded(7), now: () => now, overlayTtlMs: 1 });
+  const edges = [
+    edge('a'),
+    edge('b'),
+    edge('c'),
+    edge('d', { used: { memoryMb: 60 * 1024, cpuCores: 60, sandboxes: 900 } }),
+  ];
+  const placer = new PowerOfKPlacer({
+    view: () => ({ edges }),
+    random: seeded(7),
+    now: () => now,
+    overlayTtlMs: 1,
+  });
   const counts: Record<string, number> = {};
   for (let i = 0; i < 3000; i++) {
     now += 10; // every placement is already "seen" by the view: no overlay carry-over
@@ -73,17 +83,25 @@ test('filters unhealthy, excluded, wrong-backend and full edges', () => {
     () => placer.place({ spec, exclude: new Set(['ok', 'other']) }),
     (e) => isDsecError(e, 'capacity_exhausted'),
   );
-  assert.throws(() => placer.place({ spec: { ...spec, backend: 'microvm' } }), (e) => isDsecError(e, 'capacity_exhausted'));
+  assert.throws(
+    () => placer.place({ spec: { ...spec, backend: 'microvm' } }),
+    (e) => isDsecError(e, 'capacity_exhausted'),
+  );
 });
 
 test('the overlay counts in-flight placements until the view catches up', () => {
   let now = 1000;
-  const edges = [edge('a', { capacity: { memoryMb: 1 << 20, cpuCores: 100, sandboxes: 2 }, observedAt: 900 })];
+  const edges = [
+    edge('a', { capacity: { memoryMb: 1 << 20, cpuCores: 100, sandboxes: 2 }, observedAt: 900 }),
+  ];
   const placer = new PowerOfKPlacer({ view: () => ({ edges }), now: () => now });
   assert.equal(placer.place({ spec }), 'a');
   assert.equal(placer.place({ spec }), 'a');
   // The view still says 0 used, but two placements are in flight: the edge is full.
-  assert.throws(() => placer.place({ spec }), (e) => isDsecError(e, 'capacity_exhausted'));
+  assert.throws(
+    () => placer.place({ spec }),
+    (e) => isDsecError(e, 'capacity_exhausted'),
+  );
   assert.equal(placer.inflightCount('a'), 2);
   // The edge reports after those placements, with one of them running.
   now += 5;

@@ -55,7 +55,8 @@ export class PowerOfKPlacer implements Placer {
     this.#prune(edges, now);
     const candidates: { edge: PlacementEdge; load: number }[] = [];
     for (const edge of edges) {
-      if (!edge.healthy || exclude?.has(edge.edgeId) || !edge.backends.includes(spec.backend)) continue;
+      if (!edge.healthy || exclude?.has(edge.edgeId) || !edge.backends.includes(spec.backend))
+        continue;
       const used = this.#usedWithOverlay(edge);
       if (!fits(edge, used, spec)) continue;
       candidates.push({ edge, load: load(edge, used, spec) });
@@ -76,13 +77,20 @@ export class PowerOfKPlacer implements Placer {
       if (!best || pick.load < best.load) best = pick;
     }
     const chosen = best!.edge.edgeId;
-    this.#inflight.push({ edgeId: chosen, at: now, memoryMb: spec.memoryLimitMb, cpuCores: spec.cpuCoresLimit });
+    this.#inflight.push({
+      edgeId: chosen,
+      at: now,
+      memoryMb: spec.memoryLimitMb,
+      cpuCores: spec.cpuCoresLimit,
+    });
     return chosen;
   }
 
   /** Placements not yet visible in the view (for metrics and tests). */
   inflightCount(edgeId?: string): number {
-    return edgeId === undefined ? this.#inflight.length : this.#inflight.filter((p) => p.edgeId === edgeId).length;
+    return edgeId === undefined
+      ? this.#inflight.length
+      : this.#inflight.filter((p) => p.edgeId === edgeId).length;
   }
 
   #prune(edges: readonly PlacementEdge[], now: number): void {

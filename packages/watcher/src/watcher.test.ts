@@ -39,12 +39,23 @@ function status(edgeId: string, over: Partial<EdgeStatus> = {}): EdgeStatus {
 test('refresh builds per-edge, per-backend and per-project views', async () => {
   const edges = new Map<string, EdgeApi>([
     ['e1', stubEdge('e1', async () => status('e1'))],
-    ['e2', stubEdge('e2', async () => status('e2', { backends: ['container', 'microvm'], sandboxesByProject: { p1: 1, p2: 3 } }))],
+    [
+      'e2',
+      stubEdge('e2', async () =>
+        status('e2', { backends: ['container', 'microvm'], sandboxesByProject: { p1: 1, p2: 3 } }),
+      ),
+    ],
   ]);
   const w = new Watcher({ edges });
   assert.equal(w.view().edges.length, 0);
   const v = await w.refresh();
-  assert.deepEqual(v.edges.map((e) => [e.edgeId, e.healthy]), [['e1', true], ['e2', true]]);
+  assert.deepEqual(
+    v.edges.map((e) => [e.edgeId, e.healthy]),
+    [
+      ['e1', true],
+      ['e2', true],
+    ],
+  );
   assert.equal(v.byBackend.container?.healthyEdges, 2);
   assert.equal(v.byBackend.microvm?.healthyEdges, 1);
   assert.deepEqual(v.byProject, { p1: 3, p2: 3 });
@@ -60,7 +71,10 @@ test('a failed, hung or lying probe marks the edge unhealthy; success restores i
   ]);
   const w = new Watcher({ edges, probeTimeoutMs: 50 });
   let v = await w.refresh();
-  assert.deepEqual(v.edges.map((e) => e.healthy), [false, false, false]);
+  assert.deepEqual(
+    v.edges.map((e) => e.healthy),
+    [false, false, false],
+  );
   assert.equal(v.edges[0]?.consecutiveFailures, 1);
   assert.equal(v.totals.healthyEdges, 0);
   fail = false;
@@ -68,7 +82,10 @@ test('a failed, hung or lying probe marks the edge unhealthy; success restores i
   assert.equal(v.edges.find((e) => e.edgeId === 'e1')?.healthy, true);
   edges.delete('e2');
   v = await w.refresh();
-  assert.deepEqual(v.edges.map((e) => e.edgeId), ['e1', 'e3']);
+  assert.deepEqual(
+    v.edges.map((e) => e.edgeId),
+    ['e1', 'e3'],
+  );
 });
 
 test('start probes repeatedly until stop', async () => {

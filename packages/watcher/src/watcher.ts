@@ -87,9 +87,11 @@ export class Watcher {
     if (this.#timer) return;
     this.#stopped = new AbortController();
     const tick = () => {
-      this.refresh().catch(() => {}).finally(() => {
-        if (!this.#stopped.signal.aborted) this.#timer = setTimeout(tick, this.#intervalMs);
-      });
+      this.refresh()
+        .catch(() => {})
+        .finally(() => {
+          if (!this.#stopped.signal.aborted) this.#timer = setTimeout(tick, this.#intervalMs);
+        });
     };
     this.#timer = setTimeout(tick, 0);
   }
@@ -121,7 +123,10 @@ export class Watcher {
   async #probe(api: EdgeApi, signal?: AbortSignal): Promise<void> {
     // A ref'd timer, unlike AbortSignal.timeout, keeps a hung probe from being forgotten.
     const deadline = new AbortController();
-    const timer = setTimeout(() => deadline.abort(new Error(`probe timed out after ${this.#probeTimeoutMs} ms`)), this.#probeTimeoutMs);
+    const timer = setTimeout(
+      () => deadline.abort(new Error(`probe timed out after ${this.#probeTimeoutMs} ms`)),
+      this.#probeTimeoutMs,
+    );
     const signals = [deadline.signal, this.#stopped.signal];
     if (signal) signals.push(signal);
     const probeSignal = AbortSignal.any(signals);
@@ -174,7 +179,8 @@ export class Watcher {
       addTo(totals, e);
       for (const b of e.backends) addTo((byBackend[b] ??= newTotals()), e);
       if (!e.healthy || !e.status) continue;
-      for (const [p, n] of Object.entries(e.status.sandboxesByProject)) byProject[p] = (byProject[p] ?? 0) + n;
+      for (const [p, n] of Object.entries(e.status.sandboxesByProject))
+        byProject[p] = (byProject[p] ?? 0) + n;
     }
     return { refreshedAt: at, edges, byBackend, byProject, totals };
   }
@@ -197,7 +203,8 @@ function addTo(t: Totals, e: EdgeView): void {
 /** Settles with `p`, or rejects when `signal` fires first (an edge that ignores its signal). */
 function raceAbort<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
   return new Promise<T>((resolve, reject) => {
-    const onAbort = () => reject(signal.reason instanceof Error ? signal.reason : new Error('probe aborted'));
+    const onAbort = () =>
+      reject(signal.reason instanceof Error ? signal.reason : new Error('probe aborted'));
     if (signal.aborted) return onAbort();
     signal.addEventListener('abort', onAbort, { once: true });
     p.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));

@@ -13,7 +13,10 @@ export interface AdminRouteDeps {
 }
 
 /** Identity, projects, keys, images and the fleet. */
-export function adminRoutes(app: FastifyInstance, { iam, fleet, imagesList }: AdminRouteDeps): void {
+export function adminRoutes(
+  app: FastifyInstance,
+  { iam, fleet, imagesList }: AdminRouteDeps,
+): void {
   app.get('/v1/whoami', async (req) => {
     const { keyId, projectId, role } = principalOf(req);
     return { keyId, projectId, role };
@@ -38,7 +41,8 @@ export function adminRoutes(app: FastifyInstance, { iam, fleet, imagesList }: Ad
   });
 
   app.get('/v1/images', async () => {
-    if (!imagesList) throw new DsecError('unavailable', 'this apiserver has no image store configured');
+    if (!imagesList)
+      throw new DsecError('unavailable', 'this apiserver has no image store configured');
     return { layers: await imagesList() };
   });
 
@@ -48,7 +52,10 @@ export function adminRoutes(app: FastifyInstance, { iam, fleet, imagesList }: Ad
     const project = iam.getProject(principal, principal.projectId);
     if (principal.role !== 'admin' || project.parentId !== null) {
       iam.audit(principal.keyId, 'edges.list', '', 'denied');
-      throw new DsecError('permission_denied', 'listing edges needs an admin key of the root project');
+      throw new DsecError(
+        'permission_denied',
+        'listing edges needs an admin key of the root project',
+      );
     }
     const edges: EdgeStatus[] = (fleet()?.edges ?? []).map((e) => ({
       edgeId: e.edgeId,

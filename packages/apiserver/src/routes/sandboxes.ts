@@ -3,7 +3,14 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { toDsecError } from '@dsec/core';
 import type { CommandResult } from '@dsec/core';
 import { principalOf } from '../auth.js';
-import { CommandBody, CreateSandboxBody, IdParams, ListSandboxesQuery, parse, toSandboxSpec } from '../schemas.js';
+import {
+  CommandBody,
+  CreateSandboxBody,
+  IdParams,
+  ListSandboxesQuery,
+  parse,
+  toSandboxSpec,
+} from '../schemas.js';
 import type { SandboxService } from '../sandbox-service.js';
 
 /** A stream whose reader has fallen this far behind is cut off: a client that never reads must not grow memory. */
@@ -44,7 +51,8 @@ export function sandboxRoutes(app: FastifyInstance, service: SandboxService): vo
     const principal = principalOf(req);
     // A quiet command must not trip the idle-socket timeout before its own timeout.
     const socket = req.raw.socket as { setTimeout?: unknown } | undefined;
-    if (typeof socket?.setTimeout === 'function') req.raw.socket.setTimeout(command.timeoutMs + COMMAND_SOCKET_GRACE_MS);
+    if (typeof socket?.setTimeout === 'function')
+      req.raw.socket.setTimeout(command.timeoutMs + COMMAND_SOCKET_GRACE_MS);
     const signal = clientGone(reply);
     if (!wantsNdjson(req)) return service.run(principal, id, command, { signal });
 
@@ -71,7 +79,9 @@ export function sandboxRoutes(app: FastifyInstance, service: SandboxService): vo
         (err: unknown) => {
           const e = toDsecError(err);
           if (e.code === 'internal') req.log.error({ err }, 'streamed command failed');
-          out.write(`${JSON.stringify({ type: 'error', error: { code: e.code, message: e.message } })}\n`);
+          out.write(
+            `${JSON.stringify({ type: 'error', error: { code: e.code, message: e.message } })}\n`,
+          );
         },
       )
       .finally(() => out.end());

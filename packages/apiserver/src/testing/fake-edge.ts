@@ -80,12 +80,16 @@ export class FakeEdge implements EdgeApi {
       throw err;
     }
     if (!this.healthy) throw new DsecError('unavailable', `edge ${this.edgeId} is down`);
-    const requestKey = req.requestId === undefined ? undefined : `${req.projectId}\n${req.requestId}`;
+    const requestKey =
+      req.requestId === undefined ? undefined : `${req.projectId}\n${req.requestId}`;
     const earlier = requestKey === undefined ? undefined : this.#byRequest.get(requestKey);
     if (earlier !== undefined) return clone(this.#get(earlier));
     if (this.#sandboxes.has(req.id)) throw new DsecError('conflict', `sandbox ${req.id} exists`);
     if (!this.backends.includes(req.spec.backend)) {
-      throw new DsecError('capacity_exhausted', `edge ${this.edgeId} has no ${req.spec.backend} backend`);
+      throw new DsecError(
+        'capacity_exhausted',
+        `edge ${this.edgeId} has no ${req.spec.backend} backend`,
+      );
     }
     const live = this.#live();
     const mem = live.reduce((n, s) => n + s.spec.memoryLimitMb, 0);
@@ -120,7 +124,10 @@ export class FakeEdge implements EdgeApi {
     return clone(this.#get(id));
   }
 
-  async listSandboxes(filter: { projectIds?: string[] }, signal?: AbortSignal): Promise<SandboxInfo[]> {
+  async listSandboxes(
+    filter: { projectIds?: string[] },
+    signal?: AbortSignal,
+  ): Promise<SandboxInfo[]> {
     throwIfAborted(signal);
     const want = filter.projectIds ? new Set(filter.projectIds) : undefined;
     return [...this.#sandboxes.values()]
@@ -138,11 +145,18 @@ export class FakeEdge implements EdgeApi {
     }
   }
 
-  async runCommand(id: string, command: CommandSpec, options: RunCommandOptions = {}): Promise<CommandResult> {
+  async runCommand(
+    id: string,
+    command: CommandSpec,
+    options: RunCommandOptions = {},
+  ): Promise<CommandResult> {
     throwIfAborted(options.signal);
     const s = this.#get(id);
-    if (s.state !== 'running') throw new DsecError('sandbox_not_running', `sandbox ${id} is ${s.state}`);
-    const stdout = Buffer.from(`${command.argv ? command.argv.join(' ') : (command.shell ?? '')}\n`);
+    if (s.state !== 'running')
+      throw new DsecError('sandbox_not_running', `sandbox ${id} is ${s.state}`);
+    const stdout = Buffer.from(
+      `${command.argv ? command.argv.join(' ') : (command.shell ?? '')}\n`,
+    );
     const stderr = Buffer.from(command.stdin ?? '');
     // Two chunks, so streaming callers see more than one event.
     const half = Math.ceil(stdout.length / 2);
@@ -166,13 +180,19 @@ export class FakeEdge implements EdgeApi {
 
   /** Sandboxes holding capacity (creating or running, not expired). */
   #live(): SandboxInfo[] {
-    return [...this.#sandboxes.keys()].map((id) => this.#get(id)).filter((s) => s.state === 'creating' || s.state === 'running');
+    return [...this.#sandboxes.keys()]
+      .map((id) => this.#get(id))
+      .filter((s) => s.state === 'creating' || s.state === 'running');
   }
 
   #get(id: string): SandboxInfo {
     const s = this.#sandboxes.get(id);
-    if (!s) throw new DsecError('sandbox_not_found', `no sandbox ${JSON.stringify(id.slice(0, 80))}`);
-    if ((s.state === 'running' || s.state === 'creating') && Date.parse(s.expiresAt) <= this.#now()) {
+    if (!s)
+      throw new DsecError('sandbox_not_found', `no sandbox ${JSON.stringify(id.slice(0, 80))}`);
+    if (
+      (s.state === 'running' || s.state === 'creating') &&
+      Date.parse(s.expiresAt) <= this.#now()
+    ) {
       s.state = 'stopped';
       s.reason = 'ttl expired';
     }

@@ -25,11 +25,18 @@ export interface TestApi {
  * The watcher has probed once; call `watcher.refresh()` after changing edges.
  */
 export async function createTestApi(
-  options: { edges?: FakeEdge[]; iamPath?: string; placer?: (watcher: Watcher) => Placer; logger?: boolean } = {},
+  options: {
+    edges?: FakeEdge[];
+    iamPath?: string;
+    placer?: (watcher: Watcher) => Placer;
+    logger?: boolean;
+  } = {},
 ): Promise<TestApi> {
   const iam = Iam.open({ path: options.iamPath ?? ':memory:' });
   const boot = iam.bootstrap();
-  const edges = new Map((options.edges ?? [new FakeEdge({ edgeId: 'edge-a' })]).map((e) => [e.edgeId, e]));
+  const edges = new Map(
+    (options.edges ?? [new FakeEdge({ edgeId: 'edge-a' })]).map((e) => [e.edgeId, e]),
+  );
   const watcher = new Watcher({ edges });
   await watcher.refresh();
   const placer = options.placer?.(watcher) ?? new PowerOfKPlacer({ view: () => watcher.view() });

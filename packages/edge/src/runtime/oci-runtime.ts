@@ -1,6 +1,7 @@
 import { spawn } from 'node:child_process';
 import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { DsecError } from '@dsec/core';
 
@@ -107,8 +108,11 @@ export class RuncRuntime implements OciRuntime {
     child.stdout.destroy();
     child.stderr.destroy();
     child.unref();
-    const initPid = Number((await readFile(options.pidFile, 'utf8')).trim());
-    if (!Number.isInteger(initPid) || initPid <= 0 || child.pid === undefined) {
+    // runc writes the pid file just after the init has started (and said `ready`).
+    const initPid = await readPidFile(options.pidFile, 5_000);
+    if (initPid === undefined || child.pid === undefined) {
+      child.kill('SIGKILL');
+      await this.forceDelete(options.id);
       throw new DsecError('internal', `${this.name} wrote no usable pid for ${options.id}`);
     }
     return { runtimePid: child.pid, initPid, exited };
@@ -129,5 +133,16 @@ export class RuncRuntime implements OciRuntime {
     const { stdout } = await execFileAsync(this.binary, ['--root', this.root, 'list', '--format', 'json']);
     const items = JSON.parse(stdout.trim() || 'null') as { id: string }[] | null;
     return (items ?? []).map((c) => c.id);
+  }
+}
+
+async function readPidFile(file: string, timeoutMs: number): Promise<number | undefined> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const text = await readFile(file, 'utf8').catch(() => '');
+    const pid = Number(text.trim());
+    if (text.trim() && Number.isInteger(pid) && pid > 0) return pid;
+    if (Date.now() > deadline) return undefined;
+    await sleep(1);
   }
 }

@@ -1,3 +1,4 @@
+import { chmodSync } from 'node:fs';
 import Database from 'better-sqlite3';
 import type { LayerInfo, SandboxSpec, SandboxState } from '@dsec/core';
 
@@ -48,6 +49,7 @@ export class EdgeStore {
 
   constructor(file: string) {
     this.#db = new Database(file);
+    chmodSync(file, 0o600);
     this.#db.pragma('journal_mode = WAL');
     this.#db.pragma('synchronous = FULL');
     this.#db.pragma('busy_timeout = 5000');

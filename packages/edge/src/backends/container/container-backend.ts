@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { chown, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { DsecError } from '@dsec/core';
@@ -49,7 +49,9 @@ export class ContainerBackend implements Backend {
   async start(rec: SandboxRecord, signal?: AbortSignal): Promise<StartedSandbox> {
     const p = this.paths(rec);
     const hostId = ID_BASE + rec.slot * ID_COUNT;
-    await mkdir(p.dir, { recursive: true, mode: 0o700 });
+    await mkdir(p.dir, { recursive: true });
+    await chmod(this.options.dir, 0o711);
+    await chmod(p.dir, 0o711);
     await Promise.all([p.upper, p.work, p.rootfs].map((d) => mkdir(d, { recursive: true })));
     await Promise.all([p.upper, p.work].map((d) => chown(d, hostId, hostId)));
 
@@ -165,17 +167,18 @@ export class ContainerBackend implements Backend {
     };
   }
 
-  #connection(rec: SandboxRecord): Promise<ChronusConnection> {
-    let conn = this.#connections.get(rec.id);
-    if (!conn) {
-      conn = ChronusConnection.connect(this.paths(rec).socket);
-      this.#connections.set(rec.id, conn);
-      conn.then(
-        (c) => c.onClose(() => this.#connections.get(rec.id) === conn && this.#connections.delete(rec.id)),
-        () => this.#connections.delete(rec.id),
-      );
+  /** One connection per sandbox, shared by its commands; reopened if it dropped. */
+  async #connection(rec: SandboxRecord): Promise<ChronusConnection> {
+    const cached = this.#connections.get(rec.id);
+    if (cached) {
+      const conn = await cached.catch(() => undefined);
+      if (conn && !conn.closed) return conn;
+      if (this.#connections.get(rec.id) === cached) this.#connections.delete(rec.id);
     }
-    return conn;
+    const connecting = ChronusConnection.connect(this.paths(rec).socket);
+    this.#connections.set(rec.id, connecting);
+    connecting.catch(() => this.#connections.get(rec.id) === connecting && this.#connections.delete(rec.id));
+    return connecting;
   }
 }
 

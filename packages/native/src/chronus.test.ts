@@ -1,0 +1,206 @@
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+
+import { ChronusConnection } from './chronus-client.js';
+import type { ChronusError } from './chronus-client.js';
+import { integrationSkipReason, runCollect, startDaemon, waitFor } from './test-support.js';
+import type { Daemon } from './test-support.js';
+
+const skip = integrationSkipReason() ?? false;
+
+describe('chronus against a runc sandbox', { skip }, () => {
+  let d: Daemon;
+  let conn: ChronusConnection;
+  before(async () => {
+    d = await startDaemon();
+    conn = await ChronusConnection.connect(d.socketPath);
+  });
+  after(async () => {
+    conn?.close();
+    await d?.stop();
+  });
+
+  test('true exits 0 with a pid from the sandbox namespace', async () => {
+    const r = await runCollect(conn, { argv: ['true'] });
+    assert.equal(r.exit.exitCode, 0);
+    assert.equal(r.exit.signal, null);
+    assert.ok(r.pid > 1 && r.pid < 10000, `pid ${r.pid}`);
+  });
+
+  test('exit code through the sealed shell', async () => {
+    const r = await runCollect(conn, { argv: ['sh', '-c', 'exit 7'], shell: true });
+    assert.equal(r.exit.exitCode, 7);
+  });
+
+  test('death by signal', async () => {
+    const r = await runCollect(conn, { argv: ['sh', '-c', 'kill -9 $$'], shell: true });
+    assert.equal(r.exit.exitCode, null);
+    assert.equal(r.exit.signal, 'SIGKILL');
+  });
+
+  test('stdout and stderr stay separate and ordered', async () => {
+    const script = 'for i in 1 2 3 4 5; do echo out$i; echo err$i >&2; done';
+    const r = await runCollect(conn, { argv: ['sh', '-c', script], shell: true });
+    assert.equal(r.stdout.toString(), 'out1\nout2\nout3\nout4\nout5\n');
+    assert.equal(r.stderr.toString(), 'err1\nerr2\nerr3\nerr4\nerr5\n');
+  });
+
+  test('stdin streams into cat', async () => {
+    const input = 'line\n'.repeat(100_000);
+    const r = await runCollect(conn, { argv: ['cat'] }, input);
+    assert.equal(r.exit.exitCode, 0);
+    assert.equal(r.stdout.length, input.length);
+    assert.equal(r.stdout.toString(), input);
+  });
+
+  test('a missing program is a SPAWN_ERROR (ENOENT), not an exit code', async () => {
+    const h = conn.spawn({ argv: ['no-such-program'] });
+    await assert.rejects(h.started, (err: ChronusError) => err.errno === 2 && err.code === 'ENOENT');
+    await assert.rejects(h.exited);
+  });
+
+  test('a missing cwd and an unknown user are SPAWN_ERRORs', async () => {
+    await assert.rejects(conn.spawn({ argv: ['true'], cwd: '/nope' }).started, (e: ChronusError) => e.errno === 2);
+    await assert.rejects(conn.spawn({ argv: ['true'], user: 'mallory' }).started, /unknown user/);
+  });
+
+  test('user resolution from the sandbox passwd/group, home as cwd, HOME/USER', async () => {
+    const r = await runCollect(conn, { argv: ['sh', '-c', 'id; pwd; echo $HOME $USER'], shell: true, user: 'alice' });
+    const [id, pwd, env] = r.stdout.toString().split('\n');
+    assert.match(id ?? '', /^uid=1000\(alice\) gid=1000\(alice\) groups=.*10\(wheel\)/);
+    assert.equal(pwd, '/home/alice');
+    assert.equal(env, '/home/alice alice');
+    const n = await runCollect(conn, { argv: ['id', '-u'], uid: 1234, gid: 1234 });
+    assert.equal(n.stdout.toString(), '1234\n');
+  });
+
+  test('a command sees only fds 0, 1, 2', async () => {
+    // `; true` keeps sh from exec'ing ls in place (ls's own directory fd would show up).
+    const r = await runCollect(conn, { argv: ['sh', '-c', 'ls /proc/$$/fd; true'], shell: true });
+    assert.deepEqual(r.stdout.toString().trim().split(/\s+/).sort(), ['0', '1', '2']);
+    const p = await runCollect(conn, {
+      argv: ['sh', '-c', 'ls /proc/$$/fd; true'],
+      shell: true,
+      pty: { rows: 24, cols: 80 },
+    });
+    assert.deepEqual(p.stdout.toString().trim().split(/\s+/).sort(), ['0', '1', '2']);
+  });
+
+  test('the daemon is invisible inside the sandbox and sits in its cgroups', async () => {
+    const r = await runCollect(conn, { argv: ['ps', '-o', 'pid,args'] });
+    assert.doesNotMatch(r.stdout.toString(), /chronus|\.sock|dsec-helper/);
+    const status = await readFile(`/proc/${d.pid}/status`, 'utf8');
+    assert.match(status, /^NSpid:\t\d+$/m, 'daemon has no pid inside the sandbox namespace');
+    for (const dir of d.sandbox.cgroupDirs) {
+      const procs = (await readFile(join(dir, 'cgroup.procs'), 'utf8')).split('\n');
+      assert.ok(procs.includes(String(d.pid)), `daemon in ${dir}`);
+    }
+  });
+
+  test('posture: capabilities bounded, no_new_privs', async () => {
+    const r = await runCollect(conn, { argv: ['grep', '-E', '^(CapBnd|CapEff|NoNewPrivs)', '/proc/self/status'] });
+    // Docker's default set: 0x00000000a80425fb
+    assert.match(r.stdout.toString(), /CapEff:\t00000000a80425fb/);
+    assert.match(r.stdout.toString(), /CapBnd:\t00000000a80425fb/);
+    assert.match(r.stdout.toString(), /NoNewPrivs:\t1/);
+    const alice = await runCollect(conn, { argv: ['grep', '^CapEff', '/proc/self/status'], user: 'alice' });
+    assert.equal(alice.stdout.toString(), 'CapEff:\t0000000000000000\n');
+  });
+
+  test('KILL_TREE kills every descendant, including setsid and double-forked ones', async () => {
+    const h = conn.spawn({
+      argv: ['sh', '-c', 'sleep 1001 & sleep 1001 & setsid sleep 1001 & (sleep 1001 &) ; wait'],
+      shell: true,
+    });
+    await h.started;
+    const count = async (): Promise<number> => {
+      const r = await runCollect(conn, { argv: ['sh', '-c', 'ps -o args | grep -c "^sleep 1001"'], shell: true });
+      return Number(r.stdout.toString().trim());
+    };
+    await waitFor(async () => (await count()) === 4, 'four sleeps');
+    h.killTree();
+    const exit = await h.exited;
+    assert.equal(exit.signal, 'SIGKILL');
+    assert.equal(await count(), 0);
+  });
+
+  test('SIGNAL reaches the process group', async () => {
+    const h = conn.spawn({ argv: ['sleep', '1000'] });
+    await h.started;
+    h.signal('SIGTERM');
+    assert.equal((await h.exited).signal, 'SIGTERM');
+  });
+
+  test('pty: controlling terminal and window size', async () => {
+    const h = conn.spawn({ argv: ['sh', '-c', 'stty size; tty'], shell: true, pty: { rows: 33, cols: 101 } });
+    const out: Buffer[] = [];
+    h.onStdout((b) => out.push(Buffer.from(b)));
+    assert.equal((await h.exited).exitCode, 0);
+    assert.match(Buffer.concat(out).toString(), /^33 101\r\n\/dev\/pts\/\d+\r\n$/);
+  });
+
+  test('pty: stdin goes to the terminal, STDIN_EOF is ^D', async () => {
+    const h = conn.spawn({ argv: ['cat'], stdin: true, pty: { rows: 24, cols: 80 } });
+    const out: Buffer[] = [];
+    h.onStdout((b) => out.push(Buffer.from(b)));
+    await h.started;
+    h.write('hello\n');
+    h.endStdin();
+    assert.equal((await h.exited).exitCode, 0);
+    assert.equal(Buffer.concat(out).toString(), 'hello\r\nhello\r\n'); // echo, then cat's output
+  });
+
+  test('closing a connection kills its commands, but not detached ones', async () => {
+    const other = await ChronusConnection.connect(d.socketPath);
+    const attached = other.spawn({ argv: ['sleep', '1002'] });
+    const detached = other.spawn({ argv: ['sleep', '1003'], detached: true });
+    const pa = (await attached.started).pid;
+    const pd = (await detached.started).pid;
+    other.close();
+    await assert.rejects(attached.exited, (e: ChronusError) => e.code === 'ECONNRESET');
+    const alive = async (pid: number): Promise<boolean> =>
+      (await runCollect(conn, { argv: ['kill', '-0', String(pid)] })).exit.exitCode === 0;
+    await waitFor(async () => !(await alive(pa)), 'attached command to die');
+    assert.equal(await alive(pd), true);
+    await runCollect(conn, { argv: ['kill', '-9', String(pd)] });
+  });
+
+  test('throughput: 200 MiB of yes arrives complete', async (t) => {
+    const size = 200 * 1024 * 1024;
+    const h = conn.spawn({ argv: ['sh', '-c', `/usr/bin/yes | /usr/bin/head -c ${size}`], shell: true });
+    let bytes = 0;
+    h.onStdout((b) => (bytes += b.length));
+    const t0 = process.hrtime.bigint();
+    assert.equal((await h.exited).exitCode, 0);
+    const secs = Number(process.hrtime.bigint() - t0) / 1e9;
+    assert.equal(bytes, size);
+    t.diagnostic(`yes throughput ${(size / secs / 1e6).toFixed(0)} MB/s`);
+  });
+
+  test('round trip of `true` (200 spawns, mean reported)', async (t) => {
+    const t0 = process.hrtime.bigint();
+    for (let i = 0; i < 200; i++) assert.equal((await runCollect(conn, { argv: ['true'] })).exit.exitCode, 0);
+    t.diagnostic(`spawn round trip of true: ${(Number(process.hrtime.bigint() - t0) / 1e6 / 200).toFixed(2)} ms`);
+  });
+});
+
+describe('chronus lifetime', { skip }, () => {
+  test('the daemon exits (and removes its socket) when the sandbox init dies', async () => {
+    const d = await startDaemon();
+    const conn = await ChronusConnection.connect(d.socketPath);
+    const h = conn.spawn({ argv: ['sleep', '1000'] });
+    await h.started;
+    await d.stop(); // kills the container's init and waits for the daemon pid to vanish
+    // Either the reaper's report of the SIGKILL made it out first, or the connection dropped.
+    const outcome = await h.exited.then(
+      (e) => e.signal,
+      (e: ChronusError) => e.code,
+    );
+    assert.ok(outcome === 'SIGKILL' || outcome === 'ECONNRESET', String(outcome));
+    assert.equal(existsSync(d.socketPath), false);
+    conn.close();
+  });
+});
