@@ -57,7 +57,9 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   // 0711: the sandboxes' mapped root must traverse down to their rootfs; nobody may list.
   await mkdir(stateDir, { recursive: true });
   await chmod(stateDir, 0o711);
-  const secret = await readOrCreate(join(stateDir, 'cluster.secret'), () => randomBytes(32).toString('hex'));
+  const secret = await readOrCreate(join(stateDir, 'cluster.secret'), () =>
+    randomBytes(32).toString('hex'),
+  );
   const store = new DirImageStore(join(stateDir, 'images'));
   const iam = Iam.open({ path: join(stateDir, 'iam.db') });
   const boot = iam.bootstrap();
@@ -66,7 +68,9 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   const adminKey = (await readFile(keyFile, 'utf8').catch(() => '')).trim();
   if (!adminKey) {
     iam.close();
-    throw new Error(`${keyFile} is missing but ${join(stateDir, 'iam.db')} exists: restore the key file or use a new --state-dir`);
+    throw new Error(
+      `${keyFile} is missing but ${join(stateDir, 'iam.db')} exists: restore the key file or use a new --state-dir`,
+    );
   }
 
   const edgeId = options.edgeId ?? 'node-1';
@@ -112,7 +116,8 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       await app.close();
       watcher.stop();
       if (closeOptions.stopSandboxes) {
-        for (const sb of await edge.listSandboxes({})) await edge.stopSandbox(sb.id).catch(() => undefined);
+        for (const sb of await edge.listSandboxes({}))
+          await edge.stopSandbox(sb.id).catch(() => undefined);
       }
       await edge.close();
       iam.close();

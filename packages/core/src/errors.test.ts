@@ -6,12 +6,19 @@ import { DsecError, ERROR_CODES, toDsecError } from './errors.js';
 test('docs/errors.md lists every error code with its status', () => {
   const doc = readFileSync(new URL('../../../docs/errors.md', import.meta.url), 'utf8');
   for (const [code, { status }] of Object.entries(ERROR_CODES)) {
-    assert.match(doc, new RegExp(`\\| \`${code}\` \\| ${status} \\|`), `docs/errors.md is missing ${code}`);
+    assert.match(
+      doc,
+      new RegExp(`\\| \`${code}\` \\| ${status} \\|`),
+      `docs/errors.md is missing ${code}`,
+    );
   }
 });
 
 test('an error survives the wire form', () => {
-  const e = new DsecError('invalid_argument', 'bad', { field: 'memoryLimitMb', details: { min: 16 } });
+  const e = new DsecError('invalid_argument', 'bad', {
+    field: 'memoryLimitMb',
+    details: { min: 16 },
+  });
   const back = DsecError.fromBody(JSON.parse(JSON.stringify(e.toJSON())), 400);
   assert.equal(back.code, 'invalid_argument');
   assert.equal(back.field, 'memoryLimitMb');

@@ -6,7 +6,11 @@
  */
 export const ERROR_CODES = {
   invalid_argument: { status: 400, retryable: false, summary: 'A request field is invalid.' },
-  unauthenticated: { status: 401, retryable: false, summary: 'Missing, malformed or revoked API key.' },
+  unauthenticated: {
+    status: 401,
+    retryable: false,
+    summary: 'Missing, malformed or revoked API key.',
+  },
   permission_denied: { status: 403, retryable: false, summary: 'The caller may not do this.' },
   not_found: { status: 404, retryable: false, summary: 'No such route or resource.' },
   sandbox_not_found: { status: 404, retryable: false, summary: 'No such sandbox (or not yours).' },
@@ -22,7 +26,11 @@ export const ERROR_CODES = {
     summary: 'No node has capacity for the sandbox now.',
   },
   unavailable: { status: 503, retryable: true, summary: 'A component is down; retry.' },
-  deadline_exceeded: { status: 504, retryable: true, summary: 'The operation ran past its deadline.' },
+  deadline_exceeded: {
+    status: 504,
+    retryable: true,
+    summary: 'The operation ran past its deadline.',
+  },
   aborted: { status: 499, retryable: true, summary: 'The caller cancelled the operation.' },
   internal: { status: 500, retryable: true, summary: 'A bug or a host fault; see server logs.' },
 } as const satisfies Record<string, { status: number; retryable: boolean; summary: string }>;
@@ -77,7 +85,10 @@ export class DsecError extends Error {
       const code = isErrorCode(e.code) ? e.code : 'internal';
       return new DsecError(code, e.message, { field: e.field, details: e.details });
     }
-    return new DsecError(fallbackStatus >= 500 ? 'unavailable' : 'internal', `HTTP ${fallbackStatus}`);
+    return new DsecError(
+      fallbackStatus >= 500 ? 'unavailable' : 'internal',
+      `HTTP ${fallbackStatus}`,
+    );
   }
 }
 
@@ -105,5 +116,6 @@ export function toDsecError(err: unknown, code: ErrorCode = 'internal'): DsecErr
 
 /** Throws `aborted` if the signal has fired. */
 export function throwIfAborted(signal: AbortSignal | undefined): void {
-  if (signal?.aborted) throw new DsecError('aborted', 'operation aborted', { cause: signal.reason });
+  if (signal?.aborted)
+    throw new DsecError('aborted', 'operation aborted', { cause: signal.reason });
 }

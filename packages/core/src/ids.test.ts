@@ -17,6 +17,10 @@ test('a forged, edited or foreign ID does not decode', () => {
   const other = new SandboxIdCodec('another-secret-of-enough-length');
   const flipped = id.slice(0, -2) + (id.at(-2) === 'A' ? 'B' : 'A') + id.at(-1);
   for (const bad of [flipped, other.mint('node-1'), 'sb-', 'x', '../../etc', id + 'A', '']) {
-    assert.throws(() => codec.decode(bad), (e) => isDsecError(e, 'sandbox_not_found'), bad);
+    assert.throws(
+      () => codec.decode(bad),
+      (e) => isDsecError(e, 'sandbox_not_found'),
+      bad,
+    );
   }
 });

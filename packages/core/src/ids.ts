@@ -31,13 +31,18 @@ export class SandboxIdCodec {
   mint(edgeId: string): string {
     if (!EDGE_ID_PATTERN.test(edgeId)) throw new Error(`invalid edge id ${JSON.stringify(edgeId)}`);
     const edge = Buffer.from(edgeId, 'utf8');
-    const body = Buffer.concat([Buffer.from([VERSION, edge.length]), edge, randomBytes(RANDOM_BYTES)]);
+    const body = Buffer.concat([
+      Buffer.from([VERSION, edge.length]),
+      edge,
+      randomBytes(RANDOM_BYTES),
+    ]);
     return PREFIX + Buffer.concat([body, this.#mac(body)]).toString('base64url');
   }
 
   /** Decodes and verifies an ID; throws `sandbox_not_found` for anything forged or malformed. */
   decode(id: string): DecodedSandboxId {
-    const notFound = () => new DsecError('sandbox_not_found', `no sandbox ${JSON.stringify(id.slice(0, 80))}`);
+    const notFound = () =>
+      new DsecError('sandbox_not_found', `no sandbox ${JSON.stringify(id.slice(0, 80))}`);
     if (typeof id !== 'string' || !id.startsWith(PREFIX) || id.length > 200) throw notFound();
     const raw = Buffer.from(id.slice(PREFIX.length), 'base64url');
     if (raw.toString('base64url') !== id.slice(PREFIX.length)) throw notFound();

@@ -62,7 +62,10 @@ export function formatLayerRef(ref: LayerRef): string {
 export interface ImageStore {
   readonly kind: string;
   /** Copies a local file in as an immutable blob; idempotent; returns its digest. */
-  putBlob(file: string, options?: { signal?: AbortSignal }): Promise<{ digest: string; sizeBytes: number }>;
+  putBlob(
+    file: string,
+    options?: { signal?: AbortSignal },
+  ): Promise<{ digest: string; sizeBytes: number }>;
   hasBlob(digest: string): Promise<boolean>;
   /**
    * A local path the kernel can read the blob from (the file itself for `dir`,

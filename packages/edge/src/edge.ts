@@ -53,7 +53,10 @@ export class Edge implements EdgeApi {
   readonly #stopping = new Map<string, Promise<void>>();
   #sweeper: NodeJS.Timeout | undefined;
 
-  private constructor(readonly options: EdgeOptions, store: EdgeStore) {
+  private constructor(
+    readonly options: EdgeOptions,
+    store: EdgeStore,
+  ) {
     this.edgeId = options.edgeId;
     this.#store = store;
   }
@@ -101,9 +104,13 @@ export class Edge implements EdgeApi {
   async createSandbox(req: CreateSandboxRequest, signal?: AbortSignal): Promise<SandboxInfo> {
     const { spec } = req;
     if (spec.backend !== this.options.backend.kind) {
-      throw new DsecError('invalid_argument', `this edge runs ${this.options.backend.kind} sandboxes, not ${spec.backend}`, {
-        field: 'backend',
-      });
+      throw new DsecError(
+        'invalid_argument',
+        `this edge runs ${this.options.backend.kind} sandboxes, not ${spec.backend}`,
+        {
+          field: 'backend',
+        },
+      );
     }
     const layers = await this.#resolveLayers(spec.image, spec.workspace, spec.toolkits);
     if (req.requestId !== undefined) {
@@ -143,12 +150,21 @@ export class Edge implements EdgeApi {
     await this.#stop(rec, 'stopped by request');
   }
 
-  async runCommand(id: string, command: CommandSpec, options: RunCommandOptions = {}): Promise<CommandResult> {
+  async runCommand(
+    id: string,
+    command: CommandSpec,
+    options: RunCommandOptions = {},
+  ): Promise<CommandResult> {
     const rec = this.#get(id);
     if (rec.state !== 'running') {
-      throw new DsecError('sandbox_not_running', `sandbox ${id} is ${rec.state}`, { details: { state: rec.state } });
+      throw new DsecError('sandbox_not_running', `sandbox ${id} is ${rec.state}`, {
+        details: { state: rec.state },
+      });
     }
-    return this.options.backend.runCommand(rec, command, { ...options, commandId: randomId('cmd') });
+    return this.options.backend.runCommand(rec, command, {
+      ...options,
+      commandId: randomId('cmd'),
+    });
   }
 
   #get(id: string): SandboxRecord {
@@ -172,9 +188,13 @@ export class Edge implements EdgeApi {
       memoryMb + spec.memoryLimitMb > capacity.memoryMb ||
       cpuCores + spec.cpuCoresLimit > capacity.cpuCores
     ) {
-      throw new DsecError('capacity_exhausted', `edge ${this.edgeId} has no room for this sandbox`, {
-        details: { edgeId: this.edgeId, sandboxes: live.length, memoryMb, cpuCores, capacity },
-      });
+      throw new DsecError(
+        'capacity_exhausted',
+        `edge ${this.edgeId} has no room for this sandbox`,
+        {
+          details: { edgeId: this.edgeId, sandboxes: live.length, memoryMb, cpuCores, capacity },
+        },
+      );
     }
   }
 
@@ -185,7 +205,11 @@ export class Edge implements EdgeApi {
       return toInfo({ ...rec, ...started, state: 'running' }, this.edgeId);
     } catch (err) {
       this.options.log?.('sandbox start failed', { id: rec.id, err: String(err) });
-      await this.options.backend.stop(rec).catch((e: unknown) => this.options.log?.('rollback failed', { id: rec.id, err: String(e) }));
+      await this.options.backend
+        .stop(rec)
+        .catch((e: unknown) =>
+          this.options.log?.('rollback failed', { id: rec.id, err: String(e) }),
+        );
       this.#store.update(rec.id, { state: 'failed', reason: toDsecError(err).message });
       throw toDsecError(err);
     }
@@ -212,7 +236,9 @@ export class Edge implements EdgeApi {
     const now = new Date().toISOString();
     for (const rec of this.#store.list(['running'])) {
       if (rec.expiresAt <= now) {
-        await this.#stop(rec, 'ttl expired').catch((err: unknown) => this.options.log?.('ttl stop failed', { id: rec.id, err: String(err) }));
+        await this.#stop(rec, 'ttl expired').catch((err: unknown) =>
+          this.options.log?.('ttl stop failed', { id: rec.id, err: String(err) }),
+        );
       }
     }
     const retentionMs = this.options.retentionMs ?? 3_600_000;
@@ -237,15 +263,28 @@ export class Edge implements EdgeApi {
         if (chronusPid !== undefined) this.#store.update(rec.id, { chronusPid });
         continue;
       }
-      const reason = rec.state === 'creating' ? 'interrupted while creating' : running ? 'ttl expired' : 'exited';
+      const reason =
+        rec.state === 'creating'
+          ? 'interrupted while creating'
+          : running
+            ? 'ttl expired'
+            : 'exited';
       // stop() releases layers it holds; acquire first so the counts balance.
-      for (const layer of rec.layers) await this.options.layers.acquire(layer).catch(() => undefined);
+      for (const layer of rec.layers)
+        await this.options.layers.acquire(layer).catch(() => undefined);
       await backend.stop(rec);
-      this.#store.update(rec.id, { state: rec.state === 'creating' ? 'failed' : 'stopped', reason });
+      this.#store.update(rec.id, {
+        state: rec.state === 'creating' ? 'failed' : 'stopped',
+        reason,
+      });
     }
   }
 
-  async #resolveLayers(image: string, workspace: string | undefined, toolkits: string[]): Promise<LayerInfo[]> {
+  async #resolveLayers(
+    image: string,
+    workspace: string | undefined,
+    toolkits: string[],
+  ): Promise<LayerInfo[]> {
     const resolve = async (ref: string, field: string, kind: LayerInfo['kind']) => {
       const layer = await this.options.store.getLayer(ref).catch((err: unknown) => {
         throw new DsecError('image_not_found', toDsecError(err).message, { field, cause: err });
@@ -257,7 +296,8 @@ export class Edge implements EdgeApi {
     };
     const layers = [await resolve(image, 'image', 'base')];
     if (workspace) layers.push(await resolve(workspace, 'workspace', 'workspace'));
-    for (const [i, t] of toolkits.entries()) layers.push(await resolve(t, `toolkits.${i}`, 'toolkit'));
+    for (const [i, t] of toolkits.entries())
+      layers.push(await resolve(t, `toolkits.${i}`, 'toolkit'));
     return layers;
   }
 }

@@ -22,9 +22,8 @@ async function fakeDaemon(t: { after: (fn: () => Promise<void>) => void }) {
   const dir = await mkdtemp(join(tmpdir(), 'dsec-native-client-'));
   const path = join(dir, 's.sock');
   let received = Buffer.alloc(0);
-  let peer!: Promise<Socket>;
   const server = createServer();
-  peer = new Promise((resolve) =>
+  const peer = new Promise<Socket>((resolve) =>
     server.once('connection', (s: Socket) => {
       s.on('data', (d: Buffer) => (received = Buffer.concat([received, d])));
       resolve(s);
@@ -47,7 +46,13 @@ test('decodeWaitStatus', () => {
 test('frames split at every byte and coalesced are decoded in order', async (t) => {
   const d = await fakeDaemon(t);
   const conn = await ChronusConnection.connect(d.path);
-  const h = conn.spawn({ argv: ['echo', 'hi'], env: { A: 'b' }, cwd: '/w', user: 'alice', stdin: true });
+  const h = conn.spawn({
+    argv: ['echo', 'hi'],
+    env: { A: 'b' },
+    cwd: '/w',
+    user: 'alice',
+    stdin: true,
+  });
   const out: string[] = [];
   const err: string[] = [];
   h.onStdout((b) => out.push(b.toString()));
@@ -104,10 +109,16 @@ test('SPAWN_ERROR rejects with errno; a dropped connection rejects with ECONNRES
   const e = Buffer.alloc(4);
   e.writeInt32LE(2, 0);
   sock.write(frame(0x82, bad.stream, Buffer.concat([e, Buffer.from('exec nope')])));
-  await assert.rejects(bad.started, (err: ChronusError) => err.errno === 2 && err.code === 'ENOENT');
+  await assert.rejects(
+    bad.started,
+    (err: ChronusError) => err.errno === 2 && err.code === 'ENOENT',
+  );
   sock.destroy();
   await assert.rejects(pending.exited, (err: ChronusError) => err.code === 'ECONNRESET');
-  await assert.rejects(conn.spawn({ argv: ['true'] }).started, (err: ChronusError) => err.code === 'ECONNRESET');
+  await assert.rejects(
+    conn.spawn({ argv: ['true'] }).started,
+    (err: ChronusError) => err.code === 'ECONNRESET',
+  );
 });
 
 test('an oversized frame from the daemon drops the connection', async (t) => {

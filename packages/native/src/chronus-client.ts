@@ -104,23 +104,32 @@ function frame(type: number, stream: number, payload?: Buffer): Buffer {
 }
 
 function cString(s: string, what: string): Buffer {
-  if (s.includes('\0')) throw new DsecError('invalid_argument', `${what} contains a NUL byte`, { field: what });
+  if (s.includes('\0'))
+    throw new DsecError('invalid_argument', `${what} contains a NUL byte`, { field: what });
   return Buffer.from(`${s}\0`, 'utf8');
 }
 
 function u32(n: number | undefined, what: string): number {
   const v = n ?? 0;
   if (!Number.isInteger(v) || v < 0 || v > 0xffffffff) {
-    throw new DsecError('invalid_argument', `${what} must be a 32-bit unsigned integer`, { field: what });
+    throw new DsecError('invalid_argument', `${what} must be a 32-bit unsigned integer`, {
+      field: what,
+    });
   }
   return v;
 }
 
 function encodeSpawn(req: SpawnRequest): Buffer {
-  if (req.argv.length === 0) throw new DsecError('invalid_argument', 'argv must not be empty', { field: 'argv' });
-  const env = Array.isArray(req.env) ? req.env : Object.entries(req.env ?? {}).map(([k, v]) => `${k}=${v}`);
+  if (req.argv.length === 0)
+    throw new DsecError('invalid_argument', 'argv must not be empty', { field: 'argv' });
+  const env = Array.isArray(req.env)
+    ? req.env
+    : Object.entries(req.env ?? {}).map(([k, v]) => `${k}=${v}`);
   const flags =
-    (req.shell ? F_SHELL : 0) | (req.stdin ? F_STDIN : 0) | (req.pty ? F_PTY : 0) | (req.detached ? F_DETACHED : 0);
+    (req.shell ? F_SHELL : 0) |
+    (req.stdin ? F_STDIN : 0) |
+    (req.pty ? F_PTY : 0) |
+    (req.detached ? F_DETACHED : 0);
   const head = Buffer.alloc(24);
   head.writeUInt32LE(flags, 0);
   head.writeUInt32LE(u32(req.uid, 'uid'), 4);
@@ -137,11 +146,16 @@ function encodeSpawn(req: SpawnRequest): Buffer {
     ...env.map((e, i) => cString(e, `env.${i}`)),
   ];
   const payload = Buffer.concat(parts);
-  if (payload.length > MAX_PAYLOAD) throw new DsecError('payload_too_large', 'spawn request exceeds 1 MiB');
+  if (payload.length > MAX_PAYLOAD)
+    throw new DsecError('payload_too_large', 'spawn request exceeds 1 MiB');
   return payload;
 }
 
-function deferred<T>(): { promise: Promise<T>; resolve: (v: T) => void; reject: (e: Error) => void } {
+function deferred<T>(): {
+  promise: Promise<T>;
+  resolve: (v: T) => void;
+  reject: (e: Error) => void;
+} {
   let resolve!: (v: T) => void;
   let reject!: (e: Error) => void;
   const promise = new Promise<T>((res, rej) => {
@@ -224,7 +238,9 @@ export class CommandHandle {
         return false;
       case T_SPAWN_ERROR: {
         const errno = payload.readInt32LE(0);
-        const err: ChronusError = new Error(`spawn failed: ${payload.subarray(4).toString('utf8')} (${errnoName(errno)})`);
+        const err: ChronusError = new Error(
+          `spawn failed: ${payload.subarray(4).toString('utf8')} (${errnoName(errno)})`,
+        );
         err.errno = errno;
         err.code = errnoName(errno);
         this.fail(err);
@@ -293,7 +309,13 @@ export class ChronusConnection {
       signal?.addEventListener('abort', onAbort, { once: true });
       socket.once('error', (err) => {
         signal?.removeEventListener('abort', onAbort);
-        reject(new DsecError('unavailable', `cannot connect to chronus at ${socketPath}: ${err.message}`, { cause: err }));
+        reject(
+          new DsecError(
+            'unavailable',
+            `cannot connect to chronus at ${socketPath}: ${err.message}`,
+            { cause: err },
+          ),
+        );
       });
       socket.once('connect', () => {
         signal?.removeEventListener('abort', onAbort);
@@ -364,7 +386,11 @@ export class ChronusConnection {
         return;
       }
       if (buf.length - off < 4 + len) break;
-      this.dispatch(buf.readUInt8(off + 4), buf.readUInt32LE(off + 5), buf.subarray(off + HEADER, off + 4 + len));
+      this.dispatch(
+        buf.readUInt8(off + 4),
+        buf.readUInt32LE(off + 5),
+        buf.subarray(off + HEADER, off + 4 + len),
+      );
       off += 4 + len;
     }
     this.head = buf.subarray(off);

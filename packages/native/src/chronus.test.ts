@@ -58,17 +58,27 @@ describe('chronus against a runc sandbox', { skip }, () => {
 
   test('a missing program is a SPAWN_ERROR (ENOENT), not an exit code', async () => {
     const h = conn.spawn({ argv: ['no-such-program'] });
-    await assert.rejects(h.started, (err: ChronusError) => err.errno === 2 && err.code === 'ENOENT');
+    await assert.rejects(
+      h.started,
+      (err: ChronusError) => err.errno === 2 && err.code === 'ENOENT',
+    );
     await assert.rejects(h.exited);
   });
 
   test('a missing cwd and an unknown user are SPAWN_ERRORs', async () => {
-    await assert.rejects(conn.spawn({ argv: ['true'], cwd: '/nope' }).started, (e: ChronusError) => e.errno === 2);
+    await assert.rejects(
+      conn.spawn({ argv: ['true'], cwd: '/nope' }).started,
+      (e: ChronusError) => e.errno === 2,
+    );
     await assert.rejects(conn.spawn({ argv: ['true'], user: 'mallory' }).started, /unknown user/);
   });
 
   test('user resolution from the sandbox passwd/group, home as cwd, HOME/USER', async () => {
-    const r = await runCollect(conn, { argv: ['sh', '-c', 'id; pwd; echo $HOME $USER'], shell: true, user: 'alice' });
+    const r = await runCollect(conn, {
+      argv: ['sh', '-c', 'id; pwd; echo $HOME $USER'],
+      shell: true,
+      user: 'alice',
+    });
     const [id, pwd, env] = r.stdout.toString().split('\n');
     assert.match(id ?? '', /^uid=1000\(alice\) gid=1000\(alice\) groups=.*10\(wheel\)/);
     assert.equal(pwd, '/home/alice');
@@ -101,12 +111,17 @@ describe('chronus against a runc sandbox', { skip }, () => {
   });
 
   test('posture: capabilities bounded, no_new_privs', async () => {
-    const r = await runCollect(conn, { argv: ['grep', '-E', '^(CapBnd|CapEff|NoNewPrivs)', '/proc/self/status'] });
+    const r = await runCollect(conn, {
+      argv: ['grep', '-E', '^(CapBnd|CapEff|NoNewPrivs)', '/proc/self/status'],
+    });
     // Docker's default set: 0x00000000a80425fb
     assert.match(r.stdout.toString(), /CapEff:\t00000000a80425fb/);
     assert.match(r.stdout.toString(), /CapBnd:\t00000000a80425fb/);
     assert.match(r.stdout.toString(), /NoNewPrivs:\t1/);
-    const alice = await runCollect(conn, { argv: ['grep', '^CapEff', '/proc/self/status'], user: 'alice' });
+    const alice = await runCollect(conn, {
+      argv: ['grep', '^CapEff', '/proc/self/status'],
+      user: 'alice',
+    });
     assert.equal(alice.stdout.toString(), 'CapEff:\t0000000000000000\n');
   });
 
@@ -117,7 +132,10 @@ describe('chronus against a runc sandbox', { skip }, () => {
     });
     await h.started;
     const count = async (): Promise<number> => {
-      const r = await runCollect(conn, { argv: ['sh', '-c', 'ps -o args | grep -c "^sleep 1001"'], shell: true });
+      const r = await runCollect(conn, {
+        argv: ['sh', '-c', 'ps -o args | grep -c "^sleep 1001"'],
+        shell: true,
+      });
       return Number(r.stdout.toString().trim());
     };
     await waitFor(async () => (await count()) === 4, 'four sleeps');
@@ -135,7 +153,11 @@ describe('chronus against a runc sandbox', { skip }, () => {
   });
 
   test('pty: controlling terminal and window size', async () => {
-    const h = conn.spawn({ argv: ['sh', '-c', 'stty size; tty'], shell: true, pty: { rows: 33, cols: 101 } });
+    const h = conn.spawn({
+      argv: ['sh', '-c', 'stty size; tty'],
+      shell: true,
+      pty: { rows: 33, cols: 101 },
+    });
     const out: Buffer[] = [];
     h.onStdout((b) => out.push(Buffer.from(b)));
     assert.equal((await h.exited).exitCode, 0);
@@ -170,7 +192,10 @@ describe('chronus against a runc sandbox', { skip }, () => {
 
   test('throughput: 200 MiB of yes arrives complete', async (t) => {
     const size = 200 * 1024 * 1024;
-    const h = conn.spawn({ argv: ['sh', '-c', `/usr/bin/yes | /usr/bin/head -c ${size}`], shell: true });
+    const h = conn.spawn({
+      argv: ['sh', '-c', `/usr/bin/yes | /usr/bin/head -c ${size}`],
+      shell: true,
+    });
     let bytes = 0;
     h.onStdout((b) => (bytes += b.length));
     const t0 = process.hrtime.bigint();
@@ -182,8 +207,11 @@ describe('chronus against a runc sandbox', { skip }, () => {
 
   test('round trip of `true` (200 spawns, mean reported)', async (t) => {
     const t0 = process.hrtime.bigint();
-    for (let i = 0; i < 200; i++) assert.equal((await runCollect(conn, { argv: ['true'] })).exit.exitCode, 0);
-    t.diagnostic(`spawn round trip of true: ${(Number(process.hrtime.bigint() - t0) / 1e6 / 200).toFixed(2)} ms`);
+    for (let i = 0; i < 200; i++)
+      assert.equal((await runCollect(conn, { argv: ['true'] })).exit.exitCode, 0);
+    t.diagnostic(
+      `spawn round trip of true: ${(Number(process.hrtime.bigint() - t0) / 1e6 / 200).toFixed(2)} ms`,
+    );
   });
 });
 

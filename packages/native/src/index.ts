@@ -57,7 +57,9 @@ function runHelper(args: string[]): Promise<void> {
     const child = spawn(helperPath(), args, { stdio: ['ignore', 'ignore', 'pipe'] });
     let stderr = '';
     child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
-    child.on('error', (err) => reject(new DsecError('internal', `dsec-helper ${args[0]}: ${err.message}`, { cause: err })));
+    child.on('error', (err) =>
+      reject(new DsecError('internal', `dsec-helper ${args[0]}: ${err.message}`, { cause: err })),
+    );
     child.on('close', (code, signal) => {
       if (code === 0) resolve();
       else {
@@ -72,7 +74,11 @@ function runHelper(args: string[]): Promise<void> {
  * Helper runs take milliseconds and undo their own partial work on failure,
  * so they are never killed halfway; a cancelled mount is undone afterwards.
  */
-async function mountCancellable(args: string[], target: string, signal: AbortSignal | undefined): Promise<void> {
+async function mountCancellable(
+  args: string[],
+  target: string,
+  signal: AbortSignal | undefined,
+): Promise<void> {
   throwIfAborted(signal);
   await runHelper(args);
   if (signal?.aborted) {
@@ -93,7 +99,10 @@ export async function mountErofs(
 }
 
 /** Unmounts each target; targets that are not mounted or do not exist are fine. */
-export async function unmount(targets: string[], options: { detach?: boolean; signal?: AbortSignal } = {}): Promise<void> {
+export async function unmount(
+  targets: string[],
+  options: { detach?: boolean; signal?: AbortSignal } = {},
+): Promise<void> {
   throwIfAborted(options.signal);
   if (targets.length === 0) return;
   await runHelper(['umount', ...(options.detach ? ['--detach'] : []), ...targets]);
@@ -116,7 +125,15 @@ export interface MountRootfsOptions {
  * overlay keeps its own clones), so unmounting `target` is the only cleanup.
  */
 export async function mountRootfs(options: MountRootfsOptions): Promise<void> {
-  const args = ['mount-rootfs', '--target', options.target, '--upper', options.upper, '--work', options.work];
+  const args = [
+    'mount-rootfs',
+    '--target',
+    options.target,
+    '--upper',
+    options.upper,
+    '--work',
+    options.work,
+  ];
   if (options.idmap) args.push('--idmap', `${options.idmap.hostId}:${options.idmap.size}`);
   for (const lower of options.lowers) args.push('--lower', lower);
   await mountCancellable(args, options.target, options.signal);
@@ -146,7 +163,15 @@ export interface ChronusOptions {
  */
 export async function startChronus(options: ChronusOptions): Promise<{ pid: number }> {
   throwIfAborted(options.signal);
-  const args = ['chronus', '--sock', options.socketPath, '--pid', String(options.initPid), '--shell', options.shellPath];
+  const args = [
+    'chronus',
+    '--sock',
+    options.socketPath,
+    '--pid',
+    String(options.initPid),
+    '--shell',
+    options.shellPath,
+  ];
   for (const dir of options.cgroupDirs) args.push('--cgroup', dir);
   args.push('--caps', options.capabilities.join(','));
   if (options.noNewPrivs) args.push('--no-new-privs');
@@ -180,14 +205,17 @@ function spawnDaemon(args: string[], signal: AbortSignal | undefined): Promise<{
         reject(err);
       } else resolve({ pid: child.pid ?? 0 });
     };
-    const onAbort = (): void => finish(new DsecError('aborted', 'startChronus aborted', { cause: signal?.reason }));
+    const onAbort = (): void =>
+      finish(new DsecError('aborted', 'startChronus aborted', { cause: signal?.reason }));
     signal?.addEventListener('abort', onAbort, { once: true });
     child.stdout.setEncoding('utf8').on('data', (s: string) => {
       stdout += s;
       if (stdout.includes('ready\n')) finish(null);
     });
     child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
-    child.on('error', (err) => finish(new DsecError('internal', `chronus: ${err.message}`, { cause: err })));
+    child.on('error', (err) =>
+      finish(new DsecError('internal', `chronus: ${err.message}`, { cause: err })),
+    );
     child.on('close', (code, sig) => {
       const why = stderr.trim() || `chronus exited with ${sig ?? code} before it was ready`;
       finish(new DsecError('internal', why, { details: { exitCode: code } }));

@@ -1,6 +1,17 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { chmod, chown, mkdir, mkdtemp, readFile, rm, stat, writeFile, appendFile, readdir } from 'node:fs/promises';
+import {
+  chmod,
+  chown,
+  mkdir,
+  mkdtemp,
+  readFile,
+  rm,
+  stat,
+  writeFile,
+  appendFile,
+  readdir,
+} from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
@@ -47,10 +58,15 @@ describe('EROFS and overlay mounts', { skip }, () => {
     const loopsBefore = (await readdir('/sys/block')).filter((b) => b.startsWith('loop')).length;
     await mountErofs(join(dir, 'img.erofs'), mnt);
     assert.equal(await readFile(join(mnt, 'etc/hostname'), 'utf8'), 'base\n');
-    const line = (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').find((l) => l.split(' ')[4] === mnt);
+    const line = (await readFile('/proc/self/mountinfo', 'utf8'))
+      .split('\n')
+      .find((l) => l.split(' ')[4] === mnt);
     assert.match(line ?? '', / - erofs \S*img\.erofs ro/);
     assert.match(line ?? '', /\bro,nosuid,nodev\b/);
-    assert.equal((await readdir('/sys/block')).filter((b) => b.startsWith('loop')).length, loopsBefore);
+    assert.equal(
+      (await readdir('/sys/block')).filter((b) => b.startsWith('loop')).length,
+      loopsBefore,
+    );
     await assert.rejects(writeFile(join(mnt, 'x'), 'x'), { code: 'EROFS' });
     await unmount([mnt]);
     assert.deepEqual(await mountsUnder(dir), []);
@@ -61,7 +77,12 @@ describe('EROFS and overlay mounts', { skip }, () => {
     const dir = await fixture(t);
     const mnt = join(dir, 'mnt');
     await mkdir(mnt);
-    await run('mkfs.erofs', ['--chunksize=65536', `--blobdev=${join(dir, 'l.blob')}`, join(dir, 'l.meta'), join(dir, 'src')]);
+    await run('mkfs.erofs', [
+      '--chunksize=65536',
+      `--blobdev=${join(dir, 'l.blob')}`,
+      join(dir, 'l.meta'),
+      join(dir, 'src'),
+    ]);
     await mountErofs(join(dir, 'l.meta'), mnt, { blobDevice: join(dir, 'l.blob') });
     assert.deepEqual(await readFile(join(mnt, 'big')), Buffer.alloc(300_000, 7));
     await unmount([mnt]);
@@ -72,16 +93,19 @@ describe('EROFS and overlay mounts', { skip }, () => {
     await assert.rejects(mountErofs(join(dir, 'nope.erofs'), join(dir, 'src')), (err: unknown) => {
       assert.ok(err instanceof DsecError);
       assert.equal(err.code, 'internal');
-      assert.match(err.message, /^dsec-helper: mount erofs .*nope\.erofs.*: No such file or directory \(errno 2\)$/);
+      assert.match(
+        err.message,
+        /^dsec-helper: mount erofs .*nope\.erofs.*: No such file or directory \(errno 2\)$/,
+      );
       return true;
     });
   });
 
   test('mount-rootfs with idmapped lowers: ownership, copy-up, untouched layers, clean teardown', async (t) => {
     const dir = await fixture(t);
-    const [base, top, root, upper, work] = ['base', 'top', 'root', 'upper', 'work'].map((n) => join(dir, n)) as [
-      string, string, string, string, string,
-    ];
+    const [base, top, root, upper, work] = ['base', 'top', 'root', 'upper', 'work'].map((n) =>
+      join(dir, n),
+    ) as [string, string, string, string, string];
     for (const d of [base, top, root, upper, work]) await mkdir(d);
     await chown(upper, 100000, 100000);
     await chown(work, 100000, 100000);
@@ -92,10 +116,19 @@ describe('EROFS and overlay mounts', { skip }, () => {
     await mountErofs(join(dir, 'top.erofs'), top);
     const before = await mountsUnder(dir);
 
-    await mountRootfs({ target: root, upper, work, lowers: [top, base], idmap: { hostId: 100000, size: 65536 } });
+    await mountRootfs({
+      target: root,
+      upper,
+      work,
+      lowers: [top, base],
+      idmap: { hostId: 100000, size: 65536 },
+    });
     // The idmapped staging mounts are already detached: only the overlay is new.
     assert.deepEqual(await mountsUnder(dir), [...before, root]);
-    assert.deepEqual((await readdir(dir)).filter((n) => n.startsWith('root.l')), []);
+    assert.deepEqual(
+      (await readdir(dir)).filter((n) => n.startsWith('root.l')),
+      [],
+    );
 
     const st = await stat(join(root, 'etc/hostname'));
     assert.equal(st.uid, 100000);
@@ -104,7 +137,14 @@ describe('EROFS and overlay mounts', { skip }, () => {
     assert.equal((await readFile(join(root, 'big'))).length, 300_000);
 
     // Write as the sandbox's root (host uid 100000): copy-up lands in upper, owned by 100000.
-    await run('setpriv', ['--reuid=100000', '--regid=100000', '--clear-groups', 'sh', '-c', `echo more >> ${root}/etc/hostname`]);
+    await run('setpriv', [
+      '--reuid=100000',
+      '--regid=100000',
+      '--clear-groups',
+      'sh',
+      '-c',
+      `echo more >> ${root}/etc/hostname`,
+    ]);
     await appendFile(join(root, 'big'), 'x');
     assert.equal(await readFile(join(root, 'etc/hostname'), 'utf8'), 'top\nmore\n');
     assert.equal((await stat(join(upper, 'etc/hostname'))).uid, 100000);
@@ -132,6 +172,9 @@ describe('EROFS and overlay mounts', { skip }, () => {
       /mount overlay/,
     );
     assert.deepEqual(await mountsUnder(dir), before);
-    assert.deepEqual((await readdir(dir)).filter((n) => n.startsWith('root.l')), []);
+    assert.deepEqual(
+      (await readdir(dir)).filter((n) => n.startsWith('root.l')),
+      [],
+    );
   });
 });

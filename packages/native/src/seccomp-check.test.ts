@@ -63,7 +63,11 @@ describe('seccomp profile', { skip }, () => {
   });
 
   test('shell, pty, stdin and kill-tree still work under the profile', async () => {
-    const r = await runCollect(conn, { argv: ['sh', '-c', 'read x; echo got $x'], shell: true }, 'hi\n');
+    const r = await runCollect(
+      conn,
+      { argv: ['sh', '-c', 'read x; echo got $x'], shell: true },
+      'hi\n',
+    );
     assert.equal(r.stdout.toString(), 'got hi\n');
     const p = await runCollect(conn, { argv: ['tty'], pty: { rows: 10, cols: 10 } });
     assert.equal(p.exit.exitCode, 0);

@@ -21,7 +21,8 @@ export const BUSYBOX = '/usr/bin/busybox';
 /** Why the integration tests cannot run here, or null when they can. */
 export function integrationSkipReason(): string | null {
   if (process.getuid?.() !== 0) return 'needs root';
-  for (const bin of ['/usr/sbin/runc', BUSYBOX, '/usr/bin/mkfs.erofs']) if (!existsSync(bin)) return `needs ${bin}`;
+  for (const bin of ['/usr/sbin/runc', BUSYBOX, '/usr/bin/mkfs.erofs'])
+    if (!existsSync(bin)) return `needs ${bin}`;
   return null;
 }
 
@@ -34,7 +35,28 @@ export interface RuncSandbox {
   destroy(): Promise<void>;
 }
 
-const APPLETS = ['sh', 'cat', 'ls', 'id', 'ps', 'sleep', 'true', 'mount', 'yes', 'head', 'kill', 'echo', 'pwd', 'env', 'wc', 'tty', 'stty', 'setsid', 'grep', 'touch'];
+const APPLETS = [
+  'sh',
+  'cat',
+  'ls',
+  'id',
+  'ps',
+  'sleep',
+  'true',
+  'mount',
+  'yes',
+  'head',
+  'kill',
+  'echo',
+  'pwd',
+  'env',
+  'wc',
+  'tty',
+  'stty',
+  'setsid',
+  'grep',
+  'touch',
+];
 
 /** Starts a busybox container under runc with dsec-init as PID 1. */
 export async function startRuncSandbox(): Promise<RuncSandbox> {
@@ -42,11 +64,17 @@ export async function startRuncSandbox(): Promise<RuncSandbox> {
   await chmod(dir, 0o755); // the container's root (host uid 100000) must reach its rootfs
   const id = `dsec-native-${process.pid}-${Math.random().toString(36).slice(2, 8)}`;
   const rootfs = join(dir, 'rootfs');
-  for (const d of ['bin', 'etc', 'proc', 'dev', 'sys', 'tmp', 'home/alice']) await mkdir(join(rootfs, d), { recursive: true });
+  for (const d of ['bin', 'etc', 'proc', 'dev', 'sys', 'tmp', 'home/alice'])
+    await mkdir(join(rootfs, d), { recursive: true });
   await copyFile(BUSYBOX, join(rootfs, 'bin/busybox'));
   for (const a of APPLETS) await symlink('busybox', join(rootfs, 'bin', a));
   // GNU yes/head (busybox yes is too slow to measure the channel) and the libc they need.
-  for (const f of ['/usr/bin/yes', '/usr/bin/head', '/lib/x86_64-linux-gnu/libc.so.6', '/lib64/ld-linux-x86-64.so.2']) {
+  for (const f of [
+    '/usr/bin/yes',
+    '/usr/bin/head',
+    '/lib/x86_64-linux-gnu/libc.so.6',
+    '/lib64/ld-linux-x86-64.so.2',
+  ]) {
     if (!existsSync(f)) continue;
     await mkdir(join(rootfs, dirname(f)), { recursive: true });
     await copyFile(f, join(rootfs, f));
@@ -72,14 +100,25 @@ export async function startRuncSandbox(): Promise<RuncSandbox> {
   config.process.terminal = false;
   config.process.args = ['/dev/.dsec-init'];
   config.root = { path: 'rootfs', readonly: false };
-  config.mounts.push({ destination: '/dev/.dsec-init', type: 'bind', source: initPath(), options: ['bind', 'ro'] });
+  config.mounts.push({
+    destination: '/dev/.dsec-init',
+    type: 'bind',
+    source: initPath(),
+    options: ['bind', 'ro'],
+  });
   config.linux.namespaces.push({ type: 'user' });
   const map = [{ containerID: 0, hostID: 100000, size: 65536 }];
   config.linux.uidMappings = map;
   config.linux.gidMappings = map;
   config.linux.cgroupsPath = `/${id}`; // a top-level leaf: `runc delete` removes it entirely
   await writeFile(join(dir, 'config.json'), JSON.stringify(config));
-  await run('runc', ['run', '-d', '--bundle', dir, id], { timeout: 20_000 });
+  try {
+    await run('runc', ['run', '-d', '--bundle', dir, id], { timeout: 20_000 });
+  } catch (err) {
+    await run('runc', ['delete', '--force', id]).catch(() => undefined);
+    await rm(dir, { recursive: true, force: true });
+    throw err;
+  }
   const state = JSON.parse((await run('runc', ['state', id])).stdout) as { pid: number };
   const cgroupDirs = readFileSync(`/proc/${state.pid}/cgroup`, 'utf8')
     .split('\n')
@@ -106,7 +145,11 @@ export interface Collected {
 }
 
 /** Spawns a command and waits for its exit, collecting all output. */
-export async function runCollect(conn: ChronusConnection, req: SpawnRequest, stdin?: string): Promise<Collected> {
+export async function runCollect(
+  conn: ChronusConnection,
+  req: SpawnRequest,
+  stdin?: string,
+): Promise<Collected> {
   const out: Buffer[] = [];
   const err: Buffer[] = [];
   const h = conn.spawn({ ...req, stdin: req.stdin ?? stdin !== undefined });
@@ -123,11 +166,27 @@ export async function runCollect(conn: ChronusConnection, req: SpawnRequest, std
 
 /** Docker's default capability set. */
 export const DOCKER_CAPS = [
-  'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FSETID', 'CAP_FOWNER', 'CAP_MKNOD', 'CAP_NET_RAW', 'CAP_SETGID',
-  'CAP_SETUID', 'CAP_SETFCAP', 'CAP_SETPCAP', 'CAP_NET_BIND_SERVICE', 'CAP_SYS_CHROOT', 'CAP_KILL', 'CAP_AUDIT_WRITE',
+  'CAP_CHOWN',
+  'CAP_DAC_OVERRIDE',
+  'CAP_FSETID',
+  'CAP_FOWNER',
+  'CAP_MKNOD',
+  'CAP_NET_RAW',
+  'CAP_SETGID',
+  'CAP_SETUID',
+  'CAP_SETFCAP',
+  'CAP_SETPCAP',
+  'CAP_NET_BIND_SERVICE',
+  'CAP_SYS_CHROOT',
+  'CAP_KILL',
+  'CAP_AUDIT_WRITE',
 ];
 
-export async function waitFor(cond: () => boolean | Promise<boolean>, what: string, ms = 5000): Promise<void> {
+export async function waitFor(
+  cond: () => boolean | Promise<boolean>,
+  what: string,
+  ms = 5000,
+): Promise<void> {
   const end = Date.now() + ms;
   while (!(await cond())) {
     if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
@@ -143,7 +202,9 @@ export interface Daemon {
 }
 
 /** A runc sandbox plus its chronus daemon; stop() kills the sandbox and checks the daemon went with it. */
-export async function startDaemon(opts: { seccompProfile?: string; capabilities?: string[] } = {}): Promise<Daemon> {
+export async function startDaemon(
+  opts: { seccompProfile?: string; capabilities?: string[] } = {},
+): Promise<Daemon> {
   const sandbox = await startRuncSandbox();
   const sockDir = await mkdtemp(join(tmpdir(), 'dsec-native-sock-'));
   const socketPath = join(sockDir, 'chronus.sock');

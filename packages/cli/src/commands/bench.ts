@@ -9,10 +9,14 @@ import { createProgress } from '../progress.js';
  * and `ratios` (ours ÷ peer on p50; below 1 means DSec is faster).
  */
 export function register(program: Command): void {
-  const bench = program.command('bench').description('measure DSec against peers (runc, podman) side by side');
+  const bench = program
+    .command('bench')
+    .description('measure DSec against peers (runc, podman) side by side');
   bench
     .command('create')
-    .description('create → exec `true` → destroy through the full path vs bare `runc run` and `podman run --rm`')
+    .description(
+      'create → exec `true` → destroy through the full path vs bare `runc run` and `podman run --rm`',
+    )
     .option('--iterations <n>', 'measured cycles per system', '30')
     .option('--warmup <n>', 'unmeasured cycles first', '3')
     .action(async (opts: { iterations: string; warmup: string }, command: Command) => {
@@ -32,7 +36,9 @@ export function register(program: Command): void {
       }
       ctx.out(`${report.cycle}, ${report.iterations} iterations`);
       for (const [name, s] of Object.entries(report.results)) {
-        ctx.out(`${name.padEnd(8)} p50 ${s.p50Ms.toFixed(1).padStart(7)} ms   p99 ${s.p99Ms.toFixed(1).padStart(7)} ms`);
+        ctx.out(
+          `${name.padEnd(8)} p50 ${s.p50Ms.toFixed(1).padStart(7)} ms   p99 ${s.p99Ms.toFixed(1).padStart(7)} ms`,
+        );
       }
       ctx.out(`ratios (dsec ÷ peer, p50): ${JSON.stringify(report.ratios)}`);
     });

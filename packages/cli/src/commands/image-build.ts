@@ -37,18 +37,32 @@ export function register(program: Command): void {
     .action(async (refText: string, opts: BuildOptions, command: Command) => {
       const ctx = contextOf(command);
       const ref = parseLayerRef(refText);
-      if (!ref) throw new DsecError('invalid_argument', `invalid image name ${JSON.stringify(refText)}`, { field: 'name' });
+      if (!ref)
+        throw new DsecError('invalid_argument', `invalid image name ${JSON.stringify(refText)}`, {
+          field: 'name',
+        });
       if (!['base', 'workspace', 'toolkit'].includes(opts.kind)) {
-        throw new DsecError('invalid_argument', `--kind must be base, workspace or toolkit`, { field: 'kind' });
-      }
-      const sources = [opts.fromDir, opts.fromTar, opts.fromBusybox, opts.fromDebootstrap].filter(Boolean);
-      if (sources.length !== 1) {
-        throw new DsecError('invalid_argument', 'give exactly one of --from-dir, --from-tar, --from-busybox, --from-debootstrap', {
-          field: 'from',
+        throw new DsecError('invalid_argument', `--kind must be base, workspace or toolkit`, {
+          field: 'kind',
         });
       }
+      const sources = [opts.fromDir, opts.fromTar, opts.fromBusybox, opts.fromDebootstrap].filter(
+        Boolean,
+      );
+      if (sources.length !== 1) {
+        throw new DsecError(
+          'invalid_argument',
+          'give exactly one of --from-dir, --from-tar, --from-busybox, --from-debootstrap',
+          {
+            field: 'from',
+          },
+        );
+      }
       const store = new DirImageStore(join(ctx.options.stateDir, 'images'));
-      const progress = createProgress({ label: `building ${ref.name}:${ref.version}`, enabled: !ctx.json });
+      const progress = createProgress({
+        label: `building ${ref.name}:${ref.version}`,
+        enabled: !ctx.json,
+      });
       let scratch: string | undefined;
       try {
         let from: { dir: string } | { tar: string };
@@ -59,7 +73,10 @@ export function register(program: Command): void {
           if (opts.fromBusybox) await makeBusyboxRootfs(scratch);
           else {
             ctx.io.stderr.write('running debootstrap (a few minutes)…\n');
-            await makeDebianRootfs(scratch, { packages: (opts.packages ?? '').split(',').filter(Boolean), signal: ctx.signal });
+            await makeDebianRootfs(scratch, {
+              packages: (opts.packages ?? '').split(',').filter(Boolean),
+              signal: ctx.signal,
+            });
           }
           from = { dir: scratch };
         }
@@ -75,7 +92,10 @@ export function register(program: Command): void {
         });
         progress.done();
         if (ctx.json) ctx.out(JSON.stringify(layer));
-        else ctx.out(`${layer.name}:${layer.version} ${layer.digest} (${layer.fileCount} files, ${layer.sizeBytes} bytes)`);
+        else
+          ctx.out(
+            `${layer.name}:${layer.version} ${layer.digest} (${layer.fileCount} files, ${layer.sizeBytes} bytes)`,
+          );
       } finally {
         if (scratch) await rm(scratch, { recursive: true, force: true });
       }

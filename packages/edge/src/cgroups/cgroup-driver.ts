@@ -23,7 +23,16 @@ export interface CgroupDriver {
   oomKills(path: string): Promise<number>;
 }
 
-const V1_CONTROLLERS = ['memory', 'cpu', 'cpuacct', 'pids', 'cpuset', 'freezer', 'devices', 'blkio'];
+const V1_CONTROLLERS = [
+  'memory',
+  'cpu',
+  'cpuacct',
+  'pids',
+  'cpuset',
+  'freezer',
+  'devices',
+  'blkio',
+];
 
 class CgroupV1 implements CgroupDriver {
   readonly version = 1 as const;
@@ -46,7 +55,10 @@ class CgroupV1 implements CgroupDriver {
   }
 
   async oomKills(path: string): Promise<number> {
-    const text = await readFile(join(this.root, 'memory', path, 'memory.oom_control'), 'utf8').catch(() => '');
+    const text = await readFile(
+      join(this.root, 'memory', path, 'memory.oom_control'),
+      'utf8',
+    ).catch(() => '');
     return Number(/oom_kill (\d+)/.exec(text)?.[1] ?? 0);
   }
 }

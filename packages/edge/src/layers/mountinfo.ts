@@ -6,7 +6,10 @@ export async function mountPoints(): Promise<Set<string>> {
   const points = new Set<string>();
   for (const line of text.split('\n')) {
     const field = line.split(' ')[4];
-    if (field) points.add(field.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8))));
+    if (field)
+      points.add(
+        field.replace(/\\([0-7]{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8))),
+      );
   }
   return points;
 }

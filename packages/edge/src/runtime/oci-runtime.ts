@@ -60,7 +60,16 @@ export class RuncRuntime implements OciRuntime {
   async run(options: RunOptions): Promise<RunningContainer> {
     const child = spawn(
       this.binary,
-      ['--root', this.root, 'run', '--bundle', options.bundle, '--pid-file', options.pidFile, options.id],
+      [
+        '--root',
+        this.root,
+        'run',
+        '--bundle',
+        options.bundle,
+        '--pid-file',
+        options.pidFile,
+        options.id,
+      ],
       // Own session: the runtime (and the sandbox under it) outlives an edge restart.
       { detached: true, stdio: ['ignore', 'pipe', 'pipe'] },
     );
@@ -73,7 +82,13 @@ export class RuncRuntime implements OciRuntime {
       await new Promise<void>((resolve, reject) => {
         let stdout = '';
         const timer = setTimeout(
-          () => reject(new DsecError('deadline_exceeded', `${this.name} did not start ${options.id} in ${options.timeoutMs} ms`)),
+          () =>
+            reject(
+              new DsecError(
+                'deadline_exceeded',
+                `${this.name} did not start ${options.id} in ${options.timeoutMs} ms`,
+              ),
+            ),
           options.timeoutMs,
         );
         const onAbort = () => reject(new DsecError('aborted', 'sandbox creation aborted'));
@@ -91,11 +106,20 @@ export class RuncRuntime implements OciRuntime {
         });
         child.once('close', (code) => {
           done();
-          reject(new DsecError('internal', `${this.name} run ${options.id} exited (${code}): ${stderr.trim() || 'no output'}`));
+          reject(
+            new DsecError(
+              'internal',
+              `${this.name} run ${options.id} exited (${code}): ${stderr.trim() || 'no output'}`,
+            ),
+          );
         });
         child.once('error', (err) => {
           done();
-          reject(new DsecError('internal', `cannot start ${this.binary}: ${err.message}`, { cause: err }));
+          reject(
+            new DsecError('internal', `cannot start ${this.binary}: ${err.message}`, {
+              cause: err,
+            }),
+          );
         });
       });
     } catch (err) {
@@ -124,13 +148,21 @@ export class RuncRuntime implements OciRuntime {
     } catch (err) {
       const stderr = String((err as { stderr?: unknown }).stderr ?? '');
       if (!/does not exist|not found|no such file/i.test(stderr)) {
-        throw new DsecError('internal', `${this.name} delete ${id}: ${stderr.trim()}`, { cause: err });
+        throw new DsecError('internal', `${this.name} delete ${id}: ${stderr.trim()}`, {
+          cause: err,
+        });
       }
     }
   }
 
   async list(): Promise<string[]> {
-    const { stdout } = await execFileAsync(this.binary, ['--root', this.root, 'list', '--format', 'json']);
+    const { stdout } = await execFileAsync(this.binary, [
+      '--root',
+      this.root,
+      'list',
+      '--format',
+      'json',
+    ]);
     const items = JSON.parse(stdout.trim() || 'null') as { id: string }[] | null;
     return (items ?? []).map((c) => c.id);
   }

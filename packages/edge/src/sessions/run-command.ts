@@ -11,8 +11,8 @@ const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 
 export interface RunOnChronusOptions extends RunCommandOptions {
   commandId: string;
-  /** OOM kills in the sandbox's memory cgroup since the command started. */
-  oomKillsSince: () => Promise<number>;
+  /** Whether the kernel's OOM killer struck the sandbox since this was last asked. */
+  wasOomKilled: () => Promise<boolean>;
 }
 
 /**
@@ -55,10 +55,14 @@ export async function runOnChronus(
     await handle.started;
   } catch (e) {
     const errno = (e as { code?: string }).code;
-    throw new DsecError('invalid_argument', `cannot start ${JSON.stringify(argv[0] ?? '')}: ${(e as Error).message}`, {
-      field: command.shell !== undefined ? 'shell' : 'argv',
-      details: errno ? { errno } : undefined,
-    });
+    throw new DsecError(
+      'invalid_argument',
+      `cannot start ${JSON.stringify(argv[0] ?? '')}: ${(e as Error).message}`,
+      {
+        field: command.shell !== undefined ? 'shell' : 'argv',
+        details: errno ? { errno } : undefined,
+      },
+    );
   }
   if (command.stdin !== undefined) {
     handle.write(Buffer.from(command.stdin));
@@ -77,8 +81,11 @@ export async function runOnChronus(
   try {
     const exit = await handle.exited;
     let outcome: CommandOutcome = ended ?? (exit.signal ? 'signaled' : 'exited');
-    if (exit.signal === 'SIGKILL' && outcome === 'signaled' && (await options.oomKillsSince()) > 0) outcome = 'oom';
-    const signalNumber = exit.signal ? (constants.signals[exit.signal as keyof typeof constants.signals] ?? 0) : 0;
+    if (exit.signal === 'SIGKILL' && outcome === 'signaled' && (await options.wasOomKilled()))
+      outcome = 'oom';
+    const signalNumber = exit.signal
+      ? (constants.signals[exit.signal as keyof typeof constants.signals] ?? 0)
+      : 0;
     return {
       commandId: options.commandId,
       exitCode: exit.exitCode ?? 128 + signalNumber,
@@ -92,7 +99,11 @@ export async function runOnChronus(
       durationMs: Date.now() - started,
     };
   } catch (e) {
-    throw new DsecError('unavailable', `lost the sandbox's command channel: ${(e as Error).message}`, { cause: e });
+    throw new DsecError(
+      'unavailable',
+      `lost the sandbox's command channel: ${(e as Error).message}`,
+      { cause: e },
+    );
   } finally {
     clearTimeout(timer);
     options.signal?.removeEventListener('abort', onAbort);

@@ -79,7 +79,9 @@ export class EdgeStore {
   insert(rec: Omit<SandboxRecord, 'slot' | 'state'>): SandboxRecord {
     return this.#db.transaction(() => {
       const used = this.#db
-        .prepare("SELECT slot FROM sandboxes WHERE state NOT IN ('stopped', 'failed') ORDER BY slot")
+        .prepare(
+          "SELECT slot FROM sandboxes WHERE state NOT IN ('stopped', 'failed') ORDER BY slot",
+        )
         .all() as { slot: number }[];
       let slot = 0;
       for (const u of used) {
@@ -91,8 +93,16 @@ export class EdgeStore {
           `INSERT INTO sandboxes (id, project_id, request_id, state, spec, layers, slot, created_at, expires_at)
            VALUES (?, ?, ?, 'creating', ?, ?, ?, ?, ?)`,
         )
-        .run(rec.id, rec.projectId, rec.requestId ?? null, JSON.stringify(rec.spec),
-          JSON.stringify(rec.layers), slot, rec.createdAt, rec.expiresAt);
+        .run(
+          rec.id,
+          rec.projectId,
+          rec.requestId ?? null,
+          JSON.stringify(rec.spec),
+          JSON.stringify(rec.layers),
+          slot,
+          rec.createdAt,
+          rec.expiresAt,
+        );
       return { ...rec, slot, state: 'creating' as const };
     })();
   }
@@ -104,7 +114,12 @@ export class EdgeStore {
     return row && fromRow(row);
   }
 
-  update(id: string, fields: Partial<Pick<SandboxRecord, 'state' | 'runtimePid' | 'initPid' | 'chronusPid' | 'reason'>>): void {
+  update(
+    id: string,
+    fields: Partial<
+      Pick<SandboxRecord, 'state' | 'runtimePid' | 'initPid' | 'chronusPid' | 'reason'>
+    >,
+  ): void {
     const cols: Record<string, unknown> = {
       state: fields.state,
       runtime_pid: fields.runtimePid,
@@ -127,7 +142,9 @@ export class EdgeStore {
   list(states?: SandboxState[]): SandboxRecord[] {
     const rows = states
       ? (this.#db
-          .prepare(`SELECT * FROM sandboxes WHERE state IN (${states.map(() => '?').join(',')}) ORDER BY created_at`)
+          .prepare(
+            `SELECT * FROM sandboxes WHERE state IN (${states.map(() => '?').join(',')}) ORDER BY created_at`,
+          )
           .all(...states) as Row[])
       : (this.#db.prepare('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]);
     return rows.map(fromRow);

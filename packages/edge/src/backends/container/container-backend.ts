@@ -43,6 +43,7 @@ export interface ContainerBackendOptions {
 export class ContainerBackend implements Backend {
   readonly kind = 'container' as const;
   readonly #connections = new Map<string, Promise<ChronusConnection>>();
+  readonly #oomKillsSeen = new Map<string, number>();
 
   constructor(readonly options: ContainerBackendOptions) {}
 
@@ -59,7 +60,13 @@ export class ContainerBackend implements Backend {
     for (const layer of [...rec.layers].reverse()) {
       lowers.push(await this.options.layers.acquire(layer));
     }
-    await mountRootfs({ target: p.rootfs, upper: p.upper, work: p.work, lowers, idmap: { hostId, size: ID_COUNT } });
+    await mountRootfs({
+      target: p.rootfs,
+      upper: p.upper,
+      work: p.work,
+      lowers,
+      idmap: { hostId, size: ID_COUNT },
+    });
 
     const config = buildContainerConfig({
       spec: rec.spec,
@@ -99,6 +106,7 @@ export class ContainerBackend implements Backend {
     const p = this.paths(rec);
     const conn = this.#connections.get(rec.id);
     this.#connections.delete(rec.id);
+    this.#oomKillsSeen.delete(rec.id);
     if (conn) (await conn.catch(() => undefined))?.close();
 
     if (rec.initPid !== undefined && (await isProcessOf(rec.initPid, p.cgroupsPath, 'cgroup'))) {
@@ -107,7 +115,10 @@ export class ContainerBackend implements Backend {
     if (rec.runtimePid !== undefined) await waitGone(rec.runtimePid, p.name, STOP_TIMEOUT_MS);
     // The runtime removes the container when its init dies; if the runtime was
     // gone first (killed, host reboot), remove what it left.
-    if (this.options.cgroups.exists(p.cgroupsPath) || (await this.options.runtime.list()).includes(p.name)) {
+    if (
+      this.options.cgroups.exists(p.cgroupsPath) ||
+      (await this.options.runtime.list()).includes(p.name)
+    ) {
       await this.options.runtime.forceDelete(p.name);
     }
     if (rec.chronusPid !== undefined && (await isProcessOf(rec.chronusPid, p.socket, 'cmdline'))) {
@@ -120,14 +131,18 @@ export class ContainerBackend implements Backend {
 
   /** Whether the sandbox's init is still alive (used after an edge restart). */
   async isRunning(rec: SandboxRecord): Promise<boolean> {
-    return rec.initPid !== undefined && isProcessOf(rec.initPid, this.paths(rec).cgroupsPath, 'cgroup');
+    return (
+      rec.initPid !== undefined && isProcessOf(rec.initPid, this.paths(rec).cgroupsPath, 'cgroup')
+    );
   }
 
   /** Makes sure a chronus daemon serves the sandbox (it may have died with a host fault). */
   async ensureChronus(rec: SandboxRecord): Promise<number | undefined> {
     const p = this.paths(rec);
-    if (rec.chronusPid !== undefined && (await isProcessOf(rec.chronusPid, p.socket, 'cmdline'))) return undefined;
-    if (rec.initPid === undefined) throw new DsecError('sandbox_not_running', `sandbox ${rec.id} has no init`);
+    if (rec.chronusPid !== undefined && (await isProcessOf(rec.chronusPid, p.socket, 'cmdline')))
+      return undefined;
+    if (rec.initPid === undefined)
+      throw new DsecError('sandbox_not_running', `sandbox ${rec.id} has no init`);
     const chronus = await startChronus({
       socketPath: p.socket,
       initPid: rec.initPid,
@@ -140,13 +155,23 @@ export class ContainerBackend implements Backend {
     return chronus.pid;
   }
 
-  async runCommand(rec: SandboxRecord, command: CommandSpec, options: RunCommandOptions & { commandId: string }): Promise<CommandResult> {
+  async runCommand(
+    rec: SandboxRecord,
+    command: CommandSpec,
+    options: RunCommandOptions & { commandId: string },
+  ): Promise<CommandResult> {
     const conn = await this.#connection(rec);
-    const p = this.paths(rec);
-    const oomBefore = await this.options.cgroups.oomKills(p.cgroupsPath);
+    const { cgroupsPath } = this.paths(rec);
+    // The cgroup's OOM-kill counter is read only when a command dies of SIGKILL
+    // (not on the hot path); a rise since the last look means the OOM killer did it.
     return runOnChronus(conn, rec, command, {
       ...options,
-      oomKillsSince: async () => (await this.options.cgroups.oomKills(p.cgroupsPath)) - oomBefore,
+      wasOomKilled: async () => {
+        const kills = await this.options.cgroups.oomKills(cgroupsPath);
+        const seen = this.#oomKillsSeen.get(rec.id) ?? 0;
+        this.#oomKillsSeen.set(rec.id, kills);
+        return kills > seen;
+      },
     });
   }
 
@@ -177,7 +202,9 @@ export class ContainerBackend implements Backend {
     }
     const connecting = ChronusConnection.connect(this.paths(rec).socket);
     this.#connections.set(rec.id, connecting);
-    connecting.catch(() => this.#connections.get(rec.id) === connecting && this.#connections.delete(rec.id));
+    connecting.catch(
+      () => this.#connections.get(rec.id) === connecting && this.#connections.delete(rec.id),
+    );
     return connecting;
   }
 }
@@ -191,7 +218,11 @@ function killQuietly(pid: number): void {
 }
 
 /** Guards against PID reuse: the process must still be the one we started. */
-async function isProcessOf(pid: number, marker: string, file: 'cgroup' | 'cmdline'): Promise<boolean> {
+async function isProcessOf(
+  pid: number,
+  marker: string,
+  file: 'cgroup' | 'cmdline',
+): Promise<boolean> {
   try {
     const text = await readFile(`/proc/${pid}/${file}`, 'utf8');
     return text.includes(marker);
