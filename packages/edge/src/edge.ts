@@ -137,10 +137,10 @@ export class Edge implements EdgeApi {
     return toInfo(this.#get(id), this.edgeId);
   }
 
-  async listSandboxes(filter: { projectIds?: string[] }): Promise<SandboxInfo[]> {
+  async listSandboxes(filter: { projectIds?: string[]; includeEnded?: boolean }): Promise<SandboxInfo[]> {
     const projects = filter.projectIds && new Set(filter.projectIds);
     return this.#store
-      .list(['creating', 'running', 'stopping', 'paused'])
+      .list(filter.includeEnded ? undefined : ['creating', 'running', 'stopping', 'paused'])
       .filter((r) => !projects || projects.has(r.projectId))
       .map((r) => toInfo(r, this.edgeId));
   }

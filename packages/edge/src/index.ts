@@ -44,6 +44,8 @@ export interface ContainerEdgeOptions {
   /** Mounted but unused layers are unmounted beyond this many bytes. */
   layerCacheBytes?: number;
   shellBinary?: string;
+  /** Parent cgroup of all sandboxes of this edge. Default `dsec`. */
+  cgroupParent?: string;
   ttlSweepMs?: number;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
 }
@@ -75,6 +77,7 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     layers,
     initBinary: initPath(),
     shellBinary: options.shellBinary ?? '/bin/busybox',
+    cgroupParent: options.cgroupParent ?? 'dsec',
   });
   return Edge.open({
     edgeId: options.edgeId,

@@ -30,6 +30,8 @@ export interface ContainerBackendOptions {
   initBinary: string;
   /** Host path of the static shell the platform runs commands with (busybox). */
   shellBinary: string;
+  /** Cgroup under which every sandbox's cgroup is created (`/<parent>/<name>`). */
+  cgroupParent: string;
 }
 
 /**
@@ -188,7 +190,7 @@ export class ContainerBackend implements Backend {
       work: join(dir, 'work'),
       socket: join(dir, 'chronus.sock'),
       pidFile: join(dir, 'init.pid'),
-      cgroupsPath: `/dsec/${name}`,
+      cgroupsPath: `/${this.options.cgroupParent}/${name}`,
     };
   }
 
