@@ -14,4 +14,6 @@ export default defineConfig({
     options.conditions = ['dsec-source'];
   },
   noExternal: [/^@dsec\//],
+  // Keep `node:` prefixes: `node:test` has no bare alias.
+  removeNodeProtocol: false,
 });

@@ -29,8 +29,21 @@ export interface LayerInfo {
   contentBytes: number;
   fileCount: number;
   createdAt: string;
-  /** Where it came from: `dir`, `tar`, `oci`, `busybox`, `debootstrap`. */
+  /** Where it came from: `dir`, `tar`, `oci`, `busybox`, `debootstrap`, `collapse`. */
   source: string;
+  /** The runtime defaults of an imported OCI image (its config), when it came from one. */
+  config?: ImageConfig | undefined;
+  /** For a collapsed layer: the `name:version` refs it merges, bottom first. */
+  parents?: string[] | undefined;
+}
+
+/** The parts of an OCI image config a sandbox may use as defaults. */
+export interface ImageConfig {
+  env?: string[] | undefined;
+  cmd?: string[] | undefined;
+  entrypoint?: string[] | undefined;
+  workingDir?: string | undefined;
+  user?: string | undefined;
 }
 
 export interface LayerRef {

@@ -26,8 +26,6 @@ export type { BuildLayerOptions, BuildProgress } from './build.js';
 export { treeStats } from './walk.js';
 export type { TreeStats } from './walk.js';
 export { DirImageStore } from './store/dir-store.js';
-export { imageStoreConformance } from './store/conformance.js';
-export type { StoreUnderTest } from './store/conformance.js';
 export { validateLayerInfo } from './store/validate.js';
 export { makeBusyboxRootfs } from './rootfs/busybox.js';
 export type { BusyboxRootfsOptions, BusyboxRootfsResult } from './rootfs/busybox.js';

@@ -35,9 +35,19 @@ import { DsecError, throwIfAborted } from '@dsec/core';
 export { ChronusConnection, CommandHandle } from './chronus-client.js';
 export type { CommandExit, SpawnRequest } from './chronus-client.js';
 
+/**
+ * Where `make` put the binaries: beside this module's source (`../build`), or,
+ * when this module is bundled into the CLI (`packages/cli/dist`), in the
+ * native package next door. `DSEC_NATIVE_DIR` overrides both.
+ */
 function builtFile(name: string): string {
-  const path = fileURLToPath(new URL(`../build/${name}`, import.meta.url));
-  if (!existsSync(path)) throw new Error('native helpers not built: run `npm install`');
+  const candidates = [
+    ...(process.env.DSEC_NATIVE_DIR ? [`${process.env.DSEC_NATIVE_DIR}/${name}`] : []),
+    fileURLToPath(new URL(`../build/${name}`, import.meta.url)),
+    fileURLToPath(new URL(`../../native/build/${name}`, import.meta.url)),
+  ];
+  const path = candidates.find((p) => existsSync(p));
+  if (!path) throw new Error('native helpers not built: run `npm install` (it runs `make -C packages/native`)');
   return path;
 }
 

@@ -1,4 +1,4 @@
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Command } from 'commander';
 import { DsecError, parseLayerRef } from '@dsec/core';
@@ -69,6 +69,7 @@ export function register(program: Command): void {
         if (opts.fromTar) from = { tar: opts.fromTar };
         else if (opts.fromDir) from = { dir: opts.fromDir };
         else {
+          await mkdir(ctx.options.stateDir, { recursive: true });
           scratch = await mkdtemp(join(ctx.options.stateDir, 'rootfs-'));
           if (opts.fromBusybox) await makeBusyboxRootfs(scratch);
           else {

@@ -3,6 +3,7 @@ import {
   DsecError,
   LAYER_NAME_PATTERN,
   LAYER_VERSION_PATTERN,
+  type ImageConfig,
   type LayerInfo,
   type LayerKind,
 } from '@dsec/core';
@@ -71,6 +72,24 @@ export function validateLayerInfo(layer: LayerInfo): void {
       field: 'source',
     });
   }
+  if (layer.parents !== undefined) assertStrings(layer.parents, 'parents');
+  const config = layer.config as unknown;
+  if (config !== undefined) {
+    if (typeof config !== 'object' || config === null || Array.isArray(config)) {
+      throw new DsecError('invalid_argument', 'config must be an object', { field: 'config' });
+    }
+    const c = config as Record<string, unknown>;
+    for (const key of ['env', 'cmd', 'entrypoint'] as const) {
+      if (c[key] !== undefined) assertStrings(c[key], `config.${key}`);
+    }
+    for (const key of ['workingDir', 'user'] as const) {
+      if (c[key] !== undefined && typeof c[key] !== 'string') {
+        throw new DsecError('invalid_argument', `config.${key} must be a string`, {
+          field: `config.${key}`,
+        });
+      }
+    }
+  }
 }
 
 /** The blobs a record refers to. */
@@ -91,5 +110,23 @@ export function normalizeLayerInfo(layer: LayerInfo): LayerInfo {
     fileCount: layer.fileCount,
     createdAt: layer.createdAt,
     source: layer.source,
+    ...(layer.config !== undefined ? { config: normalizeConfig(layer.config) } : {}),
+    ...(layer.parents !== undefined ? { parents: [...layer.parents] } : {}),
   };
+}
+
+function normalizeConfig(config: ImageConfig): ImageConfig {
+  const out: ImageConfig = {};
+  if (config.env !== undefined) out.env = [...config.env];
+  if (config.cmd !== undefined) out.cmd = [...config.cmd];
+  if (config.entrypoint !== undefined) out.entrypoint = [...config.entrypoint];
+  if (config.workingDir !== undefined) out.workingDir = config.workingDir;
+  if (config.user !== undefined) out.user = config.user;
+  return out;
+}
+
+function assertStrings(value: unknown, field: string): void {
+  if (!Array.isArray(value) || value.some((v) => typeof v !== 'string')) {
+    throw new DsecError('invalid_argument', `${field} must be an array of strings`, { field });
+  }
 }
