@@ -1,4 +1,13 @@
-import type { CommandResult, CommandSpec, EdgeStatus, SandboxInfo, SandboxSpec } from './types.js';
+import type {
+  CommandResult,
+  CommandSpec,
+  EdgeStatus,
+  NetworkPolicyPatch,
+  SandboxEvent,
+  SandboxInfo,
+  SandboxSpec,
+} from './types.js';
+import type { SandboxIoApi } from './sandbox-io.js';
 
 /**
  * What the apiserver asks of an edge (paper 3.3). The edge has final admission
@@ -24,6 +33,24 @@ export interface EdgeApi {
   stopSandbox(id: string, signal?: AbortSignal): Promise<void>;
   /** Runs one command to completion, streaming output to the callbacks as it comes. */
   runCommand(id: string, command: CommandSpec, options?: RunCommandOptions): Promise<CommandResult>;
+  /**
+   * Changes a running sandbox's egress policy; new connections follow it within
+   * seconds, other sandboxes are untouched. Optional: edges without network
+   * policy do not implement it (the apiserver answers `unavailable`).
+   */
+  updateNetwork?(id: string, patch: NetworkPolicyPatch, signal?: AbortSignal): Promise<SandboxInfo>;
+  /** Audit events of a sandbox, oldest first, after `afterId`. Optional like `updateNetwork`. */
+  listEvents?(
+    id: string,
+    query: { afterId?: number | undefined; limit?: number | undefined },
+    signal?: AbortSignal,
+  ): Promise<SandboxEvent[]>;
+  /**
+   * The in-sandbox interface: command log, background commands, sessions,
+   * files, ports, terminals. Optional: the apiserver answers `unavailable`
+   * for edges without it.
+   */
+  readonly io?: SandboxIoApi | undefined;
 }
 
 export interface CreateSandboxRequest {

@@ -77,7 +77,7 @@ export interface ImageStore {
   /** Copies a local file in as an immutable blob; idempotent; returns its digest. */
   putBlob(
     file: string,
-    options?: { signal?: AbortSignal },
+    options?: { signal?: AbortSignal; onProgress?: (bytesDone: number) => void },
   ): Promise<{ digest: string; sizeBytes: number }>;
   hasBlob(digest: string): Promise<boolean>;
   /**

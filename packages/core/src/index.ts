@@ -16,3 +16,4 @@ export * from './ids.js';
 export * from './types.js';
 export * from './images.js';
 export * from './edge-api.js';
+export * from './sandbox-io.js';

@@ -11,6 +11,43 @@ export type SandboxState = 'creating' | 'running' | 'paused' | 'stopping' | 'sto
 /** Named network rules from the catalogue (`{ pypi: true, npm: false }`, paper 2.1). */
 export type NetworkRules = Record<string, boolean>;
 
+/**
+ * One explicit egress target: a domain (`example.com`, or `*.example.com` for
+ * its subdomains) or a CIDR (`10.1.2.0/24`, `2001:db8::/32`), optionally only
+ * on some ports (TCP and UDP). Without ports every port and protocol matches.
+ */
+export type NetworkTarget =
+  | { domain: string; ports?: number[] | undefined }
+  | { cidr: string; ports?: number[] | undefined };
+
+/** A live change of a sandbox's egress policy: rules are merged by name, lists replaced when given. */
+export interface NetworkPolicyPatch {
+  networkRules?: NetworkRules | undefined;
+  allow?: NetworkTarget[] | undefined;
+  deny?: NetworkTarget[] | undefined;
+}
+
+/** What the edge noticed a sandbox doing that a policy or limit stopped. */
+export type SandboxEventKind =
+  | 'network_denied'
+  | 'dns_blocked'
+  | 'output_truncated'
+  | 'oom_killed'
+  | 'pids_limit'
+  | 'command_timeout';
+
+export interface SandboxEvent {
+  /** Increasing per edge; pass the last one seen as `afterId` to page. */
+  id: number;
+  sandboxId: string;
+  time: string;
+  kind: SandboxEventKind;
+  message: string;
+  /** How many times it happened since the previous event of the same key (rate-limited). */
+  count: number;
+  details: Record<string, unknown>;
+}
+
 /** What a caller asks for when creating a sandbox. Validated before it reaches an edge. */
 export interface SandboxSpec {
   backend: BackendKind;
@@ -26,6 +63,10 @@ export interface SandboxSpec {
   /** The sandbox is stopped and reclaimed this long after creation. */
   ttlSeconds: number;
   networkRules: NetworkRules;
+  /** Explicit egress allowed on top of `networkRules` (default none: egress is denied). */
+  networkAllow?: NetworkTarget[] | undefined;
+  /** Explicit egress denied; wins over every allow. */
+  networkDeny?: NetworkTarget[] | undefined;
   /** User that commands run as unless they say otherwise (`root`, `1000`, `app`). */
   initUser: string;
   env: Record<string, string>;
@@ -76,6 +117,8 @@ export interface CommandResult {
   stdoutBytes: number;
   stderrBytes: number;
   durationMs: number;
+  /** Why the platform ended or lost the command, when it did (e.g. the edge restarted under it). */
+  reason?: string | undefined;
 }
 
 /** What an edge reports to the watcher. */

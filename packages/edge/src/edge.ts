@@ -9,11 +9,16 @@ import type {
   EdgeStatus,
   ImageStore,
   LayerInfo,
+  NetworkPolicyPatch,
   RunCommandOptions,
+  SandboxEvent,
   SandboxInfo,
   SandboxSpec,
 } from '@dsec/core';
 import type { Backend } from './backends/backend.js';
+import type { EventLog } from './events/event-log.js';
+import type { NetworkManager } from './network/network-manager.js';
+import { applyPatch } from './network/policy.js';
 import type { LayerMountCache } from './layers/layer-cache.js';
 import { EdgeStore, type SandboxRecord } from './state/edge-store.js';
 
@@ -38,6 +43,10 @@ export interface EdgeOptions {
   /** How long a stopped sandbox's record stays readable. */
   retentionMs?: number;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
+  /** The backend's network manager, for live policy updates and restart clean-up. */
+  network?: NetworkManager | undefined;
+  /** Audit events of misbehaviour per sandbox. */
+  events?: EventLog | undefined;
 }
 
 /**
@@ -77,6 +86,8 @@ export class Edge implements EdgeApi {
   async close(): Promise<void> {
     clearInterval(this.#sweeper);
     await Promise.allSettled([...this.#inflight.values(), ...this.#stopping.values()]);
+    await this.options.network?.close();
+    this.options.events?.close();
     await this.options.layers.close();
     this.#store.close();
   }
@@ -117,6 +128,7 @@ export class Edge implements EdgeApi {
       const prior = this.#store.findByRequest(req.projectId, req.requestId);
       if (prior) return this.#inflight.get(prior.id) ?? toInfo(prior, this.edgeId);
     }
+    this.options.network?.validate(spec);
     this.#admit(spec);
     const now = new Date();
     const record = this.#store.insert({
@@ -161,10 +173,38 @@ export class Edge implements EdgeApi {
         details: { state: rec.state },
       });
     }
-    return this.options.backend.runCommand(rec, command, {
+    const result = await this.options.backend.runCommand(rec, command, {
       ...options,
       commandId: randomId('cmd'),
     });
+    this.options.events?.recordCommand(id, result);
+    return result;
+  }
+
+  async updateNetwork(id: string, patch: NetworkPolicyPatch): Promise<SandboxInfo> {
+    const rec = this.#get(id);
+    if (rec.state !== 'running') {
+      throw new DsecError('sandbox_not_running', `sandbox ${id} is ${rec.state}`, {
+        details: { state: rec.state },
+      });
+    }
+    const spec = applyPatch(rec.spec, patch);
+    const network = this.options.network;
+    if (network) {
+      network.validate(spec);
+      await network.update({ ...rec, spec });
+    }
+    this.#store.update(id, { spec });
+    return toInfo({ ...rec, spec }, this.edgeId);
+  }
+
+  async listEvents(
+    id: string,
+    query: { afterId?: number | undefined; limit?: number | undefined } = {},
+  ): Promise<SandboxEvent[]> {
+    this.#get(id);
+    await this.options.network?.collectEvents();
+    return this.options.events?.list(id, query.afterId, query.limit) ?? [];
   }
 
   #get(id: string): SandboxRecord {
@@ -242,7 +282,8 @@ export class Edge implements EdgeApi {
       }
     }
     const retentionMs = this.options.retentionMs ?? 3_600_000;
-    this.#store.purgeEnded(new Date(Date.now() - retentionMs).toISOString());
+    if (this.#store.purgeEnded(new Date(Date.now() - retentionMs).toISOString()) > 0)
+      this.options.events?.purge(new Set(this.#store.list().map((r) => r.id)));
   }
 
   /**
@@ -278,6 +319,8 @@ export class Edge implements EdgeApi {
         reason,
       });
     }
+    // Adopt the survivors' networks; remove namespaces and firewall entries of the rest.
+    await this.options.network?.reconcile(this.#store.list(['running', 'paused']));
   }
 
   async #resolveLayers(

@@ -14,7 +14,9 @@
  * ```
  */
 import { totalmem, cpus } from 'node:os';
-import { join } from 'node:path';
+import { chmod, mkdir, stat } from 'node:fs/promises';
+import { dirname, join, resolve } from 'node:path';
+import { DsecError } from '@dsec/core';
 import type { ImageStore } from '@dsec/core';
 import { initPath, mountErofs, unmount } from '@dsec/native';
 import { ContainerBackend } from './backends/container/container-backend.js';
@@ -22,6 +24,8 @@ import { detectCgroupDriver } from './cgroups/cgroup-driver.js';
 import { Edge, type EdgeCapacity } from './edge.js';
 import { LayerMountCache } from './layers/layer-cache.js';
 import { RuncRuntime } from './runtime/oci-runtime.js';
+import { EventLog } from './events/event-log.js';
+import { openNetwork, type EdgeNetworkOptions } from './network/open-network.js';
 
 export { Edge, type EdgeCapacity, type EdgeOptions } from './edge.js';
 export { ContainerBackend } from './backends/container/container-backend.js';
@@ -32,6 +36,11 @@ export { RuncRuntime, type OciRuntime } from './runtime/oci-runtime.js';
 export { LayerMountCache } from './layers/layer-cache.js';
 export { OutputCapture } from './sessions/output-capture.js';
 export { mountPoints } from './layers/mountinfo.js';
+export { EventLog } from './events/event-log.js';
+export { type EdgeNetworkOptions } from './network/open-network.js';
+export { LinuxNetwork, type NetworkOptions } from './network/linux-network.js';
+export { NoNetwork, type NetworkManager, type SandboxNetwork } from './network/network-manager.js';
+export { DEFAULT_NETWORK_CATALOGUE } from './network/policy.js';
 
 export interface ContainerEdgeOptions {
   edgeId: string;
@@ -46,6 +55,8 @@ export interface ContainerEdgeOptions {
   shellBinary?: string;
   /** Parent cgroup of all sandboxes of this edge. Default `dsec`. */
   cgroupParent?: string;
+  /** Sandbox networking and egress policy (default: isolated where the host supports it). */
+  network?: EdgeNetworkOptions;
   ttlSweepMs?: number;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
 }
@@ -62,14 +73,36 @@ export function defaultCapacity(): EdgeCapacity {
   };
 }
 
+/**
+ * Sandboxes' mapped roots (unprivileged host uids) must walk down to their
+ * rootfs, so every ancestor of the state dir needs the execute bit for
+ * others. Fail early with the fix instead of an opaque runtime error.
+ */
+async function assertTraversable(dir: string): Promise<void> {
+  for (let d = resolve(dir); ; d = dirname(d)) {
+    const st = await stat(d).catch(() => undefined);
+    if (st && (st.mode & 0o001) === 0) {
+      throw new DsecError('invalid_argument', `sandboxes cannot reach their root filesystem under ${d}: run \`chmod o+x ${d}\``, {
+        field: 'stateDir',
+      });
+    }
+    if (d === dirname(d)) return;
+  }
+}
+
 /** Wires an edge with the container backend, runc and the native mount helpers. */
 export async function openContainerEdge(options: ContainerEdgeOptions): Promise<Edge> {
+  await mkdir(options.stateDir, { recursive: true });
+  await chmod(options.stateDir, 0o711);
+  await assertTraversable(options.stateDir);
   const layers = new LayerMountCache(
     join(options.stateDir, 'layers'),
     options.store,
     { mountErofs, unmount },
     options.layerCacheBytes ?? 8 * 2 ** 30,
   );
+  const events = new EventLog(join(options.stateDir, 'events.db'));
+  const network = await openNetwork(options.stateDir, options.network, events, options.log);
   const backend = new ContainerBackend({
     dir: join(options.stateDir, 'sandboxes'),
     runtime: new RuncRuntime(options.runtimeBinary ?? 'runc', join(options.stateDir, 'runtime')),
@@ -78,6 +111,7 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     initBinary: initPath(),
     shellBinary: options.shellBinary ?? '/bin/busybox',
     cgroupParent: options.cgroupParent ?? 'dsec',
+    network,
   });
   return Edge.open({
     edgeId: options.edgeId,
@@ -89,5 +123,7 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     capacity: { ...defaultCapacity(), ...options.capacity },
     ttlSweepMs: options.ttlSweepMs,
     log: options.log,
+    network,
+    events,
   });
 }

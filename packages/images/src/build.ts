@@ -6,6 +6,7 @@ import {
   DsecError,
   isDsecError,
   throwIfAborted,
+  type ImageConfig,
   type ImageStore,
   type LayerInfo,
   type LayerKind,
@@ -33,6 +34,10 @@ export interface BuildLayerOptions {
   split?: boolean;
   /** Recorded as `source` (default `dir` or `tar`), e.g. `busybox`, `debootstrap`. */
   source?: string;
+  /** Recorded with the layer: an imported image's runtime defaults. */
+  config?: ImageConfig | undefined;
+  /** Recorded with the layer: the refs a collapsed layer merges, bottom first. */
+  parents?: string[] | undefined;
   /** lz4hc compression for unsplit layers (default true). */
   compress?: boolean;
   /** Scratch space (default: the store's `tmp/` for a DirImageStore, else the OS temp dir). */
@@ -107,6 +112,8 @@ export async function buildLayer(
       fileCount: stats.fileCount,
       createdAt: new Date().toISOString(),
       source: options.source ?? from.kind,
+      ...(options.config !== undefined ? { config: options.config } : {}),
+      ...(options.parents !== undefined ? { parents: options.parents } : {}),
     };
     throwIfAborted(signal);
     await store.putLayer(layer);
@@ -150,10 +157,11 @@ async function checkSource(
  * holds exactly what the archive says. GNU tar detects the compression from
  * the bytes, refuses `..` members and strips leading `/`.
  */
-async function extractTar(
+export async function extractTar(
   archive: string,
   dest: string,
   signal: AbortSignal | undefined,
+  field = 'from.tar',
 ): Promise<void> {
   await mkdir(dest, { mode: 0o755 });
   try {
@@ -175,7 +183,7 @@ async function extractTar(
     // A tar that ran and failed means a bad archive; a missing tar stays `internal`.
     if (isDsecError(err, 'internal') && err.details?.['exitCode'] !== undefined) {
       throw new DsecError('invalid_argument', `cannot extract ${archive}: ${err.message}`, {
-        field: 'from.tar',
+        field,
         cause: err,
       });
     }

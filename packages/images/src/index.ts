@@ -1,7 +1,9 @@
 /**
  * @dsec/images — builds immutable EROFS layers and keeps them in an image
- * store. A layer is made from a directory or a tar archive (or from a root
- * filesystem made here: static busybox, or Debian via debootstrap), packed
+ * store. A layer is made from a directory, a tar archive, an OCI image
+ * (`importOci`: layout or docker-archive, whiteouts applied), a collapse of
+ * consecutive layers (`collapseLayers`), or a root filesystem made here
+ * (static busybox, or Debian via debootstrap), packed
  * with `mkfs.erofs` so the same content always gives the same digest, and
  * recorded as `name:version`. Split layers keep metadata and file data in two
  * blobs (`--blobdev`) so an edge holds metadata locally and reads data on
@@ -21,11 +23,21 @@
  */
 export { buildErofs, erofsArgs, DEFAULT_CHUNK_SIZE_BYTES, ZERO_UUID } from './erofs.js';
 export type { BuildErofsOptions, BuildErofsResult } from './erofs.js';
-export { buildLayer } from './build.js';
+export { buildLayer, extractTar } from './build.js';
 export type { BuildLayerOptions, BuildProgress } from './build.js';
 export { treeStats } from './walk.js';
 export type { TreeStats } from './walk.js';
 export { DirImageStore } from './store/dir-store.js';
+export { importOci } from './oci/import.js';
+export type { ImportOciOptions } from './oci/import.js';
+export { readOciImage } from './oci/read-image.js';
+export type { OciImage } from './oci/read-image.js';
+export { collapseLayers, DEFAULT_COLLAPSE_MAX_BYTES } from './collapse.js';
+export type { CollapseLayersOptions, ErofsMounter } from './collapse.js';
+export { transferLayer } from './transfer.js';
+export type { TransferLayerOptions, TransferProgress } from './transfer.js';
+export { mergeLayerTrees, ociLayerToOverlay, overlayLayerTree } from './overlay/merge.js';
+export type { LayerTree, MergeOptions } from './overlay/merge.js';
 export { validateLayerInfo } from './store/validate.js';
 export { makeBusyboxRootfs } from './rootfs/busybox.js';
 export type { BusyboxRootfsOptions, BusyboxRootfsResult } from './rootfs/busybox.js';

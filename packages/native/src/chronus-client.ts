@@ -198,11 +198,15 @@ export class CommandHandle {
     return this;
   }
 
-  write(data: Buffer | string): void {
+  /** Returns false when the connection's send buffer is full: wait for `conn.drained()`. */
+  write(data: Buffer | string): boolean {
     const buf = typeof data === 'string' ? Buffer.from(data, 'utf8') : data;
+    let ok = true;
     for (let off = 0; off < buf.length; off += MAX_PAYLOAD) {
-      this.conn.send(frame(T_STDIN, this.stream, buf.subarray(off, off + MAX_PAYLOAD)));
+      if (!this.conn.send(frame(T_STDIN, this.stream, buf.subarray(off, off + MAX_PAYLOAD))))
+        ok = false;
     }
+    return ok;
   }
 
   endStdin(): void {
@@ -349,9 +353,37 @@ export class ChronusConnection {
     this.drop('connection to chronus closed');
   }
 
-  /** @internal */
-  send(buf: Buffer): void {
-    if (!this.closedError) this.socket.write(buf);
+  /**
+   * Stops reading from the daemon: once its outbound buffer fills, it pauses
+   * the output of every command on this connection (back-pressure). Use a
+   * connection of its own for a stream that should be throttled by its reader.
+   */
+  pause(): void {
+    this.socket.pause();
+  }
+
+  resume(): void {
+    this.socket.resume();
+  }
+
+  /** Resolves once queued frames went out (at once when none are queued or the connection is gone). */
+  drained(): Promise<void> {
+    if (this.closedError || !this.socket.writableNeedDrain) return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = (): void => {
+        this.socket.off('drain', done);
+        this.socket.off('close', done);
+        resolve();
+      };
+      this.socket.once('drain', done);
+      this.socket.once('close', done);
+    });
+  }
+
+  /** @internal Returns false when the socket's send buffer is full. */
+  send(buf: Buffer): boolean {
+    if (this.closedError) return true;
+    return this.socket.write(buf);
   }
 
   private drop(message: string): void {

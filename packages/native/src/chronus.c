@@ -36,6 +36,35 @@ struct chronus_args {
     int no_new_privs;
 };
 
+/*
+ * `--pid -`: do the slow host-side work (sealing the shell, compiling the
+ * filter, joining the cgroups, which costs an RCU grace period on cgroup v1)
+ * while the runtime is still starting the sandbox, then read its init's PID
+ * as a decimal line on stdin.
+ */
+#define PID_FROM_STDIN ((pid_t)-1)
+
+static pid_t read_pid_line(void)
+{
+    char buf[24];
+    size_t n = 0;
+    while (n < sizeof buf - 1) {
+        ssize_t r = read(0, buf + n, 1);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            dief(r < 0 ? errno : EPIPE, "reading the init pid from stdin");
+        if (buf[n] == '\n')
+            break;
+        n++;
+    }
+    buf[n] = 0;
+    uint64_t pid;
+    if (parse_u64(buf, INT32_MAX, &pid) || pid == 0)
+        dief(EINVAL, "bad init pid %s", buf);
+    return (pid_t)pid;
+}
+
 static void parse_args(int argc, char **argv, struct chronus_args *a)
 {
     a->cgroups = calloc((size_t)argc + 1, sizeof *a->cgroups);
@@ -61,13 +90,15 @@ static void parse_args(int argc, char **argv, struct chronus_args *a)
             a->caps = val;
         else if (strcmp(opt, "--cgroup") == 0)
             a->cgroups[a->ncgroups++] = val;
+        else if (strcmp(opt, "--pid") == 0 && strcmp(val, "-") == 0)
+            a->init_pid = PID_FROM_STDIN;
         else if (strcmp(opt, "--pid") == 0 && !parse_u64(val, INT32_MAX, &pid) && pid > 0)
             a->init_pid = (pid_t)pid;
         else
             dief(EINVAL, "chronus: bad option %s %s", opt, val);
     }
     if (!a->sock || !a->shell || !a->init_pid)
-        dief(EINVAL, "usage: chronus --sock PATH --pid INITPID --shell SHELLBIN [--cgroup DIR]... "
+        dief(EINVAL, "usage: chronus --sock PATH --pid INITPID|- --shell SHELLBIN [--cgroup DIR]... "
                      "[--seccomp PROFILE] [--caps CAP,...] [--no-new-privs]");
 }
 
@@ -276,17 +307,19 @@ int cmd_chronus(int argc, char **argv)
     int ncaps = a.caps ? parse_caps(a.caps, caps, 64) : 0;
     int last_cap = read_last_cap();
     struct chronus_state st = { .shell_memfd = seal_shell(a.shell) };
-
-    st.init_pidfd = (int)syscall(SYS_pidfd_open, a.init_pid, 0);
-    if (st.init_pidfd < 0)
-        dief(errno, "pidfd_open %d", a.init_pid);
-    int nsfds[NNS];
-    open_namespaces(a.init_pid, nsfds);
     int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (devnull < 0)
         die("open /dev/null", errno);
     make_socket(a.sock, &st);
     join_cgroups(a.cgroups, a.ncgroups);
+
+    if (a.init_pid == PID_FROM_STDIN)
+        a.init_pid = read_pid_line();
+    st.init_pidfd = (int)syscall(SYS_pidfd_open, a.init_pid, 0);
+    if (st.init_pidfd < 0)
+        dief(errno, "pidfd_open %d", a.init_pid);
+    int nsfds[NNS];
+    open_namespaces(a.init_pid, nsfds);
     enter_namespaces(nsfds);
 
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)

@@ -172,16 +172,29 @@ export interface ChronusOptions {
  * init dies. Resolves once it listens on `socketPath`.
  */
 export async function startChronus(options: ChronusOptions): Promise<{ pid: number }> {
+  const pending = await prepareChronus(options);
+  await pending.attach(options.initPid);
+  return { pid: pending.pid };
+}
+
+/** A chronus daemon that has done its host-side setup and waits for the sandbox's init. */
+export interface PendingChronus {
+  pid: number;
+  /** Hands over the init's host PID; resolves once the daemon serves. */
+  attach(initPid: number): Promise<void>;
+  /** Kills the waiting daemon (the sandbox failed to start). */
+  abort(): void;
+}
+
+/**
+ * Starts chronus before the sandbox runs, so its slow host-side setup (joining
+ * the cgroups — they must already exist — sealing the shell, compiling the
+ * seccomp filter) overlaps the OCI runtime's start-up. Resolves once the
+ * daemon is spawned; `attach` completes the start.
+ */
+export async function prepareChronus(options: Omit<ChronusOptions, 'initPid'>): Promise<PendingChronus> {
   throwIfAborted(options.signal);
-  const args = [
-    'chronus',
-    '--sock',
-    options.socketPath,
-    '--pid',
-    String(options.initPid),
-    '--shell',
-    options.shellPath,
-  ];
+  const args = ['chronus', '--sock', options.socketPath, '--pid', '-', '--shell', options.shellPath];
   for (const dir of options.cgroupDirs) args.push('--cgroup', dir);
   args.push('--caps', options.capabilities.join(','));
   if (options.noNewPrivs) args.push('--no-new-privs');
@@ -190,45 +203,47 @@ export async function startChronus(options: ChronusOptions): Promise<{ pid: numb
     await writeFile(profilePath, options.seccompProfile, { mode: 0o600 });
     args.push('--seccomp', profilePath);
   }
-  try {
-    return await spawnDaemon(args, options.signal);
-  } finally {
-    await rm(profilePath, { force: true }); // read before `ready`; the daemon cannot see it afterwards
-  }
-}
-
-function spawnDaemon(args: string[], signal: AbortSignal | undefined): Promise<{ pid: number }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(helperPath(), args, { detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    let settled = false;
-    const finish = (err: DsecError | null): void => {
-      if (settled) return;
-      settled = true;
-      signal?.removeEventListener('abort', onAbort);
-      child.stdout.destroy();
-      child.stderr.destroy();
-      child.unref();
-      if (err) {
-        if (child.pid !== undefined && child.exitCode === null) process.kill(child.pid, 'SIGKILL');
-        reject(err);
-      } else resolve({ pid: child.pid ?? 0 });
-    };
-    const onAbort = (): void =>
-      finish(new DsecError('aborted', 'startChronus aborted', { cause: signal?.reason }));
-    signal?.addEventListener('abort', onAbort, { once: true });
-    child.stdout.setEncoding('utf8').on('data', (s: string) => {
-      stdout += s;
-      if (stdout.includes('ready\n')) finish(null);
-    });
-    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
-    child.on('error', (err) =>
-      finish(new DsecError('internal', `chronus: ${err.message}`, { cause: err })),
-    );
+  const child = spawn(helperPath(), args, { detached: true, stdio: ['pipe', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.setEncoding('utf8').on('data', (s: string) => (stdout += s));
+  child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
+  child.stdin.on('error', () => undefined); // a daemon that died is reported by `attach`
+  const ready = new Promise<void>((resolve, reject) => {
+    child.stdout.on('data', () => stdout.includes('ready\n') && resolve());
+    child.on('error', (err) => reject(new DsecError('internal', `chronus: ${err.message}`, { cause: err })));
     child.on('close', (code, sig) => {
       const why = stderr.trim() || `chronus exited with ${sig ?? code} before it was ready`;
-      finish(new DsecError('internal', why, { details: { exitCode: code } }));
+      reject(new DsecError('internal', why, { details: { exitCode: code } }));
     });
   });
+  ready.catch(() => undefined);
+  const release = () => {
+    child.stdin.destroy();
+    child.stdout.destroy();
+    child.stderr.destroy();
+    child.unref();
+    void rm(profilePath, { force: true }); // read before `ready`; the daemon cannot see it afterwards
+  };
+  return {
+    pid: child.pid ?? 0,
+    async attach(initPid: number) {
+      child.stdin.end(`${initPid}\n`);
+      const onAbort = () => child.kill('SIGKILL');
+      options.signal?.addEventListener('abort', onAbort, { once: true });
+      try {
+        await ready;
+      } catch (err) {
+        child.kill('SIGKILL');
+        throw err;
+      } finally {
+        options.signal?.removeEventListener('abort', onAbort);
+        release();
+      }
+    },
+    abort() {
+      child.kill('SIGKILL');
+      release();
+    },
+  };
 }

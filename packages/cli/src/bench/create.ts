@@ -1,5 +1,5 @@
 import { execFile, spawnSync } from 'node:child_process';
-import { chown, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -51,9 +51,10 @@ const SPEC: SandboxSpec = {
  */
 export async function benchCreate(options: CreateBenchOptions): Promise<CreateBenchReport> {
   const work = await mkdtemp(join(tmpdir(), 'dsec-bench-create-'));
+  await chmod(work, 0o711);
   const cleanups: (() => Promise<unknown>)[] = [() => rm(work, { recursive: true, force: true })];
   try {
-    const node = await startSingleNode({ stateDir: join(work, 'state'), port: 0 });
+    const node = await startSingleNode({ stateDir: join(work, 'state'), port: 0, logRequests: !!process.env.DSEC_BENCH_LOG });
     cleanups.unshift(() => node.close({ stopSandboxes: true }));
     const rootfsDir = join(work, 'busybox-rootfs');
     await makeBusyboxRootfs(rootfsDir);
@@ -95,6 +96,7 @@ export async function benchCreate(options: CreateBenchOptions): Promise<CreateBe
     };
     if (hasPodman) {
       systems.podman = async () => {
+        // Root here lacks CAP_SYS_RESOURCE: podman's default rlimits (above the hard limits) would fail.
         await execFileAsync('podman', [
           'run',
           '--rm',
@@ -102,6 +104,10 @@ export async function benchCreate(options: CreateBenchOptions): Promise<CreateBe
           'runc',
           '--network',
           'none',
+          '--ulimit',
+          'nofile=1024:1024',
+          '--ulimit',
+          'nproc=1024:1024',
           '--rootfs',
           rootfsDir,
           '/bin/true',

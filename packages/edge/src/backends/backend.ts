@@ -1,4 +1,5 @@
 import type { BackendKind, CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
+import type { ChronusConnection } from '@dsec/native';
 import type { SandboxRecord } from '../state/edge-store.js';
 
 export interface StartedSandbox {
@@ -29,4 +30,8 @@ export interface Backend {
     command: CommandSpec,
     options: RunCommandOptions & { commandId: string },
   ): Promise<CommandResult>;
+  /** The sandbox's chronus connection (shared, or a new `dedicated` one the caller closes). */
+  channel?(rec: SandboxRecord, options?: { dedicated?: boolean }): Promise<ChronusConnection>;
+  /** Whether the OOM killer struck the sandbox since this was last asked. */
+  oomKilled?(rec: SandboxRecord): Promise<boolean>;
 }

@@ -1,6 +1,7 @@
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { mkdir, readFile, rmdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 
 /**
  * How a node's cgroups are laid out. The OCI runtime creates and removes a
@@ -17,6 +18,16 @@ export interface CgroupDriver {
   dirs(path: string): string[];
   /** True if any of the sandbox's cgroup directories exist. */
   exists(path: string): boolean;
+  /**
+   * Creates the cgroup ahead of the runtime (which adopts it and sets its
+   * limits), so the command daemon can join it while the runtime starts.
+   */
+  create(path: string): Promise<void>;
+  /**
+   * Kills whatever is still in the cgroup (everything there is the sandbox's)
+   * and removes its directories; missing ones are fine.
+   */
+  remove(path: string): Promise<void>;
   /** Memory usage in bytes, or undefined when the cgroup is gone. */
   memoryUsageBytes(path: string): Promise<number | undefined>;
   /** Number of OOM kills the kernel performed in the cgroup so far. */
@@ -50,6 +61,32 @@ class CgroupV1 implements CgroupDriver {
     return this.dirs(path).some((d) => existsSync(d));
   }
 
+  async create(path: string): Promise<void> {
+    for (const c of this.#controllers) {
+      if (c !== 'cpuset') {
+        await mkdir(join(this.root, c, path), { recursive: true });
+        continue;
+      }
+      // A v1 cpuset cgroup starts with no CPUs or memory nodes, and nothing can
+      // join it until they are copied down from its parent.
+      let dir = join(this.root, c);
+      for (const part of path.split('/').filter(Boolean)) {
+        const parent = dir;
+        dir = join(dir, part);
+        await mkdir(dir, { recursive: true });
+        for (const file of ['cpuset.cpus', 'cpuset.mems']) {
+          if ((await readFile(join(dir, file), 'utf8')).trim() === '') {
+            await writeFile(join(dir, file), await readFile(join(parent, file), 'utf8'));
+          }
+        }
+      }
+    }
+  }
+
+  async remove(path: string): Promise<void> {
+    await removeDirs(this.dirs(path));
+  }
+
   async memoryUsageBytes(path: string): Promise<number | undefined> {
     return readNumber(join(this.root, 'memory', path, 'memory.usage_in_bytes'));
   }
@@ -76,6 +113,14 @@ class CgroupV2 implements CgroupDriver {
     return existsSync(join(this.root, path));
   }
 
+  async create(path: string): Promise<void> {
+    await mkdir(join(this.root, path), { recursive: true });
+  }
+
+  async remove(path: string): Promise<void> {
+    await removeDirs(this.dirs(path));
+  }
+
   async memoryUsageBytes(path: string): Promise<number | undefined> {
     return readNumber(join(this.root, path, 'memory.current'));
   }
@@ -83,6 +128,27 @@ class CgroupV2 implements CgroupDriver {
   async oomKills(path: string): Promise<number> {
     const text = await readFile(join(this.root, path, 'memory.events'), 'utf8').catch(() => '');
     return Number(/oom_kill (\d+)/.exec(text)?.[1] ?? 0);
+  }
+}
+
+/** SIGKILLs the processes in the directories and removes them, retrying while they drain. */
+async function removeDirs(dirs: string[]): Promise<void> {
+  for (let attempt = 0; attempt < 50; attempt++) {
+    let left = 0;
+    for (const dir of dirs) {
+      const procs = await readFile(join(dir, 'cgroup.procs'), 'utf8').catch(() => undefined);
+      if (procs === undefined) continue; // gone
+      for (const pid of procs.split('\n').filter(Boolean)) {
+        try {
+          process.kill(Number(pid), 'SIGKILL');
+        } catch {
+          // already exiting
+        }
+      }
+      await rmdir(dir).catch(() => left++);
+    }
+    if (left === 0) return;
+    await sleep(Math.min(2 ** attempt, 20));
   }
 }
 

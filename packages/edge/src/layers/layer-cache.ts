@@ -1,5 +1,7 @@
-import { mkdir, rmdir } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { copyFile, mkdir, readFile, rename, rm, rmdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
+import { DsecError } from '@dsec/core';
 import type { ImageStore, LayerInfo } from '@dsec/core';
 import { mountPoints } from './mountinfo.js';
 
@@ -88,6 +90,7 @@ export class LayerMountCache {
       this.#entries.delete(entry.layer.digest);
       await this.mounter.unmount([entry.dir]);
       await rmdir(entry.dir).catch(() => undefined);
+      if (entry.layer.blobDigest) await rm(this.#metaFile(entry.layer.digest), { force: true });
       total -= entry.layer.sizeBytes;
     }
   }
@@ -106,6 +109,29 @@ export class LayerMountCache {
     };
   }
 
+  #metaFile(digest: string): string {
+    return join(this.dir, '.meta', digest.replace(/^sha256:/, ''));
+  }
+
+  /** A verified local copy of a split layer's metadata image (kept while mounted). */
+  async #localMetadata(digest: string): Promise<string> {
+    const file = this.#metaFile(digest);
+    if (await stat(file).then((s) => s.isFile(), () => false)) return file;
+    await mkdir(join(this.dir, '.meta'), { recursive: true });
+    const tmp = `${file}.tmp-${process.pid}-${Math.random().toString(36).slice(2)}`;
+    try {
+      await copyFile(await this.store.blobPath(digest), tmp);
+      const got = `sha256:${createHash('sha256').update(await readFile(tmp)).digest('hex')}`;
+      if (got !== digest) {
+        throw new DsecError('internal', `metadata blob ${digest} reads back as ${got}`);
+      }
+      await rename(tmp, file);
+    } finally {
+      await rm(tmp, { force: true });
+    }
+    return file;
+  }
+
   #dirFor(layer: LayerInfo): string {
     return join(this.dir, layer.digest.replace(/^sha256:/, '').slice(0, 32));
   }
@@ -117,7 +143,11 @@ export class LayerMountCache {
       entry.mounting = undefined;
       return;
     }
-    const image = await this.store.blobPath(layer.digest);
+    // Split layer: metadata copied to local disk (small reads stay local), data
+    // read in place from the store, only the blocks a sandbox touches (paper 5.3).
+    const image = layer.blobDigest
+      ? await this.#localMetadata(layer.digest)
+      : await this.store.blobPath(layer.digest);
     const blobDevice = layer.blobDigest ? await this.store.blobPath(layer.blobDigest) : undefined;
     await this.mounter.mountErofs(image, entry.dir, blobDevice ? { blobDevice } : {});
     entry.mounting = undefined;

@@ -1,6 +1,8 @@
 import { spawn } from 'node:child_process';
 import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { DsecError } from '@dsec/core';
@@ -26,6 +28,8 @@ export interface OciRuntime {
   forceDelete(id: string): Promise<void>;
   /** Container IDs the runtime knows of. */
   list(): Promise<string[]>;
+  /** Whether the runtime still holds state for the container (cheap: no process is started). */
+  exists(id: string): boolean;
 }
 
 export interface RunOptions {
@@ -153,6 +157,10 @@ export class RuncRuntime implements OciRuntime {
         });
       }
     }
+  }
+
+  exists(id: string): boolean {
+    return existsSync(join(this.root, id));
   }
 
   async list(): Promise<string[]> {

@@ -117,10 +117,11 @@ export class EdgeStore {
   update(
     id: string,
     fields: Partial<
-      Pick<SandboxRecord, 'state' | 'runtimePid' | 'initPid' | 'chronusPid' | 'reason'>
+      Pick<SandboxRecord, 'state' | 'runtimePid' | 'initPid' | 'chronusPid' | 'reason' | 'spec'>
     >,
   ): void {
     const cols: Record<string, unknown> = {
+      spec: fields.spec && JSON.stringify(fields.spec),
       state: fields.state,
       runtime_pid: fields.runtimePid,
       init_pid: fields.initPid,

@@ -67,7 +67,7 @@ export class DirImageStore implements ImageStore {
 
   async putBlob(
     file: string,
-    options: { signal?: AbortSignal } = {},
+    options: { signal?: AbortSignal; onProgress?: (bytesDone: number) => void } = {},
   ): Promise<{ digest: string; sizeBytes: number }> {
     throwIfAborted(options.signal);
     const input = await open(file, 'r').catch((err: unknown) => {
@@ -93,6 +93,7 @@ export class DirImageStore implements ImageStore {
           hash.update(chunk);
           await out.write(chunk);
           sizeBytes += bytesRead;
+          options.onProgress?.(sizeBytes);
         }
         await out.sync();
       } finally {

@@ -4,13 +4,14 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { DsecError } from '@dsec/core';
 import type { CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
-import { ChronusConnection, mountRootfs, startChronus, unmount } from '@dsec/native';
+import { ChronusConnection, mountRootfs, prepareChronus, startChronus, unmount } from '@dsec/native';
 import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
 import type { LayerMountCache } from '../../layers/layer-cache.js';
 import type { OciRuntime } from '../../runtime/oci-runtime.js';
 import { runOnChronus } from '../../sessions/run-command.js';
 import type { SandboxRecord } from '../../state/edge-store.js';
 import type { Backend, StartedSandbox } from '../backend.js';
+import type { NetworkManager } from '../../network/network-manager.js';
 import { seccompLines } from './seccomp.js';
 import { buildContainerConfig, SANDBOX_CAPABILITIES } from './spec.js';
 
@@ -32,6 +33,8 @@ export interface ContainerBackendOptions {
   shellBinary: string;
   /** Cgroup under which every sandbox's cgroup is created (`/<parent>/<name>`). */
   cgroupParent: string;
+  /** Per-sandbox network namespace and egress policy; absent: loopback only. */
+  network?: NetworkManager | undefined;
 }
 
 /**
@@ -62,41 +65,53 @@ export class ContainerBackend implements Backend {
     for (const layer of [...rec.layers].reverse()) {
       lowers.push(await this.options.layers.acquire(layer));
     }
-    await mountRootfs({
-      target: p.rootfs,
-      upper: p.upper,
-      work: p.work,
-      lowers,
-      idmap: { hostId, size: ID_COUNT },
-    });
-
-    const config = buildContainerConfig({
-      spec: rec.spec,
-      hostname: p.name.slice(0, 12),
-      rootfs: p.rootfs,
-      initBinary: this.options.initBinary,
-      cgroupsPath: p.cgroupsPath,
-      hostIdBase: hostId,
-      idCount: ID_COUNT,
-    });
-    await writeFile(join(p.dir, 'config.json'), JSON.stringify(config));
-    const running = await this.options.runtime.run({
-      id: p.name,
-      bundle: p.dir,
-      pidFile: p.pidFile,
-      timeoutMs: RUNTIME_START_TIMEOUT_MS,
-      signal,
-    });
-    const chronus = await startChronus({
-      socketPath: p.socket,
-      initPid: running.initPid,
-      shellPath: this.options.shellBinary,
-      cgroupDirs: this.options.cgroups.dirs(p.cgroupsPath),
-      seccompProfile: seccompLines(),
-      capabilities: SANDBOX_CAPABILITIES,
-      noNewPrivs: true,
-    });
-    return { runtimePid: running.runtimePid, initPid: running.initPid, chronusPid: chronus.pid };
+    // The root filesystem and the command daemon's host-side setup (it joins the
+    // pre-created cgroups, the slowest step on cgroup v1) proceed side by side;
+    // the daemon then waits for the runtime to report the sandbox's init.
+    const [mounted, prepared] = await Promise.allSettled([
+      mountRootfs({ target: p.rootfs, upper: p.upper, work: p.work, lowers, idmap: { hostId, size: ID_COUNT } }),
+      this.options.cgroups.create(p.cgroupsPath).then(() =>
+        prepareChronus({
+          socketPath: p.socket,
+          shellPath: this.options.shellBinary,
+          cgroupDirs: this.options.cgroups.dirs(p.cgroupsPath),
+          seccompProfile: seccompLines(),
+          capabilities: SANDBOX_CAPABILITIES,
+          noNewPrivs: true,
+        }),
+      ),
+    ]);
+    if (prepared.status === 'rejected' || mounted.status === 'rejected') {
+      if (prepared.status === 'fulfilled') prepared.value.abort();
+      throw prepared.status === 'rejected' ? prepared.reason : (mounted as PromiseRejectedResult).reason;
+    }
+    const chronus = prepared.value;
+    try {
+      const network = await this.options.network?.setup(rec);
+      const config = buildContainerConfig({
+        spec: rec.spec,
+        hostname: p.name.slice(0, 12),
+        rootfs: p.rootfs,
+        initBinary: this.options.initBinary,
+        cgroupsPath: p.cgroupsPath,
+        hostIdBase: hostId,
+        idCount: ID_COUNT,
+        network,
+      });
+      await writeFile(join(p.dir, 'config.json'), JSON.stringify(config));
+      const running = await this.options.runtime.run({
+        id: p.name,
+        bundle: p.dir,
+        pidFile: p.pidFile,
+        timeoutMs: RUNTIME_START_TIMEOUT_MS,
+        signal,
+      });
+      await chronus.attach(running.initPid);
+      return { runtimePid: running.runtimePid, initPid: running.initPid, chronusPid: chronus.pid };
+    } catch (err) {
+      chronus.abort();
+      throw err;
+    }
   }
 
   /**
@@ -126,6 +141,7 @@ export class ContainerBackend implements Backend {
     if (rec.chronusPid !== undefined && (await isProcessOf(rec.chronusPid, p.socket, 'cmdline'))) {
       killQuietly(rec.chronusPid);
     }
+    await this.options.network?.teardown(rec);
     await unmount([p.rootfs], { detach: true });
     await rm(p.dir, { recursive: true, force: true });
     for (const layer of rec.layers) this.options.layers.release(layer.digest);
@@ -175,6 +191,27 @@ export class ContainerBackend implements Backend {
         return kills > seen;
       },
     });
+  }
+
+  /**
+   * A chronus connection for the edge's command, session and file layers: the
+   * sandbox's shared one, or with `dedicated` a new one the caller owns and
+   * closes (its reads can be paused for back-pressure without stalling others).
+   */
+  async channel(
+    rec: SandboxRecord,
+    options: { dedicated?: boolean } = {},
+  ): Promise<ChronusConnection> {
+    if (options.dedicated) return ChronusConnection.connect(this.paths(rec).socket);
+    return this.#connection(rec);
+  }
+
+  /** Whether the OOM killer struck the sandbox since this was last asked. */
+  async oomKilled(rec: SandboxRecord): Promise<boolean> {
+    const kills = await this.options.cgroups.oomKills(this.paths(rec).cgroupsPath);
+    const seen = this.#oomKillsSeen.get(rec.id) ?? 0;
+    this.#oomKillsSeen.set(rec.id, kills);
+    return kills > seen;
   }
 
   paths(rec: Pick<SandboxRecord, 'id'>) {

@@ -59,6 +59,8 @@ export interface ContainerSpecInput {
   /** First host uid/gid of the sandbox's 65536-id range. */
   hostIdBase: number;
   idCount: number;
+  /** The sandbox's prepared network (netns to join, resolv.conf); absent: a fresh empty netns. */
+  network?: { netnsPath: string; resolvConf: string } | undefined;
 }
 
 /** Builds the OCI runtime config (config.json) for one sandbox. */
@@ -129,13 +131,23 @@ export function buildContainerConfig(input: ContainerSpecInput): Record<string, 
         source: input.initBinary,
         options: ['bind', 'ro', 'nosuid', 'nodev'],
       },
+      ...(input.network
+        ? [
+            {
+              destination: '/etc/resolv.conf',
+              type: 'bind',
+              source: input.network.resolvConf,
+              options: ['bind', 'ro', 'nosuid', 'nodev', 'noexec'],
+            },
+          ]
+        : []),
     ],
     linux: {
       uidMappings: [{ containerID: 0, hostID: input.hostIdBase, size: input.idCount }],
       gidMappings: [{ containerID: 0, hostID: input.hostIdBase, size: input.idCount }],
-      namespaces: ['pid', 'network', 'ipc', 'uts', 'mount', 'user', 'cgroup'].map((type) => ({
-        type,
-      })),
+      namespaces: ['pid', 'network', 'ipc', 'uts', 'mount', 'user', 'cgroup'].map((type) =>
+        type === 'network' && input.network ? { type, path: input.network.netnsPath } : { type },
+      ),
       cgroupsPath: input.cgroupsPath,
       resources: {
         devices: [{ allow: false, access: 'rwm' }],

@@ -1,0 +1,140 @@
+import { chmodSync } from 'node:fs';
+import Database from 'better-sqlite3';
+import type { CommandResult, SandboxEvent, SandboxEventKind } from '@dsec/core';
+
+export interface EventLogOptions {
+  /** Events kept per sandbox; older ones are dropped first. */
+  maxPerSandbox?: number;
+  /** Events kept on the edge in all. */
+  maxTotal?: number;
+  /** Repeats of one key within this window are counted, not stored. */
+  dedupeWindowMs?: number;
+}
+
+interface Row {
+  id: number;
+  sandbox_id: string;
+  time: string;
+  kind: SandboxEventKind;
+  message: string;
+  count: number;
+  details: string;
+}
+
+/**
+ * Audit events of misbehaviour per sandbox (issue 5): denied connections,
+ * refused DNS names, output caps and limits hit. Its own small SQLite file
+ * in the edge's state directory, bounded per sandbox and in total, with
+ * repeats of the same thing folded into a count so a sandbox hammering a
+ * denied address cannot flood it.
+ */
+export class EventLog {
+  readonly #db: Database.Database;
+  readonly #o: Required<EventLogOptions>;
+  readonly #recent = new Map<string, { until: number; suppressed: number }>();
+  #inserts = 0;
+
+  constructor(file: string, options: EventLogOptions = {}) {
+    this.#o = { maxPerSandbox: 1000, maxTotal: 200_000, dedupeWindowMs: 10_000, ...options };
+    this.#db = new Database(file);
+    chmodSync(file, 0o600);
+    this.#db.pragma('journal_mode = WAL');
+    this.#db.pragma('busy_timeout = 5000');
+    this.#db.exec(`
+      CREATE TABLE IF NOT EXISTS events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        sandbox_id TEXT NOT NULL,
+        time TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL,
+        count INTEGER NOT NULL,
+        details TEXT NOT NULL
+      );
+      CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, id);
+    `);
+  }
+
+  record(
+    sandboxId: string,
+    kind: SandboxEventKind,
+    message: string,
+    details: Record<string, unknown> = {},
+    dedupeKey?: string,
+  ): void {
+    const now = Date.now();
+    let count = 1;
+    if (dedupeKey !== undefined) {
+      const key = `${sandboxId}\n${kind}\n${dedupeKey}`;
+      const seen = this.#recent.get(key);
+      if (seen && seen.until > now) {
+        seen.suppressed++;
+        return;
+      }
+      count += seen?.suppressed ?? 0;
+      this.#recent.set(key, { until: now + this.#o.dedupeWindowMs, suppressed: 0 });
+      if (this.#recent.size > 10_000) {
+        for (const [k, v] of this.#recent) if (v.until <= now) this.#recent.delete(k);
+      }
+    }
+    const db = this.#db;
+    db.prepare(
+      'INSERT INTO events (sandbox_id, time, kind, message, count, details) VALUES (?, ?, ?, ?, ?, ?)',
+    ).run(sandboxId, new Date(now).toISOString(), kind, message.slice(0, 1024), count, JSON.stringify(details).slice(0, 8192));
+    db.prepare(
+      `DELETE FROM events WHERE sandbox_id = ? AND id <= (
+         SELECT id FROM events WHERE sandbox_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)`,
+    ).run(sandboxId, sandboxId, this.#o.maxPerSandbox);
+    if (++this.#inserts % 1000 === 0) {
+      db.prepare(
+        'DELETE FROM events WHERE id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET ?)',
+      ).run(this.#o.maxTotal);
+    }
+  }
+
+  /** Events a finished command tells about: output over the cap, OOM kill, timeout. */
+  recordCommand(sandboxId: string, result: CommandResult): void {
+    const base = { commandId: result.commandId };
+    if (result.truncated) {
+      this.record(
+        sandboxId,
+        'output_truncated',
+        `command output went past the cap (stdout ${result.stdoutBytes} B, stderr ${result.stderrBytes} B)`,
+        { ...base, stdoutBytes: result.stdoutBytes, stderrBytes: result.stderrBytes },
+      );
+    }
+    if (result.outcome === 'oom') {
+      this.record(sandboxId, 'oom_killed', 'command killed by the OOM killer at the memory limit', base);
+    } else if (result.outcome === 'timeout') {
+      this.record(sandboxId, 'command_timeout', 'command killed at its timeout', {
+        ...base,
+        durationMs: result.durationMs,
+      });
+    }
+  }
+
+  list(sandboxId: string, afterId = 0, limit = 500): SandboxEvent[] {
+    const rows = this.#db
+      .prepare('SELECT * FROM events WHERE sandbox_id = ? AND id > ? ORDER BY id LIMIT ?')
+      .all(sandboxId, afterId, Math.max(1, Math.min(limit, 1000))) as Row[];
+    return rows.map((r) => ({
+      id: r.id,
+      sandboxId: r.sandbox_id,
+      time: r.time,
+      kind: r.kind,
+      message: r.message,
+      count: r.count,
+      details: JSON.parse(r.details) as Record<string, unknown>,
+    }));
+  }
+
+  /** Forgets events of sandboxes the edge no longer keeps. */
+  purge(keepSandboxIds: Set<string>): void {
+    const ids = this.#db.prepare('SELECT DISTINCT sandbox_id AS id FROM events').all() as { id: string }[];
+    const del = this.#db.prepare('DELETE FROM events WHERE sandbox_id = ?');
+    for (const { id } of ids) if (!keepSandboxIds.has(id)) del.run(id);
+  }
+
+  close(): void {
+    this.#db.close();
+  }
+}

@@ -1,0 +1,70 @@
+import type { SandboxEventKind, SandboxSpec } from '@dsec/core';
+
+/** The part of a sandbox record the network layer needs. */
+export interface NetworkSandbox {
+  id: string;
+  /** The sandbox's slot on this edge (unique among live sandboxes); addresses derive from it. */
+  slot: number;
+  spec: Pick<SandboxSpec, 'networkRules' | 'networkAllow' | 'networkDeny'>;
+}
+
+/** What the OCI config needs to put a sandbox on its network. */
+export interface SandboxNetwork {
+  /** Network namespace to join (OCI `linux.namespaces[].path`). */
+  netnsPath: string;
+  /** Host file bind-mounted read-only over the sandbox's `/etc/resolv.conf`. */
+  resolvConf: string;
+  /** The sandbox's own addresses, for logs and tests. */
+  addresses: string[];
+  gateway4: string;
+}
+
+export type NetworkEventSink = (
+  sandboxId: string,
+  kind: SandboxEventKind,
+  message: string,
+  details: Record<string, unknown>,
+  dedupeKey?: string,
+) => void;
+
+/**
+ * How sandboxes get (or do not get) a network. Lifecycle per sandbox:
+ * `setup` before the runtime starts (idempotent: it first removes leftovers
+ * of an earlier try), `update` while it runs, `teardown` after its processes
+ * are gone (idempotent, also on a half-set-up sandbox). After an edge restart
+ * `reconcile` gets the live sandboxes: it adopts theirs and removes every
+ * namespace, interface and firewall entry of sandboxes that are gone.
+ */
+export interface NetworkManager {
+  readonly mode: 'isolated' | 'none';
+  /** Undefined: the runtime makes a fresh, empty network namespace (loopback only). */
+  setup(sb: NetworkSandbox): Promise<SandboxNetwork | undefined>;
+  /** Applies a changed policy to new connections; other sandboxes are untouched. */
+  update(sb: NetworkSandbox): Promise<void>;
+  teardown(sb: Pick<NetworkSandbox, 'id' | 'slot'>): Promise<void>;
+  reconcile(live: NetworkSandbox[]): Promise<void>;
+  /** Checks a policy before a create is admitted; throws `invalid_argument` (unknown rule, bad CIDR…). */
+  validate(spec: NetworkSandbox['spec']): void;
+  /** Turns what the firewall recorded since the last look into audit events. */
+  collectEvents(): Promise<void>;
+  /** Stops background work; with no live sandboxes left, removes the edge's table too. */
+  close(): Promise<void>;
+}
+
+/**
+ * No network: each sandbox gets a fresh network namespace from the runtime
+ * with only loopback in it. Nothing to set up, nothing to leak. Rules are
+ * accepted but have nothing to open.
+ */
+export class NoNetwork implements NetworkManager {
+  readonly mode = 'none' as const;
+  async setup(): Promise<undefined> {
+    return undefined;
+  }
+  async update(): Promise<void> {}
+  async teardown(): Promise<void> {}
+  async reconcile(): Promise<void> {}
+  validate(): void {}
+  async collectEvents(): Promise<void> {}
+  async close(): Promise<void> {}
+}
