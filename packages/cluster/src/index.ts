@@ -19,7 +19,12 @@ import type { AddressInfo } from 'node:net';
 import { buildApiServer } from '@dsec/apiserver';
 import { SandboxIdCodec } from '@dsec/core';
 import type { EdgeApi, LayerInfo } from '@dsec/core';
-import { openContainerEdge, type Edge, type EdgeCapacity } from '@dsec/edge';
+import {
+  openContainerEdge,
+  type Edge,
+  type EdgeCapacity,
+  type EdgeNetworkOptions,
+} from '@dsec/edge';
 import { Iam } from '@dsec/iam';
 import { buildLayer, DirImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
@@ -37,6 +42,10 @@ export interface SingleNodeOptions {
   logRequests?: boolean;
   watcherIntervalMs?: number;
   ttlSweepMs?: number;
+  /** Sandbox networking of the edge (mode, address ranges, upstream resolver, rule catalogue). */
+  network?: EdgeNetworkOptions;
+  /** Parent cgroup of the edge's sandboxes. Default `dsec`. */
+  cgroupParent?: string;
 }
 
 export interface SingleNode {
@@ -82,6 +91,8 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       store,
       capacity: options.capacity,
       ttlSweepMs: options.ttlSweepMs,
+      network: options.network,
+      cgroupParent: options.cgroupParent,
     });
   } catch (err) {
     iam.close();
