@@ -66,18 +66,26 @@ export async function collapseLayers(
   for (const ref of options.refs) layers.push(await store.getLayer(ref));
   layers.slice(1).forEach((l, i) => {
     if (l.kind === 'base') {
-      throw new DsecError('invalid_argument', `${formatLayerRef(l)} is a base: only the bottom layer may be one`, {
-        field: `refs.${i + 1}`,
-      });
+      throw new DsecError(
+        'invalid_argument',
+        `${formatLayerRef(l)} is a base: only the bottom layer may be one`,
+        {
+          field: `refs.${i + 1}`,
+        },
+      );
     }
   });
   const total = layers.reduce((s, l) => s + l.contentBytes, 0);
   const max = options.maxContentBytes ?? DEFAULT_COLLAPSE_MAX_BYTES;
   if (total > max) {
-    throw new DsecError('invalid_argument', `the layers hold ${total} bytes, above the ${max}-byte collapse threshold`, {
-      field: 'refs',
-      details: { contentBytes: total, maxContentBytes: max },
-    });
+    throw new DsecError(
+      'invalid_argument',
+      `the layers hold ${total} bytes, above the ${max}-byte collapse threshold`,
+      {
+        field: 'refs',
+        details: { contentBytes: total, maxContentBytes: max },
+      },
+    );
   }
   const bottomIsBase = layers[0]!.kind === 'base';
   const kind = options.kind ?? (bottomIsBase ? 'base' : layers[layers.length - 1]!.kind);

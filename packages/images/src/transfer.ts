@@ -1,5 +1,11 @@
 import { stat } from 'node:fs/promises';
-import { DsecError, formatLayerRef, throwIfAborted, type ImageStore, type LayerInfo } from '@dsec/core';
+import {
+  DsecError,
+  formatLayerRef,
+  throwIfAborted,
+  type ImageStore,
+  type LayerInfo,
+} from '@dsec/core';
 import { layerDigests } from './store/validate.js';
 
 export interface TransferProgress {
@@ -42,7 +48,10 @@ export async function transferLayer(
       onProgress: (n) => options.onProgress?.({ bytesDone: base + n, bytesTotal }),
     });
     if (put.digest !== blob.digest) {
-      throw new DsecError('internal', `blob ${blob.digest} of ${formatLayerRef(layer)} reads back as ${put.digest}`);
+      throw new DsecError(
+        'internal',
+        `blob ${blob.digest} of ${formatLayerRef(layer)} reads back as ${put.digest}`,
+      );
     }
     base += blob.size;
   }

@@ -3,14 +3,21 @@ import { join } from 'node:path';
 import type { Command } from 'commander';
 import { DsecError, parseLayerRef } from '@dsec/core';
 import type { LayerKind } from '@dsec/core';
-import { buildLayer, DirImageStore, makeBusyboxRootfs, makeDebianRootfs } from '@dsec/images';
+import { buildLayer, importOci, makeBusyboxRootfs, makeDebianRootfs } from '@dsec/images';
 import { contextOf } from '../context.js';
-import { createProgress } from '../progress.js';
 import { imageCommand } from './image.js';
+import {
+  localStore,
+  phaseProgress,
+  printLayer,
+  register as registerManage,
+} from './image-manage.js';
 
 interface BuildOptions {
   fromDir?: string;
   fromTar?: string;
+  fromOci?: string;
+  ref?: string;
   fromBusybox?: boolean;
   fromDebootstrap?: boolean;
   kind: string;
@@ -24,11 +31,20 @@ interface BuildOptions {
  * at once).
  */
 export function register(program: Command): void {
+  registerBuild(program);
+  registerManage(program);
+}
+
+function registerBuild(program: Command): void {
   imageCommand(program)
     .command('build <ref>')
-    .description('build an image layer (EROFS) from a directory, a tarball, busybox or debootstrap')
+    .description(
+      'build an image layer (EROFS) from a directory, a tarball, an OCI image, busybox or debootstrap',
+    )
     .option('--from-dir <dir>', 'a directory tree')
     .option('--from-tar <file>', 'a tarball (plain, .gz, .xz, .zst)')
+    .option('--from-oci <path>', 'an OCI image: layout dir, or a tar of one, or a docker-archive')
+    .option('--ref <tag>', 'with --from-oci: which image, when the archive holds several')
     .option('--from-busybox', "a minimal root filesystem from the host's static busybox")
     .option('--from-debootstrap', 'Debian bookworm (minbase) from the Debian mirror')
     .option('--packages <list>', 'with --from-debootstrap: comma-separated packages', 'python3')
@@ -46,25 +62,41 @@ export function register(program: Command): void {
           field: 'kind',
         });
       }
-      const sources = [opts.fromDir, opts.fromTar, opts.fromBusybox, opts.fromDebootstrap].filter(
-        Boolean,
-      );
+      const sources = [
+        opts.fromDir,
+        opts.fromTar,
+        opts.fromOci,
+        opts.fromBusybox,
+        opts.fromDebootstrap,
+      ].filter(Boolean);
       if (sources.length !== 1) {
         throw new DsecError(
           'invalid_argument',
-          'give exactly one of --from-dir, --from-tar, --from-busybox, --from-debootstrap',
+          'give exactly one of --from-dir, --from-tar, --from-oci, --from-busybox, --from-debootstrap',
           {
             field: 'from',
           },
         );
       }
-      const store = new DirImageStore(join(ctx.options.stateDir, 'images'));
-      const progress = createProgress({
-        label: `building ${ref.name}:${ref.version}`,
-        enabled: !ctx.json,
-      });
+      const store = localStore(ctx);
+      const progress = phaseProgress(ctx, `building ${ref.name}:${ref.version}`);
       let scratch: string | undefined;
       try {
+        if (opts.fromOci) {
+          const layer = await importOci(store, {
+            path: opts.fromOci,
+            name: ref.name,
+            version: ref.version,
+            kind: opts.kind as LayerKind,
+            split: opts.split === true,
+            ...(opts.ref !== undefined ? { ref: opts.ref } : {}),
+            ...(ctx.signal ? { signal: ctx.signal } : {}),
+            onProgress: progress.onProgress,
+          });
+          progress.done();
+          printLayer(ctx, layer);
+          return;
+        }
         let from: { dir: string } | { tar: string };
         if (opts.fromTar) from = { tar: opts.fromTar };
         else if (opts.fromDir) from = { dir: opts.fromDir };
@@ -89,14 +121,10 @@ export function register(program: Command): void {
           split: opts.split === true,
           source: opts.fromBusybox ? 'busybox' : opts.fromDebootstrap ? 'debootstrap' : undefined,
           signal: ctx.signal,
-          onProgress: (p) => progress.update(p.done ?? 0),
+          onProgress: progress.onProgress,
         });
         progress.done();
-        if (ctx.json) ctx.out(JSON.stringify(layer));
-        else
-          ctx.out(
-            `${layer.name}:${layer.version} ${layer.digest} (${layer.fileCount} files, ${layer.sizeBytes} bytes)`,
-          );
+        printLayer(ctx, layer);
       } finally {
         if (scratch) await rm(scratch, { recursive: true, force: true });
       }

@@ -1,8 +1,11 @@
+import { join } from 'node:path';
 import type { Command } from 'commander';
+import { isDsecError } from '@dsec/core';
+import { DirImageStore } from '@dsec/images';
 import { contextOf } from '../context.js';
 import { formatBytes, formatRelative, formatTable } from '../format.js';
 
-/** `dsec image ls`. (`dsec image build` lives in image-build.ts.) */
+/** `dsec image ls`. (build: image-build.ts; import/inspect/rm/push/pull/collapse: image-manage.ts.) */
 export function register(program: Command): void {
   const image = imageCommand(program);
   image
@@ -10,7 +13,14 @@ export function register(program: Command): void {
     .description('list image layers (base, workspace, toolkit)')
     .action(async (_opts: unknown, command: Command) => {
       const ctx = contextOf(command);
-      const layers = await ctx.client().listImages({ signal: ctx.signal });
+      // No cluster running: the local store is what `dsec up` would serve.
+      const layers = await ctx
+        .client()
+        .listImages({ signal: ctx.signal })
+        .catch(async (err: unknown) => {
+          if (!isDsecError(err, 'unavailable')) throw err;
+          return await new DirImageStore(join(ctx.options.stateDir, 'images')).listLayers();
+        });
       if (ctx.json) {
         ctx.printJson(layers);
         return;
@@ -37,6 +47,6 @@ export function register(program: Command): void {
 export function imageCommand(program: Command): Command {
   return (
     program.commands.find((c) => c.name() === 'image') ??
-    program.command('image').description('list and build image layers')
+    program.command('image').description('build, import, list, move and collapse image layers')
   );
 }

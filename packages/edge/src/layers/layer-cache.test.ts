@@ -121,7 +121,11 @@ void test('a split layer mounts a local copy of its metadata with the data blob 
   assert.equal((await stat(m.image)).size, 'meta of split'.length);
   cache.release(l.digest);
   await cache.close();
-  assert.deepEqual(await readdir(join(dir, 'layers', '.meta')), [], 'local metadata dropped on unmount');
+  assert.deepEqual(
+    await readdir(join(dir, 'layers', '.meta')),
+    [],
+    'local metadata dropped on unmount',
+  );
 });
 
 void test('a corrupt metadata blob is refused; a failed mount is retried by the next acquire', async () => {

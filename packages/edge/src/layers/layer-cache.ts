@@ -116,12 +116,20 @@ export class LayerMountCache {
   /** A verified local copy of a split layer's metadata image (kept while mounted). */
   async #localMetadata(digest: string): Promise<string> {
     const file = this.#metaFile(digest);
-    if (await stat(file).then((s) => s.isFile(), () => false)) return file;
+    if (
+      await stat(file).then(
+        (s) => s.isFile(),
+        () => false,
+      )
+    )
+      return file;
     await mkdir(join(this.dir, '.meta'), { recursive: true });
     const tmp = `${file}.tmp-${process.pid}-${Math.random().toString(36).slice(2)}`;
     try {
       await copyFile(await this.store.blobPath(digest), tmp);
-      const got = `sha256:${createHash('sha256').update(await readFile(tmp)).digest('hex')}`;
+      const got = `sha256:${createHash('sha256')
+        .update(await readFile(tmp))
+        .digest('hex')}`;
       if (got !== digest) {
         throw new DsecError('internal', `metadata blob ${digest} reads back as ${got}`);
       }

@@ -37,7 +37,12 @@ async function layerMounts(stateDir: string): Promise<string[]> {
 }
 
 function mountDirOf(stateDir: string, layer: LayerInfo): string {
-  return join(stateDir, 'edge', 'layers', layer.digest.slice('sha256:'.length, 'sha256:'.length + 32));
+  return join(
+    stateDir,
+    'edge',
+    'layers',
+    layer.digest.slice('sha256:'.length, 'sha256:'.length + 32),
+  );
 }
 
 /** Files loop devices are bound to (none may be ours: layers are file-backed mounts). */
@@ -52,7 +57,12 @@ async function loopBackingFiles(): Promise<string[]> {
 }
 
 async function sha256File(path: string): Promise<string> {
-  return 'sha256:' + createHash('sha256').update(await readFile(path)).digest('hex');
+  return (
+    'sha256:' +
+    createHash('sha256')
+      .update(await readFile(path))
+      .digest('hex')
+  );
 }
 
 void describe('layers: base + workspace + toolkits through a real sandbox', () => {
@@ -129,8 +139,18 @@ void describe('layers: base + workspace + toolkits through a real sandbox', () =
       from: { dir: join(work, 'ws') },
       split: true,
     });
-    layers.t1 = await node.buildLayer({ name: 'lt1', version: '1', kind: 'toolkit', from: { dir: join(work, 't1v1') } });
-    layers.t2 = await node.buildLayer({ name: 'lt2', version: '1', kind: 'toolkit', from: { dir: join(work, 't2') } });
+    layers.t1 = await node.buildLayer({
+      name: 'lt1',
+      version: '1',
+      kind: 'toolkit',
+      from: { dir: join(work, 't1v1') },
+    });
+    layers.t2 = await node.buildLayer({
+      name: 'lt2',
+      version: '1',
+      kind: 'toolkit',
+      from: { dir: join(work, 't2') },
+    });
   });
 
   after(async () => {
@@ -142,7 +162,10 @@ void describe('layers: base + workspace + toolkits through a real sandbox', () =
 
   void test('files merge, priority is toolkit > workspace > base, the last toolkit wins', async () => {
     const sb = await create(['lt1:1', 'lt2:1']);
-    assert.equal(await sh(sb, 'ls /opt/shared | tr "\\n" " "'), 'from-base from-t1 from-t2 from-ws ');
+    assert.equal(
+      await sh(sb, 'ls /opt/shared | tr "\\n" " "'),
+      'from-base from-t1 from-t2 from-ws ',
+    );
     assert.equal(await sh(sb, 'cat /etc/prio-bw /etc/prio-wt /etc/prio-all'), 'ws\nt1\nt2\n');
     // Appending never hides a whole directory: the base's /etc and /bin are all there.
     assert.match(await sh(sb, 'ls /etc; ls /bin | head -3'), /passwd/);
@@ -164,13 +187,20 @@ void describe('layers: base + workspace + toolkits through a real sandbox', () =
     assert.equal(await sh(sb, 'ls /opt/shared | tr "\\n" " "'), 'from-t1 from-t2 from-ws ');
     const upper = upperDir(stateDir, sb.id);
     assert.equal(await readFile(join(upper, 'workspace/repo/new.txt'), 'utf8'), 'new\n');
-    assert.equal(await readFile(join(upper, 'opt/t2/lib/__pycache__/mod.cpython.pyc'), 'utf8'), 'pyc\n');
+    assert.equal(
+      await readFile(join(upper, 'opt/t2/lib/__pycache__/mod.cpython.pyc'), 'utf8'),
+      'pyc\n',
+    );
     assert.equal(await readFile(join(upper, 'opt/t1/lib/mod.py'), 'utf8'), 'x = 1\nchanged\n');
-    assert.ok((await stat(join(upper, 'opt/shared/from-base'))).isCharacterDevice(), 'deletion is a whiteout in upper');
+    assert.ok(
+      (await stat(join(upper, 'opt/shared/from-base'))).isCharacterDevice(),
+      'deletion is a whiteout in upper',
+    );
     // Every layer blob still hashes to its digest.
     for (const l of Object.values(layers)) {
       assert.equal(await sha256File(await node.store.blobPath(l.digest)), l.digest);
-      if (l.blobDigest) assert.equal(await sha256File(await node.store.blobPath(l.blobDigest)), l.blobDigest);
+      if (l.blobDigest)
+        assert.equal(await sha256File(await node.store.blobPath(l.blobDigest)), l.blobDigest);
     }
     // A sibling sandbox sees pristine layers.
     const other = await create(['lt1:1', 'lt2:1']);
@@ -181,10 +211,17 @@ void describe('layers: base + workspace + toolkits through a real sandbox', () =
   void test('upgrading a toolkit builds one new layer; old sandboxes keep v1, new ones get v2', async () => {
     const old = await create(['lt1:1', 'lt2:1']);
     const before = await node.store.listLayers();
-    const v2 = await node.buildLayer({ name: 'lt1', version: '2', kind: 'toolkit', from: { dir: join(work, 't1v2') } });
+    const v2 = await node.buildLayer({
+      name: 'lt1',
+      version: '2',
+      kind: 'toolkit',
+      from: { dir: join(work, 't1v2') },
+    });
     const after = await node.store.listLayers();
     assert.deepEqual(
-      after.filter((l) => !before.some((b) => b.name === l.name && b.version === l.version)).map((l) => `${l.name}:${l.version}`),
+      after
+        .filter((l) => !before.some((b) => b.name === l.name && b.version === l.version))
+        .map((l) => `${l.name}:${l.version}`),
       ['lt1:2'],
       'exactly one layer was built',
     );
@@ -204,17 +241,33 @@ void describe('layers: base + workspace + toolkits through a real sandbox', () =
 
   void test('parallel creates mount each shared layer exactly once, without loop devices', async () => {
     await writeFiles(join(work, 't3'), { 'opt/t3/data': 'fresh toolkit\n' });
-    const t3 = await node.buildLayer({ name: 'lt3', version: '1', kind: 'toolkit', from: { dir: join(work, 't3') }, split: true });
+    const t3 = await node.buildLayer({
+      name: 'lt3',
+      version: '1',
+      kind: 'toolkit',
+      from: { dir: join(work, 't3') },
+      split: true,
+    });
     const created = await Promise.all(Array.from({ length: 6 }, () => create(['lt3:1'])));
     for (const sb of created) assert.equal(await sh(sb, 'cat /opt/t3/data'), 'fresh toolkit\n');
     const mounts = await layerMounts(stateDir);
     for (const l of [layers.base!, layers.ws!, t3]) {
-      assert.equal(mounts.filter((m) => m === mountDirOf(stateDir, l)).length, 1, `${l.name} mounted once`);
+      assert.equal(
+        mounts.filter((m) => m === mountDirOf(stateDir, l)).length,
+        1,
+        `${l.name} mounted once`,
+      );
     }
     // The split layers' metadata is a local copy under the edge's state dir; data comes from the store.
     const meta = await readdir(join(stateDir, 'edge', 'layers', '.meta'));
-    assert.ok(meta.includes(t3.digest.slice(7)) && meta.includes(layers.ws!.digest.slice(7)), meta.join());
+    assert.ok(
+      meta.includes(t3.digest.slice(7)) && meta.includes(layers.ws!.digest.slice(7)),
+      meta.join(),
+    );
     const backing = await loopBackingFiles();
-    assert.deepEqual(backing.filter((f) => f.startsWith(stateDir)), []);
+    assert.deepEqual(
+      backing.filter((f) => f.startsWith(stateDir)),
+      [],
+    );
   });
 });

@@ -1,7 +1,13 @@
 import { mkdir, mkdtemp, rm, stat } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { DsecError, throwIfAborted, type ImageStore, type LayerInfo, type LayerKind } from '@dsec/core';
+import {
+  DsecError,
+  throwIfAborted,
+  type ImageStore,
+  type LayerInfo,
+  type LayerKind,
+} from '@dsec/core';
 import { buildLayer, extractTar, type BuildProgress } from '../build.js';
 import { mergeLayerTrees, ociLayerToOverlay, type LayerTree } from '../overlay/merge.js';
 import { DirImageStore } from '../store/dir-store.js';
@@ -56,10 +62,17 @@ export async function importOci(store: ImageStore, options: ImportOciOptions): P
       progress({ phase: 'unpack' });
       root = join(work, 'archive');
       await mkdir(root);
-      await runTool('tar', ['--extract', `--file=${path}`, `--directory=${root}`, '--no-same-owner'], {
-        signal,
-      }).catch((err: unknown) => {
-        throw new DsecError('invalid_argument', `cannot unpack ${path}`, { field: 'path', cause: err });
+      await runTool(
+        'tar',
+        ['--extract', `--file=${path}`, `--directory=${root}`, '--no-same-owner'],
+        {
+          signal,
+        },
+      ).catch((err: unknown) => {
+        throw new DsecError('invalid_argument', `cannot unpack ${path}`, {
+          field: 'path',
+          cause: err,
+        });
       });
     }
     progress({ phase: 'read' });

@@ -38,7 +38,8 @@ export async function readOciImage(
   options: { ref?: string | undefined; signal?: AbortSignal | undefined } = {},
 ): Promise<OciImage> {
   const dockerManifest = await readJson(join(root, 'manifest.json')).catch(() => undefined);
-  if (Array.isArray(dockerManifest)) return await readDockerArchive(root, dockerManifest, options.ref);
+  if (Array.isArray(dockerManifest))
+    return await readDockerArchive(root, dockerManifest, options.ref);
   const index = await readJson(join(root, 'index.json')).catch(() => undefined);
   if (index === undefined) {
     throw new DsecError(
@@ -50,16 +51,28 @@ export async function readOciImage(
   return await readOciLayout(root, index, options);
 }
 
-async function readDockerArchive(root: string, manifest: unknown[], ref: string | undefined): Promise<OciImage> {
+async function readDockerArchive(
+  root: string,
+  manifest: unknown[],
+  ref: string | undefined,
+): Promise<OciImage> {
   const entries = manifest as { Config?: unknown; Layers?: unknown; RepoTags?: unknown }[];
   const entry =
     ref === undefined
       ? entries[0]
-      : entries.find((e) => Array.isArray(e.RepoTags) && e.RepoTags.some((t) => t === ref || String(t).endsWith(`/${ref}`)));
+      : entries.find(
+          (e) =>
+            Array.isArray(e.RepoTags) &&
+            e.RepoTags.some((t) => t === ref || String(t).endsWith(`/${ref}`)),
+        );
   if (!entry) {
-    throw new DsecError('invalid_argument', `no image ${ref ?? ''} in docker-archive manifest.json`, {
-      field: 'ref',
-    });
+    throw new DsecError(
+      'invalid_argument',
+      `no image ${ref ?? ''} in docker-archive manifest.json`,
+      {
+        field: 'ref',
+      },
+    );
   }
   if (typeof entry.Config !== 'string' || !Array.isArray(entry.Layers)) {
     throw bad('docker-archive manifest.json entry lacks Config or Layers');
@@ -92,7 +105,9 @@ async function readOciLayout(
   for (let depth = 0; desc && INDEX_TYPES.has(desc.mediaType ?? ''); depth++) {
     if (depth > 4) throw bad('image index nesting is too deep');
     const nested = await readBlobJson(root, desc, options.signal);
-    desc = pickPlatform(descriptors((nested as { manifests?: unknown }).manifests, 'index manifests'));
+    desc = pickPlatform(
+      descriptors((nested as { manifests?: unknown }).manifests, 'index manifests'),
+    );
   }
   if (!desc) throw bad('the image layout lists no manifest');
   const manifest = (await readBlobJson(root, desc, options.signal)) as {
@@ -130,7 +145,11 @@ function descriptors(value: unknown, what: string): Descriptor[] {
   });
 }
 
-async function readBlobJson(root: string, desc: Descriptor, signal?: AbortSignal): Promise<unknown> {
+async function readBlobJson(
+  root: string,
+  desc: Descriptor,
+  signal?: AbortSignal,
+): Promise<unknown> {
   return await readJson(await verifiedBlob(root, desc, signal));
 }
 
@@ -149,8 +168,9 @@ async function verifiedBlob(root: string, desc: Descriptor, signal?: AbortSignal
 function imageConfig(value: unknown): ImageConfig {
   const c = (value as { config?: Record<string, unknown> } | undefined)?.config ?? {};
   const strings = (v: unknown): string[] | undefined =>
-    Array.isArray(v) && v.every((s) => typeof s === 'string') ? (v as string[]) : undefined;
-  const str = (v: unknown): string | undefined => (typeof v === 'string' && v !== '' ? v : undefined);
+    Array.isArray(v) && v.every((s) => typeof s === 'string') ? v : undefined;
+  const str = (v: unknown): string | undefined =>
+    typeof v === 'string' && v !== '' ? v : undefined;
   const out: ImageConfig = {};
   const env = strings(c['Env']);
   const cmd = strings(c['Cmd']);
@@ -168,7 +188,8 @@ function imageConfig(value: unknown): ImageConfig {
 // A path from the archive's own JSON must stay inside the archive.
 function inside(root: string, rel: string): string {
   const n = normalize(rel);
-  if (isAbsolute(n) || n === '..' || n.startsWith('../')) throw bad(`path ${rel} leaves the archive`);
+  if (isAbsolute(n) || n === '..' || n.startsWith('../'))
+    throw bad(`path ${rel} leaves the archive`);
   return join(root, n);
 }
 
@@ -181,7 +202,10 @@ async function readJson(path: string): Promise<unknown> {
   try {
     return JSON.parse(text) as unknown;
   } catch (err) {
-    throw new DsecError('invalid_argument', `${path} is not valid JSON`, { field: 'path', cause: err });
+    throw new DsecError('invalid_argument', `${path} is not valid JSON`, {
+      field: 'path',
+      cause: err,
+    });
   }
 }
 

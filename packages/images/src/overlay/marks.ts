@@ -36,7 +36,16 @@ export async function clearOpaque(dir: string, signal?: AbortSignal): Promise<vo
 export async function listOpaqueDirs(root: string, signal?: AbortSignal): Promise<Set<string>> {
   const { stdout } = await runTool(
     'getfattr',
-    ['-R', '-P', '-h', '--absolute-names', '-d', '-m', `^${OPAQUE_XATTR.replace(/\./g, '\\.')}$`, root],
+    [
+      '-R',
+      '-P',
+      '-h',
+      '--absolute-names',
+      '-d',
+      '-m',
+      `^${OPAQUE_XATTR.replace(/\./g, '\\.')}$`,
+      root,
+    ],
     { signal },
   );
   const out = new Set<string>();

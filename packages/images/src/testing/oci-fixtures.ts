@@ -13,7 +13,12 @@ export interface TestImageConfig {
   User?: string;
 }
 
-async function layerTar(work: string, files: LayerFiles, i: number, gzip: boolean): Promise<string> {
+async function layerTar(
+  work: string,
+  files: LayerFiles,
+  i: number,
+  gzip: boolean,
+): Promise<string> {
   const dir = join(work, `src-${i}`);
   await mkdir(dir, { recursive: true });
   for (const [path, content] of Object.entries(files)) {
@@ -78,9 +83,15 @@ export async function makeOciLayout(
   const diffIds = [];
   for (const [i, files] of layers.entries()) {
     const tarGz = await readFile(await layerTar(work, files, i, true));
-    const { stdout } = await runTool('sh', ['-c', `gzip -dc '${join(work, `layer-${i}.tar.gz`)}' | sha256sum`]);
+    const { stdout } = await runTool('sh', [
+      '-c',
+      `gzip -dc '${join(work, `layer-${i}.tar.gz`)}' | sha256sum`,
+    ]);
     diffIds.push(`sha256:${stdout.split(' ')[0]}`);
-    layerDescs.push({ mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip', ...(await put(tarGz)) });
+    layerDescs.push({
+      mediaType: 'application/vnd.oci.image.layer.v1.tar+gzip',
+      ...(await put(tarGz)),
+    });
   }
   await rm(work, { recursive: true, force: true });
   const cfg = await put(configJson(config, diffIds));

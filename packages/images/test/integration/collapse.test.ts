@@ -10,7 +10,8 @@ import { makeWhiteout, setOpaque } from '../../src/overlay/marks.js';
 
 const mounter = { mountErofs, unmount };
 
-async function writeTree(root: string, files: Record<string, string | 'WHITEOUT' | 'OPAQUE'>): Promise<void> {
+/** Content, or the markers `WHITEOUT` (a 0:0 char device) and `OPAQUE` (an opaque directory). */
+async function writeTree(root: string, files: Record<string, string>): Promise<void> {
   await mkdir(root, { recursive: true });
   for (const [path, content] of Object.entries(files)) {
     const abs = join(root, path);
@@ -64,7 +65,12 @@ void describe('collapseLayers keeps overlay semantics', () => {
     if (lowers.length === 1) return await tree(lowers[0]!);
     const d = join(t.dir, 'ovl', String(n++));
     await Promise.all(['root', 'upper', 'work'].map((x) => mkdir(join(d, x), { recursive: true })));
-    await mountRootfs({ target: join(d, 'root'), upper: join(d, 'upper'), work: join(d, 'work'), lowers });
+    await mountRootfs({
+      target: join(d, 'root'),
+      upper: join(d, 'upper'),
+      work: join(d, 'work'),
+      lowers,
+    });
     mounts.unshift(join(d, 'root'));
     return await tree(join(d, 'root'));
   };
@@ -101,7 +107,12 @@ void describe('collapseLayers keeps overlay semantics', () => {
       'keep/kt': 'tk kt',
     });
     base = await buildLayer(store, { name: 'cb', kind: 'base', from: { dir: join(t.dir, 'b') } });
-    ws = await buildLayer(store, { name: 'cw', kind: 'workspace', from: { dir: join(t.dir, 'w') }, split: true });
+    ws = await buildLayer(store, {
+      name: 'cw',
+      kind: 'workspace',
+      from: { dir: join(t.dir, 'w') },
+      split: true,
+    });
     tk = await buildLayer(store, { name: 'ct', kind: 'toolkit', from: { dir: join(t.dir, 't') } });
   });
   after(async () => {
@@ -111,7 +122,10 @@ void describe('collapseLayers keeps overlay semantics', () => {
 
   void test('base + workspace + toolkit collapse to the overlay view, marks dropped', async () => {
     const expected = await view([base, ws, tk]);
-    assert.ok(!expected.includes('etc/b=base b') && expected.includes('etc/a=tk a'), expected.join('\n'));
+    assert.ok(
+      !expected.includes('etc/b=base b') && expected.includes('etc/a=tk a'),
+      expected.join('\n'),
+    );
     const merged = await collapseLayers(store, { refs: ['cb', 'cw', 'ct'], name: 'cbwt', mounter });
     assert.equal(merged.kind, 'base');
     assert.equal(merged.source, 'collapse');

@@ -6,7 +6,11 @@ import { isDsecError, type LayerInfo } from '@dsec/core';
 import { buildLayer, DirImageStore, importOci } from '@dsec/images';
 import { mountErofs, mountRootfs, unmount } from '@dsec/native';
 import { tempDir } from '../../src/testing/fixtures.js';
-import { makeDockerArchive, makeOciLayout, type LayerFiles } from '../../src/testing/oci-fixtures.js';
+import {
+  makeDockerArchive,
+  makeOciLayout,
+  type LayerFiles,
+} from '../../src/testing/oci-fixtures.js';
 import { runTool } from '../../src/util/run-tool.js';
 
 // Three image layers exercising every OCI rule the import must apply.
@@ -36,12 +40,19 @@ const LAYERS: LayerFiles[] = [
     'thing/inner': 'now a directory\n', // a directory replaces a file
   },
 ];
-const CONFIG = { Env: ['PATH=/usr/bin:/bin', 'LANG=C.UTF-8'], Cmd: ['/bin/sh'], WorkingDir: '/work', User: '1000' };
+const CONFIG = {
+  Env: ['PATH=/usr/bin:/bin', 'LANG=C.UTF-8'],
+  Cmd: ['/bin/sh'],
+  WorkingDir: '/work',
+  User: '1000',
+};
 
 async function tree(root: string): Promise<string[]> {
   const out: string[] = [];
   const walk = async (rel: string): Promise<void> => {
-    for (const e of (await readdir(join(root, rel), { withFileTypes: true })).sort((x, y) => (x.name < y.name ? -1 : 1))) {
+    for (const e of (await readdir(join(root, rel), { withFileTypes: true })).sort((x, y) =>
+      x.name < y.name ? -1 : 1,
+    )) {
       const r = rel ? `${rel}/${e.name}` : e.name;
       if (e.isDirectory()) {
         out.push(`${r}/`);
@@ -55,7 +66,14 @@ async function tree(root: string): Promise<string[]> {
 }
 
 async function opaqueXattr(path: string): Promise<string | undefined> {
-  const { stdout } = await runTool('getfattr', ['-h', '--absolute-names', '-d', '-m', '^trusted\\.overlay\\.', path]);
+  const { stdout } = await runTool('getfattr', [
+    '-h',
+    '--absolute-names',
+    '-d',
+    '-m',
+    '^trusted\\.overlay\\.',
+    path,
+  ]);
   return /trusted\.overlay\.opaque="(.*)"/.exec(stdout)?.[1];
 }
 
@@ -113,7 +131,10 @@ void describe('OCI import (layout and docker-archive) with overlay whiteouts', (
       workingDir: '/work',
       user: '1000',
     });
-    assert.ok(phases.has('extract') && phases.has('merge') && phases.has('mkfs'), [...phases].join());
+    assert.ok(
+      phases.has('extract') && phases.has('merge') && phases.has('mkfs'),
+      [...phases].join(),
+    );
     const dir = await mount(layer, 'base');
     assert.deepEqual(await tree(dir), EXPECTED);
     assert.equal(await opaqueXattr(join(dir, 'opt/dir')), undefined);
@@ -129,7 +150,11 @@ void describe('OCI import (layout and docker-archive) with overlay whiteouts', (
     assert.equal(fromDocker.digest, fromOci.digest);
     assert.deepEqual(fromDocker.config, fromOci.config);
     // Importing again is idempotent.
-    assert.equal((await importOci(store, { path: join(t.dir, 'layout'), name: 'oci-base', kind: 'base' })).digest, fromOci.digest);
+    assert.equal(
+      (await importOci(store, { path: join(t.dir, 'layout'), name: 'oci-base', kind: 'base' }))
+        .digest,
+      fromOci.digest,
+    );
   });
 
   void test('as a toolkit over a base: whiteouts and opaque dirs hide the base through overlayfs', async () => {
@@ -144,8 +169,17 @@ void describe('OCI import (layout and docker-archive) with overlay whiteouts', (
       await mkdir(join(baseSrc, p, '..'), { recursive: true });
       await writeFile(join(baseSrc, p), c);
     }
-    const base = await buildLayer(store, { name: 'plain-base', kind: 'base', from: { dir: baseSrc } });
-    const tk = await importOci(store, { path: join(t.dir, 'layout'), name: 'oci-tk', kind: 'toolkit', split: true });
+    const base = await buildLayer(store, {
+      name: 'plain-base',
+      kind: 'base',
+      from: { dir: baseSrc },
+    });
+    const tk = await importOci(store, {
+      path: join(t.dir, 'layout'),
+      name: 'oci-tk',
+      kind: 'toolkit',
+      split: true,
+    });
     assert.ok(tk.blobDigest, 'split import has a data blob');
 
     const tkDir = await mount(tk, 'tk');
@@ -157,7 +191,12 @@ void describe('OCI import (layout and docker-archive) with overlay whiteouts', (
     const baseDir = await mount(base, 'plain-base');
     const root = join(t.dir, 'root');
     await Promise.all(['root', 'upper', 'work'].map((d) => mkdir(join(t.dir, d))));
-    await mountRootfs({ target: root, upper: join(t.dir, 'upper'), work: join(t.dir, 'work'), lowers: [tkDir, baseDir] });
+    await mountRootfs({
+      target: root,
+      upper: join(t.dir, 'upper'),
+      work: join(t.dir, 'work'),
+      lowers: [tkDir, baseDir],
+    });
     mounts.unshift(root);
     assert.deepEqual(await tree(root), [
       'data/',
@@ -183,11 +222,17 @@ void describe('OCI import (layout and docker-archive) with overlay whiteouts', (
     await assert.rejects(importOci(store, { path: notImage, name: 'x', kind: 'base' }), (e) =>
       isDsecError(e, 'invalid_argument'),
     );
-    await assert.rejects(importOci(store, { path: join(t.dir, 'nope'), name: 'x', kind: 'base' }), (e) =>
-      isDsecError(e, 'invalid_argument'),
+    await assert.rejects(
+      importOci(store, { path: join(t.dir, 'nope'), name: 'x', kind: 'base' }),
+      (e) => isDsecError(e, 'invalid_argument'),
     );
     await assert.rejects(
-      importOci(store, { path: join(t.dir, 'layout'), name: 'x', kind: 'base', ref: 'no-such-tag' }),
+      importOci(store, {
+        path: join(t.dir, 'layout'),
+        name: 'x',
+        kind: 'base',
+        ref: 'no-such-tag',
+      }),
       (e) => isDsecError(e, 'invalid_argument'),
     );
   });

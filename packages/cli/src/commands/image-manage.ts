@@ -1,0 +1,276 @@
+import { join, resolve } from 'node:path';
+import type { Command } from 'commander';
+import { DsecError, parseLayerRef, type LayerInfo, type LayerKind } from '@dsec/core';
+import {
+  collapseLayers,
+  DirImageStore,
+  importOci,
+  transferLayer,
+  buildLayer,
+  type BuildProgress,
+} from '@dsec/images';
+import { mountErofs, unmount } from '@dsec/native';
+import type { CliContext } from '../context.js';
+import { contextOf } from '../context.js';
+import { formatBytes } from '../format.js';
+import { createProgress, type Progress } from '../progress.js';
+import { imageCommand } from './image.js';
+
+/** The node's own image store: `<state-dir>/images`. */
+export function localStore(ctx: CliContext): DirImageStore {
+  return new DirImageStore(join(ctx.options.stateDir, 'images'));
+}
+
+export function parseRefOrThrow(text: string, field = 'name'): { name: string; version: string } {
+  const ref = parseLayerRef(text);
+  if (!ref) {
+    throw new DsecError('invalid_argument', `invalid image name ${JSON.stringify(text)}`, {
+      field,
+    });
+  }
+  return ref;
+}
+
+export function parseKind(kind: string): LayerKind {
+  if (!['base', 'workspace', 'toolkit'].includes(kind)) {
+    throw new DsecError('invalid_argument', '--kind must be base, workspace or toolkit', {
+      field: 'kind',
+    });
+  }
+  return kind as LayerKind;
+}
+
+/** A progress bar that restarts with the phase in its label (extract → merge → mkfs → store). */
+export function phaseProgress(
+  ctx: CliContext,
+  label: string,
+): {
+  onProgress: (p: BuildProgress) => void;
+  done: () => void;
+} {
+  let phase: string | undefined;
+  let bar: Progress | undefined;
+  return {
+    onProgress: (p) => {
+      if (p.phase === 'done') return;
+      if (p.phase !== phase) {
+        bar?.done();
+        phase = p.phase;
+        bar = createProgress({ label: `${label}: ${p.phase}`, total: p.total, enabled: !ctx.json });
+      }
+      bar?.update(p.done ?? 0, p.total);
+    },
+    done: () => {
+      bar?.done();
+    },
+  };
+}
+
+export function printLayer(ctx: CliContext, layer: LayerInfo): void {
+  if (ctx.json) ctx.out(JSON.stringify(layer));
+  else
+    ctx.out(
+      `${layer.name}:${layer.version} ${layer.kind} ${layer.digest} (${layer.fileCount} files, ${formatBytes(layer.sizeBytes)})`,
+    );
+}
+
+interface ImportOptions {
+  fromOci?: string;
+  fromTar?: string;
+  ref?: string;
+  kind: string;
+  split?: boolean;
+  keepWhiteouts?: boolean;
+}
+
+/**
+ * `dsec image import|inspect|rm|push|pull|collapse` — all on the local image
+ * store (`<state-dir>/images`), so they work with or without a running
+ * cluster. push/pull copy layers to or from another `dir` store, such as a
+ * mount of a distributed filesystem shared by many nodes.
+ */
+export function register(program: Command): void {
+  const image = imageCommand(program);
+
+  image
+    .command('import <ref>')
+    .description(
+      'import an OCI image (layout dir, OCI or docker-archive tar) or a tarball as a layer',
+    )
+    .option(
+      '--from-oci <path>',
+      'an OCI image layout directory, or a tar of one, or a docker-archive (podman save)',
+    )
+    .option('--from-tar <file>', 'a root filesystem tarball (plain, .gz, .xz, .zst)')
+    .option('--ref <tag>', 'with --from-oci: which image, when the archive holds several')
+    .option('--kind <kind>', 'base, workspace or toolkit', 'base')
+    .option('--split', 'store metadata and data separately (data read on demand)')
+    .option(
+      '--keep-whiteouts',
+      'keep OCI whiteouts as overlay whiteouts (default for workspace/toolkit)',
+    )
+    .action(async (refText: string, opts: ImportOptions, command: Command) => {
+      const ctx = contextOf(command);
+      const ref = parseRefOrThrow(refText);
+      const kind = parseKind(opts.kind);
+      if (Boolean(opts.fromOci) === Boolean(opts.fromTar)) {
+        throw new DsecError('invalid_argument', 'give exactly one of --from-oci, --from-tar', {
+          field: 'from',
+        });
+      }
+      const progress = phaseProgress(ctx, `importing ${ref.name}:${ref.version}`);
+      const common = {
+        name: ref.name,
+        version: ref.version,
+        kind,
+        split: opts.split === true,
+        signal: ctx.signal,
+        onProgress: progress.onProgress,
+      };
+      const layer = opts.fromOci
+        ? await importOci(localStore(ctx), {
+            ...common,
+            path: opts.fromOci,
+            ...(opts.ref !== undefined ? { ref: opts.ref } : {}),
+            ...(opts.keepWhiteouts ? { keepWhiteouts: true } : {}),
+          })
+        : await buildLayer(localStore(ctx), { ...common, from: { tar: opts.fromTar! } });
+      progress.done();
+      printLayer(ctx, layer);
+    });
+
+  image
+    .command('inspect <ref>')
+    .description('show a layer record: digests, sizes, kind, source, image config')
+    .action(async (refText: string, _opts: unknown, command: Command) => {
+      const ctx = contextOf(command);
+      const layer = await localStore(ctx).getLayer(refText);
+      if (ctx.json) {
+        ctx.printJson(layer);
+        return;
+      }
+      const rows: [string, string | undefined][] = [
+        ['name', `${layer.name}:${layer.version}`],
+        ['kind', layer.kind],
+        ['digest', layer.digest],
+        ['data blob', layer.blobDigest],
+        ['size', `${formatBytes(layer.sizeBytes)} (${layer.sizeBytes} bytes)`],
+        ['content', `${formatBytes(layer.contentBytes)} in ${layer.fileCount} entries`],
+        ['created', layer.createdAt],
+        ['source', layer.source],
+        ['parents', layer.parents?.join(' ')],
+        ['env', layer.config?.env?.join(' ')],
+        ['cmd', layer.config?.cmd && JSON.stringify(layer.config.cmd)],
+        ['entrypoint', layer.config?.entrypoint && JSON.stringify(layer.config.entrypoint)],
+        ['workdir', layer.config?.workingDir],
+        ['user', layer.config?.user],
+      ];
+      for (const [k, v] of rows) if (v !== undefined) ctx.out(`${k.padEnd(11)}${v}`);
+    });
+
+  image
+    .command('rm <ref...>')
+    .description('remove layers from the local store (blobs no other layer uses are deleted)')
+    .action(async (refs: string[], _opts: unknown, command: Command) => {
+      const ctx = contextOf(command);
+      const store = localStore(ctx);
+      for (const ref of refs) {
+        await store.removeLayer(ref);
+        if (!ctx.json) ctx.out(`removed ${ref}`);
+      }
+      if (ctx.json) ctx.out(JSON.stringify({ removed: refs }));
+    });
+
+  const transfer =
+    (verb: 'push' | 'pull') =>
+    async (refs: string[], opts: { to?: string; from?: string }, command: Command) => {
+      const ctx = contextOf(command);
+      const dir = verb === 'push' ? opts.to : opts.from;
+      if (!dir) {
+        throw new DsecError(
+          'invalid_argument',
+          `${verb} needs ${verb === 'push' ? '--to' : '--from'} DIR`,
+          {
+            field: verb === 'push' ? 'to' : 'from',
+          },
+        );
+      }
+      const local = localStore(ctx);
+      const remote = new DirImageStore(resolve(dir));
+      const results = [];
+      for (const ref of refs) {
+        const bar = createProgress({
+          label: `${verb} ${ref}`,
+          enabled: !ctx.json,
+          format: formatBytes,
+        });
+        const r = await transferLayer(
+          verb === 'push' ? local : remote,
+          verb === 'push' ? remote : local,
+          ref,
+          {
+            ...(ctx.signal ? { signal: ctx.signal } : {}),
+            onProgress: (p) => bar.update(p.bytesDone, p.bytesTotal),
+          },
+        );
+        bar.done();
+        results.push({ ...r.layer, bytesCopied: r.bytesCopied });
+        if (!ctx.json)
+          ctx.out(
+            `${verb === 'push' ? 'pushed' : 'pulled'} ${r.layer.name}:${r.layer.version} (${formatBytes(r.bytesCopied)} copied)`,
+          );
+      }
+      if (ctx.json) ctx.out(JSON.stringify(results));
+    };
+  image
+    .command('push <ref...>')
+    .description('copy layers (blobs, then record) from the local store to a dir store')
+    .requiredOption('--to <dir>', 'the target store: a path, e.g. a mounted distributed filesystem')
+    .action(transfer('push'));
+  image
+    .command('pull <ref...>')
+    .description('copy layers (blobs, then record) from a dir store to the local store')
+    .requiredOption(
+      '--from <dir>',
+      'the source store: a path, e.g. a mounted distributed filesystem',
+    )
+    .action(transfer('pull'));
+
+  image
+    .command('collapse <refs...>')
+    .description('merge consecutive layers (bottom first) into one, keeping whiteout semantics')
+    .requiredOption('--name <ref>', 'NAME[:VERSION] of the collapsed layer')
+    .option('--kind <kind>', 'default: base if the bottom is a base, else the top layer’s kind')
+    .option('--split', 'store metadata and data separately (default: when an input is split)')
+    .option('--max-bytes <n>', 'refuse above this much content (default 3 GiB)')
+    .action(
+      async (
+        refs: string[],
+        opts: { name: string; kind?: string; split?: boolean; maxBytes?: string },
+        command: Command,
+      ) => {
+        const ctx = contextOf(command);
+        const ref = parseRefOrThrow(opts.name);
+        const progress = phaseProgress(ctx, `collapsing into ${ref.name}:${ref.version}`);
+        const maxBytes = opts.maxBytes === undefined ? undefined : Number(opts.maxBytes);
+        if (maxBytes !== undefined && !(Number.isSafeInteger(maxBytes) && maxBytes > 0)) {
+          throw new DsecError('invalid_argument', '--max-bytes must be a positive integer', {
+            field: 'maxBytes',
+          });
+        }
+        const layer = await collapseLayers(localStore(ctx), {
+          refs,
+          name: ref.name,
+          version: ref.version,
+          ...(opts.kind !== undefined ? { kind: parseKind(opts.kind) } : {}),
+          ...(opts.split ? { split: true } : {}),
+          ...(maxBytes !== undefined ? { maxContentBytes: maxBytes } : {}),
+          mounter: { mountErofs, unmount },
+          ...(ctx.signal ? { signal: ctx.signal } : {}),
+          onProgress: progress.onProgress,
+        });
+        progress.done();
+        printLayer(ctx, layer);
+      },
+    );
+}
