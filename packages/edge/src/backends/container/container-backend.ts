@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { chmod, chown, mkdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { DsecError } from '@dsec/core';
@@ -106,7 +106,10 @@ export class ContainerBackend implements Backend {
         timeoutMs: RUNTIME_START_TIMEOUT_MS,
         signal,
       });
-      await chronus.attach(running.initPid);
+      await Promise.all([
+        chronus.attach(running.initPid),
+        this.options.network?.attach(rec, running.initPid),
+      ]);
       return { runtimePid: running.runtimePid, initPid: running.initPid, chronusPid: chronus.pid };
     } catch (err) {
       chronus.abort();
@@ -126,21 +129,24 @@ export class ContainerBackend implements Backend {
     this.#oomKillsSeen.delete(rec.id);
     if (conn) (await conn.catch(() => undefined))?.close();
 
+    // The daemon goes first: it sits in the sandbox's cgroups, and the runtime
+    // can only remove them once they are empty. A create interrupted by an edge
+    // crash never recorded the pids, so then they are found by their unique
+    // socket path and container name.
+    const chronusPids = rec.chronusPid !== undefined ? [rec.chronusPid] : await findProcesses(p.socket);
+    for (const pid of chronusPids) if (await isProcessOf(pid, p.socket, 'cmdline')) killQuietly(pid);
     if (rec.initPid !== undefined && (await isProcessOf(rec.initPid, p.cgroupsPath, 'cgroup'))) {
       killQuietly(rec.initPid);
     }
-    if (rec.runtimePid !== undefined) await waitGone(rec.runtimePid, p.name, STOP_TIMEOUT_MS);
-    // The runtime removes the container when its init dies; if the runtime was
-    // gone first (killed, host reboot), remove what it left.
-    if (
-      this.options.cgroups.exists(p.cgroupsPath) ||
-      (await this.options.runtime.list()).includes(p.name)
-    ) {
+    const runtimePids = rec.runtimePid !== undefined ? [rec.runtimePid] : await findProcesses(` ${p.name}`);
+    if (rec.runtimePid === undefined && this.options.runtime.exists(p.name)) {
       await this.options.runtime.forceDelete(p.name);
     }
-    if (rec.chronusPid !== undefined && (await isProcessOf(rec.chronusPid, p.socket, 'cmdline'))) {
-      killQuietly(rec.chronusPid);
-    }
+    for (const pid of runtimePids) await waitGone(pid, p.name, STOP_TIMEOUT_MS);
+    // The runtime removes the container when its init dies; if the runtime was
+    // gone first (killed, host reboot) or never started, remove what is left.
+    if (this.options.runtime.exists(p.name)) await this.options.runtime.forceDelete(p.name);
+    if (this.options.cgroups.exists(p.cgroupsPath)) await this.options.cgroups.remove(p.cgroupsPath);
     await this.options.network?.teardown(rec);
     await unmount([p.rootfs], { detach: true });
     await rm(p.dir, { recursive: true, force: true });
@@ -254,6 +260,17 @@ function killQuietly(pid: number): void {
   } catch {
     // already gone
   }
+}
+
+/** PIDs of processes whose command line contains `marker` (rare paths only: it reads all of /proc). */
+async function findProcesses(marker: string): Promise<number[]> {
+  const found: number[] = [];
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const cmdline = await readFile(`/proc/${entry}/cmdline`, 'utf8').catch(() => '');
+    if (cmdline.replaceAll('\0', ' ').includes(marker)) found.push(Number(entry));
+  }
+  return found;
 }
 
 /** Guards against PID reuse: the process must still be the one we started. */
