@@ -45,6 +45,34 @@ const labelMap = boundedRecord(
   64,
 );
 const int = (min: number, max: number) => z.number().int().min(min).max(max);
+const ports = z.array(int(1, 65535)).min(1).max(64);
+/** An explicit egress target (issue 5); the edge checks domain syntax and CIDRs in depth. */
+export const NetworkTarget = z.union([
+  z
+    .object({
+      domain: z
+        .string()
+        .max(253)
+        .regex(/^(?:\*\.)?[A-Za-z0-9_.-]+$/, 'must be a domain or *.domain'),
+      ports: ports.optional(),
+    })
+    .strict(),
+  z
+    .object({
+      cidr: z
+        .string()
+        .max(64)
+        .regex(/^[0-9A-Fa-f:.]+(?:\/\d{1,3})?$/, 'must be an IPv4 or IPv6 CIDR'),
+      ports: ports.optional(),
+    })
+    .strict(),
+]);
+const networkTargets = z.array(NetworkTarget).max(256);
+const networkRules = boundedRecord(
+  z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'must be a rule name'),
+  z.boolean(),
+  64,
+);
 
 export const CreateSandboxBody = z
   .object({
@@ -56,11 +84,9 @@ export const CreateSandboxBody = z
     cpuCoresLimit: z.number().min(0.01).max(256).default(1),
     pidsLimit: int(16, 1_000_000).default(1024),
     ttlSeconds: int(1, 604_800).default(3600),
-    networkRules: boundedRecord(
-      z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'must be a rule name'),
-      z.boolean(),
-      64,
-    ).default({}),
+    networkRules: networkRules.default({}),
+    networkAllow: networkTargets.optional(),
+    networkDeny: networkTargets.optional(),
     initUser: userName.default('root'),
     env: envMap.default({}),
     labels: labelMap.default({}),
@@ -84,11 +110,18 @@ export function toSandboxSpec(b: CreateSandboxInput): SandboxSpec {
     pidsLimit: b.pidsLimit,
     ttlSeconds: b.ttlSeconds,
     networkRules: b.networkRules,
+    ...(b.networkAllow ? { networkAllow: b.networkAllow } : {}),
+    ...(b.networkDeny ? { networkDeny: b.networkDeny } : {}),
     initUser: b.initUser,
     env: b.env,
     labels: b.labels,
   };
 }
+
+/** Client idempotency keys (sandbox creates, commands). */
+export const requestIdString = z
+  .string()
+  .regex(/^[A-Za-z0-9._:-]{1,128}$/, 'must be 1–128 chars of [A-Za-z0-9._:-]');
 
 export const CommandBody = z
   .object({
@@ -107,6 +140,12 @@ export const CommandBody = z
     stdin: z.string().max(MIB).optional(),
     timeoutMs: int(1, 86_400_000).default(60_000),
     maxOutputBytes: int(0, 67_108_864).default(1_048_576),
+    /** Idempotency key: the command runs at most once per sandbox (issue 4). */
+    requestId: requestIdString.optional(),
+    /** Answer `{ commandId, … }` at once (202) instead of waiting for the result. */
+    background: z.boolean().default(false),
+    /** Keep stdin open for `POST …/commands/:cid/stdin` chunks. */
+    stdinOpen: z.boolean().optional(),
   })
   .strict()
   .superRefine((b, ctx) => {
@@ -142,6 +181,31 @@ export const KeyBody = z
     projectId: opaqueId,
     role: z.enum(['admin', 'member']).default('member'),
     name: text(128).optional(),
+  })
+  .strict();
+
+/** `PATCH /v1/sandboxes/:id/network`: rules merged by name, lists replaced when given. */
+export const NetworkPatchBody = z
+  .object({
+    networkRules: networkRules.optional(),
+    allow: networkTargets.optional(),
+    deny: networkTargets.optional(),
+  })
+  .strict();
+
+export const EventsQuery = z
+  .object({
+    afterId: z
+      .string()
+      .regex(/^\d{1,15}$/, 'must be an event ID')
+      .transform(Number)
+      .optional(),
+    limit: z
+      .string()
+      .regex(/^\d{1,4}$/, 'must be 1–1000')
+      .transform(Number)
+      .refine((n) => n >= 1 && n <= 1000, 'must be 1–1000')
+      .optional(),
   })
   .strict();
 

@@ -10,6 +10,10 @@ import { toHttpError } from './errors.js';
 import { ApiMetrics } from './metrics.js';
 import { adminRoutes } from './routes/admin.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
+import { networkRoutes } from './routes/network.js';
+import { commandRoutes } from './routes/commands.js';
+import { fileRoutes } from './routes/files.js';
+import { portRoutes, ptyUpgrade } from './routes/ports.js';
 import { SandboxService } from './sandbox-service.js';
 import type { EdgeDirectory } from './sandbox-service.js';
 
@@ -115,6 +119,12 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
       .send(await metrics.registry.metrics()),
   );
   sandboxRoutes(app, service);
+  networkRoutes(app, service);
+  // Routes with raw (streamed) bodies get their own parsers inside these plugins.
+  void app.register(async (scope) => commandRoutes(scope, service));
+  void app.register(async (scope) => fileRoutes(scope, service));
+  void app.register(async (scope) => portRoutes(scope, service));
+  ptyUpgrade(app, service, iam);
   adminRoutes(app, { iam, fleet: () => watcher.view(), imagesList: options.imagesList });
   return app;
 }

@@ -3,6 +3,7 @@ import { CliContext, attachContext } from './context.js';
 import type { CliIo } from './context.js';
 import { reportError } from './report-error.js';
 import { register as registerSandbox } from './commands/sandbox.js';
+import { register as registerSandboxNetwork } from './commands/sandbox-network.js';
 import { register as registerImage } from './commands/image.js';
 import { register as registerProject } from './commands/project.js';
 import { register as registerKey } from './commands/key.js';
@@ -17,6 +18,7 @@ import { register as registerBench } from './commands/bench.js';
  */
 const COMMANDS: Array<(program: Command) => void> = [
   registerSandbox,
+  registerSandboxNetwork,
   registerImage,
   registerImageBuild,
   registerProject,

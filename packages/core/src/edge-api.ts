@@ -28,7 +28,10 @@ export interface EdgeApi {
   /** Throws `sandbox_not_found`. */
   getSandbox(id: string, signal?: AbortSignal): Promise<SandboxInfo>;
   /** Live sandboxes; with `includeEnded`, also stopped and failed ones still retained. */
-  listSandboxes(filter: { projectIds?: string[]; includeEnded?: boolean }, signal?: AbortSignal): Promise<SandboxInfo[]>;
+  listSandboxes(
+    filter: { projectIds?: string[]; includeEnded?: boolean },
+    signal?: AbortSignal,
+  ): Promise<SandboxInfo[]>;
   /** Stops and releases everything; stopping a stopped sandbox is a no-op. */
   stopSandbox(id: string, signal?: AbortSignal): Promise<void>;
   /** Runs one command to completion, streaming output to the callbacks as it comes. */

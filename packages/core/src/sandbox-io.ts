@@ -79,14 +79,7 @@ export interface SessionInfo {
 }
 
 export type FileType =
-  | 'file'
-  | 'directory'
-  | 'symlink'
-  | 'fifo'
-  | 'socket'
-  | 'char'
-  | 'block'
-  | 'unknown';
+  'file' | 'directory' | 'symlink' | 'fifo' | 'socket' | 'char' | 'block' | 'unknown';
 
 export interface FileInfo {
   /** The last path component. */

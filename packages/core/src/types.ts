@@ -17,8 +17,7 @@ export type NetworkRules = Record<string, boolean>;
  * on some ports (TCP and UDP). Without ports every port and protocol matches.
  */
 export type NetworkTarget =
-  | { domain: string; ports?: number[] | undefined }
-  | { cidr: string; ports?: number[] | undefined };
+  { domain: string; ports?: number[] | undefined } | { cidr: string; ports?: number[] | undefined };
 
 /** A live change of a sandbox's egress policy: rules are merged by name, lists replaced when given. */
 export interface NetworkPolicyPatch {

@@ -1,6 +1,6 @@
 import { chmod, mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DsecError, randomId, toDsecError } from '@dsec/core';
+import { DsecError, toDsecError } from '@dsec/core';
 import type {
   CommandResult,
   CommandSpec,
@@ -21,6 +21,7 @@ import type { NetworkManager } from './network/network-manager.js';
 import { applyPatch } from './network/policy.js';
 import type { LayerMountCache } from './layers/layer-cache.js';
 import { EdgeStore, type SandboxRecord } from './state/edge-store.js';
+import { SandboxIo } from './sessions/sandbox-io.js';
 
 export interface EdgeCapacity {
   /** Memory that may be promised to sandboxes (overcommitted: sandboxes mostly idle, paper 4.3). */
@@ -47,6 +48,10 @@ export interface EdgeOptions {
   network?: NetworkManager | undefined;
   /** Audit events of misbehaviour per sandbox. */
   events?: EventLog | undefined;
+  /** How long finished commands stay readable by ID (default 1 h). */
+  commandRetentionMs?: number | undefined;
+  /** Finished commands kept per sandbox (default 256). */
+  maxCommandsPerSandbox?: number | undefined;
 }
 
 /**
@@ -61,6 +66,8 @@ export class Edge implements EdgeApi {
   readonly #inflight = new Map<string, Promise<SandboxInfo>>();
   readonly #stopping = new Map<string, Promise<void>>();
   #sweeper: NodeJS.Timeout | undefined;
+  /** Command log, background commands, sessions, files, ports, terminals. */
+  readonly io: SandboxIo;
 
   private constructor(
     readonly options: EdgeOptions,
@@ -68,6 +75,13 @@ export class Edge implements EdgeApi {
   ) {
     this.edgeId = options.edgeId;
     this.#store = store;
+    this.io = new SandboxIo({
+      dbFile: join(options.stateDir, 'edge.db'),
+      backend: options.backend,
+      running: (id) => this.#requireRunning(id),
+      commandRetentionMs: options.commandRetentionMs,
+      maxCommandsPerSandbox: options.maxCommandsPerSandbox,
+    });
   }
 
   /** Opens the local store, reconciles with what is actually running, starts the TTL sweeper. */
@@ -89,6 +103,7 @@ export class Edge implements EdgeApi {
     await this.options.network?.close();
     this.options.events?.close();
     await this.options.layers.close();
+    this.io.close();
     this.#store.close();
   }
 
@@ -167,18 +182,28 @@ export class Edge implements EdgeApi {
     command: CommandSpec,
     options: RunCommandOptions = {},
   ): Promise<CommandResult> {
+    // Through the command log: every command gets an ID and a retained result.
+    let result = await this.io.runCommand(id, command, options);
+    // A shell reports its OOM-killed child as exit 137 rather than dying of SIGKILL itself;
+    // ask the cgroup only then (never on the hot path of a normal exit).
+    if (
+      result.outcome === 'exited' &&
+      result.exitCode === 137 &&
+      (await this.options.backend.oomKilled?.(this.#get(id)))
+    )
+      result = { ...result, outcome: 'oom' };
+    this.options.events?.recordCommand(id, result);
+    return result;
+  }
+
+  #requireRunning(id: string): SandboxRecord {
     const rec = this.#get(id);
     if (rec.state !== 'running') {
       throw new DsecError('sandbox_not_running', `sandbox ${id} is ${rec.state}`, {
         details: { state: rec.state },
       });
     }
-    const result = await this.options.backend.runCommand(rec, command, {
-      ...options,
-      commandId: randomId('cmd'),
-    });
-    this.options.events?.recordCommand(id, result);
-    return result;
+    return rec;
   }
 
   async updateNetwork(id: string, patch: NetworkPolicyPatch): Promise<SandboxInfo> {
@@ -264,6 +289,7 @@ export class Edge implements EdgeApi {
         const current = this.#store.get(rec.id) ?? rec;
         if (current.state === 'stopped' || current.state === 'failed') return;
         this.#store.update(rec.id, { state: 'stopping' });
+        this.io.forgetSandbox(rec.id);
         await this.options.backend.stop(current);
         this.#store.update(rec.id, { state: 'stopped', reason });
       })().finally(() => this.#stopping.delete(rec.id));

@@ -1,7 +1,9 @@
 /*
  * Seccomp profiles in the platform's line format:
  *   default allow|kill|errno N
- *   allow NAME | errno N NAME | kill NAME
+ *   allow NAME | errno N NAME | kill NAME, each optionally followed by
+ *   one argument condition `argI&MASK==VALUE` (the rule applies only when
+ *   (arg I & MASK) == VALUE; e.g. `allow clone arg0&0x7e020000==0`).
  * `#` starts a comment; syscall names this libseccomp/arch does not know are
  * skipped, so one profile serves kernels and architectures of different ages.
  */
@@ -38,12 +40,24 @@ static int parse_action(char **save, const char *word, uint32_t *action)
     return -1;
 }
 
-static void add_rule(scmp_filter_ctx ctx, uint32_t action, const char *name, const char *path, int lineno)
+static void add_rule(scmp_filter_ctx ctx, uint32_t action, const char *name, const char *cond,
+                     const char *path, int lineno)
 {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR)
         return; /* unknown here: skipped on purpose */
-    int r = seccomp_rule_add(ctx, action, nr, 0);
+    int r;
+    if (cond) {
+        unsigned idx;
+        unsigned long long mask, value;
+        int used = 0;
+        if (sscanf(cond, "arg%u&%lli==%lli%n", &idx, &mask, &value, &used) != 3 || cond[used] || idx > 5)
+            dief(EINVAL, "%s:%d: bad argument condition %s", path, lineno, cond);
+        r = seccomp_rule_add(ctx, action, nr, 1,
+                             SCMP_CMP(idx, SCMP_CMP_MASKED_EQ, (scmp_datum_t)mask, (scmp_datum_t)value));
+    } else {
+        r = seccomp_rule_add(ctx, action, nr, 0);
+    }
     /* -EACCES: the rule repeats the default action, which is harmless. */
     if (r < 0 && r != -EACCES)
         dief(-r, "%s:%d: seccomp rule for %s", path, lineno, name);
@@ -79,7 +93,7 @@ scmp_filter_ctx seccomp_profile_build(const char *path, int no_new_privs)
         const char *name = strtok_r(NULL, DELIM, &save);
         if (!name)
             dief(EINVAL, "%s:%d: missing syscall name", path, lineno);
-        add_rule(ctx, action, name, path, lineno);
+        add_rule(ctx, action, name, strtok_r(NULL, DELIM, &save), path, lineno);
     }
     free(line);
     fclose(f);

@@ -39,3 +39,23 @@ export { Sandbox, DEFAULT_COMMAND_TIMEOUT_MS, COMMAND_DEADLINE_SLACK_MS } from '
 export type * from './types.js';
 export { DsecError, isDsecError } from '@dsec/core';
 export type { CommandResult, ErrorCode, LayerInfo, SandboxInfo, SandboxState } from '@dsec/core';
+export type {
+  NetworkPolicyPatch,
+  NetworkRules,
+  NetworkTarget,
+  SandboxEvent,
+  SandboxEventKind,
+} from '@dsec/core';
+export type { EventsOptions } from './network.js';
+export { Commands, CommandHandle } from './commands.js';
+export type { CommandOptions, StartOptions } from './commands.js';
+export { CommandRun } from './command-run.js';
+export type { CommandEvent, OutputCallbacks } from './command-run.js';
+export { Session } from './session.js';
+export type { SessionOptions, SessionRunOptions } from './session.js';
+export { Files } from './files.js';
+export type { FileCallOptions, WriteOptions } from './files.js';
+export type { SandboxFetchInit } from './port-fetch.js';
+export type { CommandInfo, FileInfo, FileType, SessionInfo, SessionResult } from '@dsec/core';
+export { Terminal } from './terminal.js';
+export type { TerminalOptions } from './terminal.js';

@@ -1,5 +1,17 @@
-import type { CommandResult, CommandSpec, SandboxInfo } from '@dsec/core';
+import type {
+  CommandResult,
+  CommandSpec,
+  NetworkPolicyPatch,
+  SandboxEvent,
+  SandboxInfo,
+} from '@dsec/core';
+import { listEvents, updateNetworkRules, type EventsOptions } from './network.js';
 import { CommandEventDecoder } from './ndjson.js';
+import { Commands } from './commands.js';
+import { Files } from './files.js';
+import { fetchPort, type SandboxFetchInit } from './port-fetch.js';
+import { Session, type SessionOptions } from './session.js';
+import { openTerminal, type Terminal, type TerminalOptions } from './terminal.js';
 import type { HttpTransport } from './transport.js';
 import type { CallOptions, RunCommandOptions } from './types.js';
 
@@ -31,6 +43,31 @@ export class Sandbox {
     this.id = id;
     this.info = info;
     this.#defaultTimeoutMs = defaultTimeoutMs;
+    this.commands = new Commands(http, id, defaultTimeoutMs);
+    this.files = new Files(http, id, defaultTimeoutMs);
+  }
+
+  /** One-shot and background commands by ID (`run`, `start`, `get`, `list`). */
+  readonly commands: Commands;
+  /** Files inside the sandbox (`read`, `write`, `list`, `upload`, `download`, …). */
+  readonly files: Files;
+
+  /**
+   * A named shell session: state (cwd, env, variables, background jobs)
+   * persists across `run` calls. Created on first use, on the server.
+   */
+  session(name: string, options: SessionOptions = {}): Session {
+    return new Session(this.#http, this.id, name, options, this.#defaultTimeoutMs);
+  }
+
+  /** An interactive shell on a pty; `onData` gets the terminal's output. */
+  terminal(onData: (chunk: Buffer) => void, options: TerminalOptions = {}): Promise<Terminal> {
+    return openTerminal(this.#http, this.id, onData, options);
+  }
+
+  /** An HTTP request to a service listening on `port` inside the sandbox. */
+  fetch(port: number, path = '/', init: SandboxFetchInit = {}): Promise<Response> {
+    return fetchPort(this.#http, this.id, port, path, init);
   }
 
   /**
@@ -58,6 +95,31 @@ export class Sandbox {
       idempotent: true,
     });
     return this.info;
+  }
+
+  /**
+   * Changes the sandbox's egress policy while it runs: `networkRules` are
+   * merged by name (`{ npm: true }` turns npm on and keeps the rest), `allow`
+   * and `deny` replace the explicit lists when given. New connections follow
+   * within seconds; open ones are not cut. Other sandboxes are untouched.
+   */
+  async updateNetworkRules(
+    patch: NetworkPolicyPatch,
+    options: CallOptions = {},
+  ): Promise<SandboxInfo> {
+    this.info = await updateNetworkRules(this.#http, this.id, patch, {
+      ...options,
+      defaultTimeoutMs: this.#defaultTimeoutMs,
+    });
+    return this.info;
+  }
+
+  /** Audit events (denied connections, refused DNS names, caps and limits hit), oldest first. */
+  events(options: EventsOptions = {}): Promise<SandboxEvent[]> {
+    return listEvents(this.#http, this.id, {
+      ...options,
+      defaultTimeoutMs: this.#defaultTimeoutMs,
+    });
   }
 
   /** Stops the sandbox and releases its resources; stopping a stopped sandbox is a no-op. */

@@ -1,5 +1,6 @@
 import http from 'node:http';
 import https from 'node:https';
+import type { Duplex } from 'node:stream';
 import { DsecError, toDsecError } from '@dsec/core';
 
 /**
@@ -22,7 +23,7 @@ export interface TransportOptions {
 }
 
 export interface RequestOptions {
-  method: 'GET' | 'POST' | 'DELETE';
+  method: 'GET' | 'POST' | 'PATCH' | 'DELETE';
   path: string;
   body?: unknown;
   signal?: AbortSignal | undefined;
@@ -30,6 +31,19 @@ export interface RequestOptions {
   timeoutMs: number;
   /** Safe to resend on a stale keep-alive socket (the server never saw it). */
   idempotent?: boolean | undefined;
+}
+
+export interface RawRequestOptions {
+  method: string;
+  path: string;
+  headers?: http.OutgoingHttpHeaders | undefined;
+  /** Streamed with back-pressure; a Buffer is sent with its length. */
+  body?: NodeJS.ReadableStream | Buffer | undefined;
+  signal?: AbortSignal | undefined;
+  /** Deadline for the status line. */
+  timeoutMs: number;
+  /** Resolve with any response that is not a DSec error body (proxied services). */
+  acceptAnyStatus?: boolean | undefined;
 }
 
 export interface StreamRequestOptions extends RequestOptions {
@@ -232,6 +246,128 @@ export class HttpTransport {
         });
       });
       request.end(payload);
+    });
+  }
+
+  /**
+   * A request whose body and answer are byte streams (files, ports): resolves
+   * with the response once a 2xx status arrived (the caller reads it, with
+   * back-pressure); any other status rejects with its `DsecError`. `timeoutMs`
+   * bounds the wait for the status line only; `signal` aborts the whole exchange.
+   */
+  raw(options: RawRequestOptions): Promise<http.IncomingMessage> {
+    const { signal } = options;
+    if (this.#closed)
+      return Promise.reject(new DsecError('unavailable', 'the DSec client is closed'));
+    if (signal?.aborted) return Promise.reject(abortedError(signal));
+    const headers: http.OutgoingHttpHeaders = { ...options.headers };
+    if (this.#apiKey) headers.authorization = `Bearer ${this.#apiKey}`;
+    const body = options.body;
+    if (Buffer.isBuffer(body)) headers['content-length'] = body.length;
+    return new Promise((resolve, reject) => {
+      let settled = false;
+      const request = this.#request(this.#url(options.path), {
+        method: options.method,
+        headers,
+        agent: this.#agent,
+      });
+      const fail = (err: unknown) => {
+        clearTimeout(timer);
+        request.destroy();
+        if (!settled) {
+          settled = true;
+          reject(err instanceof Error ? err : toDsecError(err));
+        }
+      };
+      const onAbort = () => fail(abortedError(signal));
+      signal?.addEventListener('abort', onAbort, { once: true });
+      const timer = setTimeout(
+        () =>
+          fail(
+            new DsecError(
+              'deadline_exceeded',
+              `${options.method} ${options.path} got no answer within ${options.timeoutMs} ms`,
+            ),
+          ),
+        options.timeoutMs,
+      );
+      request.on('error', (err: NodeJS.ErrnoException) => fail(this.#networkError(err)));
+      request.on('close', () => signal?.removeEventListener('abort', onAbort));
+      request.on('response', (res) => {
+        clearTimeout(timer);
+        const status = res.statusCode ?? 0;
+        const dsecError = String(res.headers['x-dsec-error'] ?? '') !== '';
+        if ((status >= 200 && status < 300) || (options.acceptAnyStatus && !dsecError)) {
+          settled = true;
+          resolve(res);
+          return;
+        }
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('error', (err) => fail(this.#networkError(err)));
+        res.on('end', () => {
+          let parsed: unknown;
+          try {
+            parsed = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+          } catch {
+            parsed = undefined;
+          }
+          fail(DsecError.fromBody(parsed, status));
+        });
+      });
+      if (body === undefined || Buffer.isBuffer(body)) request.end(body);
+      else {
+        body.on('error', (err) => fail(toDsecError(err, 'aborted')));
+        body.pipe(request);
+      }
+    });
+  }
+
+  /** Opens an HTTP/1.1 upgrade (`Upgrade: <protocol>`) and resolves with the raw socket after `101`. */
+  upgrade(
+    path: string,
+    protocol: string,
+    options: { signal?: AbortSignal | undefined; timeoutMs: number },
+  ): Promise<Duplex> {
+    if (this.#closed)
+      return Promise.reject(new DsecError('unavailable', 'the DSec client is closed'));
+    const headers: http.OutgoingHttpHeaders = { connection: 'Upgrade', upgrade: protocol };
+    if (this.#apiKey) headers.authorization = `Bearer ${this.#apiKey}`;
+    return new Promise((resolve, reject) => {
+      // Not pooled: the socket becomes the caller's.
+      const request = this.#request(this.#url(path), { method: 'GET', headers, agent: false });
+      const fail = (err: Error) => {
+        clearTimeout(timer);
+        request.destroy();
+        reject(err);
+      };
+      const timer = setTimeout(
+        () => fail(new DsecError('deadline_exceeded', `GET ${path} got no answer in time`)),
+        options.timeoutMs,
+      );
+      options.signal?.addEventListener('abort', () => fail(abortedError(options.signal)), {
+        once: true,
+      });
+      request.on('error', (err: NodeJS.ErrnoException) => fail(this.#networkError(err)));
+      request.on('upgrade', (_res, socket, head) => {
+        clearTimeout(timer);
+        if (head.length > 0) socket.unshift(head);
+        resolve(socket);
+      });
+      request.on('response', (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          let parsed: unknown;
+          try {
+            parsed = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+          } catch {
+            parsed = undefined;
+          }
+          fail(DsecError.fromBody(parsed, res.statusCode ?? 500));
+        });
+      });
+      request.end();
     });
   }
 

@@ -1,4 +1,4 @@
-import type { CommandResult, NetworkRules } from '@dsec/core';
+import type { CommandResult, NetworkRules, NetworkTarget } from '@dsec/core';
 
 /** Every SDK call accepts these. */
 export interface CallOptions {
@@ -34,6 +34,10 @@ export interface RunContainerOptions {
   ttlRunningStopSeconds?: number | undefined;
   ttlSeconds?: number | undefined;
   networkRules?: NetworkRules | undefined;
+  /** Egress allowed on top of `networkRules`: `{ domain: '*.example.com', ports: [443] }`, `{ cidr }`. */
+  networkAllow?: NetworkTarget[] | undefined;
+  /** Egress denied whatever else allows it. */
+  networkDeny?: NetworkTarget[] | undefined;
   initUser?: string | undefined;
   env?: Record<string, string> | undefined;
   labels?: Record<string, string> | undefined;

@@ -12,6 +12,7 @@ import {
   toSandboxSpec,
 } from '../schemas.js';
 import type { SandboxService } from '../sandbox-service.js';
+import { requireIo } from './io-common.js';
 
 /** A stream whose reader has fallen this far behind is cut off: a client that never reads must not grow memory. */
 const MAX_STREAM_BUFFER_BYTES = 8 * 1024 * 1024;
@@ -49,6 +50,10 @@ export function sandboxRoutes(app: FastifyInstance, service: SandboxService): vo
     const { id } = parse(IdParams, req.params, 'path');
     const command = parse(CommandBody, req.body);
     const principal = principalOf(req);
+    if (command.background) {
+      const { edge } = await service.open(principal, id, clientGone(reply));
+      return reply.code(202).send(await requireIo(edge).startCommand(id, command));
+    }
     // A quiet command must not trip the idle-socket timeout before its own timeout.
     const socket = req.raw.socket as { setTimeout?: unknown } | undefined;
     if (typeof socket?.setTimeout === 'function')

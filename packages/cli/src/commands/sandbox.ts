@@ -6,10 +6,12 @@ import type { CliContext } from '../context.js';
 import { formatRelative, formatTable } from '../format.js';
 import { collect, collectKeyValue, parseInteger, parseNumber } from '../parse.js';
 import { reportError } from '../report-error.js';
+import { registerSandboxIo } from './sandbox-io.js';
 
 /** `dsec sandbox create|exec|ls|get|rm`. */
 export function register(program: Command): void {
   const sandbox = program.command('sandbox').description('create, use and remove sandboxes');
+  registerSandboxIo(sandbox);
 
   sandbox
     .command('create')
@@ -61,6 +63,14 @@ export function register(program: Command): void {
     .option('--cwd <dir>', 'working directory')
     .option('--user <user>', 'user to run as')
     .option('--env <K=V>', 'environment variable (repeatable)', collectKeyValue)
+    .option(
+      '--session <name>',
+      'type CMD as one line into this shell session (created on first use; cd and export persist)',
+    )
+    .option(
+      '--request-id <id>',
+      'idempotency key: a retry returns the recorded result, never runs twice',
+    )
     .action(async (id: string, cmd: string[], opts: ExecOptions, command: Command) => {
       const ctx = contextOf(command);
       await execCommand(ctx, id, cmd, opts);
@@ -144,6 +154,8 @@ interface ExecOptions {
   cwd?: string;
   user?: string;
   env?: Record<string, string>;
+  session?: string;
+  requestId?: string;
 }
 
 async function execCommand(
@@ -166,7 +178,14 @@ async function execCommand(
   const run = (
     options: typeof base & { onStdout?: (s: string) => void; onStderr?: (s: string) => void },
   ) =>
-    asShell && first !== undefined ? sandbox.runShell(first, options) : sandbox.exec(cmd, options);
+    opts.session !== undefined
+      ? sandbox
+          .session(opts.session, { cwd: opts.cwd, user: opts.user, env: opts.env })
+          .run(cmd.join(' '), { ...options, requestId: opts.requestId })
+      : sandbox.commands.run(asShell && first !== undefined ? first : cmd, {
+          ...options,
+          requestId: opts.requestId,
+        });
 
   if (ctx.json) {
     const r = await run(base);

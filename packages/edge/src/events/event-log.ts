@@ -79,7 +79,14 @@ export class EventLog {
     const db = this.#db;
     db.prepare(
       'INSERT INTO events (sandbox_id, time, kind, message, count, details) VALUES (?, ?, ?, ?, ?, ?)',
-    ).run(sandboxId, new Date(now).toISOString(), kind, message.slice(0, 1024), count, JSON.stringify(details).slice(0, 8192));
+    ).run(
+      sandboxId,
+      new Date(now).toISOString(),
+      kind,
+      message.slice(0, 1024),
+      count,
+      JSON.stringify(details).slice(0, 8192),
+    );
     db.prepare(
       `DELETE FROM events WHERE sandbox_id = ? AND id <= (
          SELECT id FROM events WHERE sandbox_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?)`,
@@ -103,7 +110,12 @@ export class EventLog {
       );
     }
     if (result.outcome === 'oom') {
-      this.record(sandboxId, 'oom_killed', 'command killed by the OOM killer at the memory limit', base);
+      this.record(
+        sandboxId,
+        'oom_killed',
+        'command killed by the OOM killer at the memory limit',
+        base,
+      );
     } else if (result.outcome === 'timeout') {
       this.record(sandboxId, 'command_timeout', 'command killed at its timeout', {
         ...base,
@@ -129,7 +141,9 @@ export class EventLog {
 
   /** Forgets events of sandboxes the edge no longer keeps. */
   purge(keepSandboxIds: Set<string>): void {
-    const ids = this.#db.prepare('SELECT DISTINCT sandbox_id AS id FROM events').all() as { id: string }[];
+    const ids = this.#db.prepare('SELECT DISTINCT sandbox_id AS id FROM events').all() as {
+      id: string;
+    }[];
     const del = this.#db.prepare('DELETE FROM events WHERE sandbox_id = ?');
     for (const { id } of ids) if (!keepSandboxIds.has(id)) del.run(id);
   }

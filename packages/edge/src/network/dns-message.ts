@@ -52,7 +52,11 @@ export function parseQuery(msg: Buffer): DnsQuestion {
 }
 
 /** The A and AAAA records of a response's answer section. */
-export function parseAnswers(msg: Buffer): { rcode: number; question: DnsQuestion; records: DnsAddressRecord[] } {
+export function parseAnswers(msg: Buffer): {
+  rcode: number;
+  question: DnsQuestion;
+  records: DnsAddressRecord[];
+} {
   if (msg.length < 12) throw new DnsFormatError('short header');
   const flags = msg.readUInt16BE(2);
   if (!(flags & 0x8000)) throw new DnsFormatError('not a response');
@@ -80,7 +84,12 @@ export function parseAnswers(msg: Buffer): { rcode: number; question: DnsQuestio
     const rdata = end + 10;
     if (rdata + rdlen > msg.length) throw new DnsFormatError('truncated rdata');
     if (cls === 1 && type === TYPE_A && rdlen === 4) {
-      records.push({ name, family: 4, address: [...msg.subarray(rdata, rdata + 4)].join('.'), ttlSeconds: ttl });
+      records.push({
+        name,
+        family: 4,
+        address: [...msg.subarray(rdata, rdata + 4)].join('.'),
+        ttlSeconds: ttl,
+      });
     } else if (cls === 1 && type === TYPE_AAAA && rdlen === 16) {
       const groups: string[] = [];
       for (let g = 0; g < 8; g++) groups.push(msg.readUInt16BE(rdata + 2 * g).toString(16));
@@ -131,7 +140,12 @@ function readName(msg: Buffer, start: number): { name: string; end: number } {
     if (off + 1 + len > msg.length) throw new DnsFormatError('label runs past the message');
     length += len + 1;
     if (length > 255) throw new DnsFormatError('name too long');
-    labels.push(msg.subarray(off + 1, off + 1 + len).toString('latin1').toLowerCase());
+    labels.push(
+      msg
+        .subarray(off + 1, off + 1 + len)
+        .toString('latin1')
+        .toLowerCase(),
+    );
     off += 1 + len;
   }
   return { name: labels.join('.'), end };

@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import { chmod, mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
@@ -121,7 +122,12 @@ export class LinuxNetwork implements NetworkManager {
     const resolver = new PlatformResolver({ upstream, log: o.log });
     const net = new LinuxNetwork(o, subnet4, subnet6, resolver);
     await nft(
-      tableScript({ table: net.table, subnet4, subnet6, deniedWindowSeconds: DENIED_WINDOW_SECONDS }),
+      tableScript({
+        table: net.table,
+        subnet4,
+        subnet6,
+        deniedWindowSeconds: DENIED_WINDOW_SECONDS,
+      }),
     );
     const uplinks = o.uplinks ?? (await defaultRouteInterfaces());
     for (const dev of uplinks) await enableForwarding(dev, subnet6 !== undefined);
@@ -138,14 +144,14 @@ export class LinuxNetwork implements NetworkManager {
     const h = createHash('sha256').update(sb.id).digest('hex');
     const max = 2 ** (32 - this.subnet4.prefix) / 4 - 2;
     if (sb.slot < 0 || sb.slot >= max) {
-      throw new DsecError('capacity_exhausted', `no address left in ${this.subnet4.address}/${this.subnet4.prefix}`);
+      throw new DsecError(
+        'capacity_exhausted',
+        `no address left in ${this.subnet4.address}/${this.subnet4.prefix}`,
+      );
     }
     const base4 = ipToBigInt(this.subnet4.address) + BigInt(4 * (sb.slot + 1));
-    const base6 =
-      this.subnet6 && ipToBigInt(this.subnet6.address) + (BigInt(sb.slot + 1) << 64n);
+    const base6 = this.subnet6 && ipToBigInt(this.subnet6.address) + (BigInt(sb.slot + 1) << 64n);
     return {
-      netns: `${this.table}-${h.slice(0, 20)}`,
-      netnsPath: `/run/netns/${this.table}-${h.slice(0, 20)}`,
       veth: `dsv${h.slice(0, 12)}`,
       host4: bigIntToIp(base4 + 1n, 4),
       sandbox4: bigIntToIp(base4 + 2n, 4),
@@ -155,37 +161,76 @@ export class LinuxNetwork implements NetworkManager {
     };
   }
 
+  /** Interface and addresses of a sandbox this edge networks (undefined if none). */
+  sandboxNetwork(id: string): ReturnType<LinuxNetwork['names']> | undefined {
+    return this.#live.get(id)?.names;
+  }
+
   async setup(sb: NetworkSandbox): Promise<SandboxNetwork> {
     const policy = compilePolicy(sb.spec, this.#catalogue);
     const n = this.names(sb);
-    const s6 = n.host6 !== undefined && n.sandbox6 !== undefined;
-    // One shell for the whole plumbing: fewer process start-ups on the create path.
+    await nft(
+      sandboxScript(
+        {
+          table: this.table,
+          subnet4: this.subnet4,
+          subnet6: this.subnet6,
+          deniedWindowSeconds: DENIED_WINDOW_SECONDS,
+          slot: sb.slot,
+          veth: n.veth,
+        },
+        policy,
+      ),
+    );
+    await writeFile(n.resolvConf, `nameserver ${n.host4}\noptions timeout:2 attempts:2\n`, {
+      mode: 0o644,
+    });
+    this.#track(sb, policy);
+    return {
+      resolvConf: n.resolvConf,
+      addresses: [n.sandbox4, ...(n.sandbox6 ? [n.sandbox6] : [])],
+      gateway4: n.host4,
+    };
+  }
+
+  /**
+   * The runtime made the sandbox's network namespace (so it belongs to the
+   * sandbox's user namespace and sysfs can be mounted in it; root inside has
+   * no CAP_NET_ADMIN, so it cannot change what is set up here). One shell
+   * does the plumbing to keep process start-ups off the create path.
+   */
+  async attach(sb: NetworkSandbox, initPid: number): Promise<void> {
+    const n = this.names(sb);
+    const v6 = n.host6 !== undefined && n.sandbox6 !== undefined;
+    const inside = [
+      'set -e',
+      'ip link set lo up',
+      'ip addr add "$S4/30" dev eth0',
+      v6 ? 'ip -6 addr add "$S6/64" dev eth0 nodad' : '',
+      'ip link set eth0 up',
+      'ip route add default via "$H4"',
+      v6 ? 'ip -6 route add default via "$H6"' : '',
+    ]
+      .filter(Boolean)
+      .join('; ');
     const script = [
       'set -e',
-      'ip netns del "$NS" 2>/dev/null || true',
       'ip link del "$VETH" 2>/dev/null || true',
-      'ip netns add "$NS"',
-      'ip link add "$VETH" type veth peer name eth0 netns "$NS"',
+      'ip link add "$VETH" type veth peer name eth0 netns "$PID"',
       'echo 1 > /proc/sys/net/ipv4/conf/$VETH/forwarding',
-      s6 ? 'echo 0 > /proc/sys/net/ipv6/conf/$VETH/accept_ra' : '',
-      s6 ? 'echo 1 > /proc/sys/net/ipv6/conf/$VETH/force_forwarding' : '',
-      s6 ? 'ip -6 addr add "$H6/64" dev "$VETH" nodad' : '',
+      // Strict reverse-path check: a sandbox cannot send with another's source address.
+      'echo 1 > /proc/sys/net/ipv4/conf/$VETH/rp_filter',
+      v6 ? 'echo 0 > /proc/sys/net/ipv6/conf/$VETH/accept_ra' : '',
+      v6 ? 'echo 1 > /proc/sys/net/ipv6/conf/$VETH/force_forwarding' : '',
+      v6 ? 'ip -6 addr add "$H6/64" dev "$VETH" nodad' : '',
       'ip addr add "$H4/30" dev "$VETH"',
       'ip link set "$VETH" up',
-      'ip -n "$NS" link set lo up',
-      'ip -n "$NS" addr add "$S4/30" dev eth0',
-      s6 ? 'ip -n "$NS" -6 addr add "$S6/64" dev eth0 nodad' : '',
-      'ip -n "$NS" link set eth0 up',
-      'ip -n "$NS" route add default via "$H4"',
-      s6 ? 'ip -n "$NS" -6 route add default via "$H6"' : '',
-      // Root in the sandbox has no capabilities over this namespace (it belongs to the
-      // host's user namespace): let it ping (ICMP sockets) and bind low ports anyway.
-      'nsenter --net="/run/netns/$NS" sh -c \'echo "0 2147483647" > /proc/sys/net/ipv4/ping_group_range; echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start\'',
+      `nsenter -t "$PID" -n sh -c '${inside}'`,
     ]
       .filter(Boolean)
       .join('\n');
     await runTool('env', [
-      `NS=${n.netns}`,
+      `PID=${initPid}`,
       `VETH=${n.veth}`,
       `H4=${n.host4}`,
       `S4=${n.sandbox4}`,
@@ -195,20 +240,7 @@ export class LinuxNetwork implements NetworkManager {
       '-c',
       script,
     ]);
-    await nft(
-      sandboxScript(
-        { table: this.table, subnet4: this.subnet4, subnet6: this.subnet6, deniedWindowSeconds: DENIED_WINDOW_SECONDS, slot: sb.slot, veth: n.veth },
-        policy,
-      ),
-    );
-    await writeFile(n.resolvConf, `nameserver ${n.host4}\noptions timeout:2 attempts:2\n`, { mode: 0o644 });
-    await this.#adopt(sb, policy);
-    return {
-      netnsPath: n.netnsPath,
-      resolvConf: n.resolvConf,
-      addresses: [n.sandbox4, ...(n.sandbox6 ? [n.sandbox6] : [])],
-      gateway4: n.host4,
-    };
+    await this.#listen(sb);
   }
 
   async update(sb: NetworkSandbox): Promise<void> {
@@ -218,14 +250,23 @@ export class LinuxNetwork implements NetworkManager {
     live.sb = sb;
     live.policy = policy;
     const now = Date.now();
-    const lines = [...flushSandboxSets(this.table, sb.slot), ...cidrElements(this.table, sb.slot, policy)];
+    const lines = [
+      ...flushSandboxSets(this.table, sb.slot),
+      ...cidrElements(this.table, sb.slot, policy),
+    ];
     for (const [name, entry] of live.resolved) {
       const d = matchDomain(policy, name);
       if (!d.allowed || entry.expiresAt <= now) {
         live.resolved.delete(name);
         continue;
       }
-      lines.push(...addressElements(this.table, sb.slot, this.#elements(entry.records, d.ports, now, entry.expiresAt)));
+      lines.push(
+        ...addressElements(
+          this.table,
+          sb.slot,
+          this.#elements(entry.records, d.ports, now, entry.expiresAt),
+        ),
+      );
     }
     await this.#serial(live, () => nft(lines.join('\n') + '\n'));
   }
@@ -240,31 +281,38 @@ export class LinuxNetwork implements NetworkManager {
     await this.#collectOnce().catch(() => undefined);
     const errors: unknown[] = [];
     await nft(
-      removeSandboxScript({ table: this.table, subnet4: this.subnet4, subnet6: this.subnet6, deniedWindowSeconds: DENIED_WINDOW_SECONDS, slot: sb.slot, veth: n.veth }),
+      removeSandboxScript({
+        table: this.table,
+        subnet4: this.subnet4,
+        subnet6: this.subnet6,
+        deniedWindowSeconds: DENIED_WINDOW_SECONDS,
+        slot: sb.slot,
+        veth: n.veth,
+      }),
     ).catch((e: unknown) => errors.push(e));
-    await runTool('sh', [
-      '-c',
-      'ip netns del "$1" 2>/dev/null || true; ip link del "$2" 2>/dev/null || true',
-      'sh',
-      n.netns,
-      n.veth,
-    ]).catch((e: unknown) => errors.push(e));
+    // The veth normally died with the sandbox's network namespace.
+    if (existsSync(`/sys/class/net/${n.veth}`)) {
+      await runTool('ip', ['link', 'del', n.veth]).catch((e: unknown) => errors.push(e));
+    }
     await rm(n.resolvConf, { force: true });
     if (errors.length > 0) throw errors[0];
   }
 
   async reconcile(live: NetworkSandbox[]): Promise<void> {
-    const keep = new Set(live.map((sb) => this.names(sb).netns));
     for (const sb of live) {
-      await this.#adopt(sb, compilePolicy(sb.spec, this.#catalogue)).catch((err: unknown) =>
-        this.#o.log?.('adopting a sandbox network failed', { id: sb.id, err: String(err) }),
-      );
+      try {
+        this.#track(sb, compilePolicy(sb.spec, this.#catalogue));
+        await this.#listen(sb);
+      } catch (err) {
+        this.#o.log?.('adopting a sandbox network failed', { id: sb.id, err: String(err) });
+      }
     }
-    // Namespaces of this edge's sandboxes that are gone (their veths die with them).
-    const entries = await readdir('/run/netns').catch(() => [] as string[]);
-    for (const ns of entries) {
-      if (ns.startsWith(`${this.table}-`) && !keep.has(ns))
-        await runTool('ip', ['netns', 'del', ns]).catch(() => undefined);
+    // A gone sandbox's network namespace died with its processes, and its veth
+    // with it; what is left is firewall state and resolv.conf files.
+    const keepConf = new Set(live.map((sb) => this.names(sb).resolvConf));
+    for (const f of await readdir(join(this.#dir, 'resolv')).catch(() => [] as string[])) {
+      const path = join(this.#dir, 'resolv', f);
+      if (!keepConf.has(path)) await rm(path, { force: true });
     }
     // Chains, sets and map entries of slots no live sandbox holds.
     const slots = new Set(live.map((sb) => sb.slot));
@@ -291,8 +339,17 @@ export class LinuxNetwork implements NetworkManager {
     }
     for (const slot of orphanSlots) {
       await nft(
-        removeSandboxScript({ table: this.table, subnet4: this.subnet4, subnet6: this.subnet6, deniedWindowSeconds: DENIED_WINDOW_SECONDS, slot, veth: vethBySlot.get(slot) ?? 'dsvnone' }),
-      ).catch((err: unknown) => this.#o.log?.('removing stale firewall entries failed', { slot, err: String(err) }));
+        removeSandboxScript({
+          table: this.table,
+          subnet4: this.subnet4,
+          subnet6: this.subnet6,
+          deniedWindowSeconds: DENIED_WINDOW_SECONDS,
+          slot,
+          veth: vethBySlot.get(slot) ?? 'dsvnone',
+        }),
+      ).catch((err: unknown) =>
+        this.#o.log?.('removing stale firewall entries failed', { slot, err: String(err) }),
+      );
     }
   }
 
@@ -307,10 +364,7 @@ export class LinuxNetwork implements NetworkManager {
     clearInterval(this.#poller);
     await this.#collecting?.catch(() => undefined);
     this.#resolver.close();
-    const sandboxesLeft = (await readdir('/run/netns').catch(() => [] as string[])).some((ns) =>
-      ns.startsWith(`${this.table}-`),
-    );
-    if (this.#live.size === 0 && !sandboxesLeft) {
+    if (this.#live.size === 0) {
       // Nothing of ours is left on the host: give the range back.
       await runTool('nft', ['delete', 'table', 'inet', this.table]).catch(() => undefined);
       await rm(join(this.#dir, 'config.json'), { force: true });
@@ -318,25 +372,50 @@ export class LinuxNetwork implements NetworkManager {
     }
   }
 
-  async #adopt(sb: NetworkSandbox, policy: CompiledPolicy): Promise<void> {
+  #track(sb: NetworkSandbox, policy: CompiledPolicy): Live {
     const n = this.names(sb);
-    const live: Live = this.#live.get(sb.id) ?? { sb, policy, names: n, resolved: new Map(), queue: Promise.resolve() };
+    const live: Live = this.#live.get(sb.id) ?? {
+      sb,
+      policy,
+      names: n,
+      resolved: new Map(),
+      queue: Promise.resolve(),
+    };
     live.sb = sb;
     live.policy = policy;
     this.#live.set(sb.id, live);
     this.#bySource.set(n.sandbox4, sb.id);
     if (n.sandbox6) this.#bySource.set(n.sandbox6, sb.id);
+    return live;
+  }
+
+  /** Binds the sandbox's resolver socket (its host-end address must exist). */
+  async #listen(sb: NetworkSandbox): Promise<void> {
+    const live = this.#live.get(sb.id);
+    if (!live) throw new DsecError('sandbox_not_running', `sandbox ${sb.id} has no network`);
+    const n = live.names;
     await this.#resolver.attach(sb.id, {
       listenAddress: n.host4,
       sourceAddresses: [n.sandbox4],
       decide: (name) => matchDomain(live.policy, name),
       allowAddresses: (name, ports, records) => this.#allow(live, name, ports, records),
       blocked: (name, qtype) =>
-        this.#o.onEvent?.(sb.id, 'dns_blocked', `DNS name not allowed: ${name}`, { name, qtype }, `dns:${name}`),
+        this.#o.onEvent?.(
+          sb.id,
+          'dns_blocked',
+          `DNS name not allowed: ${name}`,
+          { name, qtype },
+          `dns:${name}`,
+        ),
     });
   }
 
-  async #allow(live: Live, name: string, ports: number[], records: DnsAddressRecord[]): Promise<void> {
+  async #allow(
+    live: Live,
+    name: string,
+    ports: number[],
+    records: DnsAddressRecord[],
+  ): Promise<void> {
     if (records.length === 0) return;
     if (!this.#live.has(live.sb.id)) return;
     const now = Date.now();
@@ -360,7 +439,9 @@ export class LinuxNetwork implements NetworkManager {
         address: r.address,
         ports,
         timeoutSeconds:
-          until === undefined ? this.#ttl(r.ttlSeconds) : Math.max(1, Math.ceil((until - now) / 1000)),
+          until === undefined
+            ? this.#ttl(r.ttlSeconds)
+            : Math.max(1, Math.ceil((until - now) / 1000)),
       }));
   }
 
@@ -374,9 +455,17 @@ export class LinuxNetwork implements NetworkManager {
     return next;
   }
 
+  /** One read at a time; a caller arriving mid-read gets a fresh read after it (it may hold news). */
   #collectOnce(): Promise<void> {
-    this.#collecting ??= this.#readDenied().finally(() => (this.#collecting = undefined));
-    return this.#collecting;
+    const prior = this.#collecting ?? Promise.resolve();
+    const next: Promise<void> = prior
+      .catch(() => undefined)
+      .then(() => this.#readDenied())
+      .finally(() => {
+        if (this.#collecting === next) this.#collecting = undefined;
+      });
+    this.#collecting = next;
+    return next;
   }
 
   async #readDenied(): Promise<void> {
@@ -404,7 +493,11 @@ export class LinuxNetwork implements NetworkManager {
             id,
             'network_denied',
             `connection denied: ${protocol} to ${dst}${protocol === 'tcp' || protocol === 'udp' ? ` port ${dport}` : ''}`,
-            { destination: dst, protocol, ...(protocol === 'tcp' || protocol === 'udp' ? { port: dport } : {}) },
+            {
+              destination: dst,
+              protocol,
+              ...(protocol === 'tcp' || protocol === 'udp' ? { port: dport } : {}),
+            },
             `net:${dst}:${protocol}:${dport}`,
           );
         }
@@ -416,7 +509,9 @@ export class LinuxNetwork implements NetworkManager {
 function protoName(p: string): string {
   const n = Number(p);
   if (Number.isNaN(n)) return p;
-  return ({ 1: 'icmp', 6: 'tcp', 17: 'udp', 58: 'icmpv6' } as Record<number, string>)[n] ?? String(n);
+  return (
+    ({ 1: 'icmp', 6: 'tcp', 17: 'udp', 58: 'icmpv6' } as Record<number, string>)[n] ?? String(n)
+  );
 }
 
 function claimName(c: Cidr): string {
@@ -476,9 +571,15 @@ async function claimSubnets(
     }
     if (!subnet4) throw new DsecError('unavailable', 'no free address range for sandbox networks');
   }
-  const subnet6 = saved ? (saved.subnet6 ? parseCidr(saved.subnet6, 'subnet6') : undefined) : v6For(subnet4);
-  if (subnet6 && subnet6.prefix !== 48) throw new DsecError('invalid_argument', 'subnet6 must be a /48', { field: 'subnet6' });
-  if (subnet4.prefix > 28) throw new DsecError('invalid_argument', 'subnet4 must be /28 or larger', { field: 'subnet4' });
+  const subnet6 = saved
+    ? saved.subnet6
+      ? parseCidr(saved.subnet6, 'subnet6')
+      : undefined
+    : v6For(subnet4);
+  if (subnet6 && subnet6.prefix !== 48)
+    throw new DsecError('invalid_argument', 'subnet6 must be a /48', { field: 'subnet6' });
+  if (subnet4.prefix > 28)
+    throw new DsecError('invalid_argument', 'subnet4 must be /28 or larger', { field: 'subnet4' });
   const fmt = (c: Cidr) => `${c.address}/${c.prefix}`;
   await writeFile(
     configFile,
@@ -511,7 +612,9 @@ async function usedPrefixes(): Promise<Cidr[]> {
 async function defaultRouteInterfaces(): Promise<string[]> {
   const devs = new Set<string>();
   for (const fam of ['-4', '-6']) {
-    const routes = JSON.parse(await runTool('ip', ['-j', fam, 'route', 'show', 'default']).catch(() => '[]')) as {
+    const routes = JSON.parse(
+      await runTool('ip', ['-j', fam, 'route', 'show', 'default']).catch(() => '[]'),
+    ) as {
       dev?: string;
     }[];
     for (const r of routes) if (r.dev) devs.add(r.dev);
@@ -521,9 +624,11 @@ async function defaultRouteInterfaces(): Promise<string[]> {
 
 /** Per-interface forwarding: replies from the outside come in here and must be forwarded back. */
 export async function enableForwarding(dev: string, ipv6: boolean): Promise<void> {
-  if (!/^[A-Za-z0-9_.@-]{1,15}$/.test(dev)) throw new DsecError('invalid_argument', `bad interface name ${dev}`);
+  if (!/^[A-Za-z0-9_.@-]{1,15}$/.test(dev))
+    throw new DsecError('invalid_argument', `bad interface name ${dev}`);
   await writeFile(`/proc/sys/net/ipv4/conf/${dev}/forwarding`, '1');
-  if (ipv6) await writeFile(`/proc/sys/net/ipv6/conf/${dev}/force_forwarding`, '1').catch(() => undefined);
+  if (ipv6)
+    await writeFile(`/proc/sys/net/ipv6/conf/${dev}/force_forwarding`, '1').catch(() => undefined);
 }
 
 /** Whether this host can run isolated networks (nftables usable, netns and veth available). */

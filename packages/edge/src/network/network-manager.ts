@@ -1,4 +1,5 @@
 import type { SandboxEventKind, SandboxSpec } from '@dsec/core';
+import { compilePolicy, DEFAULT_NETWORK_CATALOGUE } from './policy.js';
 
 /** The part of a sandbox record the network layer needs. */
 export interface NetworkSandbox {
@@ -10,8 +11,6 @@ export interface NetworkSandbox {
 
 /** What the OCI config needs to put a sandbox on its network. */
 export interface SandboxNetwork {
-  /** Network namespace to join (OCI `linux.namespaces[].path`). */
-  netnsPath: string;
   /** Host file bind-mounted read-only over the sandbox's `/etc/resolv.conf`. */
   resolvConf: string;
   /** The sandbox's own addresses, for logs and tests. */
@@ -29,16 +28,20 @@ export type NetworkEventSink = (
 
 /**
  * How sandboxes get (or do not get) a network. Lifecycle per sandbox:
- * `setup` before the runtime starts (idempotent: it first removes leftovers
- * of an earlier try), `update` while it runs, `teardown` after its processes
- * are gone (idempotent, also on a half-set-up sandbox). After an edge restart
+ * `setup` before the runtime starts (firewall chain and sets, resolver,
+ * resolv.conf; idempotent: it resets leftovers of an earlier try), `attach`
+ * once the runtime has made the sandbox's (empty) network namespace and its
+ * init runs, `update` while it runs, `teardown` after its processes are gone
+ * (idempotent, also on a half-set-up sandbox). After an edge restart
  * `reconcile` gets the live sandboxes: it adopts theirs and removes every
- * namespace, interface and firewall entry of sandboxes that are gone.
+ * interface and firewall entry of sandboxes that are gone.
  */
 export interface NetworkManager {
   readonly mode: 'isolated' | 'none';
   /** Undefined: the runtime makes a fresh, empty network namespace (loopback only). */
   setup(sb: NetworkSandbox): Promise<SandboxNetwork | undefined>;
+  /** Wires the network namespace of `initPid` (the sandbox's PID 1 on the host) to the node. */
+  attach(sb: NetworkSandbox, initPid: number): Promise<void>;
   /** Applies a changed policy to new connections; other sandboxes are untouched. */
   update(sb: NetworkSandbox): Promise<void>;
   teardown(sb: Pick<NetworkSandbox, 'id' | 'slot'>): Promise<void>;
@@ -58,13 +61,20 @@ export interface NetworkManager {
  */
 export class NoNetwork implements NetworkManager {
   readonly mode = 'none' as const;
+  constructor(
+    readonly catalogue: Readonly<Record<string, readonly string[]>> = DEFAULT_NETWORK_CATALOGUE,
+  ) {}
   async setup(): Promise<undefined> {
     return undefined;
   }
+  async attach(): Promise<void> {}
   async update(): Promise<void> {}
   async teardown(): Promise<void> {}
   async reconcile(): Promise<void> {}
-  validate(): void {}
+  /** Rules are still checked, so a spec is valid or not whatever the edge's mode. */
+  validate(spec: NetworkSandbox['spec']): void {
+    compilePolicy(spec, this.catalogue);
+  }
   async collectEvents(): Promise<void> {}
   async close(): Promise<void> {}
 }

@@ -21,7 +21,18 @@ import { formatCidr } from './policy.js';
  * - `postrouting_hook`: sandbox addresses are masqueraded on the way out.
  */
 
-export const SANDBOX_SET_NAMES = ['a4', 'p4', 'c4', 'cp4', 'x4', 'a6', 'p6', 'c6', 'cp6', 'x6'] as const;
+export const SANDBOX_SET_NAMES = [
+  'a4',
+  'p4',
+  'c4',
+  'cp4',
+  'x4',
+  'a6',
+  'p6',
+  'c6',
+  'cp6',
+  'x6',
+] as const;
 type SetName = (typeof SANDBOX_SET_NAMES)[number];
 
 const SET_TYPES: Record<SetName, string> = {
@@ -110,7 +121,7 @@ export function sandboxScript(s: SandboxRulesInput, policy: CompiledPolicy): str
   for (const name of SANDBOX_SET_NAMES) {
     lines.push(`add set ${T} ${name}_${n} { ${SET_TYPES[name]} }`, `flush set ${T} ${name}_${n}`);
   }
-  lines.push(`add counter ${T} denied_${n}`, `reset counter ${T} denied_${n}`);
+  lines.push(`add counter ${T} denied_${n}`);
   const d = `${chain}_deny`;
   lines.push(`add chain ${T} ${chain}`, `flush chain ${T} ${chain}`);
   lines.push(`add chain ${T} ${d}`, `flush chain ${T} ${d}`);
@@ -159,7 +170,10 @@ export function cidrElements(table: string, slot: number, policy: CompiledPolicy
   };
   for (const fam of [4, 6] as const) {
     const allow = policy.allowCidrs.filter((c) => c.cidr.family === fam);
-    add(`c${fam}`, allow.filter((c) => c.ports.length === 0).map((c) => formatCidr(c.cidr)));
+    add(
+      `c${fam}`,
+      allow.filter((c) => c.ports.length === 0).map((c) => formatCidr(c.cidr)),
+    );
     add(
       `cp${fam}`,
       allow.flatMap((c) => c.ports.map((p) => `${formatCidr(c.cidr)} . ${p}`)),

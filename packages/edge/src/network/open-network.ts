@@ -19,15 +19,17 @@ export async function openNetwork(
   log?: (msg: string, fields?: Record<string, unknown>) => void,
 ): Promise<NetworkManager> {
   const { mode = 'auto', ...rest } = options;
-  if (mode === 'none') return new NoNetwork();
+  if (mode === 'none') return new NoNetwork(rest.catalogue);
   if (mode === 'auto' && !(await probeLinuxNetwork())) {
     log?.('sandbox networks disabled: nftables or network namespaces unavailable');
-    return new NoNetwork();
+    return new NoNetwork(rest.catalogue);
   }
   return LinuxNetwork.open({
     ...rest,
     stateDir,
     log,
-    onEvent: events && ((id, kind, message, details, key) => events.record(id, kind, message, details, key)),
+    onEvent:
+      events &&
+      ((id, kind, message, details, key) => events.record(id, kind, message, details, key)),
   });
 }

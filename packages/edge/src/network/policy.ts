@@ -56,7 +56,12 @@ export function compilePolicy(
   spec: Pick<SandboxSpec, 'networkRules' | 'networkAllow' | 'networkDeny'>,
   catalogue: Readonly<Record<string, readonly string[]>>,
 ): CompiledPolicy {
-  const policy: CompiledPolicy = { allowDomains: [], denyDomains: [], allowCidrs: [], denyCidrs: [] };
+  const policy: CompiledPolicy = {
+    allowDomains: [],
+    denyDomains: [],
+    allowCidrs: [],
+    denyCidrs: [],
+  };
   for (const [name, on] of Object.entries(spec.networkRules ?? {})) {
     const domains = Object.hasOwn(catalogue, name) ? catalogue[name] : undefined;
     if (!domains) {
@@ -102,7 +107,8 @@ export function matchDomain(
 }
 
 export function domainMatches(pattern: string, name: string): boolean {
-  if (pattern.startsWith('*.')) return name.endsWith(pattern.slice(1)) && name.length > pattern.length - 1;
+  if (pattern.startsWith('*.'))
+    return name.endsWith(pattern.slice(1)) && name.length > pattern.length - 1;
   return name === pattern;
 }
 
@@ -166,7 +172,8 @@ export function ipToBigInt(ip: string): bigint {
   }
   const h = head ? head.split(':') : [];
   const t = tail ? tail.split(':') : [];
-  const groups = tail === undefined ? h : [...h, ...Array<string>(8 - h.length - t.length).fill('0'), ...t];
+  const groups =
+    tail === undefined ? h : [...h, ...Array<string>(8 - h.length - t.length).fill('0'), ...t];
   return groups.reduce((acc, g) => (acc << 16n) | BigInt(parseInt(g || '0', 16)), 0n);
 }
 
@@ -177,7 +184,7 @@ export function bigIntToIp(n: bigint, family: 4 | 6): string {
   // Compress the longest run of zero groups (RFC 5952) so the result is canonical.
   let best = -1;
   let bestLen = 1;
-  for (let i = 0; i < 8; ) {
+  for (let i = 0; i < 8;) {
     if (groups[i] !== '0') {
       i++;
       continue;
@@ -195,9 +202,15 @@ export function bigIntToIp(n: bigint, family: 4 | 6): string {
 }
 
 /** The rules as given in a spec, after a patch: names merged, lists replaced when given. */
-export function applyPatch<T extends Pick<SandboxSpec, 'networkRules' | 'networkAllow' | 'networkDeny'>>(
+export function applyPatch<
+  T extends Pick<SandboxSpec, 'networkRules' | 'networkAllow' | 'networkDeny'>,
+>(
   spec: T,
-  patch: { networkRules?: NetworkRules | undefined; allow?: NetworkTarget[] | undefined; deny?: NetworkTarget[] | undefined },
+  patch: {
+    networkRules?: NetworkRules | undefined;
+    allow?: NetworkTarget[] | undefined;
+    deny?: NetworkTarget[] | undefined;
+  },
 ): T {
   return {
     ...spec,

@@ -58,8 +58,12 @@ interface Pending {
  * change must apply to the very next query.
  */
 export class PlatformResolver {
-  readonly #options: Required<Omit<PlatformResolverOptions, 'log'>> & Pick<PlatformResolverOptions, 'log'>;
-  readonly #sockets = new Map<string, { socket: Socket; client: ResolverClient; pending: number }>();
+  readonly #options: Required<Omit<PlatformResolverOptions, 'log'>> &
+    Pick<PlatformResolverOptions, 'log'>;
+  readonly #sockets = new Map<
+    string,
+    { socket: Socket; client: ResolverClient; pending: number }
+  >();
   readonly #upstream = new Map<4 | 6, Socket>();
   readonly #pending = new Map<string, Pending>();
 
@@ -78,7 +82,9 @@ export class PlatformResolver {
     const socket = createSocket({ type: family, reuseAddr: false });
     const entry = { socket, client, pending: 0 };
     socket.on('message', (msg, rinfo) => void this.#onQuery(entry, msg, rinfo.address, rinfo.port));
-    socket.on('error', (err) => this.#options.log?.('resolver socket error', { key, err: String(err) }));
+    socket.on('error', (err) =>
+      this.#options.log?.('resolver socket error', { key, err: String(err) }),
+    );
     await new Promise<void>((resolve, reject) => {
       socket.once('error', reject);
       socket.bind({ address: client.listenAddress, port: 53, exclusive: true }, () => {
@@ -126,7 +132,8 @@ export class PlatformResolver {
     try {
       q = parseQuery(msg);
     } catch (err) {
-      if (err instanceof DnsFormatError && msg.length >= 12) reply(errorResponse(msg, RCODE_FORMERR));
+      if (err instanceof DnsFormatError && msg.length >= 12)
+        reply(errorResponse(msg, RCODE_FORMERR));
       return;
     }
     if (q.class !== 1) return reply(errorResponse(msg, RCODE_REFUSED));
@@ -163,7 +170,8 @@ export class PlatformResolver {
       const family = isIP(server.address) === 6 ? 6 : 4;
       const sock = this.#upstreamSocket(family);
       let id = randomInt(0, 0x10000);
-      for (let i = 0; i < 8 && this.#pending.has(`${family}:${id}`); i++) id = randomInt(0, 0x10000);
+      for (let i = 0; i < 8 && this.#pending.has(`${family}:${id}`); i++)
+        id = randomInt(0, 0x10000);
       const key = `${family}:${id}`;
       if (this.#pending.has(key)) continue;
       const out = Buffer.from(query);

@@ -23,14 +23,20 @@ export function runTool(
     child.stderr?.setEncoding('utf8').on('data', (s: string) => {
       if (err.length < 16_384) err += s;
     });
-    child.on('error', (e) => reject(new DsecError('internal', `${cmd}: ${e.message}`, { cause: e })));
+    child.on('error', (e) =>
+      reject(new DsecError('internal', `${cmd}: ${e.message}`, { cause: e })),
+    );
     child.on('close', (code, signal) => {
       if (code === 0) resolve(out);
       else
         reject(
-          new DsecError('internal', `${cmd} ${args.slice(0, 3).join(' ')}: ${err.trim() || `exit ${signal ?? code}`}`, {
-            details: { exitCode: code },
-          }),
+          new DsecError(
+            'internal',
+            `${cmd} ${args.slice(0, 3).join(' ')}: ${err.trim() || `exit ${signal ?? code}`}`,
+            {
+              details: { exitCode: code },
+            },
+          ),
         );
     });
     if (options.stdin !== undefined) child.stdin?.end(options.stdin);

@@ -1,6 +1,7 @@
-import { DsecError, randomId } from '@dsec/core';
+import { DsecError } from '@dsec/core';
 import type { CommandInfo, CommandResult, RunCommandOptions } from '@dsec/core';
 import type { CommandStore } from '../state/command-store.js';
+import { fastId } from './fast-random.js';
 import { OutputCapture } from './output-capture.js';
 
 /** What a running command lets the registry do to it. */
@@ -166,7 +167,7 @@ export class CommandRegistry {
       );
     }
     const info: CommandInfo = {
-      commandId: randomId('cmd'),
+      commandId: fastId('cmd'),
       sandboxId,
       ...stripUndefined(descriptor),
       state: 'running',

@@ -1,6 +1,9 @@
 import Database from 'better-sqlite3';
 import type { CommandInfo, CommandResult } from '@dsec/core';
 
+/** Writes wait this long to share one transaction (the crash window of the log). */
+const FLUSH_DELAY_MS = 5;
+
 interface Row {
   command_id: string;
   sandbox_id: string;
@@ -15,14 +18,22 @@ interface Row {
  * starts and when it ends, in the edge's SQLite file (its own table, its own
  * connection). `synchronous = NORMAL` in WAL mode: a commit survives a crash
  * of the edge process (it is in the WAL) without an fsync on the exec hot
- * path; a host power loss may lose the last few results.
+ * path; a host power loss may lose the last few results. Writes are batched
+ * into one transaction every few milliseconds (reads flush first), which keeps
+ * SQLite off the latency of each command; an edge crash inside that window
+ * loses those rows.
  */
 export class CommandStore {
   readonly #db: Database.Database;
   readonly #insert: Database.Statement;
-  readonly #finish: Database.Statement;
   readonly #get: Database.Statement;
   readonly #byRequest: Database.Statement;
+  readonly #upsert: Database.Statement;
+  readonly #trim: Database.Statement;
+  readonly #delete: Database.Statement;
+  readonly #applyAll: (ops: (() => void)[]) => void;
+  #pending: (() => void)[] = [];
+  #flushTimer: NodeJS.Timeout | undefined;
 
   constructor(file: string) {
     this.#db = new Database(file);
@@ -49,9 +60,22 @@ export class CommandStore {
       `INSERT INTO commands (command_id, sandbox_id, request_id, state, info, started_at)
        VALUES (?, ?, ?, 'running', ?, ?)`,
     );
-    this.#finish = this.#db.prepare(
-      `UPDATE commands SET state = 'finished', result = ?, finished_at = ?, info = ? WHERE command_id = ?`,
+    this.#upsert = this.#db.prepare(
+      `INSERT INTO commands (command_id, sandbox_id, request_id, state, info, result, started_at, finished_at)
+       VALUES (?, ?, ?, 'finished', ?, ?, ?, ?)
+       ON CONFLICT(command_id) DO UPDATE SET state = 'finished', result = excluded.result,
+         finished_at = excluded.finished_at, info = excluded.info`,
     );
+    this.#trim = this.#db.prepare(
+      `DELETE FROM commands WHERE sandbox_id = ? AND state = 'finished' AND command_id NOT IN (
+         SELECT command_id FROM commands WHERE sandbox_id = ? AND state = 'finished'
+         ORDER BY finished_at DESC, rowid DESC LIMIT ?
+       )`,
+    );
+    this.#delete = this.#db.prepare('DELETE FROM commands WHERE command_id = ?');
+    this.#applyAll = this.#db.transaction((ops: (() => void)[]) => {
+      for (const op of ops) op();
+    });
     this.#get = this.#db.prepare('SELECT * FROM commands WHERE command_id = ? AND sandbox_id = ?');
     this.#byRequest = this.#db.prepare(
       'SELECT * FROM commands WHERE sandbox_id = ? AND request_id = ?',
@@ -59,49 +83,82 @@ export class CommandStore {
   }
 
   insert(info: CommandInfo): void {
-    this.#insert.run(
-      info.commandId,
-      info.sandboxId,
-      info.requestId ?? null,
-      JSON.stringify({ ...info, result: undefined }),
-      info.startedAt,
+    const infoJson = JSON.stringify({ ...info, result: undefined });
+    this.#defer(() =>
+      this.#insert.run(
+        info.commandId,
+        info.sandboxId,
+        info.requestId ?? null,
+        infoJson,
+        info.startedAt,
+      ),
     );
   }
 
   finish(info: CommandInfo & { result: CommandResult; finishedAt: string }): void {
-    this.#finish.run(
-      JSON.stringify(info.result),
-      info.finishedAt,
-      JSON.stringify({ ...info, result: undefined }),
-      info.commandId,
+    const resultJson = JSON.stringify(info.result);
+    const infoJson = JSON.stringify({ ...info, result: undefined });
+    this.#defer(() =>
+      this.#upsert.run(
+        info.commandId,
+        info.sandboxId,
+        info.requestId ?? null,
+        infoJson,
+        resultJson,
+        info.startedAt,
+        info.finishedAt,
+      ),
     );
   }
 
   /** Forgets a command that never started (spawn failed), so a retry may run it. */
   delete(commandId: string): void {
-    this.#db.prepare('DELETE FROM commands WHERE command_id = ?').run(commandId);
+    this.#defer(() => this.#delete.run(commandId));
+  }
+
+  /** Writes what is queued, in one transaction. */
+  flush(): void {
+    if (this.#pending.length === 0 || !this.#db.open) return;
+    const ops = this.#pending;
+    this.#pending = [];
+    clearTimeout(this.#flushTimer);
+    this.#flushTimer = undefined;
+    this.#applyAll(ops);
+  }
+
+  #defer(op: () => void): void {
+    this.#pending.push(op);
+    if (this.#flushTimer) return;
+    this.#flushTimer = setTimeout(() => this.flush(), FLUSH_DELAY_MS);
+    this.#flushTimer.unref();
   }
 
   get(sandboxId: string, commandId: string): CommandInfo | undefined {
+    this.flush();
     const row = this.#get.get(commandId, sandboxId) as Row | undefined;
     return row && fromRow(row);
   }
 
   findByRequest(sandboxId: string, requestId: string): CommandInfo | undefined {
+    this.flush();
     const row = this.#byRequest.get(sandboxId, requestId) as Row | undefined;
     return row && fromRow(row);
   }
 
   /** Newest first. */
   list(sandboxId: string, limit: number): CommandInfo[] {
+    this.flush();
     const rows = this.#db
-      .prepare('SELECT * FROM commands WHERE sandbox_id = ? ORDER BY started_at DESC LIMIT ?')
+      .prepare(
+        'SELECT * FROM commands WHERE sandbox_id = ? ORDER BY started_at DESC, rowid DESC LIMIT ?',
+      )
       .all(sandboxId, limit) as Row[];
     return rows.map(fromRow);
   }
 
   /** Commands the log says are running (after an edge restart: they died with its connections). */
   running(): CommandInfo[] {
+    this.flush();
     return (this.#db.prepare("SELECT * FROM commands WHERE state = 'running'").all() as Row[]).map(
       fromRow,
     );
@@ -112,6 +169,7 @@ export class CommandStore {
    * newest `keep` finished ones of each sandbox.
    */
   purge(beforeIso: string, keep: number): number {
+    this.flush();
     let n = this.#db
       .prepare("DELETE FROM commands WHERE state = 'finished' AND finished_at < ?")
       .run(beforeIso).changes;
@@ -119,7 +177,7 @@ export class CommandStore {
       .prepare(
         `DELETE FROM commands WHERE command_id IN (
            SELECT command_id FROM (
-             SELECT command_id, ROW_NUMBER() OVER (PARTITION BY sandbox_id ORDER BY finished_at DESC) AS n
+             SELECT command_id, ROW_NUMBER() OVER (PARTITION BY sandbox_id ORDER BY finished_at DESC, rowid DESC) AS n
              FROM commands WHERE state = 'finished'
            ) WHERE n > ?
          )`,
@@ -130,17 +188,11 @@ export class CommandStore {
 
   /** Keeps at most `keep` finished commands of one sandbox (called as they finish). */
   trim(sandboxId: string, keep: number): void {
-    this.#db
-      .prepare(
-        `DELETE FROM commands WHERE sandbox_id = ? AND state = 'finished' AND command_id NOT IN (
-           SELECT command_id FROM commands WHERE sandbox_id = ? AND state = 'finished'
-           ORDER BY finished_at DESC LIMIT ?
-         )`,
-      )
-      .run(sandboxId, sandboxId, keep);
+    this.#defer(() => this.#trim.run(sandboxId, sandboxId, keep));
   }
 
   close(): void {
+    this.flush();
     this.#db.close();
   }
 }

@@ -4,14 +4,21 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { DsecError } from '@dsec/core';
 import type { CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
-import { ChronusConnection, mountRootfs, prepareChronus, startChronus, unmount } from '@dsec/native';
+import {
+  ChronusConnection,
+  mountRootfs,
+  prepareChronus,
+  startChronus,
+  unmount,
+} from '@dsec/native';
+import type { PendingChronus } from '@dsec/native';
 import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
 import type { LayerMountCache } from '../../layers/layer-cache.js';
 import type { OciRuntime } from '../../runtime/oci-runtime.js';
 import { runOnChronus } from '../../sessions/run-command.js';
 import type { SandboxRecord } from '../../state/edge-store.js';
 import type { Backend, StartedSandbox } from '../backend.js';
-import type { NetworkManager } from '../../network/network-manager.js';
+import type { NetworkManager, SandboxNetwork } from '../../network/network-manager.js';
 import { seccompLines } from './seccomp.js';
 import { buildContainerConfig, SANDBOX_CAPABILITIES } from './spec.js';
 
@@ -68,8 +75,14 @@ export class ContainerBackend implements Backend {
     // The root filesystem and the command daemon's host-side setup (it joins the
     // pre-created cgroups, the slowest step on cgroup v1) proceed side by side;
     // the daemon then waits for the runtime to report the sandbox's init.
-    const [mounted, prepared] = await Promise.allSettled([
-      mountRootfs({ target: p.rootfs, upper: p.upper, work: p.work, lowers, idmap: { hostId, size: ID_COUNT } }),
+    const [mounted, prepared, networked] = await Promise.allSettled([
+      mountRootfs({
+        target: p.rootfs,
+        upper: p.upper,
+        work: p.work,
+        lowers,
+        idmap: { hostId, size: ID_COUNT },
+      }),
       this.options.cgroups.create(p.cgroupsPath).then(() =>
         prepareChronus({
           socketPath: p.socket,
@@ -80,14 +93,17 @@ export class ContainerBackend implements Backend {
           noNewPrivs: true,
         }),
       ),
+      this.options.network?.setup(rec),
     ]);
-    if (prepared.status === 'rejected' || mounted.status === 'rejected') {
+    // stop() undoes whatever of these succeeded; only the waiting daemon is ours to end.
+    const failed = [prepared, mounted, networked].find((r) => r.status === 'rejected');
+    if (failed) {
       if (prepared.status === 'fulfilled') prepared.value.abort();
-      throw prepared.status === 'rejected' ? prepared.reason : (mounted as PromiseRejectedResult).reason;
+      throw failed.reason;
     }
-    const chronus = prepared.value;
+    const chronus = (prepared as PromiseFulfilledResult<PendingChronus>).value;
+    const network = (networked as PromiseFulfilledResult<SandboxNetwork | undefined>).value;
     try {
-      const network = await this.options.network?.setup(rec);
       const config = buildContainerConfig({
         spec: rec.spec,
         hostname: p.name.slice(0, 12),
@@ -133,12 +149,15 @@ export class ContainerBackend implements Backend {
     // can only remove them once they are empty. A create interrupted by an edge
     // crash never recorded the pids, so then they are found by their unique
     // socket path and container name.
-    const chronusPids = rec.chronusPid !== undefined ? [rec.chronusPid] : await findProcesses(p.socket);
-    for (const pid of chronusPids) if (await isProcessOf(pid, p.socket, 'cmdline')) killQuietly(pid);
+    const chronusPids =
+      rec.chronusPid !== undefined ? [rec.chronusPid] : await findProcesses(p.socket);
+    for (const pid of chronusPids)
+      if (await isProcessOf(pid, p.socket, 'cmdline')) killQuietly(pid);
     if (rec.initPid !== undefined && (await isProcessOf(rec.initPid, p.cgroupsPath, 'cgroup'))) {
       killQuietly(rec.initPid);
     }
-    const runtimePids = rec.runtimePid !== undefined ? [rec.runtimePid] : await findProcesses(` ${p.name}`);
+    const runtimePids =
+      rec.runtimePid !== undefined ? [rec.runtimePid] : await findProcesses(` ${p.name}`);
     if (rec.runtimePid === undefined && this.options.runtime.exists(p.name)) {
       await this.options.runtime.forceDelete(p.name);
     }
@@ -146,7 +165,8 @@ export class ContainerBackend implements Backend {
     // The runtime removes the container when its init dies; if the runtime was
     // gone first (killed, host reboot) or never started, remove what is left.
     if (this.options.runtime.exists(p.name)) await this.options.runtime.forceDelete(p.name);
-    if (this.options.cgroups.exists(p.cgroupsPath)) await this.options.cgroups.remove(p.cgroupsPath);
+    if (this.options.cgroups.exists(p.cgroupsPath))
+      await this.options.cgroups.remove(p.cgroupsPath);
     await this.options.network?.teardown(rec);
     await unmount([p.rootfs], { detach: true });
     await rm(p.dir, { recursive: true, force: true });

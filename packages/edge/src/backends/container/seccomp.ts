@@ -12,7 +12,7 @@
  */
 const ALLOWED = `
 accept accept4 access adjtimex alarm arch_prctl bind brk capget capset chdir chmod chown chown32
-chroot clock_adjtime clock_getres clock_gettime clock_nanosleep clone close close_range connect
+chroot clock_adjtime clock_getres clock_gettime clock_nanosleep close close_range connect
 copy_file_range creat dup dup2 dup3 epoll_create epoll_create1 epoll_ctl epoll_pwait epoll_pwait2
 epoll_wait eventfd eventfd2 execve execveat exit exit_group faccessat faccessat2 fadvise64
 fallocate fanotify_mark fchdir fchmod fchmodat fchmodat2 fchown fchownat fcntl fdatasync fgetxattr
@@ -45,6 +45,14 @@ umask uname unlink unlinkat utime utimensat utimes vfork vmsplice wait4 waitid w
   .split(/\s+/)
   .filter(Boolean);
 
+/**
+ * `clone` is allowed only without namespace flags (Docker's rule): a process
+ * in the sandbox cannot make a new user namespace (where it would hold every
+ * capability), nor mount, pid, net, ipc, uts or cgroup namespaces.
+ * CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET.
+ */
+const CLONE_NAMESPACE_FLAGS = 0x7e020000;
+
 /** Syscalls that must fail with ENOSYS rather than EPERM so callers fall back. */
 const ENOSYS_CALLS = ['clone3'];
 const EPERM = 1;
@@ -57,6 +65,11 @@ export function seccompOci(): Record<string, unknown> {
     architectures: ['SCMP_ARCH_X86_64', 'SCMP_ARCH_X86', 'SCMP_ARCH_X32'],
     syscalls: [
       { names: ALLOWED, action: 'SCMP_ACT_ALLOW' },
+      {
+        names: ['clone'],
+        action: 'SCMP_ACT_ALLOW',
+        args: [{ index: 0, value: CLONE_NAMESPACE_FLAGS, valueTwo: 0, op: 'SCMP_CMP_MASKED_EQ' }],
+      },
       { names: ENOSYS_CALLS, action: 'SCMP_ACT_ERRNO', errnoRet: ENOSYS },
     ],
   };
@@ -66,6 +79,7 @@ export function seccompLines(): string {
   return [
     `default errno ${EPERM}`,
     ...ALLOWED.map((name) => `allow ${name}`),
+    `allow clone arg0&0x${CLONE_NAMESPACE_FLAGS.toString(16)}==0`,
     ...ENOSYS_CALLS.map((name) => `errno ${ENOSYS} ${name}`),
     '',
   ].join('\n');

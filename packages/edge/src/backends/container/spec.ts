@@ -59,8 +59,8 @@ export interface ContainerSpecInput {
   /** First host uid/gid of the sandbox's 65536-id range. */
   hostIdBase: number;
   idCount: number;
-  /** The sandbox's prepared network (netns to join, resolv.conf); absent: a fresh empty netns. */
-  network?: { netnsPath: string; resolvConf: string } | undefined;
+  /** The sandbox's prepared network: the resolv.conf naming the platform resolver. */
+  network?: { resolvConf: string } | undefined;
 }
 
 /** Builds the OCI runtime config (config.json) for one sandbox. */
@@ -145,9 +145,9 @@ export function buildContainerConfig(input: ContainerSpecInput): Record<string, 
     linux: {
       uidMappings: [{ containerID: 0, hostID: input.hostIdBase, size: input.idCount }],
       gidMappings: [{ containerID: 0, hostID: input.hostIdBase, size: input.idCount }],
-      namespaces: ['pid', 'network', 'ipc', 'uts', 'mount', 'user', 'cgroup'].map((type) =>
-        type === 'network' && input.network ? { type, path: input.network.netnsPath } : { type },
-      ),
+      namespaces: ['pid', 'network', 'ipc', 'uts', 'mount', 'user', 'cgroup'].map((type) => ({
+        type,
+      })),
       cgroupsPath: input.cgroupsPath,
       resources: {
         devices: [{ allow: false, access: 'rwm' }],

@@ -1,0 +1,112 @@
+import { PassThrough, type Readable } from 'node:stream';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { DsecError, toDsecError } from '@dsec/core';
+import type { CommandResult, EdgeApi, SandboxIoApi } from '@dsec/core';
+import { principalOf } from '../auth.js';
+import type { SandboxService } from '../sandbox-service.js';
+
+/** A stream whose reader has fallen this far behind is cut off: a client that never reads must not grow memory. */
+export const MAX_STREAM_BUFFER_BYTES = 8 * 1024 * 1024;
+
+/** The edge's in-sandbox interface, or `unavailable` for edges without one. */
+export function requireIo(edge: EdgeApi): SandboxIoApi {
+  if (!edge.io) {
+    throw new DsecError(
+      'unavailable',
+      `edge ${edge.edgeId} does not run commands, sessions or files`,
+    );
+  }
+  return edge.io;
+}
+
+/** Authorises the caller for the sandbox and returns its edge's in-sandbox interface. */
+export async function openIo(
+  service: SandboxService,
+  req: FastifyRequest,
+  id: string,
+  signal: AbortSignal,
+): Promise<SandboxIoApi> {
+  const { edge } = await service.open(principalOf(req), id, signal);
+  return requireIo(edge);
+}
+
+/** Aborts when the client goes away before the answer is complete. */
+export function clientGone(reply: FastifyReply): AbortSignal {
+  const ac = new AbortController();
+  reply.raw.once('close', () => {
+    if (!reply.raw.writableFinished) ac.abort(new Error('client closed the connection'));
+  });
+  return ac.signal;
+}
+
+export function wantsNdjson(req: FastifyRequest): boolean {
+  const accept = req.headers.accept;
+  return typeof accept === 'string' && accept.toLowerCase().includes('application/x-ndjson');
+}
+
+/** Streamed request bodies arrive as the raw stream (no buffering, no size limit). */
+export function rawBodies(scope: FastifyInstance, types: string | string[] | RegExp): void {
+  scope.addContentTypeParser(types, (_req, payload, done) => done(null, payload));
+}
+
+/** A raw body as a stream (undefined when the request had none). */
+export function bodyStream(req: FastifyRequest): Readable | undefined {
+  const b: unknown = req.body;
+  if (b && typeof (b as Readable).pipe === 'function') return b as Readable;
+  return undefined;
+}
+
+/**
+ * Answers with the NDJSON command event stream of docs/CONVENTIONS.md:
+ * `stdout`/`stderr` events (base64), then `result` or `error`. `run` gets
+ * the callbacks and a signal that fires when the client leaves or stops
+ * reading (its buffer passed MAX_STREAM_BUFFER_BYTES).
+ */
+export function sendCommandStream(
+  req: FastifyRequest,
+  reply: FastifyReply,
+  signal: AbortSignal,
+  run: (o: {
+    signal: AbortSignal;
+    onStdout: (chunk: Buffer) => void;
+    onStderr: (chunk: Buffer) => void;
+  }) => Promise<CommandResult>,
+): FastifyReply {
+  const out = new PassThrough();
+  const stop = new AbortController();
+  const both = AbortSignal.any([signal, stop.signal]);
+  const emit = (event: unknown) => {
+    if (out.writableLength > MAX_STREAM_BUFFER_BYTES) {
+      stop.abort(new Error('client is not reading the stream'));
+      return;
+    }
+    out.write(`${JSON.stringify(event)}\n`);
+  };
+  run({
+    signal: both,
+    onStdout: (chunk) => emit({ type: 'stdout', data: chunk.toString('base64') }),
+    onStderr: (chunk) => emit({ type: 'stderr', data: chunk.toString('base64') }),
+  })
+    .then(
+      (result) => emit({ type: 'result', result }),
+      (err: unknown) => {
+        const e = toDsecError(err);
+        if (e.code === 'internal') req.log.error({ err }, 'streamed command failed');
+        out.write(
+          `${JSON.stringify({ type: 'error', error: { code: e.code, message: e.message } })}\n`,
+        );
+      },
+    )
+    .finally(() => out.end());
+  return reply
+    .header('content-type', 'application/x-ndjson')
+    .header('cache-control', 'no-store')
+    .header('x-accel-buffering', 'no')
+    .send(out);
+}
+
+/** Sets the idle timeout of the request's socket (0: none), where there is a real socket. */
+export function socketTimeout(req: FastifyRequest, ms: number): void {
+  const socket = req.raw.socket as { setTimeout?: unknown } | undefined;
+  if (typeof socket?.setTimeout === 'function') req.raw.socket.setTimeout(ms);
+}

@@ -1,0 +1,217 @@
+import http from 'node:http';
+import type { IncomingMessage } from 'node:http';
+import type { Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { DsecError, toDsecError } from '@dsec/core';
+import type { PtySession } from '@dsec/core';
+import type { Iam } from '@dsec/iam';
+import { parse } from '../schemas.js';
+import { PortParams, PtyQuery } from '../schemas-io.js';
+import type { SandboxService } from '../sandbox-service.js';
+import { bodyStream, clientGone, openIo, rawBodies, requireIo } from './io-common.js';
+
+/** Hop-by-hop headers, and the caller's credentials, never reach the sandbox. */
+const DROP_REQUEST = new Set([
+  'authorization',
+  'connection',
+  'keep-alive',
+  'proxy-authorization',
+  'proxy-connection',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+  'host',
+  'expect',
+]);
+const DROP_RESPONSE = new Set([
+  'connection',
+  'keep-alive',
+  'transfer-encoding',
+  'trailer',
+  'upgrade',
+  'proxy-authenticate',
+]);
+
+/**
+ * `ANY /v1/sandboxes/:id/ports/:port/*`: one HTTP/1.1 request to a service
+ * listening on `127.0.0.1:port` inside the sandbox, carried over a byte
+ * stream the edge opens in the sandbox's network namespace (`Connection:
+ * close`, one request per stream). Bodies stream both ways.
+ */
+export function portRoutes(app: FastifyInstance, service: SandboxService): void {
+  app.removeAllContentTypeParsers();
+  rawBodies(app, '*');
+  // Tells a DSec error (no such sandbox, nothing listening) from the service's own answers.
+  app.addHook('onError', async (_req, reply) => {
+    reply.header('x-dsec-error', '1');
+  });
+  const handler = async (req: FastifyRequest, reply: FastifyReply) => {
+    const params = parse(PortParams, req.params, 'path');
+    const signal = clientGone(reply);
+    const io = await openIo(service, req, params.id, signal);
+    const socket = await io.connectPort(params.id, params.port, { signal });
+    const url = req.raw.url ?? '/';
+    const q = url.indexOf('?');
+    const path = `/${params['*'] ?? ''}${q >= 0 ? url.slice(q) : ''}`;
+    const headers: http.OutgoingHttpHeaders = {};
+    for (const [k, v] of Object.entries(req.headers)) {
+      if (!DROP_REQUEST.has(k.toLowerCase()) && v !== undefined) headers[k] = v;
+    }
+    headers.host = `127.0.0.1:${params.port}`;
+    headers.connection = 'close';
+    const res = await forward(socket, req, path, headers, signal);
+    const out: Record<string, string | string[]> = {};
+    for (const [k, v] of Object.entries(res.headers)) {
+      if (!DROP_RESPONSE.has(k.toLowerCase()) && v !== undefined) out[k] = v;
+    }
+    return reply
+      .code(res.statusCode ?? 502)
+      .headers(out)
+      .send(res);
+  };
+  app.all('/v1/sandboxes/:id/ports/:port', handler);
+  app.all('/v1/sandboxes/:id/ports/:port/*', handler);
+}
+
+function forward(
+  socket: Duplex,
+  req: FastifyRequest,
+  path: string,
+  headers: http.OutgoingHttpHeaders,
+  signal: AbortSignal,
+): Promise<IncomingMessage> {
+  return new Promise((resolve, reject) => {
+    const upstream = http.request({
+      method: req.method,
+      path,
+      headers,
+      createConnection: () => socket as Socket,
+      signal,
+    });
+    upstream.on('response', resolve);
+    upstream.on('error', (err) => {
+      socket.destroy();
+      reject(
+        err instanceof DsecError
+          ? err
+          : new DsecError('unavailable', `the sandbox's service did not answer: ${err.message}`),
+      );
+    });
+    const body = bodyStream(req);
+    if (body) body.pipe(upstream);
+    else upstream.end();
+  });
+}
+
+/** Frame types of the terminal stream: `u8 type | u32be length | payload`. */
+export const PTY_DATA = 0;
+export const PTY_RESIZE = 1;
+export const PTY_EOF = 2;
+export const PTY_EXIT = 3;
+export const PTY_UPGRADE = 'dsec-pty';
+
+/**
+ * `GET /v1/sandboxes/:id/pty` with `Upgrade: dsec-pty`: an interactive
+ * terminal. After `101 Switching Protocols` both directions carry frames:
+ * the client sends DATA (keystrokes), RESIZE (u16be rows, u16be cols) and
+ * EOF; the server sends DATA (terminal output) and finally EXIT (i32be code).
+ * An upgraded connection is outside the HTTP request timeouts, as a terminal
+ * session must be.
+ */
+export function ptyUpgrade(app: FastifyInstance, service: SandboxService, iam: Iam): void {
+  app.server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    void handleUpgrade(req, socket, head, service, iam);
+  });
+}
+
+async function handleUpgrade(
+  req: IncomingMessage,
+  socket: Duplex,
+  head: Buffer,
+  service: SandboxService,
+  iam: Iam,
+): Promise<void> {
+  socket.on('error', () => undefined);
+  let pty: PtySession | undefined;
+  try {
+    const url = new URL(req.url ?? '/', 'http://x');
+    const m = /^\/v1\/sandboxes\/([^/]{1,256})\/pty$/.exec(url.pathname);
+    if (!m || String(req.headers.upgrade).toLowerCase() !== PTY_UPGRADE) {
+      throw new DsecError('not_found', 'no such upgrade route');
+    }
+    const auth = req.headers.authorization;
+    const key = typeof auth === 'string' ? /^Bearer +(\S+) *$/i.exec(auth)?.[1] : undefined;
+    const principal = iam.authenticate(key);
+    const q = parse(PtyQuery, Object.fromEntries(url.searchParams), 'query');
+    const id = decodeURIComponent(m[1] ?? '');
+    const ac = new AbortController();
+    socket.once('close', () => ac.abort());
+    const { edge } = await service.open(principal, id, ac.signal);
+    pty = await requireIo(edge).openPty(id, {
+      rows: q.rows,
+      cols: q.cols,
+      shell: q.shell,
+      user: q.user,
+      env: q.term ? { TERM: q.term } : undefined,
+    });
+  } catch (err) {
+    const e = toDsecError(err);
+    const body = JSON.stringify(e.toJSON());
+    socket.end(
+      `HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status] ?? 'Error'}\r\n` +
+        `content-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+    );
+    return;
+  }
+  const session = pty;
+  socket.write(
+    `HTTP/1.1 101 Switching Protocols\r\nupgrade: ${PTY_UPGRADE}\r\nconnection: Upgrade\r\n\r\n`,
+  );
+  session.onOutput((chunk) => socket.write(ptyFrame(PTY_DATA, chunk)));
+  void session.exited.then(({ exitCode }) => {
+    const p = Buffer.alloc(4);
+    p.writeInt32BE(exitCode, 0);
+    socket.end(ptyFrame(PTY_EXIT, p));
+  });
+  socket.once('close', () => session.kill());
+  const reader = new PtyFrameReader((type, payload) => {
+    if (type === PTY_DATA) session.write(payload);
+    else if (type === PTY_RESIZE && payload.length >= 4) {
+      session.resize(payload.readUInt16BE(0), payload.readUInt16BE(2));
+    } else if (type === PTY_EOF) session.end();
+  });
+  if (head.length > 0) reader.push(head);
+  socket.on('data', (chunk: Buffer) => {
+    try {
+      reader.push(chunk);
+    } catch {
+      socket.destroy();
+    }
+  });
+}
+
+export function ptyFrame(type: number, payload: Buffer): Buffer {
+  const h = Buffer.alloc(5);
+  h.writeUInt8(type, 0);
+  h.writeUInt32BE(payload.length, 1);
+  return Buffer.concat([h, payload]);
+}
+
+/** Splits a byte stream into terminal frames (at most 1 MiB each). */
+export class PtyFrameReader {
+  #buf: Buffer = Buffer.alloc(0);
+  constructor(readonly onFrame: (type: number, payload: Buffer) => void) {}
+
+  push(chunk: Buffer): void {
+    this.#buf = this.#buf.length ? Buffer.concat([this.#buf, chunk]) : chunk;
+    while (this.#buf.length >= 5) {
+      const len = this.#buf.readUInt32BE(1);
+      if (len > 1 << 20) throw new DsecError('invalid_argument', 'terminal frame too large');
+      if (this.#buf.length < 5 + len) break;
+      this.onFrame(this.#buf.readUInt8(0), this.#buf.subarray(5, 5 + len));
+      this.#buf = this.#buf.subarray(5 + len);
+    }
+  }
+}

@@ -1,0 +1,423 @@
+import type { Duplex, Readable } from 'node:stream';
+import { DsecError } from '@dsec/core';
+import type {
+  CommandInfo,
+  CommandResult,
+  FileInfo,
+  FileOptions,
+  PtyOptions,
+  PtySession,
+  RunCommandOptions,
+  SandboxIoApi,
+  SessionInfo,
+  SessionResult,
+  SessionRunSpec,
+  StartCommandSpec,
+} from '@dsec/core';
+import type { ChronusConnection } from '@dsec/native';
+import type { Backend } from '../backends/backend.js';
+import { CommandStore } from '../state/command-store.js';
+import type { SandboxRecord } from '../state/edge-store.js';
+import { attach, CommandRegistry, type Begun, type LiveCommand } from './command-registry.js';
+import { runChronusCommand } from './command-runner.js';
+import * as files from './files.js';
+import { connectPort, openPty } from './port-and-pty.js';
+import { DEFAULT_MAX_OUTPUT_BYTES } from './run-command.js';
+import { ShellSession } from './shell-session.js';
+
+export interface SandboxIoOptions {
+  /** The edge's SQLite file; the command log is its own table there. */
+  dbFile: string;
+  backend: Backend;
+  /** The sandbox's record if it is running; throws `sandbox_not_found` / `sandbox_not_running`. */
+  running: (sandboxId: string) => SandboxRecord;
+  /** How long finished commands stay readable. Default 1 h. */
+  commandRetentionMs?: number | undefined;
+  /** Finished commands kept per sandbox. Default 256. */
+  maxCommandsPerSandbox?: number | undefined;
+  /** Sessions per sandbox. Default 64. */
+  maxSessionsPerSandbox?: number | undefined;
+}
+
+const RECORD_CACHE_MS = 1000;
+const SESSION_NAME = /^[A-Za-z0-9._-]{1,64}$/;
+
+/**
+ * The edge's in-sandbox interface (`SandboxIoApi`): the command log,
+ * background commands, shell sessions, files, ports and terminals of every
+ * sandbox on this edge, all through each sandbox's chronus daemon.
+ */
+export class SandboxIo implements SandboxIoApi {
+  readonly registry: CommandRegistry;
+  readonly #o: SandboxIoOptions;
+  readonly #store: CommandStore;
+  readonly #sessions = new Map<string, Map<string, ShellSession>>();
+  readonly #sweeper: NodeJS.Timeout;
+  /** Running sandboxes' records, briefly: reading the edge store on every call costs more than the exec. */
+  readonly #records = new Map<string, { rec: SandboxRecord; atMs: number }>();
+
+  constructor(options: SandboxIoOptions) {
+    this.#o = options;
+    this.#store = new CommandStore(options.dbFile);
+    this.registry = new CommandRegistry(this.#store, {
+      retentionMs: options.commandRetentionMs,
+      maxPerSandbox: options.maxCommandsPerSandbox,
+    });
+    this.registry.sweep();
+    this.#sweeper = setInterval(() => this.registry.sweep(), 60_000);
+    this.#sweeper.unref();
+  }
+
+  close(): void {
+    clearInterval(this.#sweeper);
+    this.#store.close();
+  }
+
+  /** The sandbox is stopping: its sessions and running commands go with it. */
+  forgetSandbox(sandboxId: string): void {
+    this.#records.delete(sandboxId);
+    for (const s of this.#sessions.get(sandboxId)?.values() ?? []) s.close();
+    this.#sessions.delete(sandboxId);
+    this.registry.killAll(sandboxId);
+  }
+
+  // ---- commands ----
+
+  async runCommand(
+    sandboxId: string,
+    spec: StartCommandSpec,
+    options: RunCommandOptions = {},
+  ): Promise<CommandResult> {
+    const rec = this.#rec(sandboxId);
+    const begun = this.registry.begin(
+      sandboxId,
+      { requestId: spec.requestId, argv: spec.argv, shell: spec.shell, background: false },
+      spec.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES,
+      (live) => this.#runArgv(rec, spec, live),
+    );
+    return this.#follow(begun, spec.requestId, options);
+  }
+
+  async startCommand(sandboxId: string, spec: StartCommandSpec): Promise<CommandInfo> {
+    const rec = this.#rec(sandboxId);
+    const begun = this.registry.begin(
+      sandboxId,
+      { requestId: spec.requestId, argv: spec.argv, shell: spec.shell, background: true },
+      spec.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES,
+      (live) => this.#runArgv(rec, spec, live),
+    );
+    if ('recorded' in begun) return begun.recorded;
+    await begun.live.started;
+    return { ...begun.live.info };
+  }
+
+  async getCommand(sandboxId: string, commandId: string): Promise<CommandInfo> {
+    return this.registry.get(sandboxId, commandId);
+  }
+
+  async listCommands(sandboxId: string): Promise<CommandInfo[]> {
+    return this.registry.list(sandboxId);
+  }
+
+  async waitCommand(
+    sandboxId: string,
+    commandId: string,
+    options: { timeoutMs?: number | undefined; signal?: AbortSignal | undefined } = {},
+  ): Promise<CommandResult> {
+    const live = this.registry.live(sandboxId, commandId);
+    if (!live) return finishedResult(this.registry.get(sandboxId, commandId));
+    return raceDeadline(live.result, options.timeoutMs, options.signal);
+  }
+
+  async watchCommand(
+    sandboxId: string,
+    commandId: string,
+    options: RunCommandOptions = {},
+  ): Promise<CommandResult> {
+    const live = this.registry.live(sandboxId, commandId);
+    if (!live) {
+      const result = finishedResult(this.registry.get(sandboxId, commandId));
+      if (result.stdout) options.onStdout?.(Buffer.from(result.stdout));
+      if (result.stderr) options.onStderr?.(Buffer.from(result.stderr));
+      return result;
+    }
+    return raceDeadline(attach(live, options, true), undefined, options.signal);
+  }
+
+  async killCommand(sandboxId: string, commandId: string): Promise<void> {
+    const live = this.registry.live(sandboxId, commandId);
+    if (live) live.kill();
+    else this.registry.get(sandboxId, commandId); // not_found, or finished: nothing to do
+  }
+
+  async signalCommand(sandboxId: string, commandId: string, sig: string | number): Promise<void> {
+    const live = this.#running(sandboxId, commandId);
+    await live.started;
+    live.controls?.signal(sig);
+  }
+
+  async writeStdin(
+    sandboxId: string,
+    commandId: string,
+    data: Readable | Buffer | undefined,
+    options: { eof?: boolean | undefined; signal?: AbortSignal | undefined } = {},
+  ): Promise<{ bytes: number }> {
+    const live = this.#running(sandboxId, commandId);
+    await live.started;
+    const c = live.controls;
+    if (!c?.write || !c.endStdin) {
+      throw new DsecError('conflict', 'this command takes no streamed stdin');
+    }
+    let bytes = 0;
+    const put = async (chunk: Buffer) => {
+      bytes += chunk.length;
+      if (!c.write!(chunk)) await c.drained?.();
+    };
+    if (Buffer.isBuffer(data)) await put(data);
+    else if (data) {
+      for await (const chunk of data) {
+        if (options.signal?.aborted) throw new DsecError('aborted', 'operation aborted');
+        if (this.registry.live(sandboxId, commandId) === undefined) break;
+        await put(chunk as Buffer);
+      }
+    }
+    if (options.eof) c.endStdin();
+    return { bytes };
+  }
+
+  // ---- sessions ----
+
+  async runInSession(
+    sandboxId: string,
+    name: string,
+    spec: SessionRunSpec,
+    options: RunCommandOptions = {},
+  ): Promise<SessionResult> {
+    const rec = this.#rec(sandboxId);
+    const session = this.#session(rec, name, spec);
+    const begun = this.registry.begin(
+      sandboxId,
+      { requestId: spec.requestId, session: name, line: spec.line, background: false },
+      spec.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES,
+      (live) => session.run(spec, live),
+    );
+    return (await this.#follow(begun, spec.requestId, options)) as SessionResult;
+  }
+
+  async listSessions(sandboxId: string): Promise<SessionInfo[]> {
+    this.#rec(sandboxId);
+    return [...(this.#sessions.get(sandboxId)?.values() ?? [])].map((s) => s.info());
+  }
+
+  async closeSession(sandboxId: string, name: string): Promise<void> {
+    this.#rec(sandboxId);
+    const byName = this.#sessions.get(sandboxId);
+    byName?.get(name)?.close();
+    byName?.delete(name);
+  }
+
+  // ---- files ----
+
+  async readFile(sandboxId: string, path: string, options: FileOptions = {}): Promise<Readable> {
+    const { conn, user } = await this.#dedicated(sandboxId, options);
+    return files.readFileStream(conn, path, { user, signal: options.signal });
+  }
+
+  async writeFile(
+    sandboxId: string,
+    path: string,
+    body: Readable | Buffer,
+    options: FileOptions & { mode?: number | undefined } = {},
+  ): Promise<FileInfo> {
+    const { conn, user } = await this.#dedicated(sandboxId, options);
+    try {
+      return await files.writeFileStream(conn, path, body, { ...options, user });
+    } finally {
+      conn.close();
+    }
+  }
+
+  async statFile(sandboxId: string, path: string, options: FileOptions = {}): Promise<FileInfo> {
+    const { conn, user } = await this.#shared(sandboxId, options);
+    return files.statFile(conn, path, { user, signal: options.signal });
+  }
+
+  async listDir(sandboxId: string, path: string, options: FileOptions = {}): Promise<FileInfo[]> {
+    const { conn, user } = await this.#shared(sandboxId, options);
+    return files.listDir(conn, path, { user, signal: options.signal });
+  }
+
+  async mkdir(
+    sandboxId: string,
+    path: string,
+    options: FileOptions & { parents?: boolean | undefined; mode?: number | undefined } = {},
+  ): Promise<void> {
+    const { conn, user } = await this.#shared(sandboxId, options);
+    await files.makeDir(conn, path, { ...options, user });
+  }
+
+  async remove(
+    sandboxId: string,
+    path: string,
+    options: FileOptions & { recursive?: boolean | undefined } = {},
+  ): Promise<void> {
+    const { conn, user } = await this.#shared(sandboxId, options);
+    await files.removePath(conn, path, { ...options, user });
+  }
+
+  async rename(
+    sandboxId: string,
+    from: string,
+    to: string,
+    options: FileOptions & { overwrite?: boolean | undefined } = {},
+  ): Promise<void> {
+    const { conn, user } = await this.#shared(sandboxId, options);
+    await files.renamePath(conn, from, to, { ...options, user });
+  }
+
+  // ---- ports and terminals ----
+
+  async connectPort(sandboxId: string, port: number): Promise<Duplex> {
+    const { conn, user } = await this.#dedicated(sandboxId, {});
+    return connectPort(conn, port, user);
+  }
+
+  async openPty(sandboxId: string, options: PtyOptions = {}): Promise<PtySession> {
+    const rec = this.#rec(sandboxId);
+    const conn = await this.#channel(rec, true);
+    return openPty(conn, {
+      ...options,
+      user: options.user ?? rec.spec.initUser,
+      env: { ...rec.spec.env, ...options.env },
+    });
+  }
+
+  // ---- internals ----
+
+  #runArgv(rec: SandboxRecord, spec: StartCommandSpec, live: LiveCommand): Promise<CommandResult> {
+    return this.#channel(rec, false).then((conn) =>
+      runChronusCommand(conn, rec, spec, live, async () =>
+        this.#o.backend.oomKilled ? this.#o.backend.oomKilled(rec) : false,
+      ),
+    );
+  }
+
+  /**
+   * Waits for a command begun (or found) by `begin`. A caller that goes away
+   * kills a command it started without a `requestId`; with one, the command
+   * keeps running so a retry can attach to it.
+   */
+  async #follow(
+    begun: Begun,
+    requestId: string | undefined,
+    options: RunCommandOptions,
+  ): Promise<CommandResult> {
+    if ('recorded' in begun) {
+      const result = finishedResult(begun.recorded);
+      if (result.stdout) options.onStdout?.(Buffer.from(result.stdout));
+      if (result.stderr) options.onStderr?.(Buffer.from(result.stderr));
+      return result;
+    }
+    const { live, fresh } = begun;
+    const signal = options.signal;
+    const result = attach(live, options, !fresh);
+    if (!signal) return result;
+    if (requestId === undefined && fresh) {
+      const onAbort = () => live.kill();
+      if (signal.aborted) onAbort();
+      signal.addEventListener('abort', onAbort, { once: true });
+      return result.finally(() => signal.removeEventListener('abort', onAbort));
+    }
+    return raceDeadline(result, undefined, signal);
+  }
+
+  #rec(sandboxId: string): SandboxRecord {
+    const now = Date.now();
+    const cached = this.#records.get(sandboxId);
+    if (cached && now - cached.atMs < RECORD_CACHE_MS) return cached.rec;
+    const rec = this.#o.running(sandboxId);
+    this.#records.set(sandboxId, { rec, atMs: now });
+    return rec;
+  }
+
+  #session(rec: SandboxRecord, name: string, spec: SessionRunSpec): ShellSession {
+    if (!SESSION_NAME.test(name)) {
+      throw new DsecError('invalid_argument', 'session names are 1–64 chars of [A-Za-z0-9._-]', {
+        field: 'session',
+      });
+    }
+    let byName = this.#sessions.get(rec.id);
+    if (!byName) this.#sessions.set(rec.id, (byName = new Map()));
+    let session = byName.get(name);
+    if (!session) {
+      if (byName.size >= (this.#o.maxSessionsPerSandbox ?? 64)) {
+        throw new DsecError('quota_exceeded', `sandbox ${rec.id} has ${byName.size} sessions`);
+      }
+      session = new ShellSession({
+        name,
+        channel: () => this.#channel(rec, false),
+        shell: spec.shell,
+        user: spec.user ?? rec.spec.initUser,
+        env: { ...rec.spec.env, ...spec.env },
+        cwd: spec.cwd,
+      });
+      byName.set(name, session);
+    }
+    return session;
+  }
+
+  #running(sandboxId: string, commandId: string): LiveCommand {
+    const live = this.registry.live(sandboxId, commandId);
+    if (live) return live;
+    this.registry.get(sandboxId, commandId); // throws command_not_found
+    throw new DsecError('conflict', `command ${commandId} has finished`);
+  }
+
+  async #channel(rec: SandboxRecord, dedicated: boolean): Promise<ChronusConnection> {
+    const backend = this.#o.backend;
+    if (!backend.channel) {
+      throw new DsecError('unavailable', `the ${backend.kind} backend has no command channel`);
+    }
+    return backend.channel(rec, { dedicated });
+  }
+
+  async #shared(sandboxId: string, options: FileOptions) {
+    const rec = this.#rec(sandboxId);
+    return { conn: await this.#channel(rec, false), user: options.user ?? rec.spec.initUser };
+  }
+
+  async #dedicated(sandboxId: string, options: FileOptions) {
+    const rec = this.#rec(sandboxId);
+    return { conn: await this.#channel(rec, true), user: options.user ?? rec.spec.initUser };
+  }
+}
+
+function finishedResult(info: CommandInfo): CommandResult {
+  if (!info.result) throw new DsecError('conflict', `command ${info.commandId} has no result`);
+  return info.result;
+}
+
+/** Rejects with `deadline_exceeded` after `timeoutMs`, `aborted` on `signal`; the work goes on. */
+function raceDeadline<T>(
+  p: Promise<T>,
+  timeoutMs: number | undefined,
+  signal: AbortSignal | undefined,
+): Promise<T> {
+  if (timeoutMs === undefined && !signal) return p;
+  return new Promise<T>((resolve, reject) => {
+    const timer =
+      timeoutMs === undefined
+        ? undefined
+        : setTimeout(
+            () => reject(new DsecError('deadline_exceeded', `still running after ${timeoutMs} ms`)),
+            timeoutMs,
+          );
+    const onAbort = () => reject(new DsecError('aborted', 'operation aborted'));
+    if (signal?.aborted) onAbort();
+    signal?.addEventListener('abort', onAbort, { once: true });
+    p.then(resolve, reject).finally(() => {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+    });
+  });
+}

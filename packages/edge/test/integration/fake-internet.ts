@@ -1,0 +1,175 @@
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { request } from 'node:http';
+import { fileURLToPath } from 'node:url';
+
+/**
+ * The tests' own "internet" (SECURITY.md C17–C21): a network namespace this
+ * test creates, joined to the host by a veth, holding a DNS server, a rogue
+ * DNS server, web servers, an open HTTP proxy and a UDP echo server on
+ * addresses of 198.18.0.0/15 (benchmarking range) and fdff:5ec::/32, routed
+ * from the host through that veth only. A guard table drops any forwarded
+ * packet from the sandbox ranges that would leave by another interface, so
+ * even a wrong rule cannot send a sandbox's packet off this machine.
+ */
+export interface FakeInternet {
+  /** Host end of the veth (the uplink the edge forwards through). */
+  uplink: string;
+  dns: string;
+  rogueDns: string;
+  allowedIp: string;
+  allowedIp6: string;
+  laterIp: string;
+  deniedIp: string;
+  deniedIp6: string;
+  zone: Record<string, { a?: string[]; aaaa?: string[]; ttl?: number }>;
+  /** What reached the fake internet since the last `clear()`. */
+  log(): Promise<FakeLogEntry[]>;
+  clear(): Promise<void>;
+  /** Drops forwarded packets from these ranges unless they go to the fake internet. */
+  guard(ranges: { subnet4: string; subnet6?: string | undefined }): void;
+  close(): Promise<void>;
+}
+
+export interface FakeLogEntry {
+  kind: 'dns' | 'dns-tcp' | 'http' | 'proxy' | 'proxy-connect' | 'udp';
+  server: string;
+  name?: string;
+  port?: number;
+  target?: string;
+  data?: string;
+}
+
+function sh(cmd: string, args: string[], ignoreErrors = false): string {
+  const r = spawnSync(cmd, args, { encoding: 'utf8', timeout: 15_000 });
+  if (r.status !== 0 && !ignoreErrors) throw new Error(`${cmd} ${args.join(' ')}: ${r.stderr}`);
+  return r.stdout;
+}
+
+export async function startFakeInternet(): Promise<FakeInternet> {
+  const tag = (process.pid % 100000).toString(36);
+  const ns = `dsectest-inet-${tag}`;
+  const uplink = `dfi${tag}h`;
+  const guardTable = `dsectest_guard_${tag}`;
+  const fake = {
+    uplink,
+    dns: '198.18.1.53',
+    rogueDns: '198.18.1.99',
+    allowedIp: '198.18.1.10',
+    allowedIp6: 'fdff:5ec:1::10',
+    laterIp: '198.18.1.11',
+    deniedIp: '198.18.1.20',
+    deniedIp6: 'fdff:5ec:1::20',
+  };
+  const zone = {
+    'allowed.test': { a: [fake.allowedIp], aaaa: [fake.allowedIp6], ttl: 60 },
+    'www.allowed.test': { a: [fake.allowedIp], ttl: 60 },
+    'later.test': { a: [fake.laterIp], ttl: 60 },
+    'denied.test': { a: [fake.deniedIp], aaaa: [fake.deniedIp6], ttl: 60 },
+    'zero-ttl.test': { a: [fake.laterIp], ttl: 0 },
+  };
+  let servers: ChildProcess | undefined;
+  const close = async () => {
+    if (servers && servers.exitCode === null) {
+      servers.stdin?.end();
+      servers.kill('SIGKILL');
+    }
+    sh('nft', ['delete', 'table', 'inet', guardTable], true);
+    sh('ip', ['netns', 'del', ns], true);
+    sh('ip', ['link', 'del', uplink], true);
+    sh('ip', ['route', 'del', '198.18.1.0/24'], true);
+    sh('ip', ['-6', 'route', 'del', 'fdff:5ec:1::/64'], true);
+  };
+  await close();
+  try {
+    sh('ip', ['netns', 'add', ns]);
+    sh('ip', ['link', 'add', uplink, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', ns]);
+    sh('ip', ['addr', 'add', '198.18.0.1/30', 'dev', uplink]);
+    sh('ip', ['-6', 'addr', 'add', 'fdff:5ec::1/64', 'dev', uplink, 'nodad']);
+    sh('ip', ['link', 'set', uplink, 'up']);
+    const inNs = (...args: string[]) => sh('ip', ['-n', ns, ...args]);
+    inNs('link', 'set', 'lo', 'up');
+    inNs('addr', 'add', '198.18.0.2/30', 'dev', 'eth0');
+    inNs('-6', 'addr', 'add', 'fdff:5ec::2/64', 'dev', 'eth0', 'nodad');
+    inNs('link', 'set', 'eth0', 'up');
+    for (const ip of [fake.dns, fake.rogueDns, fake.allowedIp, fake.laterIp, fake.deniedIp])
+      inNs('addr', 'add', `${ip}/32`, 'dev', 'lo');
+    for (const ip of [fake.allowedIp6, fake.deniedIp6])
+      inNs('-6', 'addr', 'add', `${ip}/128`, 'dev', 'lo', 'nodad');
+    inNs('route', 'add', 'default', 'via', '198.18.0.1');
+    inNs('-6', 'route', 'add', 'default', 'via', 'fdff:5ec::1');
+    sh('ip', ['route', 'add', '198.18.1.0/24', 'via', '198.18.0.2', 'dev', uplink]);
+    sh('ip', ['-6', 'route', 'add', 'fdff:5ec:1::/64', 'via', 'fdff:5ec::2', 'dev', uplink]);
+
+    const script = fileURLToPath(new URL('./fixtures/fake-internet-servers.mjs', import.meta.url));
+    const config = {
+      zone,
+      dns: [fake.dns],
+      rogueDns: [fake.rogueDns],
+      web: [fake.allowedIp, fake.laterIp, fake.deniedIp, fake.allowedIp6, fake.deniedIp6],
+      proxy: [fake.allowedIp],
+      udpEcho: [fake.allowedIp, fake.deniedIp],
+      control: '198.18.0.2',
+    };
+    const child = spawn(
+      'ip',
+      ['netns', 'exec', ns, process.execPath, script, JSON.stringify(config)],
+      {
+        stdio: ['pipe', 'pipe', 'inherit'],
+      },
+    );
+    servers = child;
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error('fake internet did not start')), 15_000);
+      child.stdout?.setEncoding('utf8').on('data', (s: string) => {
+        if (s.includes('ready')) {
+          clearTimeout(timer);
+          resolve();
+        }
+      });
+      child.on('exit', (code) => reject(new Error(`fake internet exited ${code}`)));
+    });
+    // Until the edge's ranges are known, anything forwarded from a sandbox veth may only go here.
+    const base = [
+      `add table inet ${guardTable}`,
+      `add chain inet ${guardTable} guard_fwd { type filter hook forward priority -300; policy accept; }`,
+      `add rule inet ${guardTable} guard_fwd iifname "dsv*" oifname != { "${uplink}", "dsv*" } drop`,
+    ];
+    const r = spawnSync('nft', ['-f', '-'], { input: base.join('\n') + '\n', encoding: 'utf8' });
+    if (r.status !== 0) throw new Error(`guard: ${r.stderr}`);
+  } catch (err) {
+    await close();
+    throw err;
+  }
+  const control = (path: string) =>
+    new Promise<string>((resolve, reject) => {
+      const req = request({ host: '198.18.0.2', port: 9999, path, timeout: 5000 }, (res) => {
+        let body = '';
+        res.setEncoding('utf8').on('data', (s: string) => (body += s));
+        res.on('end', () => resolve(body));
+      });
+      req.on('timeout', () => req.destroy(new Error('control timeout')));
+      req.on('error', reject);
+      req.end();
+    });
+  return {
+    ...fake,
+    zone,
+    log: async () => JSON.parse(await control('/log')) as FakeLogEntry[],
+    clear: async () => {
+      await control('/clear');
+    },
+    guard(ranges) {
+      const rules = [
+        `add rule inet ${guardTable} guard_fwd ip saddr ${ranges.subnet4} oifname != { "${uplink}", "dsv*" } drop`,
+        ...(ranges.subnet6
+          ? [
+              `add rule inet ${guardTable} guard_fwd ip6 saddr ${ranges.subnet6} oifname != { "${uplink}", "dsv*" } drop`,
+            ]
+          : []),
+      ];
+      const r = spawnSync('nft', ['-f', '-'], { input: rules.join('\n') + '\n', encoding: 'utf8' });
+      if (r.status !== 0) throw new Error(`guard: ${r.stderr}`);
+    },
+    close,
+  };
+}

@@ -1,0 +1,256 @@
+/**
+ * Egress policy against a fake internet (SECURITY.md C17–C21, issue 5). Every
+ * packet goes to loopback, the host's own addresses, or hosts this test
+ * creates in a network namespace it creates; that namespace is the edge's
+ * only uplink and upstream resolver, and a guard table drops anything else a
+ * sandbox sends, so a wrong rule cannot reach a real address.
+ */
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { startSingleNode, type SingleNode } from '@dsec/cluster';
+import { DSecClient, type Sandbox } from '@dsec/sdk';
+import type { LinuxNetwork } from '../../src/network/linux-network.js';
+import { startFakeInternet, type FakeInternet } from './fake-internet.js';
+import { buildTestLayers, hasGcc, workDir } from './network-helpers.js';
+
+const root = process.getuid?.() === 0;
+const nftOk = spawnSync('nft', ['list', 'tables']).status === 0;
+const skip = !root || !nftOk || !hasGcc() ? 'needs root, nftables and gcc' : false;
+
+describe('sandbox egress policy (fake internet)', { skip, timeout: 300_000 }, () => {
+  let work = '';
+  let fake: FakeInternet;
+  let node: SingleNode;
+  let client: DSecClient;
+  let net: LinuxNetwork;
+  const sandboxes: Sandbox[] = [];
+
+  before(async () => {
+    work = await workDir('dsec-net-it-');
+    fake = await startFakeInternet();
+    node = await startSingleNode({
+      stateDir: join(work, 'state'),
+      port: 0,
+      network: { mode: 'isolated', upstream: [fake.dns], uplinks: [fake.uplink] },
+    });
+    net = node.edge.options.network as LinuxNetwork;
+    fake.guard({
+      subnet4: `${net.subnet4.address}/${net.subnet4.prefix}`,
+      subnet6: net.subnet6 && `${net.subnet6.address}/${net.subnet6.prefix}`,
+    });
+    await buildTestLayers(node, work);
+    client = new DSecClient({ url: node.url, apiKey: node.adminKey });
+    await client.open();
+  });
+
+  after(async () => {
+    try {
+      for (const sb of sandboxes) await sb.stop().catch(() => undefined);
+      client?.close();
+      await node?.close({ stopSandboxes: true });
+    } finally {
+      await fake?.close();
+      if (work) await rm(work, { recursive: true, force: true });
+    }
+    // Nothing of this edge's network is left on the host.
+    if (net) {
+      assert.notEqual(spawnSync('nft', ['list', 'table', 'inet', net.table]).status, 0);
+      const links = spawnSync('ip', ['-br', 'link'], { encoding: 'utf8' }).stdout;
+      for (const sb of sandboxes)
+        assert.doesNotMatch(links, new RegExp(net.names({ id: sb.id, slot: 0 }).veth));
+    }
+  });
+
+  async function create(opts: Parameters<DSecClient['runContainer']>[0] = { image: 'busybox' }) {
+    const sb = await client.runContainer({ toolkits: ['probe'], ...opts, image: 'busybox' });
+    sandboxes.push(sb);
+    return sb;
+  }
+  async function sh(sb: Sandbox, line: string): Promise<string> {
+    const r = await sb.runShell(`${line} 2>&1`, { timeoutMs: 30_000 });
+    return r.stdout;
+  }
+  async function hits(pred: (e: Awaited<ReturnType<FakeInternet['log']>>[number]) => boolean) {
+    return (await fake.log()).filter(pred);
+  }
+
+  it('denies everything by default: no names, no addresses, fast failure', async () => {
+    const sb = await create();
+    assert.match(await sh(sb, 'nslookup allowed.test'), /NXDOMAIN/);
+    const tcp = await sh(sb, `probe tcp ${fake.allowedIp} 80 5000`);
+    assert.match(tcp, /^error ECONNREFUSED/, tcp); // a TCP reset, not a timeout
+    assert.match(
+      await sh(sb, `probe udp ${fake.allowedIp} 7 hello 3000`),
+      /^error (EHOSTUNREACH|ECONNREFUSED)/,
+    );
+    assert.match(await sh(sb, `probe tcp ${fake.allowedIp6} 80 5000`), /^error ECONNREFUSED/);
+    assert.deepEqual(await hits((e) => e.kind === 'http' || e.kind === 'udp'), []);
+  });
+
+  it('allows a domain: it resolves and connects over IPv4, IPv6, UDP and ICMP; others stay denied', async () => {
+    await fake.clear();
+    const sb = await create({
+      image: 'busybox',
+      networkAllow: [{ domain: 'allowed.test' }, { domain: '*.allowed.test', ports: [8080] }],
+    });
+    const lookup = await sh(sb, 'nslookup allowed.test');
+    assert.match(lookup, new RegExp(fake.allowedIp.replaceAll('.', '\\.')));
+    assert.match(lookup, /fdff:5ec:1::10/);
+    assert.match(await sh(sb, `probe tcp ${fake.allowedIp} 80 5000`), /^connected/);
+    assert.match(await sh(sb, `probe tcp ${fake.allowedIp6} 80 5000`), /^connected/);
+    const page = await sh(sb, `printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 allowed.test 80`);
+    assert.match(page, /hello from/);
+    assert.match(
+      await sh(sb, `probe udp ${fake.allowedIp} 7 allowed-udp 3000`),
+      /^reply allowed-udp/,
+    );
+    assert.match(await sh(sb, `ping -c 1 -W 3 ${fake.allowedIp}`), /1 packets received/);
+    // Port-restricted wildcard: www.allowed.test only on 8080 (same address, but the
+    // plain-domain rule already opened every port of it, so check the name resolves).
+    assert.match(await sh(sb, 'nslookup www.allowed.test'), /198\.18\.1\.10/);
+
+    // A denied name does not resolve; its address, hard-coded, fails at once.
+    assert.match(await sh(sb, 'nslookup denied.test'), /NXDOMAIN/);
+    const denied = await sh(sb, `probe tcp ${fake.deniedIp} 80 10000`);
+    assert.match(denied, /^error ECONNREFUSED/, denied);
+    assert.ok(Number(/(\d+)ms/.exec(denied)?.[1]) < 2000, denied);
+    assert.match(await sh(sb, `probe tcp ${fake.deniedIp6} 80 10000`), /^error ECONNREFUSED/);
+    assert.match(await sh(sb, `probe udp ${fake.deniedIp} 7 DENIEDMARK 2000`), /^error /);
+    assert.match(await sh(sb, `ping -c 1 -W 2 ${fake.deniedIp}`), /0 packets received/);
+    const reached = await hits((e) => e.server === fake.deniedIp || e.server === fake.deniedIp6);
+    assert.deepEqual(reached, []);
+  });
+
+  it('cannot bypass the platform resolver or use an allowed host as a proxy', async () => {
+    await fake.clear();
+    const sb = await create({
+      image: 'busybox',
+      networkAllow: [{ domain: 'allowed.test', ports: [80] }],
+    });
+    assert.match(await sh(sb, 'nslookup allowed.test'), /198\.18\.1\.10/);
+    // Other DNS servers: over UDP and TCP, by address.
+    assert.doesNotMatch(await sh(sb, `nslookup denied.test ${fake.rogueDns}`), /198\.18\.1\.20/);
+    assert.match(await sh(sb, `probe tcp ${fake.rogueDns} 53 3000`), /^error/);
+    assert.match(await sh(sb, `probe udp ${fake.dns} 53 x 2000`), /^error/);
+    // The open proxy on the allowed host is on a port the rule does not open.
+    assert.match(await sh(sb, `probe tcp ${fake.allowedIp} 3128 3000`), /^error ECONNREFUSED/);
+    // The platform has no proxy of its own on the gateway.
+    assert.match(await sh(sb, `probe tcp ${addr(sb).host4} 3128 3000`), /^error/);
+    const log = await fake.log();
+    assert.deepEqual(
+      log.filter((e) => e.server === fake.rogueDns || e.kind.startsWith('proxy')),
+      [],
+    );
+    assert.deepEqual(
+      log.filter((e) => e.kind === 'dns' && e.name === 'denied.test'),
+      [],
+    );
+  });
+
+  it('applies live updates within seconds, to that sandbox only', async () => {
+    const a = await create();
+    const b = await create({ image: 'busybox', networkAllow: [{ domain: 'allowed.test' }] });
+    assert.match(await sh(a, 'nslookup later.test'), /NXDOMAIN/);
+    await a.updateNetworkRules({ allow: [{ domain: 'later.test' }] });
+    assert.match(await sh(a, 'nslookup later.test'), /198\.18\.1\.11/);
+    assert.match(await sh(a, `probe tcp ${fake.laterIp} 80 5000`), /^connected/);
+    // B is untouched: still its own rules only.
+    assert.match(await sh(b, 'nslookup later.test'), /NXDOMAIN/);
+    assert.match(await sh(b, `probe tcp ${fake.laterIp} 80 5000`), /^error ECONNREFUSED/);
+    assert.match(await sh(b, 'nslookup allowed.test'), /198\.18\.1\.10/);
+    assert.match(await sh(b, `probe tcp ${fake.allowedIp} 80 5000`), /^connected/);
+    // Removing the rule blocks new connections, even to the address resolved before.
+    const info = await a.updateNetworkRules({ allow: [] });
+    assert.deepEqual(info.spec.networkAllow, []);
+    assert.match(await sh(a, `probe tcp ${fake.laterIp} 80 5000`), /^error ECONNREFUSED/);
+    assert.match(await sh(a, 'nslookup later.test'), /NXDOMAIN/);
+    await assert.rejects(a.updateNetworkRules({ networkRules: { nosuchrule: true } }), {
+      code: 'invalid_argument',
+    });
+  });
+
+  it('named rules come from the catalogue; deny wins over allow', async () => {
+    const sb = await create({
+      image: 'busybox',
+      networkRules: { pypi: true },
+      networkAllow: [{ cidr: `${fake.laterIp}/32`, ports: [80] }, { domain: 'allowed.test' }],
+      networkDeny: [{ cidr: `${fake.allowedIp}/32` }],
+    });
+    assert.equal(sb.info?.spec.networkRules.pypi, true);
+    assert.match(await sh(sb, `probe tcp ${fake.laterIp} 80 5000`), /^connected/);
+    assert.match(await sh(sb, `probe tcp ${fake.laterIp} 8080 5000`), /^error ECONNREFUSED/);
+    await sh(sb, 'nslookup allowed.test');
+    assert.match(await sh(sb, `probe tcp ${fake.allowedIp} 80 5000`), /^error ECONNREFUSED/);
+    await assert.rejects(
+      client.runContainer({ image: 'busybox', networkRules: { nosuch: true } }),
+      {
+        code: 'invalid_argument',
+      },
+    );
+  });
+
+  it('finds nothing open when scanning the gateway, the host and other sandboxes', async () => {
+    const target = await create();
+    const scanner = await create({ image: 'busybox', networkAllow: [{ domain: 'allowed.test' }] });
+    const ownGateway = addr(scanner).host4;
+    const otherSandbox = addr(target).sandbox4;
+    const otherGateway = addr(target).host4;
+    // A listener in the target that the scan must not reach.
+    await target.runShell('nc -l -p 8000 -e true </dev/null >/dev/null 2>&1 &');
+    const apiPort = new URL(node.url).port;
+    for (const [host, lo, hi] of [
+      [ownGateway, 1, 2048],
+      [otherGateway, 1, 1024],
+      [otherSandbox, 1, 1024],
+      ['198.18.0.1', 1, 1024],
+      [ownGateway, Number(apiPort), Number(apiPort)],
+      [otherSandbox, 8000, 8000],
+    ] as const) {
+      const out = await sh(scanner, `probe scan ${host} ${lo} ${hi} 300`);
+      assert.match(out, /open 0$/m, `${host}: ${out}`);
+    }
+  });
+
+  it('records denied connections and refused names as events', async () => {
+    const sb = await create();
+    await sh(sb, 'nslookup denied.test');
+    await sh(sb, `probe tcp ${fake.deniedIp} 443 2000`);
+    const events = await sb.events();
+    assert.ok(
+      events.some((e) => e.kind === 'dns_blocked' && e.details.name === 'denied.test'),
+      JSON.stringify(events),
+    );
+    assert.ok(
+      events.some(
+        (e) =>
+          e.kind === 'network_denied' &&
+          e.details.destination === fake.deniedIp &&
+          e.details.port === 443,
+      ),
+      JSON.stringify(events),
+    );
+    const later = await sb.events({ afterId: events.at(-1)?.id });
+    assert.deepEqual(later, []);
+  });
+
+  it('removes veths and firewall entries on stop', async () => {
+    const sb = await create();
+    const n = addr(sb);
+    assert.equal(spawnSync('ip', ['link', 'show', n.veth]).status, 0);
+    await sb.stop();
+    assert.notEqual(spawnSync('ip', ['link', 'show', n.veth]).status, 0);
+    const table = spawnSync('nft', ['list', 'table', 'inet', net.table], {
+      encoding: 'utf8',
+    }).stdout;
+    assert.doesNotMatch(table, new RegExp(`"${n.veth}"`));
+  });
+
+  function addr(sb: Sandbox) {
+    const n = net.sandboxNetwork(sb.id);
+    assert.ok(n, `no network for ${sb.id}`);
+    return n;
+  }
+});
