@@ -1,6 +1,5 @@
 import http from 'node:http';
 import type { IncomingMessage } from 'node:http';
-import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
@@ -87,7 +86,7 @@ function forward(
       method: req.method,
       path,
       headers,
-      createConnection: () => socket as Socket,
+      createConnection: () => socket,
       signal,
     });
     upstream.on('response', resolve);

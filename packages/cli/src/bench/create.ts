@@ -25,7 +25,7 @@ export interface CreateBenchReport {
   cycle: string;
   iterations: number;
   results: Record<string, LatencySummary>;
-  ratios: { runc: number | null; podman: number | null };
+  ratios: { runc: number | null; podman: number | null; 'runc (dsec-net)': number | null };
   machine: Record<string, unknown>;
 }
 
@@ -48,14 +48,29 @@ const SPEC: SandboxSpec = {
  * apiserver → edge → runc → chronus), interleaved with the same cycle by bare
  * `runc run` on the same EROFS layer, idmapped overlay and namespaces, and by
  * `podman run --rm` when podman is installed.
+ *
+ * `dsec` runs sandboxes in a fresh network namespace with loopback only, as
+ * the runc and podman peers do; `dsec-net` is a second node whose sandboxes
+ * are wired to the node by a veth behind nftables and the DNS allowlist
+ * resolver (issue 5), so the cost of that network shows separately.
  */
 export async function benchCreate(options: CreateBenchOptions): Promise<CreateBenchReport> {
   const work = await mkdtemp(join(tmpdir(), 'dsec-bench-create-'));
   await chmod(work, 0o711);
   const cleanups: (() => Promise<unknown>)[] = [() => rm(work, { recursive: true, force: true })];
   try {
-    const node = await startSingleNode({ stateDir: join(work, 'state'), port: 0, logRequests: !!process.env.DSEC_BENCH_LOG });
+    const node = await startSingleNode({
+      stateDir: join(work, 'state'),
+      port: 0,
+      network: { mode: 'none' },
+    });
     cleanups.unshift(() => node.close({ stopSandboxes: true }));
+    const netNode = await startSingleNode({
+      stateDir: join(work, 'state-net'),
+      port: 0,
+      network: { mode: 'isolated' },
+    });
+    cleanups.unshift(() => netNode.close({ stopSandboxes: true }));
     const rootfsDir = join(work, 'busybox-rootfs');
     await makeBusyboxRootfs(rootfsDir);
     const layer = await node.buildLayer({
@@ -63,6 +78,7 @@ export async function benchCreate(options: CreateBenchOptions): Promise<CreateBe
       kind: 'base',
       from: { dir: rootfsDir },
     });
+    await netNode.buildLayer({ name: 'busybox', kind: 'base', from: { dir: rootfsDir } });
 
     const peer = await preparePeerBundle(work, await node.store.blobPath(layer.digest));
     cleanups.unshift(peer.cleanup);
@@ -71,18 +87,19 @@ export async function benchCreate(options: CreateBenchOptions): Promise<CreateBe
     const client = new DSecClient({ url: node.url, apiKey: node.adminKey });
     await client.open();
     cleanups.unshift(async () => client.close());
+    const netClient = new DSecClient({ url: netNode.url, apiKey: netNode.adminKey });
+    await netClient.open();
+    cleanups.unshift(async () => netClient.close());
+    const cycle = async (c: DSecClient) => {
+      const sb = await c.runContainer({ image: 'busybox', memoryLimitMb: 256, cpuCoresLimit: 1 });
+      const r = await sb.exec(['true']);
+      if (r.exitCode !== 0) throw new Error(`true exited ${r.exitCode}`);
+      await sb.stop();
+    };
 
     const systems: Record<string, (i: number) => Promise<void>> = {
-      dsec: async () => {
-        const sb = await client.runContainer({
-          image: 'busybox',
-          memoryLimitMb: 256,
-          cpuCoresLimit: 1,
-        });
-        const r = await sb.exec(['true']);
-        if (r.exitCode !== 0) throw new Error(`true exited ${r.exitCode}`);
-        await sb.stop();
-      },
+      dsec: () => cycle(client),
+      'dsec-net': () => cycle(netClient),
       runc: async (i) => {
         await execFileAsync('runc', [
           '--root',
@@ -139,6 +156,7 @@ export async function benchCreate(options: CreateBenchOptions): Promise<CreateBe
       ratios: {
         runc: ratio(results.dsec!, results.runc),
         podman: ratio(results.dsec!, results.podman),
+        'runc (dsec-net)': ratio(results['dsec-net']!, results.runc),
       },
       machine: await describeMachine(),
     };

@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { benchCreate } from '../bench/create.js';
+import { benchExec } from '../bench/exec.js';
 import { benchLayers } from '../bench/layers.js';
 import { benchOndemand } from '../bench/ondemand.js';
 import { contextOf } from '../context.js';
@@ -14,6 +15,41 @@ export function register(program: Command): void {
   const bench = program
     .command('bench')
     .description('measure DSec against peers (runc, podman) side by side');
+  bench
+    .command('exec')
+    .description(
+      '`true` in a warm session through the full path vs `runc exec` and `nsenter` into the same sandbox; stdout throughput',
+    )
+    .option('--iterations <n>', 'measured round trips per system', '200')
+    .option('--warmup <n>', 'unmeasured round trips first', '20')
+    .option('--stream-mib <n>', 'MiB of stdout streamed for the throughput run', '512')
+    .action(
+      async (opts: { iterations: string; warmup: string; streamMib: string }, command: Command) => {
+        const ctx = contextOf(command);
+        const total = Number(opts.iterations) + Number(opts.warmup);
+        const progress = createProgress({ label: 'bench exec', total, enabled: !ctx.json });
+        const report = await benchExec({
+          iterations: Number(opts.iterations),
+          warmup: Number(opts.warmup),
+          streamBytes: Number(opts.streamMib) * 1024 * 1024,
+          onProgress: (done) => progress.update(done),
+          signal: ctx.signal,
+        });
+        progress.done();
+        if (ctx.json) {
+          ctx.out(JSON.stringify(report, null, 2));
+          return;
+        }
+        ctx.out(`${report.cycle}, ${report.iterations} iterations`);
+        for (const [name, s] of Object.entries(report.results)) {
+          ctx.out(
+            `${name.padEnd(10)} p50 ${s.p50Ms.toFixed(3).padStart(8)} ms   p99 ${s.p99Ms.toFixed(3).padStart(8)} ms`,
+          );
+        }
+        ctx.out(`ratios (dsec ÷ peer, p50): ${JSON.stringify(report.ratios)}`);
+        ctx.out(`stdout throughput: ${report.throughput.mbPerSecond} MB/s`);
+      },
+    );
   bench
     .command('create')
     .description(

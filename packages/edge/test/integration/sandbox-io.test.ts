@@ -3,7 +3,6 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { request } from 'node:http';
-import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -314,7 +313,7 @@ function get(socket: Duplex, path: string): Promise<string> {
     const req = request({
       path,
       headers: { connection: 'close', host: 'x' },
-      createConnection: () => socket as Socket,
+      createConnection: () => socket,
     });
     req.on('error', reject);
     req.on('response', (res) => {

@@ -1,0 +1,127 @@
+import { execFile } from 'node:child_process';
+import { chmod, mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { startSingleNode } from '@dsec/cluster';
+import { ContainerBackend } from '@dsec/edge';
+import { makeBusyboxRootfs } from '@dsec/images';
+import { DSecClient } from '@dsec/sdk';
+import { describeMachine } from './create.js';
+import { ratio, summarize, type LatencySummary } from './stats.js';
+
+const execFileAsync = promisify(execFile);
+
+export interface ExecBenchOptions {
+  iterations: number;
+  warmup: number;
+  /** Bytes of stdout streamed for the throughput run. */
+  streamBytes: number;
+  onProgress?: (done: number, total: number) => void;
+  signal?: AbortSignal;
+}
+
+export interface ExecBenchReport {
+  benchmark: 'exec';
+  cycle: string;
+  iterations: number;
+  results: Record<string, LatencySummary>;
+  ratios: { 'runc exec': number | null; nsenter: number | null };
+  throughput: { bytes: number; seconds: number; mbPerSecond: number };
+  machine: Record<string, unknown>;
+}
+
+/**
+ * Round trip of `true` in a warm shell session through the full path (SDK →
+ * apiserver → edge → chronus → the session's shell), interleaved with
+ * `runc exec` and `nsenter` of `true` into the same sandbox; then stdout
+ * throughput of one command streamed through the full path.
+ */
+export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchReport> {
+  const work = await mkdtemp(join(tmpdir(), 'dsec-bench-exec-'));
+  await chmod(work, 0o711);
+  const cleanups: (() => Promise<unknown>)[] = [() => rm(work, { recursive: true, force: true })];
+  try {
+    const stateDir = join(work, 'state');
+    const node = await startSingleNode({ stateDir, port: 0 });
+    cleanups.unshift(() => node.close({ stopSandboxes: true }));
+    const rootfs = join(work, 'rootfs');
+    await makeBusyboxRootfs(rootfs);
+    await node.buildLayer({ name: 'busybox', kind: 'base', from: { dir: rootfs } });
+
+    const client = new DSecClient({ url: node.url, apiKey: node.adminKey });
+    cleanups.unshift(async () => client.close());
+    const sb = await client.runContainer({
+      image: 'busybox',
+      memoryLimitMb: 512,
+      cpuCoresLimit: 2,
+    });
+    const session = sb.session('bench');
+
+    const backend = node.edge.options.backend;
+    if (!(backend instanceof ContainerBackend))
+      throw new Error('bench exec needs the container backend');
+    const paths = backend.paths({ id: sb.id });
+    const initPid = (await readFile(paths.pidFile, 'utf8')).trim();
+    const runtimeRoot = join(stateDir, 'edge', 'runtime');
+
+    const systems: Record<string, () => Promise<void>> = {
+      dsec: async () => {
+        const r = await session.run('true');
+        if (r.exitCode !== 0) throw new Error(`true exited ${r.exitCode}`);
+      },
+      'runc exec': async () => {
+        await execFileAsync('runc', ['--root', runtimeRoot, 'exec', paths.name, 'true']);
+      },
+      nsenter: async () => {
+        await execFileAsync('nsenter', ['-t', initPid, '-U', '-m', '-p', '-n', '-i', '-u', 'true']);
+      },
+    };
+    const names = Object.keys(systems);
+    const samples: Record<string, number[]> = Object.fromEntries(names.map((n) => [n, []]));
+    const total = options.warmup + options.iterations;
+    for (let i = 0; i < total; i++) {
+      if (options.signal?.aborted) throw new Error('benchmark aborted');
+      for (let k = 0; k < names.length; k++) {
+        const name = names[(i + k) % names.length]!;
+        const t0 = process.hrtime.bigint();
+        await systems[name]!();
+        const ms = Number(process.hrtime.bigint() - t0) / 1e6;
+        if (i >= options.warmup) samples[name]!.push(ms);
+      }
+      options.onProgress?.(i + 1, total);
+    }
+    const results = Object.fromEntries(names.map((n) => [n, summarize(samples[n]!)]));
+
+    let bytes = 0;
+    const t0 = process.hrtime.bigint();
+    const r = await sb.commands.run(['head', '-c', String(options.streamBytes), '/dev/zero'], {
+      timeoutMs: 600_000,
+      maxOutputBytes: 0,
+      onStdout: (text) => (bytes += Buffer.byteLength(text)),
+    });
+    const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
+    if (r.stdoutBytes !== options.streamBytes) {
+      throw new Error(`streamed ${r.stdoutBytes} of ${options.streamBytes} bytes (${r.outcome})`);
+    }
+    await sb.stop();
+    return {
+      benchmark: 'exec',
+      cycle: '`true` in a warm session: SDK → apiserver → edge → sandbox',
+      iterations: options.iterations,
+      results,
+      ratios: {
+        'runc exec': ratio(results.dsec!, results['runc exec']),
+        nsenter: ratio(results.dsec!, results.nsenter),
+      },
+      throughput: {
+        bytes,
+        seconds: Math.round(seconds * 1000) / 1000,
+        mbPerSecond: Math.round(bytes / 1e6 / seconds),
+      },
+      machine: await describeMachine(),
+    };
+  } finally {
+    for (const cleanup of cleanups) await cleanup().catch(() => undefined);
+  }
+}
