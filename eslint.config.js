@@ -12,6 +12,7 @@ export default tseslint.config(
       'packages/native/build/**',
       'eslint.config.js',
       'bin/**',
+      '**/*.mjs',
     ],
   },
   ...tseslint.configs.recommendedTypeChecked,

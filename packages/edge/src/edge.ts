@@ -164,7 +164,10 @@ export class Edge implements EdgeApi {
     return toInfo(this.#get(id), this.edgeId);
   }
 
-  async listSandboxes(filter: { projectIds?: string[]; includeEnded?: boolean }): Promise<SandboxInfo[]> {
+  async listSandboxes(filter: {
+    projectIds?: string[];
+    includeEnded?: boolean;
+  }): Promise<SandboxInfo[]> {
     const projects = filter.projectIds && new Set(filter.projectIds);
     return this.#store
       .list(filter.includeEnded ? undefined : ['creating', 'running', 'stopping', 'paused'])

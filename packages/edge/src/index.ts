@@ -82,9 +82,13 @@ async function assertTraversable(dir: string): Promise<void> {
   for (let d = resolve(dir); ; d = dirname(d)) {
     const st = await stat(d).catch(() => undefined);
     if (st && (st.mode & 0o001) === 0) {
-      throw new DsecError('invalid_argument', `sandboxes cannot reach their root filesystem under ${d}: run \`chmod o+x ${d}\``, {
-        field: 'stateDir',
-      });
+      throw new DsecError(
+        'invalid_argument',
+        `sandboxes cannot reach their root filesystem under ${d}: run \`chmod o+x ${d}\``,
+        {
+          field: 'stateDir',
+        },
+      );
     }
     if (d === dirname(d)) return;
   }

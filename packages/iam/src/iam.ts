@@ -81,6 +81,17 @@ const ANCESTORS_CTE = `WITH RECURSIVE anc(id, parent_id, depth) AS (
  */
 export class Iam {
   readonly #db: Database.Database;
+  readonly #statements = new Map<string, Database.Statement>();
+
+  /** Prepared once per distinct SQL text, then reused: requests stay off the SQL compiler. */
+  #sql(source: string): Database.Statement {
+    let statement = this.#statements.get(source);
+    if (!statement) {
+      statement = this.#db.prepare(source);
+      this.#statements.set(source, statement);
+    }
+    return statement;
+  }
   readonly #now: () => number;
   readonly #pendingTtlMs: number;
   readonly #expiryGraceMs: number;
@@ -117,15 +128,14 @@ export class Iam {
    */
   bootstrap(): { created: boolean; projectId: string; keyId?: string; key?: string } {
     return this.#tx(() => {
-      const root = this.#db
-        .prepare('SELECT id FROM projects WHERE parent_id IS NULL LIMIT 1')
-        .get() as { id: string } | undefined;
+      const root = this.#sql('SELECT id FROM projects WHERE parent_id IS NULL LIMIT 1').get() as
+        { id: string } | undefined;
       if (root) return { created: false, projectId: root.id };
       const projectId = randomId('prj');
       const at = this.#iso();
-      this.#db
-        .prepare('INSERT INTO projects (id, name, parent_id, created_at) VALUES (?, ?, NULL, ?)')
-        .run(projectId, 'root', at);
+      this.#sql(
+        'INSERT INTO projects (id, name, parent_id, created_at) VALUES (?, ?, NULL, ?)',
+      ).run(projectId, 'root', at);
       const { id, key } = this.#insertKey(projectId, 'admin', 'bootstrap', null);
       this.#audit(null, 'project.create', projectId, 'ok', { name: 'root' });
       this.#audit(null, 'key.create', id, 'ok', { projectId, role: 'admin' });
@@ -139,9 +149,9 @@ export class Iam {
       this.#audit(null, 'auth', '', 'denied', { reason: rawKey ? 'malformed' : 'missing' });
       throw new DsecError('unauthenticated', 'missing or malformed API key');
     }
-    const row = this.#db
-      .prepare('SELECT id, project_id, role, revoked_at FROM api_keys WHERE hash = ?')
-      .get(hashApiKey(rawKey)) as
+    const row = this.#sql(
+      'SELECT id, project_id, role, revoked_at FROM api_keys WHERE hash = ?',
+    ).get(hashApiKey(rawKey)) as
       Pick<KeyRow, 'id' | 'project_id' | 'role' | 'revoked_at'> | undefined;
     if (!row) {
       this.#audit(null, 'auth', '', 'denied', { reason: 'unknown' });
@@ -160,9 +170,10 @@ export class Iam {
   }
 
   isAncestorOrSelf(ancestorId: string, projectId: string): boolean {
-    const row = this.#db
-      .prepare(`${ANCESTORS_CTE} SELECT 1 AS x FROM anc WHERE id = ?`)
-      .get(projectId, ancestorId);
+    const row = this.#sql(`${ANCESTORS_CTE} SELECT 1 AS x FROM anc WHERE id = ?`).get(
+      projectId,
+      ancestorId,
+    );
     return row !== undefined;
   }
 
@@ -219,29 +230,28 @@ export class Iam {
           );
         }
       }
-      const exists = this.#db
-        .prepare('SELECT 1 FROM projects WHERE parent_id = ? AND name = ?')
-        .get(parentId, input.name);
+      const exists = this.#sql('SELECT 1 FROM projects WHERE parent_id = ? AND name = ?').get(
+        parentId,
+        input.name,
+      );
       if (exists)
         throw new DsecError('conflict', `project ${input.name} already exists here`, {
           field: 'name',
         });
       const id = randomId('prj');
       const at = this.#iso();
-      this.#db
-        .prepare(
-          `INSERT INTO projects (id, name, parent_id, quota_sandboxes, quota_memory_mb, quota_cpu_millis, created_at)
+      this.#sql(
+        `INSERT INTO projects (id, name, parent_id, quota_sandboxes, quota_memory_mb, quota_cpu_millis, created_at)
            VALUES (?, ?, ?, ?, ?, ?, ?)`,
-        )
-        .run(
-          id,
-          input.name,
-          parentId,
-          quota.sandboxes ?? null,
-          quota.memoryMb ?? null,
-          toMillis(quota.cpuCores),
-          at,
-        );
+      ).run(
+        id,
+        input.name,
+        parentId,
+        quota.sandboxes ?? null,
+        quota.memoryMb ?? null,
+        toMillis(quota.cpuCores),
+        at,
+      );
       this.#audit(caller.keyId, 'project.create', id, 'ok', { parentId, name: input.name, quota });
       return { id, name: input.name, parentId, quota: cleanQuota(quota), createdAt: at };
     });
@@ -258,17 +268,15 @@ export class Iam {
 
   /** The caller's project and all its descendants. */
   listProjects(caller: Principal): Project[] {
-    const rows = this.#db
-      .prepare(
-        `${SUBTREE_CTE} SELECT p.* FROM projects p JOIN sub ON p.id = sub.id ORDER BY p.created_at, p.id`,
-      )
-      .all(caller.projectId) as ProjectRow[];
+    const rows = this.#sql(
+      `${SUBTREE_CTE} SELECT p.* FROM projects p JOIN sub ON p.id = sub.id ORDER BY p.rowid`,
+    ).all(caller.projectId) as ProjectRow[];
     return rows.map(toProject);
   }
 
   /** IDs of `projectId` and every descendant. */
   subtreeIds(projectId: string): string[] {
-    const rows = this.#db.prepare(`${SUBTREE_CTE} SELECT id FROM sub`).all(projectId) as {
+    const rows = this.#sql(`${SUBTREE_CTE} SELECT id FROM sub`).all(projectId) as {
       id: string;
     }[];
     return rows.map((r) => r.id);
@@ -316,8 +324,7 @@ export class Iam {
    */
   revokeKey(caller: Principal, keyId: string): void {
     this.#tx(() => {
-      const row = this.#db.prepare('SELECT * FROM api_keys WHERE id = ?').get(keyId) as
-        KeyRow | undefined;
+      const row = this.#sql('SELECT * FROM api_keys WHERE id = ?').get(keyId) as KeyRow | undefined;
       if (!row || !this.canAccess(caller, row.project_id)) {
         this.#audit(caller.keyId, 'key.revoke', keyId, 'denied', { reason: 'not found' });
         throw new DsecError('not_found', `no key ${JSON.stringify(keyId)}`);
@@ -330,7 +337,7 @@ export class Iam {
         );
       }
       if (row.revoked_at === null) {
-        this.#db.prepare('UPDATE api_keys SET revoked_at = ? WHERE id = ?').run(this.#iso(), keyId);
+        this.#sql('UPDATE api_keys SET revoked_at = ? WHERE id = ?').run(this.#iso(), keyId);
       }
       this.#audit(caller.keyId, 'key.revoke', keyId, 'ok');
     });
@@ -338,12 +345,10 @@ export class Iam {
 
   /** Keys of the caller's subtree (never their secrets). */
   listKeys(caller: Principal): ApiKeyInfo[] {
-    const rows = this.#db
-      .prepare(
-        `${SUBTREE_CTE} SELECT k.id, k.project_id, k.role, k.name, k.created_at, k.revoked_at
+    const rows = this.#sql(
+      `${SUBTREE_CTE} SELECT k.id, k.project_id, k.role, k.name, k.created_at, k.revoked_at
          FROM api_keys k JOIN sub ON k.project_id = sub.id ORDER BY k.created_at, k.id`,
-      )
-      .all(caller.projectId) as KeyRow[];
+    ).all(caller.projectId) as KeyRow[];
     return rows.map((r) => ({
       id: r.id,
       projectId: r.project_id,
@@ -376,12 +381,10 @@ export class Iam {
       throw new DsecError('invalid_argument', 'resources must be ≥ 0');
     this.#tx(() => {
       const now = this.#now();
-      this.#db.prepare('DELETE FROM reservations WHERE expires_at <= ?').run(now);
-      const chain = this.#db
-        .prepare(
-          `${ANCESTORS_CTE} SELECT p.* FROM anc JOIN projects p ON p.id = anc.id ORDER BY anc.depth`,
-        )
-        .all(projectId) as ProjectRow[];
+      this.#sql('DELETE FROM reservations WHERE expires_at <= ?').run(now);
+      const chain = this.#sql(
+        `${ANCESTORS_CTE} SELECT p.* FROM anc JOIN projects p ON p.id = anc.id ORDER BY anc.depth`,
+      ).all(projectId) as ProjectRow[];
       if (chain.length === 0)
         throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`);
       for (const p of chain) {
@@ -412,13 +415,11 @@ export class Iam {
           }
         }
       }
-      const taken = this.#db.prepare('SELECT 1 FROM reservations WHERE id = ?').get(holderId);
+      const taken = this.#sql('SELECT 1 FROM reservations WHERE id = ?').get(holderId);
       if (taken) throw new DsecError('conflict', `reservation ${holderId} exists`);
-      this.#db
-        .prepare(
-          'INSERT INTO reservations (id, project_id, memory_mb, cpu_millis, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)',
-        )
-        .run(holderId, projectId, memoryMb, cpuMillis, now, now + this.#pendingTtlMs);
+      this.#sql(
+        'INSERT INTO reservations (id, project_id, memory_mb, cpu_millis, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)',
+      ).run(holderId, projectId, memoryMb, cpuMillis, now, now + this.#pendingTtlMs);
     });
   }
 
@@ -436,23 +437,18 @@ export class Iam {
       (typeof options.expiresAt === 'number' ? options.expiresAt : Date.parse(options.expiresAt)) +
       this.#expiryGraceMs;
     this.#tx(() => {
-      const row = this.#db
-        .prepare('SELECT project_id FROM reservations WHERE id = ?')
-        .get(holderId) as { project_id: string } | undefined;
+      const row = this.#sql('SELECT project_id FROM reservations WHERE id = ?').get(holderId) as
+        { project_id: string } | undefined;
       if (!row) throw new DsecError('conflict', `reservation ${holderId} lapsed`);
-      this.#db
-        .prepare('UPDATE reservations SET id = ?, expires_at = ? WHERE id = ?')
-        .run(
-          sandboxId,
-          Number.isFinite(expires) ? expires : this.#now() + this.#pendingTtlMs,
-          holderId,
-        );
+      this.#sql('UPDATE reservations SET id = ?, expires_at = ? WHERE id = ?').run(
+        sandboxId,
+        Number.isFinite(expires) ? expires : this.#now() + this.#pendingTtlMs,
+        holderId,
+      );
       if (options.requestId !== undefined) {
-        this.#db
-          .prepare(
-            'UPDATE idempotency SET sandbox_id = ? WHERE project_id = ? AND request_id = ? AND holder = ?',
-          )
-          .run(sandboxId, row.project_id, options.requestId, holderId);
+        this.#sql(
+          'UPDATE idempotency SET sandbox_id = ? WHERE project_id = ? AND request_id = ? AND holder = ?',
+        ).run(sandboxId, row.project_id, options.requestId, holderId);
       }
       this.#audit(options.actorKeyId ?? null, 'sandbox.create', sandboxId, 'ok', {
         projectId: row.project_id,
@@ -463,7 +459,7 @@ export class Iam {
   /** Frees a reservation (by sandbox or holder ID). Returns whether one existed. */
   release(id: string, options: { actorKeyId?: string; action?: string } = {}): boolean {
     return this.#tx(() => {
-      const r = this.#db.prepare('DELETE FROM reservations WHERE id = ?').run(id);
+      const r = this.#sql('DELETE FROM reservations WHERE id = ?').run(id);
       if (options.action) this.#audit(options.actorKeyId ?? null, options.action, id, 'ok');
       return r.changes > 0;
     });
@@ -471,9 +467,9 @@ export class Iam {
 
   /** The project a live reservation is charged to, if any. */
   reservationProject(id: string): string | undefined {
-    const row = this.#db
-      .prepare('SELECT project_id FROM reservations WHERE id = ? AND expires_at > ?')
-      .get(id, this.#now()) as { project_id: string } | undefined;
+    const row = this.#sql(
+      'SELECT project_id FROM reservations WHERE id = ? AND expires_at > ?',
+    ).get(id, this.#now()) as { project_id: string } | undefined;
     return row?.project_id;
   }
 
@@ -494,31 +490,25 @@ export class Iam {
   claimRequest(projectId: string, requestId: string, holderId: string): RequestClaim {
     return this.#tx(() => {
       const now = this.#now();
-      const row = this.#db
-        .prepare(
-          'SELECT holder, sandbox_id, created_at FROM idempotency WHERE project_id = ? AND request_id = ?',
-        )
-        .get(projectId, requestId) as
+      const row = this.#sql(
+        'SELECT holder, sandbox_id, created_at FROM idempotency WHERE project_id = ? AND request_id = ?',
+      ).get(projectId, requestId) as
         { holder: string; sandbox_id: string | null; created_at: number } | undefined;
       if (row?.sandbox_id) return { state: 'done', sandboxId: row.sandbox_id };
       if (row && row.created_at + this.#pendingTtlMs > now) return { state: 'pending' };
-      this.#db
-        .prepare(
-          `INSERT INTO idempotency (project_id, request_id, holder, sandbox_id, created_at) VALUES (?, ?, ?, NULL, ?)
+      this.#sql(
+        `INSERT INTO idempotency (project_id, request_id, holder, sandbox_id, created_at) VALUES (?, ?, ?, NULL, ?)
            ON CONFLICT (project_id, request_id) DO UPDATE SET holder = excluded.holder, created_at = excluded.created_at`,
-        )
-        .run(projectId, requestId, holderId, now);
+      ).run(projectId, requestId, holderId, now);
       return { state: 'claimed' };
     });
   }
 
   /** Drops a claim that did not lead to a sandbox, so a retry may create. */
   abandonRequest(projectId: string, requestId: string, holderId: string): void {
-    this.#db
-      .prepare(
-        'DELETE FROM idempotency WHERE project_id = ? AND request_id = ? AND holder = ? AND sandbox_id IS NULL',
-      )
-      .run(projectId, requestId, holderId);
+    this.#sql(
+      'DELETE FROM idempotency WHERE project_id = ? AND request_id = ? AND holder = ? AND sandbox_id IS NULL',
+    ).run(projectId, requestId, holderId);
   }
 
   // ---- audit ----------------------------------------------------------------------
@@ -536,9 +526,9 @@ export class Iam {
 
   /** Newest first. */
   listAudit(options: { limit?: number } = {}): AuditEntry[] {
-    const rows = this.#db
-      .prepare('SELECT * FROM audit ORDER BY id DESC LIMIT ?')
-      .all(options.limit ?? 100) as {
+    const rows = this.#sql('SELECT * FROM audit ORDER BY id DESC LIMIT ?').all(
+      options.limit ?? 100,
+    ) as {
       id: number;
       at: string;
       actor_key_id: string | null;
@@ -596,18 +586,16 @@ export class Iam {
     outcome: AuditOutcome,
     details?: Record<string, unknown>,
   ): void {
-    this.#db
-      .prepare(
-        'INSERT INTO audit (at, actor_key_id, action, target, outcome, details) VALUES (?, ?, ?, ?, ?, ?)',
-      )
-      .run(
-        this.#iso(),
-        actor,
-        action,
-        target.slice(0, 200),
-        outcome,
-        details ? JSON.stringify(details) : null,
-      );
+    this.#sql(
+      'INSERT INTO audit (at, actor_key_id, action, target, outcome, details) VALUES (?, ?, ?, ?, ?, ?)',
+    ).run(
+      this.#iso(),
+      actor,
+      action,
+      target.slice(0, 200),
+      outcome,
+      details ? JSON.stringify(details) : null,
+    );
   }
 
   #insertKey(
@@ -618,24 +606,21 @@ export class Iam {
   ): { id: string; key: string } {
     const id = randomId('key');
     const key = newApiKey();
-    this.#db
-      .prepare(
-        'INSERT INTO api_keys (id, hash, project_id, role, name, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
-      )
-      .run(id, hashApiKey(key), projectId, role, name, createdBy, this.#iso());
+    this.#sql(
+      'INSERT INTO api_keys (id, hash, project_id, role, name, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
+    ).run(id, hashApiKey(key), projectId, role, name, createdBy, this.#iso());
     return { id, key };
   }
 
   #projectRow(id: string): ProjectRow | undefined {
-    return this.#db.prepare('SELECT * FROM projects WHERE id = ?').get(id) as
-      ProjectRow | undefined;
+    return this.#sql('SELECT * FROM projects WHERE id = ?').get(id) as ProjectRow | undefined;
   }
 
   /** The tightest limit per field over the project and its ancestors. */
   #effectiveQuota(projectId: string): Quota {
-    const chain = this.#db
-      .prepare(`${ANCESTORS_CTE} SELECT p.* FROM anc JOIN projects p ON p.id = anc.id`)
-      .all(projectId) as ProjectRow[];
+    const chain = this.#sql(
+      `${ANCESTORS_CTE} SELECT p.* FROM anc JOIN projects p ON p.id = anc.id`,
+    ).all(projectId) as ProjectRow[];
     const out: Quota = {};
     for (const p of chain) {
       const q = toProject(p).quota;
@@ -649,12 +634,10 @@ export class Iam {
   }
 
   #usageRaw(projectId: string): { n: number; mem: number; cpu: number } {
-    return this.#db
-      .prepare(
-        `${SUBTREE_CTE} SELECT COUNT(*) AS n, COALESCE(SUM(memory_mb), 0) AS mem, COALESCE(SUM(cpu_millis), 0) AS cpu
+    return this.#sql(
+      `${SUBTREE_CTE} SELECT COUNT(*) AS n, COALESCE(SUM(memory_mb), 0) AS mem, COALESCE(SUM(cpu_millis), 0) AS cpu
          FROM reservations WHERE project_id IN (SELECT id FROM sub) AND expires_at > ?`,
-      )
-      .get(projectId, this.#now()) as { n: number; mem: number; cpu: number };
+    ).get(projectId, this.#now()) as { n: number; mem: number; cpu: number };
   }
 }
 

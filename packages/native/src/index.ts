@@ -47,7 +47,10 @@ function builtFile(name: string): string {
     fileURLToPath(new URL(`../../native/build/${name}`, import.meta.url)),
   ];
   const path = candidates.find((p) => existsSync(p));
-  if (!path) throw new Error('native helpers not built: run `npm install` (it runs `make -C packages/native`)');
+  if (!path)
+    throw new Error(
+      'native helpers not built: run `npm install` (it runs `make -C packages/native`)',
+    );
   return path;
 }
 
@@ -192,9 +195,19 @@ export interface PendingChronus {
  * seccomp filter) overlaps the OCI runtime's start-up. Resolves once the
  * daemon is spawned; `attach` completes the start.
  */
-export async function prepareChronus(options: Omit<ChronusOptions, 'initPid'>): Promise<PendingChronus> {
+export async function prepareChronus(
+  options: Omit<ChronusOptions, 'initPid'>,
+): Promise<PendingChronus> {
   throwIfAborted(options.signal);
-  const args = ['chronus', '--sock', options.socketPath, '--pid', '-', '--shell', options.shellPath];
+  const args = [
+    'chronus',
+    '--sock',
+    options.socketPath,
+    '--pid',
+    '-',
+    '--shell',
+    options.shellPath,
+  ];
   for (const dir of options.cgroupDirs) args.push('--cgroup', dir);
   args.push('--caps', options.capabilities.join(','));
   if (options.noNewPrivs) args.push('--no-new-privs');
@@ -211,7 +224,9 @@ export async function prepareChronus(options: Omit<ChronusOptions, 'initPid'>): 
   child.stdin.on('error', () => undefined); // a daemon that died is reported by `attach`
   const ready = new Promise<void>((resolve, reject) => {
     child.stdout.on('data', () => stdout.includes('ready\n') && resolve());
-    child.on('error', (err) => reject(new DsecError('internal', `chronus: ${err.message}`, { cause: err })));
+    child.on('error', (err) =>
+      reject(new DsecError('internal', `chronus: ${err.message}`, { cause: err })),
+    );
     child.on('close', (code, sig) => {
       const why = stderr.trim() || `chronus exited with ${sig ?? code} before it was ready`;
       reject(new DsecError('internal', why, { details: { exitCode: code } }));

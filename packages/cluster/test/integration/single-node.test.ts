@@ -10,7 +10,12 @@ import { DSecClient } from '@dsec/sdk';
 import { main } from '@dsec/cli/main';
 
 /** A single node on a fresh state dir with the busybox base image, stopped (sandboxes too) afterwards. */
-async function withNode(fn: (node: SingleNode, ctx: { stateDir: string; restart(): Promise<SingleNode> }) => Promise<void>) {
+async function withNode(
+  fn: (
+    node: SingleNode,
+    ctx: { stateDir: string; restart(): Promise<SingleNode> },
+  ) => Promise<void>,
+) {
   const dir = await mkdtemp(join(tmpdir(), 'dsec-cluster-it-'));
   await chmod(dir, 0o711);
   const stateDir = join(dir, 'state');
@@ -30,7 +35,8 @@ async function withNode(fn: (node: SingleNode, ctx: { stateDir: string; restart(
   } finally {
     await node.close({ stopSandboxes: true });
     await rm(dir, { recursive: true, force: true });
-    for (const ctrl of await readdir('/sys/fs/cgroup')) await rmdir(`/sys/fs/cgroup/${ctrl}/${edge.cgroupParent}`).catch(() => undefined);
+    for (const ctrl of await readdir('/sys/fs/cgroup'))
+      await rmdir(`/sys/fs/cgroup/${ctrl}/${edge.cgroupParent}`).catch(() => undefined);
   }
 }
 
@@ -38,7 +44,10 @@ function capture() {
   let stdout = '';
   let stderr = '';
   return {
-    io: { stdout: { write: (s: string) => (stdout += s) }, stderr: { write: (s: string) => (stderr += s) } },
+    io: {
+      stdout: { write: (s: string) => (stdout += s) },
+      stderr: { write: (s: string) => (stderr += s) },
+    },
     get stdout() {
       return stdout;
     },
@@ -54,7 +63,14 @@ test('the paper’s minimal session through the SDK, and sandboxes survive a res
     const client = new DSecClient({ url: node.url, apiKey: node.adminKey });
     await client.open();
     const sandbox = await client.runContainer(
-      { image: 'busybox', memoryLimitMb: 512, cpuCoresLimit: 1, ttlRunningStopSeconds: 300, networkRules: {}, initUser: 'root' },
+      {
+        image: 'busybox',
+        memoryLimitMb: 512,
+        cpuCoresLimit: 1,
+        ttlRunningStopSeconds: 300,
+        networkRules: {},
+        initUser: 'root',
+      },
       { timeoutMs: 60_000 },
     );
     const result = await sandbox.runShell('echo hello world');
@@ -66,7 +82,10 @@ test('the paper’s minimal session through the SDK, and sandboxes survive a res
     const node2 = await restart();
     const client2 = new DSecClient({ url: node2.url, apiKey: node2.adminKey });
     await client2.open();
-    assert.deepEqual((await client2.listSandboxes()).map((s) => s.id), [sandbox.id]);
+    assert.deepEqual(
+      (await client2.listSandboxes()).map((s) => s.id),
+      [sandbox.id],
+    );
     assert.equal((await client2.sandbox(sandbox.id).runShell('cat /root/kept')).stdout, 'state\n');
     await client2.sandbox(sandbox.id).stop();
     assert.deepEqual(await client2.listSandboxes(), []);
@@ -78,18 +97,32 @@ test('bad input over HTTP: field-level 4xx, distinct codes, nothing created', as
   await withNode(async (node) => {
     const client = new DSecClient({ url: node.url, apiKey: node.adminKey });
     await client.open();
-    await assert.rejects(client.runContainer({ image: 'busybox', memoryLimitMb: -1 }), (e) => isDsecError(e, 'invalid_argument') && e.field === 'memoryLimitMb');
-    await assert.rejects(client.runContainer({ image: 'nope' }), (e) => isDsecError(e, 'image_not_found'));
-    await assert.rejects(client.sandbox('sb-AQZub2RlLTGqyGrrNwDZWFohQMgnMWvSrw').runShell('true'), (e) => isDsecError(e, 'sandbox_not_found'));
+    await assert.rejects(
+      client.runContainer({ image: 'busybox', memoryLimitMb: -1 }),
+      (e) => isDsecError(e, 'invalid_argument') && e.field === 'memoryLimitMb',
+    );
+    await assert.rejects(client.runContainer({ image: 'nope' }), (e) =>
+      isDsecError(e, 'image_not_found'),
+    );
+    await assert.rejects(
+      client.sandbox('sb-AQZub2RlLTGqyGrrNwDZWFohQMgnMWvSrw').runShell('true'),
+      (e) => isDsecError(e, 'sandbox_not_found'),
+    );
     const res = await fetch(`${node.url}/v1/sandboxes`, {
       method: 'POST',
       headers: { authorization: `Bearer ${node.adminKey}`, 'content-type': 'application/json' },
       body: JSON.stringify({ image: 'busybox', privileged: true }),
     });
     assert.equal(res.status, 400);
-    assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'invalid_argument');
+    assert.equal(
+      ((await res.json()) as { error: { code: string } }).error.code,
+      'invalid_argument',
+    );
     assert.deepEqual(await client.listSandboxes(), []);
-    assert.deepEqual(await readdir(join(node.edge.options.stateDir, 'sandboxes')).catch(() => []), []);
+    assert.deepEqual(
+      await readdir(join(node.edge.options.stateDir, 'sandboxes')).catch(() => []),
+      [],
+    );
     client.close();
   });
 });
@@ -105,13 +138,23 @@ test('the CLI creates, execs, lists and removes sandboxes', async () => {
     const created = await run('sandbox', 'create', '--image', 'busybox', '--json');
     assert.equal(created.code, 0, created.stderr);
     const id = (JSON.parse(created.stdout) as { id: string }).id;
-    const exec = await run('sandbox', 'exec', id, '--', 'sh', '-c', 'echo out; echo err >&2; exit 7');
+    const exec = await run(
+      'sandbox',
+      'exec',
+      id,
+      '--',
+      'sh',
+      '-c',
+      'echo out; echo err >&2; exit 7',
+    );
     assert.equal(exec.code, 7);
     assert.equal(exec.stdout, 'out\n');
     assert.equal(exec.stderr, 'err\n');
     const json = await run('sandbox', 'exec', id, '--json', '--', 'echo', 'hi');
     assert.deepEqual(
-      (({ exitCode, stdout, stderr }) => ({ exitCode, stdout, stderr }))(JSON.parse(json.stdout) as Record<string, unknown>),
+      (({ exitCode, stdout, stderr }) => ({ exitCode, stdout, stderr }))(
+        JSON.parse(json.stdout) as Record<string, unknown>,
+      ),
       { exitCode: 0, stdout: 'hi\n', stderr: '' },
     );
     assert.match((await run('sandbox', 'ls')).stdout, new RegExp(id));

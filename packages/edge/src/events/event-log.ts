@@ -30,6 +30,17 @@ interface Row {
  */
 export class EventLog {
   readonly #db: Database.Database;
+  readonly #statements = new Map<string, Database.Statement>();
+
+  /** Prepared once per distinct SQL text, then reused: requests stay off the SQL compiler. */
+  #sql(source: string): Database.Statement {
+    let statement = this.#statements.get(source);
+    if (!statement) {
+      statement = this.#db.prepare(source);
+      this.#statements.set(source, statement);
+    }
+    return statement;
+  }
   readonly #o: Required<EventLogOptions>;
   readonly #recent = new Map<string, { until: number; suppressed: number }>();
   #inserts = 0;
@@ -125,9 +136,9 @@ export class EventLog {
   }
 
   list(sandboxId: string, afterId = 0, limit = 500): SandboxEvent[] {
-    const rows = this.#db
-      .prepare('SELECT * FROM events WHERE sandbox_id = ? AND id > ? ORDER BY id LIMIT ?')
-      .all(sandboxId, afterId, Math.max(1, Math.min(limit, 1000))) as Row[];
+    const rows = this.#sql(
+      'SELECT * FROM events WHERE sandbox_id = ? AND id > ? ORDER BY id LIMIT ?',
+    ).all(sandboxId, afterId, Math.max(1, Math.min(limit, 1000))) as Row[];
     return rows.map((r) => ({
       id: r.id,
       sandboxId: r.sandbox_id,
@@ -141,10 +152,10 @@ export class EventLog {
 
   /** Forgets events of sandboxes the edge no longer keeps. */
   purge(keepSandboxIds: Set<string>): void {
-    const ids = this.#db.prepare('SELECT DISTINCT sandbox_id AS id FROM events').all() as {
+    const ids = this.#sql('SELECT DISTINCT sandbox_id AS id FROM events').all() as {
       id: string;
     }[];
-    const del = this.#db.prepare('DELETE FROM events WHERE sandbox_id = ?');
+    const del = this.#sql('DELETE FROM events WHERE sandbox_id = ?');
     for (const { id } of ids) if (!keepSandboxIds.has(id)) del.run(id);
   }
 

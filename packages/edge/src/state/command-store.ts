@@ -25,6 +25,17 @@ interface Row {
  */
 export class CommandStore {
   readonly #db: Database.Database;
+  readonly #statements = new Map<string, Database.Statement>();
+
+  /** Prepared once per distinct SQL text, then reused: requests stay off the SQL compiler. */
+  #sql(source: string): Database.Statement {
+    let statement = this.#statements.get(source);
+    if (!statement) {
+      statement = this.#db.prepare(source);
+      this.#statements.set(source, statement);
+    }
+    return statement;
+  }
   readonly #insert: Database.Statement;
   readonly #get: Database.Statement;
   readonly #byRequest: Database.Statement;
@@ -56,30 +67,28 @@ export class CommandStore {
       CREATE INDEX IF NOT EXISTS commands_sandbox ON commands(sandbox_id, started_at);
       CREATE INDEX IF NOT EXISTS commands_finished ON commands(state, finished_at);
     `);
-    this.#insert = this.#db.prepare(
+    this.#insert = this.#sql(
       `INSERT INTO commands (command_id, sandbox_id, request_id, state, info, started_at)
        VALUES (?, ?, ?, 'running', ?, ?)`,
     );
-    this.#upsert = this.#db.prepare(
+    this.#upsert = this.#sql(
       `INSERT INTO commands (command_id, sandbox_id, request_id, state, info, result, started_at, finished_at)
        VALUES (?, ?, ?, 'finished', ?, ?, ?, ?)
        ON CONFLICT(command_id) DO UPDATE SET state = 'finished', result = excluded.result,
          finished_at = excluded.finished_at, info = excluded.info`,
     );
-    this.#trim = this.#db.prepare(
+    this.#trim = this.#sql(
       `DELETE FROM commands WHERE sandbox_id = ? AND state = 'finished' AND command_id NOT IN (
          SELECT command_id FROM commands WHERE sandbox_id = ? AND state = 'finished'
          ORDER BY finished_at DESC, rowid DESC LIMIT ?
        )`,
     );
-    this.#delete = this.#db.prepare('DELETE FROM commands WHERE command_id = ?');
+    this.#delete = this.#sql('DELETE FROM commands WHERE command_id = ?');
     this.#applyAll = this.#db.transaction((ops: (() => void)[]) => {
       for (const op of ops) op();
     });
-    this.#get = this.#db.prepare('SELECT * FROM commands WHERE command_id = ? AND sandbox_id = ?');
-    this.#byRequest = this.#db.prepare(
-      'SELECT * FROM commands WHERE sandbox_id = ? AND request_id = ?',
-    );
+    this.#get = this.#sql('SELECT * FROM commands WHERE command_id = ? AND sandbox_id = ?');
+    this.#byRequest = this.#sql('SELECT * FROM commands WHERE sandbox_id = ? AND request_id = ?');
   }
 
   insert(info: CommandInfo): void {
@@ -148,18 +157,16 @@ export class CommandStore {
   /** Newest first. */
   list(sandboxId: string, limit: number): CommandInfo[] {
     this.flush();
-    const rows = this.#db
-      .prepare(
-        'SELECT * FROM commands WHERE sandbox_id = ? ORDER BY started_at DESC, rowid DESC LIMIT ?',
-      )
-      .all(sandboxId, limit) as Row[];
+    const rows = this.#sql(
+      'SELECT * FROM commands WHERE sandbox_id = ? ORDER BY started_at DESC, rowid DESC LIMIT ?',
+    ).all(sandboxId, limit) as Row[];
     return rows.map(fromRow);
   }
 
   /** Commands the log says are running (after an edge restart: they died with its connections). */
   running(): CommandInfo[] {
     this.flush();
-    return (this.#db.prepare("SELECT * FROM commands WHERE state = 'running'").all() as Row[]).map(
+    return (this.#sql("SELECT * FROM commands WHERE state = 'running'").all() as Row[]).map(
       fromRow,
     );
   }
@@ -170,19 +177,17 @@ export class CommandStore {
    */
   purge(beforeIso: string, keep: number): number {
     this.flush();
-    let n = this.#db
-      .prepare("DELETE FROM commands WHERE state = 'finished' AND finished_at < ?")
-      .run(beforeIso).changes;
-    n += this.#db
-      .prepare(
-        `DELETE FROM commands WHERE command_id IN (
+    let n = this.#sql("DELETE FROM commands WHERE state = 'finished' AND finished_at < ?").run(
+      beforeIso,
+    ).changes;
+    n += this.#sql(
+      `DELETE FROM commands WHERE command_id IN (
            SELECT command_id FROM (
              SELECT command_id, ROW_NUMBER() OVER (PARTITION BY sandbox_id ORDER BY finished_at DESC, rowid DESC) AS n
              FROM commands WHERE state = 'finished'
            ) WHERE n > ?
          )`,
-      )
-      .run(keep).changes;
+    ).run(keep).changes;
     return n;
   }
 

@@ -46,6 +46,17 @@ interface Row {
  */
 export class EdgeStore {
   readonly #db: Database.Database;
+  readonly #statements = new Map<string, Database.Statement>();
+
+  /** Prepared once per distinct SQL text, then reused: requests stay off the SQL compiler. */
+  #sql(source: string): Database.Statement {
+    let statement = this.#statements.get(source);
+    if (!statement) {
+      statement = this.#db.prepare(source);
+      this.#statements.set(source, statement);
+    }
+    return statement;
+  }
 
   constructor(file: string) {
     this.#db = new Database(file);
@@ -78,39 +89,36 @@ export class EdgeStore {
   /** Inserts a new `creating` record with the lowest free id-range slot. */
   insert(rec: Omit<SandboxRecord, 'slot' | 'state'>): SandboxRecord {
     return this.#db.transaction(() => {
-      const used = this.#db
-        .prepare(
-          "SELECT slot FROM sandboxes WHERE state NOT IN ('stopped', 'failed') ORDER BY slot",
-        )
-        .all() as { slot: number }[];
+      const used = this.#sql(
+        "SELECT slot FROM sandboxes WHERE state NOT IN ('stopped', 'failed') ORDER BY slot",
+      ).all() as { slot: number }[];
       let slot = 0;
       for (const u of used) {
         if (u.slot !== slot) break;
         slot++;
       }
-      this.#db
-        .prepare(
-          `INSERT INTO sandboxes (id, project_id, request_id, state, spec, layers, slot, created_at, expires_at)
+      this.#sql(
+        `INSERT INTO sandboxes (id, project_id, request_id, state, spec, layers, slot, created_at, expires_at)
            VALUES (?, ?, ?, 'creating', ?, ?, ?, ?, ?)`,
-        )
-        .run(
-          rec.id,
-          rec.projectId,
-          rec.requestId ?? null,
-          JSON.stringify(rec.spec),
-          JSON.stringify(rec.layers),
-          slot,
-          rec.createdAt,
-          rec.expiresAt,
-        );
+      ).run(
+        rec.id,
+        rec.projectId,
+        rec.requestId ?? null,
+        JSON.stringify(rec.spec),
+        JSON.stringify(rec.layers),
+        slot,
+        rec.createdAt,
+        rec.expiresAt,
+      );
       return { ...rec, slot, state: 'creating' as const };
     })();
   }
 
   findByRequest(projectId: string, requestId: string): SandboxRecord | undefined {
-    const row = this.#db
-      .prepare('SELECT * FROM sandboxes WHERE project_id = ? AND request_id = ?')
-      .get(projectId, requestId) as Row | undefined;
+    const row = this.#sql('SELECT * FROM sandboxes WHERE project_id = ? AND request_id = ?').get(
+      projectId,
+      requestId,
+    ) as Row | undefined;
     return row && fromRow(row);
   }
 
@@ -130,32 +138,31 @@ export class EdgeStore {
     };
     const set = Object.entries(cols).filter(([, v]) => v !== undefined);
     if (set.length === 0) return;
-    this.#db
-      .prepare(`UPDATE sandboxes SET ${set.map(([k]) => `${k} = ?`).join(', ')} WHERE id = ?`)
-      .run(...set.map(([, v]) => v), id);
+    this.#sql(`UPDATE sandboxes SET ${set.map(([k]) => `${k} = ?`).join(', ')} WHERE id = ?`).run(
+      ...set.map(([, v]) => v),
+      id,
+    );
   }
 
   get(id: string): SandboxRecord | undefined {
-    const row = this.#db.prepare('SELECT * FROM sandboxes WHERE id = ?').get(id) as Row | undefined;
+    const row = this.#sql('SELECT * FROM sandboxes WHERE id = ?').get(id) as Row | undefined;
     return row && fromRow(row);
   }
 
   list(states?: SandboxState[]): SandboxRecord[] {
     const rows = states
-      ? (this.#db
-          .prepare(
-            `SELECT * FROM sandboxes WHERE state IN (${states.map(() => '?').join(',')}) ORDER BY created_at`,
-          )
-          .all(...states) as Row[])
-      : (this.#db.prepare('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]);
+      ? (this.#sql(
+          `SELECT * FROM sandboxes WHERE state IN (${states.map(() => '?').join(',')}) ORDER BY created_at`,
+        ).all(...states) as Row[])
+      : (this.#sql('SELECT * FROM sandboxes ORDER BY created_at').all() as Row[]);
     return rows.map(fromRow);
   }
 
   /** Forgets stopped or failed sandboxes that ended before `beforeIso`. */
   purgeEnded(beforeIso: string): number {
-    return this.#db
-      .prepare("DELETE FROM sandboxes WHERE state IN ('stopped', 'failed') AND expires_at < ?")
-      .run(beforeIso).changes;
+    return this.#sql(
+      "DELETE FROM sandboxes WHERE state IN ('stopped', 'failed') AND expires_at < ?",
+    ).run(beforeIso).changes;
   }
 
   close(): void {

@@ -6,6 +6,16 @@ import { DirImageStore } from '@dsec/images';
 import { spec } from './fixture.js';
 
 const dir = process.argv[2]!;
-const edge = await openContainerEdge({ edgeId: 'node-1', stateDir: join(dir, 'edge'), store: new DirImageStore(join(dir, 'images')), cgroupParent: process.argv[4] });
+const edge = await openContainerEdge({
+  edgeId: 'node-1',
+  stateDir: join(dir, 'edge'),
+  store: new DirImageStore(join(dir, 'images')),
+  cgroupParent: process.argv[4],
+});
 process.stdout.write('open\n');
-for (;;) await edge.createSandbox({ id: randomId('sb'), projectId: 'p1', spec: spec({ ttlSeconds: Number(process.argv[3] ?? 600) }) });
+for (;;)
+  await edge.createSandbox({
+    id: randomId('sb'),
+    projectId: 'p1',
+    spec: spec({ ttlSeconds: Number(process.argv[3] ?? 600) }),
+  });

@@ -31,7 +31,8 @@ export async function makeStateDir(): Promise<{
     cgroupParent,
     async cleanup() {
       await rm(dir, { recursive: true, force: true });
-      for (const ctrl of await readdir('/sys/fs/cgroup')) await rmdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent}`).catch(() => undefined);
+      for (const ctrl of await readdir('/sys/fs/cgroup'))
+        await rmdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent}`).catch(() => undefined);
     },
   };
 }
@@ -66,11 +67,15 @@ export interface HostResources {
  * so concurrent test files do not disturb the count.
  */
 export async function hostResources(stateDir: string): Promise<HostResources> {
-  const mounts = [...(await mountPoints())].filter((m) => m.startsWith(stateDir) && !m.includes('/layers/')).sort();
+  const mounts = [...(await mountPoints())]
+    .filter((m) => m.startsWith(stateDir) && !m.includes('/layers/'))
+    .sort();
   const cgroups: string[] = [];
   const cgroupParent = `dsec-test-${basename(stateDir)}`;
   for (const ctrl of ['memory', 'pids', 'cpu', 'freezer']) {
-    const names = await readdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent}`).catch(() => [] as string[]);
+    const names = await readdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent}`).catch(
+      () => [] as string[],
+    );
     cgroups.push(...names.filter((n) => n.startsWith('dsec-')).map((n) => `${ctrl}/${n}`));
   }
   const runtimeRoot = join(stateDir, 'edge', 'runtime');
@@ -82,6 +87,8 @@ export async function hostResources(stateDir: string): Promise<HostResources> {
     (r) => r.stdout.split('\n').filter((l) => l && !l.includes('pgrep')),
     () => [],
   );
-  const sandboxDirs = await readdir(join(stateDir, 'edge', 'sandboxes')).catch(() => [] as string[]);
+  const sandboxDirs = await readdir(join(stateDir, 'edge', 'sandboxes')).catch(
+    () => [] as string[],
+  );
   return { mounts, cgroups: cgroups.sort(), containers, processes, sandboxDirs };
 }

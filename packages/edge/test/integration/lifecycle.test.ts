@@ -10,7 +10,14 @@ async function withEdge(
   options: { ttlSweepMs?: number; capacity?: { sandboxes?: number } } = {},
 ): Promise<void> {
   const { dir, store, cgroupParent, cleanup } = await makeStateDir();
-  const open = () => openContainerEdge({ edgeId: 'node-1', stateDir: join(dir, 'edge'), store, cgroupParent, ...options });
+  const open = () =>
+    openContainerEdge({
+      edgeId: 'node-1',
+      stateDir: join(dir, 'edge'),
+      store,
+      cgroupParent,
+      ...options,
+    });
   let edge = await open();
   try {
     await fn({
@@ -23,7 +30,8 @@ async function withEdge(
       },
     });
   } finally {
-    for (const sb of await edge.listSandboxes({})) await edge.stopSandbox(sb.id).catch(() => undefined);
+    for (const sb of await edge.listSandboxes({}))
+      await edge.stopSandbox(sb.id).catch(() => undefined);
     await edge.close();
     await cleanup();
   }
@@ -37,7 +45,10 @@ test('create → exec → stop releases every mount, cgroup, container, process 
     const during = await hostResources(stateDir);
     assert.equal(during.containers.length, before.containers.length + 1);
     assert.ok(during.cgroups.length > before.cgroups.length, 'the sandbox has cgroups');
-    assert.ok(during.mounts.some((m) => m.endsWith('/rootfs')), 'the overlay root is mounted');
+    assert.ok(
+      during.mounts.some((m) => m.endsWith('/rootfs')),
+      'the overlay root is mounted',
+    );
 
     const r = await edge.runCommand(sb.id, { shell: 'echo hello; echo oops >&2; exit 3' });
     assert.equal(r.exitCode, 3);
@@ -60,7 +71,8 @@ test('limits, namespaces and the uid map are applied', async () => {
       spec: spec({ memoryLimitMb: 128, cpuCoresLimit: 0.5, pidsLimit: 64 }),
     });
     const r = await edge.runCommand(sb.id, {
-      shell: 'cat /proc/self/uid_map; cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/cpu/cpu.cfs_quota_us; readlink /proc/self/ns/net /proc/self/ns/pid /proc/self/ns/user',
+      shell:
+        'cat /proc/self/uid_map; cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/cpu/cpu.cfs_quota_us; readlink /proc/self/ns/net /proc/self/ns/pid /proc/self/ns/user',
     });
     const lines = r.stdout.trim().split('\n');
     assert.match(lines[0]!, /^\s*0\s+1\d{5,}\s+65536$/, 'root maps to a non-identity host range');
@@ -70,7 +82,8 @@ test('limits, namespaces and the uid map are applied', async () => {
     const host = await import('node:fs/promises').then((fs) =>
       Promise.all(['net', 'pid', 'user'].map((n) => fs.readlink(`/proc/self/ns/${n}`))),
     );
-    for (const [i, ns] of host.entries()) assert.notEqual(lines[4 + i], ns, 'namespace differs from the host');
+    for (const [i, ns] of host.entries())
+      assert.notEqual(lines[4 + i], ns, 'namespace differs from the host');
   });
 });
 
@@ -79,11 +92,17 @@ test('bad input gets its own error code and creates nothing', async () => {
     async ({ edge, stateDir }) => {
       const before = await hostResources(stateDir);
       await assert.rejects(
-        edge.createSandbox({ id: randomId('sb'), projectId: 'p1', spec: spec({ image: 'no-such-image' }) }),
+        edge.createSandbox({
+          id: randomId('sb'),
+          projectId: 'p1',
+          spec: spec({ image: 'no-such-image' }),
+        }),
         (e) => isDsecError(e, 'image_not_found') && e.field === 'image',
       );
       await assert.rejects(edge.getSandbox('sb-nope'), (e) => isDsecError(e, 'sandbox_not_found'));
-      await assert.rejects(edge.runCommand('sb-nope', { argv: ['true'] }), (e) => isDsecError(e, 'sandbox_not_found'));
+      await assert.rejects(edge.runCommand('sb-nope', { argv: ['true'] }), (e) =>
+        isDsecError(e, 'sandbox_not_found'),
+      );
       const first = await edge.createSandbox({ id: randomId('sb'), projectId: 'p1', spec: spec() });
       await assert.rejects(
         edge.createSandbox({ id: randomId('sb'), projectId: 'p1', spec: spec() }),
@@ -94,7 +113,9 @@ test('bad input gets its own error code and creates nothing', async () => {
         (e) => isDsecError(e, 'invalid_argument') && e.field === 'argv',
       );
       await edge.stopSandbox(first.id);
-      await assert.rejects(edge.runCommand(first.id, { argv: ['true'] }), (e) => isDsecError(e, 'sandbox_not_running'));
+      await assert.rejects(edge.runCommand(first.id, { argv: ['true'] }), (e) =>
+        isDsecError(e, 'sandbox_not_running'),
+      );
       assert.deepEqual(await hostResources(stateDir), before);
     },
     { capacity: { sandboxes: 1 } },
@@ -105,7 +126,11 @@ test('the TTL stops the sandbox and releases everything', async () => {
   await withEdge(
     async ({ edge, stateDir }) => {
       const before = await hostResources(stateDir);
-      const sb = await edge.createSandbox({ id: randomId('sb'), projectId: 'p1', spec: spec({ ttlSeconds: 1 }) });
+      const sb = await edge.createSandbox({
+        id: randomId('sb'),
+        projectId: 'p1',
+        spec: spec({ ttlSeconds: 1 }),
+      });
       for (let i = 0; i < 100 && (await edge.getSandbox(sb.id)).state !== 'stopped'; i++) {
         await new Promise((r) => setTimeout(r, 100));
       }
@@ -121,7 +146,10 @@ test('the TTL stops the sandbox and releases everything', async () => {
 test('a timeout kills the whole process tree and is reported as such', async () => {
   await withEdge(async ({ edge }) => {
     const sb = await edge.createSandbox({ id: randomId('sb'), projectId: 'p1', spec: spec() });
-    const r = await edge.runCommand(sb.id, { shell: 'sleep 100 & sleep 100 & sleep 100', timeoutMs: 300 });
+    const r = await edge.runCommand(sb.id, {
+      shell: 'sleep 100 & sleep 100 & sleep 100',
+      timeoutMs: 300,
+    });
     assert.equal(r.outcome, 'timeout');
     const ps = await edge.runCommand(sb.id, { shell: 'ps -o comm | grep -c sleep || true' });
     assert.equal(ps.stdout.trim(), '0');
@@ -135,7 +163,10 @@ test('after an edge restart running sandboxes are adopted and usable', async () 
     const during = await hostResources(stateDir);
 
     const edge2 = await reopen();
-    assert.deepEqual((await edge2.listSandboxes({})).map((s) => s.id), [sb.id]);
+    assert.deepEqual(
+      (await edge2.listSandboxes({})).map((s) => s.id),
+      [sb.id],
+    );
     const r = await edge2.runCommand(sb.id, { shell: 'cat /root/state' });
     assert.equal(r.stdout, 'kept\n');
 
