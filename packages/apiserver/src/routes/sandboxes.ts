@@ -1,7 +1,7 @@
 import { PassThrough } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { toDsecError } from '@dsec/core';
-import type { CommandResult } from '@dsec/core';
+import type { CommandResult, CommandSpec } from '@dsec/core';
 import { principalOf } from '../auth.js';
 import {
   CommandBody,
@@ -11,7 +11,7 @@ import {
   parse,
   toSandboxSpec,
 } from '../schemas.js';
-import type { SandboxService } from '../sandbox-service.js';
+import type { OpenSandbox, SandboxService } from '../sandbox-service.js';
 import { requireIo } from './io-common.js';
 
 /** A stream whose reader has fallen this far behind is cut off: a client that never reads must not grow memory. */
@@ -59,6 +59,10 @@ export function sandboxRoutes(app: FastifyInstance, service: SandboxService): vo
     if (typeof socket?.setTimeout === 'function')
       req.raw.socket.setTimeout(command.timeoutMs + COMMAND_SOCKET_GRACE_MS);
     const signal = clientGone(reply);
+    if (wantsRawStdout(req)) {
+      const sandbox = await service.open(principal, id, signal);
+      return streamRawStdout(req, reply, service, sandbox, command, signal);
+    }
     if (!wantsNdjson(req)) return service.run(principal, id, command, { signal });
 
     // Authorise before streaming so a bad ID is a plain 404, not an event in a 200 stream.
@@ -96,6 +100,53 @@ export function sandboxRoutes(app: FastifyInstance, service: SandboxService): vo
       .header('x-accel-buffering', 'no')
       .send(out);
   });
+}
+
+function wantsRawStdout(req: FastifyRequest): boolean {
+  const accept = req.headers.accept;
+  return typeof accept === 'string' && accept.toLowerCase().includes('application/octet-stream');
+}
+
+/**
+ * The fast path for bulk output: the body is the command's stdout, byte for
+ * byte, with no framing or encoding; the CommandResult (without the stdout
+ * and stderr text, which stay readable by command ID) comes in the
+ * `x-dsec-result` trailer, base64 JSON, or `x-dsec-error` on failure.
+ */
+async function streamRawStdout(
+  req: FastifyRequest,
+  reply: FastifyReply,
+  service: SandboxService,
+  sandbox: OpenSandbox,
+  command: CommandSpec,
+  signal: AbortSignal,
+): Promise<void> {
+  const res = reply.raw;
+  reply.hijack();
+  res.writeHead(200, {
+    'content-type': 'application/octet-stream',
+    'cache-control': 'no-store',
+    'x-request-id': req.id,
+    trailer: 'x-dsec-result, x-dsec-error',
+  });
+  const stop = new AbortController();
+  const encode = (value: unknown) => Buffer.from(JSON.stringify(value)).toString('base64');
+  try {
+    const result = await service.runIn(sandbox, command, {
+      signal: AbortSignal.any([signal, stop.signal]),
+      onStdout: (chunk) => {
+        if (res.writableLength > MAX_STREAM_BUFFER_BYTES)
+          stop.abort(new Error('client is not reading the stream'));
+        else res.write(chunk);
+      },
+    });
+    res.addTrailers({ 'x-dsec-result': encode({ ...result, stdout: '', stderr: '' }) });
+  } catch (err) {
+    const e = toDsecError(err);
+    if (e.code === 'internal') req.log.error({ err }, 'streamed command failed');
+    res.addTrailers({ 'x-dsec-error': encode({ code: e.code, message: e.message }) });
+  }
+  res.end();
 }
 
 function wantsNdjson(req: FastifyRequest): boolean {

@@ -105,6 +105,28 @@ test('a command retried with its request ID after the client went away is not ru
   assert.equal(retry.outcome, 'exited');
 });
 
+test('raw stdout streaming: every byte in order, the result in a trailer, errors too', async () => {
+  const hash = createHash('sha256');
+  let bytes = 0;
+  const r = await sb.commands.stream(['sh', '-c', 'seq 1 200000; echo oops >&2; exit 3'], {
+    onStdout: (chunk) => {
+      bytes += chunk.length;
+      hash.update(chunk);
+    },
+  });
+  const expected = Array.from({ length: 200000 }, (_, i) => `${i + 1}\n`).join('');
+  assert.equal(bytes, Buffer.byteLength(expected));
+  assert.equal(hash.digest('hex'), createHash('sha256').update(expected).digest('hex'));
+  assert.equal(r.exitCode, 3);
+  assert.equal(r.stdoutBytes, bytes);
+  assert.equal(r.stderrBytes, 5);
+  assert.equal((await (await sb.commands.get(r.commandId)).wait()).stderr, 'oops\n');
+  await assert.rejects(
+    sb.commands.stream(['/no/such/program'], { onStdout: () => undefined }),
+    (e) => isDsecError(e, 'invalid_argument'),
+  );
+});
+
 test('`yes` streamed through the full path stays within the cap', async () => {
   let streamed = 0;
   const r = await sb.commands.run(['yes'], {

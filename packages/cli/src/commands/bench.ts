@@ -47,7 +47,9 @@ export function register(program: Command): void {
           );
         }
         ctx.out(`ratios (dsec ÷ peer, p50): ${JSON.stringify(report.ratios)}`);
-        ctx.out(`stdout throughput: ${report.throughput.mbPerSecond} MB/s`);
+        ctx.out(
+          `stdout throughput: ${report.throughput.mbPerSecond} MB/s raw, ${report.throughput.ndjsonMbPerSecond} MB/s framed (NDJSON)`,
+        );
       },
     );
   bench

@@ -39,8 +39,12 @@ interface Row {
 
 /**
  * The edge's durable local store (paper: the edge keeps what it needs on local
- * disk). One SQLite file in WAL mode with synchronous=FULL: a record written
- * before a step is there after a crash, so a restart can finish or undo it.
+ * disk). One SQLite file in WAL mode with synchronous=NORMAL: a record written
+ * before a step survives a crash of the edge process (kill -9, bugs), so a
+ * restart can finish or undo it. Only a host power loss can drop the last
+ * commits, and that also ends every sandbox the lost records described
+ * (reconcile then finds their processes gone). FULL would cost an fsync per
+ * state change on the create path.
  * Stopped sandboxes are kept for `retentionMs` so their final state can still
  * be read, then forgotten.
  */
@@ -62,7 +66,7 @@ export class EdgeStore {
     this.#db = new Database(file);
     chmodSync(file, 0o600);
     this.#db.pragma('journal_mode = WAL');
-    this.#db.pragma('synchronous = FULL');
+    this.#db.pragma('synchronous = NORMAL');
     this.#db.pragma('busy_timeout = 5000');
     this.#db.exec(`
       CREATE TABLE IF NOT EXISTS sandboxes (
