@@ -138,6 +138,20 @@ export interface MountRootfsOptions {
  * overlay keeps its own clones), so unmounting `target` is the only cleanup.
  */
 export async function mountRootfs(options: MountRootfsOptions): Promise<void> {
+  await mountCancellable(rootfsArgs(options), options.target, options.signal);
+}
+
+/**
+ * A command prefix that mounts the sandbox root overlay in a private mount
+ * namespace and then execs the command that follows it (the OCI runtime).
+ * The mount is visible only to that command and what it starts, and goes
+ * away with them: nothing to unmount on the host, even after a crash.
+ */
+export function rootfsCommandPrefix(options: Omit<MountRootfsOptions, 'signal'>): string[] {
+  return [helperPath(), ...rootfsArgs(options), '--exec'];
+}
+
+function rootfsArgs(options: Omit<MountRootfsOptions, 'signal'>): string[] {
   const args = [
     'mount-rootfs',
     '--target',
@@ -149,7 +163,7 @@ export async function mountRootfs(options: MountRootfsOptions): Promise<void> {
   ];
   if (options.idmap) args.push('--idmap', `${options.idmap.hostId}:${options.idmap.size}`);
   for (const lower of options.lowers) args.push('--lower', lower);
-  await mountCancellable(args, options.target, options.signal);
+  return args;
 }
 
 export interface ChronusOptions {

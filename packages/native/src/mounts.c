@@ -75,6 +75,7 @@ struct rootfs_args {
     int nlowers;
     int idmap;
     uint32_t host_id, count;
+    char **exec_argv; /* --exec: run this in the private mount namespace once mounted */
 };
 
 /* Everything mount-rootfs made so far, undone in reverse on failure. */
@@ -107,6 +108,12 @@ static void parse_rootfs_args(int argc, char **argv, struct rootfs_args *a)
         die("calloc", ENOMEM);
     for (int i = 0; i < argc; i++) {
         const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(opt, "--exec") == 0) {
+            if (!val)
+                dief(EINVAL, "mount-rootfs: --exec needs a command");
+            a->exec_argv = argv + i + 1;
+            break;
+        }
         if (!val)
             dief(EINVAL, "mount-rootfs: %s needs a value", opt);
         i++;
@@ -124,7 +131,8 @@ static void parse_rootfs_args(int argc, char **argv, struct rootfs_args *a)
             dief(EINVAL, "mount-rootfs: unknown option %s", opt);
     }
     if (!a->target || !a->upper || !a->work || a->nlowers == 0)
-        dief(EINVAL, "usage: mount-rootfs --target T --upper U --work W [--idmap H:N] --lower L...");
+        dief(EINVAL, "usage: mount-rootfs --target T --upper U --work W [--idmap H:N] --lower L... "
+                     "[--exec CMD ARG...]");
 }
 
 /* Overlay options separate layers with ':' and options with ','. */
@@ -258,6 +266,20 @@ int cmd_mount_rootfs(int argc, char **argv)
     for (int i = 0; i < a.nlowers; i++)
         check_option_safe(a.lowers[i]);
 
+    /*
+     * With --exec, the rootfs is mounted in a private mount namespace that
+     * only CMD (the OCI runtime) and what it starts can see: when the sandbox
+     * ends, the namespace goes and the overlay with it. No unmount is left to
+     * do on the host, even after a crash, and the host's mount table does not
+     * grow with the number of sandboxes.
+     */
+    if (a.exec_argv) {
+        if (unshare(CLONE_NEWNS) < 0)
+            die("unshare(CLONE_NEWNS)", errno);
+        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+            die("make / private", errno);
+    }
+
     struct staging s = { .dirs = calloc((size_t)a.nlowers, PATH_MAX) };
     if (!s.dirs)
         die("calloc", ENOMEM);
@@ -291,5 +313,9 @@ int cmd_mount_rootfs(int argc, char **argv)
      * visible mount, and unmounting the rootfs is all the cleanup there is.
      */
     undo_staging(&s);
+    if (a.exec_argv) {
+        execvp(a.exec_argv[0], a.exec_argv);
+        die(a.exec_argv[0], errno);
+    }
     return 0;
 }

@@ -38,6 +38,8 @@ export interface RunOptions {
   pidFile: string;
   /** How long the container's init may take to say `ready`. */
   timeoutMs: number;
+  /** A command the runtime is run under (it execs the runtime), e.g. one that mounts the rootfs first. */
+  prefix?: string[] | undefined;
   signal?: AbortSignal | undefined;
 }
 
@@ -62,9 +64,10 @@ export class RuncRuntime implements OciRuntime {
   }
 
   async run(options: RunOptions): Promise<RunningContainer> {
-    const child = spawn(
+    const argv = [
+      ...(options.prefix ?? []),
       this.binary,
-      [
+      ...[
         '--root',
         this.root,
         'run',
@@ -74,6 +77,10 @@ export class RuncRuntime implements OciRuntime {
         options.pidFile,
         options.id,
       ],
+    ];
+    const child = spawn(
+      argv[0]!,
+      argv.slice(1),
       // Own session: the runtime (and the sandbox under it) outlives an edge restart.
       { detached: true, stdio: ['ignore', 'pipe', 'pipe'] },
     );

@@ -1,19 +1,21 @@
 import { createHash } from 'node:crypto';
-import { chmod, chown, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmodSync, chownSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { DsecError } from '@dsec/core';
 import type { CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
 import {
   ChronusConnection,
-  mountRootfs,
   prepareChronus,
+  rootfsCommandPrefix,
   startChronus,
   unmount,
 } from '@dsec/native';
 import type { PendingChronus } from '@dsec/native';
 import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
 import type { LayerMountCache } from '../../layers/layer-cache.js';
+import { mountPoints } from '../../layers/mountinfo.js';
 import type { OciRuntime } from '../../runtime/oci-runtime.js';
 import { runOnChronus } from '../../sessions/run-command.js';
 import type { SandboxRecord } from '../../state/edge-store.js';
@@ -62,27 +64,23 @@ export class ContainerBackend implements Backend {
   async start(rec: SandboxRecord, signal?: AbortSignal): Promise<StartedSandbox> {
     const p = this.paths(rec);
     const hostId = ID_BASE + rec.slot * ID_COUNT;
-    await mkdir(p.dir, { recursive: true });
-    await chmod(this.options.dir, 0o711);
-    await chmod(p.dir, 0o711);
-    await Promise.all([p.upper, p.work, p.rootfs].map((d) => mkdir(d, { recursive: true })));
-    await Promise.all([p.upper, p.work].map((d) => chown(d, hostId, hostId)));
+    // Small metadata syscalls run synchronously: microseconds each, where
+    // thread-pool round trips would add milliseconds to every create.
+    mkdirSync(p.dir, { recursive: true });
+    chmodSync(this.options.dir, 0o711);
+    chmodSync(p.dir, 0o711);
+    for (const d of [p.upper, p.work, p.rootfs]) mkdirSync(d, { recursive: true });
+    for (const d of [p.upper, p.work]) chownSync(d, hostId, hostId);
 
     const lowers: string[] = [];
     for (const layer of [...rec.layers].reverse()) {
       lowers.push(await this.options.layers.acquire(layer));
     }
-    // The root filesystem and the command daemon's host-side setup (it joins the
-    // pre-created cgroups, the slowest step on cgroup v1) proceed side by side;
-    // the daemon then waits for the runtime to report the sandbox's init.
-    const [mounted, prepared, networked] = await Promise.allSettled([
-      mountRootfs({
-        target: p.rootfs,
-        upper: p.upper,
-        work: p.work,
-        lowers,
-        idmap: { hostId, size: ID_COUNT },
-      }),
+    // The command daemon's host-side setup (it joins the pre-created cgroups,
+    // the slowest step on cgroup v1) runs while the network is set up and the
+    // runtime starts; the daemon then waits for the runtime to report the
+    // sandbox's init.
+    const [prepared, networked] = await Promise.allSettled([
       this.options.cgroups.create(p.cgroupsPath).then(() =>
         prepareChronus({
           socketPath: p.socket,
@@ -96,7 +94,7 @@ export class ContainerBackend implements Backend {
       this.options.network?.setup(rec),
     ]);
     // stop() undoes whatever of these succeeded; only the waiting daemon is ours to end.
-    const failed = [prepared, mounted, networked].find((r) => r.status === 'rejected');
+    const failed = [prepared, networked].find((r) => r.status === 'rejected');
     if (failed) {
       if (prepared.status === 'fulfilled') prepared.value.abort();
       throw failed.reason;
@@ -114,13 +112,22 @@ export class ContainerBackend implements Backend {
         idCount: ID_COUNT,
         network,
       });
-      await writeFile(join(p.dir, 'config.json'), JSON.stringify(config));
+      writeFileSync(join(p.dir, 'config.json'), JSON.stringify(config));
       const running = await this.options.runtime.run({
         id: p.name,
         bundle: p.dir,
         pidFile: p.pidFile,
         timeoutMs: RUNTIME_START_TIMEOUT_MS,
         signal,
+        // The overlay root is mounted in a private mount namespace the runtime
+        // is exec'd in: it lives and dies with the sandbox, nothing to unmount.
+        prefix: rootfsCommandPrefix({
+          target: p.rootfs,
+          upper: p.upper,
+          work: p.work,
+          lowers,
+          idmap: { hostId, size: ID_COUNT },
+        }),
       });
       await Promise.all([
         chronus.attach(running.initPid),
@@ -168,8 +175,9 @@ export class ContainerBackend implements Backend {
     if (this.options.cgroups.exists(p.cgroupsPath))
       await this.options.cgroups.remove(p.cgroupsPath);
     await this.options.network?.teardown(rec);
-    await unmount([p.rootfs], { detach: true });
-    await rm(p.dir, { recursive: true, force: true });
+    // Only rootfs mounts made in the host namespace (by older edges) need this.
+    if ((await mountPoints()).has(p.rootfs)) await unmount([p.rootfs], { detach: true });
+    rmSync(p.dir, { recursive: true, force: true });
     for (const layer of rec.layers) this.options.layers.release(layer.digest);
   }
 
