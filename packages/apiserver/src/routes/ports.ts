@@ -89,7 +89,24 @@ function forward(
       createConnection: () => socket,
       signal,
     });
-    upstream.on('response', resolve);
+    let answered = false;
+    upstream.on('response', (res) => {
+      answered = true;
+      resolve(res);
+    });
+    // The tunnel can fail (nothing listens) before the client has attached
+    // to it; its own error then never reaches `upstream`, so watch it too.
+    let tunnelError: unknown;
+    socket.once('error', (err) => (tunnelError = err));
+    socket.once('close', () => {
+      if (!answered) {
+        upstream.destroy(
+          tunnelError instanceof Error
+            ? tunnelError
+            : new DsecError('unavailable', 'the port tunnel closed'),
+        );
+      }
+    });
     upstream.on('error', (err) => {
       socket.destroy();
       reject(
