@@ -81,17 +81,7 @@ const ANCESTORS_CTE = `WITH RECURSIVE anc(id, parent_id, depth) AS (
  */
 export class Iam {
   readonly #db: Database.Database;
-  readonly #statements = new Map<string, Database.Statement>();
-
-  /** Prepared once per distinct SQL text, then reused: requests stay off the SQL compiler. */
-  #sql(source: string): Database.Statement {
-    let statement = this.#statements.get(source);
-    if (!statement) {
-      statement = this.#db.prepare(source);
-      this.#statements.set(source, statement);
-    }
-    return statement;
-  }
+  readonly #sql: (source: string) => Database.Statement;
   readonly #now: () => number;
   readonly #pendingTtlMs: number;
   readonly #expiryGraceMs: number;
@@ -99,6 +89,16 @@ export class Iam {
 
   private constructor(db: Database.Database, options: IamOptions) {
     this.#db = db;
+    const statements = new Map<string, Database.Statement>();
+    // Each distinct SQL text is prepared once: requests stay off SQLite's compiler.
+    this.#sql = (source) => {
+      let statement = statements.get(source);
+      if (!statement) {
+        statement = db.prepare(source);
+        statements.set(source, statement);
+      }
+      return statement;
+    };
     this.#now = options.now ?? Date.now;
     this.#pendingTtlMs = options.pendingTtlMs ?? 10 * 60_000;
     this.#expiryGraceMs = options.expiryGraceMs ?? 60_000;

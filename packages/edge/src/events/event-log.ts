@@ -1,5 +1,6 @@
 import { chmodSync } from 'node:fs';
 import Database from 'better-sqlite3';
+import { statementCache } from '../state/statement-cache.js';
 import type { CommandResult, SandboxEvent, SandboxEventKind } from '@dsec/core';
 
 export interface EventLogOptions {
@@ -30,17 +31,7 @@ interface Row {
  */
 export class EventLog {
   readonly #db: Database.Database;
-  readonly #statements = new Map<string, Database.Statement>();
-
-  /** Prepared once per distinct SQL text, then reused: requests stay off the SQL compiler. */
-  #sql(source: string): Database.Statement {
-    let statement = this.#statements.get(source);
-    if (!statement) {
-      statement = this.#db.prepare(source);
-      this.#statements.set(source, statement);
-    }
-    return statement;
-  }
+  readonly #sql: (source: string) => Database.Statement;
   readonly #o: Required<EventLogOptions>;
   readonly #recent = new Map<string, { until: number; suppressed: number }>();
   #inserts = 0;
@@ -48,6 +39,7 @@ export class EventLog {
   constructor(file: string, options: EventLogOptions = {}) {
     this.#o = { maxPerSandbox: 1000, maxTotal: 200_000, dedupeWindowMs: 10_000, ...options };
     this.#db = new Database(file);
+    this.#sql = statementCache(this.#db);
     chmodSync(file, 0o600);
     this.#db.pragma('journal_mode = WAL');
     this.#db.pragma('busy_timeout = 5000');

@@ -1,4 +1,5 @@
 import Database from 'better-sqlite3';
+import { statementCache } from './statement-cache.js';
 import type { CommandInfo, CommandResult } from '@dsec/core';
 
 /** Writes wait this long to share one transaction (the crash window of the log). */
@@ -25,17 +26,7 @@ interface Row {
  */
 export class CommandStore {
   readonly #db: Database.Database;
-  readonly #statements = new Map<string, Database.Statement>();
-
-  /** Prepared once per distinct SQL text, then reused: requests stay off the SQL compiler. */
-  #sql(source: string): Database.Statement {
-    let statement = this.#statements.get(source);
-    if (!statement) {
-      statement = this.#db.prepare(source);
-      this.#statements.set(source, statement);
-    }
-    return statement;
-  }
+  readonly #sql: (source: string) => Database.Statement;
   readonly #insert: Database.Statement;
   readonly #get: Database.Statement;
   readonly #byRequest: Database.Statement;
@@ -48,6 +39,7 @@ export class CommandStore {
 
   constructor(file: string) {
     this.#db = new Database(file);
+    this.#sql = statementCache(this.#db);
     this.#db.pragma('journal_mode = WAL');
     this.#db.pragma('synchronous = NORMAL');
     this.#db.pragma('busy_timeout = 5000');

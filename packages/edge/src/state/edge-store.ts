@@ -1,5 +1,6 @@
 import { chmodSync } from 'node:fs';
 import Database from 'better-sqlite3';
+import { statementCache } from './statement-cache.js';
 import type { LayerInfo, SandboxSpec, SandboxState } from '@dsec/core';
 
 /** What the edge remembers about a sandbox across its own restarts. */
@@ -50,20 +51,11 @@ interface Row {
  */
 export class EdgeStore {
   readonly #db: Database.Database;
-  readonly #statements = new Map<string, Database.Statement>();
-
-  /** Prepared once per distinct SQL text, then reused: requests stay off the SQL compiler. */
-  #sql(source: string): Database.Statement {
-    let statement = this.#statements.get(source);
-    if (!statement) {
-      statement = this.#db.prepare(source);
-      this.#statements.set(source, statement);
-    }
-    return statement;
-  }
+  readonly #sql: (source: string) => Database.Statement;
 
   constructor(file: string) {
     this.#db = new Database(file);
+    this.#sql = statementCache(this.#db);
     chmodSync(file, 0o600);
     this.#db.pragma('journal_mode = WAL');
     this.#db.pragma('synchronous = NORMAL');
