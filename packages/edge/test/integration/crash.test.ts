@@ -66,7 +66,7 @@ test('an edge killed at any step of a create recovers: each sandbox is running o
         'one container per running sandbox, none orphaned',
       );
       assert.equal(res.sandboxDirs.length, live.length, 'no half-created sandbox directories');
-      assert.deepEqual(res.mounts, [], 'rootfs mounts live in the runtimes\' own namespaces');
+      assert.deepEqual(res.mounts, [], "rootfs mounts live in the runtimes' own namespaces");
       for (const sb of live) await edge.stopSandbox(sb.id);
       assert.deepEqual(await hostResources(dir), {
         mounts: [],
