@@ -181,3 +181,27 @@ test('after an edge restart running sandboxes are adopted and usable', async () 
     assert.equal((await hostResources(stateDir)).containers.length, during.containers.length);
   });
 });
+
+test('a workspace and a toolkit with identical content stack without a repeated lower', async () => {
+  await withEdge(async ({ edge, stateDir }) => {
+    const { buildLayer, DirImageStore } = await import('@dsec/images');
+    const { mkdir, writeFile } = await import('node:fs/promises');
+    const src = join(stateDir, 'same');
+    await mkdir(join(src, 'src'), { recursive: true });
+    await writeFile(join(src, 'src', 'main.py'), 'print(1)\n');
+    const store = new DirImageStore(join(stateDir, 'images'));
+    const ws = await buildLayer(store, { name: 'repo', kind: 'workspace', from: { dir: src } });
+    const tk = await buildLayer(store, { name: 'tool', kind: 'toolkit', from: { dir: src } });
+    assert.equal(ws.digest, tk.digest);
+    const sb = await edge.createSandbox({
+      id: randomId('sb'),
+      projectId: 'p1',
+      spec: spec({ workspace: 'repo', toolkits: ['tool'] }),
+    });
+    assert.equal(
+      (await edge.runCommand(sb.id, { argv: ['cat', '/src/main.py'] })).stdout,
+      'print(1)\n',
+    );
+    await edge.stopSandbox(sb.id);
+  });
+});

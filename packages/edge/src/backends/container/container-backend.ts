@@ -72,9 +72,13 @@ export class ContainerBackend implements Backend {
     for (const d of [p.upper, p.work, p.rootfs]) mkdirSync(d, { recursive: true });
     for (const d of [p.upper, p.work]) chownSync(d, hostId, hostId);
 
+    // Top layer first. Every layer is acquired (stop releases each), but two
+    // layers with identical content share one mount and must appear once:
+    // overlayfs refuses a repeated lower directory.
     const lowers: string[] = [];
     for (const layer of [...rec.layers].reverse()) {
-      lowers.push(await this.options.layers.acquire(layer));
+      const dir = await this.options.layers.acquire(layer);
+      if (!lowers.includes(dir)) lowers.push(dir);
     }
     // The command daemon's host-side setup (it joins the pre-created cgroups,
     // the slowest step on cgroup v1) runs while the network is set up and the
