@@ -85,16 +85,9 @@ export class ContainerBackend implements Backend {
     // runtime starts; the daemon then waits for the runtime to report the
     // sandbox's init.
     const [prepared, networked] = await Promise.allSettled([
-      this.options.cgroups.create(p.cgroupsPath).then(() =>
-        prepareChronus({
-          socketPath: p.socket,
-          shellPath: this.options.shellBinary,
-          cgroupDirs: this.options.cgroups.dirs(p.cgroupsPath),
-          seccompProfile: seccompLines(),
-          capabilities: SANDBOX_CAPABILITIES,
-          noNewPrivs: true,
-        }),
-      ),
+      this.options.cgroups
+        .create(p.cgroupsPath)
+        .then(() => prepareChronus(this.#chronusOptions(p))),
       this.options.network?.setup(rec),
     ]);
     // stop() undoes whatever of these succeeded; only the waiting daemon is ours to end.
@@ -199,15 +192,7 @@ export class ContainerBackend implements Backend {
       return undefined;
     if (rec.initPid === undefined)
       throw new DsecError('sandbox_not_running', `sandbox ${rec.id} has no init`);
-    const chronus = await startChronus({
-      socketPath: p.socket,
-      initPid: rec.initPid,
-      shellPath: this.options.shellBinary,
-      cgroupDirs: this.options.cgroups.dirs(p.cgroupsPath),
-      seccompProfile: seccompLines(),
-      capabilities: SANDBOX_CAPABILITIES,
-      noNewPrivs: true,
-    });
+    const chronus = await startChronus({ ...this.#chronusOptions(p), initPid: rec.initPid });
     return chronus.pid;
   }
 
@@ -250,6 +235,18 @@ export class ContainerBackend implements Backend {
     const seen = this.#oomKillsSeen.get(rec.id) ?? 0;
     this.#oomKillsSeen.set(rec.id, kills);
     return kills > seen;
+  }
+
+  /** How every chronus daemon of this backend is started (the sandbox's own restrictions). */
+  #chronusOptions(p: ReturnType<ContainerBackend['paths']>) {
+    return {
+      socketPath: p.socket,
+      shellPath: this.options.shellBinary,
+      cgroupDirs: this.options.cgroups.dirs(p.cgroupsPath),
+      seccompProfile: seccompLines(),
+      capabilities: SANDBOX_CAPABILITIES,
+      noNewPrivs: true,
+    };
   }
 
   paths(rec: Pick<SandboxRecord, 'id'>) {
