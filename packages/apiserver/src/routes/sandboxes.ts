@@ -1,7 +1,6 @@
-import { PassThrough } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { toDsecError } from '@dsec/core';
-import type { CommandResult, CommandSpec } from '@dsec/core';
+import type { CommandSpec } from '@dsec/core';
 import { principalOf } from '../auth.js';
 import {
   CommandBody,
@@ -12,7 +11,7 @@ import {
   toSandboxSpec,
 } from '../schemas.js';
 import type { OpenSandbox, SandboxService } from '../sandbox-service.js';
-import { requireIo } from './io-common.js';
+import { requireIo, sendCommandStream } from './io-common.js';
 
 /** A stream whose reader has fallen this far behind is cut off: a client that never reads must not grow memory. */
 const MAX_STREAM_BUFFER_BYTES = 8 * 1024 * 1024;
@@ -67,38 +66,7 @@ export function sandboxRoutes(app: FastifyInstance, service: SandboxService): vo
 
     // Authorise before streaming so a bad ID is a plain 404, not an event in a 200 stream.
     const sandbox = await service.open(principal, id, signal);
-    const out = new PassThrough();
-    const stop = new AbortController();
-    const both = AbortSignal.any([signal, stop.signal]);
-    const emit = (event: unknown) => {
-      if (out.writableLength > MAX_STREAM_BUFFER_BYTES) {
-        stop.abort(new Error('client is not reading the stream'));
-        return;
-      }
-      out.write(`${JSON.stringify(event)}\n`);
-    };
-    service
-      .runIn(sandbox, command, {
-        signal: both,
-        onStdout: (chunk) => emit({ type: 'stdout', data: chunk.toString('base64') }),
-        onStderr: (chunk) => emit({ type: 'stderr', data: chunk.toString('base64') }),
-      })
-      .then(
-        (result: CommandResult) => emit({ type: 'result', result }),
-        (err: unknown) => {
-          const e = toDsecError(err);
-          if (e.code === 'internal') req.log.error({ err }, 'streamed command failed');
-          out.write(
-            `${JSON.stringify({ type: 'error', error: { code: e.code, message: e.message } })}\n`,
-          );
-        },
-      )
-      .finally(() => out.end());
-    return reply
-      .header('content-type', 'application/x-ndjson')
-      .header('cache-control', 'no-store')
-      .header('x-accel-buffering', 'no')
-      .send(out);
+    return sendCommandStream(req, reply, signal, (o) => service.runIn(sandbox, command, o));
   });
 }
 
