@@ -11,10 +11,8 @@ import {
   toSandboxSpec,
 } from '../schemas.js';
 import type { OpenSandbox, SandboxService } from '../sandbox-service.js';
-import { requireIo, sendCommandStream } from './io-common.js';
+import { MAX_STREAM_BUFFER_BYTES, requireIo, sendCommandStream } from './io-common.js';
 
-/** A stream whose reader has fallen this far behind is cut off: a client that never reads must not grow memory. */
-const MAX_STREAM_BUFFER_BYTES = 8 * 1024 * 1024;
 /** Socket idle allowance beyond a command's own timeout. */
 const COMMAND_SOCKET_GRACE_MS = 60_000;
 
