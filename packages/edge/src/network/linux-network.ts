@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { existsSync } from 'node:fs';
+import { existsSync, writeFileSync } from 'node:fs';
 import { chmod, mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
@@ -109,6 +109,9 @@ export class LinuxNetwork implements NetworkManager {
     this.#resolver = resolver;
   }
 
+  /** Firewall installs started by `setup`, awaited by `attach`. */
+  readonly #firewalls = new Map<string, Promise<string>>();
+
   /** Probes nftables and netns support, claims an address range, installs the table. */
   static async open(o: NetworkOptions): Promise<LinuxNetwork> {
     const dir = join(o.stateDir, 'network');
@@ -169,7 +172,13 @@ export class LinuxNetwork implements NetworkManager {
   async setup(sb: NetworkSandbox): Promise<SandboxNetwork> {
     const policy = compilePolicy(sb.spec, this.#catalogue);
     const n = this.names(sb);
-    await nft(
+    writeFileSync(n.resolvConf, `nameserver ${n.host4}\noptions timeout:2 attempts:2\n`, {
+      mode: 0o644,
+    });
+    // The sandbox's chain and sets are installed while the runtime starts the
+    // sandbox; `attach` waits for them before wiring the veth, so no packet
+    // ever crosses an interface without its rules.
+    const firewall = nft(
       sandboxScript(
         {
           table: this.table,
@@ -182,9 +191,8 @@ export class LinuxNetwork implements NetworkManager {
         policy,
       ),
     );
-    await writeFile(n.resolvConf, `nameserver ${n.host4}\noptions timeout:2 attempts:2\n`, {
-      mode: 0o644,
-    });
+    firewall.catch(() => undefined); // reported by attach
+    this.#firewalls.set(sb.id, firewall);
     this.#track(sb, policy);
     return {
       resolvConf: n.resolvConf,
@@ -202,44 +210,47 @@ export class LinuxNetwork implements NetworkManager {
   async attach(sb: NetworkSandbox, initPid: number): Promise<void> {
     const n = this.names(sb);
     const v6 = n.host6 !== undefined && n.sandbox6 !== undefined;
-    const inside = [
-      'set -e',
-      'ip link set lo up',
-      'ip addr add "$S4/30" dev eth0',
-      v6 ? 'ip -6 addr add "$S6/64" dev eth0 nodad' : '',
-      'ip link set eth0 up',
-      'ip route add default via "$H4"',
-      v6 ? 'ip -6 route add default via "$H6"' : '',
-    ]
-      .filter(Boolean)
-      .join('; ');
-    const script = [
-      'set -e',
-      'ip link del "$VETH" 2>/dev/null || true',
-      'ip link add "$VETH" type veth peer name eth0 netns "$PID"',
-      'echo 1 > /proc/sys/net/ipv4/conf/$VETH/forwarding',
-      // Strict reverse-path check: a sandbox cannot send with another's source address.
-      'echo 1 > /proc/sys/net/ipv4/conf/$VETH/rp_filter',
-      v6 ? 'echo 0 > /proc/sys/net/ipv6/conf/$VETH/accept_ra' : '',
-      v6 ? 'echo 1 > /proc/sys/net/ipv6/conf/$VETH/force_forwarding' : '',
-      v6 ? 'ip -6 addr add "$H6/64" dev "$VETH" nodad' : '',
-      'ip addr add "$H4/30" dev "$VETH"',
-      'ip link set "$VETH" up',
-      `nsenter -t "$PID" -n sh -c '${inside}'`,
-    ]
-      .filter(Boolean)
-      .join('\n');
-    await runTool('env', [
-      `PID=${initPid}`,
-      `VETH=${n.veth}`,
-      `H4=${n.host4}`,
-      `S4=${n.sandbox4}`,
-      `H6=${n.host6 ?? ''}`,
-      `S6=${n.sandbox6 ?? ''}`,
-      'sh',
-      '-c',
-      script,
-    ]);
+    const firewall = this.#firewalls.get(sb.id);
+    this.#firewalls.delete(sb.id);
+    await firewall;
+    // Two `ip -batch` runs instead of a dozen `ip` processes (a batch line takes
+    // no `-6`: the family follows from the address): one on the host
+    // (the veth, its far end moved into the sandbox's namespace as eth0), one
+    // inside that namespace.
+    if (existsSync(`/sys/class/net/${n.veth}`)) await runTool('ip', ['link', 'del', n.veth]);
+    await runTool('ip', ['-batch', '-'], {
+      stdin: [
+        `link add ${n.veth} type veth peer name eth0 netns ${initPid}`,
+        v6 ? `addr add ${n.host6}/64 dev ${n.veth} nodad` : '',
+        `addr add ${n.host4}/30 dev ${n.veth}`,
+        `link set ${n.veth} up`,
+      ]
+        .filter(Boolean)
+        .join('\n')
+        .concat('\n'),
+    });
+    const conf = (family: string, key: string, value: string) =>
+      writeFileSync(`/proc/sys/net/${family}/conf/${n.veth}/${key}`, value);
+    conf('ipv4', 'forwarding', '1');
+    // Strict reverse-path check: a sandbox cannot send with another's source address.
+    conf('ipv4', 'rp_filter', '1');
+    if (v6) {
+      conf('ipv6', 'accept_ra', '0');
+      conf('ipv6', 'force_forwarding', '1');
+    }
+    await runTool('nsenter', ['-t', String(initPid), '-n', 'ip', '-batch', '-'], {
+      stdin: [
+        'link set lo up',
+        `addr add ${n.sandbox4}/30 dev eth0`,
+        v6 ? `addr add ${n.sandbox6}/64 dev eth0 nodad` : '',
+        'link set eth0 up',
+        `route add default via ${n.host4}`,
+        v6 ? `route add default via ${n.host6}` : '',
+      ]
+        .filter(Boolean)
+        .join('\n')
+        .concat('\n'),
+    });
     await this.#listen(sb);
   }
 
@@ -273,6 +284,9 @@ export class LinuxNetwork implements NetworkManager {
 
   async teardown(sb: Pick<NetworkSandbox, 'id' | 'slot'>): Promise<void> {
     const n = this.names(sb);
+    // A create that failed before `attach` may still be installing the firewall.
+    await this.#firewalls.get(sb.id)?.catch(() => undefined);
+    this.#firewalls.delete(sb.id);
     this.#resolver.detach(sb.id);
     const live = this.#live.get(sb.id);
     this.#live.delete(sb.id);
