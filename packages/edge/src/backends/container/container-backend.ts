@@ -58,6 +58,8 @@ export class ContainerBackend implements Backend {
   readonly kind = 'container' as const;
   readonly #connections = new Map<string, Promise<ChronusConnection>>();
   readonly #oomKillsSeen = new Map<string, number>();
+  /** Exit of runtime processes this edge started (adopted ones are polled). */
+  readonly #runtimeExits = new Map<string, Promise<void>>();
 
   constructor(readonly options: ContainerBackendOptions) {}
 
@@ -126,6 +128,7 @@ export class ContainerBackend implements Backend {
           idmap: { hostId, size: ID_COUNT },
         }),
       });
+      this.#runtimeExits.set(rec.id, running.exited);
       await Promise.all([
         chronus.attach(running.initPid),
         this.options.network?.attach(rec, running.initPid),
@@ -165,6 +168,9 @@ export class ContainerBackend implements Backend {
     if (rec.runtimePid === undefined && this.options.runtime.exists(p.name)) {
       await this.options.runtime.forceDelete(p.name);
     }
+    const exited = this.#runtimeExits.get(rec.id);
+    this.#runtimeExits.delete(rec.id);
+    if (exited && rec.runtimePid !== undefined) await withTimeout(exited, STOP_TIMEOUT_MS);
     for (const pid of runtimePids) await waitGone(pid, p.name, STOP_TIMEOUT_MS);
     // The runtime removes the container when its init dies; if the runtime was
     // gone first (killed, host reboot) or never started, remove what is left.
@@ -314,6 +320,16 @@ async function isProcessOf(
   } catch {
     return false;
   }
+}
+
+function withTimeout(promise: Promise<void>, ms: number): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    void promise.finally(() => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
 }
 
 async function waitGone(pid: number, marker: string, timeoutMs: number): Promise<void> {
