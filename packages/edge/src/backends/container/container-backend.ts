@@ -163,6 +163,10 @@ export class ContainerBackend implements Backend {
     if (rec.initPid !== undefined && (await isProcessOf(rec.initPid, p.cgroupsPath, 'cgroup'))) {
       killQuietly(rec.initPid);
     }
+    // Firewall state and the resolver need no running sandbox: release them while
+    // the runtime is still tearing the container down.
+    const network = this.options.network?.teardown(rec);
+    network?.catch(() => undefined);
     const runtimePids =
       rec.runtimePid !== undefined ? [rec.runtimePid] : await findProcesses(` ${p.name}`);
     if (rec.runtimePid === undefined && this.options.runtime.exists(p.name)) {
@@ -177,7 +181,7 @@ export class ContainerBackend implements Backend {
     if (this.options.runtime.exists(p.name)) await this.options.runtime.forceDelete(p.name);
     if (this.options.cgroups.exists(p.cgroupsPath))
       await this.options.cgroups.remove(p.cgroupsPath);
-    await this.options.network?.teardown(rec);
+    await network;
     // Only rootfs mounts made in the host namespace (by older edges) need this.
     if ((await mountPoints()).has(p.rootfs)) await unmount([p.rootfs], { detach: true });
     rmSync(p.dir, { recursive: true, force: true });
