@@ -13,9 +13,18 @@ const edge = await openContainerEdge({
   cgroupParent: process.argv[4],
 });
 process.stdout.write('open\n');
-for (;;)
-  await edge.createSandbox({
-    id: randomId('sb'),
-    projectId: 'p1',
-    spec: spec({ ttlSeconds: Number(process.argv[3] ?? 600) }),
-  });
+// Small sandboxes, so admission never refuses before the parent's kill; if it
+// does, keep going: the point is to be killed in the middle of a create.
+for (;;) {
+  await edge
+    .createSandbox({
+      id: randomId('sb'),
+      projectId: 'p1',
+      spec: spec({
+        ttlSeconds: Number(process.argv[3] ?? 600),
+        cpuCoresLimit: 0.05,
+        memoryLimitMb: 32,
+      }),
+    })
+    .catch(() => new Promise((r) => setTimeout(r, 20)));
+}
