@@ -3,7 +3,25 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import { openContainerEdge } from '@dsec/edge';
+import type { DirImageStore } from '@dsec/images';
 import { hostResources, makeStateDir } from './fixture.js';
+
+/** Whatever happened above, leave no sandbox of this state dir running. */
+async function stopEverything(
+  dir: string,
+  store: DirImageStore,
+  cgroupParent: string,
+): Promise<void> {
+  const edge = await openContainerEdge({
+    edgeId: 'node-1',
+    stateDir: join(dir, 'edge'),
+    store,
+    cgroupParent,
+  });
+  for (const sb of await edge.listSandboxes({}))
+    await edge.stopSandbox(sb.id).catch(() => undefined);
+  await edge.close();
+}
 
 /** Starts the child edge, lets it create sandboxes for `ms`, then kill -9s it mid-work. */
 async function crashAfter(
@@ -79,6 +97,7 @@ test('an edge killed at any step of a create recovers: each sandbox is running o
       await edge.close();
     }
   } finally {
+    await stopEverything(dir, store, cgroupParent);
     await cleanup();
   }
 });
@@ -107,6 +126,7 @@ test('a TTL that expired while the edge was down is enforced at startup', async 
       await edge.close();
     }
   } finally {
+    await stopEverything(dir, store, cgroupParent);
     await cleanup();
   }
 });
