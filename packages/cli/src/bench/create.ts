@@ -9,7 +9,7 @@ import { makeBusyboxRootfs } from '@dsec/images';
 import { mountErofs, mountRootfs, unmount } from '@dsec/native';
 import { DSecClient } from '@dsec/sdk';
 import type { SandboxSpec } from '@dsec/core';
-import { ratio, summarize, type LatencySummary } from './stats.js';
+import { interleave, ratio, type LatencySummary } from './stats.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -132,22 +132,7 @@ export async function benchCreate(options: CreateBenchOptions): Promise<CreateBe
       };
     }
 
-    const names = Object.keys(systems);
-    const samples: Record<string, number[]> = Object.fromEntries(names.map((n) => [n, []]));
-    const total = options.warmup + options.iterations;
-    for (let i = 0; i < total; i++) {
-      if (options.signal?.aborted) throw new Error('benchmark aborted');
-      // Rotate the order so no system always runs first (warm caches) or last.
-      for (let k = 0; k < names.length; k++) {
-        const name = names[(i + k) % names.length]!;
-        const t0 = process.hrtime.bigint();
-        await systems[name]!(i);
-        const ms = Number(process.hrtime.bigint() - t0) / 1e6;
-        if (i >= options.warmup) samples[name]!.push(ms);
-      }
-      options.onProgress?.(i + 1, total);
-    }
-    const results = Object.fromEntries(names.map((n) => [n, summarize(samples[n]!)]));
+    const results = await interleave(systems, options);
     return {
       benchmark: 'create',
       cycle: 'create → exec `true` → destroy',

@@ -8,7 +8,7 @@ import { ContainerBackend } from '@dsec/edge';
 import { makeBusyboxRootfs } from '@dsec/images';
 import { DSecClient } from '@dsec/sdk';
 import { describeMachine } from './create.js';
-import { ratio, summarize, type LatencySummary } from './stats.js';
+import { interleave, ratio, type LatencySummary } from './stats.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -77,21 +77,7 @@ export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchRep
         await execFileAsync('nsenter', ['-t', initPid, '-U', '-m', '-p', '-n', '-i', '-u', 'true']);
       },
     };
-    const names = Object.keys(systems);
-    const samples: Record<string, number[]> = Object.fromEntries(names.map((n) => [n, []]));
-    const total = options.warmup + options.iterations;
-    for (let i = 0; i < total; i++) {
-      if (options.signal?.aborted) throw new Error('benchmark aborted');
-      for (let k = 0; k < names.length; k++) {
-        const name = names[(i + k) % names.length]!;
-        const t0 = process.hrtime.bigint();
-        await systems[name]!();
-        const ms = Number(process.hrtime.bigint() - t0) / 1e6;
-        if (i >= options.warmup) samples[name]!.push(ms);
-      }
-      options.onProgress?.(i + 1, total);
-    }
-    const results = Object.fromEntries(names.map((n) => [n, summarize(samples[n]!)]));
+    const results = await interleave(systems, options);
 
     // Bulk stdout through the full path: the raw-bytes stream (`commands.stream`),
     // and for comparison the framed NDJSON stream that also carries stderr.
