@@ -74,6 +74,19 @@ export function formatLayerRef(ref: LayerRef): string {
  */
 export interface ImageStore {
   readonly kind: string;
+  /**
+   * True when `blobPath` is the stored file itself (a POSIX store, local or a
+   * distributed-filesystem mount): the kernel reads data blobs in place.
+   * False for remote stores (`s3`): their `blobPath` downloads a whole copy,
+   * and an edge serves their data blobs on demand through its blob daemon.
+   */
+  readonly local: boolean;
+  /**
+   * How another process reopens this store (`openImageStore(location)`):
+   * `dir:/abs/path` or `s3://bucket/prefix?endpoint=…&region=…`. Never holds
+   * secrets; S3 credentials come from the environment.
+   */
+  readonly location: string;
   /** Copies a local file in as an immutable blob; idempotent; returns its digest. */
   putBlob(
     file: string,
@@ -86,6 +99,19 @@ export interface ImageStore {
    */
   blobPath(digest: string, options?: { signal?: AbortSignal }): Promise<string>;
   deleteBlob(digest: string): Promise<void>;
+  /** The blob's size. Throws `image_not_found` when absent. */
+  statBlob(digest: string, options?: { signal?: AbortSignal }): Promise<{ sizeBytes: number }>;
+  /**
+   * Reads up to `length` bytes at `offset` (fewer only at the end of the
+   * blob; empty at or past it). Remote stores fetch just this range: this is
+   * what on-demand loading is built on. Throws `image_not_found` when absent.
+   */
+  readBlobRange(
+    digest: string,
+    offset: number,
+    length: number,
+    options?: { signal?: AbortSignal },
+  ): Promise<Buffer>;
   /** Records a layer. `conflict` if `name:version` exists with another digest. */
   putLayer(layer: LayerInfo): Promise<void>;
   /** Throws `image_not_found` for an unknown or malformed reference. */

@@ -28,6 +28,8 @@ export type { BuildLayerOptions, BuildProgress } from './build.js';
 export { treeStats } from './walk.js';
 export type { TreeStats } from './walk.js';
 export { DirImageStore } from './store/dir-store.js';
+export { openImageStore } from './store/open.js';
+export type { OpenImageStoreOptions } from './store/open.js';
 export { importOci } from './oci/import.js';
 export type { ImportOciOptions } from './oci/import.js';
 export { readOciImage } from './oci/read-image.js';

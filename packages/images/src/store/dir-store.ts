@@ -10,7 +10,7 @@ import {
   stat,
   unlink,
 } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import {
   DsecError,
   formatLayerRef,
@@ -22,7 +22,13 @@ import {
   type LayerInfo,
   type LayerRef,
 } from '@dsec/core';
-import { assertDigest, layerDigests, normalizeLayerInfo, validateLayerInfo } from './validate.js';
+import {
+  assertDigest,
+  assertRange,
+  layerDigests,
+  normalizeLayerInfo,
+  validateLayerInfo,
+} from './validate.js';
 
 const COPY_CHUNK_BYTES = 1024 * 1024;
 const RECORD_SUFFIX = '.json';
@@ -41,10 +47,15 @@ const RECORD_SUFFIX = '.json';
  */
 export class DirImageStore implements ImageStore {
   readonly kind = 'dir';
+  readonly local = true;
   readonly root: string;
 
   constructor(root: string) {
-    this.root = root;
+    this.root = resolve(root);
+  }
+
+  get location(): string {
+    return `dir:${this.root}`;
   }
 
   /** Scratch space on the store's filesystem, for builds and extractions. */
@@ -124,6 +135,44 @@ export class DirImageStore implements ImageStore {
     const path = this.blobFile(digest);
     if (!(await exists(path))) throw new DsecError('image_not_found', `no blob ${digest}`);
     return path;
+  }
+
+  async statBlob(
+    digest: string,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<{ sizeBytes: number }> {
+    throwIfAborted(options.signal);
+    const st = await stat(this.blobFile(digest)).catch((err: unknown) => {
+      if (errno(err) === 'ENOENT') throw new DsecError('image_not_found', `no blob ${digest}`);
+      throw err;
+    });
+    return { sizeBytes: st.size };
+  }
+
+  async readBlobRange(
+    digest: string,
+    offset: number,
+    length: number,
+    options: { signal?: AbortSignal } = {},
+  ): Promise<Buffer> {
+    assertRange(offset, length);
+    throwIfAborted(options.signal);
+    const fh = await open(this.blobFile(digest), 'r').catch((err: unknown) => {
+      if (errno(err) === 'ENOENT') throw new DsecError('image_not_found', `no blob ${digest}`);
+      throw err;
+    });
+    try {
+      const buf = Buffer.allocUnsafe(length);
+      let got = 0;
+      while (got < length) {
+        const { bytesRead } = await fh.read(buf, got, length - got, offset + got);
+        if (bytesRead === 0) break;
+        got += bytesRead;
+      }
+      return buf.subarray(0, got);
+    } finally {
+      await fh.close();
+    }
   }
 
   /** Deletes an unreferenced blob; `conflict` while a layer record still uses it. */

@@ -130,3 +130,18 @@ function assertStrings(value: unknown, field: string): void {
     throw new DsecError('invalid_argument', `${field} must be an array of strings`, { field });
   }
 }
+
+/** A byte range a store can serve: whole, non-negative, at most 1 GiB at a time. */
+export function assertRange(offset: unknown, length: unknown): void {
+  for (const [field, v] of [
+    ['offset', offset],
+    ['length', length],
+  ] as const) {
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) {
+      throw new DsecError('invalid_argument', `${field} must be a non-negative integer`, { field });
+    }
+  }
+  if ((length as number) > 2 ** 30) {
+    throw new DsecError('invalid_argument', 'length must be at most 1 GiB', { field: 'length' });
+  }
+}
