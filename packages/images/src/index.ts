@@ -5,7 +5,9 @@
  * consecutive layers (`collapseLayers`), or a root filesystem made here
  * (static busybox, or Debian via debootstrap), packed
  * with `mkfs.erofs` so the same content always gives the same digest, and
- * recorded as `name:version`. Split layers keep metadata and file data in two
+ * recorded as `name:version` in a store: a directory (`DirImageStore`, local
+ * or a shared mount) or an S3 bucket (`S3ImageStore`; `openImageStore` opens
+ * either from its location). Split layers keep metadata and file data in two
  * blobs (`--blobdev`) so an edge holds metadata locally and reads data on
  * demand from the store. Every store passes `imageStoreConformance`.
  *
@@ -28,6 +30,8 @@ export type { BuildLayerOptions, BuildProgress } from './build.js';
 export { treeStats } from './walk.js';
 export type { TreeStats } from './walk.js';
 export { DirImageStore } from './store/dir-store.js';
+export { S3ImageStore } from './store/s3-store.js';
+export type { S3ImageStoreOptions } from './store/s3-store.js';
 export { openImageStore } from './store/open.js';
 export type { OpenImageStoreOptions } from './store/open.js';
 export { importOci } from './oci/import.js';

@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, test } from 'node:test';
 import { isDsecError, type ErrorCode, type ImageStore, type LayerInfo } from '@dsec/core';
+import { openImageStore } from './open.js';
 
 export interface StoreUnderTest {
   store: ImageStore;
@@ -258,6 +259,78 @@ export function imageStoreConformance(
       await store.deleteBlob(unused);
       assert.equal(await store.hasBlob(unused), false);
       await rejectsWith(store.blobPath(unused), 'image_not_found');
+    });
+
+    void test('statBlob reports the size; absent is image_not_found, malformed invalid_argument', async () => {
+      const { digest } = await store.putBlob(await file('twelve bytes'));
+      assert.deepEqual(await store.statBlob(digest), { sizeBytes: 12 });
+      const empty = await store.putBlob(await file(''));
+      assert.deepEqual(await store.statBlob(empty.digest), { sizeBytes: 0 });
+      await rejectsWith(store.statBlob(`sha256:${'0'.repeat(64)}`), 'image_not_found');
+      await rejectsWith(store.statBlob('sha256:../../etc/passwd'), 'invalid_argument');
+    });
+
+    void test('readBlobRange reads exactly the range, short at the end, empty past it', async () => {
+      const content = Buffer.from(Array.from({ length: 300_000 }, (_, i) => (i * 7) % 251));
+      const { digest } = await store.putBlob(await file(content));
+      const size = content.length;
+      assert.deepEqual(await store.readBlobRange(digest, 0, 10), content.subarray(0, 10));
+      assert.deepEqual(
+        await store.readBlobRange(digest, 123_457, 65_536),
+        content.subarray(123_457, 123_457 + 65_536),
+      );
+      assert.deepEqual(await store.readBlobRange(digest, size - 5, 100), content.subarray(-5));
+      assert.deepEqual(await store.readBlobRange(digest, 0, size + 10), content);
+      assert.equal((await store.readBlobRange(digest, size, 10)).length, 0);
+      assert.equal((await store.readBlobRange(digest, size + 1000, 10)).length, 0);
+      assert.equal((await store.readBlobRange(digest, 100, 0)).length, 0);
+      const empty = await store.putBlob(await file(''));
+      assert.equal((await store.readBlobRange(empty.digest, 0, 10)).length, 0);
+    });
+
+    void test('readBlobRange rejects bad ranges naming the field, and absent blobs', async () => {
+      const digest = await blob('0123456789');
+      const cases: [number, number, string][] = [
+        [-1, 1, 'offset'],
+        [1.5, 1, 'offset'],
+        [Number.NaN, 1, 'offset'],
+        [0, -1, 'length'],
+        [0, 2.5, 'length'],
+        [0, Number.POSITIVE_INFINITY, 'length'],
+      ];
+      for (const [offset, length, field] of cases) {
+        await assert.rejects(
+          store.readBlobRange(digest, offset, length),
+          (e) => isDsecError(e, 'invalid_argument') && e.field === field,
+          `${offset}, ${length} → ${field}`,
+        );
+      }
+      const absent = `sha256:${'0'.repeat(64)}`;
+      await rejectsWith(store.readBlobRange(absent, 0, 10), 'image_not_found');
+      await rejectsWith(store.readBlobRange(absent, 0, 0), 'image_not_found');
+      await rejectsWith(store.readBlobRange('md5:abc', 0, 10), 'invalid_argument');
+    });
+
+    void test('local and location: a secret-free location that reopens the same store', async () => {
+      assert.equal(typeof store.local, 'boolean');
+      assert.equal(typeof store.location, 'string');
+      assert.notEqual(store.location, '');
+      assert.doesNotMatch(store.location, /:\/\/[^/?#]*@/, 'no user:password@ in the location');
+      assert.doesNotMatch(store.location, /secret|password|token|accesskey|credential/i);
+      const { digest } = await store.putBlob(await file('reopen me'));
+      let reopened: ImageStore;
+      try {
+        reopened = openImageStore(store.location, { cacheDir: join(scratch, 'cache') });
+      } catch (err) {
+        // A store openImageStore does not know (an in-memory fake) need not reopen.
+        if (isDsecError(err, 'invalid_argument') && err.field === 'store') return;
+        throw err;
+      }
+      assert.equal(reopened.kind, store.kind);
+      assert.equal(reopened.local, store.local);
+      assert.equal(reopened.location, store.location);
+      assert.equal(await reopened.hasBlob(digest), true);
+      assert.equal(await readFile(await reopened.blobPath(digest), 'utf8'), 'reopen me');
     });
 
     void test('an aborted putBlob stores nothing and says aborted', async () => {
