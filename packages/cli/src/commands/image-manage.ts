@@ -1,10 +1,18 @@
+import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Command } from 'commander';
-import { DsecError, parseLayerRef, type LayerInfo, type LayerKind } from '@dsec/core';
+import {
+  DsecError,
+  parseLayerRef,
+  type ImageStore,
+  type LayerInfo,
+  type LayerKind,
+} from '@dsec/core';
 import {
   collapseLayers,
   DirImageStore,
   importOci,
+  openImageStore,
   transferLayer,
   buildLayer,
   type BuildProgress,
@@ -86,8 +94,10 @@ interface ImportOptions {
 /**
  * `dsec image import|inspect|rm|push|pull|collapse` — all on the local image
  * store (`<state-dir>/images`), so they work with or without a running
- * cluster. push/pull copy layers to or from another `dir` store, such as a
- * mount of a distributed filesystem shared by many nodes.
+ * cluster. push/pull copy layers to or from another store: a directory (such
+ * as a mount of a distributed filesystem shared by many nodes) or an S3
+ * bucket (`s3://bucket/prefix?endpoint=…&region=…`, credentials from the
+ * environment).
  */
 export function register(program: Command): void {
   const image = imageCommand(program);
@@ -185,55 +195,64 @@ export function register(program: Command): void {
     (verb: 'push' | 'pull') =>
     async (refs: string[], opts: { to?: string; from?: string }, command: Command) => {
       const ctx = contextOf(command);
-      const dir = verb === 'push' ? opts.to : opts.from;
-      if (!dir) {
+      const where = verb === 'push' ? opts.to : opts.from;
+      if (!where) {
         throw new DsecError(
           'invalid_argument',
-          `${verb} needs ${verb === 'push' ? '--to' : '--from'} DIR`,
-          {
-            field: verb === 'push' ? 'to' : 'from',
-          },
+          `${verb} needs ${verb === 'push' ? '--to' : '--from'} STORE`,
+          { field: verb === 'push' ? 'to' : 'from' },
         );
       }
       const local = localStore(ctx);
-      const remote = new DirImageStore(resolve(dir));
-      const results = [];
-      for (const ref of refs) {
-        const bar = createProgress({
-          label: `${verb} ${ref}`,
-          enabled: !ctx.json,
-          format: formatBytes,
+      // A remote store's blobPath downloads whole copies: keep them beside the
+      // local store (same filesystem) only for as long as this command runs.
+      let cacheDir: string | undefined;
+      try {
+        const remote = await openTransferStore(where, verb === 'push' ? 'to' : 'from', async () => {
+          await mkdir(local.tmpDir, { recursive: true });
+          cacheDir = await mkdtemp(join(local.tmpDir, 'remote-cache-'));
+          return cacheDir;
         });
-        const r = await transferLayer(
-          verb === 'push' ? local : remote,
-          verb === 'push' ? remote : local,
-          ref,
-          {
-            ...(ctx.signal ? { signal: ctx.signal } : {}),
-            onProgress: (p) => bar.update(p.bytesDone, p.bytesTotal),
-          },
-        );
-        bar.done();
-        results.push({ ...r.layer, bytesCopied: r.bytesCopied });
-        if (!ctx.json)
-          ctx.out(
-            `${verb === 'push' ? 'pushed' : 'pulled'} ${r.layer.name}:${r.layer.version} (${formatBytes(r.bytesCopied)} copied)`,
+        const results = [];
+        for (const ref of refs) {
+          const bar = createProgress({
+            label: `${verb} ${ref}`,
+            enabled: !ctx.json,
+            format: formatBytes,
+          });
+          const r = await transferLayer(
+            verb === 'push' ? local : remote,
+            verb === 'push' ? remote : local,
+            ref,
+            {
+              ...(ctx.signal ? { signal: ctx.signal } : {}),
+              onProgress: (p) => bar.update(p.bytesDone, p.bytesTotal),
+            },
           );
+          bar.done();
+          results.push({ ...r.layer, bytesCopied: r.bytesCopied });
+          if (!ctx.json)
+            ctx.out(
+              `${verb === 'push' ? 'pushed' : 'pulled'} ${r.layer.name}:${r.layer.version} (${formatBytes(r.bytesCopied)} copied)`,
+            );
+        }
+        if (ctx.json) ctx.out(JSON.stringify(results));
+      } finally {
+        if (cacheDir !== undefined) await rm(cacheDir, { recursive: true, force: true });
       }
-      if (ctx.json) ctx.out(JSON.stringify(results));
     };
+  const storeHelp =
+    'a directory (e.g. a mounted distributed filesystem) or s3://BUCKET/PREFIX?endpoint=URL&region=REGION ' +
+    '(credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)';
   image
     .command('push <ref...>')
-    .description('copy layers (blobs, then record) from the local store to a dir store')
-    .requiredOption('--to <dir>', 'the target store: a path, e.g. a mounted distributed filesystem')
+    .description('copy layers (blobs, then record) from the local store to another store')
+    .requiredOption('--to <store>', `the target store: ${storeHelp}`)
     .action(transfer('push'));
   image
     .command('pull <ref...>')
-    .description('copy layers (blobs, then record) from a dir store to the local store')
-    .requiredOption(
-      '--from <dir>',
-      'the source store: a path, e.g. a mounted distributed filesystem',
-    )
+    .description('copy layers (blobs, then record) from another store to the local store')
+    .requiredOption('--from <store>', `the source store: ${storeHelp}`)
     .action(transfer('pull'));
 
   image
@@ -273,4 +292,28 @@ export function register(program: Command): void {
         printLayer(ctx, layer);
       },
     );
+}
+
+/**
+ * The other side of a push or pull: `s3://…` or `dir:/abs` through
+ * openImageStore, anything else a directory path (relative to the cwd).
+ */
+async function openTransferStore(
+  where: string,
+  field: 'to' | 'from',
+  makeCacheDir: () => Promise<string>,
+): Promise<ImageStore> {
+  if (!/^(s3|dir):/.test(where)) return new DirImageStore(resolve(where));
+  try {
+    return openImageStore(where, where.startsWith('s3:') ? { cacheDir: await makeCacheDir() } : {});
+  } catch (err) {
+    if (err instanceof DsecError && err.code === 'invalid_argument') {
+      throw new DsecError('invalid_argument', `--${field}: ${err.message}`, {
+        field,
+        cause: err,
+        ...(err.field !== undefined ? { details: { option: err.field } } : {}),
+      });
+    }
+    throw err;
+  }
 }

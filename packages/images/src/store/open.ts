@@ -35,7 +35,7 @@ function parseS3Location(location: string, options: OpenImageStoreOptions): S3Im
   const bad = (why: string, field = 'store'): DsecError =>
     new DsecError(
       'invalid_argument',
-      `bad S3 store ${JSON.stringify(location)}: ${why} (expected s3://bucket/prefix?endpoint=URL&region=REGION)`,
+      `bad S3 store ${JSON.stringify(redact(location))}: ${why} (expected s3://bucket/prefix?endpoint=URL&region=REGION)`,
       { field },
     );
   if (!location.startsWith('s3://')) throw bad('it must start with s3://');
@@ -80,4 +80,9 @@ function parseS3Location(location: string, options: OpenImageStoreOptions): S3Im
   }
   if (options.cacheDir !== undefined) out.cacheDir = options.cacheDir;
   return out;
+}
+
+/** Never echo credentials someone put in the URL. */
+function redact(location: string): string {
+  return location.replace(/^s3:\/\/[^/?#]*@/, 's3://***@');
 }

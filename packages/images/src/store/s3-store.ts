@@ -852,7 +852,7 @@ function assertEndpoint(endpoint: string): void {
   ) {
     throw new DsecError(
       'invalid_argument',
-      `endpoint ${JSON.stringify(endpoint)} must be an http(s) URL without credentials or query, e.g. http://127.0.0.1:9000`,
+      `endpoint ${JSON.stringify(endpoint.replace(/\/\/[^/?#]*@/, '//***@'))} must be an http(s) URL without credentials or query, e.g. http://127.0.0.1:9000`,
       { field: 'endpoint' },
     );
   }
