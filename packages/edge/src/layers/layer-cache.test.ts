@@ -61,6 +61,7 @@ beforeEach(async () => {
   mounter = new FakeMounter();
   store = {
     kind: 'fake',
+    local: true,
     blobPath: async (d: string) => {
       const f = blobs.get(d);
       if (!f) throw new DsecError('image_not_found', `no blob ${d}`);
@@ -143,4 +144,35 @@ void test('a corrupt metadata blob is refused; a failed mount is retried by the 
   assert.equal(cache.stats().inUse, 1);
   cache.release(ok.digest);
   await cache.close();
+});
+
+void test('a remote store: data blobs come from the blob server, which stops when no layer reads through it', async () => {
+  const remote = { ...store, local: false } as ImageStore;
+  const served: string[] = [];
+  let stops = 0;
+  const blobServer = {
+    pathFor: async (digest: string) => {
+      served.push(digest);
+      return join(dir, 'fuse', digest.slice(7));
+    },
+    stop: async () => {
+      stops++;
+    },
+  };
+  assert.throws(
+    () => new LayerMountCache(join(dir, 'layers'), remote, mounter, 1e9),
+    (e) => e instanceof DsecError && e.code === 'invalid_argument',
+    'a remote store without a blob server is refused',
+  );
+  const cache = new LayerMountCache(join(dir, 'layers'), remote, mounter, 1e9, blobServer);
+  const l = await layer('remote', 100, true);
+  const target = await cache.acquire(l);
+  assert.equal(mounter.mounted.get(target)!.blobDevice, join(dir, 'fuse', l.blobDigest!.slice(7)));
+  assert.deepEqual(served, [l.blobDigest]);
+  await cache.close();
+  assert.equal(stops, 0, 'a layer in use keeps the blob server');
+  cache.release(l.digest);
+  await cache.close();
+  assert.equal(stops, 1);
+  assert.equal(mounter.mounted.size, 0);
 });

@@ -11,6 +11,17 @@ export interface LayerMounter {
   unmount(targets: string[], options?: { detach?: boolean }): Promise<void>;
 }
 
+/**
+ * Serves a remote store's data blobs to the kernel as local files, fetched
+ * on demand (the node's blob daemon). Needed only when `store.local` is false.
+ */
+export interface RemoteBlobs {
+  /** A file the kernel can read the blob through; starts the server if needed. */
+  pathFor(digest: string): Promise<string>;
+  /** Stops the server; called when no mounted layer reads through it. */
+  stop(): Promise<void>;
+}
+
 interface Entry {
   layer: LayerInfo;
   dir: string;
@@ -38,7 +49,14 @@ export class LayerMountCache {
     readonly store: ImageStore,
     readonly mounter: LayerMounter,
     readonly budgetBytes: number,
-  ) {}
+    readonly remoteBlobs?: RemoteBlobs,
+  ) {
+    if (!store.local && !remoteBlobs) {
+      throw new DsecError('invalid_argument', `a ${store.kind} image store needs a blob server`, {
+        field: 'store',
+      });
+    }
+  }
 
   /** Takes over layer mounts left by a previous edge process. */
   async adopt(layers: LayerInfo[]): Promise<void> {
@@ -48,6 +66,8 @@ export class LayerMountCache {
       const dir = this.#dirFor(layer);
       if (mounted.has(dir) && !this.#entries.has(layer.digest)) {
         this.#entries.set(layer.digest, { layer, dir, refs: 0, lastUsedMs: Date.now() });
+        // Re-attaches to the blob server the mount reads through (it outlives edges).
+        if (layer.blobDigest && !this.store.local) await this.#blobDevice(layer.blobDigest);
       }
     }
   }
@@ -95,9 +115,15 @@ export class LayerMountCache {
     }
   }
 
-  /** Unmounts every unused layer. */
+  /**
+   * Unmounts every unused layer. The blob server stops too, unless a layer
+   * still in use reads through it (its sandboxes keep running across an edge
+   * restart, and so does the server).
+   */
   async close(): Promise<void> {
     await this.trim(0);
+    const remoteInUse = [...this.#entries.values()].some((e) => e.layer.blobDigest);
+    if (this.remoteBlobs && !this.store.local && !remoteInUse) await this.remoteBlobs.stop();
   }
 
   stats(): { mounted: number; inUse: number; bytes: number } {
@@ -140,6 +166,11 @@ export class LayerMountCache {
     return file;
   }
 
+  async #blobDevice(digest: string): Promise<string> {
+    if (this.store.local) return await this.store.blobPath(digest);
+    return await this.remoteBlobs!.pathFor(digest);
+  }
+
   #dirFor(layer: LayerInfo): string {
     return join(this.dir, layer.digest.replace(/^sha256:/, '').slice(0, 32));
   }
@@ -152,11 +183,13 @@ export class LayerMountCache {
       return;
     }
     // Split layer: metadata copied to local disk (small reads stay local), data
-    // read in place from the store, only the blocks a sandbox touches (paper 5.3).
+    // read from the store, only the blocks a sandbox touches (paper 5.3): in
+    // place from a POSIX store, through the blob server's chunk cache from a
+    // remote one.
     const image = layer.blobDigest
       ? await this.#localMetadata(layer.digest)
       : await this.store.blobPath(layer.digest);
-    const blobDevice = layer.blobDigest ? await this.store.blobPath(layer.blobDigest) : undefined;
+    const blobDevice = layer.blobDigest ? await this.#blobDevice(layer.blobDigest) : undefined;
     await this.mounter.mountErofs(image, entry.dir, blobDevice ? { blobDevice } : {});
     entry.mounting = undefined;
     await this.trim();
