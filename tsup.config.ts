@@ -3,7 +3,10 @@ import { defineConfig } from 'tsup';
 // One bundle for the CLI (workspace packages inlined, npm dependencies kept
 // external) so `bin/dsec` starts fast without a TypeScript loader.
 export default defineConfig({
-  entry: { main: 'packages/cli/src/main.ts' },
+  // `blobd` is the blob daemon process the edge spawns (next to main.js);
+  // two self-contained bundles, no shared chunks.
+  entry: { main: 'packages/cli/src/main.ts', blobd: 'packages/edge/src/ondemand/blobd-main.ts' },
+  splitting: false,
   outDir: 'packages/cli/dist',
   format: ['esm'],
   platform: 'node',

@@ -37,6 +37,22 @@ export { LayerMountCache } from './layers/layer-cache.js';
 export { OutputCapture } from './sessions/output-capture.js';
 export { mountPoints } from './layers/mountinfo.js';
 export { EventLog } from './events/event-log.js';
+export {
+  BlobDaemon,
+  type BlobDaemonOptions,
+  type BlobDaemonStats,
+} from './ondemand/blob-daemon.js';
+export {
+  ChunkCache,
+  type ChunkCacheOptions,
+  type ChunkCacheStats,
+  type RangeSource,
+} from './ondemand/chunk-cache.js';
+export {
+  BlobFuseServer,
+  type BlobFuseServerOptions,
+  type BlobFuseCounters,
+} from './ondemand/fuse-server.js';
 export { type EdgeNetworkOptions } from './network/open-network.js';
 export { LinuxNetwork, type NetworkOptions } from './network/linux-network.js';
 export { NoNetwork, type NetworkManager, type SandboxNetwork } from './network/network-manager.js';

@@ -3,6 +3,7 @@
 #define DSEC_CMDS_H
 
 int cmd_mount_erofs(int argc, char **argv);
+int cmd_mount_fuse(int argc, char **argv);
 int cmd_umount(int argc, char **argv);
 int cmd_mount_rootfs(int argc, char **argv);
 int cmd_chronus(int argc, char **argv);

@@ -2,9 +2,10 @@
  * @dsec/native — the host operations Node cannot do itself, done by two small
  * C programs built at install time (`make` in this package):
  *
- * - `dsec-helper`: file-backed EROFS mounts, the overlay root filesystem over
- *   idmapped layers, and `chronus`, the per-sandbox command daemon that runs
- *   commands inside a sandbox's namespaces while staying out of its reach.
+ * - `dsec-helper`: file-backed EROFS mounts, FUSE mounts (the blob daemon),
+ *   the overlay root filesystem over idmapped layers, and `chronus`, the
+ *   per-sandbox command daemon that runs commands inside a sandbox's
+ *   namespaces while staying out of its reach.
  * - `dsec-init`: PID 1 of every container sandbox (bind-mount {@link initPath}).
  *
  * @example
@@ -64,12 +65,15 @@ export function initPath(): string {
   return builtFile('dsec-init');
 }
 
-/** Runs `dsec-helper ARGS` to completion; rejects with its one-line error. */
-function runHelper(args: string[]): Promise<void> {
+/**
+ * Runs `dsec-helper ARGS` to completion; rejects with its one-line error.
+ * `extraFds` are handed down as the helper's fds 3, 4, ….
+ */
+function runHelper(args: string[], extraFds: number[] = []): Promise<void> {
   return new Promise((resolve, reject) => {
-    const child = spawn(helperPath(), args, { stdio: ['ignore', 'ignore', 'pipe'] });
+    const child = spawn(helperPath(), args, { stdio: ['ignore', 'ignore', 'pipe', ...extraFds] });
     let stderr = '';
-    child.stderr.setEncoding('utf8').on('data', (s: string) => (stderr += s));
+    child.stderr?.setEncoding('utf8').on('data', (s: string) => (stderr += s));
     child.on('error', (err) =>
       reject(new DsecError('internal', `dsec-helper ${args[0]}: ${err.message}`, { cause: err })),
     );
@@ -109,6 +113,29 @@ export async function mountErofs(
   const args = ['mount-erofs', image, target];
   if (options.blobDevice !== undefined) args.push('--device', options.blobDevice);
   await mountCancellable(args, target, options.signal);
+}
+
+/**
+ * Mounts a read-only FUSE filesystem (`fuse.NAME`, default `dsec-blobd`) at
+ * `target`, served by the caller on `fuseFd`, an open `/dev/fuse` descriptor
+ * of this process. The helper inherits the descriptor, mounts and exits; the
+ * caller starts answering requests (INIT first) once this resolves.
+ * Options: allow_other, default_permissions, nosuid, nodev, noexec,
+ * max_read=1 MiB, owner root.
+ */
+export async function mountFuse(
+  target: string,
+  fuseFd: number,
+  options: { name?: string; signal?: AbortSignal } = {},
+): Promise<void> {
+  throwIfAborted(options.signal);
+  const args = ['mount-fuse', target, '--fd', '3'];
+  if (options.name !== undefined) args.push('--name', options.name);
+  await runHelper(args, [fuseFd]);
+  if (options.signal?.aborted) {
+    await runHelper(['umount', '--detach', target]).catch(() => undefined);
+    throwIfAborted(options.signal);
+  }
 }
 
 /** Unmounts each target; targets that are not mounted or do not exist are fine. */

@@ -1,6 +1,7 @@
 /*
- * Mount subcommands: file-backed EROFS layers, unmounting, and the overlay
- * root filesystem of a sandbox (optionally over idmapped lower layers).
+ * Mount subcommands: file-backed EROFS layers, FUSE mounts served by a
+ * caller's /dev/fuse descriptor, unmounting, and the overlay root filesystem
+ * of a sandbox (optionally over idmapped lower layers).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +44,43 @@ int cmd_mount_erofs(int argc, char **argv)
      * file directly (file-backed EROFS); mount(8) would set up a loop device. */
     if (mount(image, target, "erofs", MS_RDONLY | MS_NODEV | MS_NOSUID, blob ? data : NULL) < 0)
         dief(errno, "mount erofs %s on %s", image, target);
+    return 0;
+}
+
+/* ---- mount-fuse TARGET --fd N [--name NAME] ---- */
+
+/* Mounts a FUSE filesystem served on an already-open /dev/fuse descriptor
+ * the caller passed down (fd N). The mount keeps its own reference to the
+ * open file, so this helper just mounts and exits while the caller serves. */
+int cmd_mount_fuse(int argc, char **argv)
+{
+    const char *target = NULL, *name = "dsec-blobd";
+    uint64_t fd = UINT64_MAX;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--fd") == 0 && i + 1 < argc) {
+            if (parse_u64(argv[++i], INT_MAX, &fd))
+                dief(EINVAL, "mount-fuse: --fd %s", argv[i]);
+        } else if (strcmp(argv[i], "--name") == 0 && i + 1 < argc)
+            name = argv[++i];
+        else if (!target)
+            target = argv[i];
+        else
+            dief(EINVAL, "mount-fuse: unexpected argument %s", argv[i]);
+    }
+    if (!target || fd == UINT64_MAX)
+        dief(EINVAL, "usage: mount-fuse TARGET --fd N [--name NAME]");
+    if (name[0] == 0 || strpbrk(name, ", \t\n"))
+        dief(EINVAL, "mount-fuse: --name %s", name);
+
+    char type[128], data[256];
+    if ((size_t)snprintf(type, sizeof type, "fuse.%s", name) >= sizeof type)
+        dief(ENAMETOOLONG, "mount-fuse: --name");
+    snprintf(data, sizeof data,
+             "fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions,"
+             "max_read=1048576",
+             (int)fd);
+    if (mount(name, target, type, MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, data) < 0)
+        dief(errno, "mount %s on %s", type, target);
     return 0;
 }
 

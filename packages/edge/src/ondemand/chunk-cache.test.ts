@@ -1,0 +1,199 @@
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, test } from 'node:test';
+import { DsecError } from '@dsec/core';
+import { ChunkCache, type RangeSource } from './chunk-cache.js';
+
+const CHUNK = 64 << 10;
+const HEX = 'ab'.repeat(32);
+const DIGEST = `sha256:${HEX}`;
+
+/** A source holding one blob that counts its range reads and fails on demand. */
+class FakeSource implements RangeSource {
+  calls: { offset: number; length: number }[] = [];
+  failing = false;
+  delayMs = 0;
+  constructor(readonly data: Buffer) {}
+  async statBlob(digest: string) {
+    if (digest !== DIGEST) throw new DsecError('image_not_found', digest);
+    return { sizeBytes: this.data.length };
+  }
+  async readBlobRange(digest: string, offset: number, length: number) {
+    if (digest !== DIGEST) throw new DsecError('image_not_found', digest);
+    this.calls.push({ offset, length });
+    if (this.delayMs) await new Promise((r) => setTimeout(r, this.delayMs));
+    if (this.failing) throw new Error('store down');
+    return this.data.subarray(offset, offset + length);
+  }
+}
+
+async function setup(
+  t: { after: (fn: () => Promise<void>) => void },
+  blobBytes = 10 * CHUNK + 100,
+) {
+  const dir = await mkdtemp(join(tmpdir(), 'dsec-chunk-cache-'));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  return { dir, source: new FakeSource(randomBytes(blobBytes)) };
+}
+
+describe('ChunkCache', () => {
+  test('assembles ranges across chunks and fetches each chunk once', async (t) => {
+    const { dir, source } = await setup(t);
+    const cache = await ChunkCache.open({ dir, source, budgetBytes: 1 << 30, chunkBytes: CHUNK });
+    const size = source.data.length;
+    for (const [off, len] of [
+      [0, 10],
+      [CHUNK - 5, 10],
+      [3 * CHUNK + 7, 2 * CHUNK + 1],
+      [size - 50, 1000],
+      [size, 10],
+    ] as const) {
+      const got = await cache.read(DIGEST, size, off, len);
+      assert.ok(got.equals(source.data.subarray(off, Math.min(off + len, size))), `${off}+${len}`);
+    }
+    assert.deepEqual(
+      source.calls.map((c) => c.offset / CHUNK),
+      [0, 1, 3, 4, 5, 10],
+    );
+    assert.equal(source.calls.at(-1)!.length, 100); // the short last chunk
+    const s = cache.stats();
+    assert.equal(s.fetches, 6);
+    assert.equal(s.cachedChunks, 6);
+    assert.equal(s.cachedBytes, 5 * CHUNK + 100);
+    assert.equal(s.bytesFetched, 5 * CHUNK + 100);
+    assert.equal(s.hits, 1); // the second chunk-0 read came from disk
+    await cache.read(DIGEST, size, 0, size);
+    assert.equal(cache.stats().fetches, 11);
+  });
+
+  test('concurrent readers of a missing chunk share one fetch', async (t) => {
+    const { dir, source } = await setup(t);
+    source.delayMs = 20;
+    const cache = await ChunkCache.open({ dir, source, budgetBytes: 1 << 30, chunkBytes: CHUNK });
+    const reads = Array.from({ length: 8 }, (_, i) =>
+      cache.read(DIGEST, source.data.length, i * 100, 100),
+    );
+    const got = await Promise.all(reads);
+    got.forEach((b, i) => assert.ok(b.equals(source.data.subarray(i * 100, i * 100 + 100))));
+    assert.equal(source.calls.length, 1);
+  });
+
+  test('bounds concurrent fetches', async (t) => {
+    const { dir, source } = await setup(t);
+    let active = 0;
+    let peak = 0;
+    const inner = source.readBlobRange.bind(source);
+    source.readBlobRange = async (d, o, l) => {
+      peak = Math.max(peak, ++active);
+      await new Promise((r) => setTimeout(r, 5));
+      active--;
+      return inner(d, o, l);
+    };
+    const cache = await ChunkCache.open({
+      dir,
+      source,
+      budgetBytes: 1 << 30,
+      chunkBytes: CHUNK,
+      maxConcurrentFetches: 2,
+    });
+    const size = source.data.length;
+    assert.ok((await cache.read(DIGEST, size, 0, size)).equals(source.data));
+    assert.equal(peak, 2);
+  });
+
+  test('evicts least recently used chunks beyond the budget', async (t) => {
+    const { dir, source } = await setup(t);
+    const size = source.data.length;
+    const cache = await ChunkCache.open({ dir, source, budgetBytes: 3 * CHUNK, chunkBytes: CHUNK });
+    await cache.read(DIGEST, size, 0, 1); // chunk 0
+    await cache.read(DIGEST, size, CHUNK, 1); // chunk 1
+    await cache.read(DIGEST, size, 2 * CHUNK, 1); // chunk 2
+    await cache.read(DIGEST, size, 0, 1); // touch chunk 0: chunk 1 is now the oldest
+    await cache.read(DIGEST, size, 3 * CHUNK, 1); // chunk 3 evicts chunk 1
+    const s = cache.stats();
+    assert.equal(s.evictions, 1);
+    assert.equal(s.cachedChunks, 3);
+    assert.ok(s.cachedBytes <= s.budgetBytes);
+    const files = (await readdir(dir)).map((f) => Number(f.split('.')[2])).sort();
+    assert.deepEqual(files, [0, 2, 3]);
+    source.calls = [];
+    await cache.read(DIGEST, size, 0, 1);
+    assert.equal(source.calls.length, 0);
+    await cache.read(DIGEST, size, CHUNK, 1);
+    assert.equal(source.calls.length, 1);
+    // A whole read through a small budget stays correct.
+    assert.ok((await cache.read(DIGEST, size, 0, size)).equals(source.data));
+  });
+
+  test('a restarted cache reuses its chunks and discards temp files', async (t) => {
+    const { dir, source } = await setup(t);
+    const size = source.data.length;
+    const first = await ChunkCache.open({ dir, source, budgetBytes: 1 << 30, chunkBytes: CHUNK });
+    await first.read(DIGEST, size, 0, 3 * CHUNK);
+    await writeFile(join(dir, `${HEX}.${CHUNK}.7.tmp.1.0`), 'partial');
+    await writeFile(join(dir, `${HEX}.${2 * CHUNK}.0`), 'other chunk size');
+    source.calls = [];
+    const second = await ChunkCache.open({ dir, source, budgetBytes: 1 << 30, chunkBytes: CHUNK });
+    assert.equal(second.stats().cachedChunks, 3);
+    assert.equal(second.stats().cachedBytes, 3 * CHUNK);
+    assert.ok(
+      (await second.read(DIGEST, size, 10, 3 * CHUNK - 20)).equals(
+        source.data.subarray(10, 3 * CHUNK - 10),
+      ),
+    );
+    assert.equal(source.calls.length, 0);
+    assert.equal((await readdir(dir)).length, 3);
+    // A smaller budget at restart trims the oldest chunks.
+    const third = await ChunkCache.open({ dir, source, budgetBytes: CHUNK, chunkBytes: CHUNK });
+    assert.equal(third.stats().cachedChunks, 1);
+    assert.equal((await readdir(dir)).length, 1);
+  });
+
+  test('a failed fetch fails that read only, is logged once, and is retried later', async (t) => {
+    const { dir, source } = await setup(t);
+    const size = source.data.length;
+    const lines: string[] = [];
+    const cache = await ChunkCache.open({
+      dir,
+      source,
+      budgetBytes: 1 << 30,
+      chunkBytes: CHUNK,
+      log: (l) => lines.push(l),
+    });
+    source.failing = true;
+    source.delayMs = 5;
+    const reads = [cache.read(DIGEST, size, 0, 10), cache.read(DIGEST, size, 20, 10)];
+    for (const r of reads)
+      await assert.rejects(
+        r,
+        (err: unknown) => err instanceof DsecError && err.code === 'unavailable',
+      );
+    assert.equal(lines.length, 1);
+    assert.match(lines[0]!, /store down/);
+    assert.equal(cache.stats().cachedChunks, 0);
+    source.failing = false;
+    assert.ok((await cache.read(DIGEST, size, 0, 10)).equals(source.data.subarray(0, 10)));
+  });
+
+  test('a chunk removed behind its back is refetched', async (t) => {
+    const { dir, source } = await setup(t);
+    const size = source.data.length;
+    const cache = await ChunkCache.open({ dir, source, budgetBytes: 1 << 30, chunkBytes: CHUNK });
+    await cache.read(DIGEST, size, 0, 10);
+    await rm(join(dir, `${HEX}.${CHUNK}.0`));
+    assert.ok((await cache.read(DIGEST, size, 0, 10)).equals(source.data.subarray(0, 10)));
+    assert.equal(source.calls.length, 2);
+  });
+
+  test('rejects bad chunk sizes', async (t) => {
+    const { dir, source } = await setup(t);
+    for (const chunkBytes of [1000, 32 << 10, (64 << 10) + 1])
+      await assert.rejects(
+        ChunkCache.open({ dir, source, budgetBytes: 1, chunkBytes }),
+        (err: unknown) => err instanceof DsecError && err.code === 'invalid_argument',
+      );
+  });
+});

@@ -1,0 +1,345 @@
+import { read, writevSync } from 'node:fs';
+import { DsecError } from '@dsec/core';
+import type { ChunkCache, RangeSource } from './chunk-cache.js';
+import {
+  DT_DIR,
+  DT_REG,
+  Errno,
+  FOPEN_DIRECT_IO,
+  FOPEN_KEEP_CACHE,
+  IN_HEADER_BYTES,
+  NO_REPLY_OPCODES,
+  Opcode,
+  S_IFDIR,
+  S_IFREG,
+  WRITE_OPCODES,
+  encodeReplyHeader,
+  decodeFh,
+  decodeInHeader,
+  decodeInitIn,
+  decodeName,
+  decodeOpenFlags,
+  decodeReadIn,
+  encodeAttrOut,
+  encodeDirents,
+  encodeEntryOut,
+  encodeInitOut,
+  encodeOpenOut,
+  encodeReply,
+  encodeStatfsOut,
+  negotiateInit,
+  type Attr,
+  type Dirent,
+} from './fuse-protocol.js';
+
+export interface BlobFuseServerOptions {
+  /** An open `/dev/fuse` descriptor whose mount exists (INIT is the first request). */
+  fd: number;
+  source: RangeSource;
+  cache: ChunkCache;
+  /** Readahead asked of the kernel (capped by its offer). Default 128 KiB. */
+  maxReadaheadBytes?: number;
+  /**
+   * Concurrent blocking reads of `/dev/fuse`, each holding a libuv pool
+   * thread: keep UV_THREADPOOL_SIZE well above this. Default 4.
+   */
+  readers?: number;
+  /** One line per unexpected failure. Default: stderr. */
+  log?: (line: string) => void;
+}
+
+/** Counters of the server itself (the `daemon` part of `.stats`). */
+export interface BlobFuseCounters {
+  pid: number;
+  uptimeSec: number;
+  requests: number;
+  lookups: number;
+  reads: number;
+  readBytes: number;
+  /** Requests answered EIO (fetch or disk failures). */
+  ioErrors: number;
+  /** Blobs looked up so far (the files READDIR lists). */
+  knownBlobs: number;
+}
+
+export const STATS_FILE = '.stats';
+const ROOT_INO = 1n;
+const STATS_INO = 2n;
+/** Blobs are immutable: names and attributes stay valid for a day. */
+const BLOB_VALID_SEC = 86_400;
+/** Room for the largest request we accept (no writes) plus slack. */
+const READ_BUFFER_BYTES = (128 << 10) + 4096;
+const O_ACCMODE = 3;
+
+interface Blob {
+  ino: bigint;
+  hex: string;
+  size: number;
+}
+
+type Outcome = Buffer | { errno: number } | 'none';
+
+/**
+ * Serves a read-only FUSE filesystem on one `/dev/fuse` descriptor: a root
+ * directory (inode 1) whose entries are the blobs of `source`, named by the
+ * 64 hex digits of their sha256 digest and found by LOOKUP (never listed in
+ * advance), read through the chunk cache; plus `.stats`, a JSON snapshot of
+ * the cache and server counters taken at open.
+ *
+ * The kernel hands out one request per read(2) of the device and takes one
+ * reply per write(2), so several reads run at once (each blocks a libuv pool
+ * thread) while replies are written synchronously from the event loop.
+ */
+export class BlobFuseServer {
+  private readonly fd: number;
+  private readonly source: RangeSource;
+  private readonly cache: ChunkCache;
+  private readonly maxReadaheadBytes: number;
+  private readonly readers: number;
+  private readonly log: (line: string) => void;
+  private readonly byHex = new Map<string, Blob>();
+  private readonly byIno = new Map<bigint, Blob>();
+  private readonly lookups = new Map<string, Promise<Blob>>();
+  private readonly snapshots = new Map<bigint, Buffer>();
+  private nextIno = 3n;
+  private nextFh = 1n;
+  private stopped = false;
+  private readonly startedMs = Date.now();
+  private counters = { requests: 0, lookups: 0, reads: 0, readBytes: 0, ioErrors: 0 };
+
+  constructor(options: BlobFuseServerOptions) {
+    this.fd = options.fd;
+    this.source = options.source;
+    this.cache = options.cache;
+    this.maxReadaheadBytes = options.maxReadaheadBytes ?? 128 << 10;
+    this.readers = Math.max(1, options.readers ?? 4);
+    this.log = options.log ?? ((line) => process.stderr.write(`${line}\n`));
+  }
+
+  counterValues(): BlobFuseCounters {
+    return {
+      pid: process.pid,
+      uptimeSec: Math.round((Date.now() - this.startedMs) / 1000),
+      ...this.counters,
+      knownBlobs: this.byHex.size,
+    };
+  }
+
+  /** Serves until the mount goes away (or DESTROY); never rejects. */
+  async serve(): Promise<void> {
+    const loops = Array.from({ length: this.readers }, () => this.readLoop());
+    await Promise.all(loops);
+  }
+
+  private async readLoop(): Promise<void> {
+    const buf = Buffer.allocUnsafe(READ_BUFFER_BYTES);
+    while (!this.stopped) {
+      let n: number;
+      try {
+        n = await readOnce(this.fd, buf);
+      } catch (err) {
+        const code = (err as NodeJS.ErrnoException).code;
+        if (code === 'EINTR' || code === 'EAGAIN' || code === 'ENOENT') continue;
+        if (code !== 'ENODEV') this.log(`blobd: reading /dev/fuse: ${(err as Error).message}`);
+        this.stopped = true;
+        break;
+      }
+      if (n < IN_HEADER_BYTES) continue;
+      void this.handle(Buffer.from(buf.subarray(0, n)));
+    }
+  }
+
+  private async handle(req: Buffer): Promise<void> {
+    const header = decodeInHeader(req);
+    const body = req.subarray(IN_HEADER_BYTES + header.totalExtlen * 8, header.len);
+    this.counters.requests++;
+    let outcome: Outcome;
+    try {
+      outcome = await this.dispatch(header.opcode, header.nodeid, body);
+    } catch (err) {
+      outcome = { errno: this.errnoOf(err) };
+    }
+    if (outcome === 'none') return;
+    if (Buffer.isBuffer(outcome)) {
+      const head = encodeReplyHeader(header.unique, outcome.length);
+      this.reply(outcome.length > 0 ? [head, outcome] : [head]);
+    } else {
+      this.reply([encodeReply(header.unique, outcome.errno)]);
+    }
+  }
+
+  private reply(parts: Buffer[]): void {
+    // One write(2) per reply: header and payload gathered by writev.
+    try {
+      writevSync(this.fd, parts);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT') return; // the request was interrupted meanwhile
+      if (code === 'ENODEV') {
+        this.stopped = true;
+        return;
+      }
+      this.log(`blobd: replying: ${(err as Error).message}`);
+    }
+  }
+
+  private errnoOf(err: unknown): number {
+    if (err instanceof DsecError && err.code === 'image_not_found') return Errno.ENOENT;
+    this.counters.ioErrors++;
+    // Fetch failures were logged by the chunk cache; anything else is news.
+    if (!(err instanceof DsecError && err.code === 'unavailable'))
+      this.log(`blobd: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}`);
+    return Errno.EIO;
+  }
+
+  private async dispatch(opcode: number, nodeid: bigint, body: Buffer): Promise<Outcome> {
+    if (NO_REPLY_OPCODES.has(opcode)) return 'none';
+    if (WRITE_OPCODES.has(opcode)) return { errno: Errno.EROFS };
+    switch (opcode) {
+      case Opcode.INIT: {
+        const offer = decodeInitIn(body);
+        if (offer.major < 7) return { errno: Errno.EPROTO };
+        return encodeInitOut(negotiateInit(offer, { maxReadaheadBytes: this.maxReadaheadBytes }));
+      }
+      case Opcode.LOOKUP:
+        return this.lookup(nodeid, decodeName(body));
+      case Opcode.GETATTR: {
+        const attr = this.attrOf(nodeid);
+        if (!attr) return { errno: Errno.ENOENT };
+        return encodeAttrOut(attr, nodeid === STATS_INO ? 0 : BLOB_VALID_SEC);
+      }
+      case Opcode.OPEN:
+        return this.open(nodeid, decodeOpenFlags(body));
+      case Opcode.READ:
+        return this.read(nodeid, body);
+      case Opcode.RELEASE:
+        this.snapshots.delete(decodeFh(body));
+        return Buffer.alloc(0);
+      case Opcode.FLUSH:
+      case Opcode.RELEASEDIR:
+        return Buffer.alloc(0);
+      case Opcode.OPENDIR:
+        if (nodeid !== ROOT_INO) return { errno: Errno.ENOTDIR };
+        return encodeOpenOut(0n, 0);
+      case Opcode.READDIR:
+        return this.readdir(nodeid, body);
+      case Opcode.STATFS:
+        return this.statfs();
+      case Opcode.DESTROY:
+        this.stopped = true;
+        return Buffer.alloc(0);
+      default:
+        return { errno: Errno.ENOSYS };
+    }
+  }
+
+  private attrOf(nodeid: bigint): Attr | undefined {
+    const mtimeSec = Math.floor(this.startedMs / 1000);
+    if (nodeid === ROOT_INO)
+      return { ino: ROOT_INO, size: 0, mode: S_IFDIR | 0o555, nlink: 2, mtimeSec };
+    if (nodeid === STATS_INO)
+      return { ino: STATS_INO, size: 0, mode: S_IFREG | 0o444, nlink: 1, mtimeSec };
+    const blob = this.byIno.get(nodeid);
+    if (!blob) return undefined;
+    return { ino: blob.ino, size: blob.size, mode: S_IFREG | 0o444, nlink: 1, mtimeSec: 0 };
+  }
+
+  private async lookup(parent: bigint, name: string): Promise<Outcome> {
+    if (parent !== ROOT_INO) return { errno: Errno.ENOTDIR };
+    if (name === STATS_FILE)
+      return encodeEntryOut(this.attrOf(STATS_INO)!, { entrySec: BLOB_VALID_SEC, attrSec: 0 });
+    if (!/^[0-9a-f]{64}$/.test(name)) return { errno: Errno.ENOENT };
+    this.counters.lookups++;
+    const blob = await this.blobNamed(name);
+    return encodeEntryOut(this.attrOf(blob.ino)!, {
+      entrySec: BLOB_VALID_SEC,
+      attrSec: BLOB_VALID_SEC,
+    });
+  }
+
+  /** The blob's inode, asking the store once (failures are not remembered). */
+  private blobNamed(hex: string): Promise<Blob> {
+    const known = this.byHex.get(hex);
+    if (known) return Promise.resolve(known);
+    let pending = this.lookups.get(hex);
+    if (!pending) {
+      pending = this.source.statBlob(`sha256:${hex}`).then(({ sizeBytes }) => {
+        const blob = this.byHex.get(hex) ?? { ino: this.nextIno++, hex, size: sizeBytes };
+        this.byHex.set(hex, blob);
+        this.byIno.set(blob.ino, blob);
+        return blob;
+      });
+      this.lookups.set(hex, pending);
+      const done = () => void this.lookups.delete(hex);
+      pending.then(done, done);
+    }
+    return pending;
+  }
+
+  private open(nodeid: bigint, flags: number): Outcome {
+    if ((flags & O_ACCMODE) !== 0) return { errno: Errno.EROFS };
+    if (nodeid === ROOT_INO) return { errno: Errno.EISDIR };
+    if (nodeid === STATS_INO) {
+      const fh = this.nextFh++;
+      const stats = { cache: this.cache.stats(), daemon: this.counterValues() };
+      this.snapshots.set(fh, Buffer.from(`${JSON.stringify(stats, null, 2)}\n`));
+      return encodeOpenOut(fh, FOPEN_DIRECT_IO);
+    }
+    if (!this.byIno.has(nodeid)) return { errno: Errno.ENOENT };
+    return encodeOpenOut(0n, FOPEN_KEEP_CACHE);
+  }
+
+  private async read(nodeid: bigint, body: Buffer): Promise<Outcome> {
+    const { fh, offset, size } = decodeReadIn(body);
+    const at = Number(offset);
+    if (nodeid === STATS_INO) {
+      const snapshot = this.snapshots.get(fh) ?? Buffer.alloc(0);
+      return snapshot.subarray(Math.min(at, snapshot.length), Math.min(at + size, snapshot.length));
+    }
+    const blob = this.byIno.get(nodeid);
+    if (!blob) return { errno: Errno.EBADF };
+    this.counters.reads++;
+    const data = await this.cache.read(`sha256:${blob.hex}`, blob.size, at, size);
+    this.counters.readBytes += data.length;
+    return data;
+  }
+
+  private readdir(nodeid: bigint, body: Buffer): Outcome {
+    if (nodeid !== ROOT_INO) return { errno: Errno.ENOTDIR };
+    const { offset, size } = decodeReadIn(body);
+    const names: [bigint, number, string][] = [
+      [ROOT_INO, DT_DIR, '.'],
+      [ROOT_INO, DT_DIR, '..'],
+      [STATS_INO, DT_REG, STATS_FILE],
+      ...[...this.byHex.values()].map((b): [bigint, number, string] => [b.ino, DT_REG, b.hex]),
+    ];
+    const start = Number(offset);
+    const entries: Dirent[] = names
+      .slice(start)
+      .map(([ino, type, name], i) => ({ ino, type, name, off: BigInt(start + i + 1) }));
+    return encodeDirents(entries, size).buf;
+  }
+
+  private statfs(): Outcome {
+    const s = this.cache.stats();
+    const bsize = 4096;
+    const blocks = Math.ceil(s.budgetBytes / bsize);
+    const free = Math.max(0, blocks - Math.ceil(s.cachedBytes / bsize));
+    return encodeStatfsOut({
+      blocks,
+      bfree: free,
+      bavail: free,
+      files: this.byHex.size + 2,
+      ffree: 0,
+      bsize,
+      namelen: 255,
+      frsize: bsize,
+    });
+  }
+}
+
+function readOnce(fd: number, buf: Buffer): Promise<number> {
+  return new Promise((resolve, reject) =>
+    read(fd, buf, 0, buf.length, null, (err, n) => (err ? reject(err) : resolve(n))),
+  );
+}
