@@ -18,7 +18,7 @@ import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { buildApiServer } from '@dsec/apiserver';
 import { SandboxIdCodec } from '@dsec/core';
-import type { EdgeApi, LayerInfo } from '@dsec/core';
+import type { EdgeApi, ImageStore, LayerInfo } from '@dsec/core';
 import {
   openContainerEdge,
   type Edge,
@@ -26,7 +26,7 @@ import {
   type EdgeNetworkOptions,
 } from '@dsec/edge';
 import { Iam } from '@dsec/iam';
-import { buildLayer, DirImageStore } from '@dsec/images';
+import { buildLayer, DirImageStore, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
 
@@ -46,6 +46,14 @@ export interface SingleNodeOptions {
   network?: EdgeNetworkOptions;
   /** Parent cgroup of the edge's sandboxes. Default `dsec`. */
   cgroupParent?: string;
+  /**
+   * Where layers live (`openImageStore`): default `stateDir/images`. An
+   * `s3://bucket/prefix?endpoint=…` store has its data blobs served on demand
+   * through the edge's blob daemon and chunk cache.
+   */
+  imageStore?: string;
+  /** Bytes of the edge's on-demand chunk cache for a remote image store. */
+  blobCacheBytes?: number;
 }
 
 export interface SingleNode {
@@ -53,7 +61,7 @@ export interface SingleNode {
   /** The admin API key of the root project (also in `stateDir/admin.key`). */
   adminKey: string;
   edge: Edge;
-  store: DirImageStore;
+  store: ImageStore;
   iam: Iam;
   /** Builds a layer into this node's image store. */
   buildLayer(input: Omit<Parameters<typeof buildLayer>[1], 'signal'>): Promise<LayerInfo>;
@@ -69,7 +77,9 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   const secret = await readOrCreate(join(stateDir, 'cluster.secret'), () =>
     randomBytes(32).toString('hex'),
   );
-  const store = new DirImageStore(join(stateDir, 'images'));
+  const store = options.imageStore
+    ? openImageStore(options.imageStore, { cacheDir: join(stateDir, 'image-cache') })
+    : new DirImageStore(join(stateDir, 'images'));
   const iam = Iam.open({ path: join(stateDir, 'iam.db') });
   const boot = iam.bootstrap();
   const keyFile = join(stateDir, 'admin.key');
@@ -93,6 +103,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       ttlSweepMs: options.ttlSweepMs,
       network: options.network,
       cgroupParent: options.cgroupParent,
+      blobCacheBytes: options.blobCacheBytes,
     });
   } catch (err) {
     iam.close();

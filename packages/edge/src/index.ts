@@ -23,6 +23,7 @@ import { ContainerBackend } from './backends/container/container-backend.js';
 import { detectCgroupDriver } from './cgroups/cgroup-driver.js';
 import { Edge, type EdgeCapacity } from './edge.js';
 import { LayerMountCache } from './layers/layer-cache.js';
+import { blobDaemonBlobs } from './layers/remote-blobs.js';
 import { RuncRuntime } from './runtime/oci-runtime.js';
 import { EventLog } from './events/event-log.js';
 import { openNetwork, type EdgeNetworkOptions } from './network/open-network.js';
@@ -68,6 +69,11 @@ export interface ContainerEdgeOptions {
   runtimeBinary?: string;
   /** Mounted but unused layers are unmounted beyond this many bytes. */
   layerCacheBytes?: number;
+  /**
+   * Bytes of the on-demand chunk cache for a remote image store's data blobs
+   * (`stateDir/blob-cache`; default 10 GiB).
+   */
+  blobCacheBytes?: number | undefined;
   shellBinary?: string;
   /** Parent cgroup of all sandboxes of this edge. Default `dsec`. */
   cgroupParent?: string;
@@ -120,6 +126,14 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     options.store,
     { mountErofs, unmount },
     options.layerCacheBytes ?? 8 * 2 ** 30,
+    options.store.local
+      ? undefined
+      : blobDaemonBlobs({
+          mountDir: join(options.stateDir, 'blobs'),
+          cacheDir: join(options.stateDir, 'blob-cache'),
+          storeLocation: options.store.location,
+          cacheBytes: options.blobCacheBytes ?? 10 * 2 ** 30,
+        }),
   );
   const events = new EventLog(join(options.stateDir, 'events.db'));
   const network = await openNetwork(options.stateDir, options.network, events, options.log);
