@@ -1,17 +1,14 @@
 import { createCipheriv } from 'node:crypto';
-import { execFile } from 'node:child_process';
-import { chmod, mkdir, mkdtemp, open, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
-import { promisify } from 'node:util';
 import { startSingleNode } from '@dsec/cluster';
-import { makeBusyboxRootfs } from '@dsec/images';
+import { makeBusyboxRootfs, openImageStore, transferLayer } from '@dsec/images';
+import { startS3Server } from '@dsec/images/testing/s3';
 import { DSecClient } from '@dsec/sdk';
 import { describeMachine } from './create.js';
 import { dropCaches, prng } from './layers.js';
-
-const execFileAsync = promisify(execFile);
+import { ThrottledLink } from './link.js';
 
 export interface OndemandBenchOptions {
   /** Size of the large image in MiB (default 320). */
@@ -37,6 +34,8 @@ export interface OndemandBenchReport {
   bandwidthMiBps: number;
   results: { dsec: Side; eager: Side };
   ratios: { bytesTransferred: number; timeToFirstExec: number };
+  /** The blob daemon's chunk-cache counters after the on-demand side. */
+  chunkCache: Record<string, unknown>;
   method: string;
   limitations: string;
   machine: Record<string, unknown>;
@@ -52,47 +51,20 @@ async function writeRandomFile(path: string, bytes: number, seed: number): Promi
   await writeFile(path, cipher.update(Buffer.alloc(bytes)));
 }
 
-/** Bytes of `file` in the page cache (`fincore`): after dropping caches, what was read from it. */
-async function residentBytes(file: string): Promise<number> {
-  const { stdout } = await execFileAsync('fincore', [
-    '--bytes',
-    '--noheadings',
-    '--output',
-    'RES',
-    file,
-  ]);
-  return Number(stdout.trim());
-}
-
-/** Copies at most `bytesPerSec`: the eager pull of a whole layer over a limited link. */
-async function pacedCopy(src: string, dst: string, bytesPerSec: number): Promise<number> {
-  const input = await open(src, 'r');
-  const output = await open(dst, 'w');
-  const t0 = Date.now();
-  let copied = 0;
-  try {
-    const buf = Buffer.alloc(4 * 2 ** 20);
-    for (;;) {
-      const { bytesRead } = await input.read(buf, 0, buf.length, null);
-      if (bytesRead === 0) break;
-      await output.write(buf.subarray(0, bytesRead));
-      copied += bytesRead;
-      const ahead = (copied / bytesPerSec) * 1000 - (Date.now() - t0);
-      if (ahead > 0) await sleep(ahead);
-    }
-    await output.sync();
-  } finally {
-    await input.close();
-    await output.close();
-  }
-  return copied;
+/** The blob daemon's chunk-cache counters (its `.stats` file), or an empty record if it is not there. */
+async function readBlobdStats(mountDir: string): Promise<Record<string, unknown>> {
+  const text = await readFile(join(mountDir, '.stats'), 'utf8').catch(() => '{}');
+  return (JSON.parse(text) as { cache?: Record<string, unknown> }).cache ?? {};
 }
 
 /**
- * One sandbox whose task reads ~10 % of a large image, from a store with
- * limited bandwidth. On demand: the edge copies the layer's metadata image
- * and mounts the data blob in place; only touched blocks are read. Eager: the
- * whole layer (metadata + data) is pulled at the store's bandwidth first.
+ * One sandbox whose task reads ~10 % of a large image kept in an S3 store
+ * behind a link of limited bandwidth (a real S3-protocol server on loopback,
+ * reached through a pacing proxy that also counts the bytes). On demand: the
+ * edge copies the layer's metadata image and its blob daemon fetches data
+ * chunks as the sandbox reads them. Eager: the whole layer stack is pulled
+ * into a local store over the same link first (`dsec image pull`), then the
+ * same sandbox starts from it.
  */
 export async function benchOndemand(
   options: OndemandBenchOptions = {},
@@ -108,8 +80,34 @@ export async function benchOndemand(
     return () => options.onProgress?.(++n, 6);
   })();
   try {
-    const stateDir = join(work, 'state');
-    const node = await startSingleNode({ stateDir, port: 0 });
+    // The loopback server's key, in the environment the blob daemon inherits;
+    // and no credential lookups off the machine.
+    const saved = { ...process.env };
+    cleanups.push(async () => {
+      for (const k of ['AWS_ACCESS_KEY_ID', 'AWS_SECRET_ACCESS_KEY', 'AWS_EC2_METADATA_DISABLED'])
+        if (saved[k] === undefined) delete process.env[k];
+        else process.env[k] = saved[k];
+    });
+    process.env.AWS_ACCESS_KEY_ID = 'S3RVER';
+    process.env.AWS_SECRET_ACCESS_KEY = 'S3RVER';
+    process.env.AWS_EC2_METADATA_DISABLED = 'true';
+    const s3 = await startS3Server({ bucket: 'dsec-bench' });
+    cleanups.unshift(() => s3.close());
+    const link = await ThrottledLink.open(
+      { host: '127.0.0.1', port: Number(new URL(s3.endpoint).port) },
+      bw,
+    );
+    cleanups.unshift(() => link.close());
+    const location = `s3://${s3.bucket}/ondemand?endpoint=${encodeURIComponent(link.url)}`;
+
+    // The node under test reads its layers from S3 through the link.
+    const node = await startSingleNode({
+      stateDir: join(work, 'state'),
+      port: 0,
+      network: { mode: 'none' },
+      imageStore: location,
+      cgroupParent: 'dsec-bench-ondemand',
+    });
     cleanups.unshift(() => node.close({ stopSandboxes: true }));
     const baseDir = join(work, 'base');
     await makeBusyboxRootfs(baseDir);
@@ -130,10 +128,18 @@ export async function benchOndemand(
     });
     await rm(bigDir, { recursive: true, force: true });
     step();
-    const metaPath = await node.store.blobPath(big.digest);
-    const blobPath = await node.store.blobPath(big.blobDigest!);
-    const metadataBytes = (await stat(metaPath)).size;
-    const dataBlobBytes = (await stat(blobPath)).size;
+    const metadataBytes = (await node.store.statBlob(big.digest)).sizeBytes;
+    const dataBlobBytes = (await node.store.statBlob(big.blobDigest!)).sizeBytes;
+
+    // The eager peer: a node with a local store, filled by a pull over the same link.
+    const eagerNode = await startSingleNode({
+      stateDir: join(work, 'eager'),
+      port: 0,
+      network: { mode: 'none' },
+      cgroupParent: 'dsec-bench-eager',
+    });
+    cleanups.unshift(() => eagerNode.close({ stopSandboxes: true }));
+    const remote = openImageStore(location, { cacheDir: join(work, 'eager-pull-cache') });
 
     // The task: read a seeded ~10 % of the files in full.
     const rand = prng(1234);
@@ -144,78 +150,78 @@ export async function benchOndemand(
     }
     const picked = all.slice(0, Math.max(1, Math.round(files * fraction)));
     const task = `cat ${picked.map((i) => `/opt/model/shard${i % 8}/part-${i}.bin`).join(' ')} | wc -c`;
-
-    const client = new DSecClient({ url: node.url, apiKey: node.adminKey });
-    await client.open();
-    cleanups.unshift(async () => client.close());
     const spec = { image: 'od-base', toolkits: ['od-big'], memoryLimitMb: 512, cpuCoresLimit: 1 };
-    const ms = (t0: bigint) => Number(process.hrtime.bigint() - t0) / 1e6;
+    const ms = (t0: bigint) => Math.round(Number(process.hrtime.bigint() - t0) / 1e6);
 
-    // On demand.
-    await dropCaches();
-    let t0 = process.hrtime.bigint();
-    const sb = await client.runContainer(spec);
-    const first = await sb.exec(['true']);
-    if (first.exitCode !== 0) throw new Error('first exec failed');
-    const firstExecLocalMs = ms(t0);
-    const beforeTask = metadataBytes + (await residentBytes(blobPath));
-    const taskRun = await sb.runShell(task, { timeoutMs: 600_000 });
-    const taskLocalMs = ms(t0);
-    const taskBytes = Number(taskRun.stdout.trim());
-    const dataRead = await residentBytes(blobPath);
-    await sb.stop();
-    step();
-    // The store link is modeled for the on-demand side: its reads happen in the
-    // kernel, so the bytes it fetched (metadata copy + data blocks) are charged at `bw`.
-    const dsec: Side = {
-      bytesTransferred: metadataBytes + dataRead,
-      timeToFirstExecMs: Math.round(firstExecLocalMs + (beforeTask / bw) * 1000),
-      timeToTaskDoneMs: Math.round(taskLocalMs + ((metadataBytes + dataRead) / bw) * 1000),
+    const runSide = async (
+      url: string,
+      apiKey: string,
+      pull?: () => Promise<void>,
+    ): Promise<Side & { bytesRead: number }> => {
+      const client = new DSecClient({ url, apiKey });
+      await client.open();
+      try {
+        await dropCaches();
+        link.resetCounters();
+        const t0 = process.hrtime.bigint();
+        await pull?.();
+        const sb = await client.runContainer(spec);
+        const first = await sb.exec(['true']);
+        if (first.exitCode !== 0) throw new Error('first exec failed');
+        const timeToFirstExecMs = ms(t0);
+        const run = await sb.runShell(task, { timeoutMs: 600_000 });
+        const timeToTaskDoneMs = ms(t0);
+        await sb.stop();
+        if (run.exitCode !== 0) throw new Error(`task failed: ${run.stderr}`);
+        return {
+          bytesTransferred: link.bytesDown,
+          timeToFirstExecMs,
+          timeToTaskDoneMs,
+          bytesRead: Number(run.stdout.trim()),
+        };
+      } finally {
+        client.close();
+      }
     };
 
-    // Eager: pull the whole layer at the store's bandwidth, then start.
-    await dropCaches();
-    const local = join(stateDir, 'eager');
-    await mkdir(local, { recursive: true });
-    t0 = process.hrtime.bigint();
-    let pulled = await pacedCopy(metaPath, join(local, 'layer.meta'), bw);
-    pulled += await pacedCopy(blobPath, join(local, 'layer.blob'), bw);
+    const { bytesRead, ...dsec } = await runSide(node.url, node.adminKey);
+    const chunkCache = await readBlobdStats(join(work, 'state', 'edge', 'blobs'));
     step();
-    const sb2 = await client.runContainer(spec);
-    const first2 = await sb2.exec(['true']);
-    if (first2.exitCode !== 0) throw new Error('first exec failed');
-    const eagerFirst = ms(t0);
-    await sb2.runShell(task, { timeoutMs: 600_000 });
-    const eagerTask = ms(t0);
-    await sb2.stop();
+    const { bytesRead: eagerRead, ...eager } = await runSide(
+      eagerNode.url,
+      eagerNode.adminKey,
+      async () => {
+        for (const ref of ['od-base', 'od-big']) await transferLayer(remote, eagerNode.store, ref);
+      },
+    );
     step();
-    const eager: Side = {
-      bytesTransferred: pulled,
-      timeToFirstExecMs: Math.round(eagerFirst),
-      timeToTaskDoneMs: Math.round(eagerTask),
-    };
+    if (eagerRead !== bytesRead)
+      throw new Error(`the task read ${bytesRead} vs ${eagerRead} bytes`);
     const r = (a: number, b: number) => (b > 0 ? Math.round((a / b) * 10000) / 10000 : 0);
     step();
     return {
       benchmark: 'ondemand',
       image: { files, bytes: files * FILE_BYTES, metadataBytes, dataBlobBytes },
-      task: { filesRead: picked.length, bytesRead: taskBytes },
+      task: { filesRead: picked.length, bytesRead },
       bandwidthMiBps: bw / 2 ** 20,
       results: { dsec, eager },
       ratios: {
         bytesTransferred: r(dsec.bytesTransferred, eager.bytesTransferred),
         timeToFirstExec: r(dsec.timeToFirstExecMs, eager.timeToFirstExecMs),
       },
+      chunkCache,
       method:
-        'One sandbox (base + a split toolkit layer of incompressible files) runs `true`, then reads a seeded ' +
-        `${Math.round(fraction * 100)} % of the files. dsec: the edge copies the metadata image locally and mounts the data blob ` +
-        'from the store in place (device=). eager: metadata + data blob copied from the store at the store bandwidth ' +
-        '(a paced copy), then the same sandbox start. Caches dropped before each side.',
+        'An S3-protocol server (s3rver) on loopback holds the layers; every byte between it and the node crosses a ' +
+        `pacing proxy limited to ${bw / 2 ** 20} MiB/s that counts them (bytesTransferred = bytes it carried to the node, ` +
+        'HTTP framing included). One sandbox (busybox base + a split toolkit layer of incompressible 2 MiB files) runs ' +
+        `\`true\`, then reads a seeded ${Math.round(fraction * 100)} % of the files. dsec: the edge copies the metadata ` +
+        "image and its blob daemon serves the data blob over FUSE, fetching ranged chunks into the node's chunk cache as " +
+        'the kernel reads them. eager: both layers are pulled whole into a local dir store over the same link ' +
+        '(transferLayer, what `dsec image pull` does), then the same sandbox starts from that store. Page cache dropped ' +
+        'before each side.',
       limitations:
-        'The store is a local directory, so on-demand reads are not throttled by a real link: bytes read from the data ' +
-        'blob are measured as its page-cache residency (fincore) after dropping caches, and charged at the same ' +
-        'bandwidth as the eager copy (modeled), added to the measured local time. The eager side mounts the same ' +
-        'store blob after its copy (one machine), so its start is not slower than a mount of the local copy.',
+        'One machine: the S3 server, the link and the node share its 2 cores and disk. s3rver is a test server, not ' +
+        'a production object store; its per-request latency on loopback is lower than a real network’s.',
       machine: await describeMachine(),
     };
   } finally {
