@@ -25,6 +25,8 @@ export interface GlobalOptions {
   url: string;
   apiKey: string | undefined;
   stateDir: string;
+  /** The node's image store location (`--image-store`, env DSEC_IMAGE_STORE); default `<state-dir>/images`. */
+  imageStore: string | undefined;
   json: boolean;
 }
 
@@ -50,6 +52,7 @@ export class CliContext {
       url?: string;
       apiKey?: string;
       stateDir?: string;
+      imageStore?: string;
       json?: boolean;
     }>();
     const env = this.io.env;
@@ -58,6 +61,7 @@ export class CliContext {
       url: o.url ?? env.DSEC_URL ?? DEFAULT_URL,
       apiKey: o.apiKey ?? env.DSEC_API_KEY ?? readAdminKey(stateDir),
       stateDir,
+      imageStore: o.imageStore ?? (env.DSEC_IMAGE_STORE || undefined),
       json: o.json === true,
     };
   }

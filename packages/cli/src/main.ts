@@ -52,6 +52,10 @@ export async function main(argv: string[], io: Partial<CliIo> = {}): Promise<num
     .option('--url <url>', 'apiserver URL (env DSEC_URL, default http://127.0.0.1:7420)')
     .option('--api-key <key>', 'API key (env DSEC_API_KEY, else <state-dir>/admin.key)')
     .option('--state-dir <dir>', 'local cluster state (env DSEC_STATE_DIR, default /var/lib/dsec)')
+    .option(
+      '--image-store <location>',
+      'where layers live: a path, dir:/path or s3://bucket/prefix?endpoint=URL (env DSEC_IMAGE_STORE, default <state-dir>/images)',
+    )
     .option('--json', 'print machine-readable JSON')
     .exitOverride()
     .configureOutput({

@@ -1,6 +1,8 @@
 import { createServer, connect, type AddressInfo, type Server, type Socket } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 
+const BURST_MS = 10;
+
 /**
  * A network link of limited bandwidth in front of a store: a TCP proxy on
  * 127.0.0.1 that forwards to `target` and paces the bytes flowing back to
@@ -50,10 +52,14 @@ export class ThrottledLink {
     await new Promise<void>((resolve) => this.server.close(() => resolve()));
   }
 
-  /** How long to hold `n` bytes so the link never exceeds its bandwidth. */
+  /**
+   * How long to hold `n` bytes so the link never exceeds its bandwidth. A
+   * 10 ms burst allowance lets the link catch up on timers that fire late
+   * (they have 1 ms granularity), so the average rate is the configured one.
+   */
   #delayFor(n: number): number {
     const now = Date.now();
-    const start = Math.max(now, this.#freeAtMs);
+    const start = Math.max(now - BURST_MS, this.#freeAtMs);
     this.#freeAtMs = start + (n / this.bytesPerSec) * 1000;
     return this.#freeAtMs - now;
   }

@@ -25,6 +25,8 @@ interface Side {
   bytesTransferred: number;
   timeToFirstExecMs: number;
   timeToTaskDoneMs: number;
+  /** Eager only: the part of timeToFirstExecMs spent pulling the layers. */
+  pullMs?: number;
 }
 
 export interface OndemandBenchReport {
@@ -165,6 +167,7 @@ export async function benchOndemand(
         link.resetCounters();
         const t0 = process.hrtime.bigint();
         await pull?.();
+        const pullMs = ms(t0);
         const sb = await client.runContainer(spec);
         const first = await sb.exec(['true']);
         if (first.exitCode !== 0) throw new Error('first exec failed');
@@ -177,6 +180,7 @@ export async function benchOndemand(
           bytesTransferred: link.bytesDown,
           timeToFirstExecMs,
           timeToTaskDoneMs,
+          ...(pull ? { pullMs } : {}),
           bytesRead: Number(run.stdout.trim()),
         };
       } finally {

@@ -6,12 +6,8 @@ import type { LayerKind } from '@dsec/core';
 import { buildLayer, importOci, makeBusyboxRootfs, makeDebianRootfs } from '@dsec/images';
 import { contextOf } from '../context.js';
 import { imageCommand } from './image.js';
-import {
-  localStore,
-  phaseProgress,
-  printLayer,
-  register as registerManage,
-} from './image-manage.js';
+import { localStore } from '../stores.js';
+import { phaseProgress, printLayer, register as registerManage } from './image-manage.js';
 
 interface BuildOptions {
   fromDir?: string;

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -77,7 +77,37 @@ void describe('dsec image push/pull', () => {
     const local = new DirImageStore(join(other, 'images'));
     assert.equal((await local.getLayer('demo:v1')).digest, digest);
     assert.equal(await readFile(await local.blobPath(digest), 'utf8'), 'layer bytes');
-    assert.deepEqual(await readdir(local.tmpDir), [], 'the download cache is gone');
+    assert.deepEqual(await readdir(join(other, 'tmp')), [], 'the download cache is gone');
+  });
+
+  void test('--image-store makes an S3 bucket the node store: build into it, list it', async () => {
+    const stateDir = await mkdtemp(join(scratch, 'state-'));
+    const src = join(stateDir, 'src');
+    await mkdir(src);
+    await writeFile(join(src, 'hello'), 'hi\n');
+    const store = ['--image-store', s3.location('node-store/')];
+    const build = await dsec(stateDir, [
+      ...store,
+      'image',
+      'build',
+      'tk:v1',
+      '--from-dir',
+      src,
+      '--kind',
+      'toolkit',
+      '--split',
+      '--json',
+    ]);
+    assert.equal(build.code, 0, build.err);
+    const ls = await dsec(stateDir, [...store, 'image', 'ls', '--json']);
+    assert.equal(ls.code, 0, ls.err);
+    const layers = JSON.parse(ls.out) as { name: string; kind: string; blobDigest?: string }[];
+    assert.deepEqual(
+      layers.map((l) => [l.name, l.kind, typeof l.blobDigest]),
+      [['tk', 'toolkit', 'string']],
+    );
+    const plain = await dsec(stateDir, ['image', 'ls', '--json']);
+    assert.deepEqual(JSON.parse(plain.out), [], 'without the option: the local store, still empty');
   });
 
   void test('push to a directory path still works', async () => {

@@ -23,11 +23,7 @@ import { contextOf } from '../context.js';
 import { formatBytes } from '../format.js';
 import { createProgress, type Progress } from '../progress.js';
 import { imageCommand } from './image.js';
-
-/** The node's own image store: `<state-dir>/images`. */
-export function localStore(ctx: CliContext): DirImageStore {
-  return new DirImageStore(join(ctx.options.stateDir, 'images'));
-}
+import { localStore } from '../stores.js';
 
 export function parseRefOrThrow(text: string, field = 'name'): { name: string; version: string } {
   const ref = parseLayerRef(text);
@@ -208,9 +204,10 @@ export function register(program: Command): void {
       // local store (same filesystem) only for as long as this command runs.
       let cacheDir: string | undefined;
       try {
+        const scratch = join(ctx.options.stateDir, 'tmp');
         const remote = await openTransferStore(where, verb === 'push' ? 'to' : 'from', async () => {
-          await mkdir(local.tmpDir, { recursive: true });
-          cacheDir = await mkdtemp(join(local.tmpDir, 'remote-cache-'));
+          await mkdir(scratch, { recursive: true });
+          cacheDir = await mkdtemp(join(scratch, 'remote-cache-'));
           return cacheDir;
         });
         const results = [];

@@ -1,9 +1,8 @@
-import { join } from 'node:path';
 import type { Command } from 'commander';
 import { isDsecError } from '@dsec/core';
-import { DirImageStore } from '@dsec/images';
 import { contextOf } from '../context.js';
 import { formatBytes, formatRelative, formatTable } from '../format.js';
+import { localStore } from '../stores.js';
 
 /** `dsec image ls`. (build: image-build.ts; import/inspect/rm/push/pull/collapse: image-manage.ts.) */
 export function register(program: Command): void {
@@ -19,7 +18,7 @@ export function register(program: Command): void {
         .listImages({ signal: ctx.signal })
         .catch(async (err: unknown) => {
           if (!isDsecError(err, 'unavailable')) throw err;
-          return await new DirImageStore(join(ctx.options.stateDir, 'images')).listLayers();
+          return await localStore(ctx).listLayers();
         });
       if (ctx.json) {
         ctx.printJson(layers);

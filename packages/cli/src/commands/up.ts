@@ -36,6 +36,7 @@ export function register(program: Command): void {
           port: Number(opts.port),
           host: opts.host,
           logRequests: opts.logRequests === true,
+          ...(ctx.options.imageStore ? { imageStore: ctx.options.imageStore } : {}),
           ...(opts.maxSandboxes ? { capacity: { sandboxes: Number(opts.maxSandboxes) } } : {}),
         });
         ctx.out(`ready ${node.url}`);

@@ -217,7 +217,7 @@ export class LinuxNetwork implements NetworkManager {
     // no `-6`: the family follows from the address): one on the host
     // (the veth, its far end moved into the sandbox's namespace as eth0), one
     // inside that namespace.
-    if (existsSync(`/sys/class/net/${n.veth}`)) await runTool('ip', ['link', 'del', n.veth]);
+    await deleteLink(n.veth);
     await runTool('ip', ['-batch', '-'], {
       stdin: [
         `link add ${n.veth} type veth peer name eth0 netns ${initPid}`,
@@ -305,9 +305,7 @@ export class LinuxNetwork implements NetworkManager {
       }),
     ).catch((e: unknown) => errors.push(e));
     // The veth normally died with the sandbox's network namespace.
-    if (existsSync(`/sys/class/net/${n.veth}`)) {
-      await runTool('ip', ['link', 'del', n.veth]).catch((e: unknown) => errors.push(e));
-    }
+    await deleteLink(n.veth).catch((e: unknown) => errors.push(e));
     await rm(n.resolvConf, { force: true });
     if (errors.length > 0) throw errors[0];
   }
@@ -656,4 +654,16 @@ export async function probeLinuxNetwork(): Promise<boolean> {
   } catch {
     return false;
   }
+}
+
+/**
+ * Deletes a host link if it is there. The kernel tears a dead namespace's
+ * veth pair down asynchronously, so one seen a moment ago may be gone by the
+ * time `ip` runs: that is success too.
+ */
+async function deleteLink(name: string): Promise<void> {
+  if (!existsSync(`/sys/class/net/${name}`)) return;
+  await runTool('ip', ['link', 'del', name]).catch((err: unknown) => {
+    if (existsSync(`/sys/class/net/${name}`)) throw err;
+  });
 }
