@@ -1,5 +1,4 @@
-import { open, readdir, rename, stat, unlink, utimes, writeFile } from 'node:fs/promises';
-import { mkdir } from 'node:fs/promises';
+import { mkdir, open, readdir, rename, stat, unlink, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
 import type { ImageStore } from '@dsec/core';
