@@ -17,3 +17,4 @@ export * from './types.js';
 export * from './images.js';
 export * from './edge-api.js';
 export * from './sandbox-io.js';
+export * from './chunk-table.js';
