@@ -29,9 +29,20 @@ export async function connectPort(
   let received = 0;
   let err = '';
   let finished = false;
+  // `nc` can fail (nothing listens) before the consumer has attached its
+  // listeners; an error emitted then would be lost and the consumer would wait
+  // forever. So a failure waits for the first read or write to be delivered.
+  let used = false;
+  let failure: DsecError | undefined;
   const stream = new Duplex({
-    read: () => conn.resume(),
+    read: () => {
+      used = true;
+      if (failure) stream.destroy(failure);
+      else conn.resume();
+    },
     write: (chunk: Buffer, _enc, cb) => {
+      used = true;
+      if (failure) return cb(failure);
       if (finished) return cb();
       if (h.write(chunk)) cb();
       else void conn.drained().then(() => cb());
@@ -65,11 +76,10 @@ export async function connectPort(
     (exit) => {
       finished = true;
       if (exit.exitCode !== 0 && received === 0) {
-        stream.destroy(
-          new DsecError('unavailable', `nothing answers on port ${port} in the sandbox`, {
-            details: { port, why: err.trim().slice(0, 200) },
-          }),
-        );
+        failure = new DsecError('unavailable', `nothing answers on port ${port} in the sandbox`, {
+          details: { port, why: err.trim().slice(0, 200) },
+        });
+        if (used) stream.destroy(failure);
       } else {
         stream.push(null);
         conn.close();
@@ -77,9 +87,8 @@ export async function connectPort(
     },
     (e: unknown) => {
       finished = true;
-      stream.destroy(
-        new DsecError('unavailable', `lost the sandbox's command channel: ${String(e)}`),
-      );
+      failure = new DsecError('unavailable', `lost the sandbox's command channel: ${String(e)}`);
+      if (used) stream.destroy(failure);
     },
   );
   return stream;

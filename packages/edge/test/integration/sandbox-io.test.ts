@@ -303,6 +303,10 @@ test('a port inside the sandbox answers through connectPort', async () => {
       edge.io.connectPort(sb, 8099).then((s) => get(s, '/')),
       (e) => isDsecError(e, 'unavailable'),
     );
+    // The failure reaches a consumer that attaches after `nc` has long given up.
+    const late = await edge.io.connectPort(sb, 8098);
+    await sleep(500);
+    await assert.rejects(get(late, '/'), (e) => isDsecError(e, 'unavailable'));
   } finally {
     await edge.io.killCommand(sb, httpd.commandId);
   }
