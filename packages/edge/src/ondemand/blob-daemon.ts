@@ -81,12 +81,29 @@ export class BlobDaemon {
     return new BlobDaemon(mountDir, started, false);
   }
 
-  /** `<mountDir>/<hex>` for `sha256:<hex>`; throws `invalid_argument` for other digests. */
-  pathFor(digest: string): string {
+  /**
+   * `<mountDir>/<hex>` for `sha256:<hex>`; with `chunkTable` (the digest of
+   * the blob's chunk table, `encodeChunkTable`) `<mountDir>/<hex>.<tablehex>`,
+   * whose chunks the daemon verifies as it fetches them (a corrupt chunk
+   * reads as EIO; a table that does not match its digest, the blob size or
+   * the daemon's chunk size fails the lookup with EIO). Throws
+   * `invalid_argument` for other digests.
+   */
+  pathFor(digest: string, options: { chunkTable?: string } = {}): string {
     const hex = DIGEST.exec(digest)?.[1];
     if (!hex)
       throw new DsecError('invalid_argument', `malformed digest ${digest}`, { field: 'digest' });
-    return join(this.mountDir, hex);
+    if (options.chunkTable === undefined) return join(this.mountDir, hex);
+    const tableHex = DIGEST.exec(options.chunkTable)?.[1];
+    if (!tableHex)
+      throw new DsecError(
+        'invalid_argument',
+        `malformed chunk table digest ${options.chunkTable}`,
+        {
+          field: 'chunkTable',
+        },
+      );
+    return join(this.mountDir, `${hex}.${tableHex}`);
   }
 
   /** The daemon's counters and its chunk cache's, read from `.stats`. */

@@ -6,7 +6,8 @@
  *
  * Serves every blob of the image store at LOCATION as the read-only file
  * `DIR/<sha256 hex>` over FUSE, fetching chunks on demand into a bounded
- * cache under `--cache`. Prints `ready <pid>` once mounted; exits when the
+ * cache under `--cache`; `DIR/<sha256 hex>.<chunk table hex>` serves it with
+ * every fetched chunk verified against that chunk table. Prints `ready <pid>` once mounted; exits when the
  * mount goes away, or on SIGTERM after lazily unmounting itself. Store
  * credentials come from the environment, never from argv.
  */

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -11,11 +11,25 @@ const CHUNK = 64 << 10;
 const HEX = 'ab'.repeat(32);
 const DIGEST = `sha256:${HEX}`;
 
+/** The raw sha256 of each chunk of `data`. */
+function tableOf(data: Buffer): Buffer[] {
+  const out: Buffer[] = [];
+  for (let at = 0; at < data.length; at += CHUNK)
+    out.push(
+      createHash('sha256')
+        .update(data.subarray(at, at + CHUNK))
+        .digest(),
+    );
+  return out;
+}
+
 /** A source holding one blob that counts its range reads and fails on demand. */
 class FakeSource implements RangeSource {
   calls: { offset: number; length: number }[] = [];
   failing = false;
   delayMs = 0;
+  /** Chunk indexes whose bytes come back altered. */
+  corrupt = new Set<number>();
   constructor(readonly data: Buffer) {}
   async statBlob(digest: string) {
     if (digest !== DIGEST) throw new DsecError('image_not_found', digest);
@@ -26,7 +40,11 @@ class FakeSource implements RangeSource {
     this.calls.push({ offset, length });
     if (this.delayMs) await new Promise((r) => setTimeout(r, this.delayMs));
     if (this.failing) throw new Error('store down');
-    return this.data.subarray(offset, offset + length);
+    const bytes = this.data.subarray(offset, offset + length);
+    if (!this.corrupt.has(Math.floor(offset / CHUNK))) return bytes;
+    const altered = Buffer.from(bytes);
+    altered[7] = altered[7]! ^ 0xff;
+    return altered;
   }
 }
 
@@ -195,5 +213,117 @@ describe('ChunkCache', () => {
         ChunkCache.open({ dir, source, budgetBytes: 1, chunkBytes }),
         (err: unknown) => err instanceof DsecError && err.code === 'invalid_argument',
       );
+  });
+
+  test('with a chunk table, good chunks pass and a corrupt one fails only its reads', async (t) => {
+    const { dir, source } = await setup(t);
+    const size = source.data.length;
+    const table = tableOf(source.data);
+    const lines: string[] = [];
+    const cache = await ChunkCache.open({
+      dir,
+      source,
+      budgetBytes: 1 << 30,
+      chunkBytes: CHUNK,
+      log: (l) => lines.push(l),
+    });
+    source.corrupt.add(4);
+    for (const [off, len] of [
+      [0, 10],
+      [CHUNK - 5, 10],
+      [3 * CHUNK + 7, CHUNK - 7],
+      [5 * CHUNK, 2 * CHUNK],
+      [size - 50, 100],
+    ] as const)
+      assert.ok(
+        (await cache.read(DIGEST, size, off, len, table)).equals(
+          source.data.subarray(off, Math.min(off + len, size)),
+        ),
+        `${off}+${len}`,
+      );
+    for (const [off, len] of [
+      [4 * CHUNK, 1],
+      [4 * CHUNK - 10, 20],
+      [3 * CHUNK, 3 * CHUNK],
+    ] as const)
+      await assert.rejects(
+        cache.read(DIGEST, size, off, len, table),
+        (err: unknown) =>
+          err instanceof DsecError &&
+          err.code === 'internal' &&
+          err.message === `chunk 4 of ${DIGEST} does not match its digest`,
+        `${off}+${len}`,
+      );
+    const s = cache.stats();
+    assert.equal(s.corruptChunks, 3); // each read refetched (and rejected) chunk 4
+    assert.equal(s.verifiedChunks, 6); // chunks 0, 1, 3, 5, 6 and 10
+    assert.equal(lines.length, 3);
+    assert.match(lines[0]!, /chunk 4 of sha256:ab.* does not match its digest/);
+    const files = await readdir(dir);
+    assert.ok(!files.some((f) => f.startsWith(`${HEX}.${CHUNK}.4`)), files.join());
+    assert.ok(
+      files.every((f) => f.endsWith('.v')),
+      files.join(),
+    );
+    // Other chunks still read fine; a fixed source heals chunk 4.
+    assert.ok(
+      (await cache.read(DIGEST, size, 0, 3 * CHUNK, table)).equals(
+        source.data.subarray(0, 3 * CHUNK),
+      ),
+    );
+    source.corrupt.clear();
+    assert.ok(
+      (await cache.read(DIGEST, size, 4 * CHUNK, CHUNK, table)).equals(
+        source.data.subarray(4 * CHUNK, 5 * CHUNK),
+      ),
+    );
+    // A table of the wrong length is refused.
+    await assert.rejects(
+      cache.read(DIGEST, size, 0, 1, table.slice(1)),
+      (err: unknown) => err instanceof DsecError && err.code === 'invalid_argument',
+    );
+  });
+
+  test('a chunk cached unverified is checked once before a verified read uses it', async (t) => {
+    const { dir, source } = await setup(t);
+    const size = source.data.length;
+    const table = tableOf(source.data);
+    const lines: string[] = [];
+    const cache = await ChunkCache.open({
+      dir,
+      source,
+      budgetBytes: 1 << 30,
+      chunkBytes: CHUNK,
+      log: (l) => lines.push(l),
+    });
+    source.corrupt.add(1);
+    await cache.read(DIGEST, size, 0, 2 * CHUNK); // unverified: chunk 1 cached altered
+    assert.equal(source.calls.length, 2);
+    source.calls = [];
+    source.corrupt.clear();
+    assert.ok(
+      (await cache.read(DIGEST, size, 0, 2 * CHUNK, table)).equals(
+        source.data.subarray(0, 2 * CHUNK),
+      ),
+    );
+    assert.deepEqual(
+      source.calls.map((c) => c.offset / CHUNK),
+      [1],
+    ); // chunk 0 passed from disk, chunk 1 was refetched
+    assert.equal(lines.length, 1);
+    assert.deepEqual((await readdir(dir)).sort(), [`${HEX}.${CHUNK}.0.v`, `${HEX}.${CHUNK}.1.v`]);
+    // The verified status survives a restart.
+    source.calls = [];
+    const again = await ChunkCache.open({ dir, source, budgetBytes: 1 << 30, chunkBytes: CHUNK });
+    assert.equal(again.stats().cachedChunks, 2);
+    assert.ok(
+      (await again.read(DIGEST, size, 0, 2 * CHUNK, table)).equals(
+        source.data.subarray(0, 2 * CHUNK),
+      ),
+    );
+    assert.ok(
+      (await again.read(DIGEST, size, 0, 2 * CHUNK)).equals(source.data.subarray(0, 2 * CHUNK)),
+    );
+    assert.equal(source.calls.length, 0);
   });
 });

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { mkdir, open, readdir, rename, stat, unlink, utimes, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
@@ -32,6 +33,10 @@ export interface ChunkCacheStats {
   hits: number;
   misses: number;
   evictions: number;
+  /** Chunks fetched for a read with a chunk table whose sha256 matched it. */
+  verifiedChunks: number;
+  /** Chunks fetched for a read with a chunk table whose sha256 did not match (not cached). */
+  corruptChunks: number;
 }
 
 export const DEFAULT_CHUNK_BYTES = 1 << 20;
@@ -44,6 +49,8 @@ interface Entry {
   file: string;
   bytes: number;
   touchedMs: number;
+  /** Checked against a chunk table when fetched (the file name ends in `.v`). */
+  verified: boolean;
 }
 
 /**
@@ -58,6 +65,17 @@ interface Entry {
  * that lost the race refetches. At open the index is rebuilt from the
  * directory (modification time orders the LRU), so a restarted daemon keeps
  * its warm cache; temp files and chunks of another chunk size are removed.
+ *
+ * Verification: a read given a chunk table (the raw sha256 of each chunk)
+ * hashes every chunk it fetches from the source and compares it with the
+ * table before the chunk is stored or returned; a mismatch stores nothing,
+ * logs one line and fails that read with `internal` (EIO to the kernel).
+ * Verification happens at fetch time only: chunks on disk are trusted (the
+ * cache directory is this daemon's alone, mode 0700). A verified chunk is
+ * kept as `<hex>.<chunkBytes>.<i>.v`, so its status survives a restart; a
+ * chunk fetched by a read without a table (an unverified name) is hashed
+ * once from disk when a read with a table first touches it, and refetched
+ * when it does not match. Reads with and without a table never share a fetch.
  */
 export class ChunkCache {
   readonly chunkBytes: number;
@@ -71,7 +89,15 @@ export class ChunkCache {
   private readonly slots: Semaphore;
   private cachedBytes = 0;
   private tmpSeq = 0;
-  private counters = { fetches: 0, bytesFetched: 0, hits: 0, misses: 0, evictions: 0 };
+  private counters = {
+    fetches: 0,
+    bytesFetched: 0,
+    hits: 0,
+    misses: 0,
+    evictions: 0,
+    verifiedChunks: 0,
+    corruptChunks: 0,
+  };
 
   private constructor(options: ChunkCacheOptions, chunkBytes: number) {
     this.dir = options.dir;
@@ -124,12 +150,27 @@ export class ChunkCache {
    * Bytes `[offset, offset+length)` of the blob `digest` (`sha256:<hex>`) of
    * `blobSize` bytes, clipped at its end. Rejects `unavailable` when a chunk
    * fetch failed (that read only; the next read tries again).
+   *
+   * With `table` (the raw sha256 of each chunk of this cache's chunk size,
+   * `ceil(blobSize / chunkBytes)` of them) every chunk fetched is verified;
+   * a chunk that does not match rejects `internal` (details `corruptChunk`).
    */
-  async read(digest: string, blobSize: number, offset: number, length: number): Promise<Buffer> {
+  async read(
+    digest: string,
+    blobSize: number,
+    offset: number,
+    length: number,
+    table?: Buffer[],
+  ): Promise<Buffer> {
     const hex = HEX_DIGEST.exec(digest)?.[1];
     if (!hex) throw new DsecError('invalid_argument', `malformed digest ${digest}`);
     const end = Math.min(offset + length, blobSize);
     if (offset < 0 || length < 0) throw new DsecError('invalid_argument', 'negative range');
+    if (table && table.length !== Math.ceil(blobSize / this.chunkBytes))
+      throw new DsecError(
+        'invalid_argument',
+        `chunk table of ${table.length} chunks does not fit ${blobSize} bytes in chunks of ${this.chunkBytes}`,
+      );
     if (offset >= end) return Buffer.alloc(0);
     const first = Math.floor(offset / this.chunkBytes);
     const last = Math.floor((end - 1) / this.chunkBytes);
@@ -138,7 +179,7 @@ export class ChunkCache {
       const base = i * this.chunkBytes;
       const from = Math.max(offset, base) - base;
       const to = Math.min(end, base + this.chunkBytes) - base;
-      parts.push(this.readChunk(hex, blobSize, i, from, to));
+      parts.push(this.readChunk(hex, blobSize, i, from, to, table?.[i]));
     }
     const buffers = await Promise.all(parts);
     return buffers.length === 1 ? buffers[0]! : Buffer.concat(buffers);
@@ -148,17 +189,20 @@ export class ChunkCache {
     return `${hex}.${this.chunkBytes}.${index}`;
   }
 
-  /** Bytes `[from, to)` of chunk `index`. */
+  /** Bytes `[from, to)` of chunk `index`, checked against `sha256` when given. */
   private async readChunk(
     hex: string,
     blobSize: number,
     index: number,
     from: number,
     to: number,
+    sha256?: Buffer,
   ): Promise<Buffer> {
     const key = this.keyOf(hex, index);
     const expected = Math.min(this.chunkBytes, blobSize - index * this.chunkBytes);
-    const entry = this.index.get(key);
+    let entry = this.index.get(key);
+    if (entry && entry.bytes === expected && sha256 && !entry.verified)
+      entry = await this.upgrade(key, entry, sha256);
     if (entry && entry.bytes === expected) {
       const data = await readRange(entry.file, from, to - from);
       if (data) {
@@ -175,17 +219,54 @@ export class ChunkCache {
     }
     if (entry && this.index.get(key) === entry) await this.drop(key, entry); // vanished or wrong size
     this.counters.misses++;
-    const chunk = await this.fetch(hex, index, key, expected);
+    const chunk = await this.fetch(hex, index, key, expected, sha256);
     return chunk.subarray(from, to);
   }
 
-  /** The whole chunk, fetched once however many readers wait for it. */
-  private fetch(hex: string, index: number, key: string, expected: number): Promise<Buffer> {
-    let pending = this.inflight.get(key);
+  /**
+   * A cached chunk fetched without a table, hashed from disk against
+   * `sha256`: marked verified when it matches, dropped (undefined) when not.
+   */
+  private async upgrade(key: string, entry: Entry, sha256: Buffer): Promise<Entry | undefined> {
+    const data = await readRange(entry.file, 0, entry.bytes);
+    if (this.index.get(key) !== entry || entry.verified) {
+      const current = this.index.get(key);
+      return current?.verified ? current : undefined;
+    }
+    if (!data) {
+      await this.drop(key, entry); // vanished or short: fetch it afresh
+      return undefined;
+    }
+    if (!createHash('sha256').update(data).digest().equals(sha256)) {
+      this.log(`blobd: cached ${key} (fetched unverified) does not match its digest; refetching`);
+      await this.drop(key, entry);
+      return undefined;
+    }
+    const file = `${entry.file}.v`;
+    try {
+      await rename(entry.file, file);
+      entry.file = file;
+    } catch {
+      // still verified for this run; a restart hashes it again
+    }
+    entry.verified = true;
+    return entry;
+  }
+
+  /** The whole chunk, fetched once however many readers (of one kind) wait for it. */
+  private fetch(
+    hex: string,
+    index: number,
+    key: string,
+    expected: number,
+    sha256?: Buffer,
+  ): Promise<Buffer> {
+    const flight = sha256 ? `${key}.v` : key;
+    let pending = this.inflight.get(flight);
     if (pending) return pending;
-    pending = this.fetchAndStore(hex, index, key, expected);
-    this.inflight.set(key, pending);
-    const done = () => void this.inflight.delete(key);
+    pending = this.fetchAndStore(hex, index, key, expected, sha256);
+    this.inflight.set(flight, pending);
+    const done = () => void this.inflight.delete(flight);
     pending.then(done, done);
     return pending;
   }
@@ -195,6 +276,7 @@ export class ChunkCache {
     index: number,
     key: string,
     expected: number,
+    sha256?: Buffer,
   ): Promise<Buffer> {
     const digest = `sha256:${hex}`;
     let data: Buffer;
@@ -214,7 +296,19 @@ export class ChunkCache {
     }
     this.counters.fetches++;
     this.counters.bytesFetched += data.length;
-    const file = join(this.dir, key);
+    if (sha256) {
+      if (!createHash('sha256').update(data).digest().equals(sha256)) {
+        this.counters.corruptChunks++;
+        const message = `chunk ${index} of ${digest} does not match its digest`;
+        this.log(`blobd: ${message}`);
+        throw new DsecError('internal', message, { details: { corruptChunk: index } });
+      }
+      this.counters.verifiedChunks++;
+    }
+    const old = this.index.get(key);
+    // An unverified fetch never replaces a verified chunk.
+    if (old?.verified && !sha256) return data;
+    const file = join(this.dir, sha256 ? `${key}.v` : key);
     const tmp = `${file}.tmp.${process.pid}.${this.tmpSeq++}`;
     try {
       await writeFile(tmp, data, { mode: 0o600 });
@@ -225,12 +319,18 @@ export class ChunkCache {
       await unlink(tmp).catch(() => undefined);
       return data;
     }
-    const old = this.index.get(key);
-    if (old) {
-      this.index.delete(key);
-      this.cachedBytes -= old.bytes;
+    const current = this.index.get(key);
+    if (current?.verified && !sha256) {
+      // A verified fetch of this chunk landed meanwhile: keep that one.
+      await unlink(file).catch(() => undefined);
+      return data;
     }
-    this.index.set(key, { file, bytes: data.length, touchedMs: Date.now() });
+    if (current) {
+      this.index.delete(key);
+      this.cachedBytes -= current.bytes;
+      if (current.file !== file) await unlink(current.file).catch(() => undefined);
+    }
+    this.index.set(key, { file, bytes: data.length, touchedMs: Date.now(), verified: !!sha256 });
     this.cachedBytes += data.length;
     await this.evict();
     return data;
@@ -254,8 +354,8 @@ export class ChunkCache {
   }
 
   private async rebuildIndex(): Promise<void> {
-    const pattern = /^([0-9a-f]{64})\.(\d+)\.(\d+)$/;
-    const found: { key: string; entry: Entry; mtimeMs: number }[] = [];
+    const pattern = /^([0-9a-f]{64})\.(\d+)\.(\d+)(\.v)?$/;
+    const found = new Map<string, { entry: Entry; mtimeMs: number }>();
     for (const name of await readdir(this.dir)) {
       const file = join(this.dir, name);
       const m = pattern.exec(name);
@@ -269,15 +369,23 @@ export class ChunkCache {
       }
       const st = await stat(file).catch(() => undefined);
       if (!st?.isFile()) continue;
-      found.push({
-        key: name,
-        entry: { file, bytes: st.size, touchedMs: st.mtimeMs },
+      const key = m[4] ? name.slice(0, -2) : name;
+      const verified = !!m[4];
+      const twin = found.get(key);
+      if (twin) {
+        // Both kinds of one chunk (a crash between store and unlink): keep the verified one.
+        const loser = verified ? twin.entry.file : file;
+        await unlink(loser).catch(() => undefined);
+        if (!verified) continue;
+      }
+      found.set(key, {
+        entry: { file, bytes: st.size, touchedMs: st.mtimeMs, verified },
         mtimeMs: st.mtimeMs,
       });
     }
-    found.sort((a, b) => a.mtimeMs - b.mtimeMs);
-    for (const f of found) {
-      this.index.set(f.key, f.entry);
+    const sorted = [...found].sort((a, b) => a[1].mtimeMs - b[1].mtimeMs);
+    for (const [key, f] of sorted) {
+      this.index.set(key, f.entry);
       this.cachedBytes += f.entry.bytes;
     }
     await this.evict();

@@ -1,5 +1,6 @@
+import { createHash } from 'node:crypto';
 import { read, writevSync } from 'node:fs';
-import { DsecError } from '@dsec/core';
+import { DsecError, parseChunkTable } from '@dsec/core';
 import type { ChunkCache, RangeSource } from './chunk-cache.js';
 import {
   DT_DIR,
@@ -58,7 +59,7 @@ export interface BlobFuseCounters {
   readBytes: number;
   /** Requests answered EIO (fetch or disk failures). */
   ioErrors: number;
-  /** Blobs looked up so far (the files READDIR lists). */
+  /** Names looked up so far (the files READDIR lists), verified or not. */
   knownBlobs: number;
 }
 
@@ -70,11 +71,18 @@ const BLOB_VALID_SEC = 86_400;
 /** Room for the largest request we accept (no writes) plus slack. */
 const READ_BUFFER_BYTES = (128 << 10) + 4096;
 const O_ACCMODE = 3;
+/** A chunk table larger than this is refused (it covers 2 PiB at 1 MiB chunks). */
+const MAX_CHUNK_TABLE_BYTES = 64 << 20;
+const BLOB_NAME = /^([0-9a-f]{64})(?:\.([0-9a-f]{64}))?$/;
 
 interface Blob {
   ino: bigint;
+  /** The file name: `<blobhex>` or `<blobhex>.<tablehex>`. */
+  name: string;
   hex: string;
   size: number;
+  /** Raw sha256 of each chunk, for a name with a chunk table. */
+  table?: Buffer[];
 }
 
 type Outcome = Buffer | { errno: number } | 'none';
@@ -85,6 +93,13 @@ type Outcome = Buffer | { errno: number } | 'none';
  * 64 hex digits of their sha256 digest and found by LOOKUP (never listed in
  * advance), read through the chunk cache; plus `.stats`, a JSON snapshot of
  * the cache and server counters taken at open.
+ *
+ * `<blobhex>.<tablehex>` names the same blob read with verification: the
+ * chunk table blob `sha256:<tablehex>` (see `parseChunkTable`) is read whole
+ * at LOOKUP, checked against its digest, its chunk count against the blob
+ * size and its chunk size against the cache's (any failure: EIO, logged;
+ * a missing blob or table: ENOENT), and every chunk fetched for that name
+ * is checked against it (a corrupt chunk: EIO for reads touching it).
  *
  * The kernel hands out one request per read(2) of the device and takes one
  * reply per write(2), so several reads run at once (each blocks a libuv pool
@@ -97,7 +112,8 @@ export class BlobFuseServer {
   private readonly maxReadaheadBytes: number;
   private readonly readers: number;
   private readonly log: (line: string) => void;
-  private readonly byHex = new Map<string, Blob>();
+  /** By file name. */
+  private readonly byName = new Map<string, Blob>();
   private readonly byIno = new Map<bigint, Blob>();
   private readonly lookups = new Map<string, Promise<Blob>>();
   private readonly snapshots = new Map<bigint, Buffer>();
@@ -121,7 +137,7 @@ export class BlobFuseServer {
       pid: process.pid,
       uptimeSec: Math.round((Date.now() - this.startedMs) / 1000),
       ...this.counters,
-      knownBlobs: this.byHex.size,
+      knownBlobs: this.byName.size,
     };
   }
 
@@ -186,8 +202,14 @@ export class BlobFuseServer {
   private errnoOf(err: unknown): number {
     if (err instanceof DsecError && err.code === 'image_not_found') return Errno.ENOENT;
     this.counters.ioErrors++;
-    // Fetch failures were logged by the chunk cache; anything else is news.
-    if (!(err instanceof DsecError && err.code === 'unavailable'))
+    // Fetch failures and corrupt chunks were logged by the chunk cache, bad
+    // chunk tables by lookup; anything else is news.
+    const logged =
+      err instanceof DsecError &&
+      (err.code === 'unavailable' ||
+        err.details?.corruptChunk !== undefined ||
+        err.details?.chunkTable !== undefined);
+    if (!logged)
       this.log(`blobd: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}`);
     return Errno.EIO;
   }
@@ -248,7 +270,7 @@ export class BlobFuseServer {
     if (parent !== ROOT_INO) return { errno: Errno.ENOTDIR };
     if (name === STATS_FILE)
       return encodeEntryOut(this.attrOf(STATS_INO)!, { entrySec: BLOB_VALID_SEC, attrSec: 0 });
-    if (!/^[0-9a-f]{64}$/.test(name)) return { errno: Errno.ENOENT };
+    if (!BLOB_NAME.test(name)) return { errno: Errno.ENOENT };
     this.counters.lookups++;
     const blob = await this.blobNamed(name);
     return encodeEntryOut(this.attrOf(blob.ino)!, {
@@ -257,23 +279,72 @@ export class BlobFuseServer {
     });
   }
 
-  /** The blob's inode, asking the store once (failures are not remembered). */
-  private blobNamed(hex: string): Promise<Blob> {
-    const known = this.byHex.get(hex);
+  /** The inode of a blob name, asking the store once (failures are not remembered). */
+  private blobNamed(name: string): Promise<Blob> {
+    const known = this.byName.get(name);
     if (known) return Promise.resolve(known);
-    let pending = this.lookups.get(hex);
+    let pending = this.lookups.get(name);
     if (!pending) {
-      pending = this.source.statBlob(`sha256:${hex}`).then(({ sizeBytes }) => {
-        const blob = this.byHex.get(hex) ?? { ino: this.nextIno++, hex, size: sizeBytes };
-        this.byHex.set(hex, blob);
+      pending = this.resolveName(name).then(({ hex, size, table }) => {
+        const blob = this.byName.get(name) ?? {
+          ino: this.nextIno++,
+          name,
+          hex,
+          size,
+          ...(table ? { table } : {}),
+        };
+        this.byName.set(name, blob);
         this.byIno.set(blob.ino, blob);
         return blob;
       });
-      this.lookups.set(hex, pending);
-      const done = () => void this.lookups.delete(hex);
+      this.lookups.set(name, pending);
+      const done = () => void this.lookups.delete(name);
       pending.then(done, done);
     }
     return pending;
+  }
+
+  /** The blob's size and, for a verified name, its checked chunk table. */
+  private async resolveName(
+    name: string,
+  ): Promise<{ hex: string; size: number; table?: Buffer[] }> {
+    const [, hex, tableHex] = BLOB_NAME.exec(name)!;
+    const { sizeBytes: size } = await this.source.statBlob(`sha256:${hex!}`);
+    if (tableHex === undefined) return { hex: hex!, size };
+    const tableDigest = `sha256:${tableHex}`;
+    const bad = (why: string) => {
+      const message = `chunk table ${tableDigest} of sha256:${hex!}: ${why}`;
+      this.log(`blobd: ${message}`);
+      return new DsecError('internal', message, { details: { chunkTable: tableDigest } });
+    };
+    const { sizeBytes: tableSize } = await this.source.statBlob(tableDigest);
+    if (tableSize > MAX_CHUNK_TABLE_BYTES)
+      throw bad(`${tableSize} bytes, over the ${MAX_CHUNK_TABLE_BYTES}-byte limit`);
+    let bytes: Buffer;
+    try {
+      bytes = await this.source.readBlobRange(tableDigest, 0, tableSize);
+    } catch (err) {
+      if (err instanceof DsecError && err.code === 'image_not_found') throw err;
+      throw bad(`reading it: ${err instanceof Error ? err.message : String(err)}`);
+    }
+    if (bytes.length !== tableSize) throw bad(`short read: ${bytes.length} of ${tableSize} bytes`);
+    if (createHash('sha256').update(bytes).digest('hex') !== tableHex)
+      throw bad('its bytes do not match its digest');
+    let parsed;
+    try {
+      parsed = parseChunkTable(bytes);
+    } catch (err) {
+      throw bad(err instanceof Error ? err.message : String(err));
+    }
+    if (parsed.chunkBytes !== this.cache.chunkBytes)
+      throw bad(
+        `chunk sizes differ: the table has ${parsed.chunkBytes}-byte chunks, the cache ${this.cache.chunkBytes}-byte chunks (blobd --chunk-bytes)`,
+      );
+    const chunks = Math.ceil(size / parsed.chunkBytes);
+    if (parsed.digests.length !== chunks)
+      throw bad(`${parsed.digests.length} chunks, but the blob's ${size} bytes make ${chunks}`);
+    // Copies, so the table's bytes are not all kept alive by one view.
+    return { hex: hex!, size, table: parsed.digests.map((d) => Buffer.from(d)) };
   }
 
   private open(nodeid: bigint, flags: number): Outcome {
@@ -299,7 +370,7 @@ export class BlobFuseServer {
     const blob = this.byIno.get(nodeid);
     if (!blob) return { errno: Errno.EBADF };
     this.counters.reads++;
-    const data = await this.cache.read(`sha256:${blob.hex}`, blob.size, at, size);
+    const data = await this.cache.read(`sha256:${blob.hex}`, blob.size, at, size, blob.table);
     this.counters.readBytes += data.length;
     return data;
   }
@@ -311,7 +382,7 @@ export class BlobFuseServer {
       [ROOT_INO, DT_DIR, '.'],
       [ROOT_INO, DT_DIR, '..'],
       [STATS_INO, DT_REG, STATS_FILE],
-      ...[...this.byHex.values()].map((b): [bigint, number, string] => [b.ino, DT_REG, b.hex]),
+      ...[...this.byName.values()].map((b): [bigint, number, string] => [b.ino, DT_REG, b.name]),
     ];
     const start = Number(offset);
     const entries: Dirent[] = names
@@ -329,7 +400,7 @@ export class BlobFuseServer {
       blocks,
       bfree: free,
       bavail: free,
-      files: this.byHex.size + 2,
+      files: this.byName.size + 2,
       ffree: 0,
       bsize,
       namelen: 255,

@@ -2,10 +2,11 @@
  * The blob daemon over real FUSE (needs root and /dev/fuse): blobs of a
  * DirImageStore read through `<mount>/<hex>`, on-demand chunk fetching, a
  * small cache budget, a split EROFS layer whose data blob lives on the
- * mount, crash recovery with a warm cache, and a clean stop.
+ * mount, crash recovery with a warm cache, a clean stop, and verified names
+ * (`<hex>.<chunk table hex>`) that turn a corrupted store blob into EIO.
  */
 import assert from 'node:assert/strict';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, mkdtemp, open, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -13,6 +14,7 @@ import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { buildLayer, DirImageStore } from '@dsec/images';
 import { mountErofs, unmount } from '@dsec/native';
+import { CHUNK_TABLE_CHUNK_BYTES, encodeChunkTable } from '@dsec/core';
 import { BlobDaemon } from '@dsec/edge';
 
 const skip =
@@ -35,7 +37,7 @@ interface Fixture {
   digest: string;
   mountDir: string;
   cacheDir: string;
-  start(options?: { cacheBytes?: number }): Promise<BlobDaemon>;
+  start(options?: { cacheBytes?: number; chunkBytes?: number }): Promise<BlobDaemon>;
 }
 
 async function mountsUnder(dir: string): Promise<string[]> {
@@ -113,6 +115,35 @@ async function readAt(path: string, offset: number, length: number): Promise<Buf
     const buf = Buffer.alloc(length);
     const { bytesRead } = await fh.read(buf, 0, length, offset);
     return buf.subarray(0, bytesRead);
+  } finally {
+    await fh.close();
+  }
+}
+
+/** Puts `data`'s chunk table (sha256 of each `chunkBytes` slice) into the store. */
+async function putTable(
+  store: DirImageStore,
+  dir: string,
+  data: Buffer,
+  chunkBytes = CHUNK_TABLE_CHUNK_BYTES,
+): Promise<string> {
+  const digests: Buffer[] = [];
+  for (let at = 0; at < data.length; at += chunkBytes)
+    digests.push(
+      createHash('sha256')
+        .update(data.subarray(at, at + chunkBytes))
+        .digest(),
+    );
+  const file = join(dir, `table-${chunkBytes}-${digests.length}-${randomBytes(4).toString('hex')}`);
+  await writeFile(file, encodeChunkTable(chunkBytes, digests));
+  return (await store.putBlob(file)).digest;
+}
+
+/** Overwrites `bytes` at `offset` of the stored blob (mode 0444; root may). */
+async function corrupt(store: DirImageStore, digest: string, offset: number, bytes: Buffer) {
+  const fh = await open(await store.blobPath(digest), 'r+');
+  try {
+    await fh.write(bytes, 0, bytes.length, offset);
   } finally {
     await fh.close();
   }
@@ -245,5 +276,82 @@ describe('blob daemon (FUSE)', { skip }, () => {
     assert.deepEqual(await mountsUnder(f.dir), []);
     assert.equal(alive(second.pid), false);
     assert.equal(existsSync(join(f.cacheDir, 'blobd.pid')), false);
+  });
+
+  test('a verified name checks every chunk against its chunk table', async (t) => {
+    const f = await fixture(t);
+    const M = CHUNK_TABLE_CHUNK_BYTES;
+    const table = await putTable(f.store, f.dir, f.data);
+    const daemon = await f.start({ chunkBytes: M });
+    const hex = f.digest.slice('sha256:'.length);
+    const path = daemon.pathFor(f.digest, { chunkTable: table });
+    assert.equal(path, join(f.mountDir, `${hex}.${table.slice('sha256:'.length)}`));
+    assert.equal((await stat(path)).size, f.data.length);
+    assert.equal((await stat(path)).mode & 0o7777, 0o444);
+    const good: [number, number][] = [
+      [1000, 100],
+      [2 * M + 5000, 4096],
+      [f.data.length - 10, 100],
+    ];
+    for (const [off, len] of good)
+      assert.ok(
+        (await readAt(path, off, len)).equals(f.data.subarray(off, off + len)),
+        `range ${off}+${len}`,
+      );
+
+    // Chunk 4 changes in the store behind the daemon's back.
+    await corrupt(f.store, f.digest, 4 * M + 300_000, Buffer.from('not the bytes you hashed'));
+    await assert.rejects(readAt(path, 4 * M + 1000, 100), { code: 'EIO' });
+    await assert.rejects(readAt(path, 4 * M + 600_000, 100), { code: 'EIO' });
+    for (const [off, len] of [...good, [5 * M + 77, 20_000] as [number, number]])
+      assert.ok(
+        (await readAt(path, off, len)).equals(f.data.subarray(off, off + len)),
+        `range ${off}+${len} after the corruption`,
+      );
+    const s = await daemon.stats();
+    assert.ok(s.cache.corruptChunks >= 1, JSON.stringify(s.cache));
+    assert.equal(s.cache.verifiedChunks, 4); // chunks 0, 2, 5 and 6
+    assert.ok(s.daemon.ioErrors >= 2);
+    assert.ok(
+      !(await readdir(join(f.cacheDir, 'chunks'))).some((n) => n.startsWith(`${hex}.${M}.4`)),
+    );
+
+    // Tables that do not fit: a missing one, one whose bytes do not match its
+    // digest, one of another chunk size.
+    await assert.rejects(
+      stat(daemon.pathFor(f.digest, { chunkTable: `sha256:${'1'.repeat(64)}` })),
+      {
+        code: 'ENOENT',
+      },
+    );
+    const other = randomBytes(2 * M + 5);
+    await writeFile(join(f.dir, 'other'), other);
+    const otherDigest = (await f.store.putBlob(join(f.dir, 'other'))).digest;
+    const otherTable = await putTable(f.store, f.dir, other);
+    await corrupt(f.store, otherTable, 20, Buffer.from([0xff, 0xfe]));
+    await assert.rejects(stat(daemon.pathFor(otherDigest, { chunkTable: otherTable })), {
+      code: 'EIO',
+    });
+    const smallChunks = await putTable(f.store, f.dir, f.data, CHUNK);
+    await assert.rejects(stat(daemon.pathFor(f.digest, { chunkTable: smallChunks })), {
+      code: 'EIO',
+    });
+    // A table of another blob: its chunk count does not fit.
+    await assert.rejects(
+      stat(daemon.pathFor(f.digest, { chunkTable: await putTable(f.store, f.dir, other) })),
+      {
+        code: 'EIO',
+      },
+    );
+    // The bare name still reads, unverified.
+    assert.ok(
+      (await readAt(daemon.pathFor(f.digest), 1000, 100)).equals(f.data.subarray(1000, 1100)),
+    );
+    await daemon.stop();
+    const log = await readFile(join(f.cacheDir, 'blobd.log'), 'utf8');
+    assert.match(log, /chunk 4 of sha256:[0-9a-f]{64} does not match its digest/);
+    assert.match(log, /do not match its digest/);
+    assert.match(log, /chunk sizes differ/);
+    assert.deepEqual(await mountsUnder(f.dir), []);
   });
 });
