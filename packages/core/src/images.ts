@@ -23,6 +23,11 @@ export interface LayerInfo {
   digest: string;
   /** Digest of the separate data blob (`mkfs.erofs --blobdev`), when split. */
   blobDigest?: string | undefined;
+  /**
+   * Digest of the data blob's chunk table (`encodeChunkTable`: the sha256 of
+   * each 1 MiB chunk), which on-demand readers check every fetched chunk against.
+   */
+  blobChunksDigest?: string | undefined;
   /** Bytes of the EROFS image plus its data blob. */
   sizeBytes: number;
   /** Bytes of the files the layer holds, uncompressed. */

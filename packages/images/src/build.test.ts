@@ -1,8 +1,9 @@
 import assert from 'node:assert/strict';
-import { readdir, stat, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { readdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { isDsecError, type LayerInfo } from '@dsec/core';
+import { CHUNK_TABLE_CHUNK_BYTES, isDsecError, parseChunkTable, type LayerInfo } from '@dsec/core';
 import { buildLayer, type BuildProgress } from './build.js';
 import { DirImageStore } from './store/dir-store.js';
 import { isRoot, makeTree, makeTreeContentBytes, tempDir } from './testing/fixtures.js';
@@ -132,9 +133,20 @@ void test('a split layer stores metadata and data as two blobs', async () => {
     const meta = (await stat(await store.blobPath(layer.digest))).size;
     const data = (await stat(await store.blobPath(layer.blobDigest))).size;
     assert.equal(layer.sizeBytes, meta + data);
+    // The chunk table holds the sha256 of each 1 MiB chunk of the data blob.
+    assert.ok(layer.blobChunksDigest);
+    const table = parseChunkTable(await readFile(await store.blobPath(layer.blobChunksDigest)));
+    const blob = await readFile(await store.blobPath(layer.blobDigest));
+    assert.equal(table.chunkBytes, CHUNK_TABLE_CHUNK_BYTES);
+    assert.equal(table.digests.length, Math.ceil(blob.length / CHUNK_TABLE_CHUNK_BYTES));
+    table.digests.forEach((d, i) => {
+      const chunk = blob.subarray(i * CHUNK_TABLE_CHUNK_BYTES, (i + 1) * CHUNK_TABLE_CHUNK_BYTES);
+      assert.deepEqual(d, createHash('sha256').update(chunk).digest(), `chunk ${i}`);
+    });
     await store.removeLayer('split');
     assert.equal(await store.hasBlob(layer.digest), false);
     assert.equal(await store.hasBlob(layer.blobDigest), false);
+    assert.equal(await store.hasBlob(layer.blobChunksDigest), false);
   });
 });
 

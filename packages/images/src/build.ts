@@ -1,9 +1,12 @@
-import { mkdir, mkdtemp, rm, stat } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { mkdir, mkdtemp, open, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import {
+  CHUNK_TABLE_CHUNK_BYTES,
   DEFAULT_LAYER_VERSION,
   DsecError,
+  encodeChunkTable,
   isDsecError,
   throwIfAborted,
   type ImageConfig,
@@ -93,7 +96,11 @@ export async function buildLayer(
       ...(signal ? { signal } : {}),
     });
 
-    const files = blob !== undefined ? [image, blob] : [image];
+    // A split layer's data blob gets a chunk table, so on-demand readers can
+    // check each chunk they fetch (ADR 0006).
+    const table = blob !== undefined ? join(work, 'layer.chunks') : undefined;
+    if (blob !== undefined && table !== undefined) await writeChunkTable(blob, table, signal);
+    const files = blob !== undefined && table !== undefined ? [image, blob, table] : [image];
     const puts: { digest: string; sizeBytes: number }[] = [];
     for (const [i, file] of files.entries()) {
       progress({ phase: 'store', done: i, total: files.length });
@@ -107,7 +114,8 @@ export async function buildLayer(
       kind: options.kind,
       digest: puts[0]!.digest,
       ...(puts[1] ? { blobDigest: puts[1].digest } : {}),
-      sizeBytes: puts.reduce((sum, p) => sum + p.sizeBytes, 0),
+      ...(puts[2] ? { blobChunksDigest: puts[2].digest } : {}),
+      sizeBytes: (puts[0]?.sizeBytes ?? 0) + (puts[1]?.sizeBytes ?? 0),
       contentBytes: stats.contentBytes,
       fileCount: stats.fileCount,
       createdAt: new Date().toISOString(),
@@ -189,4 +197,28 @@ export async function extractTar(
     }
     throw err;
   }
+}
+
+/** Writes the chunk table of `blob`: the sha256 of each CHUNK_TABLE_CHUNK_BYTES chunk. */
+async function writeChunkTable(blob: string, table: string, signal?: AbortSignal): Promise<void> {
+  const digests: Buffer[] = [];
+  const input = await open(blob, 'r');
+  try {
+    const buf = Buffer.allocUnsafe(CHUNK_TABLE_CHUNK_BYTES);
+    for (;;) {
+      throwIfAborted(signal);
+      let filled = 0;
+      while (filled < buf.length) {
+        const { bytesRead } = await input.read(buf, filled, buf.length - filled, null);
+        if (bytesRead === 0) break;
+        filled += bytesRead;
+      }
+      if (filled === 0) break;
+      digests.push(createHash('sha256').update(buf.subarray(0, filled)).digest());
+      if (filled < buf.length) break;
+    }
+  } finally {
+    await input.close();
+  }
+  await writeFile(table, encodeChunkTable(CHUNK_TABLE_CHUNK_BYTES, digests));
 }

@@ -25,6 +25,8 @@ function randomBytesSeeded(bytes: number, seed: number): Buffer {
 
 interface BlobdStats {
   bytesFetched: number;
+  verifiedChunks: number;
+  corruptChunks: number;
   fetches: number;
   evictions: number;
 }
@@ -93,6 +95,12 @@ test('a node whose image store is S3: layers load on demand through the blob dae
     assert.equal(sum.stdout.split(' ')[0], createHash('md5').update(files[3]!).digest('hex'));
     const afterOne = await blobdStats(stateDir);
     assert.ok(afterOne.bytesFetched > 0, 'data came from the store');
+    assert.equal(
+      afterOne.verifiedChunks,
+      afterOne.fetches,
+      'every chunk checked against the table',
+    );
+    assert.equal(afterOne.corruptChunks, 0);
     assert.ok(
       afterOne.bytesFetched < 12 * MiB,
       `reading 1 of 12 files fetched ${afterOne.bytesFetched} bytes, not the whole blob`,

@@ -16,8 +16,12 @@ export interface LayerMounter {
  * on demand (the node's blob daemon). Needed only when `store.local` is false.
  */
 export interface RemoteBlobs {
-  /** A file the kernel can read the blob through; starts the server if needed. */
-  pathFor(digest: string): Promise<string>;
+  /**
+   * A file the kernel can read the blob through; starts the server if needed.
+   * With `chunkTable` (the digest of the blob's chunk table) every chunk the
+   * server fetches is checked against it.
+   */
+  pathFor(digest: string, chunkTable?: string): Promise<string>;
   /** Stops the server; called when no mounted layer reads through it. */
   stop(): Promise<void>;
 }
@@ -67,7 +71,7 @@ export class LayerMountCache {
       if (mounted.has(dir) && !this.#entries.has(layer.digest)) {
         this.#entries.set(layer.digest, { layer, dir, refs: 0, lastUsedMs: Date.now() });
         // Re-attaches to the blob server the mount reads through (it outlives edges).
-        if (layer.blobDigest && !this.store.local) await this.#blobDevice(layer.blobDigest);
+        if (layer.blobDigest && !this.store.local) await this.#blobDevice(layer);
       }
     }
   }
@@ -166,9 +170,11 @@ export class LayerMountCache {
     return file;
   }
 
-  async #blobDevice(digest: string): Promise<string> {
+  /** Where the kernel reads a split layer's data blob. */
+  async #blobDevice(layer: LayerInfo): Promise<string> {
+    const digest = layer.blobDigest!;
     if (this.store.local) return await this.store.blobPath(digest);
-    return await this.remoteBlobs!.pathFor(digest);
+    return await this.remoteBlobs!.pathFor(digest, layer.blobChunksDigest);
   }
 
   #dirFor(layer: LayerInfo): string {
@@ -189,7 +195,7 @@ export class LayerMountCache {
     const image = layer.blobDigest
       ? await this.#localMetadata(layer.digest)
       : await this.store.blobPath(layer.digest);
-    const blobDevice = layer.blobDigest ? await this.#blobDevice(layer.blobDigest) : undefined;
+    const blobDevice = layer.blobDigest ? await this.#blobDevice(layer) : undefined;
     await this.mounter.mountErofs(image, entry.dir, blobDevice ? { blobDevice } : {});
     entry.mounting = undefined;
     await this.trim();

@@ -15,10 +15,10 @@ export interface BlobDaemonBlobsOptions {
 export function blobDaemonBlobs(options: BlobDaemonBlobsOptions): RemoteBlobs {
   let daemon: Promise<BlobDaemon> | undefined;
   return {
-    async pathFor(digest) {
+    async pathFor(digest, chunkTable) {
       daemon ??= BlobDaemon.start(options);
       try {
-        return (await daemon).pathFor(digest);
+        return (await daemon).pathFor(digest, chunkTable ? { chunkTable } : {});
       } catch (err) {
         daemon = undefined;
         throw err;

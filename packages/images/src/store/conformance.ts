@@ -126,7 +126,11 @@ export function imageStoreConformance(
     });
 
     void test('a split layer keeps its data blob digest', async () => {
-      const split = layer({ digest: await blob('meta'), blobDigest: await blob('data') });
+      const split = layer({
+        digest: await blob('meta'),
+        blobDigest: await blob('data'),
+        blobChunksDigest: await blob('chunks'),
+      });
       await store.putLayer(split);
       assert.deepEqual(await store.getLayer('base-img:v1'), split);
     });
@@ -166,6 +170,8 @@ export function imageStoreConformance(
         [{ digest: 'sha256:nope' }, 'digest'],
         [{ digest: `sha256:${'1'.repeat(64)}` }, 'digest'],
         [{ blobDigest: `sha256:${'2'.repeat(64)}` }, 'blobDigest'],
+        [{ blobDigest: digest, blobChunksDigest: `sha256:${'3'.repeat(64)}` }, 'blobChunksDigest'],
+        [{ blobChunksDigest: digest }, 'blobChunksDigest'],
         [{ sizeBytes: -1 }, 'sizeBytes'],
         [{ fileCount: 1.5 }, 'fileCount'],
         [{ createdAt: 'yesterday' }, 'createdAt'],

@@ -193,6 +193,7 @@ export class DirImageStore implements ImageStore {
     for (const [field, digest] of [
       ['digest', record.digest],
       ['blobDigest', record.blobDigest],
+      ['blobChunksDigest', record.blobChunksDigest],
     ] as const) {
       if (digest !== undefined && !(await this.hasBlob(digest))) {
         throw new DsecError(

@@ -576,6 +576,7 @@ export class S3ImageStore implements ImageStore {
     for (const [field, digest] of [
       ['digest', record.digest],
       ['blobDigest', record.blobDigest],
+      ['blobChunksDigest', record.blobChunksDigest],
     ] as const) {
       if (digest !== undefined && (await this.head(this.blobKey(digest, field))) === undefined) {
         throw new DsecError(

@@ -59,6 +59,14 @@ export function validateLayerInfo(layer: LayerInfo): void {
   assertLayerKind(layer.kind);
   assertDigest(layer.digest);
   if (layer.blobDigest !== undefined) assertDigest(layer.blobDigest, 'blobDigest');
+  if (layer.blobChunksDigest !== undefined) {
+    assertDigest(layer.blobChunksDigest, 'blobChunksDigest');
+    if (layer.blobDigest === undefined) {
+      throw new DsecError('invalid_argument', 'blobChunksDigest needs a blobDigest', {
+        field: 'blobChunksDigest',
+      });
+    }
+  }
   assertCount(layer.sizeBytes, 'sizeBytes');
   assertCount(layer.contentBytes, 'contentBytes');
   assertCount(layer.fileCount, 'fileCount');
@@ -94,7 +102,9 @@ export function validateLayerInfo(layer: LayerInfo): void {
 
 /** The blobs a record refers to. */
 export function layerDigests(layer: LayerInfo): string[] {
-  return layer.blobDigest === undefined ? [layer.digest] : [layer.digest, layer.blobDigest];
+  return [layer.digest, layer.blobDigest, layer.blobChunksDigest].filter(
+    (d): d is string => d !== undefined,
+  );
 }
 
 /** Keeps only the known fields, so a record on disk never carries stray data. */
@@ -105,6 +115,7 @@ export function normalizeLayerInfo(layer: LayerInfo): LayerInfo {
     kind: layer.kind,
     digest: layer.digest,
     ...(layer.blobDigest !== undefined ? { blobDigest: layer.blobDigest } : {}),
+    ...(layer.blobChunksDigest !== undefined ? { blobChunksDigest: layer.blobChunksDigest } : {}),
     sizeBytes: layer.sizeBytes,
     contentBytes: layer.contentBytes,
     fileCount: layer.fileCount,
