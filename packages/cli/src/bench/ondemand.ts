@@ -108,7 +108,6 @@ export async function benchOndemand(
       port: 0,
       network: { mode: 'none' },
       imageStore: location,
-      cgroupParent: 'dsec-bench-ondemand',
     });
     cleanups.unshift(() => node.close({ stopSandboxes: true }));
     const baseDir = join(work, 'base');
@@ -138,7 +137,6 @@ export async function benchOndemand(
       stateDir: join(work, 'eager'),
       port: 0,
       network: { mode: 'none' },
-      cgroupParent: 'dsec-bench-eager',
     });
     cleanups.unshift(() => eagerNode.close({ stopSandboxes: true }));
     const remote = openImageStore(location, { cacheDir: join(work, 'eager-pull-cache') });
