@@ -92,10 +92,15 @@ export interface ImageStore {
    * secrets; S3 credentials come from the environment.
    */
   readonly location: string;
-  /** Copies a local file in as an immutable blob; idempotent; returns its digest. */
+  /**
+   * Copies a local file in as an immutable blob; idempotent; returns its
+   * digest. With `move` the caller gives the file up: a store on the same
+   * filesystem may take it over (link and rename) instead of copying it, and
+   * the file may be gone afterwards.
+   */
   putBlob(
     file: string,
-    options?: { signal?: AbortSignal; onProgress?: (bytesDone: number) => void },
+    options?: { signal?: AbortSignal; onProgress?: (bytesDone: number) => void; move?: boolean },
   ): Promise<{ digest: string; sizeBytes: number }>;
   hasBlob(digest: string): Promise<boolean>;
   /**

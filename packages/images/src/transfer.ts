@@ -43,7 +43,9 @@ export async function transferLayer(
   options.onProgress?.({ bytesDone: 0, bytesTotal });
   for (const blob of sources) {
     throwIfAborted(signal);
+    // A remote store's blobPath is a downloaded copy: the target may take it over.
     const put = await to.putBlob(blob.path, {
+      move: !from.local,
       ...(signal ? { signal } : {}),
       onProgress: (n) => options.onProgress?.({ bytesDone: base + n, bytesTotal }),
     });

@@ -81,6 +81,17 @@ export function imageStoreConformance(
       assert.equal(await readFile(await store.blobPath(results[0].digest), 'utf8'), 'same bytes');
     });
 
+    void test('putBlob with move stores the same blob; the given-up file may be gone', async () => {
+      const content = Buffer.from('moved bytes\n'.repeat(50_000));
+      const copied = await store.putBlob(await file(content));
+      const src = await file(content);
+      const moved = await store.putBlob(src, { move: true });
+      assert.deepEqual(moved, copied);
+      const fresh = await store.putBlob(await file('only moved'), { move: true });
+      assert.deepEqual(await readFile(await store.blobPath(fresh.digest), 'utf8'), 'only moved');
+      assert.deepEqual(await readFile(await store.blobPath(moved.digest)), content);
+    });
+
     void test('an empty file is a valid blob', async () => {
       const put = await store.putBlob(await file(''));
       assert.equal(put.sizeBytes, 0);

@@ -43,3 +43,19 @@ void test('DirImageStore lays blobs and records out as documented, read-only, no
     await rm(root, { recursive: true, force: true });
   }
 });
+
+void test('DirImageStore takes a moved file over on the same filesystem: read-only, source gone', async () => {
+  const root = await mkdtemp(join(tmpdir(), 'dsec-dir-store-'));
+  try {
+    const store = new DirImageStore(root);
+    const src = join(root, 'given-up');
+    await writeFile(src, 'moved');
+    const { digest } = await store.putBlob(src, { move: true });
+    const blob = await store.blobPath(digest);
+    assert.equal((await stat(blob)).mode & 0o777, 0o444);
+    assert.equal(await stat(src).catch(() => undefined), undefined, 'the source is gone');
+    assert.deepEqual(await readdir(join(root, 'blobs', 'sha256')), [digest.slice(7)]);
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
+});

@@ -1,5 +1,6 @@
 import { createHash, randomBytes } from 'node:crypto';
 import {
+  chmod,
   link,
   mkdir,
   open,
@@ -78,7 +79,11 @@ export class DirImageStore implements ImageStore {
 
   async putBlob(
     file: string,
-    options: { signal?: AbortSignal; onProgress?: (bytesDone: number) => void } = {},
+    options: {
+      signal?: AbortSignal;
+      onProgress?: (bytesDone: number) => void;
+      move?: boolean;
+    } = {},
   ): Promise<{ digest: string; sizeBytes: number }> {
     throwIfAborted(options.signal);
     const input = await open(file, 'r').catch((err: unknown) => {
@@ -91,7 +96,15 @@ export class DirImageStore implements ImageStore {
       }
       await mkdir(this.blobDir, { recursive: true });
       tmp = join(this.blobDir, tempName());
-      const out = await open(tmp, 'wx', 0o444);
+      // A file given up on this filesystem is linked in and only read (hashed);
+      // otherwise (or across filesystems) it is copied.
+      const linked =
+        options.move === true &&
+        (await link(file, tmp).then(
+          () => true,
+          () => false,
+        ));
+      const out = linked ? undefined : await open(tmp, 'wx', 0o444);
       const hash = createHash('sha256');
       let sizeBytes = 0;
       try {
@@ -102,13 +115,18 @@ export class DirImageStore implements ImageStore {
           if (bytesRead === 0) break;
           const chunk = buf.subarray(0, bytesRead);
           hash.update(chunk);
-          await out.write(chunk);
+          await out?.write(chunk);
           sizeBytes += bytesRead;
           options.onProgress?.(sizeBytes);
         }
-        await out.sync();
+        if (linked) {
+          await chmod(tmp, 0o444);
+          await input.sync();
+        } else {
+          await out?.sync();
+        }
       } finally {
-        await out.close();
+        await out?.close();
       }
       const digest = `sha256:${hash.digest('hex')}`;
       const final = this.blobFile(digest);
@@ -119,6 +137,7 @@ export class DirImageStore implements ImageStore {
         await fsyncDir(this.blobDir);
       }
       tmp = undefined;
+      if (linked) await unlink(file).catch(() => undefined);
       return { digest, sizeBytes };
     } finally {
       await input.close();
