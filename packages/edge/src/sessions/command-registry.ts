@@ -174,7 +174,9 @@ export class CommandRegistry {
       startedAt: new Date().toISOString(),
     };
     const live = new LiveCommand(info, capBytes);
-    this.#store.insert(info);
+    this.#store.insert(info, {
+      durable: descriptor.background === true || requestId !== undefined,
+    });
     this.#live.set(info.commandId, live);
     if (requestId !== undefined) this.#byRequest.set(key(sandboxId, requestId), live);
     this.#runningPerSandbox.set(sandboxId, count + 1);

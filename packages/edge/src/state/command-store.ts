@@ -2,7 +2,7 @@ import Database from 'better-sqlite3';
 import { statementCache } from './statement-cache.js';
 import type { CommandInfo, CommandResult } from '@dsec/core';
 
-/** Writes wait this long to share one transaction (the crash window of the log). */
+/** Housekeeping writes (trims) wait this long to share one transaction. */
 const FLUSH_DELAY_MS = 5;
 
 interface Row {
@@ -19,10 +19,12 @@ interface Row {
  * starts and when it ends, in the edge's SQLite file (its own table, its own
  * connection). `synchronous = NORMAL` in WAL mode: a commit survives a crash
  * of the edge process (it is in the WAL) without an fsync on the exec hot
- * path; a host power loss may lose the last few results. Writes are batched
- * into one transaction every few milliseconds (reads flush first), which keeps
- * SQLite off the latency of each command; an edge crash inside that window
- * loses those rows.
+ * path; a host power loss may lose the last few results. A command's result
+ * is committed before it is returned, and its start before its ID is handed
+ * out (background commands, request IDs), so a killed edge loses nothing it
+ * answered for (SECURITY E28) and a retried request ID is never run twice
+ * (E29). A foreground command's start shares the commit of its result; trims
+ * of old results are batched.
  */
 export class CommandStore {
   readonly #db: Database.Database;
@@ -83,23 +85,29 @@ export class CommandStore {
     this.#byRequest = this.#sql('SELECT * FROM commands WHERE sandbox_id = ? AND request_id = ?');
   }
 
-  insert(info: CommandInfo): void {
+  /**
+   * Records a started command. `durable`: commit now (its ID is acknowledged
+   * before it ends: background commands, request IDs); otherwise the row
+   * shares the commit of the command's result.
+   */
+  insert(info: CommandInfo, options: { durable?: boolean } = {}): void {
     const infoJson = JSON.stringify({ ...info, result: undefined });
-    this.#defer(() =>
+    const op = () =>
       this.#insert.run(
         info.commandId,
         info.sandboxId,
         info.requestId ?? null,
         infoJson,
         info.startedAt,
-      ),
-    );
+      );
+    if (options.durable === false) this.#defer(op);
+    else this.#write(op);
   }
 
   finish(info: CommandInfo & { result: CommandResult; finishedAt: string }): void {
     const resultJson = JSON.stringify(info.result);
     const infoJson = JSON.stringify({ ...info, result: undefined });
-    this.#defer(() =>
+    this.#write(() =>
       this.#upsert.run(
         info.commandId,
         info.sandboxId,
@@ -114,7 +122,7 @@ export class CommandStore {
 
   /** Forgets a command that never started (spawn failed), so a retry may run it. */
   delete(commandId: string): void {
-    this.#defer(() => this.#delete.run(commandId));
+    this.#write(() => this.#delete.run(commandId));
   }
 
   /** Writes what is queued, in one transaction. */
@@ -125,6 +133,12 @@ export class CommandStore {
     clearTimeout(this.#flushTimer);
     this.#flushTimer = undefined;
     this.#applyAll(ops);
+  }
+
+  /** Commits now (after anything queued), before the caller acknowledges it. */
+  #write(op: () => void): void {
+    this.#pending.push(op);
+    this.flush();
   }
 
   #defer(op: () => void): void {

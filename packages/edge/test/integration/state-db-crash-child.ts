@@ -1,0 +1,73 @@
+// Child of state-db-crash.test.ts: writes to the state databases as fast as it
+// can and prints one line per write *after* the write returned (stdout on a
+// pipe is synchronous on Linux), until it is killed with SIGKILL.
+import { readFileSync, writeFileSync } from 'node:fs';
+import { Iam } from '@dsec/iam';
+import { CommandStore } from '../../src/state/command-store.js';
+import { EdgeStore } from '../../src/state/edge-store.js';
+
+const dir = process.argv[2]!;
+const iam = Iam.open({ path: `${dir}/iam.db` });
+// The first run bootstraps the root project and keeps its key for the next runs.
+const root = iam.bootstrap();
+if (root.key) writeFileSync(`${dir}/admin.key`, root.key);
+const caller = iam.authenticate(readFileSync(`${dir}/admin.key`, 'utf8'));
+const edge = new EdgeStore(`${dir}/edge.db`);
+const commands = new CommandStore(`${dir}/edge.db`);
+const say = (line: string) => process.stdout.write(`${line}\n`);
+
+say('ready');
+for (let i = 0; ; i++) {
+  const project = iam.createProject(caller, { name: `p${process.pid}-${i}` });
+  say(`P ${project.id}`);
+  const now = new Date().toISOString();
+  const sandbox = edge.insert({
+    id: `sb-${process.pid}-${i}`,
+    projectId: project.id,
+    spec: {
+      backend: 'container',
+      image: 'busybox',
+      toolkits: [],
+      memoryLimitMb: 512,
+      cpuCoresLimit: 1,
+      pidsLimit: 512,
+      ttlSeconds: 600,
+      networkRules: {},
+      initUser: 'root',
+      env: {},
+      labels: {},
+    },
+    layers: [],
+    createdAt: now,
+    expiresAt: now,
+  });
+  say(`S ${sandbox.id}`);
+  const info = {
+    commandId: `cmd-${process.pid}-${i}`,
+    sandboxId: sandbox.id,
+    requestId: `req-${i}`,
+    argv: ['true'],
+    background: false,
+    state: 'running' as const,
+    startedAt: now,
+  };
+  commands.insert(info, { durable: true });
+  say(`C ${info.commandId}`);
+  commands.finish({
+    ...info,
+    state: 'finished',
+    result: {
+      commandId: info.commandId,
+      exitCode: 0,
+      outcome: 'exited',
+      stdout: `out-${i}`,
+      stderr: '',
+      truncated: false,
+      stdoutBytes: 6,
+      stderrBytes: 0,
+      durationMs: 1,
+    },
+    finishedAt: new Date().toISOString(),
+  });
+  say(`R ${info.commandId}`);
+}
