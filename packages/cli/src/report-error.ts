@@ -10,6 +10,7 @@ const FIELD_FLAGS: Record<string, string> = {
   memoryLimitMb: '--memory-mb',
   cpuCoresLimit: '--cpus',
   pidsLimit: '--pids',
+  diskLimitMb: '--disk-mb',
   ttlSeconds: '--ttl-seconds',
   env: '--env',
   labels: '--label',

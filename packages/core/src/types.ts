@@ -59,6 +59,12 @@ export interface SandboxSpec {
   memoryLimitMb: number;
   cpuCoresLimit: number;
   pidsLimit: number;
+  /**
+   * Disk quota of the writable layer in MiB (bytes, and inodes at one per
+   * 16 KiB): writes past it fail with ENOSPC inside the sandbox. Absent: the
+   * writable layer shares the node's disk.
+   */
+  diskLimitMb?: number | undefined;
   /** The sandbox is stopped and reclaimed this long after creation. */
   ttlSeconds: number;
   networkRules: NetworkRules;

@@ -156,6 +156,12 @@ export interface MountRootfsOptions {
   lowers: string[];
   /** Map layer uid/gid 0..size-1 to hostId.. through idmapped lower mounts. */
   idmap?: { hostId: number; size: number };
+  /**
+   * The writable layer's own filesystem (an ext4 image: the disk quota),
+   * mounted at `mount` through a self-detaching loop device; `upper` and
+   * `work` must be inside `mount`. Only with `rootfsCommandPrefix`.
+   */
+  upperImage?: { image: string; mount: string };
   signal?: AbortSignal;
 }
 
@@ -189,6 +195,9 @@ function rootfsArgs(options: Omit<MountRootfsOptions, 'signal'>): string[] {
     options.work,
   ];
   if (options.idmap) args.push('--idmap', `${options.idmap.hostId}:${options.idmap.size}`);
+  if (options.upperImage) {
+    args.push('--upper-image', options.upperImage.image, '--upper-mount', options.upperImage.mount);
+  }
   for (const lower of options.lowers) args.push('--lower', lower);
   return args;
 }

@@ -5,12 +5,14 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/loop.h>
 #include <limits.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -109,6 +111,10 @@ int cmd_umount(int argc, char **argv)
 
 struct rootfs_args {
     const char *target, *upper, *work;
+    /* --upper-image IMG --upper-mount DIR (with --exec only): the writable layer
+     * lives on its own filesystem image (a disk quota), mounted at DIR in the
+     * private namespace; upper and work are in it. */
+    const char *upper_image, *upper_mount;
     const char **lowers; /* top (highest priority) first */
     int nlowers;
     int idmap;
@@ -161,6 +167,10 @@ static void parse_rootfs_args(int argc, char **argv, struct rootfs_args *a)
             a->upper = val;
         else if (strcmp(opt, "--work") == 0)
             a->work = val;
+        else if (strcmp(opt, "--upper-image") == 0)
+            a->upper_image = val;
+        else if (strcmp(opt, "--upper-mount") == 0)
+            a->upper_mount = val;
         else if (strcmp(opt, "--lower") == 0)
             a->lowers[a->nlowers++] = val;
         else if (strcmp(opt, "--idmap") == 0)
@@ -168,9 +178,10 @@ static void parse_rootfs_args(int argc, char **argv, struct rootfs_args *a)
         else
             dief(EINVAL, "mount-rootfs: unknown option %s", opt);
     }
-    if (!a->target || !a->upper || !a->work || a->nlowers == 0)
-        dief(EINVAL, "usage: mount-rootfs --target T --upper U --work W [--idmap H:N] --lower L... "
-                     "[--exec CMD ARG...]");
+    if (!a->target || !a->upper || !a->work || a->nlowers == 0 ||
+        !a->upper_image != !a->upper_mount || (a->upper_image && !a->exec_argv))
+        dief(EINVAL, "usage: mount-rootfs --target T --upper U --work W [--idmap H:N] "
+                     "[--upper-image IMG --upper-mount DIR] --lower L... [--exec CMD ARG...]");
 }
 
 /* Overlay options separate layers with ':' and options with ','. */
@@ -234,6 +245,62 @@ static int make_idmap_userns(uint32_t host_id, uint32_t count)
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     return err ? -err : fd;
+}
+
+/*
+ * Mounts the ext4 image `image` on `dir` through a loop device that detaches
+ * itself when the mount goes (LO_FLAGS_AUTOCLEAR): with --exec the mount is
+ * in the sandbox's private namespace, so it, and the loop device, go with the
+ * sandbox. Then makes the overlay's upper and work directories in it, owned
+ * by the sandbox's root. Dies on failure.
+ */
+static void mount_upper_image(const struct rootfs_args *a)
+{
+    int img = open(a->upper_image, O_RDWR | O_CLOEXEC);
+    if (img < 0)
+        dief(errno, "open %s", a->upper_image);
+    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (ctl < 0)
+        dief(errno, "open /dev/loop-control");
+    struct loop_config config = { .fd = (uint32_t)img, .info = { .lo_flags = LO_FLAGS_AUTOCLEAR } };
+    char dev[32];
+    int loop = -1;
+    /* Another process may take the free device first: ask again. */
+    for (int attempt = 0; attempt < 64 && loop < 0; attempt++) {
+        int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+        if (n < 0)
+            dief(errno, "LOOP_CTL_GET_FREE");
+        snprintf(dev, sizeof dev, "/dev/loop%d", n);
+        loop = open(dev, O_RDWR | O_CLOEXEC);
+        if (loop < 0)
+            dief(errno, "open %s", dev);
+        if (ioctl(loop, LOOP_CONFIGURE, &config) < 0) {
+            int err = errno;
+            close(loop);
+            loop = -1;
+            if (err != EBUSY)
+                dief(err, "LOOP_CONFIGURE %s", dev);
+        }
+    }
+    if (loop < 0)
+        dief(EBUSY, "no free loop device for %s", a->upper_image);
+    close(ctl);
+    close(img);
+    int r = mount(dev, a->upper_mount, "ext4", MS_NOSUID | MS_NODEV, NULL);
+    int err = errno;
+    close(loop); /* the mount holds the device now; autoclear once it is gone */
+    if (r < 0)
+        dief(err, "mount %s (%s) on %s", a->upper_image, dev, a->upper_mount);
+    uid_t owner = a->idmap ? a->host_id : 0;
+    for (const char *d = a->upper;; d = a->work) {
+        if ((mkdir(d, 0755) < 0 && errno != EEXIST) || chown(d, owner, owner) < 0) {
+            err = errno;
+            umount2(a->upper_mount, MNT_DETACH);
+            dief(err, "prepare %s", d);
+        }
+        if (d == a->work)
+            break;
+    }
 }
 
 /* Attaches an idmapped clone of `lower` on the (existing) directory `dir`. */
@@ -317,6 +384,9 @@ int cmd_mount_rootfs(int argc, char **argv)
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
             die("make / private", errno);
     }
+
+    if (a.upper_image)
+        mount_upper_image(&a);
 
     struct staging s = { .dirs = calloc((size_t)a.nlowers, PATH_MAX) };
     if (!s.dirs)

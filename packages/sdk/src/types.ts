@@ -30,6 +30,8 @@ export interface RunContainerOptions {
   memoryLimitMb?: number | undefined;
   cpuCoresLimit?: number | undefined;
   pidsLimit?: number | undefined;
+  /** Disk quota of the writable layer in MiB (ENOSPC past it); default: none. */
+  diskLimitMb?: number | undefined;
   /** libdsec's `ttl_running_stop`: an alias of `ttlSeconds`. */
   ttlRunningStopSeconds?: number | undefined;
   ttlSeconds?: number | undefined;

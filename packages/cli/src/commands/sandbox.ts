@@ -22,6 +22,11 @@ export function register(program: Command): void {
     .option('--memory-mb <n>', 'memory limit in MiB (default 512)', parseInteger)
     .option('--cpus <n>', 'CPU cores (default 1)', parseNumber)
     .option('--pids <n>', 'process limit (default 1024)', parseInteger)
+    .option(
+      '--disk-mb <n>',
+      'disk quota of the writable layer in MiB (default: none)',
+      parseInteger,
+    )
     .option('--ttl-seconds <n>', 'stop after this many seconds (default 3600)', parseInteger)
     .option('--env <K=V>', 'default environment of commands (repeatable)', collectKeyValue)
     .option('--label <K=V>', 'label (repeatable)', collectKeyValue)
@@ -38,6 +43,7 @@ export function register(program: Command): void {
           memoryLimitMb: opts.memoryMb,
           cpuCoresLimit: opts.cpus,
           pidsLimit: opts.pids,
+          diskLimitMb: opts.diskMb,
           ttlSeconds: opts.ttlSeconds,
           env: opts.env,
           labels: opts.label,
@@ -141,6 +147,7 @@ interface CreateOptions {
   memoryMb?: number;
   cpus?: number;
   pids?: number;
+  diskMb?: number;
   ttlSeconds?: number;
   env?: Record<string, string>;
   label?: Record<string, string>;
@@ -249,6 +256,7 @@ function describe(info: SandboxInfo): string {
     ['memory', `${s.memoryLimitMb} MiB`],
     ['cpus', String(s.cpuCoresLimit)],
     ['pids', String(s.pidsLimit)],
+    ['disk', s.diskLimitMb !== undefined ? `${s.diskLimitMb} MiB` : 'node disk'],
     ['user', s.initUser],
     ['created', `${info.createdAt} (${formatRelative(info.createdAt)})`],
     ['expires', `${info.expiresAt} (${formatRelative(info.expiresAt)})`],

@@ -1,6 +1,7 @@
+import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmodSync, chownSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
-import { readdir, readFile } from 'node:fs/promises';
+import { open, readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { DsecError } from '@dsec/core';
@@ -71,8 +72,20 @@ export class ContainerBackend implements Backend {
     mkdirSync(p.dir, { recursive: true });
     chmodSync(this.options.dir, 0o711);
     chmodSync(p.dir, 0o711);
-    for (const d of [p.upper, p.work, p.rootfs]) mkdirSync(d, { recursive: true });
-    for (const d of [p.upper, p.work]) chownSync(d, hostId, hostId);
+    // With a disk quota the writable layer lives on its own ext4 image, which
+    // the mount helper mounts (and makes upper and work in) inside the
+    // runtime's private mount namespace; otherwise on the node's disk.
+    const quota = rec.spec.diskLimitMb;
+    const upper =
+      quota === undefined
+        ? { upper: p.upper, work: p.work }
+        : { upper: p.quotaUpper, work: p.quotaWork };
+    if (quota === undefined) {
+      for (const d of [p.upper, p.work, p.rootfs]) mkdirSync(d, { recursive: true });
+      for (const d of [p.upper, p.work]) chownSync(d, hostId, hostId);
+    } else {
+      for (const d of [p.upperMount, p.rootfs]) mkdirSync(d, { recursive: true });
+    }
 
     // Top layer first. Every layer is acquired (stop releases each), but two
     // layers with identical content share one mount and must appear once:
@@ -86,14 +99,15 @@ export class ContainerBackend implements Backend {
     // the slowest step on cgroup v1) runs while the network is set up and the
     // runtime starts; the daemon then waits for the runtime to report the
     // sandbox's init.
-    const [prepared, networked] = await Promise.allSettled([
+    const [prepared, networked, imaged] = await Promise.allSettled([
       this.options.cgroups
         .create(p.cgroupsPath)
         .then(() => prepareChronus(this.#chronusOptions(p))),
       this.options.network?.setup(rec),
+      quota !== undefined ? makeUpperImage(p.upperImage, quota) : undefined,
     ]);
     // stop() undoes whatever of these succeeded; only the waiting daemon is ours to end.
-    const failed = [prepared, networked].find((r) => r.status === 'rejected');
+    const failed = [prepared, networked, imaged].find((r) => r.status === 'rejected');
     if (failed) {
       if (prepared.status === 'fulfilled') prepared.value.abort();
       throw failed.reason;
@@ -122,10 +136,12 @@ export class ContainerBackend implements Backend {
         // is exec'd in: it lives and dies with the sandbox, nothing to unmount.
         prefix: rootfsCommandPrefix({
           target: p.rootfs,
-          upper: p.upper,
-          work: p.work,
+          ...upper,
           lowers,
           idmap: { hostId, size: ID_COUNT },
+          ...(quota !== undefined
+            ? { upperImage: { image: p.upperImage, mount: p.upperMount } }
+            : {}),
         }),
       });
       this.#runtimeExits.set(rec.id, running.exited);
@@ -270,6 +286,11 @@ export class ContainerBackend implements Backend {
       rootfs: join(dir, 'rootfs'),
       upper: join(dir, 'upper'),
       work: join(dir, 'work'),
+      // With a disk quota: the image, where it is mounted, and the overlay's dirs in it.
+      upperImage: join(dir, 'upper.img'),
+      upperMount: join(dir, 'upperfs'),
+      quotaUpper: join(dir, 'upperfs', 'upper'),
+      quotaWork: join(dir, 'upperfs', 'work'),
       socket: join(dir, 'chronus.sock'),
       pidFile: join(dir, 'init.pid'),
       cgroupsPath: `/${this.options.cgroupParent}/${name}`,
@@ -347,4 +368,42 @@ async function waitGone(pid: number, marker: string, timeoutMs: number): Promise
     await sleep(delayMs);
     delayMs = Math.min(delayMs * 2, 50);
   }
+}
+
+/**
+ * A sparse ext4 image of `sizeMb` for a sandbox's writable layer: its size is
+ * the disk quota, its inode table (one per 16 KiB) the inode quota. No
+ * journal (the layer is scratch space that dies with the sandbox) and no
+ * reserved blocks; blocks are only allocated as the sandbox writes.
+ */
+async function makeUpperImage(image: string, sizeMb: number): Promise<void> {
+  const fh = await open(image, 'wx', 0o600);
+  try {
+    await fh.truncate(sizeMb * 2 ** 20);
+  } finally {
+    await fh.close();
+  }
+  await new Promise<void>((resolve, reject) => {
+    execFile(
+      'mkfs.ext4',
+      [
+        '-q',
+        '-F',
+        '-O',
+        '^has_journal',
+        '-E',
+        'lazy_itable_init=1,nodiscard',
+        '-m',
+        '0',
+        '-i',
+        '16384',
+        image,
+      ],
+      (err, _stdout, stderr) => {
+        if (err) {
+          reject(new DsecError('internal', `mkfs.ext4 ${image}: ${stderr.trim() || err.message}`));
+        } else resolve();
+      },
+    );
+  });
 }
