@@ -1,3 +1,5 @@
+import { STATUS_CODES } from 'node:http';
+import type { Duplex } from 'node:stream';
 import Fastify from 'fastify';
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { randomId } from '@dsec/core';
@@ -14,6 +16,7 @@ import { networkRoutes } from './routes/network.js';
 import { commandRoutes } from './routes/commands.js';
 import { fileRoutes } from './routes/files.js';
 import { portRoutes, ptyUpgrade } from './routes/ports.js';
+import { streamingBodySockets } from './routes/io-common.js';
 import { SandboxService } from './sandbox-service.js';
 import type { EdgeDirectory } from './sandbox-service.js';
 
@@ -31,12 +34,68 @@ export interface ApiServerOptions {
   /** A pino logger, `true` for a default one, or nothing for silence. */
   logger?: FastifyBaseLogger | boolean | undefined;
   imagesList?: (() => Promise<LayerInfo[]>) | undefined;
-  /** Time allowed to receive a whole request (slow-header and slow-body defence). Default 30 000. */
+  /**
+   * Time allowed to receive a request's headers, from its first byte
+   * (slow-header, "slowloris", defence): past it the client gets 408 and the
+   * connection is closed. Default 10 000.
+   */
+  headersTimeoutMs?: number;
+  /**
+   * Time allowed to receive a whole request, headers and JSON body
+   * (slow-body defence): 408 and close past it. Raw streamed bodies (file
+   * uploads, stdin streams) are exempt once authenticated and routed: they
+   * may rightly last longer, and the idle socket timeout bounds them instead.
+   * It never applies to responses: output streams and downloads start after
+   * the request is complete. Default 60 000.
+   */
   requestTimeoutMs?: number;
-  /** Idle socket timeout; command routes extend it to the command's own timeout. Default 600 000. */
+  /**
+   * Idle socket timeout: a connection with no bytes moving either way (a
+   * client that stopped reading included) is closed. Command routes extend it
+   * to the command's own timeout. Default 600 000.
+   */
   connectionTimeoutMs?: number;
   /** Keep-alive idle time, above common load-balancer idle timeouts. Default 72 000. */
   keepAliveTimeoutMs?: number;
+  /** Open connections at most; further ones are closed at once (Node `server.maxConnections`). Default 10 000. */
+  maxConnections?: number;
+}
+
+export const TRANSPORT_DEFAULTS = {
+  headersTimeoutMs: 10_000,
+  requestTimeoutMs: 60_000,
+  connectionTimeoutMs: 600_000,
+  keepAliveTimeoutMs: 72_000,
+  maxConnections: 10_000,
+} as const;
+
+/**
+ * Answers a connection-level error (a timeout, a bad request line, headers
+ * too large) in the API's error shape, then closes the connection. The
+ * request timeout of a streamed upload is ignored (see `requestTimeoutMs`).
+ */
+function clientErrorHandler(
+  this: FastifyInstance,
+  err: Error & { code?: string },
+  socket: Duplex,
+): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return;
+  const timeout = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
+  if (timeout && streamingBodySockets.has(socket)) return;
+  const [status, code, message] = timeout
+    ? [408, 'invalid_argument', 'request not received in time']
+    : err.code === 'HPE_HEADER_OVERFLOW'
+      ? [431, 'invalid_argument', 'request headers too large']
+      : [400, 'invalid_argument', 'malformed HTTP request'];
+  this.log.debug({ err }, 'client error');
+  if (socket.writable) {
+    const body = JSON.stringify({ error: { code, message } });
+    socket.write(
+      `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nConnection: close\r\n` +
+        `Content-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+    );
+  }
+  socket.destroy();
 }
 
 /**
@@ -53,17 +112,34 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
       : {
           logger: options.logger ? { level: 'info', redact: ['req.headers.authorization'] } : false,
         };
+  const requestTimeout = options.requestTimeoutMs ?? TRANSPORT_DEFAULTS.requestTimeoutMs;
+  // Node refuses a headers timeout above a (non-zero) request timeout.
+  const headersTimeout = Math.min(
+    options.headersTimeoutMs ?? TRANSPORT_DEFAULTS.headersTimeoutMs,
+    requestTimeout || Infinity,
+  );
   const app = Fastify({
     ...loggerOpts,
     bodyLimit: BODY_LIMIT_BYTES,
-    requestTimeout: options.requestTimeoutMs ?? 30_000,
-    connectionTimeout: options.connectionTimeoutMs ?? 600_000,
-    keepAliveTimeout: options.keepAliveTimeoutMs ?? 72_000,
+    http: {
+      headersTimeout,
+      requestTimeout,
+      // Node checks these deadlines on this interval (its default, 30 s, would triple a 10 s bound).
+      connectionsCheckingInterval: Math.max(
+        10,
+        Math.min(1_000, Math.floor(Math.min(headersTimeout || 4_000, requestTimeout || 4_000) / 4)),
+      ),
+    },
+    requestTimeout,
+    connectionTimeout: options.connectionTimeoutMs ?? TRANSPORT_DEFAULTS.connectionTimeoutMs,
+    keepAliveTimeout: options.keepAliveTimeoutMs ?? TRANSPORT_DEFAULTS.keepAliveTimeoutMs,
+    clientErrorHandler,
     // Sandbox IDs run past fastify's default limit of 100 characters.
     routerOptions: { maxParamLength: 256 },
     genReqId: () => randomId('req', 9),
     return503OnClosing: true,
   }) as unknown as FastifyInstance;
+  app.server.maxConnections = options.maxConnections ?? TRANSPORT_DEFAULTS.maxConnections;
 
   const metrics = new ApiMetrics();
   const service = new SandboxService({

@@ -44,9 +44,29 @@ export function wantsNdjson(req: FastifyRequest): boolean {
   return typeof accept === 'string' && accept.toLowerCase().includes('application/x-ndjson');
 }
 
-/** Streamed request bodies arrive as the raw stream (no buffering, no size limit). */
+/**
+ * Sockets whose request body is being streamed to a handler (an upload, a
+ * stdin stream). Such a body may rightly take longer than the server's
+ * `requestTimeout`; the server's client-error handler lets the idle socket
+ * timeout govern these instead (see `buildApiServer`).
+ */
+export const streamingBodySockets = new WeakSet<object>();
+
+/**
+ * Streamed request bodies arrive as the raw stream (no buffering, no size
+ * limit, no total time limit: only headers are bounded by time, by the
+ * server's `headersTimeout`).
+ */
 export function rawBodies(scope: FastifyInstance, types: string | string[] | RegExp): void {
-  scope.addContentTypeParser(types, (_req, payload, done) => done(null, payload));
+  scope.addContentTypeParser(types, (req, payload, done) => {
+    const socket = req.raw.socket as object | null;
+    if (socket && !req.raw.complete) {
+      streamingBodySockets.add(socket);
+      const release = () => streamingBodySockets.delete(socket);
+      req.raw.once('end', release).once('close', release);
+    }
+    done(null, payload);
+  });
 }
 
 /** A raw body as a stream (undefined when the request had none). */

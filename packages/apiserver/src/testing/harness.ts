@@ -6,6 +6,14 @@ import { PowerOfKPlacer } from '@dsec/placement';
 import type { Placer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
 import { buildApiServer } from '../server.js';
+import type { ApiServerOptions } from '../server.js';
+
+type TransportOption =
+  | 'headersTimeoutMs'
+  | 'requestTimeoutMs'
+  | 'connectionTimeoutMs'
+  | 'keepAliveTimeoutMs'
+  | 'maxConnections';
 import { FakeEdge } from './fake-edge.js';
 
 export interface TestApi {
@@ -30,6 +38,8 @@ export async function createTestApi(
     iamPath?: string;
     placer?: (watcher: Watcher) => Placer;
     logger?: boolean;
+    /** Transport limits (timeouts, connection cap) passed to `buildApiServer`. */
+    transport?: Partial<Pick<ApiServerOptions, TransportOption>>;
   } = {},
 ): Promise<TestApi> {
   const iam = Iam.open({ path: options.iamPath ?? ':memory:' });
@@ -41,7 +51,15 @@ export async function createTestApi(
   await watcher.refresh();
   const placer = options.placer?.(watcher) ?? new PowerOfKPlacer({ view: () => watcher.view() });
   const ids = new SandboxIdCodec(randomBytes(32));
-  const app = buildApiServer({ iam, edges, watcher, placer, ids, logger: options.logger });
+  const app = buildApiServer({
+    iam,
+    edges,
+    watcher,
+    placer,
+    ids,
+    logger: options.logger,
+    ...options.transport,
+  });
   return {
     app,
     iam,
