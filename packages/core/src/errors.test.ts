@@ -31,3 +31,13 @@ test('unknown codes and foreign errors map to stable codes', () => {
   assert.equal(DsecError.fromBody('garbage', 502).code, 'unavailable');
   assert.equal(toDsecError(new Error('boom')).code, 'internal');
 });
+
+test('a full disk is unavailable, whichever layer noticed it', () => {
+  for (const code of ['ENOSPC', 'EDQUOT', 'SQLITE_FULL']) {
+    const err = Object.assign(new Error('database or disk is full'), { code });
+    const mapped = toDsecError(err);
+    assert.equal(mapped.code, 'unavailable', code);
+    assert.match(mapped.message, /out of disk space/);
+    assert.deepEqual(mapped.details, { reason: 'disk_full' });
+  }
+});

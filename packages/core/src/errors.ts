@@ -104,11 +104,23 @@ export function isDsecError(err: unknown, code?: ErrorCode): err is DsecError {
   return err instanceof DsecError && (code === undefined || err.code === code);
 }
 
-/** Wraps anything thrown into a DsecError, keeping DsecErrors as they are. */
+/**
+ * Wraps anything thrown into a DsecError, keeping DsecErrors as they are. A
+ * full disk (ENOSPC, EDQUOT, SQLite's SQLITE_FULL) is `unavailable`: the node
+ * cannot take the write now, and a retry may succeed (elsewhere, or later).
+ */
 export function toDsecError(err: unknown, code: ErrorCode = 'internal'): DsecError {
   if (err instanceof DsecError) return err;
   if (err instanceof Error && err.name === 'AbortError') {
     return new DsecError('aborted', 'operation aborted', { cause: err });
+  }
+  const errCode = (err as { code?: unknown } | undefined)?.code;
+  if (errCode === 'ENOSPC' || errCode === 'EDQUOT' || errCode === 'SQLITE_FULL') {
+    const message = err instanceof Error ? err.message : String(err);
+    return new DsecError('unavailable', `the node is out of disk space: ${message}`, {
+      cause: err,
+      details: { reason: 'disk_full' },
+    });
   }
   const message = err instanceof Error ? err.message : String(err);
   return new DsecError(code, message, { cause: err });

@@ -146,15 +146,20 @@ export class Edge implements EdgeApi {
     this.options.network?.validate(spec);
     this.#admit(spec);
     const now = new Date();
-    const record = this.#store.insert({
-      id: req.id,
-      projectId: req.projectId,
-      requestId: req.requestId,
-      spec,
-      layers,
-      createdAt: now.toISOString(),
-      expiresAt: new Date(now.getTime() + spec.ttlSeconds * 1000).toISOString(),
-    });
+    let record: SandboxRecord;
+    try {
+      record = this.#store.insert({
+        id: req.id,
+        projectId: req.projectId,
+        requestId: req.requestId,
+        spec,
+        layers,
+        createdAt: now.toISOString(),
+        expiresAt: new Date(now.getTime() + spec.ttlSeconds * 1000).toISOString(),
+      });
+    } catch (err) {
+      throw toDsecError(err); // a full disk, most likely: nothing was made
+    }
     const creating = this.#start(record, signal).finally(() => this.#inflight.delete(record.id));
     this.#inflight.set(record.id, creating);
     return creating;
@@ -186,7 +191,9 @@ export class Edge implements EdgeApi {
     options: RunCommandOptions = {},
   ): Promise<CommandResult> {
     // Through the command log: every command gets an ID and a retained result.
-    let result = await this.io.runCommand(id, command, options);
+    let result = await this.io.runCommand(id, command, options).catch((err: unknown) => {
+      throw toDsecError(err);
+    });
     // A shell reports its OOM-killed child as exit 137 rather than dying of SIGKILL itself;
     // ask the cgroup only then (never on the hot path of a normal exit).
     if (
@@ -278,7 +285,12 @@ export class Edge implements EdgeApi {
         .catch((e: unknown) =>
           this.options.log?.('rollback failed', { id: rec.id, err: String(e) }),
         );
-      this.#store.update(rec.id, { state: 'failed', reason: toDsecError(err).message });
+      try {
+        this.#store.update(rec.id, { state: 'failed', reason: toDsecError(err).message });
+      } catch (e) {
+        // The record stays `creating`; the next reconcile finishes the rollback.
+        this.options.log?.('recording the failed create failed', { id: rec.id, err: String(e) });
+      }
       throw toDsecError(err);
     }
   }
