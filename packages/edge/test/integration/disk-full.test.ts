@@ -102,6 +102,9 @@ test(
       await edge.stopSandbox(b.id);
       assert.deepEqual(await hostResources(dir), before);
     } finally {
+      // Space first, so that stopping what is left can be recorded.
+      await rm(join(stateFs, 'filler'), { force: true });
+      await rm(join(stateFs, 'filler.tail'), { force: true });
       if (edge) {
         for (const sb of await edge.listSandboxes({}))
           await edge.stopSandbox(sb.id).catch(() => undefined);
