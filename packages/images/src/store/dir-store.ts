@@ -25,7 +25,9 @@ import {
 } from '@dsec/core';
 import {
   assertDigest,
+  assertLayerBlobsStored,
   assertRange,
+  assertSameLayer,
   layerDigests,
   normalizeLayerInfo,
   validateLayerInfo,
@@ -209,21 +211,7 @@ export class DirImageStore implements ImageStore {
   async putLayer(layer: LayerInfo): Promise<void> {
     validateLayerInfo(layer);
     const record = normalizeLayerInfo(layer);
-    for (const [field, digest] of [
-      ['digest', record.digest],
-      ['blobDigest', record.blobDigest],
-      ['blobChunksDigest', record.blobChunksDigest],
-    ] as const) {
-      if (digest !== undefined && !(await this.hasBlob(digest))) {
-        throw new DsecError(
-          'invalid_argument',
-          `${field} ${digest} is not in the store; putBlob it first`,
-          {
-            field,
-          },
-        );
-      }
-    }
+    await assertLayerBlobsStored(record, (digest) => this.hasBlob(digest));
     const final = this.recordFile(record);
     const dir = join(this.root, 'layers', record.name);
     await mkdir(dir, { recursive: true });
@@ -243,14 +231,7 @@ export class DirImageStore implements ImageStore {
       } catch (err) {
         if (errno(err) !== 'EEXIST') throw err;
       }
-      const existing = await this.readRecord(final, formatLayerRef(record));
-      if (existing.digest !== record.digest || existing.blobDigest !== record.blobDigest) {
-        throw new DsecError(
-          'conflict',
-          `layer ${formatLayerRef(record)} already exists with digest ${existing.digest}`,
-          { field: 'digest', details: { existingDigest: existing.digest } },
-        );
-      }
+      assertSameLayer(await this.readRecord(final, formatLayerRef(record)), record);
     } finally {
       await unlink(tmp).catch(() => undefined);
     }

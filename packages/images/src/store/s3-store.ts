@@ -20,7 +20,9 @@ import {
 } from '@dsec/core';
 import {
   assertDigest,
+  assertLayerBlobsStored,
   assertRange,
+  assertSameLayer,
   layerDigests,
   normalizeLayerInfo,
   validateLayerInfo,
@@ -573,19 +575,7 @@ export class S3ImageStore implements ImageStore {
   }
 
   private async putLayerLocked(record: LayerInfo): Promise<void> {
-    for (const [field, digest] of [
-      ['digest', record.digest],
-      ['blobDigest', record.blobDigest],
-      ['blobChunksDigest', record.blobChunksDigest],
-    ] as const) {
-      if (digest !== undefined && (await this.head(this.blobKey(digest, field))) === undefined) {
-        throw new DsecError(
-          'invalid_argument',
-          `${field} ${digest} is not in the store; putBlob it first`,
-          { field },
-        );
-      }
-    }
+    await assertLayerBlobsStored(record, (digest) => this.hasBlob(digest));
     const ref = formatLayerRef(record);
     const key = this.recordKey(record);
     const existing = await this.readRecord(key, ref).catch((err: unknown) => {
@@ -808,16 +798,6 @@ function isNotFound(err: unknown): boolean {
 
 function signalOpt(signal: AbortSignal | undefined): { abortSignal?: AbortSignal } {
   return signal ? { abortSignal: signal } : {};
-}
-
-function assertSameLayer(existing: LayerInfo, record: LayerInfo): void {
-  if (existing.digest !== record.digest || existing.blobDigest !== record.blobDigest) {
-    throw new DsecError(
-      'conflict',
-      `layer ${formatLayerRef(record)} already exists with digest ${existing.digest}`,
-      { field: 'digest', details: { existingDigest: existing.digest } },
-    );
-  }
 }
 
 function normalizePrefix(prefix: string): string {

@@ -1,6 +1,7 @@
 import {
   DIGEST_PATTERN,
   DsecError,
+  formatLayerRef,
   LAYER_NAME_PATTERN,
   LAYER_VERSION_PATTERN,
   type ImageConfig,
@@ -154,5 +155,38 @@ export function assertRange(offset: unknown, length: unknown): void {
   }
   if ((length as number) > 2 ** 30) {
     throw new DsecError('invalid_argument', 'length must be at most 1 GiB', { field: 'length' });
+  }
+}
+
+/** Refuses a record whose blobs are not in the store yet (`invalid_argument` naming the field). */
+export async function assertLayerBlobsStored(
+  record: LayerInfo,
+  hasBlob: (digest: string) => Promise<boolean>,
+): Promise<void> {
+  for (const [field, digest] of [
+    ['digest', record.digest],
+    ['blobDigest', record.blobDigest],
+    ['blobChunksDigest', record.blobChunksDigest],
+  ] as const) {
+    if (digest !== undefined && !(await hasBlob(digest))) {
+      throw new DsecError(
+        'invalid_argument',
+        `${field} ${digest} is not in the store; putBlob it first`,
+        {
+          field,
+        },
+      );
+    }
+  }
+}
+
+/** A second put of `name:version` is fine with the same content, `conflict` with other content. */
+export function assertSameLayer(existing: LayerInfo, record: LayerInfo): void {
+  if (existing.digest !== record.digest || existing.blobDigest !== record.blobDigest) {
+    throw new DsecError(
+      'conflict',
+      `layer ${formatLayerRef(record)} already exists with digest ${existing.digest}`,
+      { field: 'digest', details: { existingDigest: existing.digest } },
+    );
   }
 }
