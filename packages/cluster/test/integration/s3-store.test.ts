@@ -5,6 +5,7 @@ import { chmod, mkdir, mkdtemp, readdir, readFile, rm, rmdir, writeFile } from '
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { startSingleNode, type SingleNode } from '@dsec/cluster';
+import { mountPoints } from '@dsec/edge';
 import { makeBusyboxRootfs } from '@dsec/images';
 import { startS3Server } from '@dsec/images/testing/s3';
 import { DSecClient } from '@dsec/sdk';
@@ -37,8 +38,7 @@ async function blobdStats(stateDir: string): Promise<BlobdStats> {
 }
 
 async function mountsUnder(dir: string): Promise<string[]> {
-  const lines = (await readFile('/proc/self/mountinfo', 'utf8')).split('\n');
-  return lines.map((l) => l.split(' ')[4] ?? '').filter((p) => p.startsWith(dir));
+  return [...(await mountPoints())].filter((p) => p.startsWith(dir));
 }
 
 function blobdProcesses(stateDir: string): Promise<number[]> {

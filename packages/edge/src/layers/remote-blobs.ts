@@ -27,7 +27,8 @@ export function blobDaemonBlobs(options: BlobDaemonBlobsOptions): RemoteBlobs {
     async stop() {
       const running = daemon;
       daemon = undefined;
-      if (running) await (await running).stop();
+      // A daemon that never started has nothing to stop.
+      await (await running?.catch(() => undefined))?.stop();
     },
   };
 }

@@ -6,6 +6,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { DsecError, throwIfAborted } from '@dsec/core';
 import { unmount } from '@dsec/native';
+import { mountTypes } from '../layers/mountinfo.js';
 import type { ChunkCacheStats } from './chunk-cache.js';
 import type { BlobFuseCounters } from './fuse-server.js';
 
@@ -235,15 +236,7 @@ async function isBlobd(pid: number, mountDir: string): Promise<boolean> {
 
 /** True when a blob daemon's FUSE filesystem is mounted exactly at `dir`. */
 async function isFuseMount(dir: string): Promise<boolean> {
-  const text = await readFile('/proc/self/mountinfo', 'utf8');
-  return text.split('\n').some((line) => {
-    const fields = line.split(' ');
-    const point = (fields[4] ?? '').replace(/\\([0-7]{3})/g, (_, o: string) =>
-      String.fromCharCode(parseInt(o, 8)),
-    );
-    const dash = fields.indexOf('-');
-    return point === dir && dash > 0 && fields[dash + 1] === FUSE_TYPE;
-  });
+  return (await mountTypes()).get(dir) === FUSE_TYPE;
 }
 
 /** The mount answers a request its daemon must serve (`.stats` is never cached). */

@@ -203,8 +203,8 @@ export class S3ImageStore implements ImageStore {
     return this.clientPromise;
   }
 
-  private blobKey(digest: string, field = 'digest'): string {
-    assertDigest(digest, field);
+  private blobKey(digest: string): string {
+    assertDigest(digest);
     return `${this.prefix}blobs/sha256/${digest.slice('sha256:'.length)}`;
   }
 

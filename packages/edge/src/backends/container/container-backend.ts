@@ -1,4 +1,3 @@
-import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmodSync, chownSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { open, readdir, readFile } from 'node:fs/promises';
@@ -22,6 +21,7 @@ import { runOnChronus } from '../../sessions/run-command.js';
 import type { SandboxRecord } from '../../state/edge-store.js';
 import type { Backend, StartedSandbox } from '../backend.js';
 import type { NetworkManager, SandboxNetwork } from '../../network/network-manager.js';
+import { runTool } from '../../network/sys.js';
 import { seccompLines } from './seccomp.js';
 import { buildContainerConfig, SANDBOX_CAPABILITIES } from './spec.js';
 
@@ -383,27 +383,17 @@ async function makeUpperImage(image: string, sizeMb: number): Promise<void> {
   } finally {
     await fh.close();
   }
-  await new Promise<void>((resolve, reject) => {
-    execFile(
-      'mkfs.ext4',
-      [
-        '-q',
-        '-F',
-        '-O',
-        '^has_journal',
-        '-E',
-        'lazy_itable_init=1,nodiscard',
-        '-m',
-        '0',
-        '-i',
-        '16384',
-        image,
-      ],
-      (err, _stdout, stderr) => {
-        if (err) {
-          reject(new DsecError('internal', `mkfs.ext4 ${image}: ${stderr.trim() || err.message}`));
-        } else resolve();
-      },
-    );
-  });
+  await runTool('mkfs.ext4', [
+    '-q',
+    '-F',
+    '-O',
+    '^has_journal',
+    '-E',
+    'lazy_itable_init=1,nodiscard',
+    '-m',
+    '0',
+    '-i',
+    '16384',
+    image,
+  ]);
 }
