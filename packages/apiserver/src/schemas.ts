@@ -84,6 +84,8 @@ export const CreateSandboxBody = z
     cpuCoresLimit: z.number().min(0.01).max(256).default(1),
     pidsLimit: int(16, 1_000_000).default(1024),
     diskLimitMb: int(16, 1_048_576).optional(),
+    /** CPU QoS class (paper 5.2): best-effort yields to latency-sensitive work. */
+    qosClass: z.enum(['latency-sensitive', 'best-effort']).default('latency-sensitive'),
     ttlSeconds: int(1, 604_800).default(3600),
     networkRules: networkRules.default({}),
     networkAllow: networkTargets.optional(),
@@ -110,6 +112,7 @@ export function toSandboxSpec(b: CreateSandboxInput): SandboxSpec {
     cpuCoresLimit: b.cpuCoresLimit,
     pidsLimit: b.pidsLimit,
     ...(b.diskLimitMb !== undefined ? { diskLimitMb: b.diskLimitMb } : {}),
+    qosClass: b.qosClass,
     ttlSeconds: b.ttlSeconds,
     networkRules: b.networkRules,
     ...(b.networkAllow ? { networkAllow: b.networkAllow } : {}),

@@ -11,6 +11,7 @@ const FIELD_FLAGS: Record<string, string> = {
   cpuCoresLimit: '--cpus',
   pidsLimit: '--pids',
   diskLimitMb: '--disk-mb',
+  qosClass: '--qos',
   ttlSeconds: '--ttl-seconds',
   env: '--env',
   labels: '--label',
@@ -53,6 +54,13 @@ export function hintFor(error: DsecError, ctx: CliContext): string | undefined {
       return 'stop sandboxes you no longer need (`dsec sandbox rm`), or raise the project quota';
     case 'capacity_exhausted':
       return 'the cluster is full right now; retry shortly or stop idle sandboxes';
+    case 'resource_exhausted':
+      // The sandbox's own limit, not a flag to fix: say which and what helps.
+      return error.details?.limit === 'disk'
+        ? 'the sandbox’s disk is full; remove files in it, or create a sandbox with a larger --disk-mb'
+        : error.details?.limit === 'pids'
+          ? 'the sandbox’s processes fill its --pids limit; end some (`dsec sandbox exec ID -- kill …`) or create a sandbox with a larger --pids'
+          : 'the sandbox hit one of its own limits; see the message';
     case 'deadline_exceeded':
       return 'the server is slow or the command ran long; retry, or raise --timeout-ms';
     case 'payload_too_large':

@@ -13,14 +13,19 @@
  * ```
  */
 import { randomBytes } from 'node:crypto';
-import { chmod, mkdir, readFile, writeFile } from 'node:fs/promises';
+import { chmod, readFile, writeFile } from 'node:fs/promises';
+import type { Socket } from 'node:net';
 import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
 import { buildApiServer } from '@dsec/apiserver';
 import { SandboxIdCodec } from '@dsec/core';
 import type { EdgeApi, ImageStore, LayerInfo } from '@dsec/core';
 import {
+  ensureDir,
   openContainerEdge,
+  PRIVATE_DIR_MODE,
+  TRAVERSE_DIR_MODE,
+  type AdmissionConfig,
   type Edge,
   type EdgeCapacity,
   type EdgeNetworkOptions,
@@ -37,6 +42,9 @@ export interface SingleNodeOptions {
   port?: number;
   host?: string;
   edgeId?: string;
+  /** Admission by measured use: caps, overcommit ratios, thresholds (docs/adr/0007). */
+  admission?: AdmissionConfig;
+  /** Absolute caps, the older form (override the matching `admission` limits). */
   capacity?: Partial<EdgeCapacity>;
   /** Log requests as JSON lines (pino) to stdout. */
   logRequests?: boolean;
@@ -65,20 +73,38 @@ export interface SingleNode {
   iam: Iam;
   /** Builds a layer into this node's image store. */
   buildLayer(input: Omit<Parameters<typeof buildLayer>[1], 'signal'>): Promise<LayerInfo>;
-  /** Stops serving. Sandboxes keep running (an edge restart adopts them) unless `stopSandboxes`. */
-  close(options?: { stopSandboxes?: boolean }): Promise<void>;
+  /**
+   * Stops serving. Requests in flight get `drainMs` (default 2000) to finish
+   * while new ones are refused with 503; then every connection is cut,
+   * terminals and streams included. Sandboxes keep running (the next start
+   * adopts them) unless `stopSandboxes`. Resolves once nothing of the node
+   * holds the process: a `dsec up` then exits by itself.
+   */
+  close(options?: { stopSandboxes?: boolean; drainMs?: number }): Promise<void>;
 }
 
 export async function startSingleNode(options: SingleNodeOptions): Promise<SingleNode> {
   const { stateDir } = options;
-  // 0711: the sandboxes' mapped root must traverse down to their rootfs; nobody may list.
-  await mkdir(stateDir, { recursive: true });
-  await chmod(stateDir, 0o711);
+  // Nothing here is for other host users (docs/adr/0010-private-host-state.md). 0711, not
+  // 0700: the sandboxes' mapped roots pass through it to their root filesystems under
+  // edge/; without read permission nobody can list it, and everything in it is private.
+  ensureDir(stateDir, TRAVERSE_DIR_MODE);
+  // Keys an older release (or a restored backup) left readable are tightened before use.
+  for (const name of ['admin.key', 'cluster.secret']) {
+    await chmod(join(stateDir, name), 0o600).catch((err: NodeJS.ErrnoException) => {
+      if (err.code !== 'ENOENT') throw err;
+    });
+  }
   const secret = await readOrCreate(join(stateDir, 'cluster.secret'), () =>
     randomBytes(32).toString('hex'),
   );
+  // The node's own layers and its cache of a remote store's: root's alone. Layers are
+  // tenants' code and data, and nothing unprivileged reads them (root mounts them).
+  const cacheDir = join(stateDir, 'image-cache');
+  if (options.imageStore) ensureDir(cacheDir, PRIVATE_DIR_MODE);
+  else ensureDir(join(stateDir, 'images'), PRIVATE_DIR_MODE);
   const store = options.imageStore
-    ? openImageStore(options.imageStore, { cacheDir: join(stateDir, 'image-cache') })
+    ? openImageStore(options.imageStore, { cacheDir })
     : new DirImageStore(join(stateDir, 'images'));
   const iam = Iam.open({ path: join(stateDir, 'iam.db') });
   const boot = iam.bootstrap();
@@ -99,6 +125,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       edgeId,
       stateDir: join(stateDir, 'edge'),
       store,
+      admission: options.admission,
       capacity: options.capacity,
       ttlSweepMs: options.ttlSweepMs,
       network: options.network,
@@ -123,7 +150,21 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     logger: options.logRequests ?? false,
     imagesList: () => store.listLayers(),
   });
-  await app.listen({ port: options.port ?? 7420, host: options.host ?? '127.0.0.1' });
+  // Every connection, so that close() can cut the ones still open after the drain:
+  // upgraded ones (terminals) are no longer the HTTP server's to close.
+  const sockets = new Set<Socket>();
+  app.server.on('connection', (socket: Socket) => {
+    sockets.add(socket);
+    socket.once('close', () => sockets.delete(socket));
+  });
+  // A burst of a thousand clients connecting at once overflows Node's default
+  // accept queue (511); the dropped handshakes come back seconds later and
+  // meet the headers timeout (408). 4096 is the kernel's default somaxconn.
+  await app.listen({
+    port: options.port ?? 7420,
+    host: options.host ?? '127.0.0.1',
+    backlog: 4096,
+  });
   const address = app.server.address() as AddressInfo;
   const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
 
@@ -135,11 +176,25 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     iam,
     buildLayer: (input) => buildLayer(store, input),
     async close(closeOptions = {}) {
-      await app.close();
+      const closed = app.close();
+      const cut = setTimeout(() => {
+        app.server.closeAllConnections();
+        for (const socket of sockets) socket.destroy();
+      }, closeOptions.drainMs ?? 2000);
+      try {
+        await closed;
+      } finally {
+        clearTimeout(cut);
+      }
       watcher.stop();
       if (closeOptions.stopSandboxes) {
-        for (const sb of await edge.listSandboxes({}))
-          await edge.stopSandbox(sb.id).catch(() => undefined);
+        // A few at a time: each stop waits on its runtime, and a node may hold thousands.
+        const queue = await edge.listSandboxes({});
+        const worker = async () => {
+          for (let sb = queue.pop(); sb; sb = queue.pop())
+            await edge.stopSandbox(sb.id).catch(() => undefined);
+        };
+        await Promise.all(Array.from({ length: 16 }, worker));
       }
       await edge.close();
       iam.close();

@@ -20,6 +20,11 @@ export const ERROR_CODES = {
   sandbox_not_running: { status: 409, retryable: false, summary: 'The sandbox is not running.' },
   payload_too_large: { status: 413, retryable: false, summary: 'The request body is too large.' },
   quota_exceeded: { status: 429, retryable: true, summary: 'A project quota would be exceeded.' },
+  resource_exhausted: {
+    status: 429,
+    retryable: true,
+    summary: 'The sandbox hit one of its own limits (pids, memory, disk); details name it.',
+  },
   capacity_exhausted: {
     status: 503,
     retryable: true,

@@ -47,6 +47,13 @@ export interface SandboxEvent {
   details: Record<string, unknown>;
 }
 
+/**
+ * CPU QoS class of a sandbox (paper 5.2). `latency-sensitive` sandboxes run
+ * at normal priority; `best-effort` ones run under `SCHED_IDLE` in a cgroup of
+ * minimal CPU weight, so they only get cycles no latency-sensitive task wants.
+ */
+export type QosClass = 'latency-sensitive' | 'best-effort';
+
 /** What a caller asks for when creating a sandbox. Validated before it reaches an edge. */
 export interface SandboxSpec {
   backend: BackendKind;
@@ -56,9 +63,13 @@ export interface SandboxSpec {
   workspace?: string | undefined;
   /** Toolkit layers, lowest priority first; the last one wins on conflicts. */
   toolkits: string[];
+  /** Ceiling, not reservation: the cgroup limit. Admission goes by measured use (ADR 0007). */
   memoryLimitMb: number;
+  /** Ceiling, not reservation: the CFS quota. */
   cpuCoresLimit: number;
   pidsLimit: number;
+  /** Absent: `latency-sensitive` (records written before QoS classes existed have none). */
+  qosClass?: QosClass | undefined;
   /**
    * Disk quota of the writable layer in MiB (bytes, and inodes at one per
    * 16 KiB): writes past it fail with ENOSPC inside the sandbox. Absent: the
@@ -132,8 +143,47 @@ export interface EdgeStatus {
   url: string;
   healthy: boolean;
   backends: BackendKind[];
+  /**
+   * What placement may still put here. `memoryMb` and `cpuCores` bound the
+   * sum of requested ceilings (the overcommit ratios); `sandboxes` is the hard
+   * cap lowered to what the measured headroom still allows (0 room while the
+   * edge would refuse on measured pressure).
+   */
   capacity: { memoryMb: number; cpuCores: number; sandboxes: number };
+  /** Requested ceilings of the live sandboxes, and their count. */
   used: { memoryMb: number; cpuCores: number; sandboxes: number };
   sandboxesByProject: Record<string, number>;
   labels: Record<string, string>;
+  /** The edge's last measurement of the node (absent from edges that do not measure). */
+  pressure?: NodePressure | undefined;
+}
+
+/** An edge's measurement of its node, as admission sees it (ADR 0007). */
+export interface NodePressure {
+  /** When it was measured (ISO time). */
+  measuredAt: string;
+  memoryTotalMb: number;
+  memoryAvailableMb: number;
+  /** Memory charged to the sandboxes' cgroups. */
+  sandboxMemoryMb: number;
+  /** PSI `some avg60` of the CPU (or a load-average estimate where the kernel has no PSI). */
+  cpuPressurePercent: number;
+  /** The sandboxes' CPU use in percent of all cores, smoothed over about 10 s. */
+  sandboxCpuPercent: number;
+  threads: number;
+  threadsLimit: number;
+  diskFreeMb: number;
+  /** The check a new sandbox would fail now, if any. */
+  refusing?: AdmissionRefusal | undefined;
+}
+
+/** Why an edge refuses a sandbox (`capacity_exhausted` details carry the same fields). */
+export interface AdmissionRefusal {
+  /** The resource that ran out. */
+  resource: 'sandboxes' | 'memory' | 'cpu' | 'pids' | 'disk';
+  /** Which measure of it: `requested_mb`, `available_mb`, `charged_mb`, `pressure_percent`, … */
+  measure: string;
+  /** Its value with this sandbox admitted (for `available_mb`/`free_mb`: what would be left). */
+  current: number;
+  limit: number;
 }

@@ -1,4 +1,3 @@
-import { chmod, mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError, toDsecError } from '@dsec/core';
 import type {
@@ -13,18 +12,25 @@ import type {
   RunCommandOptions,
   SandboxEvent,
   SandboxInfo,
-  SandboxSpec,
 } from '@dsec/core';
+import type { AdmissionController } from './admission/admission-controller.js';
 import type { Backend } from './backends/backend.js';
+import { createGateFor } from './create-gate.js';
 import type { EventLog } from './events/event-log.js';
 import type { NetworkManager } from './network/network-manager.js';
 import { applyPatch } from './network/policy.js';
 import type { LayerMountCache } from './layers/layer-cache.js';
 import { EdgeStore, type SandboxRecord } from './state/edge-store.js';
+import { ensureDir, TRAVERSE_DIR_MODE } from './state/host-state.js';
 import { SandboxIo } from './sessions/sandbox-io.js';
 
+/**
+ * Absolute admission caps, the older way to configure an edge (`capacity`):
+ * `sandboxes` is the hard cap, `memoryMb` and `cpuCores` bound the sums of
+ * requested ceilings. `AdmissionConfig` (ratios, measured thresholds) is the
+ * newer one; where both are given these win.
+ */
 export interface EdgeCapacity {
-  /** Memory that may be promised to sandboxes (overcommitted: sandboxes mostly idle, paper 4.3). */
   memoryMb: number;
   cpuCores: number;
   sandboxes: number;
@@ -38,7 +44,8 @@ export interface EdgeOptions {
   store: ImageStore;
   backend: Backend;
   layers: LayerMountCache;
-  capacity: EdgeCapacity;
+  /** Admission by measured use (docs/adr/0007-admission-by-real-use.md). */
+  admission: AdmissionController;
   /** How often expired sandboxes are looked for. */
   ttlSweepMs?: number;
   /** How long a stopped sandbox's record stays readable. */
@@ -81,14 +88,15 @@ export class Edge implements EdgeApi {
       running: (id) => this.#requireRunning(id),
       commandRetentionMs: options.commandRetentionMs,
       maxCommandsPerSandbox: options.maxCommandsPerSandbox,
+      onPidsLimit: (rec, event) =>
+        options.events?.recordPidsLimit(rec.id, rec.spec.pidsLimit, event),
     });
   }
 
   /** Opens the local store, reconciles with what is actually running, starts the TTL sweeper. */
   static async open(options: EdgeOptions): Promise<Edge> {
     // 0711: a sandbox's mapped root must traverse down to its rootfs; nobody may list.
-    await mkdir(options.stateDir, { recursive: true });
-    await chmod(options.stateDir, 0o711);
+    ensureDir(options.stateDir, TRAVERSE_DIR_MODE);
     const edge = new Edge(options, new EdgeStore(join(options.stateDir, 'edge.db')));
     await edge.#reconcile();
     edge.#sweeper = setInterval(() => void edge.#sweep(), options.ttlSweepMs ?? 1000);
@@ -100,6 +108,9 @@ export class Edge implements EdgeApi {
   async close(): Promise<void> {
     clearInterval(this.#sweeper);
     await Promise.allSettled([...this.#inflight.values(), ...this.#stopping.values()]);
+    // The backend's connections to the sandboxes' command daemons are the
+    // last handles that would keep a shutting-down process alive.
+    await this.options.backend.close?.();
     await this.options.network?.close();
     this.options.events?.close();
     await this.options.layers.close();
@@ -108,22 +119,21 @@ export class Edge implements EdgeApi {
   }
 
   async status(): Promise<EdgeStatus> {
-    const live = this.#store.list(['creating', 'running', 'stopping']);
+    await this.options.admission.refresh();
+    const live = this.#store.list(['creating', 'running', 'stopping', 'paused']);
     const byProject: Record<string, number> = {};
     for (const r of live) byProject[r.projectId] = (byProject[r.projectId] ?? 0) + 1;
+    const { capacity, used, pressure } = this.options.admission.view();
     return {
       edgeId: this.edgeId,
       url: this.options.url ?? '',
       healthy: true,
       backends: [this.options.backend.kind],
-      capacity: { ...this.options.capacity },
-      used: {
-        memoryMb: sum(live, (r) => r.spec.memoryLimitMb),
-        cpuCores: sum(live, (r) => r.spec.cpuCoresLimit),
-        sandboxes: live.length,
-      },
+      capacity,
+      used,
       sandboxesByProject: byProject,
       labels: {},
+      ...(pressure ? { pressure } : {}),
     };
   }
 
@@ -138,13 +148,19 @@ export class Edge implements EdgeApi {
         },
       );
     }
-    const layers = await this.#resolveLayers(spec.image, spec.workspace, spec.toolkits);
+    // Pressure is read at most every sampleIntervalMs, shared by concurrent creates.
+    const [layers] = await Promise.all([
+      this.#resolveLayers(spec.image, spec.workspace, spec.toolkits),
+      this.options.admission.refresh(),
+    ]);
+    // From here to the insert nothing awaits: the check and the insert are one step.
     if (req.requestId !== undefined) {
       const prior = this.#store.findByRequest(req.projectId, req.requestId);
       if (prior) return this.#inflight.get(prior.id) ?? toInfo(prior, this.edgeId);
     }
     this.options.network?.validate(spec);
-    this.#admit(spec);
+    const { admission } = this.options;
+    admission.admit(req.id, spec);
     const now = new Date();
     let record: SandboxRecord;
     try {
@@ -158,9 +174,13 @@ export class Edge implements EdgeApi {
         expiresAt: new Date(now.getTime() + spec.ttlSeconds * 1000).toISOString(),
       });
     } catch (err) {
+      admission.release(req.id);
       throw toDsecError(err); // a full disk, most likely: nothing was made
     }
-    const creating = this.#start(record, signal).finally(() => this.#inflight.delete(record.id));
+    const creating = this.#start(record, signal).finally(() => {
+      this.#inflight.delete(record.id);
+      admission.settle(record.id);
+    });
     this.#inflight.set(record.id, creating);
     return creating;
   }
@@ -248,34 +268,13 @@ export class Edge implements EdgeApi {
     return rec;
   }
 
-  /**
-   * Admission control: the edge refuses work it cannot hold, whatever placement
-   * thought. Synchronous with the insert that follows, so no race lets two
-   * creates both take the last slot.
-   */
-  #admit(spec: SandboxSpec): void {
-    const { capacity } = this.options;
-    const live = this.#store.list(['creating', 'running', 'stopping', 'paused']);
-    const memoryMb = sum(live, (r) => r.spec.memoryLimitMb);
-    const cpuCores = sum(live, (r) => r.spec.cpuCoresLimit);
-    if (
-      live.length + 1 > capacity.sandboxes ||
-      memoryMb + spec.memoryLimitMb > capacity.memoryMb ||
-      cpuCores + spec.cpuCoresLimit > capacity.cpuCores
-    ) {
-      throw new DsecError(
-        'capacity_exhausted',
-        `edge ${this.edgeId} has no room for this sandbox`,
-        {
-          details: { edgeId: this.edgeId, sandboxes: live.length, memoryMb, cpuCores, capacity },
-        },
-      );
-    }
-  }
-
   async #start(rec: SandboxRecord, signal?: AbortSignal): Promise<SandboxInfo> {
     try {
-      const started = await this.options.backend.start(rec, signal);
+      // A bounded number of starts at once; a burst queues (create-gate.ts).
+      const started = await createGateFor(this.options.backend).run(
+        () => this.options.backend.start(rec, signal),
+        signal,
+      );
       this.#store.update(rec.id, { state: 'running', ...started });
       return toInfo({ ...rec, ...started, state: 'running' }, this.edgeId);
     } catch (err) {
@@ -287,6 +286,7 @@ export class Edge implements EdgeApi {
         );
       try {
         this.#store.update(rec.id, { state: 'failed', reason: toDsecError(err).message });
+        this.options.admission.release(rec.id);
       } catch (e) {
         // The record stays `creating`; the next reconcile finishes the rollback.
         this.options.log?.('recording the failed create failed', { id: rec.id, err: String(e) });
@@ -307,6 +307,7 @@ export class Edge implements EdgeApi {
         this.io.forgetSandbox(rec.id);
         await this.options.backend.stop(current);
         this.#store.update(rec.id, { state: 'stopped', reason });
+        this.options.admission.release(rec.id);
       })().finally(() => this.#stopping.delete(rec.id));
       this.#stopping.set(rec.id, stopping);
     }
@@ -362,6 +363,11 @@ export class Edge implements EdgeApi {
     }
     // Adopt the survivors' networks; remove namespaces and firewall entries of the rest.
     await this.options.network?.reconcile(this.#store.list(['running', 'paused']));
+    this.options.admission.adopt(
+      this.#store
+        .list(['creating', 'running', 'stopping', 'paused'])
+        .map((r) => ({ id: r.id, request: r.spec })),
+    );
   }
 
   async #resolveLayers(
@@ -384,10 +390,6 @@ export class Edge implements EdgeApi {
       layers.push(await resolve(t, `toolkits.${i}`, 'toolkit'));
     return layers;
   }
-}
-
-function sum<T>(items: T[], f: (item: T) => number): number {
-  return items.reduce((acc, item) => acc + f(item), 0);
 }
 
 function toInfo(rec: SandboxRecord, edgeId: string): SandboxInfo {

@@ -14,30 +14,58 @@
  * ```
  */
 import { totalmem, cpus } from 'node:os';
-import { chmod, mkdir, stat } from 'node:fs/promises';
+import { stat } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { DsecError } from '@dsec/core';
 import type { ImageStore } from '@dsec/core';
-import { initPath, mountErofs, unmount } from '@dsec/native';
+import { ChronusSupervisor, initPath, mountErofs, unmount } from '@dsec/native';
 import { ContainerBackend } from './backends/container/container-backend.js';
-import { detectCgroupDriver } from './cgroups/cgroup-driver.js';
+import { detectCgroupDriver, favorDynamicModifications } from './cgroups/cgroup-driver.js';
 import { Edge, type EdgeCapacity } from './edge.js';
+import { AdmissionController } from './admission/admission-controller.js';
+import {
+  ADMISSION_DEFAULTS,
+  resolveAdmissionLimits,
+  type AdmissionConfig,
+  type AdmissionLimits,
+} from './admission/admission-policy.js';
+import { HostPressure } from './admission/host-pressure.js';
 import { LayerMountCache } from './layers/layer-cache.js';
 import { blobDaemonBlobs } from './layers/remote-blobs.js';
-import { RuncRuntime } from './runtime/oci-runtime.js';
+import { defaultRuntimeBinary, RuncRuntime } from './runtime/oci-runtime.js';
 import { EventLog } from './events/event-log.js';
+import { ensureDir, TRAVERSE_DIR_MODE } from './state/host-state.js';
 import { openNetwork, type EdgeNetworkOptions } from './network/open-network.js';
 
 export { Edge, type EdgeCapacity, type EdgeOptions } from './edge.js';
+export { AdmissionController } from './admission/admission-controller.js';
+export {
+  ADMISSION_DEFAULTS,
+  decide,
+  resolveAdmissionLimits,
+  type AdmissionConfig,
+  type AdmissionLedger,
+  type AdmissionLimits,
+  type PressureSample,
+} from './admission/admission-policy.js';
+export { HostPressure, type PressureSource } from './admission/host-pressure.js';
 export { ContainerBackend } from './backends/container/container-backend.js';
 export { buildContainerConfig, SANDBOX_CAPABILITIES } from './backends/container/spec.js';
 export type { Backend, StartedSandbox } from './backends/backend.js';
 export { detectCgroupDriver, type CgroupDriver } from './cgroups/cgroup-driver.js';
-export { RuncRuntime, type OciRuntime } from './runtime/oci-runtime.js';
+export { defaultRuntimeBinary, RuncRuntime, type OciRuntime } from './runtime/oci-runtime.js';
 export { LayerMountCache } from './layers/layer-cache.js';
 export { OutputCapture } from './sessions/output-capture.js';
 export { mountPoints } from './layers/mountinfo.js';
 export { EventLog } from './events/event-log.js';
+export {
+  ensureDir,
+  ensurePrivateFile,
+  openPrivateDatabase,
+  PRIVATE_DIR_MODE,
+  PRIVATE_FILE_MODE,
+  TRAVERSE_DIR_MODE,
+} from './state/host-state.js';
 export {
   BlobDaemon,
   type BlobDaemonOptions,
@@ -64,9 +92,19 @@ export interface ContainerEdgeOptions {
   stateDir: string;
   store: ImageStore;
   url?: string;
-  capacity?: Partial<EdgeCapacity>;
-  /** OCI runtime binary (`runc`, or `crun` on pure cgroup v2 hosts). */
+  /** Admission knobs (docs/adr/0007-admission-by-real-use.md); every one has a default. */
+  admission?: AdmissionConfig | undefined;
+  /** Absolute caps, the older form: they override the matching `admission` limits. */
+  capacity?: Partial<EdgeCapacity> | undefined;
+  /** OCI runtime binary: `crun` where installed, else `runc` (`defaultRuntimeBinary`). */
   runtimeBinary?: string;
+  /**
+   * Remount the cgroup2 hierarchy with `favordynmods` (default true): moving a
+   * task between cgroups then skips an RCU grace period (~12-25 ms here) that
+   * every create pays otherwise, at a small cost to fork and exit. It is a
+   * host-wide kernel setting; false leaves the host as it is.
+   */
+  cgroupFavorDynmods?: boolean;
   /** Mounted but unused layers are unmounted beyond this many bytes. */
   layerCacheBytes?: number;
   /**
@@ -84,14 +122,22 @@ export interface ContainerEdgeOptions {
 }
 
 /**
- * Default capacity: memory is overcommitted 4× and CPU 8× because agent
- * sandboxes mostly wait on the model (paper 4.3: 90 % use ≤ 5 % of their CPU).
+ * The admission limits of this host: `config` over the defaults
+ * (`ADMISSION_DEFAULTS`), then the absolute `capacity` caps where given.
  */
-export function defaultCapacity(): EdgeCapacity {
+export function admissionLimits(
+  config: AdmissionConfig = {},
+  capacity: Partial<EdgeCapacity> = {},
+): AdmissionLimits {
+  const limits = resolveAdmissionLimits(config, {
+    memoryMb: totalmem() / 2 ** 20,
+    cores: cpus().length,
+  });
   return {
-    memoryMb: Math.floor((totalmem() / 2 ** 20) * 4),
-    cpuCores: cpus().length * 8,
-    sandboxes: 1000,
+    ...limits,
+    ...(capacity.sandboxes !== undefined ? { maxSandboxes: capacity.sandboxes } : {}),
+    ...(capacity.memoryMb !== undefined ? { maxRequestedMemoryMb: capacity.memoryMb } : {}),
+    ...(capacity.cpuCores !== undefined ? { maxRequestedCpuCores: capacity.cpuCores } : {}),
   };
 }
 
@@ -118,8 +164,7 @@ async function assertTraversable(dir: string): Promise<void> {
 
 /** Wires an edge with the container backend, runc and the native mount helpers. */
 export async function openContainerEdge(options: ContainerEdgeOptions): Promise<Edge> {
-  await mkdir(options.stateDir, { recursive: true });
-  await chmod(options.stateDir, 0o711);
+  ensureDir(options.stateDir, TRAVERSE_DIR_MODE);
   await assertTraversable(options.stateDir);
   const layers = new LayerMountCache(
     join(options.stateDir, 'layers'),
@@ -137,14 +182,34 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
   );
   const events = new EventLog(join(options.stateDir, 'events.db'));
   const network = await openNetwork(options.stateDir, options.network, events, options.log);
+  const cgroups = detectCgroupDriver();
+  if (options.cgroupFavorDynmods ?? true) await favorDynamicModifications(options.log);
+  const cgroupParent = options.cgroupParent ?? 'dsec';
+  const admission = new AdmissionController({
+    edgeId: options.edgeId,
+    limits: admissionLimits(options.admission, options.capacity),
+    sampleIntervalMs: options.admission?.sampleIntervalMs ?? ADMISSION_DEFAULTS.sampleIntervalMs,
+    source: new HostPressure({
+      stateDir: options.stateDir,
+      sandboxMemoryBytes: () => cgroups.memoryWorkingSetBytes(`/${cgroupParent}`),
+      sandboxCpuNs: () => cgroups.cpuUsageNs(`/${cgroupParent}`),
+    }),
+    log: options.log,
+  });
   const backend = new ContainerBackend({
     dir: join(options.stateDir, 'sandboxes'),
-    runtime: new RuncRuntime(options.runtimeBinary ?? 'runc', join(options.stateDir, 'runtime')),
-    cgroups: detectCgroupDriver(),
+    runtime: new RuncRuntime(
+      options.runtimeBinary ?? defaultRuntimeBinary(),
+      join(options.stateDir, 'runtime'),
+    ),
+    cgroups,
     layers,
     initBinary: initPath(),
-    shellBinary: options.shellBinary ?? '/bin/busybox',
-    cgroupParent: options.cgroupParent ?? 'dsec',
+    chronus: new ChronusSupervisor({
+      dir: join(options.stateDir, 'chronus'),
+      shellPath: options.shellBinary ?? '/bin/busybox',
+    }),
+    cgroupParent,
     network,
   });
   return Edge.open({
@@ -154,7 +219,7 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     store: options.store,
     backend,
     layers,
-    capacity: { ...defaultCapacity(), ...options.capacity },
+    admission,
     ttlSweepMs: options.ttlSweepMs,
     log: options.log,
     network,

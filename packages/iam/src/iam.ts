@@ -1,5 +1,6 @@
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
 import { DsecError, randomId } from '@dsec/core';
+import { openPrivateDatabase } from './private-db.js';
 import { migrate } from './schema.js';
 import { API_KEY_PATTERN, hashApiKey, newApiKey } from './keys.js';
 import { ROLE_RANK } from './types.js';
@@ -106,7 +107,7 @@ export class Iam {
 
   /** Opens (creating if needed) and migrates the database. */
   static open(options: IamOptions): Iam {
-    const db = new Database(options.path);
+    const db = openPrivateDatabase(options.path);
     db.pragma('journal_mode = WAL');
     db.pragma('synchronous = FULL');
     db.pragma('foreign_keys = ON');

@@ -77,7 +77,7 @@ test('frames split at every byte and coalesced are decoded in order', async (t) 
   ]);
   for (let i = 0; i < 64; i++) sock.write(all.subarray(i, i + 1)); // byte by byte
   sock.write(all.subarray(64)); // then the rest at once
-  assert.deepEqual(await h.started, { pid: 42 });
+  assert.deepEqual(await h.started, { pid: 42, reclaimedProcesses: 0, reclaimedGroups: 0 });
   assert.deepEqual(await h.exited, {
     waitStatus: 3 << 8,
     exitCode: 3,

@@ -168,11 +168,27 @@ function deferred<T>(): {
 
 type Listener = (chunk: Buffer) => void;
 
+export interface PidsLimitEvent {
+  refused: boolean;
+  reclaimedProcesses: number;
+  reclaimedGroups: number;
+}
+
+export interface CommandStarted {
+  pid: number;
+  reclaimedProcesses: number;
+  reclaimedGroups: number;
+}
+
 /** One command started over a {@link ChronusConnection}. Register output callbacks before awaiting. */
 export class CommandHandle {
-  readonly started: Promise<{ pid: number }>;
+  /**
+   * The command's pid, and how many processes (in how many groups) the daemon
+   * killed to make room when the fork met the sandbox's pids limit (usually 0).
+   */
+  readonly started: Promise<CommandStarted>;
   readonly exited: Promise<CommandExit>;
-  private readonly startedD = deferred<{ pid: number }>();
+  private readonly startedD = deferred<CommandStarted>();
   private readonly exitedD = deferred<CommandExit>();
   private readonly stdoutListeners: Listener[] = [];
   private readonly stderrListeners: Listener[] = [];
@@ -237,9 +253,17 @@ export class CommandHandle {
   /** @internal */
   handle(type: number, payload: Buffer): boolean {
     switch (type) {
-      case T_STARTED:
-        this.startedD.resolve({ pid: payload.readUInt32LE(0) });
+      case T_STARTED: {
+        // Older daemons send the pid alone; newer ones add what reclaiming at the pids limit took.
+        const started = {
+          pid: payload.readUInt32LE(0),
+          reclaimedProcesses: payload.length >= 12 ? payload.readUInt32LE(4) : 0,
+          reclaimedGroups: payload.length >= 12 ? payload.readUInt32LE(8) : 0,
+        };
+        if (started.reclaimedProcesses > 0) this.conn.onPidsLimit?.({ refused: false, ...started });
+        this.startedD.resolve(started);
         return false;
+      }
       case T_SPAWN_ERROR: {
         const errno = payload.readInt32LE(0);
         const err: ChronusError = new Error(
@@ -247,6 +271,9 @@ export class CommandHandle {
         );
         err.errno = errno;
         err.code = errnoName(errno);
+        // EAGAIN from fork: the sandbox's pids limit, even after the daemon reclaimed what it could.
+        if (err.code === 'EAGAIN')
+          this.conn.onPidsLimit?.({ refused: true, reclaimedProcesses: 0, reclaimedGroups: 0 });
         this.fail(err);
         return true;
       }
@@ -284,6 +311,11 @@ export class CommandHandle {
 
 /** One connection to a sandbox's chronus socket; any number of commands run over it at once. */
 export class ChronusConnection {
+  /**
+   * Told when a spawn met the sandbox's pids limit: the daemon reclaimed
+   * processes to start it, or (`refused`) could not free one. Set by the owner.
+   */
+  onPidsLimit: ((event: PidsLimitEvent) => void) | undefined;
   private readonly handles = new Map<number, CommandHandle>();
   private nextStream = 1;
   private closedError: ChronusError | null = null;

@@ -1,12 +1,14 @@
 /*
- * `dsec-helper chronus`: sets the command daemon up and hands over to the
- * event loop in chronus_loop.c. Everything that needs the host view (the
- * shell binary, the profile file, /proc/INITPID, the socket path, cgroup
- * files) is opened before the daemon enters the sandbox's namespaces.
+ * One sandbox's command daemon, forked by the supervisor (chronusd.c): sets
+ * it up and hands over to the event loop in chronus_loop.c. Everything that
+ * needs the host view (/proc/INITPID, the socket path, cgroup files) is
+ * opened before the daemon enters the sandbox's namespaces; the sealed shell
+ * and the compiled seccomp program come ready-made from the supervisor.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/seccomp.h>
 #include <libgen.h>
 #include <limits.h>
 #include <sched.h>
@@ -24,26 +26,9 @@
 #include <unistd.h>
 
 #include "chronus.h"
-#include "cmds.h"
-#include "seccomp_profile.h"
 #include "util.h"
 
-struct chronus_args {
-    const char *sock, *shell, *seccomp, *caps;
-    pid_t init_pid;
-    const char **cgroups;
-    int ncgroups;
-    int no_new_privs;
-};
-
-/*
- * `--pid -`: do the slow host-side work (sealing the shell, compiling the
- * filter, joining the cgroups, which costs an RCU grace period on cgroup v1)
- * while the runtime is still starting the sandbox, then read its init's PID
- * as a decimal line on stdin.
- */
-#define PID_FROM_STDIN ((pid_t)-1)
-
+/* Reads the sandbox init's host PID, a decimal line the edge sends once the runtime reported it. */
 static pid_t read_pid_line(void)
 {
     char buf[24];
@@ -65,49 +50,12 @@ static pid_t read_pid_line(void)
     return (pid_t)pid;
 }
 
-static void parse_args(int argc, char **argv, struct chronus_args *a)
-{
-    a->cgroups = calloc((size_t)argc + 1, sizeof *a->cgroups);
-    if (!a->cgroups)
-        die("calloc", ENOMEM);
-    for (int i = 0; i < argc; i++) {
-        const char *opt = argv[i];
-        if (strcmp(opt, "--no-new-privs") == 0) {
-            a->no_new_privs = 1;
-            continue;
-        }
-        if (i + 1 >= argc)
-            dief(EINVAL, "chronus: %s needs a value", opt);
-        const char *val = argv[++i];
-        uint64_t pid;
-        if (strcmp(opt, "--sock") == 0)
-            a->sock = val;
-        else if (strcmp(opt, "--shell") == 0)
-            a->shell = val;
-        else if (strcmp(opt, "--seccomp") == 0)
-            a->seccomp = val;
-        else if (strcmp(opt, "--caps") == 0)
-            a->caps = val;
-        else if (strcmp(opt, "--cgroup") == 0)
-            a->cgroups[a->ncgroups++] = val;
-        else if (strcmp(opt, "--pid") == 0 && strcmp(val, "-") == 0)
-            a->init_pid = PID_FROM_STDIN;
-        else if (strcmp(opt, "--pid") == 0 && !parse_u64(val, INT32_MAX, &pid) && pid > 0)
-            a->init_pid = (pid_t)pid;
-        else
-            dief(EINVAL, "chronus: bad option %s %s", opt, val);
-    }
-    if (!a->sock || !a->shell || !a->init_pid)
-        dief(EINVAL, "usage: chronus --sock PATH --pid INITPID|- --shell SHELLBIN [--cgroup DIR]... "
-                     "[--seccomp PROFILE] [--caps CAP,...] [--no-new-privs]");
-}
-
 /*
  * Copies the platform shell into a sealed memfd. Commands with the SHELL
  * flag exec this copy, so whatever the sandbox does to its own /bin/sh (or
  * to /proc/<pid>/exe of a running shell) cannot change or reach the host file.
  */
-static int seal_shell(const char *path)
+int chronus_seal_shell(const char *path)
 {
     int src = open(path, O_RDONLY | O_CLOEXEC);
     if (src < 0)
@@ -293,56 +241,60 @@ static int read_last_cap(void)
     return last;
 }
 
-int cmd_chronus(int argc, char **argv)
+_Noreturn void chronus_daemon(const struct chronus_request *req, int conn, int shell_memfd, int devnull)
 {
-    struct chronus_args a = { 0 };
-    parse_args(argc, argv, &a);
-    signal(SIGPIPE, SIG_IGN);
-    /* Reapers are reaped by the kernel; each reports its command's status itself. */
-    signal(SIGCHLD, SIG_IGN);
+    /* The edge's connection is our stdin (the init pid), stdout ("pid", "ready")
+     * and stderr (die() messages), so every failure reaches the edge. */
+    for (int fd = 0; fd <= 2; fd++)
+        if (dup2(conn, fd) < 0)
+            _exit(1);
+    close(conn);
+    /* Our own session: signals to the supervisor's group must not reach us. */
+    setsid();
+    /* Not the supervisor's command line: `ps` shows no host path, and the
+     * edge recognises us by this name plus the sandbox's cgroup. */
+    set_process_title(CHRONUS_TITLE);
+    prctl(PR_SET_NAME, CHRONUS_TITLE, 0, 0, 0);
+    char line[32];
+    snprintf(line, sizeof line, "pid %d\n", getpid());
+    if (write_all(1, line, strlen(line)) < 0)
+        _exit(1);
 
-    /* Host-side inputs, read while the host view is still ours. */
-    scmp_filter_ctx filter = a.seccomp ? seccomp_profile_build(a.seccomp, a.no_new_privs) : NULL;
+    /* Joined first, so that what we allocate from here on is charged to the
+     * sandbox (cgroup v1 moves no charges with a task). */
+    join_cgroups(req->cgroups, req->ncgroups);
     cap_value_t caps[64];
-    int ncaps = a.caps ? parse_caps(a.caps, caps, 64) : 0;
+    int ncaps = req->caps ? parse_caps(req->caps, caps, 64) : 0;
     int last_cap = read_last_cap();
-    struct chronus_state st = { .shell_memfd = seal_shell(a.shell) };
-    int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (devnull < 0)
-        die("open /dev/null", errno);
-    make_socket(a.sock, &st);
-    join_cgroups(a.cgroups, a.ncgroups);
+    struct chronus_state st = { .shell_memfd = shell_memfd };
+    make_socket(req->sock, &st);
 
-    if (a.init_pid == PID_FROM_STDIN)
-        a.init_pid = read_pid_line();
-    st.init_pidfd = (int)syscall(SYS_pidfd_open, a.init_pid, 0);
+    pid_t init_pid = read_pid_line();
+    st.init_pidfd = (int)syscall(SYS_pidfd_open, init_pid, 0);
     if (st.init_pidfd < 0)
-        dief(errno, "pidfd_open %d", a.init_pid);
+        dief(errno, "pidfd_open %d", init_pid);
     int nsfds[NNS];
-    open_namespaces(a.init_pid, nsfds);
+    open_namespaces(init_pid, nsfds);
     enter_namespaces(nsfds);
 
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
         die("prctl(PR_SET_DUMPABLE)", errno);
-    if (a.caps)
+    if (req->caps)
         limit_capabilities(caps, ncaps, last_cap);
-    if (a.no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+    if (req->no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         die("prctl(PR_SET_NO_NEW_PRIVS)", errno);
-    /* Loaded while CAP_SYS_ADMIN is still effective, so it works without no_new_privs. */
-    if (filter) {
-        int r = seccomp_load(filter);
-        if (r < 0)
-            die("seccomp_load", -r);
-        seccomp_release(filter);
-    }
-    if (a.caps)
+    /* Loaded while CAP_SYS_ADMIN (in the sandbox's user namespace) is still
+     * effective, so it works without no_new_privs. */
+    if (req->filter && syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, req->filter) < 0)
+        die("load seccomp filter", errno);
+    if (req->caps)
         set_daemon_capabilities(caps, ncaps);
 
     static const char ready[] = "ready\n";
     int r = write_all(1, ready, sizeof ready - 1);
     if (r < 0)
         die("write ready", -r);
-    /* The caller's pipes must not stay open: it is about to forget us. */
+    /* The edge forgets the connection now; nothing of it may stay open. */
     for (int fd = 0; fd <= 2; fd++)
         dup2(devnull, fd);
     close(devnull);

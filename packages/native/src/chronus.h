@@ -2,13 +2,19 @@
  * chronus: the per-sandbox command daemon. It lives in the sandbox's
  * namespaces and cgroups but outside its pid namespace, listens on a host
  * socket the sandbox cannot see, and runs each command under a "reaper"
- * process that reports the kernel's wait status.
+ * process that reports the kernel's wait status. Each one is forked (not
+ * exec'd) by the node's supervisor, chronusd, so its pages stay shared.
  */
 #ifndef DSEC_CHRONUS_H
 #define DSEC_CHRONUS_H
 
+#include <linux/filter.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+/* What /proc/PID/cmdline and comm of the supervisor and of each daemon say. */
+#define CHRONUSD_TITLE "dsec-chronusd"
+#define CHRONUS_TITLE "dsec-chronus"
 
 /* Frame types of the client protocol (see README in the TypeScript wrapper). */
 enum {
@@ -37,6 +43,8 @@ enum {
 #define EXIT_PAYLOAD 28u /* i32 status | u64 user_usec | u64 sys_usec | u64 maxrss_kib */
 /* Largest reaper → daemon message: type byte + SPAWN_ERROR errno + message. */
 #define REAPER_MSG_MAX 512u
+/* STARTED: u32 pid | u32 processes reclaimed | u32 groups reclaimed (see struct reclaim_stats). */
+#define STARTED_PAYLOAD 12u
 
 struct spawn_request {
     uint32_t flags, uid, gid;
@@ -55,6 +63,25 @@ struct reaper_fds {
     int shell_memfd;
 };
 
+/*
+ * What reclaiming at the sandbox's process limit did before a fork went
+ * through (reaper.c): processes SIGKILLed and the groups (sessions of
+ * finished commands, or trees of running ones) they belonged to. STARTED
+ * carries both after the pid, so the edge can record the event.
+ */
+struct reclaim_stats {
+    uint32_t killed, groups;
+};
+
+/*
+ * fork(), but when it fails with EAGAIN (the sandbox's pids cgroup is at
+ * pids.max) it kills what holds the processes, biggest first, and retries
+ * within a bounded time; -1 with errno EAGAIN if that did not free one.
+ * Works from the daemon (outside the sandbox's pid namespace) and from a
+ * reaper (inside): it only uses the sandbox's /proc and pidfd signals.
+ */
+pid_t fork_reclaiming(struct reclaim_stats *stats);
+
 /* Runs in the forked reaper (inside the sandbox pid namespace); never returns. */
 _Noreturn void reaper_main(const struct spawn_request *req, const struct reaper_fds *fds);
 
@@ -69,5 +96,26 @@ struct chronus_state {
 
 /* The event loop; exits the process when the sandbox init dies. */
 _Noreturn void chronus_serve(const struct chronus_state *st);
+
+/* One sandbox's daemon, as the edge's `prepare` request describes it. */
+struct chronus_request {
+    const char *sock;       /* host path of the command socket (its directory must be root-only) */
+    const char *caps;       /* "CAP_A,CAP_B,..." bounding the commands; NULL keeps every capability */
+    const char **cgroups;   /* cgroup directories to join (they must exist) */
+    int ncgroups;
+    int no_new_privs;
+    const struct sock_fprog *filter; /* compiled seccomp program; NULL loads none */
+};
+
+/* Copies the platform shell into a sealed memfd (CLOEXEC); dies on errors. */
+int chronus_seal_shell(const char *path);
+
+/*
+ * Runs in the supervisor's forked child: `conn` (the edge's request
+ * connection) becomes fds 0-2; writes "pid N", joins the cgroups, binds the
+ * socket, reads the init's PID, enters the sandbox and writes "ready"; then
+ * serves. Any failure is one line on the connection and exit status 1.
+ */
+_Noreturn void chronus_daemon(const struct chronus_request *req, int conn, int shell_memfd, int devnull);
 
 #endif

@@ -67,6 +67,7 @@ struct cmd {
     int stdin_full;  /* counted in conn->ncmds_paused_stdin */
     long drain_deadline_ms; /* pty: when to stop waiting for trailing output */
     long drain_left;        /* bytes still read after the exit, -1 before it */
+    struct reclaim_stats reclaimed; /* by the daemon's fork of the reaper; added to STARTED's */
     unsigned char exit_msg[EXIT_PAYLOAD];
 };
 
@@ -347,7 +348,11 @@ static void on_ctl(struct cmd *m)
         watch_close(&m->ctl);
     } else if (msg[0] == F_STARTED && !m->reported) {
         m->reported = 1;
-        send_frame(m->conn, F_STARTED, m->stream, msg + 1, (size_t)n - 1);
+        unsigned char started[STARTED_PAYLOAD] = { 0 };
+        memcpy(started, msg + 1, (size_t)n - 1 < sizeof started ? (size_t)n - 1 : sizeof started);
+        put_u32(started + 4, get_u32(started + 4) + m->reclaimed.killed);
+        put_u32(started + 8, get_u32(started + 8) + m->reclaimed.groups);
+        send_frame(m->conn, F_STARTED, m->stream, started, sizeof started);
         set_paused(m, m->paused);
         return;
     } else if (msg[0] == F_SPAWN_ERROR && !m->reported) {
@@ -477,7 +482,10 @@ static void spawn(struct conn *c, uint32_t stream, const struct spawn_request *r
         send_spawn_error(c, stream, -r, "cannot set up command channels");
         return;
     }
-    pid_t pid = fork();
+    /* At the sandbox's pids limit this kills leftovers (blocking the loop for at most
+       its bounded budget): the platform's command must not be the one that fails. */
+    struct reclaim_stats reclaimed = { 0 };
+    pid_t pid = fork_reclaiming(&reclaimed);
     if (pid == 0) {
         struct reaper_fds fds = { .ctl = ch.ctl[1], .stdin_r = ch.in[1], .stdout_w = ch.out[1],
                                   .stderr_w = ch.err[1], .shell_memfd = state->shell_memfd };
@@ -487,7 +495,7 @@ static void spawn(struct conn *c, uint32_t stream, const struct spawn_request *r
     close_ends(&ch, 0);
     if (pid < 0) {
         close_channels(&ch);
-        send_spawn_error(c, stream, err, "fork");
+        send_spawn_error(c, stream, err, err == EAGAIN ? "fork: the sandbox's process limit is reached" : "fork");
         return;
     }
     struct cmd *m = calloc(1, sizeof *m);
@@ -498,6 +506,7 @@ static void spawn(struct conn *c, uint32_t stream, const struct spawn_request *r
     m->flags = req->flags;
     m->in.fd = m->err.fd = -1;
     m->drain_left = -1;
+    m->reclaimed = reclaimed;
     fcntl(ch.out[0], F_SETFL, O_NONBLOCK);
     watch_add(&m->ctl, W_CTL, ch.ctl[0], EPOLLIN, m);
     watch_add(&m->out, W_STDOUT, ch.out[0], 0, m); /* enabled by STARTED */

@@ -1,7 +1,7 @@
 /*
  * dsec-helper: the few host operations Node cannot do itself (mount(2),
- * idmapped mounts, FUSE mounts, setns), plus chronus, the per-sandbox
- * command daemon.
+ * idmapped mounts, FUSE mounts, setns), plus chronusd, the node's supervisor
+ * of the per-sandbox command daemons.
  * Usage: dsec-helper <subcommand> [args...]; errors are one line on stderr
  * and exit status 1.
  */
@@ -19,7 +19,7 @@ static const struct {
     { "mount-fuse", cmd_mount_fuse },
     { "umount", cmd_umount },
     { "mount-rootfs", cmd_mount_rootfs },
-    { "chronus", cmd_chronus },
+    { "chronusd", cmd_chronusd },
 };
 
 int main(int argc, char **argv)
@@ -31,6 +31,6 @@ int main(int argc, char **argv)
                 return commands[i].run(argc - 2, argv + 2);
         }
     }
-    fprintf(stderr, "usage: dsec-helper mount-erofs|mount-fuse|umount|mount-rootfs|chronus ...\n");
+    fprintf(stderr, "usage: dsec-helper mount-erofs|mount-fuse|umount|mount-rootfs|chronusd ...\n");
     return 2;
 }

@@ -120,6 +120,11 @@ struct rootfs_args {
     int idmap;
     uint32_t host_id, count;
     char **exec_argv; /* --exec: run this in the private mount namespace once mounted */
+    /* --mask DIR (with --exec only): an empty tmpfs over DIR in the private
+     * namespace, e.g. the cgroup2 mount of a hybrid host, which crun refuses
+     * to run beside; what the runtime writes there vanishes with it. */
+    const char **masks;
+    int nmasks;
 };
 
 /* Everything mount-rootfs made so far, undone in reverse on failure. */
@@ -148,7 +153,8 @@ static void parse_idmap(const char *s, struct rootfs_args *a)
 static void parse_rootfs_args(int argc, char **argv, struct rootfs_args *a)
 {
     a->lowers = calloc((size_t)argc + 1, sizeof *a->lowers);
-    if (!a->lowers)
+    a->masks = calloc((size_t)argc + 1, sizeof *a->masks);
+    if (!a->lowers || !a->masks)
         die("calloc", ENOMEM);
     for (int i = 0; i < argc; i++) {
         const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -175,13 +181,15 @@ static void parse_rootfs_args(int argc, char **argv, struct rootfs_args *a)
             a->lowers[a->nlowers++] = val;
         else if (strcmp(opt, "--idmap") == 0)
             parse_idmap(val, a);
+        else if (strcmp(opt, "--mask") == 0)
+            a->masks[a->nmasks++] = val;
         else
             dief(EINVAL, "mount-rootfs: unknown option %s", opt);
     }
     if (!a->target || !a->upper || !a->work || a->nlowers == 0 ||
-        !a->upper_image != !a->upper_mount || (a->upper_image && !a->exec_argv))
+        !a->upper_image != !a->upper_mount || ((a->upper_image || a->nmasks) && !a->exec_argv))
         dief(EINVAL, "usage: mount-rootfs --target T --upper U --work W [--idmap H:N] "
-                     "[--upper-image IMG --upper-mount DIR] --lower L... [--exec CMD ARG...]");
+                     "[--upper-image IMG --upper-mount DIR] [--mask DIR]... --lower L... [--exec CMD ARG...]");
 }
 
 /* Overlay options separate layers with ':' and options with ','. */
@@ -383,6 +391,10 @@ int cmd_mount_rootfs(int argc, char **argv)
             die("unshare(CLONE_NEWNS)", errno);
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
             die("make / private", errno);
+        for (int i = 0; i < a.nmasks; i++) {
+            if (mount("dsec-mask", a.masks[i], "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755") < 0)
+                dief(errno, "mask %s", a.masks[i]);
+        }
     }
 
     if (a.upper_image)

@@ -10,9 +10,13 @@
 #include "seccomp_profile.h"
 
 #include <errno.h>
+#include <seccomp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "util.h"
 
@@ -40,40 +44,50 @@ static int parse_action(char **save, const char *word, uint32_t *action)
     return -1;
 }
 
-static void add_rule(scmp_filter_ctx ctx, uint32_t action, const char *name, const char *cond,
-                     const char *path, int lineno)
+/* Adds one rule; returns 0 or -1 with the reason in err. */
+static int add_rule(scmp_filter_ctx ctx, uint32_t action, const char *name, const char *cond, int lineno,
+                    char *err, size_t errlen)
 {
     int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR)
-        return; /* unknown here: skipped on purpose */
+        return 0; /* unknown here: skipped on purpose */
     int r;
     if (cond) {
         unsigned idx;
         unsigned long long mask, value;
         int used = 0;
-        if (sscanf(cond, "arg%u&%lli==%lli%n", &idx, &mask, &value, &used) != 3 || cond[used] || idx > 5)
-            dief(EINVAL, "%s:%d: bad argument condition %s", path, lineno, cond);
+        if (sscanf(cond, "arg%u&%lli==%lli%n", &idx, &mask, &value, &used) != 3 || cond[used] || idx > 5) {
+            snprintf(err, errlen, "seccomp profile line %d: bad argument condition %s", lineno, cond);
+            return -1;
+        }
         r = seccomp_rule_add(ctx, action, nr, 1,
                              SCMP_CMP(idx, SCMP_CMP_MASKED_EQ, (scmp_datum_t)mask, (scmp_datum_t)value));
     } else {
         r = seccomp_rule_add(ctx, action, nr, 0);
     }
     /* -EACCES: the rule repeats the default action, which is harmless. */
-    if (r < 0 && r != -EACCES)
-        dief(-r, "%s:%d: seccomp rule for %s", path, lineno, name);
+    if (r < 0 && r != -EACCES) {
+        snprintf(err, errlen, "seccomp profile line %d: rule for %s: %s", lineno, name, strerror(-r));
+        return -1;
+    }
+    return 0;
 }
 
-scmp_filter_ctx seccomp_profile_build(const char *path, int no_new_privs)
+/* Builds the filter context of a profile text; NULL with the reason in err. */
+static scmp_filter_ctx build(const char *text, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "re");
-    if (!f)
-        dief(errno, "open seccomp profile %s", path);
+    char *copy = strdup(text);
+    if (!copy) {
+        snprintf(err, errlen, "seccomp profile: out of memory");
+        return NULL;
+    }
     scmp_filter_ctx ctx = NULL;
-    char *line = NULL;
-    size_t cap = 0;
-    int lineno = 0;
-    while (getline(&line, &cap, f) >= 0) {
+    int lineno = 0, failed = 0;
+    for (char *line = copy, *next; line && !failed; line = next) {
         lineno++;
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = 0;
         char *hash = strchr(line, '#'), *save = NULL;
         if (hash)
             *hash = 0;
@@ -82,31 +96,74 @@ scmp_filter_ctx seccomp_profile_build(const char *path, int no_new_privs)
             continue;
         uint32_t action;
         if (!ctx) {
-            if (strcmp(word, "default") != 0 || parse_action(&save, strtok_r(NULL, DELIM, &save) ?: "", &action))
-                dief(EINVAL, "%s:%d: first rule must be `default allow|kill|errno N`", path, lineno);
-            if (!(ctx = seccomp_init(action)))
-                dief(ENOMEM, "seccomp_init");
+            if (strcmp(word, "default") != 0 || parse_action(&save, strtok_r(NULL, DELIM, &save) ?: "", &action)) {
+                snprintf(err, errlen, "seccomp profile line %d: first rule must be `default allow|kill|errno N`",
+                         lineno);
+                failed = 1;
+            } else if (!(ctx = seccomp_init(action))) {
+                snprintf(err, errlen, "seccomp_init failed");
+                failed = 1;
+            }
             continue;
         }
-        if (parse_action(&save, word, &action))
-            dief(EINVAL, "%s:%d: unknown action %s", path, lineno, word);
-        const char *name = strtok_r(NULL, DELIM, &save);
-        if (!name)
-            dief(EINVAL, "%s:%d: missing syscall name", path, lineno);
-        add_rule(ctx, action, name, strtok_r(NULL, DELIM, &save), path, lineno);
+        const char *name = NULL;
+        if (parse_action(&save, word, &action)) {
+            snprintf(err, errlen, "seccomp profile line %d: unknown action %s", lineno, word);
+            failed = 1;
+        } else if (!(name = strtok_r(NULL, DELIM, &save))) {
+            snprintf(err, errlen, "seccomp profile line %d: missing syscall name", lineno);
+            failed = 1;
+        } else {
+            failed = add_rule(ctx, action, name, strtok_r(NULL, DELIM, &save), lineno, err, errlen) < 0;
+        }
     }
-    free(line);
-    fclose(f);
-    if (!ctx)
-        dief(EINVAL, "%s: empty seccomp profile", path);
-    /* libseccomp sets no_new_privs on load by default; only --no-new-privs may. */
-    int r = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, no_new_privs ? 1 : 0);
-    if (r < 0)
-        dief(-r, "seccomp_attr_set(CTL_NNP)");
+    free(copy);
+    if (!ctx && !failed)
+        snprintf(err, errlen, "empty seccomp profile");
+    if (failed || !ctx) {
+        if (ctx)
+            seccomp_release(ctx);
+        return NULL;
+    }
     /* A binary tree instead of a linear scan of ~330 rules: every syscall of
      * every command pays for the filter, so its depth matters. */
-    r = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
-    if (r < 0)
-        dief(-r, "seccomp_attr_set(CTL_OPTIMIZE)");
+    int r = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_OPTIMIZE, 2);
+    if (r < 0) {
+        snprintf(err, errlen, "seccomp_attr_set(CTL_OPTIMIZE): %s", strerror(-r));
+        seccomp_release(ctx);
+        return NULL;
+    }
     return ctx;
+}
+
+int seccomp_profile_compile(const char *text, struct sock_fprog *out, char *err, size_t errlen)
+{
+    scmp_filter_ctx ctx = build(text, err, errlen);
+    if (!ctx)
+        return -1;
+    /* libseccomp 2.5 exports only to a file descriptor: go through a memfd. */
+    int fd = memfd_create("dsec-seccomp", MFD_CLOEXEC);
+    int r = fd < 0 ? -errno : seccomp_export_bpf(ctx, fd);
+    seccomp_release(ctx);
+    struct stat sb;
+    if (r == 0 && fstat(fd, &sb) < 0)
+        r = -errno;
+    size_t size = r == 0 ? (size_t)sb.st_size : 0;
+    void *prog = NULL;
+    if (r == 0 && (size == 0 || size % sizeof(struct sock_filter) || size / sizeof(struct sock_filter) > BPF_MAXINSNS))
+        r = -E2BIG;
+    if (r == 0 && !(prog = malloc(size)))
+        r = -ENOMEM;
+    if (r == 0 && pread(fd, prog, size, 0) != (ssize_t)size)
+        r = -EIO;
+    if (fd >= 0)
+        close(fd);
+    if (r < 0) {
+        free(prog);
+        snprintf(err, errlen, "export seccomp filter: %s", strerror(-r));
+        return -1;
+    }
+    out->len = (unsigned short)(size / sizeof(struct sock_filter));
+    out->filter = prog;
+    return 0;
 }

@@ -12,7 +12,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 
 import type { ChronusConnection, CommandExit, SpawnRequest } from './chronus-client.js';
-import { initPath, startChronus } from './index.js';
+import { initPath } from './binaries.js';
+import { ChronusSupervisor, startChronus } from './chronus-supervisor.js';
 
 const run = promisify(execFile);
 
@@ -201,18 +202,26 @@ export interface Daemon {
   stop(): Promise<void>;
 }
 
-/** A runc sandbox plus its chronus daemon; stop() kills the sandbox and checks the daemon went with it. */
+/**
+ * A runc sandbox plus its chronus daemon, forked by `opts.supervisor` or by
+ * a supervisor of its own (stopped again by stop()); stop() kills the
+ * sandbox and checks the daemon went with it.
+ */
 export async function startDaemon(
-  opts: { seccompProfile?: string; capabilities?: string[] } = {},
+  opts: { seccompProfile?: string; capabilities?: string[]; supervisor?: ChronusSupervisor } = {},
 ): Promise<Daemon> {
   const sandbox = await startRuncSandbox();
   const sockDir = await mkdtemp(join(tmpdir(), 'dsec-native-sock-'));
   const socketPath = join(sockDir, 'chronus.sock');
+  const supervisor =
+    opts.supervisor ??
+    new ChronusSupervisor({ dir: join(sockDir, 'chronusd'), shellPath: BUSYBOX });
+  const own = opts.supervisor === undefined;
   try {
     const { pid } = await startChronus({
+      supervisor,
       socketPath,
       initPid: sandbox.initPid,
-      shellPath: BUSYBOX,
       cgroupDirs: sandbox.cgroupDirs,
       seccompProfile: opts.seccompProfile ?? '',
       capabilities: opts.capabilities ?? DOCKER_CAPS,
@@ -223,6 +232,7 @@ export async function startDaemon(
       socketPath,
       pid,
       async stop() {
+        if (own) await supervisor.stop();
         await sandbox.destroy();
         await waitFor(() => !existsSync(`/proc/${pid}`), 'chronus to exit').finally(() =>
           rm(sockDir, { recursive: true, force: true }),
@@ -230,6 +240,7 @@ export async function startDaemon(
       },
     };
   } catch (err) {
+    if (own) await supervisor.stop();
     await sandbox.destroy();
     await rm(sockDir, { recursive: true, force: true });
     throw err;

@@ -38,7 +38,14 @@ export {
 export { Sandbox, DEFAULT_COMMAND_TIMEOUT_MS, COMMAND_DEADLINE_SLACK_MS } from './sandbox.js';
 export type * from './types.js';
 export { DsecError, isDsecError } from '@dsec/core';
-export type { CommandResult, ErrorCode, LayerInfo, SandboxInfo, SandboxState } from '@dsec/core';
+export type {
+  CommandResult,
+  ErrorCode,
+  LayerInfo,
+  QosClass,
+  SandboxInfo,
+  SandboxState,
+} from '@dsec/core';
 export type {
   NetworkPolicyPatch,
   NetworkRules,

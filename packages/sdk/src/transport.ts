@@ -171,7 +171,6 @@ export class HttpTransport {
         cleanup();
         resolve(value);
       };
-      const onAbort = () => fail(abortedError(signal));
       const timer = setTimeout(() => {
         fail(
           new DsecError(
@@ -180,11 +179,11 @@ export class HttpTransport {
           ),
         );
       }, options.timeoutMs);
+      const stopWatching = onAbort(signal, () => fail(abortedError(signal)));
       const cleanup = () => {
         clearTimeout(timer);
-        signal?.removeEventListener('abort', onAbort);
+        stopWatching();
       };
-      signal?.addEventListener('abort', onAbort, { once: true });
 
       request.on('error', (err: NodeJS.ErrnoException) => {
         const error = this.#networkError(err);
@@ -279,8 +278,7 @@ export class HttpTransport {
           reject(err instanceof Error ? err : toDsecError(err));
         }
       };
-      const onAbort = () => fail(abortedError(signal));
-      signal?.addEventListener('abort', onAbort, { once: true });
+      const stopWatching = onAbort(signal, () => fail(abortedError(signal)));
       const timer = setTimeout(
         () =>
           fail(
@@ -292,7 +290,7 @@ export class HttpTransport {
         options.timeoutMs,
       );
       request.on('error', (err: NodeJS.ErrnoException) => fail(this.#networkError(err)));
-      request.on('close', () => signal?.removeEventListener('abort', onAbort));
+      request.on('close', stopWatching);
       request.on('response', (res) => {
         clearTimeout(timer);
         const status = res.statusCode ?? 0;
@@ -331,6 +329,7 @@ export class HttpTransport {
   ): Promise<Duplex> {
     if (this.#closed)
       return Promise.reject(new DsecError('unavailable', 'the DSec client is closed'));
+    if (options.signal?.aborted) return Promise.reject(abortedError(options.signal));
     const headers: http.OutgoingHttpHeaders = { connection: 'Upgrade', upgrade: protocol };
     if (this.#apiKey) headers.authorization = `Bearer ${this.#apiKey}`;
     return new Promise((resolve, reject) => {
@@ -338,6 +337,7 @@ export class HttpTransport {
       const request = this.#request(this.#url(path), { method: 'GET', headers, agent: false });
       const fail = (err: Error) => {
         clearTimeout(timer);
+        stopWatching();
         request.destroy();
         reject(err);
       };
@@ -345,12 +345,11 @@ export class HttpTransport {
         () => fail(new DsecError('deadline_exceeded', `GET ${path} got no answer in time`)),
         options.timeoutMs,
       );
-      options.signal?.addEventListener('abort', () => fail(abortedError(options.signal)), {
-        once: true,
-      });
+      const stopWatching = onAbort(options.signal, () => fail(abortedError(options.signal)));
       request.on('error', (err: NodeJS.ErrnoException) => fail(this.#networkError(err)));
       request.on('upgrade', (_res, socket, head) => {
         clearTimeout(timer);
+        stopWatching(); // the socket is the caller's now, and so is aborting it
         if (head.length > 0) socket.unshift(head);
         resolve(socket);
       });
@@ -400,6 +399,44 @@ class StaleSocketError extends Error {
   constructor(readonly error: DsecError) {
     super(error.message);
   }
+}
+
+/**
+ * The callbacks of the requests in flight on each caller signal. A caller
+ * commonly passes one signal (Ctrl-C, a rollout's deadline) to many
+ * concurrent calls (`dsec sandbox rm` of 100 sandboxes); one 'abort' listener
+ * per signal, however many requests share it, keeps the signal's listener
+ * list short (Node warns past 10) and costs O(1) to leave.
+ */
+const abortWaiters = new WeakMap<AbortSignal, { fire: () => void; waiters: Set<() => void> }>();
+
+/**
+ * Calls `fn` once when `signal` aborts, until the returned function is
+ * called (idempotent). No signal: nothing to watch.
+ */
+function onAbort(signal: AbortSignal | undefined, fn: () => void): () => void {
+  if (!signal) return () => undefined;
+  let entry = abortWaiters.get(signal);
+  if (!entry) {
+    const waiters = new Set<() => void>();
+    const fire = () => {
+      abortWaiters.delete(signal);
+      for (const waiter of waiters) waiter();
+      waiters.clear();
+    };
+    entry = { fire, waiters };
+    abortWaiters.set(signal, entry);
+    signal.addEventListener('abort', fire, { once: true });
+  }
+  const { waiters, fire } = entry;
+  // A distinct wrapper per call: the same `fn` registered twice is two waiters.
+  const waiter = () => fn();
+  waiters.add(waiter);
+  return () => {
+    if (!waiters.delete(waiter) || waiters.size > 0) return;
+    signal.removeEventListener('abort', fire);
+    if (abortWaiters.get(signal)?.waiters === waiters) abortWaiters.delete(signal);
+  };
 }
 
 function abortedError(signal: AbortSignal | undefined): DsecError {

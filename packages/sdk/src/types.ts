@@ -1,4 +1,4 @@
-import type { CommandResult, NetworkRules, NetworkTarget } from '@dsec/core';
+import type { CommandResult, NetworkRules, NetworkTarget, QosClass } from '@dsec/core';
 
 /** Every SDK call accepts these. */
 export interface CallOptions {
@@ -32,6 +32,12 @@ export interface RunContainerOptions {
   pidsLimit?: number | undefined;
   /** Disk quota of the writable layer in MiB (ENOSPC past it); default: none. */
   diskLimitMb?: number | undefined;
+  /**
+   * CPU QoS class (default `latency-sensitive`): `best-effort` sandboxes run
+   * under SCHED_IDLE with minimal CPU weight and only get cycles that
+   * latency-sensitive work leaves idle.
+   */
+  qosClass?: QosClass | undefined;
   /** libdsec's `ttl_running_stop`: an alias of `ttlSeconds`. */
   ttlRunningStopSeconds?: number | undefined;
   ttlSeconds?: number | undefined;

@@ -25,7 +25,13 @@ export interface CreateBenchReport {
   cycle: string;
   iterations: number;
   results: Record<string, LatencySummary>;
-  ratios: { runc: number | null; podman: number | null; 'runc (dsec-net)': number | null };
+  ratios: {
+    runc: number | null;
+    podman: number | null;
+    'runc (dsec-net)': number | null;
+    /** dsec-net ÷ dsec: what the default network policy adds to a create. */
+    'dsec (dsec-net)': number | null;
+  };
   machine: Record<string, unknown>;
 }
 
@@ -142,6 +148,7 @@ export async function benchCreate(options: CreateBenchOptions): Promise<CreateBe
         runc: ratio(results.dsec!, results.runc),
         podman: ratio(results.dsec!, results.podman),
         'runc (dsec-net)': ratio(results['dsec-net']!, results.runc),
+        'dsec (dsec-net)': ratio(results['dsec-net']!, results.dsec),
       },
       machine: await describeMachine(),
     };

@@ -8,7 +8,7 @@ import { ContainerBackend } from '@dsec/edge';
 import { makeBusyboxRootfs } from '@dsec/images';
 import { DSecClient } from '@dsec/sdk';
 import { describeMachine } from './create.js';
-import { interleave, ratio, type LatencySummary } from './stats.js';
+import { interleave, ratio, summarize, type LatencySummary } from './stats.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -17,6 +17,10 @@ export interface ExecBenchOptions {
   warmup: number;
   /** Bytes of stdout streamed for the throughput run. */
   streamBytes: number;
+  /** `echo` commands run in the load phase, `loadConcurrency` at once over `loadSandboxes`. */
+  loadExecs: number;
+  loadConcurrency: number;
+  loadSandboxes: number;
   onProgress?: (done: number, total: number) => void;
   signal?: AbortSignal;
 }
@@ -25,8 +29,8 @@ export interface ExecBenchReport {
   benchmark: 'exec';
   cycle: string;
   iterations: number;
-  results: Record<string, LatencySummary>;
-  ratios: { 'runc exec': number | null; nsenter: number | null };
+  results: Record<string, LatencySummary> & { load: LoadResult };
+  ratios: { 'runtime exec': number | null; nsenter: number | null };
   throughput: { bytes: number; seconds: number; mbPerSecond: number; ndjsonMbPerSecond: number };
   machine: Record<string, unknown>;
 }
@@ -37,6 +41,17 @@ export interface ExecBenchReport {
  * `runc exec` and `nsenter` of `true` into the same sandbox; then stdout
  * throughput of one command streamed through the full path.
  */
+/** Latencies of the load run's successful commands, and its rate and failures. */
+export interface LoadResult extends LatencySummary {
+  execs: number;
+  concurrency: number;
+  sandboxes: number;
+  execsPerSecond: number;
+  failures: number;
+  /** The first failure's message, if any. */
+  firstError?: string;
+}
+
 export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchReport> {
   const work = await mkdtemp(join(tmpdir(), 'dsec-bench-exec-'));
   await chmod(work, 0o711);
@@ -63,15 +78,18 @@ export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchRep
       throw new Error('bench exec needs the container backend');
     const paths = backend.paths({ id: sb.id });
     const initPid = (await readFile(paths.pidFile, 'utf8')).trim();
-    const runtimeRoot = join(stateDir, 'edge', 'runtime');
+    const runtime = backend.options.runtime as { binary?: string; root?: string; name: string };
+    const runtimeBinary = runtime.binary ?? runtime.name;
+    const runtimeRoot = runtime.root ?? join(stateDir, 'edge', 'runtime');
 
     const systems: Record<string, () => Promise<void>> = {
       dsec: async () => {
         const r = await session.run('true');
         if (r.exitCode !== 0) throw new Error(`true exited ${r.exitCode}`);
       },
-      'runc exec': async () => {
-        await execFileAsync('runc', ['--root', runtimeRoot, 'exec', paths.name, 'true']);
+      // The runtime the edge runs (crun where installed): its own exec path.
+      'runtime exec': async () => {
+        await execFileAsync(runtimeBinary, ['--root', runtimeRoot, 'exec', paths.name, 'true']);
       },
       nsenter: async () => {
         await execFileAsync('nsenter', ['-t', initPid, '-U', '-m', '-p', '-n', '-i', '-u', 'true']);
@@ -103,13 +121,14 @@ export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchRep
     });
     const framedSeconds = Number(process.hrtime.bigint() - t1) / 1e9;
     await sb.stop();
+    const load = await execLoad(client, options);
     return {
       benchmark: 'exec',
       cycle: '`true` in a warm session: SDK → apiserver → edge → sandbox',
       iterations: options.iterations,
-      results,
+      results: { ...results, load },
       ratios: {
-        'runc exec': ratio(results.dsec!, results['runc exec']),
+        'runtime exec': ratio(results.dsec!, results['runtime exec']),
         nsenter: ratio(results.dsec!, results.nsenter),
       },
       throughput: {
@@ -122,5 +141,56 @@ export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchRep
     };
   } finally {
     for (const cleanup of cleanups) await cleanup().catch(() => undefined);
+  }
+}
+
+/**
+ * Throughput under load: `echo` as a one-off command (its own process in the
+ * sandbox, result in the command log) through the SDK, `loadConcurrency` in
+ * flight at once, spread over `loadSandboxes` sandboxes.
+ */
+async function execLoad(client: DSecClient, options: ExecBenchOptions): Promise<LoadResult> {
+  const sandboxes = await Promise.all(
+    Array.from({ length: options.loadSandboxes }, () =>
+      client.runContainer({ image: 'busybox', memoryLimitMb: 256, cpuCoresLimit: 1 }),
+    ),
+  );
+  try {
+    for (const sb of sandboxes) await sb.exec(['echo', 'warm']);
+    const latencies: number[] = [];
+    let failures = 0;
+    let firstError: string | undefined;
+    let next = 0;
+    const t0 = process.hrtime.bigint();
+    await Promise.all(
+      Array.from({ length: options.loadConcurrency }, async (_, worker) => {
+        while (next < options.loadExecs) {
+          const i = next++;
+          const sb = sandboxes[(worker + i) % sandboxes.length]!;
+          const started = process.hrtime.bigint();
+          try {
+            const r = await sb.exec(['echo', String(i)]);
+            if (r.exitCode !== 0 || r.stdout !== `${i}\n`)
+              throw new Error(`echo ${i}: ${r.outcome}`);
+            latencies.push(Number(process.hrtime.bigint() - started) / 1e6);
+          } catch (err) {
+            failures++;
+            firstError ??= String(err);
+          }
+        }
+      }),
+    );
+    const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
+    return {
+      ...summarize(latencies),
+      execs: options.loadExecs,
+      concurrency: options.loadConcurrency,
+      sandboxes: options.loadSandboxes,
+      execsPerSecond: Math.round(latencies.length / seconds),
+      failures,
+      ...(firstError !== undefined ? { firstError } : {}),
+    };
+  } finally {
+    await Promise.allSettled(sandboxes.map((sb) => sb.stop()));
   }
 }

@@ -1,10 +1,15 @@
 import type { Command } from 'commander';
+import { benchBurst } from '../bench/burst.js';
+import { benchChurn } from '../bench/churn.js';
 import { benchCreate } from '../bench/create.js';
+import { benchDensity } from '../bench/density.js';
 import { benchExec } from '../bench/exec.js';
 import { benchLayers } from '../bench/layers.js';
 import { benchOndemand } from '../bench/ondemand.js';
+import { benchQos } from '../bench/qos.js';
 import type { LatencySummary } from '../bench/stats.js';
 import { contextOf, type CliContext } from '../context.js';
+import { addAdmissionOptions, admissionConfig, type AdmissionFlags } from './up-admission.js';
 import { createProgress } from '../progress.js';
 
 /**
@@ -19,13 +24,26 @@ export function register(program: Command): void {
   bench
     .command('exec')
     .description(
-      '`true` in a warm session through the full path vs `runc exec` and `nsenter` into the same sandbox; stdout throughput',
+      "`true` in a warm session through the full path vs the runtime's exec and `nsenter` into the same sandbox; stdout throughput; `echo` throughput under load",
     )
     .option('--iterations <n>', 'measured round trips per system', '200')
     .option('--warmup <n>', 'unmeasured round trips first', '20')
     .option('--stream-mib <n>', 'MiB of stdout streamed for the throughput run', '512')
+    .option('--load-execs <n>', '`echo` commands in the load run', '5000')
+    .option('--load-concurrency <n>', 'commands in flight at once in the load run', '64')
+    .option('--load-sandboxes <n>', 'sandboxes the load run spreads over', '16')
     .action(
-      async (opts: { iterations: string; warmup: string; streamMib: string }, command: Command) => {
+      async (
+        opts: {
+          iterations: string;
+          warmup: string;
+          streamMib: string;
+          loadExecs: string;
+          loadConcurrency: string;
+          loadSandboxes: string;
+        },
+        command: Command,
+      ) => {
         const ctx = contextOf(command);
         const report = await runBench(
           ctx,
@@ -36,6 +54,9 @@ export function register(program: Command): void {
               iterations: Number(opts.iterations),
               warmup: Number(opts.warmup),
               streamBytes: Number(opts.streamMib) * 1024 * 1024,
+              loadExecs: Number(opts.loadExecs),
+              loadConcurrency: Number(opts.loadConcurrency),
+              loadSandboxes: Number(opts.loadSandboxes),
               onProgress,
               signal: ctx.signal,
             }),
@@ -44,6 +65,10 @@ export function register(program: Command): void {
         printLatencies(ctx, report);
         ctx.out(
           `stdout throughput: ${report.throughput.mbPerSecond} MB/s raw, ${report.throughput.ndjsonMbPerSecond} MB/s framed (NDJSON)`,
+        );
+        const load = report.results.load;
+        ctx.out(
+          `under load (${load.concurrency} in flight over ${load.sandboxes} sandboxes): ${load.execsPerSecond} execs/s, p99 ${load.p99Ms} ms, ${load.failures} failures`,
         );
       },
     );
@@ -69,6 +94,147 @@ export function register(program: Command): void {
           }),
       );
       if (report) printLatencies(ctx, report);
+    });
+  bench
+    .command('burst')
+    .description(
+      'N concurrent creates (default network policy) vs bare `runc run -d` of the same rootfs at the same concurrency',
+    )
+    .option('--count <n>', 'creates per system', '1000')
+    .option('--concurrency <n>', 'creates in flight at once (both systems)', '1000')
+    .action(async (opts: { count: string; concurrency: string }, command: Command) => {
+      const ctx = contextOf(command);
+      const count = Number(opts.count);
+      const report = await runBench(ctx, 'burst', 3 * count, (onProgress) =>
+        benchBurst({
+          count,
+          concurrency: Number(opts.concurrency),
+          onProgress,
+          ...(ctx.signal ? { signal: ctx.signal } : {}),
+        }),
+      );
+      if (!report) return;
+      const { dsec, runc } = report.results;
+      for (const [name, s] of [
+        ['dsec', dsec],
+        ['runc', runc],
+      ] as const) {
+        ctx.out(
+          `${name.padEnd(6)} ${s.createsPerSecond.toFixed(1).padStart(7)} creates/s   p50 ${s.p50Ms.toFixed(0).padStart(6)} ms   p99 ${s.p99Ms.toFixed(0).padStart(6)} ms   failures ${s.failures}`,
+        );
+      }
+      ctx.out(
+        `dsec removals ${dsec.removals.perSecond.toFixed(1)}/s, failures ${dsec.removals.failures}; left on the host: ${JSON.stringify(dsec.left)}`,
+      );
+      ctx.out(`ratios (dsec ÷ runc, creates/s): ${JSON.stringify(report.ratios)}`);
+    });
+  bench
+    .command('churn')
+    .description(
+      'create → exec → destroy in a loop at full speed (default network policy); counts what is left on the host',
+    )
+    .option('--seconds <n>', 'how long to churn', '60')
+    .option('--concurrency <n>', 'loops running at once', '8')
+    .action(async (opts: { seconds: string; concurrency: string }, command: Command) => {
+      const ctx = contextOf(command);
+      const seconds = Number(opts.seconds);
+      const report = await runBench(ctx, 'churn', seconds, (onProgress) =>
+        benchChurn({
+          seconds,
+          concurrency: Number(opts.concurrency),
+          onProgress,
+          ...(ctx.signal ? { signal: ctx.signal } : {}),
+        }),
+      );
+      if (!report) return;
+      const { dsec } = report.results;
+      ctx.out(
+        `dsec ${dsec.perSecond.toFixed(2)} cycles/s (${dsec.cycles} in ${seconds} s), failures ${dsec.failures}, cycle p50 ${dsec.p50Ms.toFixed(0)} ms p99 ${dsec.p99Ms.toFixed(0)} ms`,
+      );
+      ctx.out(`left on the host: ${JSON.stringify(dsec.left)}`);
+    });
+  addAdmissionOptions(bench.command('density'))
+    .description(
+      'idle sandboxes (--cpus 1 --memory-mb 512) until admission refuses one: how many, what stopped it, platform bytes each',
+    )
+    .option('--max <n>', 'stop at this many sandboxes (default: until admission refuses)')
+    .option('--concurrency <n>', 'creates in flight at once', '4')
+    .option('--cpus <n>', 'requested CPUs of each sandbox', '1')
+    .option('--memory-mb <n>', 'requested memory of each sandbox', '512')
+    .action(
+      async (
+        opts: {
+          max?: string;
+          concurrency: string;
+          cpus: string;
+          memoryMb: string;
+        } & AdmissionFlags,
+        command: Command,
+      ) => {
+        const ctx = contextOf(command);
+        const max = opts.max !== undefined ? Number(opts.max) : undefined;
+        const report = await runBench(ctx, 'density', max ?? 0, (onProgress) =>
+          benchDensity({
+            max,
+            concurrency: Number(opts.concurrency),
+            cpus: Number(opts.cpus),
+            memoryMb: Number(opts.memoryMb),
+            admission: admissionConfig(opts),
+            onProgress,
+            ...(ctx.signal ? { signal: ctx.signal } : {}),
+          }),
+        );
+        if (!report) return;
+        const d = report.results.dsec;
+        ctx.out(
+          `dsec ${d.sandboxes} idle sandboxes (stopped by ${d.stoppedBy}${d.refusal ? `: ${JSON.stringify(d.refusal)}` : ''})`,
+        );
+        ctx.out(
+          `platform memory per sandbox ${(d.platformBytesPerSandbox / 2 ** 20).toFixed(2)} MiB (process PSS ${(d.processPssBytesPerSandbox / 2 ** 20).toFixed(2)} MiB), charged ${(d.chargedBytesPerSandbox / 2 ** 20).toFixed(2)} MiB`,
+        );
+        ctx.out(
+          `${d.createsPerSecond} creates/s, create failures ${d.createFailures}, exec failures ${d.execFailures}, remove failures ${d.removeFailures}${d.removeFailures ? ` ${JSON.stringify(d.removeFailuresByCode)}` : ''}`,
+        );
+      },
+    );
+  bench
+    .command('qos')
+    .description(
+      'per-step latency of a latency-sensitive sandbox alone and beside 25 %/50 % best-effort load, with and without QoS classes',
+    )
+    .option('--steps <n>', 'measured steps per configuration', '600')
+    .option('--rounds <n>', 'interleaved rounds', '6')
+    .option('--step-ms <n>', 'CPU time of one step alone', '10')
+    .action(async (opts: { steps: string; rounds: string; stepMs: string }, command: Command) => {
+      const ctx = contextOf(command);
+      const steps = Number(opts.steps);
+      const rounds = Number(opts.rounds);
+      const report = await runBench(
+        ctx,
+        'qos',
+        5 * rounds * Math.ceil(steps / rounds),
+        (onProgress) =>
+          benchQos({
+            steps,
+            rounds,
+            stepMs: Number(opts.stepMs),
+            onProgress,
+            ...(ctx.signal ? { signal: ctx.signal } : {}),
+          }),
+      );
+      if (!report) return;
+      const r = report.results;
+      ctx.out(
+        `alone: p50 ${r.alone.p50Ms.toFixed(2)} ms, p99 ${r.alone.p99Ms.toFixed(2)} ms (${report.stepIterations} iterations a step)`,
+      );
+      for (const mode of ['withClasses', 'withoutClasses'] as const) {
+        for (const load of ['be25', 'be50'] as const) {
+          const s = r[mode][load];
+          ctx.out(
+            `${mode.padEnd(15)} ${load}  p99 ${s.p99Ms.toFixed(2).padStart(8)} ms  inflation ${s.p99InflationPercent.toFixed(1).padStart(6)} %   (p50 ${s.p50InflationPercent.toFixed(1)} %)`,
+          );
+        }
+      }
     });
   bench
     .command('layers')

@@ -97,7 +97,7 @@ function registerBuild(program: Command): void {
         if (opts.fromTar) from = { tar: opts.fromTar };
         else if (opts.fromDir) from = { dir: opts.fromDir };
         else {
-          await mkdir(ctx.options.stateDir, { recursive: true });
+          await mkdir(ctx.options.stateDir, { recursive: true, mode: 0o711 }); // as `dsec up` keeps it
           scratch = await mkdtemp(join(ctx.options.stateDir, 'rootfs-'));
           if (opts.fromBusybox) await makeBusyboxRootfs(scratch);
           else {

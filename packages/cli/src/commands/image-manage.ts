@@ -206,7 +206,7 @@ export function register(program: Command): void {
       try {
         const scratch = join(ctx.options.stateDir, 'tmp');
         const remote = await openTransferStore(where, verb === 'push' ? 'to' : 'from', async () => {
-          await mkdir(scratch, { recursive: true });
+          await mkdir(scratch, { recursive: true, mode: 0o700 });
           cacheDir = await mkdtemp(join(scratch, 'remote-cache-'));
           return cacheDir;
         });

@@ -1,6 +1,6 @@
 import { constants } from 'node:os';
-import type { Command } from 'commander';
-import type { CommandResult, SandboxInfo } from '@dsec/sdk';
+import { Option, type Command } from 'commander';
+import type { CommandResult, QosClass, SandboxInfo } from '@dsec/sdk';
 import { contextOf } from '../context.js';
 import type { CliContext } from '../context.js';
 import { formatRelative, formatTable } from '../format.js';
@@ -27,6 +27,12 @@ export function register(program: Command): void {
       'disk quota of the writable layer in MiB (default: none)',
       parseInteger,
     )
+    .addOption(
+      new Option(
+        '--qos <class>',
+        'CPU QoS class (default latency-sensitive); best-effort runs under SCHED_IDLE with minimal CPU weight and gets only idle cycles',
+      ).choices(['latency-sensitive', 'best-effort']),
+    )
     .option('--ttl-seconds <n>', 'stop after this many seconds (default 3600)', parseInteger)
     .option('--env <K=V>', 'default environment of commands (repeatable)', collectKeyValue)
     .option('--label <K=V>', 'label (repeatable)', collectKeyValue)
@@ -44,6 +50,7 @@ export function register(program: Command): void {
           cpuCoresLimit: opts.cpus,
           pidsLimit: opts.pids,
           diskLimitMb: opts.diskMb,
+          qosClass: opts.qos,
           ttlSeconds: opts.ttlSeconds,
           env: opts.env,
           labels: opts.label,
@@ -148,6 +155,7 @@ interface CreateOptions {
   cpus?: number;
   pids?: number;
   diskMb?: number;
+  qos?: QosClass;
   ttlSeconds?: number;
   env?: Record<string, string>;
   label?: Record<string, string>;
@@ -257,6 +265,7 @@ function describe(info: SandboxInfo): string {
     ['cpus', String(s.cpuCoresLimit)],
     ['pids', String(s.pidsLimit)],
     ['disk', s.diskLimitMb !== undefined ? `${s.diskLimitMb} MiB` : 'node disk'],
+    ['qos', s.qosClass ?? 'latency-sensitive'],
     ['user', s.initUser],
     ['created', `${info.createdAt} (${formatRelative(info.createdAt)})`],
     ['expires', `${info.expiresAt} (${formatRelative(info.expiresAt)})`],

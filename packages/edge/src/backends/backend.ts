@@ -3,7 +3,8 @@ import type { ChronusConnection } from '@dsec/native';
 import type { SandboxRecord } from '../state/edge-store.js';
 
 export interface StartedSandbox {
-  runtimePid: number;
+  /** The runtime process, where one stays per sandbox (not for detached OCI runtimes). */
+  runtimePid?: number;
   initPid: number;
   chronusPid: number;
 }
@@ -34,4 +35,11 @@ export interface Backend {
   channel?(rec: SandboxRecord, options?: { dedicated?: boolean }): Promise<ChronusConnection>;
   /** Whether the OOM killer struck the sandbox since this was last asked. */
   oomKilled?(rec: SandboxRecord): Promise<boolean>;
+  /**
+   * The edge is shutting down: release every handle this process holds for
+   * its sandboxes (connections to their command daemons, pipes to runtime
+   * processes) so that nothing keeps the process alive. The sandboxes keep
+   * running; the next edge adopts them. Nothing is called after it.
+   */
+  close?(): Promise<void>;
 }

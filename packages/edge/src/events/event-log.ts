@@ -1,5 +1,5 @@
-import { chmodSync } from 'node:fs';
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
+import { openPrivateDatabase } from '../state/host-state.js';
 import { statementCache } from '../state/statement-cache.js';
 import type { CommandResult, SandboxEvent, SandboxEventKind } from '@dsec/core';
 
@@ -38,9 +38,8 @@ export class EventLog {
 
   constructor(file: string, options: EventLogOptions = {}) {
     this.#o = { maxPerSandbox: 1000, maxTotal: 200_000, dedupeWindowMs: 10_000, ...options };
-    this.#db = new Database(file);
+    this.#db = openPrivateDatabase(file);
     this.#sql = statementCache(this.#db);
-    chmodSync(file, 0o600);
     this.#db.pragma('journal_mode = WAL');
     this.#db.pragma('busy_timeout = 5000');
     this.#db.exec(`
@@ -79,6 +78,23 @@ export class EventLog {
         for (const [k, v] of this.#recent) if (v.until <= now) this.#recent.delete(k);
       }
     }
+    try {
+      this.#insert(sandboxId, kind, message, count, details, now);
+    } catch (err) {
+      // A full disk (a sandbox without a quota filled the node's) loses the event, never the call.
+      const code = (err as { code?: unknown }).code;
+      if (code !== 'SQLITE_FULL' && code !== 'ENOSPC' && code !== 'EDQUOT') throw err;
+    }
+  }
+
+  #insert(
+    sandboxId: string,
+    kind: SandboxEventKind,
+    message: string,
+    count: number,
+    details: Record<string, unknown>,
+    now: number,
+  ): void {
     const db = this.#db;
     db.prepare(
       'INSERT INTO events (sandbox_id, time, kind, message, count, details) VALUES (?, ?, ?, ?, ?, ?)',
@@ -125,6 +141,30 @@ export class EventLog {
         durationMs: result.durationMs,
       });
     }
+  }
+
+  /**
+   * A command's spawn met the sandbox's pids limit: chronus ended processes
+   * to make room (leftovers of finished commands first, biggest first), or
+   * could free none and the call failed with `resource_exhausted`.
+   */
+  recordPidsLimit(
+    sandboxId: string,
+    pidsLimit: number,
+    event: { refused: boolean; reclaimedProcesses: number; reclaimedGroups: number },
+  ): void {
+    const details = {
+      limit: 'pids',
+      max: pidsLimit,
+      refused: event.refused,
+      reclaimedProcesses: event.reclaimedProcesses,
+      reclaimedGroups: event.reclaimedGroups,
+    };
+    const message = event.refused
+      ? `a command could not start: the sandbox is at its pids limit (${pidsLimit}) and no process could be reclaimed`
+      : `the sandbox reached its pids limit (${pidsLimit}); ${event.reclaimedProcesses} processes in ` +
+        `${event.reclaimedGroups} groups were killed to start a platform command`;
+    this.record(sandboxId, 'pids_limit', message, details, event.refused ? 'refused' : 'reclaimed');
   }
 
   list(sandboxId: string, afterId = 0, limit = 500): SandboxEvent[] {

@@ -3,6 +3,7 @@ import { copyFile, mkdir, readFile, rename, rm, rmdir, stat } from 'node:fs/prom
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
 import type { ImageStore, LayerInfo } from '@dsec/core';
+import { ensureDir, PRIVATE_DIR_MODE } from '../state/host-state.js';
 import { mountPoints } from './mountinfo.js';
 
 /** The privileged operations the cache needs (the native helper in production). */
@@ -64,7 +65,9 @@ export class LayerMountCache {
 
   /** Takes over layer mounts left by a previous edge process. */
   async adopt(layers: LayerInfo[]): Promise<void> {
-    await mkdir(this.dir, { recursive: true });
+    // Mounted layers are root's alone: the overlay is assembled by host root,
+    // and the content of a tenant's layer is not every host user's to read.
+    ensureDir(this.dir, PRIVATE_DIR_MODE);
     const mounted = await mountPoints();
     for (const layer of layers) {
       const dir = this.#dirFor(layer);
@@ -153,7 +156,7 @@ export class LayerMountCache {
       )
     )
       return file;
-    await mkdir(join(this.dir, '.meta'), { recursive: true });
+    await mkdir(join(this.dir, '.meta'), { recursive: true, mode: PRIVATE_DIR_MODE });
     const tmp = `${file}.tmp-${process.pid}-${Math.random().toString(36).slice(2)}`;
     try {
       await copyFile(await this.store.blobPath(digest), tmp);
@@ -183,7 +186,7 @@ export class LayerMountCache {
 
   async #mount(entry: Entry): Promise<void> {
     const { layer } = entry;
-    await mkdir(entry.dir, { recursive: true });
+    await mkdir(entry.dir, { recursive: true, mode: PRIVATE_DIR_MODE });
     if ((await mountPoints()).has(entry.dir)) {
       entry.mounting = undefined;
       return;

@@ -10,13 +10,23 @@ import type {
   NetworkSandbox,
   SandboxNetwork,
 } from './network-manager.js';
+import { MicroBatcher } from './batcher.js';
 import {
+  addLines,
   addressElements,
-  cidrElements,
-  flushSandboxSets,
-  removeSandboxScript,
-  sandboxScript,
+  baseElements,
+  deleteDeniedLines,
+  deleteLines,
+  deletePolicyChainLines,
+  legacyObjectsScript,
+  policyChain,
+  policyChainLines,
+  refId,
+  SANDBOX_SET_NAMES,
   tableScript,
+  type ElementRef,
+  type PolicyChain,
+  type SandboxSetName,
 } from './nft-ruleset.js';
 import {
   bigIntToIp,
@@ -30,7 +40,7 @@ import {
   type CompiledPolicy,
 } from './policy.js';
 import { parseResolvConf, parseUpstream, PlatformResolver } from './resolver.js';
-import { nft, runTool } from './sys.js';
+import { IpSession, nft, nftBatcher, runTool } from './sys.js';
 
 export interface NetworkOptions {
   /** The edge's state directory; the network layer keeps its files under `network/`. */
@@ -70,14 +80,42 @@ interface Live {
   names: ReturnType<LinuxNetwork['names']>;
   /** Answers handed out, so a policy change can keep still-allowed names working. */
   resolved: Map<string, { records: DnsAddressRecord[]; expiresAt: number }>;
+  /**
+   * Every element this sandbox has in the shared sets (by {@link refId}), so
+   * teardown and policy changes remove exactly these. Timed ones carry their
+   * expiry and are forgotten a while after it (the kernel drops them itself).
+   */
+  elements: Map<string, { ref: ElementRef; expiresAt?: number }>;
   /** Serialises nft changes of one sandbox (DNS answers vs. policy updates). */
   queue: Promise<unknown>;
 }
+
+/** A denied connection recorded by the firewall (`denied4/6`). */
+interface DeniedEntry {
+  family: 4 | 6;
+  source: string;
+  destination: string;
+  protocol: string;
+  port: number;
+  /** nft's text for the element, to delete it. */
+  key: string;
+}
+
+/** How long after its expiry a timed element is still deleted explicitly (kernel GC lag). */
+const EXPIRED_GRACE_MS = 60_000;
 
 /**
  * Per-sandbox network namespaces on Linux, wired to the host by a veth pair,
  * with egress enforced by one nftables table per edge and fed by the platform
  * resolver (docs/adr/0005-sandbox-network.md).
+ *
+ * Bursts: a sandbox is a few elements in the table's fixed sets (plus an
+ * entry in the CIDR-policy map, whose chains are shared by identical rules),
+ * and the changes of concurrent creates, removals and DNS answers are
+ * coalesced into one `nft -f` transaction at a time ({@link nftBatcher});
+ * host-side `ip` commands go through one long-lived `ip -batch` process
+ * ({@link IpSession}). Only the configuration inside each sandbox's own
+ * namespace takes a process per sandbox.
  */
 export class LinuxNetwork implements NetworkManager {
   readonly mode = 'isolated' as const;
@@ -91,8 +129,22 @@ export class LinuxNetwork implements NetworkManager {
   readonly #live = new Map<string, Live>();
   readonly #bySource = new Map<string, string>();
   readonly #deniedSeen = new Map<string, number>();
+  readonly #nft = nftBatcher();
+  readonly #ip = new IpSession();
+  /** Denied-set reads; a caller arriving mid-read shares the next read (it may hold news). */
+  readonly #denied = new MicroBatcher<void, DeniedEntry[]>(async (items) => {
+    const entries = await this.#readDenied();
+    return items.map(() => ({ status: 'fulfilled', value: entries }));
+  });
+  /**
+   * Elements a failed teardown could not remove, by the sandbox address they
+   * are keyed on: removed by the next setup on that address (a slot's next
+   * sandbox must never inherit its predecessor's allows) or the next reconcile.
+   */
+  readonly #orphans = new Map<string, ElementRef[]>();
+  /** Sandboxes using each CIDR policy chain (`pol_<hash>`); a chain goes with its last user. */
+  readonly #chainUsers = new Map<string, Set<string>>();
   #poller: NodeJS.Timeout | undefined;
-  #collecting: Promise<void> | undefined;
 
   private constructor(
     o: NetworkOptions,
@@ -110,7 +162,7 @@ export class LinuxNetwork implements NetworkManager {
   }
 
   /** Firewall installs started by `setup`, awaited by `attach`. */
-  readonly #firewalls = new Map<string, Promise<string>>();
+  readonly #prepared = new Map<string, Promise<void>>();
 
   /** Probes nftables and netns support, claims an address range, installs the table. */
   static async open(o: NetworkOptions): Promise<LinuxNetwork> {
@@ -175,25 +227,31 @@ export class LinuxNetwork implements NetworkManager {
     writeFileSync(n.resolvConf, `nameserver ${n.host4}\noptions timeout:2 attempts:2\n`, {
       mode: 0o644,
     });
-    // The sandbox's chain and sets are installed while the runtime starts the
+    const live = this.#track(sb, policy);
+    const chain = policyChain(policy, this.subnet6 !== undefined);
+    const base = baseElements(n, chain);
+    // The sandbox's elements are installed while the runtime starts the
     // sandbox; `attach` waits for them before wiring the veth, so no packet
     // ever crosses an interface without its rules.
-    const firewall = nft(
-      sandboxScript(
-        {
-          table: this.table,
-          subnet4: this.subnet4,
-          subnet6: this.subnet6,
-          deniedWindowSeconds: DENIED_WINDOW_SECONDS,
-          slot: sb.slot,
-          veth: n.veth,
-        },
-        policy,
-      ),
-    );
+    const firewall = this.#serial(live, () => {
+      // A repeated setup (a retried create) replaces what the earlier try installed.
+      const keep = new Set(base.map(refId));
+      const stale = [
+        ...[...live.elements.values()].map((e) => e.ref),
+        ...this.#takeOrphans(n.sandbox4, n.sandbox6),
+      ].filter((r) => !keep.has(refId(r)));
+      live.elements = new Map(base.map((r) => [refId(r), { ref: r }]));
+      return this.#nft.submit(
+        script([
+          ...this.#useChain(sb.id, chain),
+          ...deleteLines(this.table, stale),
+          ...addLines(this.table, base),
+          ...this.#dropChains(sb.id, chain?.name),
+        ]),
+      );
+    });
     firewall.catch(() => undefined); // reported by attach
-    this.#firewalls.set(sb.id, firewall);
-    this.#track(sb, policy);
+    this.#prepared.set(sb.id, firewall);
     return {
       resolvConf: n.resolvConf,
       addresses: [n.sandbox4, ...(n.sandbox6 ? [n.sandbox6] : [])],
@@ -204,31 +262,29 @@ export class LinuxNetwork implements NetworkManager {
   /**
    * The runtime made the sandbox's network namespace (so it belongs to the
    * sandbox's user namespace and sysfs can be mounted in it; root inside has
-   * no CAP_NET_ADMIN, so it cannot change what is set up here). One shell
-   * does the plumbing to keep process start-ups off the create path.
+   * no CAP_NET_ADMIN, so it cannot change what is set up here). The veth is
+   * made with its far end directly in that namespace (moving a device there
+   * afterwards costs an RCU grace period each, which serializes a burst) and
+   * its host end configured, through the edge's long-lived `ip` session;
+   * then one process in the namespace configures the far end while the
+   * resolver binds on the host end.
    */
   async attach(sb: NetworkSandbox, initPid: number): Promise<void> {
     const n = this.names(sb);
     const v6 = n.host6 !== undefined && n.sandbox6 !== undefined;
-    const firewall = this.#firewalls.get(sb.id);
-    this.#firewalls.delete(sb.id);
+    const firewall = this.#prepared.get(sb.id);
+    this.#prepared.delete(sb.id);
+    if (!firewall) throw new DsecError('internal', `sandbox ${sb.id}: network attach before setup`);
     await firewall;
-    // Two `ip -batch` runs instead of a dozen `ip` processes (a batch line takes
-    // no `-6`: the family follows from the address): one on the host
-    // (the veth, its far end moved into the sandbox's namespace as eth0), one
-    // inside that namespace.
-    await deleteLink(n.veth);
-    await runTool('ip', ['-batch', '-'], {
-      stdin: [
-        `link add ${n.veth} type veth peer name eth0 netns ${initPid}`,
-        v6 ? `addr add ${n.host6}/64 dev ${n.veth} nodad` : '',
-        `addr add ${n.host4}/30 dev ${n.veth}`,
-        `link set ${n.veth} up`,
-      ]
-        .filter(Boolean)
-        .join('\n')
-        .concat('\n'),
-    });
+    // A leftover of an earlier try: the session may know its name by the old index.
+    if (await this.#deleteLink(n.veth)) this.#ip.close();
+    // A batch line takes no `-6`: the family follows from the address.
+    await this.#ip.run([
+      `link add ${n.veth} type veth peer name eth0 netns ${initPid}`,
+      ...(v6 ? [`addr add ${n.host6}/64 dev ${n.veth} nodad`] : []),
+      `addr add ${n.host4}/30 dev ${n.veth}`,
+      `link set ${n.veth} up`,
+    ]);
     const conf = (family: string, key: string, value: string) =>
       writeFileSync(`/proc/sys/net/${family}/conf/${n.veth}/${key}`, value);
     conf('ipv4', 'forwarding', '1');
@@ -238,20 +294,22 @@ export class LinuxNetwork implements NetworkManager {
       conf('ipv6', 'accept_ra', '0');
       conf('ipv6', 'force_forwarding', '1');
     }
-    await runTool('nsenter', ['-t', String(initPid), '-n', 'ip', '-batch', '-'], {
-      stdin: [
-        'link set lo up',
-        `addr add ${n.sandbox4}/30 dev eth0`,
-        v6 ? `addr add ${n.sandbox6}/64 dev eth0 nodad` : '',
-        'link set eth0 up',
-        `route add default via ${n.host4}`,
-        v6 ? `route add default via ${n.host6}` : '',
-      ]
-        .filter(Boolean)
-        .join('\n')
-        .concat('\n'),
-    });
-    await this.#listen(sb);
+    await Promise.all([
+      runTool('nsenter', ['-t', String(initPid), '-n', 'ip', '-batch', '-'], {
+        stdin: [
+          'link set lo up',
+          `addr add ${n.sandbox4}/30 dev eth0`,
+          v6 ? `addr add ${n.sandbox6}/64 dev eth0 nodad` : '',
+          'link set eth0 up',
+          `route add default via ${n.host4}`,
+          v6 ? `route add default via ${n.host6}` : '',
+        ]
+          .filter(Boolean)
+          .join('\n')
+          .concat('\n'),
+      }),
+      this.#listen(sb),
+    ]);
   }
 
   async update(sb: NetworkSandbox): Promise<void> {
@@ -261,51 +319,73 @@ export class LinuxNetwork implements NetworkManager {
     live.sb = sb;
     live.policy = policy;
     const now = Date.now();
-    const lines = [
-      ...flushSandboxSets(this.table, sb.slot),
-      ...cidrElements(this.table, sb.slot, policy),
-    ];
+    const chain = policyChain(policy, this.subnet6 !== undefined);
+    const next = baseElements(live.names, chain);
     for (const [name, entry] of live.resolved) {
       const d = matchDomain(policy, name);
       if (!d.allowed || entry.expiresAt <= now) {
         live.resolved.delete(name);
         continue;
       }
-      lines.push(
+      next.push(
         ...addressElements(
-          this.table,
-          sb.slot,
+          live.names,
           this.#elements(entry.records, d.ports, now, entry.expiresAt),
         ),
       );
     }
-    await this.#serial(live, () => nft(lines.join('\n') + '\n'));
+    // One transaction: the sandbox is never without its rules in between.
+    await this.#serial(live, () => {
+      const keep = new Set(next.map(refId));
+      const gone = [...live.elements.values()].map((e) => e.ref).filter((r) => !keep.has(refId(r)));
+      live.elements = new Map(next.map((r) => [refId(r), this.#tracked(r, now)]));
+      return this.#nft.submit(
+        script([
+          ...this.#useChain(sb.id, chain),
+          ...deleteLines(this.table, gone),
+          ...addLines(this.table, next),
+          ...this.#dropChains(sb.id, chain?.name),
+        ]),
+      );
+    });
   }
 
   async teardown(sb: Pick<NetworkSandbox, 'id' | 'slot'>): Promise<void> {
     const n = this.names(sb);
     // A create that failed before `attach` may still be installing the firewall.
-    await this.#firewalls.get(sb.id)?.catch(() => undefined);
-    this.#firewalls.delete(sb.id);
+    await this.#prepared.get(sb.id)?.catch(() => undefined);
+    this.#prepared.delete(sb.id);
     this.#resolver.detach(sb.id);
     const live = this.#live.get(sb.id);
     this.#live.delete(sb.id);
     if (live) await live.queue.catch(() => undefined);
+    // The last denied connections are turned into events while the source
+    // still maps to this sandbox; then their records go too.
+    const denied = await this.#denied.submit().catch(() => [] as DeniedEntry[]);
     for (const [src, id] of this.#bySource) if (id === sb.id) this.#bySource.delete(src);
-    await this.#collectOnce().catch(() => undefined);
+    const sources = new Set([n.sandbox4, n.sandbox6]);
+    const refs = [
+      ...(live ? [...live.elements.values()].map((e) => e.ref) : baseElements(n, undefined)),
+      ...this.#takeOrphans(n.sandbox4, n.sandbox6),
+    ];
     const errors: unknown[] = [];
-    await nft(
-      removeSandboxScript({
-        table: this.table,
-        subnet4: this.subnet4,
-        subnet6: this.subnet6,
-        deniedWindowSeconds: DENIED_WINDOW_SECONDS,
-        slot: sb.slot,
-        veth: n.veth,
-      }),
-    ).catch((e: unknown) => errors.push(e));
+    await this.#nft
+      .submit(
+        script([
+          ...deleteLines(this.table, refs),
+          ...deleteDeniedLines(
+            this.table,
+            denied.filter((d) => sources.has(d.source)),
+          ),
+          ...this.#dropChains(sb.id),
+        ]),
+      )
+      .catch((e: unknown) => {
+        this.#orphans.set(n.sandbox4, refs);
+        errors.push(e);
+      });
     // The veth normally died with the sandbox's network namespace.
-    await deleteLink(n.veth).catch((e: unknown) => errors.push(e));
+    await this.#deleteLink(n.veth).catch((e: unknown) => errors.push(e));
     await rm(n.resolvConf, { force: true });
     if (errors.length > 0) throw errors[0];
   }
@@ -326,56 +406,87 @@ export class LinuxNetwork implements NetworkManager {
       const path = join(this.#dir, 'resolv', f);
       if (!keepConf.has(path)) await rm(path, { force: true });
     }
-    // Chains, sets and map entries of slots no live sandbox holds.
-    const slots = new Set(live.map((sb) => sb.slot));
     const state = JSON.parse(await runTool('nft', ['-j', 'list', 'table', 'inet', this.table])) as {
-      nftables: Record<string, { name?: string; elem?: unknown[] }>[];
+      nftables: NftJsonObject[];
     };
-    const orphanSlots = new Set<number>();
-    const vethBySlot = new Map<number, string>();
+    await this.#removeLegacyObjects(state.nftables);
+    // Elements are owned by the veth or address they start with: the live
+    // sandboxes' DNS allows are adopted (so their teardown removes them),
+    // their bindings and CIDR policy entries re-made (idempotent), the rest go.
+    const owners = new Map<string, Live>();
+    const bases = new Map<Live, ElementRef[]>();
+    const lines: string[] = [];
+    for (const l of this.#live.values()) {
+      for (const k of [l.names.veth, l.names.sandbox4, l.names.sandbox6]) if (k) owners.set(k, l);
+      const chain = policyChain(l.policy, this.subnet6 !== undefined);
+      lines.push(...this.#useChain(l.sb.id, chain));
+      const base = baseElements(l.names, chain);
+      bases.set(l, base);
+      for (const r of base) l.elements.set(refId(r), { ref: r });
+    }
+    const now = Date.now();
+    const stale: ElementRef[] = [];
+    const staleDenied: { family: 4 | 6; key: string }[] = [];
+    const chainsInTable: string[] = [];
     for (const obj of state.nftables) {
-      const name = obj.chain?.name ?? obj.set?.name ?? obj.counter?.name;
-      const m = name && /_(\d+)$/.exec(name);
-      if (name && m?.[1] && /^(sb|a4|p4|c4|cp4|x4|a6|p6|c6|cp6|x6|denied)_/.test(name)) {
-        const slot = Number(m[1]);
-        if (!slots.has(slot)) orphanSlots.add(slot);
-      }
-      if (obj.map?.name === 'egress') {
-        for (const e of obj.map.elem ?? []) {
-          const pair = e as [string, { jump?: { target?: string } }];
-          const target = pair[1]?.jump?.target;
-          const sm = target && /^sb_(\d+)$/.exec(target);
-          if (sm?.[1]) vethBySlot.set(Number(sm[1]), pair[0]);
+      if (obj.chain?.name?.startsWith('pol_')) chainsInTable.push(obj.chain.name);
+      const set = obj.set ?? obj.map;
+      if (!set?.name) continue;
+      for (const raw of set.elem ?? []) {
+        const e = elementFromJson(set.name, raw);
+        if (!e) continue;
+        if (set.name === 'denied4' || set.name === 'denied6') {
+          if (!owners.has(e.owner))
+            staleDenied.push({ family: set.name === 'denied4' ? 4 : 6, key: e.key });
+          continue;
+        }
+        if (!(SANDBOX_SET_NAMES as readonly string[]).includes(set.name)) continue;
+        const ref: ElementRef = {
+          set: set.name as SandboxSetName,
+          key: e.key,
+          ...(e.value !== undefined ? { value: e.value } : {}),
+        };
+        const owner = owners.get(e.owner);
+        if (owner && ['a4', 'p4', 'a6', 'p6'].includes(ref.set)) {
+          owner.elements.set(refId(ref), {
+            ref,
+            ...(e.expiresSeconds !== undefined ? { expiresAt: now + e.expiresSeconds * 1000 } : {}),
+          });
+        } else if (!owner || !bases.get(owner)?.some((b) => refId(b) === refId(ref))) {
+          stale.push(ref);
         }
       }
     }
-    for (const slot of orphanSlots) {
-      await nft(
-        removeSandboxScript({
-          table: this.table,
-          subnet4: this.subnet4,
-          subnet6: this.subnet6,
-          deniedWindowSeconds: DENIED_WINDOW_SECONDS,
-          slot,
-          veth: vethBySlot.get(slot) ?? 'dsvnone',
-        }),
-      ).catch((err: unknown) =>
-        this.#o.log?.('removing stale firewall entries failed', { slot, err: String(err) }),
+    lines.push(
+      ...deleteLines(this.table, stale),
+      ...deleteDeniedLines(this.table, staleDenied),
+      ...addLines(this.table, [...bases.values()].flat()),
+      ...chainsInTable
+        .filter((c) => !this.#chainUsers.has(c))
+        .flatMap((c) => deletePolicyChainLines(this.table, c)),
+    );
+    await this.#nft
+      .submit(script(lines))
+      .catch((err: unknown) =>
+        this.#o.log?.('removing stale firewall entries failed', { err: String(err) }),
       );
-    }
   }
 
   async collectEvents(): Promise<void> {
     if (this.#live.size === 0 || !this.#o.onEvent) return;
-    await this.#collectOnce().catch((err: unknown) =>
-      this.#o.log?.('reading denied connections failed', { err: String(err) }),
-    );
+    await this.#denied
+      .submit()
+      .catch((err: unknown) =>
+        this.#o.log?.('reading denied connections failed', { err: String(err) }),
+      );
   }
 
   async close(): Promise<void> {
     clearInterval(this.#poller);
-    await this.#collecting?.catch(() => undefined);
+    await this.#denied.idle();
+    await this.#nft.idle();
     this.#resolver.close();
+    this.#ip.close();
     if (this.#live.size === 0) {
       // Nothing of ours is left on the host: give the range back.
       await runTool('nft', ['delete', 'table', 'inet', this.table]).catch(() => undefined);
@@ -391,6 +502,7 @@ export class LinuxNetwork implements NetworkManager {
       policy,
       names: n,
       resolved: new Map(),
+      elements: new Map(),
       queue: Promise.resolve(),
     };
     live.sb = sb;
@@ -399,6 +511,45 @@ export class LinuxNetwork implements NetworkManager {
     this.#bySource.set(n.sandbox4, sb.id);
     if (n.sandbox6) this.#bySource.set(n.sandbox6, sb.id);
     return live;
+  }
+
+  #tracked(ref: ElementRef, now: number): { ref: ElementRef; expiresAt?: number } {
+    return ref.timeoutSeconds === undefined
+      ? { ref }
+      : { ref, expiresAt: now + ref.timeoutSeconds * 1000 };
+  }
+
+  /** Lines that (re)make a CIDR policy's chain and count `id` among its users. */
+  #useChain(id: string, chain: PolicyChain | undefined): string[] {
+    if (!chain) return [];
+    const users = this.#chainUsers.get(chain.name) ?? new Set<string>();
+    users.add(id);
+    this.#chainUsers.set(chain.name, users);
+    return policyChainLines(this.table, chain);
+  }
+
+  /**
+   * Stops counting `id` as a user of any chain but `keep`; lines that remove
+   * the chains nobody uses any more (after the map entries that jump to them).
+   */
+  #dropChains(id: string, keep?: string): string[] {
+    const out: string[] = [];
+    for (const [name, users] of this.#chainUsers) {
+      if (name === keep || !users.delete(id) || users.size > 0) continue;
+      this.#chainUsers.delete(name);
+      out.push(...deletePolicyChainLines(this.table, name));
+    }
+    return out;
+  }
+
+  #takeOrphans(...addresses: (string | undefined)[]): ElementRef[] {
+    const out: ElementRef[] = [];
+    for (const a of addresses) {
+      if (a === undefined) continue;
+      out.push(...(this.#orphans.get(a) ?? []));
+      this.#orphans.delete(a);
+    }
+    return out;
   }
 
   /** Binds the sandbox's resolver socket (its host-end address must exist). */
@@ -439,8 +590,15 @@ export class LinuxNetwork implements NetworkManager {
     }
     live.resolved.delete(name);
     live.resolved.set(name, { records, expiresAt });
-    const lines = addressElements(this.table, live.sb.slot, this.#elements(records, ports, now));
-    await this.#serial(live, () => nft(lines.join('\n') + '\n'));
+    const refs = addressElements(live.names, this.#elements(records, ports, now));
+    // Forget timed elements long expired (the kernel removed them), so the
+    // record stays bounded by what is allowed now.
+    for (const [id, e] of live.elements) {
+      if (e.expiresAt !== undefined && e.expiresAt + EXPIRED_GRACE_MS < now)
+        live.elements.delete(id);
+    }
+    for (const r of refs) live.elements.set(refId(r), this.#tracked(r, now));
+    await this.#serial(live, () => this.#nft.submit(script(addLines(this.table, refs))));
   }
 
   #elements(records: DnsAddressRecord[], ports: number[], now: number, until?: number) {
@@ -467,55 +625,159 @@ export class LinuxNetwork implements NetworkManager {
     return next;
   }
 
-  /** One read at a time; a caller arriving mid-read gets a fresh read after it (it may hold news). */
-  #collectOnce(): Promise<void> {
-    const prior = this.#collecting ?? Promise.resolve();
-    const next: Promise<void> = prior
-      .catch(() => undefined)
-      .then(() => this.#readDenied())
-      .finally(() => {
-        if (this.#collecting === next) this.#collecting = undefined;
-      });
-    this.#collecting = next;
-    return next;
+  /**
+   * Deletes a host link if it is there; true if it was. The kernel tears a
+   * dead namespace's veth pair down asynchronously, so one seen a moment ago
+   * may be gone by the time `ip` runs: that is success too. A process of its
+   * own, not the shared `ip` session: the session would keep the deleted
+   * name's index in its cache.
+   */
+  async #deleteLink(name: string): Promise<boolean> {
+    if (!existsSync(`/sys/class/net/${name}`)) return false;
+    await runTool('ip', ['link', 'del', name]).catch((err: unknown) => {
+      if (existsSync(`/sys/class/net/${name}`)) throw err;
+    });
+    return true;
   }
 
-  async #readDenied(): Promise<void> {
+  /** Removes the chains, sets, counters and map of the per-sandbox layout of earlier edges. */
+  async #removeLegacyObjects(objects: NftJsonObject[]): Promise<void> {
+    const legacy = {
+      chains: [] as string[],
+      sets: [] as string[],
+      counters: [] as string[],
+      maps: [] as string[],
+    };
+    const perSlot = /^(sb_\d+(_deny)?|(a4|p4|c4|cp4|x4|a6|p6|c6|cp6|x6|denied)_\d+)$/;
+    for (const obj of objects) {
+      if (obj.chain?.name && perSlot.test(obj.chain.name)) legacy.chains.push(obj.chain.name);
+      if (obj.set?.name && perSlot.test(obj.set.name)) legacy.sets.push(obj.set.name);
+      if (obj.counter?.name && perSlot.test(obj.counter.name))
+        legacy.counters.push(obj.counter.name);
+      if (obj.map?.name === 'egress') legacy.maps.push('egress');
+    }
+    if (Object.values(legacy).every((l) => l.length === 0)) return;
+    await nft(legacyObjectsScript(this.table, legacy)).catch((err: unknown) =>
+      this.#o.log?.('removing the old per-sandbox firewall layout failed', { err: String(err) }),
+    );
+  }
+
+  async #readDenied(): Promise<DeniedEntry[]> {
+    const entries: DeniedEntry[] = [];
     const sink = this.#o.onEvent;
-    if (!sink) return;
     const now = Date.now();
     for (const [k, t] of this.#deniedSeen) if (t < now) this.#deniedSeen.delete(k);
-    for (const set of ['denied4', 'denied6']) {
-      const out = await runTool('nft', ['-j', 'list', 'set', 'inet', this.table, set]);
-      const parsed = JSON.parse(out) as { nftables: { set?: { elem?: unknown[] } }[] };
+    for (const family of [4, 6] as const) {
+      const out = await runTool('nft', [
+        '-j',
+        'list',
+        'set',
+        'inet',
+        this.table,
+        `denied${family}`,
+      ]);
+      const parsed = JSON.parse(out) as { nftables: NftJsonObject[] };
       for (const obj of parsed.nftables) {
         for (const e of obj.set?.elem ?? []) {
-          const concat = ((e as { elem?: { val?: { concat?: unknown[] } } }).elem?.val?.concat ??
-            (e as { concat?: unknown[] }).concat) as (string | number)[] | undefined;
+          const concat = elementConcat(e);
           if (!concat || concat.length !== 4) continue;
           const [src, dst, proto, port] = concat.map(String) as [string, string, string, string];
-          const key = concat.join(' ');
-          if (this.#deniedSeen.has(key)) continue;
-          this.#deniedSeen.set(key, now + DENIED_WINDOW_SECONDS * 1000);
+          const protocol = protoName(proto);
+          const entry: DeniedEntry = {
+            family,
+            source: src,
+            destination: dst,
+            protocol,
+            port: Number(port),
+            key: `${src} . ${dst} . ${proto} . ${port}`,
+          };
+          entries.push(entry);
+          const seenKey = concat.join(' ');
+          if (!sink || this.#deniedSeen.has(seenKey)) continue;
+          this.#deniedSeen.set(seenKey, now + DENIED_WINDOW_SECONDS * 1000);
           const id = this.#bySource.get(src);
           if (!id) continue;
-          const protocol = protoName(proto);
-          const dport = Number(port);
+          const ported = protocol === 'tcp' || protocol === 'udp';
           sink(
             id,
             'network_denied',
-            `connection denied: ${protocol} to ${dst}${protocol === 'tcp' || protocol === 'udp' ? ` port ${dport}` : ''}`,
-            {
-              destination: dst,
-              protocol,
-              ...(protocol === 'tcp' || protocol === 'udp' ? { port: dport } : {}),
-            },
-            `net:${dst}:${protocol}:${dport}`,
+            `connection denied: ${protocol} to ${dst}${ported ? ` port ${entry.port}` : ''}`,
+            { destination: dst, protocol, ...(ported ? { port: entry.port } : {}) },
+            `net:${dst}:${protocol}:${entry.port}`,
           );
         }
       }
     }
+    return entries;
   }
+}
+
+function script(lines: string[]): string {
+  return lines.length === 0 ? '' : lines.join('\n') + '\n';
+}
+
+/** The parts of `nft -j list` output this module reads. */
+interface NftJsonObject {
+  set?: { name?: string; elem?: unknown[] };
+  map?: { name?: string; elem?: unknown[] };
+  chain?: { name?: string };
+  counter?: { name?: string };
+}
+
+/** The fields of a (possibly timed) set element in nft's JSON. */
+function elementConcat(e: unknown): unknown[] | undefined {
+  if (e === null || e === undefined) return undefined;
+  // A plain string or number is a one-field element (a string's own `concat` is a method).
+  if (typeof e !== 'object') return [e];
+  const inner = (e as { elem?: { val?: unknown } }).elem?.val ?? e;
+  if (typeof inner !== 'object' || inner === null) return [inner];
+  const concat = (inner as { concat?: unknown }).concat;
+  return Array.isArray(concat) ? concat : [inner];
+}
+
+/**
+ * A set element of `set` from nft's JSON as nft text (`"dsv…" . 10.213.0.6`,
+ * `10.213.0.6 . 198.18.0.0/16 . 80`), with its first field (the owning
+ * veth or address) and, for a timed one, the seconds until it expires.
+ */
+export function elementFromJson(
+  set: string,
+  e: unknown,
+): { key: string; owner: string; value?: string; expiresSeconds?: number } | undefined {
+  // A map element is `[key, value]`; a verdict value is `{ jump: { target } }`.
+  if (Array.isArray(e)) {
+    const k = elementFromJson(set, e[0]);
+    const v = e[1] as { jump?: { target?: string }; goto?: { target?: string } } | undefined;
+    const verdict = v?.jump ? 'jump' : v?.goto ? 'goto' : undefined;
+    const target = v?.jump?.target ?? v?.goto?.target;
+    return k && verdict && target ? { ...k, value: `${verdict} ${target}` } : undefined;
+  }
+  const fields = elementConcat(e);
+  if (!fields || fields.length === 0) return undefined;
+  // Interface names are strings in nft's syntax; addresses, ports and protocols are not.
+  const quoteFirst = set === 'ifaces' || set === 'src4' || set === 'src6' || set === 'cidr_policy';
+  const text = (v: unknown, quoted = false): string | undefined => {
+    if (typeof v === 'number') return String(v);
+    if (typeof v === 'string') return quoted ? JSON.stringify(v) : v;
+    const p = (v as { prefix?: { addr?: string; len?: number } }).prefix;
+    if (p?.addr !== undefined && p.len !== undefined) return `${p.addr}/${p.len}`;
+    const r = (v as { range?: unknown[] }).range;
+    if (r?.length === 2) {
+      const [a, b] = r.map((x) => text(x));
+      return a !== undefined && b !== undefined ? `${a}-${b}` : undefined;
+    }
+    return undefined;
+  };
+  const parts = fields.map((f, i) => text(f, quoteFirst && i === 0));
+  if (parts.some((p) => p === undefined)) return undefined;
+  const owner = fields[0];
+  if (typeof owner !== 'string') return undefined;
+  const expires = (e as { elem?: { expires?: number } }).elem?.expires;
+  return {
+    key: parts.join(' . '),
+    owner,
+    ...(expires !== undefined ? { expiresSeconds: expires } : {}),
+  };
 }
 
 function protoName(p: string): string {
@@ -654,16 +916,4 @@ export async function probeLinuxNetwork(): Promise<boolean> {
   } catch {
     return false;
   }
-}
-
-/**
- * Deletes a host link if it is there. The kernel tears a dead namespace's
- * veth pair down asynchronously, so one seen a moment ago may be gone by the
- * time `ip` runs: that is success too.
- */
-async function deleteLink(name: string): Promise<void> {
-  if (!existsSync(`/sys/class/net/${name}`)) return;
-  await runTool('ip', ['link', 'del', name]).catch((err: unknown) => {
-    if (existsSync(`/sys/class/net/${name}`)) throw err;
-  });
 }

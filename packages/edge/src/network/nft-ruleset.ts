@@ -1,51 +1,66 @@
+import { createHash } from 'node:crypto';
 import type { Cidr, CompiledPolicy } from './policy.js';
 import { formatCidr } from './policy.js';
 
 /**
- * nftables text for the edge's one table (`inet <table>`). Layout:
+ * nftables text for the edge's one table (`inet <table>`). Its chains and
+ * sets are fixed: a sandbox is a handful of *elements* keyed by its veth and
+ * its address, never a chain or a set of its own. So adding or removing a
+ * sandbox is an element change whose cost does not grow with the number of
+ * live sandboxes (no per-sandbox objects for nft to list and the kernel to
+ * validate on every transaction), and many sandboxes' changes fit in one
+ * transaction (docs/adr/0005-sandbox-network.md, "Bursts").
  *
- * - `forward_hook` sends a packet from a sandbox's veth through that sandbox's
- *   chain `sb_<slot>` (verdict map `egress` keyed by interface name); packets
- *   *to* sandboxes pass only as replies (no inbound connections, no
- *   sandbox-to-sandbox traffic).
- * - `sb_<slot>`: replies pass; platform-reserved destinations (the sandbox
- *   subnet, loopback, link-local/metadata, multicast) and the sandbox's deny
- *   set are rejected; then its allow sets: `a4/a6` (addresses from allowed DNS
- *   answers, with their TTL), `p4/p6` (the same bound to ports), `c4/c6` and
- *   `cp4/cp6` (allowed CIDRs, any port / some ports). Everything else is
- *   recorded (`denied4/6` dynamic sets, read by the edge for audit events,
- *   plus a counter) and rejected: TCP reset or ICMP admin-prohibited, so a
+ * - `forward_hook`: a packet from a sandbox veth (`ifaces`) goes to
+ *   `from_sandbox`; packets *to* sandboxes pass only as replies (no inbound
+ *   connections, no sandbox-to-sandbox traffic).
+ * - `from_sandbox`: the (interface, source address) pair must be the
+ *   sandbox's own (`src4/src6`), else the packet is dropped: a sandbox can
+ *   neither spoof another's address nor use one of a torn-down sandbox.
+ * - `egress4/egress6`: replies pass; platform-reserved destinations (the
+ *   sandbox subnet, loopback, link-local/metadata, multicast) are rejected;
+ *   a sandbox with CIDR rules jumps (map `cidr_policy`, by veth) to the chain of
+ *   its CIDR policy, `pol_<hash>`, which rejects its deny CIDRs and accepts
+ *   its allowed CIDRs (any port / some ports). One such chain serves every
+ *   sandbox with the same CIDR rules: interval sets keyed per sandbox would
+ *   make each removal cost time in proportion to all sandboxes' entries
+ *   (nft's concatenated-interval sets delete in O(n)). Then the addresses
+ *   of allowed DNS answers, keyed by `source . destination`: `a4/a6` (with
+ *   their TTL) and `p4/p6` (the same bound to ports). Everything else goes
+ *   to `deny`: recorded (`denied4/6` dynamic sets, read by the edge for
+ *   audit events) and rejected, TCP reset or ICMP admin-prohibited, so a
  *   denied connect fails at once instead of timing out.
  * - `input_hook`: from any sandbox veth only DNS (UDP 53, the platform
  *   resolver) and IPv6 neighbour discovery reach the host.
  * - `postrouting_hook`: sandbox addresses are masqueraded on the way out.
  */
 
+/**
+ * The sets (and the map) that hold per-sandbox elements; every element's key
+ * starts with the sandbox's veth or address. All are hashes: adding and
+ * removing an element costs the same however many there are.
+ */
 export const SANDBOX_SET_NAMES = [
+  'ifaces',
+  'src4',
+  'src6',
   'a4',
   'p4',
-  'c4',
-  'cp4',
-  'x4',
   'a6',
   'p6',
-  'c6',
-  'cp6',
-  'x6',
+  'cidr_policy',
 ] as const;
-type SetName = (typeof SANDBOX_SET_NAMES)[number];
+export type SandboxSetName = (typeof SANDBOX_SET_NAMES)[number];
 
-const SET_TYPES: Record<SetName, string> = {
-  a4: 'type ipv4_addr; flags timeout;',
-  p4: 'type ipv4_addr . inet_service; flags timeout;',
-  c4: 'type ipv4_addr; flags interval;',
-  cp4: 'type ipv4_addr . inet_service; flags interval;',
-  x4: 'type ipv4_addr; flags interval;',
-  a6: 'type ipv6_addr; flags timeout;',
-  p6: 'type ipv6_addr . inet_service; flags timeout;',
-  c6: 'type ipv6_addr; flags interval;',
-  cp6: 'type ipv6_addr . inet_service; flags interval;',
-  x6: 'type ipv6_addr; flags interval;',
+const SET_TYPES: Record<SandboxSetName, string> = {
+  ifaces: 'type ifname;',
+  src4: 'type ifname . ipv4_addr;',
+  src6: 'type ifname . ipv6_addr;',
+  a4: 'type ipv4_addr . ipv4_addr; flags timeout;',
+  p4: 'type ipv4_addr . ipv4_addr . inet_service; flags timeout;',
+  a6: 'type ipv6_addr . ipv6_addr; flags timeout;',
+  p6: 'type ipv6_addr . ipv6_addr . inet_service; flags timeout;',
+  cidr_policy: 'type ifname : verdict;',
 };
 
 const RESERVED4 = ['0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/3'];
@@ -59,26 +74,40 @@ export interface TableInput {
   deniedWindowSeconds: number;
 }
 
-/** The table skeleton; `add` statements only, so re-applying it keeps sandbox chains and sets. */
+/**
+ * The table skeleton. Re-applying it (edge restart) resets the chains and
+ * keeps the sets' elements, so running sandboxes keep their rules.
+ */
 export function tableScript(t: TableInput): string {
   const s4 = formatCidr(t.subnet4);
   const s6 = t.subnet6 && formatCidr(t.subnet6);
   const T = `inet ${t.table}`;
+  const reserved4 = [s4, ...RESERVED4].join(', ');
+  const reserved6 = [...(s6 ? [s6] : []), ...RESERVED6].join(', ');
+  const chains = [
+    'from_sandbox',
+    'egress4',
+    'egress6',
+    'deny',
+    'from_sandbox_to_host',
+    'forward_hook',
+    'input_hook',
+    'postrouting_hook',
+  ];
   return [
     `add table ${T}`,
-    `add map ${T} egress { type ifname : verdict; }`,
+    ...SANDBOX_SET_NAMES.map(
+      (name) => `add ${name === 'cidr_policy' ? 'map' : 'set'} ${T} ${name} { ${SET_TYPES[name]} }`,
+    ),
     `add set ${T} denied4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout ${t.deniedWindowSeconds}s; size 8192; }`,
     `add set ${T} denied6 { type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags dynamic,timeout; timeout ${t.deniedWindowSeconds}s; size 8192; }`,
     `add chain ${T} forward_hook { type filter hook forward priority filter - 5; policy accept; }`,
     `add chain ${T} input_hook { type filter hook input priority filter - 5; policy accept; }`,
     `add chain ${T} postrouting_hook { type nat hook postrouting priority srcnat; policy accept; }`,
-    `add chain ${T} from_sandbox_to_host`,
-    `flush chain ${T} forward_hook`,
-    `flush chain ${T} input_hook`,
-    `flush chain ${T} postrouting_hook`,
-    `flush chain ${T} from_sandbox_to_host`,
-    `add rule ${T} forward_hook iifname vmap @egress`,
-    // A sandbox address whose interface is not (or no longer) in the map goes nowhere.
+    ...chains.filter((c) => !c.endsWith('_hook')).map((c) => `add chain ${T} ${c}`),
+    ...chains.map((c) => `flush chain ${T} ${c}`),
+    `add rule ${T} forward_hook iifname @ifaces jump from_sandbox`,
+    // A sandbox address from an interface that is not (or no longer) a sandbox's goes nowhere.
     `add rule ${T} forward_hook ip saddr ${s4} reject with icmpx admin-prohibited`,
     `add rule ${T} forward_hook ip daddr ${s4} ct state established,related accept`,
     `add rule ${T} forward_hook ip daddr ${s4} drop`,
@@ -89,6 +118,29 @@ export function tableScript(t: TableInput): string {
           `add rule ${T} forward_hook ip6 daddr ${s6} drop`,
         ]
       : []),
+    `add rule ${T} from_sandbox iifname . ip saddr @src4 goto egress4`,
+    `add rule ${T} from_sandbox iifname . ip6 saddr @src6 goto egress6`,
+    `add rule ${T} from_sandbox drop`,
+    `add rule ${T} egress4 ct state established,related accept`,
+    `add rule ${T} egress4 ip daddr { ${reserved4} } goto deny`,
+    // CIDR rules (deny first, then allows); the chain returns when none decides.
+    `add rule ${T} egress4 iifname vmap @cidr_policy`,
+    `add rule ${T} egress4 ip saddr . ip daddr @a4 accept`,
+    `add rule ${T} egress4 meta l4proto { tcp, udp } ip saddr . ip daddr . th dport @p4 accept`,
+    `add rule ${T} egress4 goto deny`,
+    `add rule ${T} egress6 ct state established,related accept`,
+    `add rule ${T} egress6 ip6 daddr { ${reserved6} } goto deny`,
+    `add rule ${T} egress6 iifname vmap @cidr_policy`,
+    `add rule ${T} egress6 ip6 saddr . ip6 daddr @a6 accept`,
+    `add rule ${T} egress6 meta l4proto { tcp, udp } ip6 saddr . ip6 daddr . th dport @p6 accept`,
+    `add rule ${T} egress6 goto deny`,
+    `add rule ${T} deny meta l4proto { tcp, udp } add @denied4 { ip saddr . ip daddr . meta l4proto . th dport }`,
+    `add rule ${T} deny meta l4proto != { tcp, udp } add @denied4 { ip saddr . ip daddr . meta l4proto . 0 }`,
+    `add rule ${T} deny meta l4proto { tcp, udp } add @denied6 { ip6 saddr . ip6 daddr . meta l4proto . th dport }`,
+    `add rule ${T} deny meta l4proto != { tcp, udp } add @denied6 { ip6 saddr . ip6 daddr . meta l4proto . 0 }`,
+    `add rule ${T} deny counter`,
+    `add rule ${T} deny meta l4proto tcp reject with tcp reset`,
+    `add rule ${T} deny reject with icmpx admin-prohibited`,
     `add rule ${T} input_hook iifname "dsv*" jump from_sandbox_to_host`,
     `add rule ${T} input_hook ip saddr ${s4} jump from_sandbox_to_host`,
     ...(s6 ? [`add rule ${T} input_hook ip6 saddr ${s6} jump from_sandbox_to_host`] : []),
@@ -103,133 +155,182 @@ export function tableScript(t: TableInput): string {
   ].join('\n');
 }
 
-export interface SandboxRulesInput extends TableInput {
-  slot: number;
+/**
+ * One element of a sandbox in one of the shared sets. `key` is nft's text
+ * for it (`10.213.0.6 . 198.18.0.0/16 . 80`); it starts with the sandbox's
+ * veth name or address, so elements of different sandboxes never collide.
+ */
+export interface ElementRef {
+  set: SandboxSetName;
+  key: string;
+  /** A map element's value (`jump pol_…`). */
+  value?: string | undefined;
+  /** Timed elements (DNS answers): how long this addition allows. */
+  timeoutSeconds?: number | undefined;
+}
+
+/** A sandbox's identity in the firewall: its veth and its addresses. */
+export interface SandboxAddresses {
   veth: string;
+  sandbox4: string;
+  sandbox6?: string | undefined;
 }
 
 /**
- * Creates (or resets) one sandbox's chain, sets and counter and hooks its
- * veth to them. Idempotent: `add` then `flush` so a leftover from a crashed
- * stop is reused, never an error.
+ * The elements a sandbox has from the moment it is set up: its interface
+ * binding and, with CIDR rules, its entry in the `cidr_policy` map (whose chain,
+ * {@link policyChain}, must exist first).
  */
-export function sandboxScript(s: SandboxRulesInput, policy: CompiledPolicy): string {
-  const T = `inet ${s.table}`;
-  const n = s.slot;
-  const chain = `sb_${n}`;
-  const lines: string[] = [];
-  for (const name of SANDBOX_SET_NAMES) {
-    lines.push(`add set ${T} ${name}_${n} { ${SET_TYPES[name]} }`, `flush set ${T} ${name}_${n}`);
-  }
-  lines.push(`add counter ${T} denied_${n}`);
-  const d = `${chain}_deny`;
-  lines.push(`add chain ${T} ${chain}`, `flush chain ${T} ${chain}`);
-  lines.push(`add chain ${T} ${d}`, `flush chain ${T} ${d}`);
-  const r = (rule: string) => lines.push(`add rule ${T} ${chain} ${rule}`);
-  const reserved4 = [formatCidr(s.subnet4), ...RESERVED4].join(', ');
-  const reserved6 = [...(s.subnet6 ? [formatCidr(s.subnet6)] : []), ...RESERVED6].join(', ');
-  r('ct state established,related accept');
-  r(`ip daddr { ${reserved4} } goto ${chain}_deny`);
-  r(`ip6 daddr { ${reserved6} } goto ${chain}_deny`);
-  r(`ip daddr @x4_${n} goto ${chain}_deny`);
-  r(`ip6 daddr @x6_${n} goto ${chain}_deny`);
-  r(`ip daddr @a4_${n} accept`);
-  r(`ip daddr @c4_${n} accept`);
-  r(`ip6 daddr @a6_${n} accept`);
-  r(`ip6 daddr @c6_${n} accept`);
-  r(`meta l4proto { tcp, udp } ip daddr . th dport @p4_${n} accept`);
-  r(`meta l4proto { tcp, udp } ip daddr . th dport @cp4_${n} accept`);
-  r(`meta l4proto { tcp, udp } ip6 daddr . th dport @p6_${n} accept`);
-  r(`meta l4proto { tcp, udp } ip6 daddr . th dport @cp6_${n} accept`);
-  r(`goto ${chain}_deny`);
-  const dr = (rule: string) => lines.push(`add rule ${T} ${d} ${rule}`);
-  dr('meta l4proto { tcp, udp } add @denied4 { ip saddr . ip daddr . meta l4proto . th dport }');
-  dr('meta l4proto != { tcp, udp } add @denied4 { ip saddr . ip daddr . meta l4proto . 0 }');
-  dr('meta l4proto { tcp, udp } add @denied6 { ip6 saddr . ip6 daddr . meta l4proto . th dport }');
-  dr('meta l4proto != { tcp, udp } add @denied6 { ip6 saddr . ip6 daddr . meta l4proto . 0 }');
-  dr(`counter name denied_${n}`);
-  dr('meta l4proto tcp reject with tcp reset');
-  dr('reject with icmpx admin-prohibited');
-  // add-delete-add replaces a stale mapping for the same interface name.
-  lines.push(
-    `add element ${T} egress { "${s.veth}" : jump ${chain} }`,
-    `delete element ${T} egress { "${s.veth}" }`,
-    `add element ${T} egress { "${s.veth}" : jump ${chain} }`,
-  );
-  lines.push(...cidrElements(s.table, n, policy));
-  lines.push('');
-  return lines.join('\n');
+export function baseElements(s: SandboxAddresses, chain: PolicyChain | undefined): ElementRef[] {
+  const out: ElementRef[] = [
+    { set: 'ifaces', key: `"${s.veth}"` },
+    { set: 'src4', key: `"${s.veth}" . ${s.sandbox4}` },
+  ];
+  if (s.sandbox6) out.push({ set: 'src6', key: `"${s.veth}" . ${s.sandbox6}` });
+  if (chain) out.push({ set: 'cidr_policy', key: `"${s.veth}"`, value: `jump ${chain.name}` });
+  return out;
 }
 
-/** The CIDR parts of a policy as set elements (the DNS parts are added per answer). */
-export function cidrElements(table: string, slot: number, policy: CompiledPolicy): string[] {
-  const T = `inet ${table}`;
-  const out: string[] = [];
-  const add = (set: string, elems: string[]) => {
-    if (elems.length > 0) out.push(`add element ${T} ${set}_${slot} { ${elems.join(', ')} }`);
-  };
-  for (const fam of [4, 6] as const) {
+/** The chain that applies a set of CIDR rules; shared by every sandbox with the same rules. */
+export interface PolicyChain {
+  /** `pol_<hash of the rules>`: the same rules always make the same chain. */
+  name: string;
+  /** Its rules, without the `add rule <table> <chain>` prefix. */
+  rules: string[];
+}
+
+/** The CIDR parts of a policy as a chain (undefined when it has none); DNS parts are per answer. */
+export function policyChain(policy: CompiledPolicy, hasV6: boolean): PolicyChain | undefined {
+  const rules: string[] = [];
+  for (const fam of hasV6 ? ([4, 6] as const) : ([4] as const)) {
+    const ip = fam === 4 ? 'ip' : 'ip6';
+    const deny = policy.denyCidrs.filter((c) => c.family === fam).map(formatCidr);
     const allow = policy.allowCidrs.filter((c) => c.cidr.family === fam);
-    add(
-      `c${fam}`,
-      allow.filter((c) => c.ports.length === 0).map((c) => formatCidr(c.cidr)),
-    );
-    add(
-      `cp${fam}`,
-      allow.flatMap((c) => c.ports.map((p) => `${formatCidr(c.cidr)} . ${p}`)),
-    );
-    add(
-      `x${fam}`,
-      policy.denyCidrs.filter((c) => c.family === fam).map((c) => formatCidr(c)),
-    );
+    const anyPort = allow.filter((c) => c.ports.length === 0).map((c) => formatCidr(c.cidr));
+    const ported = allow.flatMap((c) => c.ports.map((p) => `${formatCidr(c.cidr)} . ${p}`));
+    const set = (elems: string[]) => `{ ${[...new Set(elems)].sort().join(', ')} }`;
+    if (deny.length > 0) rules.push(`${ip} daddr ${set(deny)} goto deny`);
+    if (anyPort.length > 0) rules.push(`${ip} daddr ${set(anyPort)} accept`);
+    if (ported.length > 0)
+      rules.push(`meta l4proto { tcp, udp } ${ip} daddr . th dport ${set(ported)} accept`);
+  }
+  if (rules.length === 0) return undefined;
+  const hash = createHash('sha256').update(rules.join('\n')).digest('hex').slice(0, 16);
+  return { name: `pol_${hash}`, rules };
+}
+
+/** Creates (or resets to the same rules) a policy chain: content-addressed, so always idempotent. */
+export function policyChainLines(table: string, chain: PolicyChain): string[] {
+  const T = `inet ${table}`;
+  return [
+    `add chain ${T} ${chain.name}`,
+    `flush chain ${T} ${chain.name}`,
+    ...chain.rules.map((r) => `add rule ${T} ${chain.name} ${r}`),
+  ];
+}
+
+/** Removes a policy chain no sandbox uses any more (its map entries must be gone first). */
+export function deletePolicyChainLines(table: string, name: string): string[] {
+  const T = `inet ${table}`;
+  return [`add chain ${T} ${name}`, `flush chain ${T} ${name}`, `delete chain ${T} ${name}`];
+}
+
+/** A DNS answer's addresses as timed elements of the sandbox's allow sets. */
+export function addressElements(
+  s: SandboxAddresses,
+  entries: { family: 4 | 6; address: string; ports: number[]; timeoutSeconds: number }[],
+): ElementRef[] {
+  const out: ElementRef[] = [];
+  for (const e of entries) {
+    const source = e.family === 4 ? s.sandbox4 : s.sandbox6;
+    if (!source) continue;
+    const set: SandboxSetName = `${e.ports.length === 0 ? 'a' : 'p'}${e.family}`;
+    const keys = e.ports.length === 0 ? [e.address] : e.ports.map((p) => `${e.address} . ${p}`);
+    for (const k of keys)
+      out.push({ set, key: `${source} . ${k}`, timeoutSeconds: e.timeoutSeconds });
   }
   return out;
 }
 
-/** Empties a sandbox's allow and deny sets (before re-filling them after a policy change). */
-export function flushSandboxSets(table: string, slot: number): string[] {
-  return SANDBOX_SET_NAMES.map((name) => `flush set inet ${table} ${name}_${slot}`);
+/** Identity of an element (its set, key and map value; not its timeout). */
+export function refId(ref: ElementRef): string {
+  return `${ref.set} ${elementText(ref)}`;
 }
 
-/** Removes everything of one sandbox; idempotent (each object is added before it is deleted). */
-export function removeSandboxScript(s: SandboxRulesInput): string {
-  const T = `inet ${s.table}`;
-  const n = s.slot;
-  const lines = [
-    `add element ${T} egress { "${s.veth}" : jump sb_${n} }`,
-    `delete element ${T} egress { "${s.veth}" }`,
-  ];
-  // The chain must exist for the element above to be added; create-then-delete everything.
-  const head = [`add chain ${T} sb_${n}`, `add chain ${T} sb_${n}_deny`];
-  lines.push(`flush chain ${T} sb_${n}`, `flush chain ${T} sb_${n}_deny`);
-  lines.push(`delete chain ${T} sb_${n}`, `delete chain ${T} sb_${n}_deny`);
-  for (const name of SANDBOX_SET_NAMES) {
-    head.push(`add set ${T} ${name}_${n} { ${SET_TYPES[name]} }`);
-    lines.push(`delete set ${T} ${name}_${n}`);
-  }
-  head.push(`add counter ${T} denied_${n}`);
-  lines.push(`delete counter ${T} denied_${n}`);
-  return [...head, ...lines, ''].join('\n');
-}
-
-/** A DNS answer's addresses as timed set elements (re-adding refreshes the timeout). */
-export function addressElements(
-  table: string,
-  slot: number,
-  entries: { family: 4 | 6; address: string; ports: number[]; timeoutSeconds: number }[],
-): string[] {
+/**
+ * nft lines adding elements. A timed element that exists already is removed
+ * and added again so its timeout restarts (`add` alone keeps the old one).
+ */
+export function addLines(table: string, refs: Iterable<ElementRef>): string[] {
   const T = `inet ${table}`;
   const out: string[] = [];
-  for (const e of entries) {
-    const keys = e.ports.length === 0 ? [e.address] : e.ports.map((p) => `${e.address} . ${p}`);
-    const set = `${e.ports.length === 0 ? 'a' : 'p'}${e.family}_${slot}`;
-    for (const k of keys) {
+  for (const r of refs) {
+    if (r.timeoutSeconds === undefined) {
+      out.push(`add element ${T} ${r.set} { ${elementText(r)} }`);
+    } else {
       out.push(
-        `add element ${T} ${set} { ${k} }`,
-        `delete element ${T} ${set} { ${k} }`,
-        `add element ${T} ${set} { ${k} timeout ${e.timeoutSeconds}s }`,
+        `add element ${T} ${r.set} { ${r.key} }`,
+        `delete element ${T} ${r.set} { ${r.key} }`,
+        `add element ${T} ${r.set} { ${r.key} timeout ${r.timeoutSeconds}s }`,
       );
     }
   }
   return out;
+}
+
+/**
+ * nft lines removing elements whether or not they are still there (a timed
+ * one may have expired): each is added, then deleted, in one transaction.
+ */
+export function deleteLines(table: string, refs: Iterable<ElementRef>): string[] {
+  const T = `inet ${table}`;
+  const out: string[] = [];
+  for (const r of refs) {
+    // A map entry's target chain must exist for the entry to be added.
+    const target = r.value && /^(?:jump|goto) (\S+)$/.exec(r.value)?.[1];
+    if (target) out.push(`add chain ${T} ${target}`);
+    out.push(
+      `add element ${T} ${r.set} { ${elementText(r)} }`,
+      `delete element ${T} ${r.set} { ${r.key} }`,
+    );
+  }
+  return out;
+}
+
+function elementText(r: ElementRef): string {
+  return r.value === undefined ? r.key : `${r.key} : ${r.value}`;
+}
+
+/** A denied-connection record (`denied4/6`) removed once its sandbox is gone. */
+export function deleteDeniedLines(
+  table: string,
+  entries: Iterable<{ family: 4 | 6; key: string }>,
+): string[] {
+  const T = `inet ${table}`;
+  const out: string[] = [];
+  for (const e of entries) {
+    const set = `denied${e.family}`;
+    out.push(`add element ${T} ${set} { ${e.key} }`, `delete element ${T} ${set} { ${e.key} }`);
+  }
+  return out;
+}
+
+/**
+ * Objects of the per-sandbox layout of earlier edges (a chain, ten sets and
+ * a counter per slot, a verdict map from veth to chain): removed when an
+ * edge finds them in its table, after the new skeleton no longer uses them.
+ */
+export function legacyObjectsScript(
+  table: string,
+  objects: { chains: string[]; sets: string[]; counters: string[]; maps: string[] },
+): string {
+  const T = `inet ${table}`;
+  return [
+    ...objects.maps.map((m) => `delete map ${T} ${m}`),
+    ...objects.chains.map((c) => `flush chain ${T} ${c}`),
+    ...objects.chains.map((c) => `delete chain ${T} ${c}`),
+    ...objects.sets.map((s) => `delete set ${T} ${s}`),
+    ...objects.counters.map((c) => `delete counter ${T} ${c}`),
+    '',
+  ].join('\n');
 }

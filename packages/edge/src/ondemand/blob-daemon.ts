@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { DsecError, throwIfAborted } from '@dsec/core';
 import { unmount } from '@dsec/native';
 import { mountTypes } from '../layers/mountinfo.js';
+import { ensureDir, PRIVATE_DIR_MODE } from '../state/host-state.js';
 import type { ChunkCacheStats } from './chunk-cache.js';
 import type { BlobFuseCounters } from './fuse-server.js';
 
@@ -68,8 +69,9 @@ export class BlobDaemon {
     throwIfAborted(options.signal);
     const mountDir = resolve(options.mountDir);
     const cacheDir = resolve(options.cacheDir);
-    await mkdir(cacheDir, { recursive: true, mode: 0o700 });
-    await mkdir(mountDir, { recursive: true });
+    // Both root's alone (the mount's root directory is 0500 too): chunks are layer content.
+    ensureDir(cacheDir, PRIVATE_DIR_MODE);
+    await mkdir(mountDir, { recursive: true, mode: PRIVATE_DIR_MODE });
 
     const pid = await readPid(join(cacheDir, 'blobd.pid'));
     const daemonAlive = pid !== undefined && (await isBlobd(pid, mountDir));
@@ -78,6 +80,7 @@ export class BlobDaemon {
       await unmount([mountDir], { detach: true }); // its server is gone or not ours
     }
     if (daemonAlive) await terminate(pid, mountDir);
+    ensureDir(mountDir, PRIVATE_DIR_MODE); // unmounted now: an older release's 0755 is tightened
     const started = await spawnDaemon(mountDir, cacheDir, options);
     return new BlobDaemon(mountDir, started, false);
   }

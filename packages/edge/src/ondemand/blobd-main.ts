@@ -58,7 +58,7 @@ async function main(): Promise<void> {
   const cacheDir = resolve(values.cache);
   const pidFile = join(cacheDir, 'blobd.pid');
   await mkdir(cacheDir, { recursive: true, mode: 0o700 });
-  await mkdir(mountDir, { recursive: true });
+  await mkdir(mountDir, { recursive: true, mode: 0o700 });
 
   const store = openImageStore(values.store, { cacheDir: join(cacheDir, 'store') });
   const cache = await ChunkCache.open({

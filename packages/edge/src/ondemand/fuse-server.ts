@@ -258,7 +258,9 @@ export class BlobFuseServer {
   private attrOf(nodeid: bigint): Attr | undefined {
     const mtimeSec = Math.floor(this.startedMs / 1000);
     if (nodeid === ROOT_INO)
-      return { ino: ROOT_INO, size: 0, mode: S_IFDIR | 0o555, nlink: 2, mtimeSec };
+      // 0500: the kernel reads blobs for sandboxes through files opened at mount time; no
+      // other host user may look up a blob (allow_other lets sandbox page faults through).
+      return { ino: ROOT_INO, size: 0, mode: S_IFDIR | 0o500, nlink: 2, mtimeSec };
     if (nodeid === STATS_INO)
       return { ino: STATS_INO, size: 0, mode: S_IFREG | 0o444, nlink: 1, mtimeSec };
     const blob = this.byIno.get(nodeid);

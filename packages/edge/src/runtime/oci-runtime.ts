@@ -1,9 +1,8 @@
 import { spawn } from 'node:child_process';
 import { execFile } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, rmSync, statfsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { promisify } from 'node:util';
 import { DsecError } from '@dsec/core';
 
@@ -11,19 +10,27 @@ const execFileAsync = promisify(execFile);
 
 /**
  * The OCI runtime that starts and removes containers from a bundle
- * (`config.json` + rootfs). runc here; crun speaks the same CLI and serves on
- * pure cgroup v2 hosts.
+ * (`config.json` + rootfs): crun where installed (a C program: about half of
+ * runc's start-up), runc otherwise; both speak the same CLI.
  *
- * Lifecycle: `run` starts the runtime in the foreground, detached from the
- * edge's session: the runtime process stays as the container's parent (its
- * shim) and, when the container's init exits, removes the container's
- * cgroups and state and exits itself. So stopping a container is killing its
- * init and waiting for the runtime process to go. `forceDelete` is for the
- * case where the runtime process died first (the container outlived it).
+ * Lifecycle: `run` starts the container detached (`run -d`) and returns once
+ * its init has said `ready`; the runtime process has exited by then, so no
+ * process is kept per sandbox (paper 4.3: density). The container lives as
+ * long as its init: stopping it is killing the init and removing its cgroups
+ * (the edge owns them), then `forget`ting the runtime's state. `forceDelete`
+ * is for a container whose init pid was never recorded (an interrupted create).
  */
 export interface OciRuntime {
   readonly name: string;
+  /**
+   * Host paths the runtime must not see as they are: its private mount
+   * namespace gets an empty tmpfs over each (crun refuses a hybrid cgroup
+   * layout, so it is shown the v1 hierarchies only).
+   */
+  readonly maskPaths: string[];
   run(options: RunOptions): Promise<RunningContainer>;
+  /** Drops the runtime's state of a container whose init is gone (no process is started). */
+  forget(id: string): void;
   /** Removes a container and its cgroups whatever its state; unknown IDs are fine. */
   forceDelete(id: string): Promise<void>;
   /** Container IDs the runtime knows of. */
@@ -44,54 +51,52 @@ export interface RunOptions {
 }
 
 export interface RunningContainer {
-  /** PID of the runtime process that waits on the container. */
-  runtimePid: number;
   /** Host PID of the container's init. */
   initPid: number;
-  /** Settles when the runtime process exits (only for processes this edge started). */
-  exited: Promise<void>;
 }
 
+const CGROUP2_SUPER_MAGIC = 0x63677270;
+const TMPFS_MAGIC = 0x01021994;
+
+/** crun or runc (`binary`), whichever is given; `defaultRuntimeBinary` picks one. */
 export class RuncRuntime implements OciRuntime {
   readonly name: string;
+  readonly maskPaths: string[];
 
   constructor(
     readonly binary: string,
     /** The runtime's state directory (`--root`), private to this edge. */
     readonly root: string,
+    cgroupRoot = '/sys/fs/cgroup',
   ) {
     this.name = binary.split('/').at(-1) ?? binary;
+    this.maskPaths =
+      this.name === 'crun' && isHybrid(cgroupRoot) ? [join(cgroupRoot, 'unified')] : [];
   }
 
   async run(options: RunOptions): Promise<RunningContainer> {
     const argv = [
       ...(options.prefix ?? []),
       this.binary,
-      ...[
-        '--root',
-        this.root,
-        'run',
-        '--bundle',
-        options.bundle,
-        '--pid-file',
-        options.pidFile,
-        options.id,
-      ],
+      ...['--root', this.root, 'run', '-d', '--bundle', options.bundle],
+      ...['--pid-file', options.pidFile, options.id],
     ];
-    const child = spawn(
-      argv[0]!,
-      argv.slice(1),
-      // Own session: the runtime (and the sandbox under it) outlives an edge restart.
-      { detached: true, stdio: ['ignore', 'pipe', 'pipe'] },
-    );
-    const exited = new Promise<void>((resolve) => child.once('close', () => resolve()));
+    // Own session: nothing the edge's terminal or process group does reaches it.
+    // The container's init inherits stdout, says `ready` on it and then closes
+    // it, so the pipe ends when both the runtime and the init are done with it.
+    const child = spawn(argv[0]!, argv.slice(1), {
+      detached: true,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let stdout = '';
     let stderr = '';
+    child.stdout.setEncoding('utf8').on('data', (d: string) => (stdout += d.slice(0, 64)));
     child.stderr.setEncoding('utf8').on('data', (d: string) => {
       if (stderr.length < 8192) stderr += d;
     });
+    const closed = new Promise<number | null>((resolve) => child.once('close', resolve));
     try {
       await new Promise<void>((resolve, reject) => {
-        let stdout = '';
         const timer = setTimeout(
           () =>
             reject(
@@ -108,21 +113,16 @@ export class RuncRuntime implements OciRuntime {
           clearTimeout(timer);
           options.signal?.removeEventListener('abort', onAbort);
         };
-        child.stdout.setEncoding('utf8').on('data', (d: string) => {
-          stdout += d;
-          if (stdout.includes('ready\n')) {
-            done();
-            resolve();
-          }
-        });
-        child.once('close', (code) => {
+        void closed.then((code) => {
           done();
-          reject(
-            new DsecError(
-              'internal',
-              `${this.name} run ${options.id} exited (${code}): ${stderr.trim() || 'no output'}`,
-            ),
-          );
+          if (code === 0 && stdout.includes('ready\n')) resolve();
+          else
+            reject(
+              new DsecError(
+                'internal',
+                `${this.name} run ${options.id} exited (${code}): ${stderr.trim() || 'no output'}`,
+              ),
+            );
         });
         child.once('error', (err) => {
           done();
@@ -135,22 +135,22 @@ export class RuncRuntime implements OciRuntime {
       });
     } catch (err) {
       child.kill('SIGKILL');
-      await exited;
-      await this.forceDelete(options.id);
+      child.stdout.destroy();
+      child.stderr.destroy();
+      // What it may have started is found by name and removed.
+      await this.forceDelete(options.id).catch(() => undefined);
       throw err;
     }
-    // The container is running: stop listening so nothing holds the edge's event loop.
-    child.stdout.destroy();
-    child.stderr.destroy();
-    child.unref();
-    // runc writes the pid file just after the init has started (and said `ready`).
-    const initPid = await readPidFile(options.pidFile, 5_000);
-    if (initPid === undefined || child.pid === undefined) {
-      child.kill('SIGKILL');
+    const initPid = Number((await readFile(options.pidFile, 'utf8').catch(() => '')).trim());
+    if (!Number.isInteger(initPid) || initPid <= 0) {
       await this.forceDelete(options.id);
       throw new DsecError('internal', `${this.name} wrote no usable pid for ${options.id}`);
     }
-    return { runtimePid: child.pid, initPid, exited };
+    return { initPid };
+  }
+
+  forget(id: string): void {
+    rmSync(join(this.root, id), { recursive: true, force: true });
   }
 
   async forceDelete(id: string): Promise<void> {
@@ -183,13 +183,20 @@ export class RuncRuntime implements OciRuntime {
   }
 }
 
-async function readPidFile(file: string, timeoutMs: number): Promise<number | undefined> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const text = await readFile(file, 'utf8').catch(() => '');
-    const pid = Number(text.trim());
-    if (text.trim() && Number.isInteger(pid) && pid > 0) return pid;
-    if (Date.now() > deadline) return undefined;
-    await sleep(1);
+/** A v1 layout with the v2 hierarchy mounted beside it (at `unified`), as on this machine. */
+function isHybrid(cgroupRoot: string): boolean {
+  try {
+    return (
+      statfsSync(cgroupRoot).type === TMPFS_MAGIC &&
+      statfsSync(join(cgroupRoot, 'unified')).type === CGROUP2_SUPER_MAGIC
+    );
+  } catch {
+    return false;
   }
+}
+
+/** crun when it is installed (faster start-up, smaller), else runc. */
+export function defaultRuntimeBinary(): string {
+  const path = (process.env.PATH ?? '/usr/sbin:/usr/bin:/sbin:/bin').split(':');
+  return path.some((dir) => dir && existsSync(join(dir, 'crun'))) ? 'crun' : 'runc';
 }

@@ -4,6 +4,7 @@ import type { CommandOutcome, CommandResult, StartCommandSpec } from '@dsec/core
 import type { ChronusConnection, CommandExit } from '@dsec/native';
 import type { SandboxRecord } from '../state/edge-store.js';
 import type { LiveCommand } from './command-registry.js';
+import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
 import { DEFAULT_TIMEOUT_MS } from './run-command.js';
 
 export const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
@@ -37,6 +38,7 @@ export async function runChronusCommand(
   try {
     await handle.started;
   } catch (e) {
+    if (isPidsRefusal(e)) throw pidsExhausted(rec.spec.pidsLimit, e);
     const errno = (e as { code?: string }).code;
     throw new DsecError(
       errno === 'ECONNRESET' ? 'unavailable' : 'invalid_argument',

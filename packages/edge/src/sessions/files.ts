@@ -3,6 +3,7 @@ import { DsecError } from '@dsec/core';
 import type { FileInfo, FileType } from '@dsec/core';
 import type { ChronusConnection, CommandExit } from '@dsec/native';
 import { DEFAULT_PATH } from './command-runner.js';
+import { diskExhausted, isDiskFullLine, isPidsRefusal, pidsExhausted } from './exhaustion.js';
 
 /**
  * File operations inside a sandbox. Each one is a small script run by the
@@ -10,7 +11,7 @@ import { DEFAULT_PATH } from './command-runner.js';
  * the sandbox's user, inside the sandbox's mount namespace and root: every
  * path, `..` and symlink resolves there, so nothing the sandbox does to its
  * paths — even racing to swap them — can make an operation touch a host
- * file (SECURITY A9). Exit codes 10–14 are the scripts' own verdicts.
+ * file (SECURITY A9). Exit codes 10–15 are the scripts' own verdicts.
  */
 
 const STAT_FORMAT = '%f %s %Y %u %g';
@@ -36,10 +37,11 @@ exec cat -- "$1"`,
 case $p in */*) d=\${p%/*}; [ -n "$d" ] || d=/;; *) d=.;; esac
 [ -d "$d" ] || exit 10
 if [ -d "$p" ] && [ ! -L "$p" ]; then exit 11; fi
-t=$(mktemp "$d/.dsec-write.XXXXXX" 2>/dev/null) || exit 12
+full() { case $1 in *": No space left on device"*|*": Disk quota exceeded"*) exit 15;; esac; }
+t=$(mktemp "$d/.dsec-write.XXXXXX" 2>&1) || { full "$t"; exit 12; }
 trap 'rm -f -- "$t"' EXIT
 trap 'exit 1' TERM INT HUP
-cat >"$t" || exit 1
+e=$(cat 2>&1 >"$t") || { full "$e"; echo "$e" >&2; exit 1; }
 if [ -z "$mode" ]; then mode=$(stat -L -c %a -- "$p" 2>/dev/null) || mode=644; fi
 chmod "$mode" "$t" || exit 1
 mv -f -- "$t" "$p" || exit 1
@@ -79,6 +81,9 @@ const MAX_SMALL_OUTPUT = 64 * 1024 * 1024;
 export interface FileCallOptions {
   user: string;
   signal?: AbortSignal | undefined;
+  /** The sandbox's limits, named in `resource_exhausted` errors. */
+  pidsLimit?: number | undefined;
+  diskLimitMb?: number | undefined;
 }
 
 /** Paths that do not start with `/` are relative to the user's home; `./` keeps them from reading as options. */
@@ -109,9 +114,13 @@ function verdict(
   exit: Pick<CommandExit, 'exitCode' | 'signal'>,
   stderr: string,
   what: string,
+  options: FileCallOptions,
 ): DsecError | undefined {
   if (exit.exitCode === 0) return undefined;
   const why = stderr.trim().split('\n').at(-1)?.slice(0, 300);
+  // ENOSPC/EDQUOT: 15 from the write script, or a tool's message (mkdir, mv) otherwise.
+  if (exit.exitCode === 15 || (why !== undefined && isDiskFullLine(why)))
+    return diskExhausted(what, options.diskLimitMb);
   switch (exit.exitCode) {
     case 10:
       return new DsecError('not_found', `${what}: no such file or directory`, { field: 'path' });
@@ -134,6 +143,14 @@ function verdict(
         { details: { exitCode: exit.exitCode } },
       );
   }
+}
+
+/** A spawn refused at the pids limit, or a lost connection. */
+function channelError(e: unknown, options: FileCallOptions): DsecError {
+  if (isPidsRefusal(e)) return pidsExhausted(options.pidsLimit, e);
+  return new DsecError('unavailable', `lost the sandbox's command channel: ${String(e)}`, {
+    cause: e,
+  });
 }
 
 async function runSmall(
@@ -159,13 +176,13 @@ async function runSmall(
   options.signal?.addEventListener('abort', onAbort, { once: true });
   try {
     const exit = await h.exited.catch((e: unknown) => {
-      throw new DsecError('unavailable', `lost the sandbox's command channel: ${String(e)}`);
+      throw channelError(e, options);
     });
     if (options.signal?.aborted) throw new DsecError('aborted', 'operation aborted');
     if (outBytes > MAX_SMALL_OUTPUT) {
       throw new DsecError('payload_too_large', `${what}: answer exceeds 64 MiB`);
     }
-    const bad = verdict(exit, err, what);
+    const bad = verdict(exit, err, what, options);
     if (bad) throw bad;
     return Buffer.concat(out);
   } finally {
@@ -345,7 +362,7 @@ export function readFileStream(
       (exit) => {
         finished = true;
         options.signal?.removeEventListener('abort', onAbort);
-        const bad = verdict(exit, err, path);
+        const bad = verdict(exit, err, path, options);
         if (!gotMarker) {
           reject(bad ?? new DsecError('internal', 'file read ended without its marker'));
           conn.close();
@@ -357,10 +374,7 @@ export function readFileStream(
       },
       (e: unknown) => {
         finished = true;
-        const lost = new DsecError(
-          'unavailable',
-          `lost the sandbox's command channel: ${String(e)}`,
-        );
+        const lost = channelError(e, options);
         if (!gotMarker) reject(lost);
         stream.destroy(lost);
       },
@@ -400,15 +414,16 @@ export async function writeFileStream(
     if (options.signal?.aborted) throw new DsecError('aborted', 'operation aborted');
     h.endStdin();
   } catch (e) {
+    if (isPidsRefusal(e)) throw pidsExhausted(options.pidsLimit, e); // it never started
     // TERM, not KILL: the script's trap removes its temp file.
     h.signal('SIGTERM');
     await exit.catch(() => undefined);
     throw e instanceof DsecError ? e : new DsecError('aborted', `upload interrupted: ${String(e)}`);
   }
   const result = await exit.catch((e: unknown) => {
-    throw new DsecError('unavailable', `lost the sandbox's command channel: ${String(e)}`);
+    throw channelError(e, options);
   });
-  const bad = verdict(result, err, path);
+  const bad = verdict(result, err, path, options);
   if (bad) throw bad;
   return parseStatLine(out.split('\n')[0] ?? '', path);
 }

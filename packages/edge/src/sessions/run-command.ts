@@ -3,6 +3,7 @@ import { DsecError } from '@dsec/core';
 import type { CommandOutcome, CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
 import type { ChronusConnection } from '@dsec/native';
 import type { SandboxRecord } from '../state/edge-store.js';
+import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
 import { OutputCapture } from './output-capture.js';
 
 export const DEFAULT_TIMEOUT_MS = 60_000;
@@ -54,6 +55,7 @@ export async function runOnChronus(
   try {
     await handle.started;
   } catch (e) {
+    if (isPidsRefusal(e)) throw pidsExhausted(rec.spec.pidsLimit, e);
     const errno = (e as { code?: string }).code;
     throw new DsecError(
       'invalid_argument',

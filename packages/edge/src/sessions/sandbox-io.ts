@@ -14,7 +14,7 @@ import type {
   SessionRunSpec,
   StartCommandSpec,
 } from '@dsec/core';
-import type { ChronusConnection } from '@dsec/native';
+import type { ChronusConnection, PidsLimitEvent } from '@dsec/native';
 import type { Backend } from '../backends/backend.js';
 import { CommandStore } from '../state/command-store.js';
 import type { SandboxRecord } from '../state/edge-store.js';
@@ -37,6 +37,8 @@ export interface SandboxIoOptions {
   maxCommandsPerSandbox?: number | undefined;
   /** Sessions per sandbox. Default 64. */
   maxSessionsPerSandbox?: number | undefined;
+  /** A spawn met the sandbox's pids limit (processes were reclaimed, or none could be). */
+  onPidsLimit?: ((rec: SandboxRecord, event: PidsLimitEvent) => void) | undefined;
 }
 
 const RECORD_CACHE_MS = 1000;
@@ -219,8 +221,8 @@ export class SandboxIo implements SandboxIoApi {
   // ---- files ----
 
   async readFile(sandboxId: string, path: string, options: FileOptions = {}): Promise<Readable> {
-    const { conn, user } = await this.#dedicated(sandboxId, options);
-    return files.readFileStream(conn, path, { user, signal: options.signal });
+    const { conn, ...ctx } = await this.#dedicated(sandboxId, options);
+    return files.readFileStream(conn, path, { ...ctx, signal: options.signal });
   }
 
   async writeFile(
@@ -229,22 +231,22 @@ export class SandboxIo implements SandboxIoApi {
     body: Readable | Buffer,
     options: FileOptions & { mode?: number | undefined } = {},
   ): Promise<FileInfo> {
-    const { conn, user } = await this.#dedicated(sandboxId, options);
+    const { conn, ...ctx } = await this.#dedicated(sandboxId, options);
     try {
-      return await files.writeFileStream(conn, path, body, { ...options, user });
+      return await files.writeFileStream(conn, path, body, { ...options, ...ctx });
     } finally {
       conn.close();
     }
   }
 
   async statFile(sandboxId: string, path: string, options: FileOptions = {}): Promise<FileInfo> {
-    const { conn, user } = await this.#shared(sandboxId, options);
-    return files.statFile(conn, path, { user, signal: options.signal });
+    const { conn, ...ctx } = await this.#shared(sandboxId, options);
+    return files.statFile(conn, path, { ...ctx, signal: options.signal });
   }
 
   async listDir(sandboxId: string, path: string, options: FileOptions = {}): Promise<FileInfo[]> {
-    const { conn, user } = await this.#shared(sandboxId, options);
-    return files.listDir(conn, path, { user, signal: options.signal });
+    const { conn, ...ctx } = await this.#shared(sandboxId, options);
+    return files.listDir(conn, path, { ...ctx, signal: options.signal });
   }
 
   async mkdir(
@@ -252,8 +254,8 @@ export class SandboxIo implements SandboxIoApi {
     path: string,
     options: FileOptions & { parents?: boolean | undefined; mode?: number | undefined } = {},
   ): Promise<void> {
-    const { conn, user } = await this.#shared(sandboxId, options);
-    await files.makeDir(conn, path, { ...options, user });
+    const { conn, ...ctx } = await this.#shared(sandboxId, options);
+    await files.makeDir(conn, path, { ...options, ...ctx });
   }
 
   async remove(
@@ -261,8 +263,8 @@ export class SandboxIo implements SandboxIoApi {
     path: string,
     options: FileOptions & { recursive?: boolean | undefined } = {},
   ): Promise<void> {
-    const { conn, user } = await this.#shared(sandboxId, options);
-    await files.removePath(conn, path, { ...options, user });
+    const { conn, ...ctx } = await this.#shared(sandboxId, options);
+    await files.removePath(conn, path, { ...options, ...ctx });
   }
 
   async rename(
@@ -271,8 +273,8 @@ export class SandboxIo implements SandboxIoApi {
     to: string,
     options: FileOptions & { overwrite?: boolean | undefined } = {},
   ): Promise<void> {
-    const { conn, user } = await this.#shared(sandboxId, options);
-    await files.renamePath(conn, from, to, { ...options, user });
+    const { conn, ...ctx } = await this.#shared(sandboxId, options);
+    await files.renamePath(conn, from, to, { ...options, ...ctx });
   }
 
   // ---- ports and terminals ----
@@ -360,6 +362,7 @@ export class SandboxIo implements SandboxIoApi {
         user: spec.user ?? rec.spec.initUser,
         env: { ...rec.spec.env, ...spec.env },
         cwd: spec.cwd,
+        pidsLimit: rec.spec.pidsLimit,
       });
       byName.set(name, session);
     }
@@ -378,17 +381,29 @@ export class SandboxIo implements SandboxIoApi {
     if (!backend.channel) {
       throw new DsecError('unavailable', `the ${backend.kind} backend has no command channel`);
     }
-    return backend.channel(rec, { dedicated });
+    const conn = await backend.channel(rec, { dedicated });
+    const onPidsLimit = this.#o.onPidsLimit;
+    if (onPidsLimit && !conn.onPidsLimit) conn.onPidsLimit = (event) => onPidsLimit(rec, event);
+    return conn;
   }
 
   async #shared(sandboxId: string, options: FileOptions) {
     const rec = this.#rec(sandboxId);
-    return { conn: await this.#channel(rec, false), user: options.user ?? rec.spec.initUser };
+    return { conn: await this.#channel(rec, false), ...this.#fileContext(rec, options) };
   }
 
   async #dedicated(sandboxId: string, options: FileOptions) {
     const rec = this.#rec(sandboxId);
-    return { conn: await this.#channel(rec, true), user: options.user ?? rec.spec.initUser };
+    return { conn: await this.#channel(rec, true), ...this.#fileContext(rec, options) };
+  }
+
+  /** Who file calls run as, and the limits their `resource_exhausted` errors name. */
+  #fileContext(rec: SandboxRecord, options: FileOptions) {
+    return {
+      user: options.user ?? rec.spec.initUser,
+      pidsLimit: rec.spec.pidsLimit,
+      diskLimitMb: rec.spec.diskLimitMb,
+    };
   }
 }
 

@@ -4,6 +4,7 @@ import type { ChronusConnection, CommandExit, CommandHandle } from '@dsec/native
 import type { LiveCommand } from './command-registry.js';
 import { DEFAULT_PATH, resultOf } from './command-runner.js';
 import { nonce as newNonce } from './fast-random.js';
+import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
 import { MarkerScanner } from './marker-scanner.js';
 import { DEFAULT_TIMEOUT_MS } from './run-command.js';
 
@@ -37,6 +38,8 @@ export interface ShellSessionOptions {
   user: string;
   env: Record<string, string>;
   cwd?: string | undefined;
+  /** The sandbox's pids limit, named when the shell cannot start there. */
+  pidsLimit?: number | undefined;
 }
 
 type CallEnd = { kind: 'marker'; status: number } | { kind: 'exit'; exit: CommandExit };
@@ -189,6 +192,7 @@ export class ShellSession {
     try {
       this.#pid = (await handle.started).pid;
     } catch (e) {
+      if (isPidsRefusal(e)) throw pidsExhausted(this.#o.pidsLimit, e);
       const errno = (e as { code?: string }).code;
       throw new DsecError(
         errno === 'ECONNRESET' ? 'unavailable' : 'invalid_argument',

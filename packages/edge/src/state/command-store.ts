@@ -1,9 +1,19 @@
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
+import { openPrivateDatabase } from './host-state.js';
 import { statementCache } from './statement-cache.js';
 import type { CommandInfo, CommandResult } from '@dsec/core';
 
 /** Housekeeping writes (trims) wait this long to share one transaction. */
 const FLUSH_DELAY_MS = 5;
+/** On a full disk, queued writes are retried this often, and at most this many are held. */
+const DISK_FULL_RETRY_MS = 1000;
+const MAX_HELD_WRITES = 10_000;
+
+/** SQLite's and the kernel's ways of saying the disk is full. */
+function isDiskFull(err: unknown): boolean {
+  const code = (err as { code?: unknown } | undefined)?.code;
+  return code === 'SQLITE_FULL' || code === 'ENOSPC' || code === 'EDQUOT';
+}
 
 interface Row {
   command_id: string;
@@ -40,7 +50,7 @@ export class CommandStore {
   #flushTimer: NodeJS.Timeout | undefined;
 
   constructor(file: string) {
-    this.#db = new Database(file);
+    this.#db = openPrivateDatabase(file);
     this.#sql = statementCache(this.#db);
     this.#db.pragma('journal_mode = WAL');
     this.#db.pragma('synchronous = NORMAL');
@@ -104,65 +114,104 @@ export class CommandStore {
     else this.#write(op);
   }
 
+  /**
+   * Records a result. On a full disk (a sandbox without a disk quota filled
+   * the node's) the row stays queued and is committed once space returns:
+   * the caller still gets its result (the platform keeps working), though
+   * until then a crash of the edge would lose it and reads do not see it.
+   */
   finish(info: CommandInfo & { result: CommandResult; finishedAt: string }): void {
     const resultJson = JSON.stringify(info.result);
     const infoJson = JSON.stringify({ ...info, result: undefined });
-    this.#write(() =>
-      this.#upsert.run(
-        info.commandId,
-        info.sandboxId,
-        info.requestId ?? null,
-        infoJson,
-        resultJson,
-        info.startedAt,
-        info.finishedAt,
-      ),
+    this.#write(
+      () =>
+        this.#upsert.run(
+          info.commandId,
+          info.sandboxId,
+          info.requestId ?? null,
+          infoJson,
+          resultJson,
+          info.startedAt,
+          info.finishedAt,
+        ),
+      { holdIfFull: true },
     );
   }
 
   /** Forgets a command that never started (spawn failed), so a retry may run it. */
   delete(commandId: string): void {
-    this.#write(() => this.#delete.run(commandId));
+    this.#write(() => this.#delete.run(commandId), { holdIfFull: true });
   }
 
-  /** Writes what is queued, in one transaction. */
+  /**
+   * Writes what is queued, in one transaction. On a full disk the writes
+   * stay queued (retried every second) and the error is thrown.
+   */
   flush(): void {
     if (this.#pending.length === 0 || !this.#db.open) return;
     const ops = this.#pending;
     this.#pending = [];
     clearTimeout(this.#flushTimer);
     this.#flushTimer = undefined;
-    this.#applyAll(ops);
+    try {
+      this.#applyAll(ops);
+    } catch (err) {
+      if (!isDiskFull(err)) throw err;
+      this.#pending = ops.concat(this.#pending).slice(-MAX_HELD_WRITES);
+      this.#flushTimer = setTimeout(() => this.#flushQuietly(), DISK_FULL_RETRY_MS);
+      this.#flushTimer.unref();
+      throw err;
+    }
   }
 
-  /** Commits now (after anything queued), before the caller acknowledges it. */
-  #write(op: () => void): void {
+  /** For timers and reads: a full disk must neither crash the edge nor fail a read. */
+  #flushQuietly(): void {
+    try {
+      this.flush();
+    } catch (err) {
+      if (!isDiskFull(err)) throw err;
+    }
+  }
+
+  /**
+   * Commits now (after anything queued), before the caller acknowledges it.
+   * `holdIfFull`: on a full disk keep it queued and return; otherwise the
+   * write is dropped and the error thrown (the caller must not acknowledge).
+   */
+  #write(op: () => void, options: { holdIfFull?: boolean } = {}): void {
     this.#pending.push(op);
-    this.flush();
+    try {
+      this.flush();
+    } catch (err) {
+      if (!isDiskFull(err)) throw err;
+      if (options.holdIfFull) return;
+      this.#pending = this.#pending.filter((o) => o !== op);
+      throw err;
+    }
   }
 
   #defer(op: () => void): void {
     this.#pending.push(op);
     if (this.#flushTimer) return;
-    this.#flushTimer = setTimeout(() => this.flush(), FLUSH_DELAY_MS);
+    this.#flushTimer = setTimeout(() => this.#flushQuietly(), FLUSH_DELAY_MS);
     this.#flushTimer.unref();
   }
 
   get(sandboxId: string, commandId: string): CommandInfo | undefined {
-    this.flush();
+    this.#flushQuietly();
     const row = this.#get.get(commandId, sandboxId) as Row | undefined;
     return row && fromRow(row);
   }
 
   findByRequest(sandboxId: string, requestId: string): CommandInfo | undefined {
-    this.flush();
+    this.#flushQuietly();
     const row = this.#byRequest.get(sandboxId, requestId) as Row | undefined;
     return row && fromRow(row);
   }
 
   /** Newest first. */
   list(sandboxId: string, limit: number): CommandInfo[] {
-    this.flush();
+    this.#flushQuietly();
     const rows = this.#sql(
       'SELECT * FROM commands WHERE sandbox_id = ? ORDER BY started_at DESC, rowid DESC LIMIT ?',
     ).all(sandboxId, limit) as Row[];

@@ -1,5 +1,5 @@
-import { chmodSync } from 'node:fs';
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
+import { openPrivateDatabase } from './host-state.js';
 import { statementCache } from './statement-cache.js';
 import type { LayerInfo, SandboxSpec, SandboxState } from '@dsec/core';
 
@@ -54,9 +54,8 @@ export class EdgeStore {
   readonly #sql: (source: string) => Database.Statement;
 
   constructor(file: string) {
-    this.#db = new Database(file);
+    this.#db = openPrivateDatabase(file);
     this.#sql = statementCache(this.#db);
-    chmodSync(file, 0o600);
     this.#db.pragma('journal_mode = WAL');
     this.#db.pragma('synchronous = NORMAL');
     this.#db.pragma('busy_timeout = 5000');

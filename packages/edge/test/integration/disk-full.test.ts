@@ -59,7 +59,14 @@ test(
     const stateDir = join(stateFs, 'edge');
     let edge: Awaited<ReturnType<typeof openContainerEdge>> | undefined;
     try {
-      edge = await openContainerEdge({ edgeId: 'node-1', stateDir, store, cgroupParent });
+      // Admission's disk floor off: this test is about what a full disk does past admission.
+      edge = await openContainerEdge({
+        edgeId: 'node-1',
+        stateDir,
+        store,
+        cgroupParent,
+        admission: { minFreeDiskMb: 0 },
+      });
       const before = await hostResources(dir);
       const a = await edge.createSandbox({ id: randomId('sb'), projectId: 'p', spec: spec() });
       assert.equal((await edge.runCommand(a.id, { shell: 'echo before' })).stdout, 'before\n');

@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { chmod, mkdtemp, readdir, rm, rmdir } from 'node:fs/promises';
+import { chmod, mkdtemp, readdir, readFile, rm, rmdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { promisify } from 'node:util';
@@ -72,21 +72,27 @@ export async function hostResources(stateDir: string): Promise<HostResources> {
     .sort();
   const cgroups: string[] = [];
   const cgroupParent = `dsec-test-${basename(stateDir)}`;
-  for (const ctrl of ['memory', 'pids', 'cpu', 'freezer']) {
+  for (const ctrl of ['memory', 'pids', 'cpu', 'freezer', 'systemd']) {
     const names = await readdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent}`).catch(
       () => [] as string[],
     );
     cgroups.push(...names.filter((n) => n.startsWith('dsec-')).map((n) => `${ctrl}/${n}`));
   }
-  const runtimeRoot = join(stateDir, 'edge', 'runtime');
-  const containers = await execFileAsync('runc', ['--root', runtimeRoot, 'list', '-q']).then(
-    (r) => r.stdout.split('\n').filter(Boolean),
-    () => [],
-  );
+  // crun and runc both keep one state directory per container under their root.
+  const containers = await readdir(join(stateDir, 'edge', 'runtime')).catch(() => [] as string[]);
   const processes = await execFileAsync('pgrep', ['-af', stateDir]).then(
     (r) => r.stdout.split('\n').filter((l) => l && !l.includes('pgrep')),
-    () => [],
+    () => [] as string[],
   );
+  // Command daemons show no path (`dsec-chronus`): they are this state dir's
+  // when they sit in a cgroup under its cgroup parent.
+  for (const pid of await execFileAsync('pgrep', ['-x', 'dsec-chronus']).then(
+    (r) => r.stdout.split('\n').filter(Boolean),
+    () => [],
+  )) {
+    const cgroup = await readFile(`/proc/${pid}/cgroup`, 'utf8').catch(() => '');
+    if (cgroup.includes(`/${cgroupParent}/`)) processes.push(`${pid} dsec-chronus`);
+  }
   const sandboxDirs = await readdir(join(stateDir, 'edge', 'sandboxes')).catch(
     () => [] as string[],
   );

@@ -54,8 +54,12 @@ const CAP_BITS: Record<string, number> = {
   CAP_SETFCAP: 31,
 };
 
-function runcPath(): string {
-  return spawnSync('sh', ['-c', 'command -v runc'], { encoding: 'utf8' }).stdout.trim();
+function runtimePaths(): string[] {
+  return ['runc', 'crun']
+    .map((name) =>
+      spawnSync('sh', ['-c', `command -v ${name}`], { encoding: 'utf8' }).stdout.trim(),
+    )
+    .filter(Boolean);
 }
 
 async function sha256(path: string): Promise<string> {
@@ -135,7 +139,7 @@ describe('sandbox hardening', { skip, timeout: 600_000 }, () => {
   });
 
   it('A2: runtime and platform binaries stay byte-identical whatever the sandbox writes', async () => {
-    const files = [runcPath(), helperPath(), initPath(), '/bin/busybox'].filter(Boolean);
+    const files = [...runtimePaths(), helperPath(), initPath(), '/bin/busybox'];
     const before = await Promise.all(files.map(sha256));
     const sb = await create();
     await sh(
@@ -277,7 +281,7 @@ describe('sandbox hardening', { skip, timeout: 600_000 }, () => {
       'find / -xdev \\( -name "*.sock" -o -name "chronus*" -o -name "edge.db" \\) 2>/dev/null; ls -a /dev',
     );
     assert.doesNotMatch(found, /\.sock|chronus|edge\.db/);
-    assert.doesNotMatch(await sh(sb, 'ps -o pid,args'), /chronus|dsec-helper|runc/);
+    assert.doesNotMatch(await sh(sb, 'ps -o pid,args'), /chronus|dsec-helper|runc|crun/);
   });
 
   it('A10: sandbox A cannot see, signal or read sandbox B', async () => {

@@ -145,6 +145,18 @@ export async function startFakeServer(): Promise<FakeServer> {
     if (body.memoryLimitMb !== undefined && body.memoryLimitMb < 16) {
       return error(400, 'invalid_argument', 'memoryLimitMb must be at least 16', 'memoryLimitMb');
     }
+    if (
+      body.qosClass !== undefined &&
+      body.qosClass !== 'latency-sensitive' &&
+      body.qosClass !== 'best-effort'
+    ) {
+      return error(
+        400,
+        'invalid_argument',
+        "qosClass must be 'latency-sensitive' or 'best-effort'",
+        'qosClass',
+      );
+    }
     const now = Date.now();
     const ttlSeconds = body.ttlSeconds ?? 3600;
     const info: SandboxInfo = {
@@ -160,6 +172,7 @@ export async function startFakeServer(): Promise<FakeServer> {
         memoryLimitMb: body.memoryLimitMb ?? 512,
         cpuCoresLimit: body.cpuCoresLimit ?? 1,
         pidsLimit: body.pidsLimit ?? 1024,
+        qosClass: body.qosClass ?? 'latency-sensitive',
         ttlSeconds,
         networkRules: body.networkRules ?? {},
         initUser: body.initUser ?? 'root',

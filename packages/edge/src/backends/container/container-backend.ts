@@ -2,17 +2,18 @@ import { createHash } from 'node:crypto';
 import { chmodSync, chownSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { open, readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { DsecError } from '@dsec/core';
 import type { CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
 import {
   ChronusConnection,
+  findChronus,
+  isChronus,
   prepareChronus,
   rootfsCommandPrefix,
   startChronus,
   unmount,
 } from '@dsec/native';
-import type { PendingChronus } from '@dsec/native';
+import type { ChronusSupervisor, PendingChronus } from '@dsec/native';
 import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
 import type { LayerMountCache } from '../../layers/layer-cache.js';
 import { mountPoints } from '../../layers/mountinfo.js';
@@ -24,12 +25,12 @@ import type { NetworkManager, SandboxNetwork } from '../../network/network-manag
 import { runTool } from '../../network/sys.js';
 import { seccompLines } from './seccomp.js';
 import { buildContainerConfig, SANDBOX_CAPABILITIES } from './spec.js';
+import { applyQos } from './qos.js';
 
 /** Each sandbox gets its own 65536-id range of host uids/gids, starting here. */
 const ID_BASE = 100_000;
 const ID_COUNT = 65_536;
 const RUNTIME_START_TIMEOUT_MS = 30_000;
-const STOP_TIMEOUT_MS = 10_000;
 
 export interface ContainerBackendOptions {
   /** Per-sandbox directories live under here (local disk: writes stay local). */
@@ -39,8 +40,11 @@ export interface ContainerBackendOptions {
   layers: LayerMountCache;
   /** Host path of the static dsec-init binary bind-mounted as the sandbox's PID 1. */
   initBinary: string;
-  /** Host path of the static shell the platform runs commands with (busybox). */
-  shellBinary: string;
+  /**
+   * The node's chronus supervisor: it forks every sandbox's command daemon
+   * (and seals the platform's shell once for all of them).
+   */
+  chronus: ChronusSupervisor;
   /** Cgroup under which every sandbox's cgroup is created (`/<parent>/<name>`). */
   cgroupParent: string;
   /** Per-sandbox network namespace and egress policy; absent: loopback only. */
@@ -59,19 +63,37 @@ export class ContainerBackend implements Backend {
   readonly kind = 'container' as const;
   readonly #connections = new Map<string, Promise<ChronusConnection>>();
   readonly #oomKillsSeen = new Map<string, number>();
-  /** Exit of runtime processes this edge started (adopted ones are polled). */
-  readonly #runtimeExits = new Map<string, Promise<void>>();
 
-  constructor(readonly options: ContainerBackendOptions) {}
+  constructor(readonly options: ContainerBackendOptions) {
+    // Every mapped root passes through here to its own directory; nobody lists it.
+    mkdirSync(options.dir, { recursive: true, mode: 0o711 });
+    chmodSync(options.dir, 0o711);
+  }
+
+  /**
+   * Closes the edge's connections to the command daemons and stops the
+   * chronus supervisor (it only forks daemons for new sandboxes; the next
+   * edge starts one, or adopts this one if this edge crashed). The sandboxes
+   * and their daemons keep running.
+   */
+  async close(): Promise<void> {
+    const connections = [...this.#connections.values()];
+    this.#connections.clear();
+    for (const c of await Promise.allSettled(connections))
+      if (c.status === 'fulfilled') c.value.close();
+    await this.options.chronus.stop();
+  }
 
   async start(rec: SandboxRecord, signal?: AbortSignal): Promise<StartedSandbox> {
     const p = this.paths(rec);
     const hostId = ID_BASE + rec.slot * ID_COUNT;
     // Small metadata syscalls run synchronously: microseconds each, where
     // thread-pool round trips would add milliseconds to every create.
-    mkdirSync(p.dir, { recursive: true });
-    chmodSync(this.options.dir, 0o711);
-    chmodSync(p.dir, 0o711);
+    // Private to the sandbox's mapped root (its init must walk down to the
+    // rootfs) and to the platform: no other host user can enter it.
+    mkdirSync(p.dir, { recursive: true, mode: 0o700 });
+    chmodSync(p.dir, 0o700);
+    chownSync(p.dir, hostId, hostId);
     // With a disk quota the writable layer lives on its own ext4 image, which
     // the mount helper mounts (and makes upper and work in) inside the
     // runtime's private mount namespace; otherwise on the node's disk.
@@ -136,6 +158,7 @@ export class ContainerBackend implements Backend {
         // is exec'd in: it lives and dies with the sandbox, nothing to unmount.
         prefix: rootfsCommandPrefix({
           target: p.rootfs,
+          masks: this.options.runtime.maskPaths,
           ...upper,
           lowers,
           idmap: { hostId, size: ID_COUNT },
@@ -144,12 +167,12 @@ export class ContainerBackend implements Backend {
             : {}),
         }),
       });
-      this.#runtimeExits.set(rec.id, running.exited);
       await Promise.all([
         chronus.attach(running.initPid),
         this.options.network?.attach(rec, running.initPid),
       ]);
-      return { runtimePid: running.runtimePid, initPid: running.initPid, chronusPid: chronus.pid };
+      await applyQos(running.initPid, chronus.pid, rec.spec.qosClass);
+      return { initPid: running.initPid, chronusPid: chronus.pid };
     } catch (err) {
       chronus.abort();
       throw err;
@@ -170,33 +193,32 @@ export class ContainerBackend implements Backend {
 
     // The daemon goes first: it sits in the sandbox's cgroups, and the runtime
     // can only remove them once they are empty. A create interrupted by an edge
-    // crash never recorded the pids, so then they are found by their unique
-    // socket path and container name.
+    // crash never recorded the pids, so then the daemon is found in the cgroup.
     const chronusPids =
-      rec.chronusPid !== undefined ? [rec.chronusPid] : await findProcesses(p.socket);
-    for (const pid of chronusPids)
-      if (await isProcessOf(pid, p.socket, 'cmdline')) killQuietly(pid);
+      rec.chronusPid !== undefined
+        ? [rec.chronusPid]
+        : await findChronus(this.options.cgroups.dirs(p.cgroupsPath)[0] ?? '', p.cgroupsPath);
+    for (const pid of chronusPids) if (await isChronus(pid, p.cgroupsPath)) killQuietly(pid);
+    // Killing the init ends its pid namespace: the kernel kills everything in it.
     if (rec.initPid !== undefined && (await isProcessOf(rec.initPid, p.cgroupsPath, 'cgroup'))) {
       killQuietly(rec.initPid);
     }
     // Firewall state and the resolver need no running sandbox: release them while
-    // the runtime is still tearing the container down.
+    // the container's processes drain.
     const network = this.options.network?.teardown(rec);
     network?.catch(() => undefined);
-    const runtimePids =
-      rec.runtimePid !== undefined ? [rec.runtimePid] : await findProcesses(` ${p.name}`);
-    if (rec.runtimePid === undefined && this.options.runtime.exists(p.name)) {
-      await this.options.runtime.forceDelete(p.name);
+    if (rec.initPid === undefined) {
+      // A create interrupted before the init was recorded: its runtime may still
+      // be starting (found by the container name, its last argument).
+      for (const pid of await findProcesses(` ${p.name}`))
+        if (await isProcessOf(pid, p.name, 'cmdline')) killQuietly(pid);
+      if (this.options.runtime.exists(p.name)) await this.options.runtime.forceDelete(p.name);
     }
-    const exited = this.#runtimeExits.get(rec.id);
-    this.#runtimeExits.delete(rec.id);
-    if (exited && rec.runtimePid !== undefined) await withTimeout(exited, STOP_TIMEOUT_MS);
-    for (const pid of runtimePids) await waitGone(pid, p.name, STOP_TIMEOUT_MS);
-    // The runtime removes the container when its init dies; if the runtime was
-    // gone first (killed, host reboot) or never started, remove what is left.
-    if (this.options.runtime.exists(p.name)) await this.options.runtime.forceDelete(p.name);
+    // The runtime is long gone (it ran detached): the edge removes the cgroups
+    // (killing what is left and waiting for it to drain) and the runtime's state.
     if (this.options.cgroups.exists(p.cgroupsPath))
       await this.options.cgroups.remove(p.cgroupsPath);
+    this.options.runtime.forget(p.name);
     await network;
     // Only rootfs mounts made in the host namespace (by older edges) need this.
     if ((await mountPoints()).has(p.rootfs)) await unmount([p.rootfs], { detach: true });
@@ -214,7 +236,7 @@ export class ContainerBackend implements Backend {
   /** Makes sure a chronus daemon serves the sandbox (it may have died with a host fault). */
   async ensureChronus(rec: SandboxRecord): Promise<number | undefined> {
     const p = this.paths(rec);
-    if (rec.chronusPid !== undefined && (await isProcessOf(rec.chronusPid, p.socket, 'cmdline')))
+    if (rec.chronusPid !== undefined && (await isChronus(rec.chronusPid, p.cgroupsPath)))
       return undefined;
     if (rec.initPid === undefined)
       throw new DsecError('sandbox_not_running', `sandbox ${rec.id} has no init`);
@@ -267,7 +289,7 @@ export class ContainerBackend implements Backend {
   #chronusOptions(p: ReturnType<ContainerBackend['paths']>) {
     return {
       socketPath: p.socket,
-      shellPath: this.options.shellBinary,
+      supervisor: this.options.chronus,
       cgroupDirs: this.options.cgroups.dirs(p.cgroupsPath),
       seccompProfile: seccompLines(),
       capabilities: SANDBOX_CAPABILITIES,
@@ -344,29 +366,6 @@ async function isProcessOf(
     return text.includes(marker);
   } catch {
     return false;
-  }
-}
-
-function withTimeout(promise: Promise<void>, ms: number): Promise<void> {
-  return new Promise((resolve) => {
-    const timer = setTimeout(resolve, ms);
-    void promise.finally(() => {
-      clearTimeout(timer);
-      resolve();
-    });
-  });
-}
-
-async function waitGone(pid: number, marker: string, timeoutMs: number): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  let delayMs = 1;
-  while (await isProcessOf(pid, marker, 'cmdline')) {
-    if (Date.now() > deadline) {
-      killQuietly(pid);
-      return;
-    }
-    await sleep(delayMs);
-    delayMs = Math.min(delayMs * 2, 50);
   }
 }
 

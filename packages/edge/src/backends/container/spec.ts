@@ -155,6 +155,9 @@ export function buildContainerConfig(input: ContainerSpecInput): Record<string, 
         cpu: {
           quota: Math.max(1000, Math.round(spec.cpuCoresLimit * cpuPeriod)),
           period: cpuPeriod,
+          // Best-effort: the minimal weight (v1 shares 2; runtimes map it to v2 weight 1).
+          // The backend then marks the cgroup idle and the processes SCHED_IDLE (qos.ts).
+          ...(spec.qosClass === 'best-effort' ? { shares: 2 } : {}),
         },
         pids: { limit: spec.pidsLimit },
       },

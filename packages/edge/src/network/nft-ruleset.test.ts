@@ -1,0 +1,125 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { elementFromJson } from './linux-network.js';
+import {
+  addLines,
+  addressElements,
+  baseElements,
+  deleteLines,
+  policyChain,
+  refId,
+  tableScript,
+} from './nft-ruleset.js';
+import { compilePolicy, DEFAULT_NETWORK_CATALOGUE, parseCidr } from './policy.js';
+
+const sb = { veth: 'dsv0123456789ab', sandbox4: '10.213.0.6', sandbox6: 'fd5e:c0de:d5:1::2' };
+const policy = (allow: { cidr: string; ports?: number[] }[], deny: { cidr: string }[] = []) =>
+  compilePolicy(
+    { networkRules: {}, networkAllow: allow, networkDeny: deny },
+    DEFAULT_NETWORK_CATALOGUE,
+  );
+
+describe('nft ruleset', () => {
+  it('has no per-sandbox chain or set: a sandbox is elements keyed by its veth and address', () => {
+    const table = tableScript({
+      table: 't',
+      subnet4: parseCidr('10.213.0.0/16', 's'),
+      subnet6: parseCidr('fd5e:c0de:d5::/48', 's'),
+      deniedWindowSeconds: 60,
+    });
+    assert.doesNotMatch(table, /sb_\d|_\d+ \{/);
+    const base = baseElements(sb, undefined);
+    assert.deepEqual(
+      base.map((r) => r.set),
+      ['ifaces', 'src4', 'src6'],
+    );
+    for (const r of base) assert.ok(r.key.startsWith(`"${sb.veth}"`), r.key);
+    const dns = addressElements(sb, [
+      { family: 4, address: '198.18.1.10', ports: [], timeoutSeconds: 30 },
+      { family: 6, address: 'fdff:5ec:1::10', ports: [443], timeoutSeconds: 30 },
+    ]);
+    assert.deepEqual(
+      dns.map((r) => [r.set, r.key]),
+      [
+        ['a4', '10.213.0.6 . 198.18.1.10'],
+        ['p6', 'fd5e:c0de:d5:1::2 . fdff:5ec:1::10 . 443'],
+      ],
+    );
+  });
+
+  it('shares one chain among sandboxes with the same CIDR rules, whatever their order', () => {
+    assert.equal(policyChain(policy([]), true), undefined);
+    const a = policyChain(
+      policy(
+        [{ cidr: '198.18.0.0/16', ports: [80] }, { cidr: '10.9.0.0/16' }],
+        [{ cidr: '198.18.5.0/24' }],
+      ),
+      true,
+    );
+    const b = policyChain(
+      policy(
+        [{ cidr: '10.9.0.0/16' }, { cidr: '198.18.0.0/16', ports: [80] }],
+        [{ cidr: '198.18.5.0/24' }],
+      ),
+      true,
+    );
+    assert.ok(a && b);
+    assert.equal(a.name, b.name);
+    assert.match(a.name, /^pol_[0-9a-f]{16}$/);
+    // Deny first: it wins over every allow, DNS ones included (those come after the jump).
+    assert.match(a.rules[0]!, /^ip daddr \{ 198\.18\.5\.0\/24 \} goto deny$/);
+    const other = policyChain(policy([{ cidr: '10.9.0.0/16' }]), true);
+    assert.notEqual(other?.name, a.name);
+    const withChain = baseElements(sb, a);
+    assert.deepEqual(withChain.at(-1), {
+      set: 'cidr_policy',
+      key: `"${sb.veth}"`,
+      value: `jump ${a.name}`,
+    });
+  });
+
+  it('removes elements whether or not they are still there, and restarts timeouts', () => {
+    const [timed] = addressElements(sb, [
+      { family: 4, address: '198.18.1.10', ports: [], timeoutSeconds: 30 },
+    ]);
+    assert.ok(timed);
+    assert.deepEqual(addLines('t', [timed]), [
+      'add element inet t a4 { 10.213.0.6 . 198.18.1.10 }',
+      'delete element inet t a4 { 10.213.0.6 . 198.18.1.10 }',
+      'add element inet t a4 { 10.213.0.6 . 198.18.1.10 timeout 30s }',
+    ]);
+    const chain = policyChain(policy([{ cidr: '10.9.0.0/16' }]), false)!;
+    const entry = baseElements(sb, chain).at(-1)!;
+    assert.deepEqual(deleteLines('t', [entry]), [
+      `add chain inet t ${chain.name}`,
+      `add element inet t cidr_policy { "${sb.veth}" : jump ${chain.name} }`,
+      `delete element inet t cidr_policy { "${sb.veth}" }`,
+    ]);
+    // A map entry pointing elsewhere is another element (it must be replaced, not kept).
+    assert.notEqual(refId(entry), refId({ ...entry, value: 'jump pol_other' }));
+  });
+
+  it("reads elements back from nft's JSON as the text that removes them", () => {
+    assert.deepEqual(elementFromJson('ifaces', sb.veth), { key: `"${sb.veth}"`, owner: sb.veth });
+    assert.deepEqual(elementFromJson('src4', { concat: [sb.veth, '10.213.0.6'] }), {
+      key: `"${sb.veth}" . 10.213.0.6`,
+      owner: sb.veth,
+    });
+    assert.deepEqual(
+      elementFromJson('p4', {
+        elem: { val: { concat: ['10.213.0.6', '198.18.1.10', 443] }, timeout: 30, expires: 12 },
+      }),
+      { key: '10.213.0.6 . 198.18.1.10 . 443', owner: '10.213.0.6', expiresSeconds: 12 },
+    );
+    assert.deepEqual(
+      elementFromJson('cidr_policy', [sb.veth, { jump: { target: 'pol_0123456789abcdef' } }]),
+      { key: `"${sb.veth}"`, owner: sb.veth, value: 'jump pol_0123456789abcdef' },
+    );
+    assert.deepEqual(
+      elementFromJson('denied4', {
+        concat: ['10.213.0.6', '198.18.1.20', 'tcp', 443],
+      }),
+      { key: '10.213.0.6 . 198.18.1.20 . tcp . 443', owner: '10.213.0.6' },
+    );
+  });
+});
