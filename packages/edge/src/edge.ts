@@ -108,13 +108,15 @@ export class Edge implements EdgeApi {
   async close(): Promise<void> {
     clearInterval(this.#sweeper);
     await Promise.allSettled([...this.#inflight.values(), ...this.#stopping.values()]);
-    // The backend's connections to the sandboxes' command daemons are the
-    // last handles that would keep a shutting-down process alive.
+    // The command log closes first: commands still running are then recorded
+    // as cut by the restart (by the next edge), not as failed here when the
+    // backend drops their connections, the last handles that would keep a
+    // shutting-down process alive.
+    this.io.close();
     await this.options.backend.close?.();
     await this.options.network?.close();
     this.options.events?.close();
     await this.options.layers.close();
-    this.io.close();
     this.#store.close();
   }
 

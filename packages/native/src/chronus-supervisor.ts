@@ -375,18 +375,23 @@ export async function prepareChronus(
   } finally {
     options.signal?.removeEventListener('abort', onAbort);
   }
+  // The pid goes out only once the daemon is prepared: writing to a daemon that
+  // already failed would end the connection (EPIPE) before its reason is read.
+  const prepared = expect(/\nprepared\n/, 'exited before it was prepared');
   const ready = expect(/\nready\n/, 'exited before it was ready');
+  prepared.catch(() => undefined);
   ready.catch(() => undefined);
   return {
     pid,
     async attach(initPid: number) {
-      socket.write(`${initPid}\n`);
       const onAttachAbort = () => {
         signalQuietly(pid, 'SIGKILL');
         socket.destroy();
       };
       options.signal?.addEventListener('abort', onAttachAbort, { once: true });
       try {
+        await prepared;
+        socket.write(`${initPid}\n`);
         await ready;
       } catch (err) {
         signalQuietly(pid, 'SIGKILL');

@@ -268,6 +268,11 @@ _Noreturn void chronus_daemon(const struct chronus_request *req, int conn, int s
     int last_cap = read_last_cap();
     struct chronus_state st = { .shell_memfd = shell_memfd };
     make_socket(req->sock, &st);
+    /* The edge sends the init pid only after this line: had we died first, its
+       write would fail (EPIPE) and could take our error line down with it. */
+    static const char prepared[] = "prepared\n";
+    if (write_all(1, prepared, sizeof prepared - 1) < 0)
+        _exit(1);
 
     pid_t init_pid = read_pid_line();
     st.init_pidfd = (int)syscall(SYS_pidfd_open, init_pid, 0);

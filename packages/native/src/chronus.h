@@ -113,8 +113,8 @@ int chronus_seal_shell(const char *path);
 /*
  * Runs in the supervisor's forked child: `conn` (the edge's request
  * connection) becomes fds 0-2; writes "pid N", joins the cgroups, binds the
- * socket, reads the init's PID, enters the sandbox and writes "ready"; then
- * serves. Any failure is one line on the connection and exit status 1.
+ * socket, writes "prepared", reads the init's PID, enters the sandbox and
+ * writes "ready"; then serves. Any failure is one line on the connection and exit status 1.
  */
 _Noreturn void chronus_daemon(const struct chronus_request *req, int conn, int shell_memfd, int devnull);
 

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -106,13 +107,24 @@ async function terminate(up: Up): Promise<{ ms: number; code: number | null }> {
 }
 
 /** Processes whose command line names this state dir (sandbox runtimes, daemons). */
-async function processesOf(dir: string): Promise<string[]> {
+/**
+ * Processes of the node: those naming its state dir, and those in the
+ * sandbox's cgroup (a detached runtime leaves only the sandbox's own
+ * processes and its command daemon, neither of which names a path).
+ */
+async function processesOf(dir: string, sandboxId: string): Promise<string[]> {
   const found: string[] = [];
   for (const pid of await readdir('/proc')) {
     if (!/^\d+$/.test(pid)) continue;
     const cmd = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
     if (cmd.includes(dir)) found.push(`${pid}: ${cmd.replaceAll('\0', ' ')}`);
   }
+  // The container backend's cgroup name for the sandbox, under `dsec up`'s default parent.
+  const name = 'dsec-' + createHash('sha256').update(sandboxId).digest('hex').slice(0, 20);
+  const procs = await readFile(`/sys/fs/cgroup/pids/dsec/${name}/cgroup.procs`, 'utf8').catch(
+    () => '',
+  );
+  found.push(...procs.split('\n').filter(Boolean));
   return found;
 }
 
@@ -153,7 +165,7 @@ test('SIGTERM ends `dsec up` after toolkit sandboxes and an exec; the next start
   assert.equal(first.code, 0, up.stderr());
   assert.match(up.stderr(), /^stopped$/m);
   assert.doesNotMatch(up.stderr(), /handles still open/, 'it ended by itself, not by the guard');
-  assert.notDeepEqual(await processesOf(stateDir), [], 'the sandbox kept running');
+  assert.notDeepEqual(await processesOf(stateDir, sandbox.id), [], 'the sandbox kept running');
 
   const again = await startUp(['--stop-sandboxes']);
   client = new DSecClient({ url: again.url, apiKey: again.adminKey });
@@ -171,7 +183,7 @@ test('SIGTERM ends `dsec up` after toolkit sandboxes and an exec; the next start
   const second = await terminate(again);
   assert.equal(second.code, 0, again.stderr());
   assert.doesNotMatch(again.stderr(), /handles still open/);
-  assert.deepEqual(await processesOf(stateDir), [], 'no sandbox process is left');
+  assert.deepEqual(await processesOf(stateDir, sandbox.id), [], 'no sandbox process is left');
   const mounts = (await readFile('/proc/mounts', 'utf8'))
     .split('\n')
     .filter((l) => l.includes(stateDir));
