@@ -3,9 +3,14 @@ import { defineConfig } from 'tsup';
 // One bundle for the CLI (workspace packages inlined, npm dependencies kept
 // external) so `bin/dsec` starts fast without a TypeScript loader.
 export default defineConfig({
-  // `blobd` is the blob daemon process the edge spawns (next to main.js);
-  // two self-contained bundles, no shared chunks.
-  entry: { main: 'packages/cli/src/main.ts', blobd: 'packages/edge/src/ondemand/blobd-main.ts' },
+  // `blobd` is the blob daemon process the edge spawns (next to main.js), and
+  // `exec-load` the client process of `dsec bench exec`'s load run;
+  // self-contained bundles, no shared chunks.
+  entry: {
+    main: 'packages/cli/src/main.ts',
+    blobd: 'packages/edge/src/ondemand/blobd-main.ts',
+    'exec-load': 'packages/cli/src/bench/exec-load-client.ts',
+  },
   splitting: false,
   outDir: 'packages/cli/dist',
   format: ['esm'],

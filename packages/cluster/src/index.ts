@@ -62,6 +62,10 @@ export interface SingleNodeOptions {
   imageStore?: string;
   /** Bytes of the edge's on-demand chunk cache for a remote image store. */
   blobCacheBytes?: number;
+  /** OCI runtime binary (default: crun where installed, else runc; ADR 0009). */
+  runtimeBinary?: string;
+  /** Remount cgroup2 with favordynmods for faster creates (default true; a host-wide setting). */
+  cgroupFavorDynmods?: boolean;
 }
 
 export interface SingleNode {
@@ -131,6 +135,10 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       network: options.network,
       cgroupParent: options.cgroupParent,
       blobCacheBytes: options.blobCacheBytes,
+      ...(options.runtimeBinary ? { runtimeBinary: options.runtimeBinary } : {}),
+      ...(options.cgroupFavorDynmods !== undefined
+        ? { cgroupFavorDynmods: options.cgroupFavorDynmods }
+        : {}),
     });
   } catch (err) {
     iam.close();

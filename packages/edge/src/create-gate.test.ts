@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { isDsecError } from '@dsec/core';
-import { CreateGate, createGateFor } from './create-gate.js';
+import { CreateGate } from './create-gate.js';
 
 /** A start that finishes when told to. */
 function pending() {
@@ -74,11 +74,5 @@ describe('CreateGate', () => {
     first.finish();
     await running;
     assert.deepEqual(gate.stats, { inProgress: 0, queued: 0 });
-  });
-
-  it('is one gate per owner', () => {
-    const owner = {};
-    assert.equal(createGateFor(owner), createGateFor(owner));
-    assert.notEqual(createGateFor(owner), createGateFor({}));
   });
 });

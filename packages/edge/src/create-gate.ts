@@ -113,19 +113,3 @@ export class CreateGate {
 function abortedError(): DsecError {
   return new DsecError('aborted', 'the create was cancelled while waiting for its turn');
 }
-
-const gates = new WeakMap<object, CreateGate>();
-
-/**
- * The gate of one node, keyed by an object that lives as long as the node
- * (its backend): every create of that node shares it. The first call fixes
- * its options.
- */
-export function createGateFor(owner: object, options?: CreateGateOptions): CreateGate {
-  let gate = gates.get(owner);
-  if (!gate) {
-    gate = new CreateGate(options);
-    gates.set(owner, gate);
-  }
-  return gate;
-}

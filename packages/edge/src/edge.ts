@@ -15,7 +15,7 @@ import type {
 } from '@dsec/core';
 import type { AdmissionController } from './admission/admission-controller.js';
 import type { Backend } from './backends/backend.js';
-import { createGateFor } from './create-gate.js';
+import { CreateGate, type CreateGateOptions } from './create-gate.js';
 import type { EventLog } from './events/event-log.js';
 import type { NetworkManager } from './network/network-manager.js';
 import { applyPatch } from './network/policy.js';
@@ -46,6 +46,8 @@ export interface EdgeOptions {
   layers: LayerMountCache;
   /** Admission by measured use (docs/adr/0007-admission-by-real-use.md). */
   admission: AdmissionController;
+  /** How many sandbox starts run at once and how long the rest may queue. */
+  createGate?: CreateGateOptions | undefined;
   /** How often expired sandboxes are looked for. */
   ttlSweepMs?: number;
   /** How long a stopped sandbox's record stays readable. */
@@ -72,6 +74,8 @@ export class Edge implements EdgeApi {
   readonly #store: EdgeStore;
   readonly #inflight = new Map<string, Promise<SandboxInfo>>();
   readonly #stopping = new Map<string, Promise<void>>();
+  /** Bounds the sandbox starts in progress; a burst queues (create-gate.ts). */
+  readonly #gate: CreateGate;
   #sweeper: NodeJS.Timeout | undefined;
   /** Command log, background commands, sessions, files, ports, terminals. */
   readonly io: SandboxIo;
@@ -82,6 +86,7 @@ export class Edge implements EdgeApi {
   ) {
     this.edgeId = options.edgeId;
     this.#store = store;
+    this.#gate = new CreateGate(options.createGate);
     this.io = new SandboxIo({
       dbFile: join(options.stateDir, 'edge.db'),
       backend: options.backend,
@@ -273,10 +278,7 @@ export class Edge implements EdgeApi {
   async #start(rec: SandboxRecord, signal?: AbortSignal): Promise<SandboxInfo> {
     try {
       // A bounded number of starts at once; a burst queues (create-gate.ts).
-      const started = await createGateFor(this.options.backend).run(
-        () => this.options.backend.start(rec, signal),
-        signal,
-      );
+      const started = await this.#gate.run(() => this.options.backend.start(rec, signal), signal);
       this.#store.update(rec.id, { state: 'running', ...started });
       return toInfo({ ...rec, ...started, state: 'running' }, this.edgeId);
     } catch (err) {

@@ -1,14 +1,17 @@
 import { execFile } from 'node:child_process';
 import { chmod, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { startSingleNode } from '@dsec/cluster';
 import { ContainerBackend } from '@dsec/edge';
 import { makeBusyboxRootfs } from '@dsec/images';
 import { DSecClient } from '@dsec/sdk';
 import { describeMachine } from './create.js';
-import { interleave, ratio, summarize, type LatencySummary } from './stats.js';
+import type { ExecLoadJob } from './exec-load-client.js';
+import { interleave, ratio, type LatencySummary } from './stats.js';
 
 const execFileAsync = promisify(execFile);
 
@@ -121,7 +124,7 @@ export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchRep
     });
     const framedSeconds = Number(process.hrtime.bigint() - t1) / 1e9;
     await sb.stop();
-    const load = await execLoad(client, options);
+    const load = await execLoad(client, node, options);
     return {
       benchmark: 'exec',
       cycle: '`true` in a warm session: SDK → apiserver → edge → sandbox',
@@ -147,50 +150,49 @@ export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchRep
 /**
  * Throughput under load: `echo` as a one-off command (its own process in the
  * sandbox, result in the command log) through the SDK, `loadConcurrency` in
- * flight at once, spread over `loadSandboxes` sandboxes.
+ * flight at once, spread over `loadSandboxes` sandboxes. The client runs in a
+ * process of its own (exec-load-client.ts), as a trainer's would: in this one
+ * it would take half the node's event loop.
  */
-async function execLoad(client: DSecClient, options: ExecBenchOptions): Promise<LoadResult> {
+async function execLoad(
+  client: DSecClient,
+  node: { url: string; adminKey: string },
+  options: ExecBenchOptions,
+): Promise<LoadResult> {
   const sandboxes = await Promise.all(
     Array.from({ length: options.loadSandboxes }, () =>
       client.runContainer({ image: 'busybox', memoryLimitMb: 256, cpuCoresLimit: 1 }),
     ),
   );
   try {
-    for (const sb of sandboxes) await sb.exec(['echo', 'warm']);
-    const latencies: number[] = [];
-    let failures = 0;
-    let firstError: string | undefined;
-    let next = 0;
-    const t0 = process.hrtime.bigint();
-    await Promise.all(
-      Array.from({ length: options.loadConcurrency }, async (_, worker) => {
-        while (next < options.loadExecs) {
-          const i = next++;
-          const sb = sandboxes[(worker + i) % sandboxes.length]!;
-          const started = process.hrtime.bigint();
-          try {
-            const r = await sb.exec(['echo', String(i)]);
-            if (r.exitCode !== 0 || r.stdout !== `${i}\n`)
-              throw new Error(`echo ${i}: ${r.outcome}`);
-            latencies.push(Number(process.hrtime.bigint() - started) / 1e6);
-          } catch (err) {
-            failures++;
-            firstError ??= String(err);
-          }
-        }
-      }),
+    const job: ExecLoadJob = {
+      url: node.url,
+      apiKey: node.adminKey,
+      sandboxIds: sandboxes.map((sb) => sb.id),
+      execs: options.loadExecs,
+      concurrency: options.loadConcurrency,
+    };
+    const { stdout } = await execFileAsync(
+      process.execPath,
+      [...process.execArgv, loadClientEntry(), JSON.stringify(job)],
+      { maxBuffer: 2 ** 20 },
     );
-    const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
+    const result = JSON.parse(stdout) as Omit<LoadResult, 'execs' | 'concurrency' | 'sandboxes'>;
     return {
-      ...summarize(latencies),
+      ...result,
       execs: options.loadExecs,
       concurrency: options.loadConcurrency,
       sandboxes: options.loadSandboxes,
-      execsPerSecond: Math.round(latencies.length / seconds),
-      failures,
-      ...(firstError !== undefined ? { firstError } : {}),
     };
   } finally {
     await Promise.allSettled(sandboxes.map((sb) => sb.stop()));
   }
+}
+
+/** The load client: bundled JS beside the CLI bundle, or the TS source (run through tsx). */
+function loadClientEntry(): string {
+  const bundled = fileURLToPath(new URL('./exec-load.js', import.meta.url));
+  return existsSync(bundled)
+    ? bundled
+    : fileURLToPath(new URL('./exec-load-client.ts', import.meta.url));
 }

@@ -24,6 +24,11 @@ export function register(program: Command): void {
     .option('--host <addr>', 'address to listen on', '127.0.0.1')
     .option('--log-requests', 'log every request as a JSON line')
     .option('--stop-sandboxes', 'stop all sandboxes on shutdown instead of leaving them running')
+    .option('--runtime <binary>', 'OCI runtime: crun (default where installed) or runc')
+    .option(
+      '--no-cgroup-favordynmods',
+      'leave the host cgroup2 mount as it is (by default it is remounted with favordynmods: faster creates)',
+    )
     .action(
       async (
         opts: {
@@ -31,6 +36,8 @@ export function register(program: Command): void {
           host: string;
           logRequests?: boolean;
           stopSandboxes?: boolean;
+          runtime?: string;
+          cgroupFavordynmods: boolean;
         } & AdmissionFlags,
         command: Command,
       ) => {
@@ -43,6 +50,8 @@ export function register(program: Command): void {
           logRequests: opts.logRequests === true,
           ...(ctx.options.imageStore ? { imageStore: ctx.options.imageStore } : {}),
           admission: admissionConfig(opts),
+          ...(opts.runtime ? { runtimeBinary: opts.runtime } : {}),
+          cgroupFavorDynmods: opts.cgroupFavordynmods,
         });
         ctx.out(`ready ${node.url}`);
         ctx.io.stderr.write(`admin key in ${stateDir}/admin.key; export DSEC_URL=${node.url}\n`);
