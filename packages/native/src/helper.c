@@ -20,6 +20,7 @@ static const struct {
     { "umount", cmd_umount },
     { "mount-rootfs", cmd_mount_rootfs },
     { "chronusd", cmd_chronusd },
+    { "seccomp-bpf", cmd_seccomp_bpf },
 };
 
 int main(int argc, char **argv)
@@ -31,6 +32,6 @@ int main(int argc, char **argv)
                 return commands[i].run(argc - 2, argv + 2);
         }
     }
-    fprintf(stderr, "usage: dsec-helper mount-erofs|mount-fuse|umount|mount-rootfs|chronusd ...\n");
+    fprintf(stderr, "usage: dsec-helper mount-erofs|mount-fuse|umount|mount-rootfs|chronusd|seccomp-bpf ...\n");
     return 2;
 }

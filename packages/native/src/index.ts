@@ -28,7 +28,7 @@
  * await supervisor.stop(); // the daemon keeps serving until the sandbox's init dies
  * ```
  */
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 
 import { DsecError, throwIfAborted } from '@dsec/core';
 
@@ -165,6 +165,21 @@ export interface MountRootfsOptions {
  */
 export async function mountRootfs(options: MountRootfsOptions): Promise<void> {
   await mountCancellable(rootfsArgs(options), options.target, options.signal);
+}
+
+/**
+ * Compiles a seccomp profile (the line format chronus loads) into the BPF
+ * program the kernel runs: `struct sock_filter[]` bytes. A runtime that
+ * takes a precompiled filter (crun's `run.oci.seccomp_bpf_data`) then skips
+ * compiling the OCI profile on every start (≈ 7 ms here). Throws
+ * `invalid_argument` with the compiler's reason.
+ */
+export function compileSeccompBpf(profile: string): Buffer {
+  const r = spawnSync(helperPath(), ['seccomp-bpf'], { input: profile, maxBuffer: 2 ** 20 });
+  if (r.status !== 0) {
+    throw new DsecError('invalid_argument', `seccomp profile: ${String(r.stderr).trim()}`);
+  }
+  return r.stdout;
 }
 
 /**

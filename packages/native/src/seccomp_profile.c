@@ -167,3 +167,43 @@ int seccomp_profile_compile(const char *text, struct sock_fprog *out, char *err,
     out->filter = prog;
     return 0;
 }
+
+/*
+ * `dsec-helper seccomp-bpf`: compiles the profile text on stdin and writes the
+ * BPF program (struct sock_filter[]) to stdout, for runtimes that load a
+ * precompiled filter (crun's run.oci.seccomp_bpf_data) instead of compiling
+ * the OCI profile on every container start.
+ */
+int cmd_seccomp_bpf(int argc, char **argv)
+{
+    (void)argv;
+    if (argc != 0)
+        dief(EINVAL, "usage: seccomp-bpf < PROFILE");
+    size_t cap = 1 << 16, len = 0;
+    char *text = malloc(cap);
+    if (!text)
+        die("profile", ENOMEM);
+    for (;;) {
+        if (len + 1 == cap) {
+            char *grown = realloc(text, cap *= 2);
+            if (!grown)
+                die("profile", ENOMEM);
+            text = grown;
+        }
+        ssize_t n = read(0, text + len, cap - 1 - len);
+        if (n < 0)
+            die("read profile", errno);
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    text[len] = 0;
+    struct sock_fprog prog;
+    char err[256];
+    if (seccomp_profile_compile(text, &prog, err, sizeof err) < 0)
+        dief(EINVAL, "%s", err);
+    int r = write_all(1, prog.filter, prog.len * sizeof(struct sock_filter));
+    if (r < 0)
+        die("write", -r);
+    return 0;
+}

@@ -214,6 +214,7 @@ export async function describeMachine(): Promise<Record<string, unknown>> {
     kernel: os.release(),
     node: process.version,
     runc: await version('runc', ['--version']),
+    crun: await version('crun', ['--version']),
     podman: await version('podman', ['--version']),
   };
 }

@@ -194,6 +194,10 @@ describe('sandbox hardening', { skip, timeout: 600_000 }, () => {
     assert.equal(capEff, want);
     assert.match(status, /NoNewPrivs:\s*1/);
     assert.match(status, /Seccomp:\s*2/);
+    // The runtime loads the filter into init too (crun from the precompiled BPF annotation).
+    const init = await sh(sb, 'cat /proc/1/status');
+    assert.match(init, /Seccomp:\s*2/);
+    assert.match(init, /NoNewPrivs:\s*1/);
     const uidMap = (await sh(sb, 'cat /proc/self/uid_map')).trim().split(/\s+/).map(Number);
     assert.equal(uidMap[0], 0);
     assert.ok((uidMap[1] ?? 0) >= 100_000, `uid_map ${uidMap.join(' ')}`);

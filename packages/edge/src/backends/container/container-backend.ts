@@ -6,6 +6,7 @@ import { DsecError } from '@dsec/core';
 import type { CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
 import {
   ChronusConnection,
+  compileSeccompBpf,
   findChronus,
   isChronus,
   prepareChronus,
@@ -63,11 +64,29 @@ export class ContainerBackend implements Backend {
   readonly kind = 'container' as const;
   readonly #connections = new Map<string, Promise<ChronusConnection>>();
   readonly #oomKillsSeen = new Map<string, number>();
+  #seccompBpf: string | undefined;
 
   constructor(readonly options: ContainerBackendOptions) {
     // Every mapped root passes through here to its own directory; nobody lists it.
     mkdirSync(options.dir, { recursive: true, mode: 0o711 });
     chmodSync(options.dir, 0o711);
+  }
+
+  /**
+   * crun loads a precompiled filter from an annotation instead of compiling
+   * the OCI profile (the same table, seccomp.ts) on every start: ≈ 7 ms of a
+   * create. Compiled once per backend.
+   */
+  #withPrecompiledSeccomp(config: Record<string, unknown>): Record<string, unknown> {
+    if (this.options.runtime.name !== 'crun') return config;
+    this.#seccompBpf ??= compileSeccompBpf(seccompLines()).toString('base64');
+    return {
+      ...config,
+      annotations: {
+        ...(config.annotations as Record<string, string> | undefined),
+        'run.oci.seccomp_bpf_data': this.#seccompBpf,
+      },
+    };
   }
 
   /**
@@ -147,7 +166,10 @@ export class ContainerBackend implements Backend {
         idCount: ID_COUNT,
         network,
       });
-      writeFileSync(join(p.dir, 'config.json'), JSON.stringify(config));
+      writeFileSync(
+        join(p.dir, 'config.json'),
+        JSON.stringify(this.#withPrecompiledSeccomp(config)),
+      );
       const running = await this.options.runtime.run({
         id: p.name,
         bundle: p.dir,
