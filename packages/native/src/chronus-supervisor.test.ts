@@ -16,6 +16,7 @@ import {
 } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { after, before, describe, test } from 'node:test';
 
 import { helperPath } from './binaries.js';
@@ -137,16 +138,20 @@ describe('chronus supervisor', { skip }, () => {
         stdin: true,
       });
       await fake.started;
-      const inside = (await readFile(join(a.sandbox.cgroupDirs[0]!, 'cgroup.procs'), 'utf8'))
-        .split('\n')
-        .filter(Boolean)
-        .map(Number);
-      const impostors = [];
-      for (const pid of inside) {
-        const argv0 = (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).split(
-          '\0',
-        )[0];
-        if (argv0 === 'dsec-chronus' && pid !== a.pid) impostors.push(pid);
+      // STARTED comes when the command is forked; its shell execs the impostor a moment later.
+      const impostors: number[] = [];
+      for (let tries = 0; impostors.length === 0 && tries < 200; tries++) {
+        if (tries > 0) await sleep(10);
+        const inside = (await readFile(join(a.sandbox.cgroupDirs[0]!, 'cgroup.procs'), 'utf8'))
+          .split('\n')
+          .filter(Boolean)
+          .map(Number);
+        for (const pid of inside) {
+          const argv0 = (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).split(
+            '\0',
+          )[0];
+          if (argv0 === 'dsec-chronus' && pid !== a.pid) impostors.push(pid);
+        }
       }
       assert.equal(impostors.length, 1, 'the impostor runs in the same cgroup');
       assert.equal(await isChronus(impostors[0]!, cgroupOf(a)), false);
