@@ -360,30 +360,32 @@ export class LinuxNetwork implements NetworkManager {
     this.#live.delete(sb.id);
     if (live) await live.queue.catch(() => undefined);
     // The last denied connections are turned into events while the source
-    // still maps to this sandbox; then their records go too.
-    const denied = await this.#denied.submit().catch(() => [] as DeniedEntry[]);
-    for (const [src, id] of this.#bySource) if (id === sb.id) this.#bySource.delete(src);
+    // still maps to this sandbox; then their records go too. The sandbox's own
+    // elements do not depend on that read: they go in a transaction of their
+    // own meanwhile (two nft processes at once instead of one after the
+    // other), and the denial records only need a second one when there are any.
+    const deniedRead = this.#denied.submit().catch(() => [] as DeniedEntry[]);
     const sources = new Set([n.sandbox4, n.sandbox6]);
     const refs = [
       ...(live ? [...live.elements.values()].map((e) => e.ref) : baseElements(n, undefined)),
       ...this.#takeOrphans(n.sandbox4, n.sandbox6),
     ];
     const errors: unknown[] = [];
-    await this.#nft
-      .submit(
-        script([
-          ...deleteLines(this.table, refs),
-          ...deleteDeniedLines(
-            this.table,
-            denied.filter((d) => sources.has(d.source)),
-          ),
-          ...this.#dropChains(sb.id),
-        ]),
-      )
+    const removed = this.#nft
+      .submit(script([...deleteLines(this.table, refs), ...this.#dropChains(sb.id)]))
       .catch((e: unknown) => {
         this.#orphans.set(n.sandbox4, refs);
         errors.push(e);
       });
+    const denied = (await deniedRead).filter((d) => sources.has(d.source));
+    for (const [src, id] of this.#bySource) if (id === sb.id) this.#bySource.delete(src);
+    await removed;
+    if (denied.length > 0) {
+      // Records of a sandbox that is gone; they would also expire by their timeout.
+      await this.#nft
+        .submit(script(deleteDeniedLines(this.table, denied)))
+        .catch((e: unknown) => errors.push(e));
+    }
     // The veth normally died with the sandbox's network namespace.
     await this.#deleteLink(n.veth).catch((e: unknown) => errors.push(e));
     await rm(n.resolvConf, { force: true });
