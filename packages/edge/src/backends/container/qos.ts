@@ -1,5 +1,6 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { DsecError } from '@dsec/core';
 import type { QosClass } from '@dsec/core';
 import { runTool } from '../../network/sys.js';
 
@@ -34,7 +35,8 @@ export async function applyQos(
   if (qosClass !== 'best-effort') return;
   const proc = options.procRoot ?? '/proc';
   const cgroup = cpuCgroupOf(proc, initPid);
-  if (cgroup === undefined) throw new Error(`sandbox init ${initPid} has no CPU cgroup`);
+  if (cgroup === undefined)
+    throw new DsecError('internal', `sandbox init ${initPid} has no CPU cgroup`);
   const dir = join(options.cgroupRoot ?? '/sys/fs/cgroup', cgroup.mount, cgroup.path);
   try {
     writeFileSync(join(dir, 'cpu.idle'), '1');
