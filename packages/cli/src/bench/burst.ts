@@ -1,23 +1,22 @@
 import { spawn } from 'node:child_process';
-import { chmod, chown, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { monitorEventLoopDelay, type IntervalHistogram } from 'node:perf_hooks';
 import { startSingleNode } from '@dsec/cluster';
 import { toDsecError } from '@dsec/core';
 import type { SandboxSpec } from '@dsec/core';
-import { buildContainerConfig, LinuxNetwork } from '@dsec/edge';
+import { buildContainerConfig } from '@dsec/edge';
 import { makeBusyboxRootfs } from '@dsec/images';
-import { mountErofs, mountRootfs, unmount } from '@dsec/native';
 import { DSecClient, type Sandbox } from '@dsec/sdk';
 import { describeMachine } from './create.js';
 import {
-  countLeftovers,
   detachMountsUnder,
+  leftoversAcrossClose,
   removeCgroupParent,
-  worstOf,
   type HostLeftovers,
 } from './host-leftovers.js';
+import { mountPeerRoot, PEER_HOST_ID, PEER_ID_COUNT } from './peer-root.js';
 import { summarize } from './stats.js';
 
 export interface BurstBenchOptions {
@@ -109,7 +108,6 @@ export async function benchBurst(options: BurstBenchOptions): Promise<BurstBench
       kind: 'base',
       from: { dir: rootfsDir },
     });
-    const net = node.edge.options.network;
     const client = new DSecClient({
       url: node.url,
       apiKey: node.adminKey,
@@ -141,27 +139,20 @@ export async function benchBurst(options: BurstBenchOptions): Promise<BurstBench
       }
     });
     removeLoop.disable();
-    // Counted while the node still runs (its table exists; its shared layer
-    // mounts are cached) and again after it closed (everything must be gone).
-    const edgeStateDir = join(stateDir, 'edge');
-    const scope = {
-      workDir: work,
-      edgeStateDir,
-      cgroupParent,
-      veths:
-        net instanceof LinuxNetwork
-          ? sandboxes.map((sb) => net.names({ id: sb.id, slot: 0 }).veth)
-          : [],
-      nftTable: net instanceof LinuxNetwork ? net.table : undefined,
-    };
-    const running = await countLeftovers({
-      ...scope,
-      sharedMountDirs: [join(edgeStateDir, 'layers'), join(edgeStateDir, 'blobs')],
-    });
-    client.close();
-    nodeOpen = false;
-    await node.close({ stopSandboxes: true });
-    const left = worstOf(running, await countLeftovers(scope));
+    const left = await leftoversAcrossClose(
+      node,
+      {
+        workDir: work,
+        edgeStateDir: join(stateDir, 'edge'),
+        cgroupParent,
+        sandboxIds: sandboxes.map((sb) => sb.id),
+      },
+      async () => {
+        client.close();
+        nodeOpen = false;
+        await node.close({ stopSandboxes: true });
+      },
+    );
 
     // Bare runc at the same concurrency.
     const peer = await preparePeer(work, await node.store.blobPath(layer.digest), cgroupParent);
@@ -297,24 +288,10 @@ const PEER_SPEC: SandboxSpec = {
  */
 async function preparePeer(work: string, image: string, cgroupParent: string) {
   const dir = join(work, 'peer');
-  const layerDir = join(dir, 'layer');
   const rootfs = join(dir, 'rootfs');
-  const upper = join(dir, 'upper');
-  const wdir = join(dir, 'work');
   const runtimeRoot = join(dir, 'runtime');
-  const hostId = 100_000 + 60_000 * 65_536; // a uid range far above the edge's slots
-  await Promise.all(
-    [layerDir, rootfs, upper, wdir, runtimeRoot].map((d) => mkdir(d, { recursive: true })),
-  );
-  await Promise.all([upper, wdir].map((d) => chown(d, hostId, hostId)));
-  await mountErofs(image, layerDir);
-  await mountRootfs({
-    target: rootfs,
-    upper,
-    work: wdir,
-    lowers: [layerDir],
-    idmap: { hostId, size: 65_536 },
-  });
+  await mkdir(runtimeRoot, { recursive: true });
+  const root = await mountPeerRoot(dir, rootfs, image);
   const started: string[] = [];
   const runcLog = join(dir, 'runc.log');
   const runc = (args: string[]) =>
@@ -352,8 +329,8 @@ async function preparePeer(work: string, image: string, cgroupParent: string) {
         rootfs,
         initBinary: '/bin/true',
         cgroupsPath: `/${cgroupParent}/peer-${i}`,
-        hostIdBase: hostId,
-        idCount: 65_536,
+        hostIdBase: PEER_HOST_ID,
+        idCount: PEER_ID_COUNT,
       }) as { process: { args: string[] }; mounts: { destination: string }[] };
       // The peer idles like a sandbox's init does, without DSec's init or exec channel.
       config.process.args = ['/bin/sleep', '3600'];
@@ -365,8 +342,7 @@ async function preparePeer(work: string, image: string, cgroupParent: string) {
     cleanup: async () => {
       const ids = [...started];
       await burst(ids.length, 64, undefined, (i) => runc(['delete', '-f', ids[i]!]));
-      await unmount([rootfs], { detach: true });
-      await unmount([layerDir], { detach: true });
+      await root.unmount();
     },
   };
 }

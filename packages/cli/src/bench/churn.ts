@@ -3,15 +3,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startSingleNode } from '@dsec/cluster';
 import { toDsecError } from '@dsec/core';
-import { LinuxNetwork } from '@dsec/edge';
 import { makeBusyboxRootfs } from '@dsec/images';
 import { DSecClient } from '@dsec/sdk';
 import { describeMachine } from './create.js';
 import {
-  countLeftovers,
   detachMountsUnder,
+  leftoversAcrossClose,
   removeCgroupParent,
-  worstOf,
   type HostLeftovers,
 } from './host-leftovers.js';
 import { summarize } from './stats.js';
@@ -74,7 +72,6 @@ export async function benchChurn(options: ChurnBenchOptions): Promise<ChurnBench
     const rootfsDir = join(work, 'busybox-rootfs');
     await makeBusyboxRootfs(rootfsDir);
     await node.buildLayer({ name: 'busybox', kind: 'base', from: { dir: rootfsDir } });
-    const net = node.edge.options.network;
     const client = new DSecClient({ url: node.url, apiKey: node.adminKey });
     cleanups.unshift(async () => client.close());
 
@@ -116,24 +113,15 @@ export async function benchChurn(options: ChurnBenchOptions): Promise<ChurnBench
     const wallMs = performance.now() - t0;
     if (options.signal?.aborted) throw new Error('benchmark aborted');
 
-    // Counted while the node still runs (its table exists; its shared layer
-    // mounts are cached) and again after it closed (everything must be gone).
-    const edgeStateDir = join(stateDir, 'edge');
-    const scope = {
-      workDir: work,
-      edgeStateDir,
-      cgroupParent,
-      veths: net instanceof LinuxNetwork ? ids.map((id) => net.names({ id, slot: 0 }).veth) : [],
-      nftTable: net instanceof LinuxNetwork ? net.table : undefined,
-    };
-    const running = await countLeftovers({
-      ...scope,
-      sharedMountDirs: [join(edgeStateDir, 'layers'), join(edgeStateDir, 'blobs')],
-    });
-    client.close();
-    nodeOpen = false;
-    await node.close();
-    const left = worstOf(running, await countLeftovers(scope));
+    const left = await leftoversAcrossClose(
+      node,
+      { workDir: work, edgeStateDir: join(stateDir, 'edge'), cgroupParent, sandboxIds: ids },
+      async () => {
+        client.close();
+        nodeOpen = false;
+        await node.close();
+      },
+    );
 
     const failuresByCode: Record<string, number> = {};
     for (const code of failures) failuresByCode[code] = (failuresByCode[code] ?? 0) + 1;

@@ -1,14 +1,14 @@
 import { execFile, spawnSync } from 'node:child_process';
-import { chmod, chown, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { startSingleNode } from '@dsec/cluster';
 import { buildContainerConfig } from '@dsec/edge';
 import { makeBusyboxRootfs } from '@dsec/images';
-import { mountErofs, mountRootfs, unmount } from '@dsec/native';
 import { DSecClient } from '@dsec/sdk';
 import type { SandboxSpec } from '@dsec/core';
+import { mountPeerRoot, PEER_HOST_ID, PEER_ID_COUNT } from './peer-root.js';
 import { interleave, ratio, type LatencySummary } from './stats.js';
 
 const execFileAsync = promisify(execFile);
@@ -160,44 +160,24 @@ export async function benchCreate(options: CreateBenchOptions): Promise<CreateBe
 /** A bundle for bare `runc run`: same layer, same idmapped overlay, same namespaces and limits. */
 async function preparePeerBundle(work: string, image: string) {
   const dir = join(work, 'peer');
-  const layerDir = join(dir, 'layer');
   const bundle = join(dir, 'bundle');
   const rootfs = join(bundle, 'rootfs');
-  const upper = join(dir, 'upper');
-  const wdir = join(dir, 'work');
-  const hostId = 100_000 + 60_000 * 65_536; // a uid range far above the edge's slots
-  await Promise.all([layerDir, rootfs, upper, wdir].map((d) => mkdir(d, { recursive: true })));
-  await Promise.all([upper, wdir].map((d) => chown(d, hostId, hostId)));
-  await mountErofs(image, layerDir);
-  await mountRootfs({
-    target: rootfs,
-    upper,
-    work: wdir,
-    lowers: [layerDir],
-    idmap: { hostId, size: 65_536 },
-  });
+  const root = await mountPeerRoot(dir, rootfs, image);
   const config = buildContainerConfig({
     spec: SPEC,
     hostname: 'bench',
     rootfs,
     initBinary: '/bin/true',
     cgroupsPath: `/dsec-bench/${process.pid}`,
-    hostIdBase: hostId,
-    idCount: 65_536,
+    hostIdBase: PEER_HOST_ID,
+    idCount: PEER_ID_COUNT,
   }) as { process: { args: string[] }; mounts: { destination: string }[] };
   // The peer runs `true` directly: no init, no exec channel.
   config.process.args = ['/bin/true'];
   config.mounts = config.mounts.filter((m) => m.destination !== '/dev/.dsec-init');
   await writeFile(join(bundle, 'config.json'), JSON.stringify(config));
   const runtimeRoot = join(dir, 'runtime');
-  return {
-    bundle,
-    runtimeRoot,
-    cleanup: async () => {
-      await unmount([rootfs], { detach: true });
-      await unmount([layerDir], { detach: true });
-    },
-  };
+  return { bundle, runtimeRoot, cleanup: root.unmount };
 }
 
 export async function describeMachine(): Promise<Record<string, unknown>> {

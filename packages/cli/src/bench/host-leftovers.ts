@@ -3,6 +3,7 @@ import { existsSync, readdirSync } from 'node:fs';
 import { readdir, readFile, rmdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
+import { LinuxNetwork } from '@dsec/edge';
 
 const execFileAsync = promisify(execFile);
 
@@ -45,6 +46,34 @@ export function worstOf(a: HostLeftovers, b: HostLeftovers): HostLeftovers {
   const out = { ...a };
   for (const k of Object.keys(out) as (keyof HostLeftovers)[]) out[k] = Math.max(a[k], b[k]);
   return out;
+}
+
+/**
+ * What a node's removed sandboxes left: counted while the node still runs
+ * (its nftables table exists; its shared layer mounts stay cached, so they
+ * are not counted) and again after `close` (everything must be gone); the
+ * worse of the two, key by key.
+ */
+export async function leftoversAcrossClose(
+  node: { edge: { options: { network?: unknown } } },
+  scope: { workDir: string; edgeStateDir: string; cgroupParent: string; sandboxIds: string[] },
+  close: () => Promise<void>,
+): Promise<HostLeftovers> {
+  const net = node.edge.options.network;
+  const counted: LeftoverScope = {
+    ...scope,
+    veths:
+      net instanceof LinuxNetwork
+        ? scope.sandboxIds.map((id) => net.names({ id, slot: 0 }).veth)
+        : [],
+    nftTable: net instanceof LinuxNetwork ? net.table : undefined,
+  };
+  const running = await countLeftovers({
+    ...counted,
+    sharedMountDirs: [join(scope.edgeStateDir, 'layers'), join(scope.edgeStateDir, 'blobs')],
+  });
+  await close();
+  return worstOf(running, await countLeftovers(counted));
 }
 
 /** Counts what is left of a node's sandboxes on the host (see {@link HostLeftovers}). */
