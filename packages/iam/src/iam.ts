@@ -1,7 +1,6 @@
-import type Database from 'better-sqlite3';
 import { DsecError, randomId } from '@dsec/core';
-import { openPrivateDatabase } from './private-db.js';
-import { migrate } from './schema.js';
+import { isUniqueViolation, lockSuffix } from './db/sql.js';
+import type { SqlDb, SqlQuery } from './db/sql.js';
 import { API_KEY_PATTERN, hashApiKey, newApiKey } from './keys.js';
 import { ROLE_RANK } from './types.js';
 import type {
@@ -19,17 +18,24 @@ import type {
 } from './types.js';
 
 export interface IamOptions {
-  /** SQLite file; `:memory:` for tests that do not need durability. */
-  path: string;
   /** Clock, for tests. */
   now?: () => number;
   /**
    * How long a reservation or idempotency claim that was never bound to a
    * created sandbox keeps holding quota (an apiserver that died mid-create).
+   * Default 600 000.
    */
   pendingTtlMs?: number;
-  /** Extra time a bound reservation outlives its sandbox's expiry. */
+  /** Extra time a bound reservation outlives its sandbox's expiry. Default 60 000. */
   expiryGraceMs?: number;
+  /**
+   * How long `authenticate` trusts a key it has already looked up, without
+   * asking the database again. A key revoked through this instance is
+   * refused at once; one revoked through another instance (another
+   * apiserver) is refused here at most this long after. 0 looks every key
+   * up on every call. Default 1000.
+   */
+  authCacheTtlMs?: number;
 }
 
 export const PROJECT_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
@@ -54,25 +60,50 @@ interface KeyRow {
 }
 
 type AuditArgs = [string | null, string, string, AuditOutcome, Record<string, unknown> | undefined];
+type Deny = (...args: AuditArgs) => void;
 
+// `CAST`: PostgreSQL must know the type of the recursive term's parameter.
 const SUBTREE_CTE = `WITH RECURSIVE sub(id) AS (
-  SELECT ? UNION ALL SELECT p.id FROM projects p JOIN sub ON p.parent_id = sub.id)`;
+  SELECT CAST(? AS TEXT) UNION ALL SELECT p.id FROM projects p JOIN sub ON p.parent_id = sub.id)`;
 const ANCESTORS_CTE = `WITH RECURSIVE anc(id, parent_id, depth) AS (
   SELECT id, parent_id, 0 FROM projects WHERE id = ?
   UNION ALL SELECT p.id, p.parent_id, anc.depth + 1 FROM projects p JOIN anc ON p.id = anc.parent_id)`;
+const PROJECT_COLUMNS =
+  'p.id, p.name, p.parent_id, p.quota_sandboxes, p.quota_memory_mb, p.quota_cpu_millis, p.created_at';
+const HAS_QUOTA =
+  '(p.quota_sandboxes IS NOT NULL OR p.quota_memory_mb IS NOT NULL OR p.quota_cpu_millis IS NOT NULL)';
+
+/** Keys and ancestor chains held in memory at most; past it the cache starts over. */
+const CACHE_MAX_ENTRIES = 10_000;
+/** Expired reservations are deleted at most this often (reads ignore them anyway). */
+const SWEEP_INTERVAL_MS = 10_000;
 
 /**
  * Durable identity and quota state: nested projects, API keys, quota
- * reservations, idempotency records and the audit log, in one SQLite file
- * (WAL, `synchronous=FULL`). Several processes may share the file; every
- * check-then-write runs inside one `BEGIN IMMEDIATE` transaction, so parallel
- * reservations can never overrun a quota.
+ * reservations, idempotency records and the audit log, over a control
+ * database (`openControlDb`: SQLite by default, PostgreSQL for a cluster).
+ * Every method is async; the logic is written once over the `SqlDb` seam.
  *
  * Lifecycle:
- *   `Iam.open({ path })` → `bootstrap()` once (root project + first admin key)
- *   → `authenticate` / `canAccess` per request → `reserve` → `bindReservation`
- *   (sandbox created) or `release` (create failed) → `release` (sandbox deleted)
- *   → `close()`.
+ *   `openControlDb(location)` → `iam.bootstrap()` once (root project + first
+ *   admin key) → `authenticate` / `canAccess` per request → `reserve` →
+ *   `bindReservation` (sandbox created) or `release` (create failed) →
+ *   `release` (sandbox deleted) → `ControlDb.close()`.
+ *
+ * Concurrency: several instances (several apiservers, each with its own
+ * connections) may share one database. Every check-then-write runs in one
+ * transaction that first takes the locks its check depends on: on SQLite the
+ * database's write lock (`BEGIN IMMEDIATE`); on PostgreSQL the rows of every
+ * ancestor project that has a quota, root first (a consistent order, so two
+ * reservations never deadlock), before usage is summed. Parallel
+ * reservations therefore never overrun a quota, on either database.
+ *
+ * Caches (per instance): `authenticate` keeps a key it found for
+ * `authCacheTtlMs` (default 1 s), so a loaded apiserver does not query the
+ * database per request; revocation is immediate on the revoking instance and
+ * reaches the others within that TTL (docs/adr/0011-control-plane-store.md).
+ * Ancestor chains are cached without expiry: a project's parent never
+ * changes and projects are never deleted, so a chain, once read, stays true.
  *
  * Authorisation rules (paper 3.2): a key acts on its project and every
  * descendant; it may grant only roles at or below its own; only admins create
@@ -81,101 +112,108 @@ const ANCESTORS_CTE = `WITH RECURSIVE anc(id, parent_id, depth) AS (
  * never stored or logged; only their SHA-256.
  */
 export class Iam {
-  readonly #db: Database.Database;
-  readonly #sql: (source: string) => Database.Statement;
+  readonly #db: SqlDb;
   readonly #now: () => number;
   readonly #pendingTtlMs: number;
   readonly #expiryGraceMs: number;
-  readonly #deferred: AuditArgs[] = [];
+  readonly #authCacheTtlMs: number;
+  /** Key hash → principal and until when it may be served from memory. */
+  readonly #keys = new Map<string, { principal: Principal; untilMs: number }>();
+  /** Project → its ancestors and itself. */
+  readonly #ancestors = new Map<string, ReadonlySet<string>>();
+  #lastSweepMs = 0;
 
-  private constructor(db: Database.Database, options: IamOptions) {
+  /** @internal Use `openControlDb`, which migrates the database first. */
+  constructor(db: SqlDb, options: IamOptions = {}) {
     this.#db = db;
-    const statements = new Map<string, Database.Statement>();
-    // Each distinct SQL text is prepared once: requests stay off SQLite's compiler.
-    this.#sql = (source) => {
-      let statement = statements.get(source);
-      if (!statement) {
-        statement = db.prepare(source);
-        statements.set(source, statement);
-      }
-      return statement;
-    };
     this.#now = options.now ?? Date.now;
     this.#pendingTtlMs = options.pendingTtlMs ?? 10 * 60_000;
     this.#expiryGraceMs = options.expiryGraceMs ?? 60_000;
-  }
-
-  /** Opens (creating if needed) and migrates the database. */
-  static open(options: IamOptions): Iam {
-    const db = openPrivateDatabase(options.path);
-    db.pragma('journal_mode = WAL');
-    db.pragma('synchronous = FULL');
-    db.pragma('foreign_keys = ON');
-    db.pragma('busy_timeout = 5000');
-    migrate(db);
-    return new Iam(db, options);
-  }
-
-  close(): void {
-    this.#db.close();
+    this.#authCacheTtlMs = options.authCacheTtlMs ?? 1000;
   }
 
   // ---- bootstrap & authentication -------------------------------------------------
 
   /**
    * Creates the root project and an admin key when the database has no
-   * project yet. The raw key is returned only then, once; later calls return
+   * project yet. The raw key is returned only then, once; later calls (and
+   * every instance but one, when several bootstrap at once) return
    * `{ created: false }` with the root project's ID.
    */
-  bootstrap(): { created: boolean; projectId: string; keyId?: string; key?: string } {
-    return this.#tx(() => {
-      const root = this.#sql('SELECT id FROM projects WHERE parent_id IS NULL LIMIT 1').get() as
-        { id: string } | undefined;
-      if (root) return { created: false, projectId: root.id };
-      const projectId = randomId('prj');
-      const at = this.#iso();
-      this.#sql(
-        'INSERT INTO projects (id, name, parent_id, created_at) VALUES (?, ?, NULL, ?)',
-      ).run(projectId, 'root', at);
-      const { id, key } = this.#insertKey(projectId, 'admin', 'bootstrap', null);
-      this.#audit(null, 'project.create', projectId, 'ok', { name: 'root' });
-      this.#audit(null, 'key.create', id, 'ok', { projectId, role: 'admin' });
-      return { created: true, projectId, keyId: id, key };
-    });
+  async bootstrap(): Promise<{
+    created: boolean;
+    projectId: string;
+    keyId?: string;
+    key?: string;
+  }> {
+    try {
+      return await this.#tx(async (q) => {
+        const root = await this.#root(q);
+        if (root) return { created: false, projectId: root };
+        const projectId = randomId('prj');
+        const at = this.#iso();
+        await q.run(
+          'INSERT INTO projects (id, name, parent_id, created_at) VALUES (?, ?, NULL, ?)',
+          [projectId, 'root', at],
+        );
+        const { id, key } = await this.#insertKey(q, projectId, 'admin', 'bootstrap', null);
+        await this.#writeAudit(q, null, 'project.create', projectId, 'ok', { name: 'root' });
+        await this.#writeAudit(q, null, 'key.create', id, 'ok', { projectId, role: 'admin' });
+        return { created: true, projectId, keyId: id, key };
+      });
+    } catch (err) {
+      // Another instance created the root between our check and our insert.
+      if (!isUniqueViolation(err)) throw err;
+      const root = await this.#root(this.#db);
+      if (!root) throw err;
+      return { created: false, projectId: root };
+    }
   }
 
-  /** Throws `unauthenticated` for a missing, malformed, unknown or revoked key. */
-  authenticate(rawKey: string | undefined): Principal {
+  /**
+   * Throws `unauthenticated` for a missing, malformed, unknown or revoked key.
+   * Served from memory for up to `authCacheTtlMs` after a lookup.
+   */
+  async authenticate(rawKey: string | undefined): Promise<Principal> {
     if (typeof rawKey !== 'string' || !API_KEY_PATTERN.test(rawKey)) {
-      this.#audit(null, 'auth', '', 'denied', { reason: rawKey ? 'malformed' : 'missing' });
+      await this.#auditNow(null, 'auth', '', 'denied', {
+        reason: rawKey ? 'malformed' : 'missing',
+      });
       throw new DsecError('unauthenticated', 'missing or malformed API key');
     }
-    const row = this.#sql(
+    const hash = hashApiKey(rawKey);
+    const now = this.#now();
+    const cached = this.#keys.get(hash);
+    if (cached && cached.untilMs > now) return { ...cached.principal };
+    const row = await this.#db.get<Pick<KeyRow, 'id' | 'project_id' | 'role' | 'revoked_at'>>(
       'SELECT id, project_id, role, revoked_at FROM api_keys WHERE hash = ?',
-    ).get(hashApiKey(rawKey)) as
-      Pick<KeyRow, 'id' | 'project_id' | 'role' | 'revoked_at'> | undefined;
+      [hash],
+    );
     if (!row) {
-      this.#audit(null, 'auth', '', 'denied', { reason: 'unknown' });
+      this.#keys.delete(hash);
+      await this.#auditNow(null, 'auth', '', 'denied', { reason: 'unknown' });
       throw new DsecError('unauthenticated', 'unknown API key');
     }
     if (row.revoked_at !== null) {
-      this.#audit(row.id, 'auth', row.id, 'denied', { reason: 'revoked' });
+      this.#keys.delete(hash);
+      await this.#auditNow(row.id, 'auth', row.id, 'denied', { reason: 'revoked' });
       throw new DsecError('unauthenticated', 'API key revoked');
     }
-    return { keyId: row.id, projectId: row.project_id, role: row.role };
+    const principal: Principal = { keyId: row.id, projectId: row.project_id, role: row.role };
+    if (this.#authCacheTtlMs > 0) {
+      if (this.#keys.size >= CACHE_MAX_ENTRIES) this.#keys.clear();
+      this.#keys.set(hash, { principal, untilMs: now + this.#authCacheTtlMs });
+    }
+    return { ...principal };
   }
 
   /** True when the principal's project is `projectId` or one of its ancestors. */
-  canAccess(principal: Principal, projectId: string): boolean {
+  canAccess(principal: Principal, projectId: string): Promise<boolean> {
     return this.isAncestorOrSelf(principal.projectId, projectId);
   }
 
-  isAncestorOrSelf(ancestorId: string, projectId: string): boolean {
-    const row = this.#sql(`${ANCESTORS_CTE} SELECT 1 AS x FROM anc WHERE id = ?`).get(
-      projectId,
-      ancestorId,
-    );
-    return row !== undefined;
+  async isAncestorOrSelf(ancestorId: string, projectId: string): Promise<boolean> {
+    return (await this.#chain(this.#db, projectId))?.has(ancestorId) ?? false;
   }
 
   // ---- projects -------------------------------------------------------------------
@@ -187,99 +225,108 @@ export class Iam {
    * tightest over its ancestors) — else `permission_denied` naming the field.
    * A duplicate name under the same parent is `conflict`.
    */
-  createProject(
+  async createProject(
     caller: Principal,
     input: { name: string; parentId?: string | undefined; quota?: Quota | undefined },
-  ): Project {
+  ): Promise<Project> {
     const parentId = input.parentId ?? caller.projectId;
     const quota = input.quota ?? {};
-    return this.#tx(() => {
-      if (!this.#projectRow(parentId) || !this.canAccess(caller, parentId)) {
-        this.#audit(caller.keyId, 'project.create', parentId, 'denied', {
-          reason: 'parent not found',
-        });
-        throw new DsecError('not_found', `no project ${JSON.stringify(parentId)}`, {
-          field: 'parentId',
-        });
-      }
-      if (caller.role !== 'admin') {
-        this.#audit(caller.keyId, 'project.create', parentId, 'denied', { reason: 'not admin' });
-        throw new DsecError('permission_denied', 'only admin keys create projects');
-      }
-      if (!PROJECT_NAME_PATTERN.test(input.name)) {
-        throw new DsecError('invalid_argument', 'name must match [A-Za-z0-9][A-Za-z0-9._-]{0,62}', {
-          field: 'name',
-        });
-      }
-      checkQuotaShape(quota);
-      const limits = this.#effectiveQuota(parentId);
-      for (const field of ['sandboxes', 'memoryMb', 'cpuCores'] as const) {
-        const want = quota[field];
-        const limit = limits[field];
-        if (want !== undefined && limit !== undefined && want > limit) {
-          this.#audit(caller.keyId, 'project.create', parentId, 'denied', {
-            reason: 'quota above parent',
-            field,
+    const conflict = () =>
+      new DsecError('conflict', `project ${input.name} already exists here`, { field: 'name' });
+    try {
+      return await this.#tx(async (q, deny) => {
+        if (!(await this.#chain(q, parentId))?.has(caller.projectId)) {
+          deny(caller.keyId, 'project.create', parentId, 'denied', { reason: 'parent not found' });
+          throw new DsecError('not_found', `no project ${JSON.stringify(parentId)}`, {
+            field: 'parentId',
           });
+        }
+        if (caller.role !== 'admin') {
+          deny(caller.keyId, 'project.create', parentId, 'denied', { reason: 'not admin' });
+          throw new DsecError('permission_denied', 'only admin keys create projects');
+        }
+        if (!PROJECT_NAME_PATTERN.test(input.name)) {
           throw new DsecError(
-            'permission_denied',
-            `quota.${field} ${want} exceeds the parent's limit ${limit}`,
-            {
-              field: `quota.${field}`,
-              details: { limit, requested: want },
-            },
+            'invalid_argument',
+            'name must match [A-Za-z0-9][A-Za-z0-9._-]{0,62}',
+            { field: 'name' },
           );
         }
-      }
-      const exists = this.#sql('SELECT 1 FROM projects WHERE parent_id = ? AND name = ?').get(
-        parentId,
-        input.name,
-      );
-      if (exists)
-        throw new DsecError('conflict', `project ${input.name} already exists here`, {
-          field: 'name',
+        checkQuotaShape(quota);
+        const limits = await this.#effectiveQuota(q, parentId);
+        for (const field of ['sandboxes', 'memoryMb', 'cpuCores'] as const) {
+          const want = quota[field];
+          const limit = limits[field];
+          if (want !== undefined && limit !== undefined && want > limit) {
+            deny(caller.keyId, 'project.create', parentId, 'denied', {
+              reason: 'quota above parent',
+              field,
+            });
+            throw new DsecError(
+              'permission_denied',
+              `quota.${field} ${want} exceeds the parent's limit ${limit}`,
+              { field: `quota.${field}`, details: { limit, requested: want } },
+            );
+          }
+        }
+        const exists = await q.get('SELECT 1 AS x FROM projects WHERE parent_id = ? AND name = ?', [
+          parentId,
+          input.name,
+        ]);
+        if (exists) throw conflict();
+        const id = randomId('prj');
+        const at = this.#iso();
+        await q.run(
+          `INSERT INTO projects (id, name, parent_id, quota_sandboxes, quota_memory_mb, quota_cpu_millis, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?)`,
+          [
+            id,
+            input.name,
+            parentId,
+            quota.sandboxes ?? null,
+            quota.memoryMb ?? null,
+            toMillis(quota.cpuCores),
+            at,
+          ],
+        );
+        await this.#writeAudit(q, caller.keyId, 'project.create', id, 'ok', {
+          parentId,
+          name: input.name,
+          quota,
         });
-      const id = randomId('prj');
-      const at = this.#iso();
-      this.#sql(
-        `INSERT INTO projects (id, name, parent_id, quota_sandboxes, quota_memory_mb, quota_cpu_millis, created_at)
-           VALUES (?, ?, ?, ?, ?, ?, ?)`,
-      ).run(
-        id,
-        input.name,
-        parentId,
-        quota.sandboxes ?? null,
-        quota.memoryMb ?? null,
-        toMillis(quota.cpuCores),
-        at,
-      );
-      this.#audit(caller.keyId, 'project.create', id, 'ok', { parentId, name: input.name, quota });
-      return { id, name: input.name, parentId, quota: cleanQuota(quota), createdAt: at };
-    });
+        return { id, name: input.name, parentId, quota: cleanQuota(quota), createdAt: at };
+      });
+    } catch (err) {
+      // The same name created by another instance between our check and our insert.
+      if (isUniqueViolation(err)) throw conflict();
+      throw err;
+    }
   }
 
   /** A project the caller may see; `not_found` otherwise. */
-  getProject(caller: Principal, projectId: string): Project {
-    const row = this.#projectRow(projectId);
-    if (!row || !this.canAccess(caller, projectId)) {
+  async getProject(caller: Principal, projectId: string): Promise<Project> {
+    const row = await this.#projectRow(this.#db, projectId);
+    if (!row || !(await this.canAccess(caller, projectId))) {
       throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`);
     }
     return toProject(row);
   }
 
-  /** The caller's project and all its descendants. */
-  listProjects(caller: Principal): Project[] {
-    const rows = this.#sql(
-      `${SUBTREE_CTE} SELECT p.* FROM projects p JOIN sub ON p.id = sub.id ORDER BY p.rowid`,
-    ).all(caller.projectId) as ProjectRow[];
+  /** The caller's project and all its descendants, in creation order. */
+  async listProjects(caller: Principal): Promise<Project[]> {
+    const order = this.#db.dialect === 'sqlite' ? 'p.rowid' : 'p.seq';
+    const rows = await this.#db.all<ProjectRow>(
+      `${SUBTREE_CTE} SELECT ${PROJECT_COLUMNS} FROM projects p JOIN sub ON p.id = sub.id ORDER BY ${order}`,
+      [caller.projectId],
+    );
     return rows.map(toProject);
   }
 
   /** IDs of `projectId` and every descendant. */
-  subtreeIds(projectId: string): string[] {
-    const rows = this.#sql(`${SUBTREE_CTE} SELECT id FROM sub`).all(projectId) as {
-      id: string;
-    }[];
+  async subtreeIds(projectId: string): Promise<string[]> {
+    const rows = await this.#db.all<{ id: string }>(`${SUBTREE_CTE} SELECT id FROM sub`, [
+      projectId,
+    ]);
     return rows.map((r) => r.id);
   }
 
@@ -290,14 +337,14 @@ export class Iam {
    * a role at or below the caller's. Foreign or unknown projects are
    * `not_found`; a higher role is `permission_denied`.
    */
-  createKey(
+  async createKey(
     caller: Principal,
     input: { projectId: string; role?: Role | undefined; name?: string | undefined },
-  ): CreatedKey {
+  ): Promise<CreatedKey> {
     const role = input.role ?? 'member';
-    return this.#tx(() => {
-      if (!this.#projectRow(input.projectId) || !this.canAccess(caller, input.projectId)) {
-        this.#audit(caller.keyId, 'key.create', input.projectId, 'denied', {
+    return this.#tx(async (q, deny) => {
+      if (!(await this.#chain(q, input.projectId))?.has(caller.projectId)) {
+        deny(caller.keyId, 'key.create', input.projectId, 'denied', {
           reason: 'project not found',
         });
         throw new DsecError('not_found', `no project ${JSON.stringify(input.projectId)}`, {
@@ -305,7 +352,7 @@ export class Iam {
         });
       }
       if (ROLE_RANK[role] > ROLE_RANK[caller.role]) {
-        this.#audit(caller.keyId, 'key.create', input.projectId, 'denied', {
+        deny(caller.keyId, 'key.create', input.projectId, 'denied', {
           reason: 'role above own',
           role,
         });
@@ -313,43 +360,61 @@ export class Iam {
           field: 'role',
         });
       }
-      const { id, key } = this.#insertKey(input.projectId, role, input.name ?? '', caller.keyId);
-      this.#audit(caller.keyId, 'key.create', id, 'ok', { projectId: input.projectId, role });
+      const { id, key } = await this.#insertKey(
+        q,
+        input.projectId,
+        role,
+        input.name ?? '',
+        caller.keyId,
+      );
+      await this.#writeAudit(q, caller.keyId, 'key.create', id, 'ok', {
+        projectId: input.projectId,
+        role,
+      });
       return { id, key, projectId: input.projectId, role };
     });
   }
 
   /**
    * Revokes a key in the caller's subtree whose role is at or below the
-   * caller's. Unknown or foreign keys are `not_found`. Revoking twice is a no-op.
+   * caller's. Unknown or foreign keys are `not_found`. Revoking twice is a
+   * no-op. This instance refuses the key from now on; other instances within
+   * their `authCacheTtlMs`.
    */
-  revokeKey(caller: Principal, keyId: string): void {
-    this.#tx(() => {
-      const row = this.#sql('SELECT * FROM api_keys WHERE id = ?').get(keyId) as KeyRow | undefined;
-      if (!row || !this.canAccess(caller, row.project_id)) {
-        this.#audit(caller.keyId, 'key.revoke', keyId, 'denied', { reason: 'not found' });
+  async revokeKey(caller: Principal, keyId: string): Promise<void> {
+    await this.#tx(async (q, deny) => {
+      const row = await q.get<KeyRow>(
+        'SELECT id, project_id, role, name, created_at, revoked_at FROM api_keys WHERE id = ?',
+        [keyId],
+      );
+      if (!row || !(await this.#chain(q, row.project_id))?.has(caller.projectId)) {
+        deny(caller.keyId, 'key.revoke', keyId, 'denied', { reason: 'not found' });
         throw new DsecError('not_found', `no key ${JSON.stringify(keyId)}`);
       }
       if (ROLE_RANK[row.role] > ROLE_RANK[caller.role]) {
-        this.#audit(caller.keyId, 'key.revoke', keyId, 'denied', { reason: 'role above own' });
+        deny(caller.keyId, 'key.revoke', keyId, 'denied', { reason: 'role above own' });
         throw new DsecError(
           'permission_denied',
           `a ${caller.role} key cannot revoke an ${row.role} key`,
         );
       }
       if (row.revoked_at === null) {
-        this.#sql('UPDATE api_keys SET revoked_at = ? WHERE id = ?').run(this.#iso(), keyId);
+        await q.run('UPDATE api_keys SET revoked_at = ? WHERE id = ?', [this.#iso(), keyId]);
       }
-      this.#audit(caller.keyId, 'key.revoke', keyId, 'ok');
+      await this.#writeAudit(q, caller.keyId, 'key.revoke', keyId, 'ok');
     });
+    for (const [hash, entry] of this.#keys) {
+      if (entry.principal.keyId === keyId) this.#keys.delete(hash);
+    }
   }
 
   /** Keys of the caller's subtree (never their secrets). */
-  listKeys(caller: Principal): ApiKeyInfo[] {
-    const rows = this.#sql(
+  async listKeys(caller: Principal): Promise<ApiKeyInfo[]> {
+    const rows = await this.#db.all<KeyRow>(
       `${SUBTREE_CTE} SELECT k.id, k.project_id, k.role, k.name, k.created_at, k.revoked_at
          FROM api_keys k JOIN sub ON k.project_id = sub.id ORDER BY k.created_at, k.id`,
-    ).all(caller.projectId) as KeyRow[];
+      [caller.projectId],
+    );
     return rows.map((r) => ({
       id: r.id,
       projectId: r.project_id,
@@ -364,172 +429,234 @@ export class Iam {
 
   /**
    * Reserves one sandbox's resources against `projectId` and every ancestor
-   * (usage summed over each one's subtree), in one `BEGIN IMMEDIATE`
-   * transaction. `holderId` names the reservation (a sandbox ID, or a
-   * temporary ID later bound with `bindReservation`). Until bound, the
-   * reservation lapses after `pendingTtlMs`. Throws `quota_exceeded` naming
-   * the limiting project and resource; `conflict` if `holderId` is taken.
+   * (usage summed over each one's subtree), in one transaction that holds
+   * the locks of every limiting ancestor while it sums and inserts.
+   * `holderId` names the reservation (a sandbox ID, or a temporary ID later
+   * bound with `bindReservation`). Until bound, the reservation lapses after
+   * `pendingTtlMs`. Throws `quota_exceeded` naming the limiting project and
+   * resource (the nearest one when several are full); `not_found` for an
+   * unknown project; `conflict` if `holderId` is taken.
    */
-  reserve(
+  async reserve(
     projectId: string,
     resources: Resources,
     holderId: string,
     options: { actorKeyId?: string } = {},
-  ): void {
+  ): Promise<void> {
     const memoryMb = Math.ceil(resources.memoryMb);
     const cpuMillis = Math.ceil(resources.cpuCores * 1000);
     if (!(memoryMb >= 0 && cpuMillis >= 0))
       throw new DsecError('invalid_argument', 'resources must be ≥ 0');
-    this.#tx(() => {
-      const now = this.#now();
-      this.#sql('DELETE FROM reservations WHERE expires_at <= ?').run(now);
-      const chain = this.#sql(
-        `${ANCESTORS_CTE} SELECT p.* FROM anc JOIN projects p ON p.id = anc.id ORDER BY anc.depth`,
-      ).all(projectId) as ProjectRow[];
-      if (chain.length === 0)
-        throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`);
-      for (const p of chain) {
-        if (p.quota_sandboxes === null && p.quota_memory_mb === null && p.quota_cpu_millis === null)
-          continue;
-        const used = this.#usageRaw(p.id);
-        const checks = [
-          ['sandboxes', p.quota_sandboxes, used.n + 1, 1],
-          ['memoryMb', p.quota_memory_mb, used.mem + memoryMb, memoryMb],
-          ['cpuCores', p.quota_cpu_millis, used.cpu + cpuMillis, cpuMillis],
-        ] as const;
-        for (const [resource, limit, after, requested] of checks) {
-          if (limit !== null && after > limit) {
-            const scale = resource === 'cpuCores' ? 1000 : 1;
-            const details = {
-              projectId: p.id,
-              resource,
-              limit: limit / scale,
-              used: (after - requested) / scale,
-              requested: requested / scale,
-            };
-            this.#audit(options.actorKeyId ?? null, 'quota.reserve', projectId, 'denied', details);
-            throw new DsecError(
-              'quota_exceeded',
-              `project ${p.name} would exceed its ${resource} quota`,
-              { details },
-            );
+    await this.#sweep();
+    const taken = () => new DsecError('conflict', `reservation ${holderId} exists`);
+    try {
+      await this.#tx(async (q, deny) => {
+        const now = this.#now();
+        if (!(await q.get('SELECT 1 AS x FROM projects WHERE id = ?', [projectId])))
+          throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`);
+        // Root first, so that every reservation locks shared ancestors in the same order.
+        const limited = await q.all<ProjectRow>(
+          `${ANCESTORS_CTE} SELECT ${PROJECT_COLUMNS} FROM anc JOIN projects p ON p.id = anc.id
+             WHERE ${HAS_QUOTA} ORDER BY anc.depth DESC${lockSuffix(q, 'p')}`,
+          [projectId],
+        );
+        for (const p of limited.reverse()) {
+          const used = await this.#usageRaw(q, p.id, now);
+          const checks = [
+            ['sandboxes', p.quota_sandboxes, used.n + 1, 1],
+            ['memoryMb', p.quota_memory_mb, used.mem + memoryMb, memoryMb],
+            ['cpuCores', p.quota_cpu_millis, used.cpu + cpuMillis, cpuMillis],
+          ] as const;
+          for (const [resource, limit, after, requested] of checks) {
+            if (limit !== null && after > limit) {
+              const scale = resource === 'cpuCores' ? 1000 : 1;
+              const details = {
+                projectId: p.id,
+                resource,
+                limit: limit / scale,
+                used: (after - requested) / scale,
+                requested: requested / scale,
+              };
+              deny(options.actorKeyId ?? null, 'quota.reserve', projectId, 'denied', details);
+              throw new DsecError(
+                'quota_exceeded',
+                `project ${p.name} would exceed its ${resource} quota`,
+                { details },
+              );
+            }
           }
         }
-      }
-      const taken = this.#sql('SELECT 1 FROM reservations WHERE id = ?').get(holderId);
-      if (taken) throw new DsecError('conflict', `reservation ${holderId} exists`);
-      this.#sql(
-        'INSERT INTO reservations (id, project_id, memory_mb, cpu_millis, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)',
-      ).run(holderId, projectId, memoryMb, cpuMillis, now, now + this.#pendingTtlMs);
-    });
+        // A lapsed reservation of the same name no longer holds anything.
+        await q.run('DELETE FROM reservations WHERE id = ? AND expires_at <= ?', [holderId, now]);
+        if (await q.get('SELECT 1 AS x FROM reservations WHERE id = ?', [holderId])) throw taken();
+        await q.run(
+          'INSERT INTO reservations (id, project_id, memory_mb, cpu_millis, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)',
+          [holderId, projectId, memoryMb, cpuMillis, now, now + this.#pendingTtlMs],
+        );
+      });
+    } catch (err) {
+      if (isUniqueViolation(err)) throw taken();
+      throw err;
+    }
   }
 
   /**
    * Turns a pending reservation into the sandbox's own: renames it to
    * `sandboxId`, keeps it until the sandbox expires (plus a grace period), and
-   * records the idempotency result when a `requestId` was given.
+   * records the idempotency result when a `requestId` was given. A pending
+   * reservation that lapsed meanwhile is `conflict`.
    */
-  bindReservation(
+  async bindReservation(
     holderId: string,
     sandboxId: string,
     options: { expiresAt: string | number; requestId?: string | undefined; actorKeyId?: string },
-  ): void {
+  ): Promise<void> {
     const expires =
       (typeof options.expiresAt === 'number' ? options.expiresAt : Date.parse(options.expiresAt)) +
       this.#expiryGraceMs;
-    this.#tx(() => {
-      const row = this.#sql('SELECT project_id FROM reservations WHERE id = ?').get(holderId) as
-        { project_id: string } | undefined;
-      if (!row) throw new DsecError('conflict', `reservation ${holderId} lapsed`);
-      this.#sql('UPDATE reservations SET id = ?, expires_at = ? WHERE id = ?').run(
-        sandboxId,
-        Number.isFinite(expires) ? expires : this.#now() + this.#pendingTtlMs,
-        holderId,
+    await this.#tx(async (q) => {
+      const now = this.#now();
+      const row = await q.get<{ project_id: string }>(
+        'SELECT project_id FROM reservations WHERE id = ? AND expires_at > ?',
+        [holderId, now],
       );
+      if (!row) throw new DsecError('conflict', `reservation ${holderId} lapsed`);
+      await q.run('UPDATE reservations SET id = ?, expires_at = ? WHERE id = ?', [
+        sandboxId,
+        Number.isFinite(expires) ? expires : now + this.#pendingTtlMs,
+        holderId,
+      ]);
       if (options.requestId !== undefined) {
-        this.#sql(
+        await q.run(
           'UPDATE idempotency SET sandbox_id = ? WHERE project_id = ? AND request_id = ? AND holder = ?',
-        ).run(sandboxId, row.project_id, options.requestId, holderId);
+          [sandboxId, row.project_id, options.requestId, holderId],
+        );
       }
-      this.#audit(options.actorKeyId ?? null, 'sandbox.create', sandboxId, 'ok', {
+      await this.#writeAudit(q, options.actorKeyId ?? null, 'sandbox.create', sandboxId, 'ok', {
         projectId: row.project_id,
       });
     });
   }
 
   /** Frees a reservation (by sandbox or holder ID). Returns whether one existed. */
-  release(id: string, options: { actorKeyId?: string; action?: string } = {}): boolean {
-    return this.#tx(() => {
-      const r = this.#sql('DELETE FROM reservations WHERE id = ?').run(id);
-      if (options.action) this.#audit(options.actorKeyId ?? null, options.action, id, 'ok');
+  async release(
+    id: string,
+    options: { actorKeyId?: string; action?: string } = {},
+  ): Promise<boolean> {
+    return this.#tx(async (q) => {
+      const r = await q.run('DELETE FROM reservations WHERE id = ?', [id]);
+      if (options.action)
+        await this.#writeAudit(q, options.actorKeyId ?? null, options.action, id, 'ok');
       return r.changes > 0;
     });
   }
 
   /** The project a live reservation is charged to, if any. */
-  reservationProject(id: string): string | undefined {
-    const row = this.#sql(
+  async reservationProject(id: string): Promise<string | undefined> {
+    const row = await this.#db.get<{ project_id: string }>(
       'SELECT project_id FROM reservations WHERE id = ? AND expires_at > ?',
-    ).get(id, this.#now()) as { project_id: string } | undefined;
+      [id, this.#now()],
+    );
     return row?.project_id;
   }
 
   /** Live usage summed over the project's subtree. */
-  usage(projectId: string): Usage {
-    const u = this.#usageRaw(projectId);
+  async usage(projectId: string): Promise<Usage> {
+    const u = await this.#usageRaw(this.#db, projectId, this.#now());
     return { sandboxes: u.n, memoryMb: u.mem, cpuCores: u.cpu / 1000 };
   }
 
   // ---- idempotency ----------------------------------------------------------------
 
   /**
-   * Claims `(projectId, requestId)` for a create. `claimed`: go ahead and
-   * create; `done`: the create already happened, answer with `sandboxId`;
-   * `pending`: another request is creating it now. A pending claim older than
-   * `pendingTtlMs` (its creator died) is taken over.
+   * Claims `(projectId, requestId)` for a create whose canonical request
+   * hashes to `fingerprint` (see `requestFingerprint`). `claimed`: go ahead
+   * and create; `done`: the create already happened, answer with
+   * `sandboxId`; `pending`: another request is creating it now. A pending
+   * claim older than `pendingTtlMs` (its creator died) is taken over.
+   *
+   * A request ID is bound to the first request that claimed it: the same ID
+   * with a different fingerprint is `conflict` (details: `requestId`), in
+   * every state, so a retry can never be answered with another request's
+   * sandbox. Claims recorded before fingerprints existed bind nothing.
    */
-  claimRequest(projectId: string, requestId: string, holderId: string): RequestClaim {
-    return this.#tx(() => {
+  async claimRequest(
+    projectId: string,
+    requestId: string,
+    holderId: string,
+    fingerprint: string,
+    options: { actorKeyId?: string } = {},
+  ): Promise<RequestClaim> {
+    return this.#tx(async (q, deny) => {
       const now = this.#now();
-      const row = this.#sql(
-        'SELECT holder, sandbox_id, created_at FROM idempotency WHERE project_id = ? AND request_id = ?',
-      ).get(projectId, requestId) as
-        { holder: string; sandbox_id: string | null; created_at: number } | undefined;
-      if (row?.sandbox_id) return { state: 'done', sandboxId: row.sandbox_id };
-      if (row && row.created_at + this.#pendingTtlMs > now) return { state: 'pending' };
-      this.#sql(
-        `INSERT INTO idempotency (project_id, request_id, holder, sandbox_id, created_at) VALUES (?, ?, ?, NULL, ?)
-           ON CONFLICT (project_id, request_id) DO UPDATE SET holder = excluded.holder, created_at = excluded.created_at`,
-      ).run(projectId, requestId, holderId, now);
-      return { state: 'claimed' };
+      // A claim deleted (abandoned) between our insert and our read: insert again.
+      for (let attempt = 0; attempt < 3; attempt++) {
+        // Insert first: of two instances claiming at once, exactly one inserts (the other
+        // waits on the row, then finds it), where read-then-insert would let both claim.
+        const inserted = await q.run(
+          `INSERT INTO idempotency (project_id, request_id, holder, sandbox_id, created_at, fingerprint)
+             VALUES (?, ?, ?, NULL, ?, ?) ON CONFLICT (project_id, request_id) DO NOTHING`,
+          [projectId, requestId, holderId, now, fingerprint],
+        );
+        if (inserted.changes > 0) return { state: 'claimed' };
+        const row = await q.get<{
+          holder: string;
+          sandbox_id: string | null;
+          created_at: number;
+          fingerprint: string | null;
+        }>(
+          `SELECT i.holder, i.sandbox_id, i.created_at, i.fingerprint FROM idempotency i
+             WHERE i.project_id = ? AND i.request_id = ?${lockSuffix(q, 'i')}`,
+          [projectId, requestId],
+        );
+        if (!row) continue;
+        if (row.fingerprint !== null && row.fingerprint !== fingerprint) {
+          deny(options.actorKeyId ?? null, 'request.claim', requestId, 'denied', {
+            reason: 'requestId reused for a different request',
+            projectId,
+          });
+          throw new DsecError(
+            'conflict',
+            'this requestId was already used for a different request; use a new requestId',
+            { field: 'requestId', details: { requestId } },
+          );
+        }
+        if (row.sandbox_id) return { state: 'done', sandboxId: row.sandbox_id };
+        if (row.created_at + this.#pendingTtlMs > now) return { state: 'pending' };
+        await q.run(
+          'UPDATE idempotency SET holder = ?, created_at = ?, fingerprint = ? WHERE project_id = ? AND request_id = ?',
+          [holderId, now, fingerprint, projectId, requestId],
+        );
+        return { state: 'claimed' };
+      }
+      return { state: 'pending' };
     });
   }
 
   /** Drops a claim that did not lead to a sandbox, so a retry may create. */
-  abandonRequest(projectId: string, requestId: string, holderId: string): void {
-    this.#sql(
+  async abandonRequest(projectId: string, requestId: string, holderId: string): Promise<void> {
+    await this.#db.run(
       'DELETE FROM idempotency WHERE project_id = ? AND request_id = ? AND holder = ? AND sandbox_id IS NULL',
-    ).run(projectId, requestId, holderId);
+      [projectId, requestId, holderId],
+    );
   }
 
   // ---- audit ----------------------------------------------------------------------
 
   /** Appends an audit record (for denials decided outside IAM, e.g. sandbox access). */
-  audit(
+  async audit(
     actorKeyId: string | null,
     action: string,
     target: string,
     outcome: AuditOutcome,
     details?: Record<string, unknown>,
-  ): void {
-    this.#audit(actorKeyId, action, target, outcome, details);
+  ): Promise<void> {
+    await this.#auditNow(actorKeyId, action, target, outcome, details);
   }
 
   /** Newest first. */
-  listAudit(options: { limit?: number } = {}): AuditEntry[] {
-    const rows = this.#sql('SELECT * FROM audit ORDER BY id DESC LIMIT ?').all(
-      options.limit ?? 100,
-    ) as {
+  async listAudit(options: { limit?: number } = {}): Promise<AuditEntry[]> {
+    const rows = await this.#db.all<{
       id: number;
       at: string;
       actor_key_id: string | null;
@@ -537,7 +664,10 @@ export class Iam {
       target: string;
       outcome: AuditOutcome;
       details: string | null;
-    }[];
+    }>(
+      'SELECT id, at, actor_key_id, action, target, outcome, details FROM audit ORDER BY id DESC LIMIT ?',
+      [options.limit ?? 100],
+    );
     return rows.map((r) => ({
       id: r.id,
       at: r.at,
@@ -551,15 +681,27 @@ export class Iam {
 
   // ---- internals ------------------------------------------------------------------
 
-  #tx<T>(fn: () => T): T {
-    if (this.#db.inTransaction) return fn();
+  /**
+   * Runs `fn` in one transaction. Denials it reports through `deny` are
+   * written after the transaction has rolled back, in one of their own, or
+   * they would vanish with it.
+   */
+  async #tx<T>(fn: (q: SqlQuery, deny: Deny) => Promise<T>): Promise<T> {
+    let denials: AuditArgs[] = [];
     try {
-      return this.#db.transaction(fn).immediate();
+      return await this.#db.transaction((q) => {
+        denials = []; // a driver may run fn again after a transient conflict
+        return fn(q, (...args) => denials.push(args));
+      });
     } finally {
-      // Denials are recorded after the (rolled-back) transaction, or they would vanish with it.
-      if (this.#deferred.length > 0) {
-        const entries = this.#deferred.splice(0);
-        this.#db.transaction(() => entries.forEach((e) => this.#writeAudit(...e))).immediate();
+      if (denials.length > 0) {
+        const entries = denials;
+        // Best effort: when the database itself failed, its error is the one to report.
+        await this.#db
+          .transaction(async (q) => {
+            for (const e of entries) await this.#writeAudit(q, ...e);
+          })
+          .catch(() => undefined);
       }
     }
   }
@@ -568,65 +710,81 @@ export class Iam {
     return new Date(this.#now()).toISOString();
   }
 
-  #audit(
-    actor: string | null,
-    action: string,
-    target: string,
-    outcome: AuditOutcome,
-    details?: Record<string, unknown>,
-  ): void {
-    if (outcome === 'denied' && this.#db.inTransaction)
-      this.#deferred.push([actor, action, target, outcome, details]);
-    else this.#writeAudit(actor, action, target, outcome, details);
+  async #auditNow(...args: AuditArgs): Promise<void> {
+    await this.#writeAudit(this.#db, ...args);
   }
 
-  #writeAudit(
+  async #writeAudit(
+    q: SqlQuery,
     actor: string | null,
     action: string,
     target: string,
     outcome: AuditOutcome,
     details?: Record<string, unknown>,
-  ): void {
-    this.#sql(
+  ): Promise<void> {
+    await q.run(
       'INSERT INTO audit (at, actor_key_id, action, target, outcome, details) VALUES (?, ?, ?, ?, ?, ?)',
-    ).run(
-      this.#iso(),
-      actor,
-      action,
-      target.slice(0, 200),
-      outcome,
-      details ? JSON.stringify(details) : null,
+      [
+        this.#iso(),
+        actor,
+        action,
+        target.slice(0, 200),
+        outcome,
+        details ? JSON.stringify(details) : null,
+      ],
     );
   }
 
-  #insertKey(
+  async #insertKey(
+    q: SqlQuery,
     projectId: string,
     role: Role,
     name: string,
     createdBy: string | null,
-  ): { id: string; key: string } {
+  ): Promise<{ id: string; key: string }> {
     const id = randomId('key');
     const key = newApiKey();
-    this.#sql(
+    await q.run(
       'INSERT INTO api_keys (id, hash, project_id, role, name, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
-    ).run(id, hashApiKey(key), projectId, role, name, createdBy, this.#iso());
+      [id, hashApiKey(key), projectId, role, name, createdBy, this.#iso()],
+    );
     return { id, key };
   }
 
-  #projectRow(id: string): ProjectRow | undefined {
-    return this.#sql('SELECT * FROM projects WHERE id = ?').get(id) as ProjectRow | undefined;
+  async #root(q: SqlQuery): Promise<string | undefined> {
+    const row = await q.get<{ id: string }>(
+      'SELECT id FROM projects WHERE parent_id IS NULL LIMIT 1',
+    );
+    return row?.id;
+  }
+
+  #projectRow(q: SqlQuery, id: string): Promise<ProjectRow | undefined> {
+    return q.get<ProjectRow>(`SELECT ${PROJECT_COLUMNS} FROM projects p WHERE p.id = ?`, [id]);
+  }
+
+  /** `projectId` and its ancestors; `undefined` for an unknown project. */
+  async #chain(q: SqlQuery, projectId: string): Promise<ReadonlySet<string> | undefined> {
+    const cached = this.#ancestors.get(projectId);
+    if (cached) return cached;
+    const rows = await q.all<{ id: string }>(`${ANCESTORS_CTE} SELECT id FROM anc`, [projectId]);
+    if (rows.length === 0) return undefined;
+    const chain = new Set(rows.map((r) => r.id));
+    if (this.#ancestors.size >= CACHE_MAX_ENTRIES) this.#ancestors.clear();
+    this.#ancestors.set(projectId, chain);
+    return chain;
   }
 
   /** The tightest limit per field over the project and its ancestors. */
-  #effectiveQuota(projectId: string): Quota {
-    const chain = this.#sql(
-      `${ANCESTORS_CTE} SELECT p.* FROM anc JOIN projects p ON p.id = anc.id`,
-    ).all(projectId) as ProjectRow[];
+  async #effectiveQuota(q: SqlQuery, projectId: string): Promise<Quota> {
+    const chain = await q.all<ProjectRow>(
+      `${ANCESTORS_CTE} SELECT ${PROJECT_COLUMNS} FROM anc JOIN projects p ON p.id = anc.id`,
+      [projectId],
+    );
     const out: Quota = {};
     for (const p of chain) {
-      const q = toProject(p).quota;
+      const q2 = toProject(p).quota;
       for (const f of ['sandboxes', 'memoryMb', 'cpuCores'] as const) {
-        const v = q[f];
+        const v = q2[f];
         const cur = out[f];
         if (v !== undefined && (cur === undefined || v < cur)) out[f] = v;
       }
@@ -634,11 +792,31 @@ export class Iam {
     return out;
   }
 
-  #usageRaw(projectId: string): { n: number; mem: number; cpu: number } {
-    return this.#sql(
+  async #usageRaw(
+    q: SqlQuery,
+    projectId: string,
+    now: number,
+  ): Promise<{ n: number; mem: number; cpu: number }> {
+    const row = await q.get<{ n: number; mem: number; cpu: number }>(
       `${SUBTREE_CTE} SELECT COUNT(*) AS n, COALESCE(SUM(memory_mb), 0) AS mem, COALESCE(SUM(cpu_millis), 0) AS cpu
          FROM reservations WHERE project_id IN (SELECT id FROM sub) AND expires_at > ?`,
-    ).get(projectId, this.#now()) as { n: number; mem: number; cpu: number };
+      [projectId, now],
+    );
+    return row ?? { n: 0, mem: 0, cpu: 0 };
+  }
+
+  /**
+   * Deletes lapsed reservations, at most every `SWEEP_INTERVAL_MS`, outside
+   * any reservation's transaction: usage sums skip them already, so this only
+   * keeps the table small, and a failure here must not fail a create.
+   */
+  async #sweep(): Promise<void> {
+    const now = this.#now();
+    if (now - this.#lastSweepMs < SWEEP_INTERVAL_MS) return;
+    this.#lastSweepMs = now;
+    await this.#db
+      .run('DELETE FROM reservations WHERE expires_at <= ?', [now])
+      .catch(() => undefined);
   }
 }
 

@@ -2,23 +2,23 @@
 // can and prints one line per write *after* the write returned (stdout on a
 // pipe is synchronous on Linux), until it is killed with SIGKILL.
 import { readFileSync, writeFileSync } from 'node:fs';
-import { Iam } from '@dsec/iam';
+import { openControlDb } from '@dsec/iam';
 import { CommandStore } from '../../src/state/command-store.js';
 import { EdgeStore } from '../../src/state/edge-store.js';
 
 const dir = process.argv[2]!;
-const iam = Iam.open({ path: `${dir}/iam.db` });
+const { iam } = await openControlDb(`${dir}/iam.db`);
 // The first run bootstraps the root project and keeps its key for the next runs.
-const root = iam.bootstrap();
+const root = await iam.bootstrap();
 if (root.key) writeFileSync(`${dir}/admin.key`, root.key);
-const caller = iam.authenticate(readFileSync(`${dir}/admin.key`, 'utf8'));
+const caller = await iam.authenticate(readFileSync(`${dir}/admin.key`, 'utf8'));
 const edge = new EdgeStore(`${dir}/edge.db`);
 const commands = new CommandStore(`${dir}/edge.db`);
 const say = (line: string) => process.stdout.write(`${line}\n`);
 
 say('ready');
 for (let i = 0; ; i++) {
-  const project = iam.createProject(caller, { name: `p${process.pid}-${i}` });
+  const project = await iam.createProject(caller, { name: `p${process.pid}-${i}` });
   say(`P ${project.id}`);
   const now = new Date().toISOString();
   const sandbox = edge.insert({

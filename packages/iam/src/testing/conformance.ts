@@ -1,0 +1,523 @@
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { isDsecError, randomId } from '@dsec/core';
+import { openControlDb } from '../control-db.js';
+import type { ControlDbOptions } from '../control-db.js';
+import { PostgresDb } from '../db/drivers/postgres.js';
+import { SqliteDb } from '../db/drivers/sqlite.js';
+import { migrate, SCHEMA_VERSION } from '../db/migrations.js';
+import type { SqlDb } from '../db/sql.js';
+import { requestFingerprint } from '../fingerprint.js';
+
+export interface ControlDbFixture {
+  /** Where a fresh, empty control database is: a SQLite file path or a PostgreSQL URL. */
+  fresh(): Promise<string>;
+}
+
+type TestContext = { after: (fn: () => Promise<void> | void) => void };
+
+const SECRET = 's'.repeat(43);
+
+/**
+ * The contract every control-database store meets, run against one store
+ * (`fixture`): migrations, IAM (bootstrap, keys, projects, quotas,
+ * idempotency, audit, the authentication cache) and the edge registry, with
+ * several instances on one database standing for several apiservers, each
+ * with its own connections. Every database an instance opens is closed when
+ * its test ends, passed or failed.
+ */
+export function controlDbConformance(name: string, fixture: ControlDbFixture): void {
+  const open = async (t: TestContext, location: string, options: ControlDbOptions = {}) => {
+    const db = await openControlDb(location, options);
+    t.after(() => db.close());
+    return db;
+  };
+  const fresh = async (t: TestContext, options: ControlDbOptions = {}) => {
+    const location = await fixture.fresh();
+    const db = await open(t, location, options);
+    const boot = await db.iam.bootstrap();
+    const root = await db.iam.authenticate(boot.key);
+    return { db, iam: db.iam, root, boot, location };
+  };
+
+  describe(`control database conformance: ${name}`, () => {
+    test('migrations: a fresh database is at the newest version; reopening runs nothing', async (t) => {
+      const location = await fixture.fresh();
+      await open(t, location);
+      const raw = rawDb(location);
+      t.after(() => raw.close());
+      const versions = await raw.all<{ version: number }>(
+        'SELECT version FROM schema_migrations ORDER BY version',
+      );
+      assert.deepEqual(
+        versions.map((v) => v.version),
+        Array.from({ length: SCHEMA_VERSION }, (_, i) => i + 1),
+      );
+      assert.deepEqual(await migrate(raw), { from: SCHEMA_VERSION, to: SCHEMA_VERSION });
+      // A database from a newer release is refused rather than half understood.
+      await raw.run('INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)', [
+        SCHEMA_VERSION + 1,
+        'from the future',
+        new Date().toISOString(),
+      ]);
+      await assert.rejects(openControlDb(location), (e) => isDsecError(e, 'internal'));
+    });
+
+    test('migrations: instances opening a fresh database at once migrate it once', async (t) => {
+      const location = await fixture.fresh();
+      const dbs = await Promise.all([1, 2, 3].map(() => open(t, location)));
+      assert.equal(dbs.length, 3);
+      const raw = rawDb(location);
+      t.after(() => raw.close());
+      const rows = await raw.all<{ n: number }>('SELECT COUNT(*) AS n FROM schema_migrations');
+      assert.equal(rows[0]?.n, SCHEMA_VERSION);
+    });
+
+    test('bootstrap creates one root and one admin key, once, even from instances at once', async (t) => {
+      const location = await fixture.fresh();
+      const dbs = await Promise.all([1, 2, 3].map(() => open(t, location)));
+      const boots = await Promise.all(dbs.map((db) => db.iam.bootstrap()));
+      const created = boots.filter((b) => b.created);
+      assert.equal(created.length, 1);
+      assert.match(created[0]?.key ?? '', /^dsk_/);
+      assert.equal(new Set(boots.map((b) => b.projectId)).size, 1);
+      for (const b of boots.filter((x) => !x.created)) assert.equal(b.key, undefined);
+      const root = await dbs[1]!.iam.authenticate(created[0]?.key);
+      assert.equal(root.role, 'admin');
+      assert.equal(root.projectId, created[0]?.projectId);
+      assert.equal((await dbs[2]!.iam.bootstrap()).created, false);
+    });
+
+    test('authenticate rejects malformed, unknown and revoked keys, and audits each', async (t) => {
+      const { iam, root } = await fresh(t);
+      const unauth = (e: unknown) => isDsecError(e, 'unauthenticated');
+      await assert.rejects(iam.authenticate(undefined), unauth);
+      await assert.rejects(iam.authenticate('nope'), unauth);
+      await assert.rejects(iam.authenticate('dsk_' + 'A'.repeat(43)), unauth);
+      const k = await iam.createKey(root, { projectId: root.projectId, role: 'member' });
+      assert.equal((await iam.authenticate(k.key)).keyId, k.id);
+      // Cached now; revoking through this same instance still takes effect at once.
+      await iam.revokeKey(root, k.id);
+      await assert.rejects(iam.authenticate(k.key), unauth);
+      const denials = (await iam.listAudit()).filter(
+        (a) => a.action === 'auth' && a.outcome === 'denied',
+      );
+      assert.equal(denials.length, 4);
+    });
+
+    test('authentication cache: other instances see a revocation within the TTL', async (t) => {
+      let now = 1_000_000;
+      const clock = { now: () => now, authCacheTtlMs: 1000 };
+      const { iam: a, root, location } = await fresh(t, clock);
+      const b = (await open(t, location, clock)).iam;
+      const uncached = (await open(t, location, { ...clock, authCacheTtlMs: 0 })).iam;
+      const k = await a.createKey(root, { projectId: root.projectId });
+      assert.equal((await b.authenticate(k.key)).keyId, k.id);
+      await a.revokeKey(root, k.id);
+      const unauth = (e: unknown) => isDsecError(e, 'unauthenticated');
+      await assert.rejects(a.authenticate(k.key), unauth);
+      await assert.rejects(uncached.authenticate(k.key), unauth);
+      // b looked the key up before the revocation and may serve it until its TTL runs out...
+      now += 999;
+      assert.equal((await b.authenticate(k.key)).keyId, k.id);
+      // ...and not one millisecond longer.
+      now += 1;
+      await assert.rejects(b.authenticate(k.key), unauth);
+    });
+
+    test('nested projects: access flows down, quota bounded by the parent', async (t) => {
+      const { iam, root } = await fresh(t);
+      const a = await iam.createProject(root, {
+        name: 'a',
+        quota: { sandboxes: 10, memoryMb: 4096 },
+      });
+      const aAdmin = await iam.authenticate(
+        (await iam.createKey(root, { projectId: a.id, role: 'admin' })).key,
+      );
+      const a1 = await iam.createProject(aAdmin, { name: 'a1', quota: { sandboxes: 5 } });
+      const a11 = await iam.createProject(aAdmin, { name: 'a11', parentId: a1.id });
+      assert.ok(await iam.canAccess(aAdmin, a11.id));
+      assert.ok(await iam.canAccess(root, a11.id));
+      assert.ok(!(await iam.canAccess(aAdmin, root.projectId)));
+      assert.ok(!(await iam.canAccess(aAdmin, 'prj-nonexistent')));
+      // a11 inherits a1's limit of 5, so asking for 6 anywhere below a1 is refused.
+      await assert.rejects(
+        iam.createProject(aAdmin, { name: 'x', parentId: a11.id, quota: { sandboxes: 6 } }),
+        (e) => isDsecError(e, 'permission_denied') && e.field === 'quota.sandboxes',
+      );
+      await assert.rejects(
+        iam.createProject(aAdmin, { name: 'y', quota: { memoryMb: 5000 } }),
+        (e) => isDsecError(e, 'permission_denied') && e.field === 'quota.memoryMb',
+      );
+      const b = await iam.createProject(root, { name: 'b' });
+      await assert.rejects(iam.createProject(aAdmin, { name: 'z', parentId: b.id }), (e) =>
+        isDsecError(e, 'not_found'),
+      );
+      await assert.rejects(
+        iam.createProject(root, { name: 'a' }),
+        (e) => isDsecError(e, 'conflict') && e.field === 'name',
+      );
+      assert.deepEqual(
+        (await iam.listProjects(aAdmin)).map((p) => p.name),
+        ['a', 'a1', 'a11'],
+      );
+      assert.deepEqual(
+        await iam.subtreeIds(a1.id).then((ids) => ids.sort()),
+        [a1.id, a11.id].sort(),
+      );
+      assert.deepEqual((await iam.getProject(aAdmin, a1.id)).quota, { sandboxes: 5 });
+      await assert.rejects(iam.getProject(aAdmin, b.id), (e) => isDsecError(e, 'not_found'));
+      const denied = (await iam.listAudit()).filter(
+        (e) => e.outcome === 'denied' && e.action === 'project.create',
+      );
+      assert.equal(denied.length, 3);
+    });
+
+    test('members cannot create projects or grant admin; keys only in own subtree', async (t) => {
+      const { iam, root } = await fresh(t);
+      const a = await iam.createProject(root, { name: 'a' });
+      const b = await iam.createProject(root, { name: 'b' });
+      const member = await iam.authenticate(
+        (await iam.createKey(root, { projectId: a.id, role: 'member' })).key,
+      );
+      await assert.rejects(iam.createProject(member, { name: 'm' }), (e) =>
+        isDsecError(e, 'permission_denied'),
+      );
+      await assert.rejects(
+        iam.createKey(member, { projectId: a.id, role: 'admin' }),
+        (e) => isDsecError(e, 'permission_denied') && e.field === 'role',
+      );
+      await assert.rejects(iam.createKey(member, { projectId: b.id }), (e) =>
+        isDsecError(e, 'not_found'),
+      );
+      const sibling = await iam.createKey(member, { projectId: a.id, role: 'member', name: 'ci' });
+      assert.equal(sibling.role, 'member');
+      const adminOfA = await iam.createKey(root, { projectId: a.id, role: 'admin' });
+      await assert.rejects(iam.revokeKey(member, adminOfA.id), (e) =>
+        isDsecError(e, 'permission_denied'),
+      );
+      await assert.rejects(iam.revokeKey(member, 'key-nonexistent'), (e) =>
+        isDsecError(e, 'not_found'),
+      );
+      const listed = await iam.listKeys(member);
+      assert.ok(listed.some((k) => k.id === sibling.id && k.name === 'ci' && k.revokedAt === null));
+      assert.ok(listed.every((k) => k.projectId === a.id && !('key' in k)));
+    });
+
+    test('reserve checks every ancestor over its subtree; release frees', async (t) => {
+      const { iam, root } = await fresh(t);
+      const a = await iam.createProject(root, {
+        name: 'a',
+        quota: { sandboxes: 3, cpuCores: 0.3 },
+      });
+      const a1 = await iam.createProject(root, { name: 'a1', parentId: a.id });
+      const a2 = await iam.createProject(root, { name: 'a2', parentId: a.id });
+      await iam.reserve(a1.id, { memoryMb: 1, cpuCores: 0.1 }, 's1');
+      await iam.reserve(a2.id, { memoryMb: 1, cpuCores: 0.1 }, 's2');
+      await iam.reserve(a2.id, { memoryMb: 1, cpuCores: 0.1 }, 's3'); // 0.1+0.1+0.1 is exactly 0.3
+      await assert.rejects(
+        iam.reserve(a1.id, { memoryMb: 1, cpuCores: 0 }, 's4'),
+        (e) =>
+          isDsecError(e, 'quota_exceeded') &&
+          e.details?.['projectId'] === a.id &&
+          e.details['resource'] === 'sandboxes',
+      );
+      assert.deepEqual(await iam.usage(a.id), { sandboxes: 3, memoryMb: 3, cpuCores: 0.3 });
+      assert.equal(await iam.release('s2'), true);
+      assert.equal(await iam.release('s2'), false);
+      await iam.reserve(a1.id, { memoryMb: 1, cpuCores: 0.1 }, 's4');
+      await assert.rejects(iam.reserve(a1.id, { memoryMb: 1, cpuCores: 0.1 }, 's5'), (e) =>
+        isDsecError(e, 'quota_exceeded'),
+      );
+      await assert.rejects(iam.reserve(root.projectId, { memoryMb: 1, cpuCores: 0 }, 's1'), (e) =>
+        isDsecError(e, 'conflict'),
+      );
+      await assert.rejects(
+        iam.reserve('prj-nonexistent', { memoryMb: 1, cpuCores: 0 }, 's9'),
+        (e) => isDsecError(e, 'not_found'),
+      );
+      assert.equal(await iam.reservationProject('s1'), a1.id);
+      assert.ok(
+        (await iam.listAudit()).some((e) => e.action === 'quota.reserve' && e.outcome === 'denied'),
+      );
+    });
+
+    test('pending reservations lapse; bound ones live until the sandbox expires', async (t) => {
+      let now = 1_000_000;
+      const { iam, root } = await fresh(t, {
+        now: () => now,
+        pendingTtlMs: 1000,
+        expiryGraceMs: 0,
+      });
+      const p = await iam.createProject(root, { name: 'p', quota: { sandboxes: 1 } });
+      await iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'rsv-a');
+      now += 1001;
+      await assert.rejects(iam.bindReservation('rsv-a', 'sb-a', { expiresAt: now + 5000 }), (e) =>
+        isDsecError(e, 'conflict'),
+      );
+      await iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'rsv-b');
+      await iam.bindReservation('rsv-b', 'sb-b', { expiresAt: now + 5000 });
+      now += 2000;
+      assert.equal(await iam.reservationProject('sb-b'), p.id);
+      assert.equal(await iam.reservationProject('rsv-b'), undefined);
+      await assert.rejects(iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'rsv-c'), (e) =>
+        isDsecError(e, 'quota_exceeded'),
+      );
+      now += 3001;
+      await iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'rsv-c');
+      // A lapsed reservation's name may be taken again.
+      now += 1001;
+      await iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'rsv-c');
+    });
+
+    test('idempotency claims: claimed, pending, done, abandoned, taken over', async (t) => {
+      let now = 1_000_000;
+      const { iam, root } = await fresh(t, { now: () => now, pendingTtlMs: 1000 });
+      const fp = requestFingerprint({ projectId: root.projectId, spec: { image: 'base' } });
+      const claim = (requestId: string, holder: string) =>
+        iam.claimRequest(root.projectId, requestId, holder, fp);
+      assert.deepEqual(await claim('r1', 'h1'), { state: 'claimed' });
+      assert.deepEqual(await claim('r1', 'h2'), { state: 'pending' });
+      await iam.abandonRequest(root.projectId, 'r1', 'h1');
+      assert.deepEqual(await claim('r1', 'h2'), { state: 'claimed' });
+      await iam.reserve(root.projectId, { memoryMb: 1, cpuCores: 1 }, 'h2');
+      await iam.bindReservation('h2', 'sb-1', { expiresAt: now + 60_000, requestId: 'r1' });
+      assert.deepEqual(await claim('r1', 'h3'), { state: 'done', sandboxId: 'sb-1' });
+      // A claim whose creator died is taken over once it is older than pendingTtlMs.
+      assert.deepEqual(await claim('r2', 'h4'), { state: 'claimed' });
+      now += 1001;
+      assert.deepEqual(await claim('r2', 'h5'), { state: 'claimed' });
+      // Request IDs are per project.
+      const other = await iam.createProject(root, { name: 'other' });
+      assert.deepEqual(await iam.claimRequest(other.id, 'r1', 'h6', fp), { state: 'claimed' });
+    });
+
+    test('idempotency keys are bound to their request: another body is conflict', async (t) => {
+      const { iam, root } = await fresh(t);
+      const fp1 = requestFingerprint({ projectId: root.projectId, spec: { image: 'base' } });
+      const fp2 = requestFingerprint({ projectId: root.projectId, spec: { image: 'other' } });
+      const conflict = (e: unknown) =>
+        isDsecError(e, 'conflict') && e.field === 'requestId' && e.details?.['requestId'] === 'r1';
+      assert.deepEqual(await iam.claimRequest(root.projectId, 'r1', 'h1', fp1), {
+        state: 'claimed',
+      });
+      await assert.rejects(iam.claimRequest(root.projectId, 'r1', 'h2', fp2), conflict);
+      await iam.reserve(root.projectId, { memoryMb: 1, cpuCores: 1 }, 'h1');
+      await iam.bindReservation('h1', 'sb-1', { expiresAt: Date.now() + 60_000, requestId: 'r1' });
+      await assert.rejects(
+        iam.claimRequest(root.projectId, 'r1', 'h3', fp2, { actorKeyId: root.keyId }),
+        conflict,
+      );
+      assert.deepEqual(await iam.claimRequest(root.projectId, 'r1', 'h4', fp1), {
+        state: 'done',
+        sandboxId: 'sb-1',
+      });
+      assert.ok(
+        (await iam.listAudit()).some(
+          (e) =>
+            e.action === 'request.claim' && e.outcome === 'denied' && e.actorKeyId === root.keyId,
+        ),
+      );
+    });
+
+    test('idempotency: instances claiming one request at once, exactly one claims', async (t) => {
+      const { iam, root, location } = await fresh(t);
+      const others = await Promise.all([1, 2].map(async () => (await open(t, location)).iam));
+      const fp = requestFingerprint({ n: 1 });
+      const claims = await Promise.all(
+        Array.from({ length: 30 }, (_, i) =>
+          [iam, ...others][i % 3]!.claimRequest(root.projectId, 'same', `h${i}`, fp),
+        ),
+      );
+      assert.equal(claims.filter((c) => c.state === 'claimed').length, 1);
+      assert.equal(claims.filter((c) => c.state === 'pending').length, 29);
+    });
+
+    test('parallel reservations from 3 instances grant exactly the quota', async (t) => {
+      const { iam, root, location } = await fresh(t);
+      const instances = [
+        iam,
+        ...(await Promise.all([1, 2].map(async () => (await open(t, location)).iam))),
+      ];
+      const team = await iam.createProject(root, { name: 'team', quota: { sandboxes: 25 } });
+      // Half the reservations land in children: the team's quota counts its whole subtree,
+      // and c1's own, tighter quota holds too.
+      const c1 = await iam.createProject(root, {
+        name: 'c1',
+        parentId: team.id,
+        quota: { sandboxes: 10 },
+      });
+      const c2 = await iam.createProject(root, { name: 'c2', parentId: team.id });
+      const targets = [team.id, c1.id, c2.id];
+      const results = await Promise.allSettled(
+        Array.from({ length: 60 }, (_, i) =>
+          instances[i % 3]!.reserve(
+            targets[i % 3]!,
+            { memoryMb: 1, cpuCores: 0.5 },
+            randomId('rsv'),
+          ),
+        ),
+      );
+      const ok = results.filter((r) => r.status === 'fulfilled').length;
+      const refused = results.filter(
+        (r) => r.status === 'rejected' && isDsecError(r.reason, 'quota_exceeded'),
+      ).length;
+      assert.equal(
+        ok,
+        25,
+        JSON.stringify(results.filter((r) => r.status === 'rejected').slice(0, 2)),
+      );
+      assert.equal(refused, 35);
+      assert.deepEqual(await instances[1]!.usage(team.id), {
+        sandboxes: 25,
+        memoryMb: 25,
+        cpuCores: 12.5,
+      });
+      assert.ok((await iam.usage(c1.id)).sandboxes <= 10);
+    });
+
+    test('state survives reopen', async (t) => {
+      const location = await fixture.fresh();
+      const first = await open(t, location);
+      const boot = await first.iam.bootstrap();
+      const root = await first.iam.authenticate(boot.key);
+      const p = await first.iam.createProject(root, { name: 'team', quota: { memoryMb: 1024 } });
+      const k = await first.iam.createKey(root, { projectId: p.id, role: 'member', name: 'ci' });
+      await first.iam.reserve(p.id, { memoryMb: 512, cpuCores: 1 }, 'sb-x');
+      await first.edges.register(edge('edge-1'));
+      await first.close();
+      await assert.rejects(first.iam.usage(p.id), (e) => isDsecError(e, 'unavailable'));
+      const second = await open(t, location);
+      assert.equal((await second.iam.bootstrap()).created, false);
+      assert.equal((await second.iam.authenticate(k.key)).projectId, p.id);
+      assert.deepEqual((await second.iam.getProject(root, p.id)).quota, { memoryMb: 1024 });
+      assert.equal((await second.iam.usage(p.id)).memoryMb, 512);
+      assert.equal((await second.edges.get('edge-1'))?.url, 'http://127.0.0.1:7001');
+      const audit = JSON.stringify(await second.iam.listAudit({ limit: 1000 }));
+      assert.ok(!audit.includes(boot.key!) && !audit.includes(k.key), 'a raw key in the audit log');
+    });
+
+    test('edge registry: register (upsert), get, list, probes, remove', async (t) => {
+      let now = 5_000_000;
+      const { db, location } = await fresh(t, { now: () => now });
+      const other = await open(t, location);
+      const registered = await db.edges.register(
+        edge('edge-b', {
+          labels: { pool: 'burst', gpu: 'none' },
+          backends: ['container', 'container'],
+        }),
+      );
+      assert.deepEqual(registered, {
+        edgeId: 'edge-b',
+        url: 'http://127.0.0.1:7001',
+        secret: SECRET,
+        labels: { gpu: 'none', pool: 'burst' },
+        backends: ['container'],
+        healthy: false,
+        lastProbeAt: undefined,
+        lastError: undefined,
+        status: undefined,
+        registeredAt: new Date(now).toISOString(),
+      });
+      await db.edges.register(edge('edge-a'));
+      assert.deepEqual(
+        (await other.edges.list()).map((e) => e.edgeId),
+        ['edge-a', 'edge-b'],
+      );
+      const status = { edgeId: 'edge-b', sandboxesByProject: { p: 2 }, used: { memoryMb: 1.5 } };
+      assert.equal(
+        await other.edges.recordProbe('edge-b', { healthy: true, at: now, status }),
+        true,
+      );
+      let b = await db.edges.get('edge-b');
+      assert.equal(b?.healthy, true);
+      assert.equal(b?.lastProbeAt, now);
+      assert.deepEqual(b?.status, status);
+      // A failed probe keeps the last status and records why.
+      assert.equal(
+        await db.edges.recordProbe('edge-b', {
+          healthy: false,
+          at: now + 10,
+          error: 'ECONNREFUSED',
+        }),
+        true,
+      );
+      b = await db.edges.get('edge-b');
+      assert.equal(b?.healthy, false);
+      assert.equal(b?.lastError, 'ECONNREFUSED');
+      assert.deepEqual(b?.status, status);
+      // An older probe arriving late changes nothing.
+      assert.equal(await db.edges.recordProbe('edge-b', { healthy: true, at: now + 5 }), false);
+      assert.equal((await db.edges.get('edge-b'))?.healthy, false);
+      assert.equal(await db.edges.recordProbe('edge-b', { healthy: true, at: now + 20 }), true);
+      b = await db.edges.get('edge-b');
+      assert.equal(b?.healthy, true);
+      assert.equal(b?.lastError, undefined);
+      // Re-registering at the same URL keeps the health; the first registration time stays.
+      now += 60_000;
+      const again = await db.edges.register(edge('edge-b', { secret: 't'.repeat(43) }));
+      assert.equal(again.healthy, true);
+      assert.equal(again.secret, 't'.repeat(43));
+      assert.deepEqual(again.labels, {});
+      assert.equal(again.registeredAt, registered.registeredAt);
+      // At a new URL nobody has probed yet, it is not healthy.
+      const moved = await db.edges.register(edge('edge-b', { url: 'https://10.0.0.2:7001' }));
+      assert.equal(moved.healthy, false);
+      assert.equal(moved.lastProbeAt, undefined);
+      assert.equal(moved.status, undefined);
+      assert.equal(await db.edges.remove('edge-b'), true);
+      assert.equal(await db.edges.remove('edge-b'), false);
+      assert.equal(await other.edges.get('edge-b'), undefined);
+      assert.equal(await db.edges.recordProbe('edge-b', { healthy: true, at: now }), false);
+      assert.equal(await db.edges.get('edge-b'), undefined, 'a probe must not re-create an edge');
+      const audit = await db.iam.listAudit();
+      assert.ok(audit.some((e) => e.action === 'edge.register' && e.target === 'edge-a'));
+      assert.ok(audit.some((e) => e.action === 'edge.remove' && e.target === 'edge-b'));
+      assert.ok(!JSON.stringify(audit).includes(SECRET), 'an edge secret in the audit log');
+    });
+
+    test('edge registry refuses malformed registrations, naming the field', async (t) => {
+      const { db } = await fresh(t);
+      const cases: [Parameters<typeof edge>[1] & { edgeId?: string }, string][] = [
+        [{ edgeId: '' }, 'edgeId'],
+        [{ edgeId: 'has space' }, 'edgeId'],
+        [{ url: 'ftp://x' }, 'url'],
+        [{ url: 'not a url' }, 'url'],
+        [{ secret: 'short' }, 'secret'],
+        [{ labels: { pool: 7 as unknown as string } }, 'labels.pool'],
+        [{ backends: [''] }, 'backends'],
+      ];
+      for (const [change, field] of cases) {
+        await assert.rejects(
+          db.edges.register({ ...edge('edge-x'), ...change }),
+          (e) => isDsecError(e, 'invalid_argument') && e.field === field,
+          field,
+        );
+      }
+      assert.deepEqual(await db.edges.list(), []);
+    });
+  });
+}
+
+function edge(
+  edgeId: string,
+  change: Partial<{
+    url: string;
+    secret: string;
+    labels: Record<string, string>;
+    backends: string[];
+  }> = {},
+) {
+  return {
+    edgeId,
+    url: 'http://127.0.0.1:7001',
+    secret: SECRET,
+    labels: {},
+    backends: ['container'],
+    ...change,
+  };
+}
+
+function rawDb(location: string): SqlDb {
+  return /^postgres(ql)?:\/\//i.test(location) ? new PostgresDb(location) : new SqliteDb(location);
+}
