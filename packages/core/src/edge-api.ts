@@ -65,6 +65,11 @@ export interface CreateSandboxRequest {
 
 export interface RunCommandOptions {
   signal?: AbortSignal | undefined;
+  /**
+   * When set, the edge answers `sandbox_not_found` unless the sandbox belongs
+   * to this project: the caller's authorisation and the exec in one call.
+   */
+  projectId?: string | undefined;
   onStdout?: ((chunk: Buffer) => void) | undefined;
   onStderr?: ((chunk: Buffer) => void) | undefined;
 }

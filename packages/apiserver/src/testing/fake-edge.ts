@@ -152,6 +152,9 @@ export class FakeEdge implements EdgeApi {
   ): Promise<CommandResult> {
     throwIfAborted(options.signal);
     const s = this.#get(id);
+    // Another project's sandbox is not found, whatever its state (no existence leak).
+    if (options.projectId !== undefined && s.projectId !== options.projectId)
+      throw new DsecError('sandbox_not_found', `no sandbox ${JSON.stringify(id.slice(0, 80))}`);
     if (s.state !== 'running')
       throw new DsecError('sandbox_not_running', `sandbox ${id} is ${s.state}`);
     const stdout = Buffer.from(

@@ -1,7 +1,8 @@
 import { randomBytes } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import { SandboxIdCodec } from '@dsec/core';
-import { Iam } from '@dsec/iam';
+import { openControlDb } from '@dsec/iam';
+import type { Iam } from '@dsec/iam';
 import { PowerOfKPlacer } from '@dsec/placement';
 import type { Placer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
@@ -35,6 +36,7 @@ export interface TestApi {
 export async function createTestApi(
   options: {
     edges?: FakeEdge[];
+    /** The control database: a SQLite file, a `postgres://` URL, or (default) `:memory:`. */
     iamPath?: string;
     placer?: (watcher: Watcher) => Placer;
     logger?: boolean;
@@ -42,8 +44,9 @@ export async function createTestApi(
     transport?: Partial<Pick<ApiServerOptions, TransportOption>>;
   } = {},
 ): Promise<TestApi> {
-  const iam = Iam.open({ path: options.iamPath ?? ':memory:' });
-  const boot = iam.bootstrap();
+  const db = await openControlDb(options.iamPath ?? ':memory:');
+  const { iam } = db;
+  const boot = await iam.bootstrap();
   const edges = new Map(
     (options.edges ?? [new FakeEdge({ edgeId: 'edge-a' })]).map((e) => [e.edgeId, e]),
   );
@@ -70,7 +73,7 @@ export async function createTestApi(
     ids,
     close: async () => {
       await app.close();
-      iam.close();
+      await db.close();
     },
   };
 }

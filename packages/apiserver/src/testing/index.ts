@@ -12,5 +12,6 @@ export { FakeEdge } from './fake-edge.js';
 export type { FakeEdgeOptions } from './fake-edge.js';
 export { createTestApi } from './harness.js';
 export type { TestApi } from './harness.js';
-export { edgeApiConformance, conformanceSpec } from './edge-conformance.js';
-export type { EdgeUnderTest } from './edge-conformance.js';
+// The EdgeApi conformance suite lives in @dsec/core/testing (every edge implementation runs it).
+export { edgeApiConformance, conformanceSpec } from '@dsec/core/testing';
+export type { EdgeUnderTest } from '@dsec/core/testing';

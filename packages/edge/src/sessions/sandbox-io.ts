@@ -29,8 +29,12 @@ export interface SandboxIoOptions {
   /** The edge's SQLite file; the command log is its own table there. */
   dbFile: string;
   backend: Backend;
-  /** The sandbox's record if it is running; throws `sandbox_not_found` / `sandbox_not_running`. */
-  running: (sandboxId: string) => SandboxRecord;
+  /**
+   * The sandbox's record if it is running; throws `sandbox_not_found` /
+   * `sandbox_not_running`, and `sandbox_not_found` for another project's
+   * sandbox when `projectId` is given.
+   */
+  running: (sandboxId: string, projectId?: string) => SandboxRecord;
   /** How long finished commands stay readable. Default 1 h. */
   commandRetentionMs?: number | undefined;
   /** Finished commands kept per sandbox. Default 256. */
@@ -90,7 +94,7 @@ export class SandboxIo implements SandboxIoApi {
     spec: StartCommandSpec,
     options: RunCommandOptions = {},
   ): Promise<CommandResult> {
-    const rec = this.#rec(sandboxId);
+    const rec = this.#rec(sandboxId, options.projectId);
     const begun = this.registry.begin(
       sandboxId,
       { requestId: spec.requestId, argv: spec.argv, shell: spec.shell, background: false },
@@ -195,7 +199,7 @@ export class SandboxIo implements SandboxIoApi {
     spec: SessionRunSpec,
     options: RunCommandOptions = {},
   ): Promise<SessionResult> {
-    const rec = this.#rec(sandboxId);
+    const rec = this.#rec(sandboxId, options.projectId);
     const session = this.#session(rec, name, spec);
     const begun = this.registry.begin(
       sandboxId,
@@ -333,11 +337,16 @@ export class SandboxIo implements SandboxIoApi {
     return raceDeadline(result, undefined, signal);
   }
 
-  #rec(sandboxId: string): SandboxRecord {
+  #rec(sandboxId: string, projectId?: string): SandboxRecord {
     const now = Date.now();
     const cached = this.#records.get(sandboxId);
-    if (cached && now - cached.atMs < RECORD_CACHE_MS) return cached.rec;
-    const rec = this.#o.running(sandboxId);
+    if (
+      cached &&
+      now - cached.atMs < RECORD_CACHE_MS &&
+      (projectId === undefined || cached.rec.projectId === projectId)
+    )
+      return cached.rec;
+    const rec = this.#o.running(sandboxId, projectId);
     this.#records.set(sandboxId, { rec, atMs: now });
     return rec;
   }

@@ -1,0 +1,739 @@
+import http from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Duplex, Readable } from 'node:stream';
+import { pino } from 'pino';
+import { DsecError, toDsecError } from '@dsec/core';
+import type {
+  CommandResult,
+  CreateSandboxRequest,
+  EdgeApi,
+  NetworkPolicyPatch,
+  PtyOptions,
+  PtySession,
+  SandboxIoApi,
+} from '@dsec/core';
+import { checkSecret, HEADER_PROOF, RequestVerifier, responseProof } from './auth.js';
+import {
+  CMD_ERROR,
+  CMD_RESULT,
+  CMD_STDERR,
+  CMD_STDOUT,
+  exitPayload,
+  frame,
+  FrameReader,
+  FRAMES_CONTENT_TYPE,
+  MAX_PTY_FRAME_BYTES,
+  PORT_UPGRADE,
+  PTY_DATA,
+  PTY_EOF,
+  PTY_EXIT,
+  PTY_KILL,
+  PTY_RESIZE,
+  PTY_UPGRADE,
+} from './frames.js';
+import {
+  encodeStreamError,
+  EDGE_PATH_PREFIX,
+  HEADER_STREAM_ERROR,
+  MAX_JSON_BODY_BYTES,
+} from './protocol.js';
+
+/** What the server logs with: pino, or anything with the same three methods. */
+export interface EdgeLogger {
+  info(obj: object, msg: string): void;
+  warn(obj: object, msg: string): void;
+  error(obj: object, msg: string): void;
+}
+
+export interface EdgeServerOptions {
+  /** The edge to serve (an in-process `Edge`, or any `EdgeApi`). */
+  edge: EdgeApi;
+  /** The per-edge secret shared with the apiservers (`newEdgeSecret()`). */
+  secret: string;
+  /** Address to listen on. Default `127.0.0.1`. */
+  host?: string;
+  /** Port to listen on; 0 (the default) picks a free one. */
+  port?: number;
+  /** A pino(-compatible) logger, `true` for a pino logger to stdout, `false` for none (default). */
+  logger?: EdgeLogger | boolean;
+}
+
+export interface EdgeServer {
+  /** `http://host:port`, what `RemoteEdge` dials. */
+  url: string;
+  /**
+   * Stops listening and cuts every connection, upgraded ones included: calls
+   * still running see their client go away (a command without a `requestId`
+   * is killed, as when an apiserver disconnects). The edge itself stays open.
+   */
+  close(): Promise<void>;
+}
+
+/** A reader this far behind on a command stream is cut off (as the public API does). */
+const MAX_STREAM_BUFFER_BYTES = 8 * 1024 * 1024;
+const HANDLED = Symbol('handled');
+
+type StreamOptions = {
+  signal: AbortSignal;
+  onStdout: (chunk: Buffer) => void;
+  onStderr: (chunk: Buffer) => void;
+};
+
+/**
+ * Serves the whole `EdgeApi` over HTTP/1.1 (docs/edge-protocol.md): JSON
+ * calls, command output as frames while it comes, request and answer
+ * bodies streamed with back-pressure, ports and terminals over upgrades.
+ * Every request must be signed with `secret` and is refused with 401
+ * `unauthenticated` before the edge is touched otherwise; every answer
+ * carries the server's proof. A client that goes away aborts the edge call
+ * it made, as a public API client's disconnect does.
+ *
+ * @example
+ * ```ts
+ * const secret = newEdgeSecret();
+ * const server = await serveEdge({ edge, secret, port: 7443 });
+ * const remote = new RemoteEdge({ edgeId: edge.edgeId, url: server.url, secret });
+ * ```
+ */
+export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer> {
+  checkSecret(options.secret, 'secret');
+  const { edge, secret } = options;
+  const edgeId = edge.edgeId;
+  const log = loggerOf(options.logger);
+  const verifier = new RequestVerifier({ secret, edgeId });
+  const routes = edgeRoutes(edge);
+  const upgraded = new Set<Duplex>();
+
+  const server = http.createServer({
+    // Streamed bodies (stdin, uploads) and quiet commands may take as long as
+    // they take; only the headers are bounded in time.
+    requestTimeout: 0,
+    headersTimeout: 30_000,
+    // Longer than a busy apiserver's gap between calls, so pooled sockets stay warm.
+    keepAliveTimeout: 65_000,
+    noDelay: true,
+  });
+  server.timeout = 0;
+
+  server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const nonce = RequestVerifier.nonceOf(req.headers);
+    if (nonce !== undefined) res.setHeader(HEADER_PROOF, responseProof(secret, edgeId, nonce));
+    const method = req.method ?? 'GET';
+    const url = req.url ?? '/';
+    try {
+      verifier.verify(method, url, req.headers);
+    } catch (err) {
+      log?.warn({ remote: req.socket.remoteAddress, method, url, err: String(err) }, 'refused');
+      sendError(res, err, log);
+      return;
+    }
+    const q = url.indexOf('?');
+    const pathname = q < 0 ? url : url.slice(0, q);
+    const found = match(routes, method, pathname);
+    if (!found) {
+      req.resume();
+      sendError(res, new DsecError('not_found', `no edge route ${method} ${pathname}`), log);
+      return;
+    }
+    const ac = new AbortController();
+    // The one listener of this request: the client left before the answer was complete.
+    res.once('close', () => {
+      if (!res.writableFinished) {
+        ac.abort(new DsecError('aborted', 'the client closed the connection'));
+      }
+    });
+    const call = new Call(
+      req,
+      res,
+      found.params,
+      new URLSearchParams(q < 0 ? '' : url.slice(q)),
+      ac,
+    );
+    found.route.handler(call).then(
+      (out) => {
+        if (out === HANDLED) return;
+        if (out === undefined) {
+          res.writeHead(204).end();
+          return;
+        }
+        const body = JSON.stringify(out);
+        res
+          .writeHead(200, {
+            'content-type': 'application/json',
+            'content-length': Buffer.byteLength(body),
+          })
+          .end(body);
+      },
+      (err: unknown) => {
+        req.resume();
+        sendError(res, err, log);
+      },
+    );
+  });
+
+  server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    upgraded.add(socket);
+    socket.once('close', () => upgraded.delete(socket));
+    void onUpgrade(req, socket, head, { edge, secret, edgeId, verifier, log });
+  });
+
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
+  const address = server.address() as AddressInfo;
+  const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
+  const url = `http://${host}:${address.port}`;
+  log?.info({ url, edgeId }, 'edge API listening');
+
+  let closing: Promise<void> | undefined;
+  return {
+    url,
+    close() {
+      closing ??= new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+        for (const socket of upgraded) socket.destroy();
+      });
+      return closing;
+    },
+  };
+}
+
+/** One request: its parsed parts, its abort signal, and the answers that stream. */
+class Call {
+  readonly signal: AbortSignal;
+
+  constructor(
+    readonly req: IncomingMessage,
+    readonly res: ServerResponse,
+    readonly params: string[],
+    readonly query: URLSearchParams,
+    readonly controller: AbortController,
+  ) {
+    this.signal = controller.signal;
+  }
+
+  /** A path parameter, percent-decoded. */
+  p(i: number): string {
+    const raw = this.params[i] ?? '';
+    try {
+      return decodeURIComponent(raw);
+    } catch {
+      throw new DsecError('invalid_argument', 'malformed path parameter');
+    }
+  }
+
+  str(name: string): string | undefined {
+    return this.query.get(name) ?? undefined;
+  }
+
+  int(name: string): number | undefined {
+    const v = this.query.get(name);
+    if (v === null) return undefined;
+    const n = Number(v);
+    if (!Number.isSafeInteger(n)) {
+      throw new DsecError('invalid_argument', `${name} must be an integer`, { field: name });
+    }
+    return n;
+  }
+
+  flag(name: string): boolean | undefined {
+    const v = this.query.get(name);
+    return v === null ? undefined : v === '1' || v === 'true';
+  }
+
+  /** The JSON body, which must be an object. */
+  async json(): Promise<Record<string, unknown>> {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    for await (const chunk of this.req) {
+      size += (chunk as Buffer).length;
+      if (size > MAX_JSON_BODY_BYTES) {
+        throw new DsecError('payload_too_large', `request body over ${MAX_JSON_BODY_BYTES} bytes`);
+      }
+      chunks.push(chunk as Buffer);
+    }
+    let body: unknown;
+    try {
+      body = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+    } catch {
+      throw new DsecError('invalid_argument', 'the request body is not JSON');
+    }
+    if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+      throw new DsecError('invalid_argument', 'the request body must be a JSON object');
+    }
+    return body as Record<string, unknown>;
+  }
+
+  /** The raw body as a stream, or undefined when the request has none. */
+  body(): Readable | undefined {
+    const h = this.req.headers;
+    if (h['transfer-encoding'] === undefined && (h['content-length'] ?? '0') === '0') {
+      return undefined;
+    }
+    return this.req;
+  }
+
+  /**
+   * Answers with a command stream: output frames as the edge calls back,
+   * then the result (or the error) frame. An error before any frame is a
+   * plain error answer with its status.
+   */
+  async frames(run: (o: StreamOptions) => Promise<CommandResult>): Promise<typeof HANDLED> {
+    const res = this.res;
+    let started = false;
+    const send = (type: number, payload: Buffer, last: boolean): void => {
+      if (res.destroyed) return;
+      if (!started) {
+        started = true;
+        res.writeHead(200, { 'content-type': FRAMES_CONTENT_TYPE, 'cache-control': 'no-store' });
+      }
+      if (last) {
+        res.end(frame(type, payload));
+      } else if (res.writableLength > MAX_STREAM_BUFFER_BYTES) {
+        this.controller.abort(new DsecError('aborted', 'the client is not reading the stream'));
+        res.destroy();
+      } else {
+        res.write(frame(type, payload));
+      }
+    };
+    let result: CommandResult;
+    try {
+      result = await run({
+        signal: this.signal,
+        onStdout: (chunk) => send(CMD_STDOUT, chunk, false),
+        onStderr: (chunk) => send(CMD_STDERR, chunk, false),
+      });
+    } catch (err) {
+      if (!started) throw err;
+      send(CMD_ERROR, Buffer.from(JSON.stringify(toDsecError(err).toJSON())), true);
+      return HANDLED;
+    }
+    send(CMD_RESULT, Buffer.from(JSON.stringify(result)), true);
+    return HANDLED;
+  }
+
+  /** Answers with a byte stream; an error after the first byte travels in a trailer. */
+  async pipe(stream: Readable): Promise<typeof HANDLED> {
+    const res = this.res;
+    res.writeHead(200, {
+      'content-type': 'application/octet-stream',
+      'cache-control': 'no-store',
+      trailer: HEADER_STREAM_ERROR,
+    });
+    await new Promise<void>((resolve) => {
+      stream.once('end', () => {
+        res.end();
+        resolve();
+      });
+      stream.once('error', (err) => {
+        stream.unpipe(res);
+        res.addTrailers({ [HEADER_STREAM_ERROR]: encodeStreamError(err) });
+        res.end();
+        resolve();
+      });
+      res.once('close', () => {
+        if (!res.writableFinished) stream.destroy();
+        resolve();
+      });
+      stream.pipe(res, { end: false });
+    });
+    return HANDLED;
+  }
+}
+
+interface Route {
+  method: string;
+  re: RegExp;
+  handler: (c: Call) => Promise<unknown>;
+}
+
+function match(
+  routes: Route[],
+  method: string,
+  pathname: string,
+): { route: Route; params: string[] } | undefined {
+  if (!pathname.startsWith(EDGE_PATH_PREFIX)) return undefined;
+  const rest = pathname.slice(EDGE_PATH_PREFIX.length);
+  for (const route of routes) {
+    if (route.method !== method) continue;
+    const m = route.re.exec(rest);
+    if (m) return { route, params: m.slice(1) };
+  }
+  return undefined;
+}
+
+function route(method: string, pattern: string, handler: (c: Call) => Promise<unknown>): Route {
+  const re = new RegExp(`^${pattern.replace(/:[a-z]+/g, '([^/]+)')}$`);
+  // A handler that throws before its first await still answers with its error.
+  return { method, re, handler: async (c) => handler(c) };
+}
+
+/** The routes of docs/edge-protocol.md; handlers parse, call one edge method, translate. */
+function edgeRoutes(edge: EdgeApi): Route[] {
+  const io = (): SandboxIoApi => requireIo(edge);
+  const opt = <T>(v: unknown): T | undefined =>
+    v === undefined || v === null ? undefined : (v as T);
+  return [
+    route('GET', '/status', (c) => edge.status(c.signal)),
+    route('POST', '/sandboxes', async (c) =>
+      edge.createSandbox((await c.json()) as unknown as CreateSandboxRequest, c.signal),
+    ),
+    route('GET', '/sandboxes', async (c) => {
+      const raw = c.str('projectIds');
+      let projectIds: string[] | undefined;
+      if (raw !== undefined) {
+        try {
+          projectIds = JSON.parse(raw) as string[];
+        } catch {
+          projectIds = undefined;
+        }
+        if (!Array.isArray(projectIds) || projectIds.some((p) => typeof p !== 'string')) {
+          throw new DsecError('invalid_argument', 'projectIds must be a JSON array of strings', {
+            field: 'projectIds',
+          });
+        }
+      }
+      const filter: { projectIds?: string[]; includeEnded?: boolean } = {};
+      if (projectIds) filter.projectIds = projectIds;
+      if (c.flag('includeEnded')) filter.includeEnded = true;
+      return { sandboxes: await edge.listSandboxes(filter, c.signal) };
+    }),
+    route('GET', '/sandboxes/:id', (c) => edge.getSandbox(c.p(0), c.signal)),
+    route('POST', '/sandboxes/:id/stop', async (c) => {
+      await edge.stopSandbox(c.p(0), c.signal);
+      return undefined;
+    }),
+    route('POST', '/sandboxes/:id/run', async (c) => {
+      const b = await c.json();
+      return c.frames((o) =>
+        edge.runCommand(c.p(0), object(b.command, 'command'), {
+          ...o,
+          projectId: opt<string>(b.projectId),
+        }),
+      );
+    }),
+    route('POST', '/sandboxes/:id/network', async (c) => {
+      if (!edge.updateNetwork) {
+        throw new DsecError('unavailable', `edge ${edge.edgeId} has no network policy`);
+      }
+      const patch = (await c.json()) as NetworkPolicyPatch;
+      return edge.updateNetwork(c.p(0), patch, c.signal);
+    }),
+    route('GET', '/sandboxes/:id/events', async (c) => {
+      if (!edge.listEvents) {
+        throw new DsecError('unavailable', `edge ${edge.edgeId} keeps no sandbox events`);
+      }
+      const events = await edge.listEvents(
+        c.p(0),
+        { afterId: c.int('afterId'), limit: c.int('limit') },
+        c.signal,
+      );
+      return { events };
+    }),
+
+    // ---- commands (SandboxIoApi) ----
+    route('POST', '/sandboxes/:id/io/run', async (c) => {
+      const ioApi = io();
+      const b = await c.json();
+      return c.frames((o) =>
+        ioApi.runCommand(c.p(0), object(b.spec, 'spec'), {
+          ...o,
+          projectId: opt<string>(b.projectId),
+        }),
+      );
+    }),
+    route('POST', '/sandboxes/:id/commands', async (c) =>
+      io().startCommand(c.p(0), object(await c.json(), 'spec')),
+    ),
+    route('GET', '/sandboxes/:id/commands', async (c) => ({
+      commands: await io().listCommands(c.p(0)),
+    })),
+    route('GET', '/sandboxes/:id/commands/:cid', (c) => io().getCommand(c.p(0), c.p(1))),
+    route('GET', '/sandboxes/:id/commands/:cid/wait', (c) =>
+      io().waitCommand(c.p(0), c.p(1), { timeoutMs: c.int('timeoutMs'), signal: c.signal }),
+    ),
+    route('GET', '/sandboxes/:id/commands/:cid/output', async (c) => {
+      const ioApi = io();
+      return c.frames((o) => ioApi.watchCommand(c.p(0), c.p(1), o));
+    }),
+    route('POST', '/sandboxes/:id/commands/:cid/kill', async (c) => {
+      await io().killCommand(c.p(0), c.p(1));
+      return undefined;
+    }),
+    route('POST', '/sandboxes/:id/commands/:cid/signal', async (c) => {
+      const { signal } = await c.json();
+      if (typeof signal !== 'string' && typeof signal !== 'number') {
+        throw new DsecError('invalid_argument', 'signal must be a name or a number', {
+          field: 'signal',
+        });
+      }
+      await io().signalCommand(c.p(0), c.p(1), signal);
+      return undefined;
+    }),
+    route('POST', '/sandboxes/:id/commands/:cid/stdin', (c) =>
+      io().writeStdin(c.p(0), c.p(1), c.body(), { eof: c.flag('eof'), signal: c.signal }),
+    ),
+
+    // ---- sessions ----
+    route('POST', '/sandboxes/:id/sessions/:name/run', async (c) => {
+      const ioApi = io();
+      const b = await c.json();
+      return c.frames((o) =>
+        ioApi.runInSession(c.p(0), c.p(1), object(b.spec, 'spec'), {
+          ...o,
+          projectId: opt<string>(b.projectId),
+        }),
+      );
+    }),
+    route('GET', '/sandboxes/:id/sessions', async (c) => ({
+      sessions: await io().listSessions(c.p(0)),
+    })),
+    route('DELETE', '/sandboxes/:id/sessions/:name', async (c) => {
+      await io().closeSession(c.p(0), c.p(1));
+      return undefined;
+    }),
+
+    // ---- files ----
+    route('GET', '/sandboxes/:id/files', async (c) => {
+      const stream = await io().readFile(c.p(0), pathOf(c), {
+        user: c.str('user'),
+        signal: c.signal,
+      });
+      return c.pipe(stream);
+    }),
+    route('PUT', '/sandboxes/:id/files', (c) =>
+      io().writeFile(c.p(0), pathOf(c), c.req, {
+        user: c.str('user'),
+        mode: c.int('mode'),
+        signal: c.signal,
+      }),
+    ),
+    route('GET', '/sandboxes/:id/files/stat', (c) =>
+      io().statFile(c.p(0), pathOf(c), { user: c.str('user'), signal: c.signal }),
+    ),
+    route('GET', '/sandboxes/:id/files/list', async (c) => ({
+      entries: await io().listDir(c.p(0), pathOf(c), { user: c.str('user'), signal: c.signal }),
+    })),
+    route('POST', '/sandboxes/:id/files/mkdir', async (c) => {
+      const b = await c.json();
+      await io().mkdir(c.p(0), text(b.path, 'path'), {
+        parents: opt<boolean>(b.parents),
+        mode: opt<number>(b.mode),
+        user: opt<string>(b.user),
+        signal: c.signal,
+      });
+      return undefined;
+    }),
+    route('POST', '/sandboxes/:id/files/remove', async (c) => {
+      const b = await c.json();
+      await io().remove(c.p(0), text(b.path, 'path'), {
+        recursive: opt<boolean>(b.recursive),
+        user: opt<string>(b.user),
+        signal: c.signal,
+      });
+      return undefined;
+    }),
+    route('POST', '/sandboxes/:id/files/rename', async (c) => {
+      const b = await c.json();
+      await io().rename(c.p(0), text(b.from, 'from'), text(b.to, 'to'), {
+        overwrite: opt<boolean>(b.overwrite),
+        user: opt<string>(b.user),
+        signal: c.signal,
+      });
+      return undefined;
+    }),
+  ];
+}
+
+function requireIo(edge: EdgeApi): SandboxIoApi {
+  if (!edge.io) {
+    throw new DsecError(
+      'unavailable',
+      `edge ${edge.edgeId} does not run commands, sessions or files`,
+    );
+  }
+  return edge.io;
+}
+
+function object<T>(v: unknown, field: string): T {
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) {
+    throw new DsecError('invalid_argument', `${field} must be an object`, { field });
+  }
+  return v as T;
+}
+
+function text(v: unknown, field: string): string {
+  if (typeof v !== 'string')
+    throw new DsecError('invalid_argument', `${field} must be a string`, { field });
+  return v;
+}
+
+function pathOf(c: Call): string {
+  return text(c.str('path'), 'path');
+}
+
+function sendError(res: ServerResponse, err: unknown, log: EdgeLogger | undefined): void {
+  const e = toDsecError(err);
+  if (e.code === 'internal') log?.error({ err }, 'edge call failed');
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  const body = JSON.stringify(e.toJSON());
+  res
+    .writeHead(e.status, {
+      'content-type': 'application/json',
+      'content-length': Buffer.byteLength(body),
+    })
+    .end(body);
+}
+
+function loggerOf(option: EdgeLogger | boolean | undefined): EdgeLogger | undefined {
+  if (option === true) return pino({ name: 'dsec-edge-http' });
+  if (!option) return undefined;
+  return option;
+}
+
+// ---- upgrades: ports and terminals ----
+
+const PTY_PATH = /^\/sandboxes\/([^/]+)\/pty$/;
+const PORT_PATH = /^\/sandboxes\/([^/]+)\/ports\/([0-9]{1,5})$/;
+
+interface UpgradeContext {
+  edge: EdgeApi;
+  secret: string;
+  edgeId: string;
+  verifier: RequestVerifier;
+  log: EdgeLogger | undefined;
+}
+
+async function onUpgrade(
+  req: IncomingMessage,
+  socket: Duplex,
+  head: Buffer,
+  ctx: UpgradeContext,
+): Promise<void> {
+  socket.on('error', () => undefined);
+  const nonce = RequestVerifier.nonceOf(req.headers);
+  const proof =
+    nonce === undefined
+      ? ''
+      : `${HEADER_PROOF}: ${responseProof(ctx.secret, ctx.edgeId, nonce)}\r\n`;
+  const gone = new AbortController();
+  socket.once('close', () =>
+    gone.abort(new DsecError('aborted', 'the client closed the connection')),
+  );
+  let protocol: string;
+  let wire: () => void;
+  try {
+    const url = req.url ?? '/';
+    try {
+      ctx.verifier.verify(req.method ?? 'GET', url, req.headers);
+    } catch (err) {
+      ctx.log?.warn({ remote: req.socket.remoteAddress, url, err: String(err) }, 'refused');
+      throw err;
+    }
+    const parsed = new URL(url, 'http://edge');
+    const rest = parsed.pathname.startsWith(EDGE_PATH_PREFIX)
+      ? parsed.pathname.slice(EDGE_PATH_PREFIX.length)
+      : '';
+    const want = String(req.headers.upgrade ?? '').toLowerCase();
+    const pty = PTY_PATH.exec(rest);
+    const port = PORT_PATH.exec(rest);
+    if (pty && want === PTY_UPGRADE) {
+      protocol = PTY_UPGRADE;
+      const id = decodeURIComponent(pty[1] ?? '');
+      const options = ptyOptions(parsed.searchParams.get('options'));
+      const session = await requireIo(ctx.edge).openPty(id, options);
+      wire = () => wirePty(socket, head, session);
+    } else if (port && want === PORT_UPGRADE) {
+      protocol = PORT_UPGRADE;
+      const id = decodeURIComponent(port[1] ?? '');
+      const stream = await requireIo(ctx.edge).connectPort(id, Number(port[2]), {
+        signal: gone.signal,
+      });
+      wire = () => wirePort(socket, head, stream);
+      if (socket.destroyed) stream.destroy();
+    } else {
+      throw new DsecError('not_found', 'no such upgrade route');
+    }
+  } catch (err) {
+    const e = toDsecError(err);
+    if (e.code === 'internal') ctx.log?.error({ err }, 'edge upgrade failed');
+    const body = JSON.stringify(e.toJSON());
+    socket.end(
+      `HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status] ?? 'Error'}\r\n${proof}` +
+        `content-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
+        `connection: close\r\n\r\n${body}`,
+    );
+    return;
+  }
+  socket.write(
+    `HTTP/1.1 101 Switching Protocols\r\nupgrade: ${protocol}\r\nconnection: Upgrade\r\n${proof}\r\n`,
+  );
+  wire();
+}
+
+function ptyOptions(raw: string | null): PtyOptions {
+  if (raw === null) return {};
+  let o: unknown;
+  try {
+    o = JSON.parse(raw);
+  } catch {
+    throw new DsecError('invalid_argument', 'terminal options must be JSON', { field: 'options' });
+  }
+  const { signal: _signal, ...rest } = object<PtyOptions>(o, 'options');
+  return rest;
+}
+
+/** Terminal frames both ways; the socket closing kills the shell. */
+function wirePty(socket: Duplex, head: Buffer, session: PtySession): void {
+  if (socket.destroyed) {
+    session.kill();
+    return;
+  }
+  session.onOutput((chunk) => socket.write(frame(PTY_DATA, chunk)));
+  void session.exited.then(({ exitCode, signal }) => {
+    socket.end(frame(PTY_EXIT, exitPayload(exitCode, signal)));
+  });
+  socket.once('close', () => session.kill());
+  const reader = new FrameReader(MAX_PTY_FRAME_BYTES, (type, payload) => {
+    if (type === PTY_DATA) session.write(payload);
+    else if (type === PTY_RESIZE && payload.length >= 4) {
+      session.resize(payload.readUInt16BE(0), payload.readUInt16BE(2));
+    } else if (type === PTY_EOF) session.end();
+    else if (type === PTY_KILL) session.kill();
+  });
+  const push = (chunk: Buffer) => {
+    try {
+      reader.push(chunk);
+    } catch {
+      socket.destroy();
+    }
+  };
+  if (head.length > 0) push(head);
+  socket.on('data', push);
+}
+
+/**
+ * Raw bytes both ways, half-closes passed on. A failure of the sandbox
+ * side resets the connection, so the client can tell it from a clean end.
+ */
+function wirePort(socket: Duplex, head: Buffer, stream: Duplex): void {
+  if (socket.destroyed) return;
+  stream.on('error', () => {
+    const s = socket as Duplex & { resetAndDestroy?: () => void };
+    if (typeof s.resetAndDestroy === 'function') s.resetAndDestroy();
+    else socket.destroy();
+  });
+  socket.once('close', () => stream.destroy());
+  if (head.length > 0) stream.write(head);
+  socket.pipe(stream);
+  stream.pipe(socket);
+}
