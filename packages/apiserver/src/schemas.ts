@@ -93,6 +93,12 @@ export const CreateSandboxBody = z
     initUser: userName.default('root'),
     env: envMap.default({}),
     labels: labelMap.default({}),
+    /** Labels the chosen edge must carry (`{ pool: 'gpu', hardware: 'h200' }`). */
+    edgeSelector: boundedRecord(
+      z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/, 'must be a label key'),
+      z.string().regex(/^[A-Za-z0-9._:/-]{0,63}$/, 'must be a label value'),
+      16,
+    ).optional(),
     projectId: opaqueId.optional(),
     requestId: z
       .string()
@@ -120,6 +126,9 @@ export function toSandboxSpec(b: CreateSandboxInput): SandboxSpec {
     initUser: b.initUser,
     env: b.env,
     labels: b.labels,
+    ...(b.edgeSelector && Object.keys(b.edgeSelector).length > 0
+      ? { edgeSelector: b.edgeSelector }
+      : {}),
   };
 }
 

@@ -87,6 +87,12 @@ export interface SandboxSpec {
   initUser: string;
   env: Record<string, string>;
   labels: Record<string, string>;
+  /**
+   * Labels an edge must carry to receive this sandbox (`{ pool: 'gpu',
+   * hardware: 'h200' }`): every key must be present with exactly this value.
+   * Absent or empty: any edge.
+   */
+  edgeSelector?: Record<string, string> | undefined;
 }
 
 export interface SandboxInfo {
@@ -154,6 +160,12 @@ export interface EdgeStatus {
   used: { memoryMb: number; cpuCores: number; sandboxes: number };
   sandboxesByProject: Record<string, number>;
   labels: Record<string, string>;
+  /**
+   * Names of the layers and images in this edge's image store; reported by
+   * edges that may take burst work (placement sends a burst edge only
+   * requests whose every layer is listed here).
+   */
+  layers?: string[] | undefined;
   /** The edge's last measurement of the node (absent from edges that do not measure). */
   pressure?: NodePressure | undefined;
 }

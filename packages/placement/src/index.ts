@@ -1,7 +1,9 @@
 /**
  * @dsec/placement — picks the edge for a new sandbox (paper 7): filter by
- * health, backend and free capacity, then power-of-k-choices over the
- * watcher's view plus a local overlay of placements still in flight.
+ * health, backend, edge labels (`spec.edgeSelector`) and free capacity, gate
+ * the burst pool on the on-premise pool's utilisation (paper 3.4), then
+ * power-of-k-choices over the watcher's view plus a local overlay of
+ * placements still in flight.
  *
  * @example
  * ```ts
@@ -13,4 +15,14 @@
  */
 export { PowerOfKPlacer } from './power-of-k.js';
 export type { PowerOfKOptions } from './power-of-k.js';
-export type { Placer, PlacementEdge, PlacementRequest, PlacementView } from './placer.js';
+export { RandomPlacer } from './random.js';
+export type { RandomPlacerOptions } from './random.js';
+export { LeastLoadedPlacer } from './least-loaded.js';
+export type { LeastLoadedPlacerOptions } from './least-loaded.js';
+export type {
+  BurstOptions,
+  Placer,
+  PlacementEdge,
+  PlacementRequest,
+  PlacementView,
+} from './placer.js';

@@ -91,7 +91,7 @@ test('filters unhealthy, excluded, wrong-backend and full edges', () => {
 
 test('the overlay counts in-flight placements until the view catches up', () => {
   let now = 1000;
-  const edges = [
+  let edges = [
     edge('a', { capacity: { memoryMb: 1 << 20, cpuCores: 100, sandboxes: 2 }, observedAt: 900 }),
   ];
   const placer = new PowerOfKPlacer({ view: () => ({ edges }), now: () => now });
@@ -105,7 +105,8 @@ test('the overlay counts in-flight placements until the view catches up', () => 
   assert.equal(placer.inflightCount('a'), 2);
   // The edge reports after those placements, with one of them running.
   now += 5;
-  edges[0] = { ...edges[0]!, used: { memoryMb: 512, cpuCores: 1, sandboxes: 1 }, observedAt: now };
+  // A new report is a new snapshot (views are immutable).
+  edges = [{ ...edges[0]!, used: { memoryMb: 512, cpuCores: 1, sandboxes: 1 }, observedAt: now }];
   now += 5;
   assert.equal(placer.place({ spec }), 'a');
   assert.equal(placer.inflightCount('a'), 1);

@@ -49,6 +49,8 @@ export interface RunContainerOptions {
   initUser?: string | undefined;
   env?: Record<string, string> | undefined;
   labels?: Record<string, string> | undefined;
+  /** Labels the chosen edge must carry, e.g. `{ pool: 'gpu', hardware: 'h200' }`; default: any edge. */
+  edgeSelector?: Record<string, string> | undefined;
   projectId?: string | undefined;
   /** Idempotency key: a retry with the same ID returns the same sandbox. */
   requestId?: string | undefined;

@@ -10,11 +10,31 @@ export interface EdgeView {
   backends: BackendKind[];
   capacity: { memoryMb: number; cpuCores: number; sandboxes: number };
   used: { memoryMb: number; cpuCores: number; sandboxes: number };
+  /** The edge's labels (`pool`, `hardware`, …) from its last status. */
+  labels: Record<string, string>;
+  /** Layers in the edge's image store, when it reports them (burst placement reads these). */
+  layers?: string[] | undefined;
   /** When `used` was last reported (ms since epoch; 0 if never). */
   observedAt: number;
   lastProbeAt: number;
   consecutiveFailures: number;
   lastError?: string | undefined;
+}
+
+/** What one probe found, as `onProbe` receives it (and a registry may store it). */
+export interface ProbeResult {
+  /**
+   * The watcher's verdict after this probe: a failed probe turns a healthy
+   * edge down only at `failuresBeforeDown` failures in a row.
+   */
+  healthy: boolean;
+  /** When the probe started (ms since epoch). */
+  at: number;
+  /** The status the edge reported; absent when the probe failed. */
+  status?: EdgeStatus | undefined;
+  /** Why the probe failed; absent when it succeeded. */
+  error?: string | undefined;
+  consecutiveFailures: number;
 }
 
 interface Totals {
@@ -42,7 +62,18 @@ export interface WatcherOptions {
   intervalMs?: number;
   /** A probe that takes longer counts as failed. Default 1500. */
   probeTimeoutMs?: number;
+  /**
+   * Failed probes in a row before a healthy edge is marked down. Default 1.
+   * One successful probe marks it up again.
+   */
+  failuresBeforeDown?: number;
   now?: () => number;
+  /**
+   * Called after every probe (e.g. to record it in an edge registry). A hook
+   * that throws or rejects is reported through `onProbeError`; it never
+   * changes the edge's health and is not awaited.
+   */
+  onProbe?: (edgeId: string, result: ProbeResult) => void | Promise<void>;
   onProbeError?: (edgeId: string, err: unknown) => void;
 }
 
@@ -50,18 +81,25 @@ const ZERO = () => ({ memoryMb: 0, cpuCores: 0, sandboxes: 0 });
 
 /**
  * Polls `EdgeApi.status()` of every edge and keeps the fleet view placement
- * works from. Holds no durable state: after a restart the first `refresh()`
- * rebuilds everything.
+ * works from. Works through any `EdgeApi` (in-process edges, or `RemoteEdge`
+ * clients of edges elsewhere). Holds no durable state: after a restart the
+ * first `refresh()` rebuilds everything, and `onProbe` lets a registry keep
+ * what it finds for processes that do not probe (see `viewFromRecords`).
  *
  * Lifecycle: `new Watcher(opts)` → `start()` (probes now, then every
  * `intervalMs`) → `view()` any time → `stop()`. `refresh()` probes once on
- * demand (tests, or right after start-up). An edge is marked unhealthy after
- * one failed probe and healthy again after the next successful one.
+ * demand (tests, or right after start-up).
+ *
+ * The edge set is read at the start of every round: edges that joined are
+ * probed in it, edges that left drop out of the view at once. An edge is
+ * marked down after `failuresBeforeDown` failed probes in a row (or when it
+ * reports itself unhealthy) and up again after one successful probe.
  */
 export class Watcher {
   readonly #options: WatcherOptions;
   readonly #intervalMs: number;
   readonly #probeTimeoutMs: number;
+  readonly #failuresBeforeDown: number;
   readonly #now: () => number;
   readonly #edges = new Map<string, EdgeView>();
   #view: FleetView;
@@ -73,11 +111,12 @@ export class Watcher {
     this.#options = options;
     this.#intervalMs = options.intervalMs ?? 2000;
     this.#probeTimeoutMs = options.probeTimeoutMs ?? 1500;
+    this.#failuresBeforeDown = Math.max(1, Math.floor(options.failuresBeforeDown ?? 1));
     this.#now = options.now ?? Date.now;
-    this.#view = this.#build(0);
+    this.#view = buildFleetView([], 0);
   }
 
-  /** The latest snapshot; cheap, never blocks. */
+  /** The latest snapshot, built when a probe round ends; O(1), never blocks. Do not mutate it. */
   view(): FleetView {
     return this.#view;
   }
@@ -112,11 +151,18 @@ export class Watcher {
   }
 
   async #probeAll(signal?: AbortSignal): Promise<FleetView> {
-    const apis = this.#currentEdges();
-    const seen = new Set(apis.map((e) => e.edgeId));
-    for (const id of this.#edges.keys()) if (!seen.has(id)) this.#edges.delete(id);
-    await Promise.all(apis.map((api) => this.#probe(api, signal)));
-    this.#view = this.#build(this.#now());
+    const apis = new Map<string, EdgeApi>();
+    for (const api of this.#currentEdges()) apis.set(api.edgeId, api);
+    let left = false;
+    for (const id of this.#edges.keys()) {
+      if (apis.has(id)) continue;
+      this.#edges.delete(id);
+      left = true;
+    }
+    // An edge that left must not be placed on while the slowest probe of this round runs.
+    if (left) this.#view = buildFleetView([...this.#edges.values()], this.#view.refreshedAt);
+    await Promise.all([...apis.values()].map((api) => this.#probe(api, signal)));
+    this.#view = buildFleetView([...this.#edges.values()], this.#now());
     return this.#view;
   }
 
@@ -130,38 +176,43 @@ export class Watcher {
     const signals = [deadline.signal, this.#stopped.signal];
     if (signal) signals.push(signal);
     const probeSignal = AbortSignal.any(signals);
-    const prev = this.#edges.get(api.edgeId);
     const at = this.#now();
+    let view: EdgeView;
+    let result: ProbeResult;
     try {
       const status = await raceAbort(api.status(probeSignal), probeSignal);
       if (status.edgeId !== api.edgeId) throw new Error(`edge reported id ${status.edgeId}`);
-      this.#edges.set(api.edgeId, {
-        edgeId: api.edgeId,
-        healthy: status.healthy,
-        status,
-        backends: [...status.backends],
-        capacity: { ...status.capacity },
-        used: { ...status.used },
-        observedAt: at,
-        lastProbeAt: at,
-        consecutiveFailures: 0,
-      });
+      view = edgeViewOf(api.edgeId, status, at, at);
+      result = { healthy: view.healthy, at, status, consecutiveFailures: 0 };
     } catch (err) {
       this.#options.onProbeError?.(api.edgeId, err);
-      this.#edges.set(api.edgeId, {
-        edgeId: api.edgeId,
-        healthy: false,
-        status: prev?.status,
-        backends: prev?.backends ?? [],
-        capacity: prev?.capacity ?? ZERO(),
-        used: prev?.used ?? ZERO(),
-        observedAt: prev?.observedAt ?? 0,
+      const prev = this.#edges.get(api.edgeId);
+      const failures = (prev?.consecutiveFailures ?? 0) + 1;
+      const error = err instanceof Error ? err.message : String(err);
+      view = {
+        ...(prev ?? edgeViewOf(api.edgeId, undefined, 0, at)),
+        healthy: prev?.healthy === true && failures < this.#failuresBeforeDown,
         lastProbeAt: at,
-        consecutiveFailures: (prev?.consecutiveFailures ?? 0) + 1,
-        lastError: err instanceof Error ? err.message : String(err),
-      });
+        consecutiveFailures: failures,
+        lastError: error,
+      };
+      result = { healthy: view.healthy, at, error, consecutiveFailures: failures };
     } finally {
       clearTimeout(timer);
+    }
+    this.#edges.set(api.edgeId, view);
+    this.#report(api.edgeId, result);
+  }
+
+  #report(edgeId: string, result: ProbeResult): void {
+    const hook = this.#options.onProbe;
+    if (!hook) return;
+    const fail = (err: unknown) => this.#options.onProbeError?.(edgeId, err);
+    try {
+      const pending = hook(edgeId, result);
+      if (pending) pending.catch(fail);
+    } catch (err) {
+      fail(err);
     }
   }
 
@@ -169,21 +220,95 @@ export class Watcher {
     const src = this.#options.edges;
     return typeof src === 'function' ? [...src()] : [...src.values()];
   }
+}
 
-  #build(at: number): FleetView {
-    const edges = [...this.#edges.values()].sort((a, b) => a.edgeId.localeCompare(b.edgeId));
-    const totals = newTotals();
-    const byBackend: FleetView['byBackend'] = {};
-    const byProject: Record<string, number> = {};
-    for (const e of edges) {
-      addTo(totals, e);
-      for (const b of e.backends) addTo((byBackend[b] ??= newTotals()), e);
-      if (!e.healthy || !e.status) continue;
-      for (const [p, n] of Object.entries(e.status.sandboxesByProject))
-        byProject[p] = (byProject[p] ?? 0) + n;
-    }
-    return { refreshedAt: at, edges, byBackend, byProject, totals };
+/** One edge as the registry keeps it (what a watcher's `onProbe` reported). */
+export interface EdgeProbeRecord {
+  edgeId: string;
+  /** The watcher's verdict after its last probe. */
+  healthy: boolean;
+  /** The last status the edge reported, if it ever answered. */
+  status?: EdgeStatus | undefined;
+  /** When the edge was last probed (ms since epoch; 0 if never). */
+  lastProbeAt: number;
+  /** When `status` was reported, if known; default `lastProbeAt`. */
+  observedAt?: number | undefined;
+  consecutiveFailures?: number | undefined;
+  lastError?: string | undefined;
+}
+
+export interface ViewFromRecordsOptions {
+  /** Current time for the staleness check (ms since epoch). Default `Date.now()`. */
+  now?: number;
+  /**
+   * An edge whose last probe is older than this counts as down (the watcher
+   * that records probes may itself be gone). Default: never stale.
+   */
+  staleAfterMs?: number;
+}
+
+/**
+ * A fleet view from persisted probe records, for a process that places
+ * without probing (a stateless apiserver reading the registry a separate
+ * watcher writes). Pure: the same records give the same view. An edge
+ * without a status is down: nothing is known about its capacity.
+ */
+export function viewFromRecords(
+  records: readonly EdgeProbeRecord[],
+  options: ViewFromRecordsOptions = {},
+): FleetView {
+  const now = options.now ?? Date.now();
+  const staleAfterMs = options.staleAfterMs;
+  let refreshedAt = 0;
+  const edges = records.map((r) => {
+    refreshedAt = Math.max(refreshedAt, r.lastProbeAt);
+    const view = edgeViewOf(r.edgeId, r.status, r.observedAt ?? r.lastProbeAt, r.lastProbeAt);
+    const stale = staleAfterMs !== undefined && now - r.lastProbeAt > staleAfterMs;
+    view.healthy = r.healthy && view.healthy && !stale;
+    view.consecutiveFailures = r.consecutiveFailures ?? 0;
+    const error = stale ? `no probe for ${now - r.lastProbeAt} ms` : r.lastError;
+    if (error !== undefined) view.lastError = error;
+    return view;
+  });
+  return buildFleetView(edges, refreshedAt);
+}
+
+/** The view of an edge that reported `status` (or never did). */
+function edgeViewOf(
+  edgeId: string,
+  status: EdgeStatus | undefined,
+  observedAt: number,
+  lastProbeAt: number,
+): EdgeView {
+  return {
+    edgeId,
+    healthy: status?.healthy === true,
+    status,
+    backends: status ? [...status.backends] : [],
+    capacity: status ? { ...status.capacity } : ZERO(),
+    used: status ? { ...status.used } : ZERO(),
+    labels: status ? { ...status.labels } : {},
+    ...(status?.layers ? { layers: [...status.layers] } : {}),
+    observedAt: status ? observedAt : 0,
+    lastProbeAt,
+    consecutiveFailures: 0,
+  };
+}
+
+/** Per-edge, per-backend and per-project totals over `edges` (sorted by ID in the result). */
+export function buildFleetView(edges: EdgeView[], at: number): FleetView {
+  edges.sort((a, b) => (a.edgeId < b.edgeId ? -1 : a.edgeId > b.edgeId ? 1 : 0));
+  const totals = newTotals();
+  const byBackend: FleetView['byBackend'] = {};
+  const byProject: Record<string, number> = {};
+  for (const e of edges) {
+    addTo(totals, e);
+    for (const b of e.backends) addTo((byBackend[b] ??= newTotals()), e);
+    if (!e.healthy || !e.status) continue;
+    for (const [p, n] of Object.entries(e.status.sandboxesByProject))
+      byProject[p] = (byProject[p] ?? 0) + n;
   }
+  return { refreshedAt: at, edges, byBackend, byProject, totals };
 }
 
 function newTotals(): Totals {
