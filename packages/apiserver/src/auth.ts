@@ -4,11 +4,15 @@ import type { Iam, Principal } from '@dsec/iam';
 
 const principals = new WeakMap<FastifyRequest, Principal>();
 
-/** Reads `Authorization: Bearer <key>`; the key itself is never logged or kept. */
-export function authenticateRequest(iam: Iam, req: FastifyRequest): void {
+/**
+ * Reads `Authorization: Bearer <key>`; the key itself is never logged or kept.
+ * IAM answers a key it looked up within the last `authCacheTtlMs` from
+ * memory, so a busy apiserver does not query the database per request.
+ */
+export async function authenticateRequest(iam: Iam, req: FastifyRequest): Promise<void> {
   const header = req.headers.authorization;
   const m = typeof header === 'string' ? /^Bearer +(\S+) *$/i.exec(header) : null;
-  principals.set(req, iam.authenticate(m?.[1]));
+  principals.set(req, await iam.authenticate(m?.[1]));
 }
 
 /** The principal `authenticateRequest` stored; routes without auth must not call this. */

@@ -120,5 +120,5 @@ test('random JSON never yields a 5xx, and failed creates hold no quota', async (
     url: '/v1/sandboxes',
     headers: { authorization: auth.authorization },
   });
-  assert.equal(a.iam.usage(a.rootProjectId).sandboxes, listed.json().sandboxes.length);
+  assert.equal((await a.iam.usage(a.rootProjectId)).sandboxes, listed.json().sandboxes.length);
 });

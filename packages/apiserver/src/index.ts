@@ -8,16 +8,17 @@
  * @example
  * ```ts
  * import { SandboxIdCodec } from '@dsec/core';
- * import { Iam } from '@dsec/iam';
+ * import { openControlDb } from '@dsec/iam';
  * import { Watcher } from '@dsec/watcher';
  * import { PowerOfKPlacer } from '@dsec/placement';
  * import { buildApiServer } from '@dsec/apiserver';
  *
+ * const db = await openControlDb('iam.db');              // or a postgres:// URL
  * const edges = new Map([[edge.edgeId, edge]]);           // EdgeApi clients
  * const watcher = new Watcher({ edges });
  * watcher.start();
  * const app = buildApiServer({
- *   iam: Iam.open({ path: 'iam.db' }),
+ *   iam: db.iam,
  *   edges,
  *   watcher,
  *   placer: new PowerOfKPlacer({ view: () => watcher.view() }),

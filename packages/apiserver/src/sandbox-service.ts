@@ -8,6 +8,7 @@ import type {
   SandboxInfo,
   SandboxSpec,
 } from '@dsec/core';
+import { requestFingerprint } from '@dsec/iam';
 import type { Iam, Principal } from '@dsec/iam';
 import type { Placer } from '@dsec/placement';
 import type { ApiMetrics } from './metrics.js';
@@ -40,6 +41,12 @@ export interface OpenSandbox {
 /** Edges tried for one create: the first choice plus retries after refusals. */
 const MAX_PLACEMENT_ATTEMPTS = 3;
 
+/** How long a listing waits for an edge the watcher marks down. */
+const DOWN_EDGE_LIST_DEADLINE_MS = 1000;
+
+/** Sandbox owners remembered per apiserver (about 100 bytes each). */
+const OWNER_CACHE_ENTRIES = 100_000;
+
 /**
  * The sandbox domain of the apiserver: every route calls one method here.
  * Holds no durable state; quota and idempotency live in IAM, sandboxes on
@@ -56,8 +63,14 @@ const MAX_PLACEMENT_ATTEMPTS = 3;
  */
 export class SandboxService {
   readonly #d: SandboxServiceDeps;
-  /** Creates in flight per (project, requestId): concurrent duplicates share one. */
+  /** Creates in flight per (project, requestId, fingerprint): concurrent duplicates share one. */
   readonly #creating = new Map<string, Promise<SandboxInfo>>();
+  /**
+   * Sandbox ID → project, learnt from the edge's answer once. A sandbox never
+   * changes project and its ID is signed, so later calls authorise from here
+   * and an exec is one edge call (which checks the project again itself).
+   */
+  readonly #owners = new Map<string, string>();
 
   constructor(deps: SandboxServiceDeps) {
     this.#d = deps;
@@ -69,15 +82,24 @@ export class SandboxService {
     signal?: AbortSignal,
   ): Promise<SandboxInfo> {
     const projectId = input.projectId ?? principal.projectId;
-    this.#requireProject(principal, projectId);
+    await this.#requireProject(principal, projectId);
     const { requestId } = input;
     if (requestId === undefined) {
       return this.#place(principal, projectId, input.spec, randomId('rsv'), undefined, signal);
     }
-    const key = `${projectId}\n${requestId}`;
+    // Binds the requestId to this request: the same ID with another body is `conflict` (IAM).
+    const fingerprint = requestFingerprint({ projectId, spec: input.spec });
+    const key = `${projectId}\n${requestId}\n${fingerprint}`;
     const running = this.#creating.get(key);
     if (running) return running;
-    const p = this.#createOnce(principal, projectId, input.spec, requestId, signal).finally(() => {
+    const p = this.#createOnce(
+      principal,
+      projectId,
+      input.spec,
+      requestId,
+      fingerprint,
+      signal,
+    ).finally(() => {
       this.#creating.delete(key);
     });
     this.#creating.set(key, p);
@@ -90,9 +112,10 @@ export class SandboxService {
 
   /**
    * Sandboxes in `projectId` (default: the caller's project) and its
-   * descendants, gathered from every healthy edge. An edge that fails to
-   * answer is skipped (and reported through `onWarning`) rather than failing
-   * the whole listing.
+   * descendants, gathered from every known edge. An edge the watcher marks
+   * down is still asked, with a short deadline: it may be back before the
+   * next probe says so. An edge that fails to answer is skipped (and
+   * reported through `onWarning`) rather than failing the whole listing.
    */
   async list(
     principal: Principal,
@@ -100,27 +123,32 @@ export class SandboxService {
     signal?: AbortSignal,
   ): Promise<SandboxInfo[]> {
     const root = projectId ?? principal.projectId;
-    this.#requireProject(principal, root);
-    const projectIds = this.#d.iam.subtreeIds(root);
+    await this.#requireProject(principal, root);
+    const projectIds = await this.#d.iam.subtreeIds(root);
     const allowed = new Set(projectIds);
-    const viewed = this.#d.watcher.view().edges;
-    const edgeIds = new Set(viewed.filter((e) => e.healthy).map((e) => e.edgeId));
+    const healthy = new Map(this.#d.watcher.view().edges.map((e) => [e.edgeId, e.healthy]));
     // Edges configured but not yet probed are asked too, so a fresh apiserver does not list nothing.
     if (this.#d.edges instanceof Map) {
-      for (const id of this.#d.edges.keys())
-        if (!viewed.some((e) => e.edgeId === id)) edgeIds.add(id);
+      for (const id of this.#d.edges.keys()) if (!healthy.has(id)) healthy.set(id, true);
     }
+    const edgeIds = [...healthy.keys()];
     const results = await Promise.allSettled(
-      [...edgeIds].map(async (edgeId) => {
+      edgeIds.map(async (edgeId) => {
         const edge = this.#edge(edgeId);
-        return edge ? edge.listSandboxes({ projectIds }, signal) : [];
+        if (!edge) return [];
+        const deadline = AbortSignal.timeout(DOWN_EDGE_LIST_DEADLINE_MS);
+        const s = healthy.get(edgeId)
+          ? signal
+          : signal
+            ? AbortSignal.any([signal, deadline])
+            : deadline;
+        return edge.listSandboxes({ projectIds }, s);
       }),
     );
     const out: SandboxInfo[] = [];
     results.forEach((r, i) => {
       if (r.status === 'fulfilled') out.push(...r.value.filter((s) => allowed.has(s.projectId)));
-      else
-        this.#warn('listing an edge failed', { edgeId: [...edgeIds][i], error: String(r.reason) });
+      else this.#warn('listing an edge failed', { edgeId: edgeIds[i], error: String(r.reason) });
     });
     return out.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id));
   }
@@ -132,14 +160,15 @@ export class SandboxService {
       sandbox = await this.open(principal, id, signal);
     } catch (err) {
       // The edge may have lost the sandbox (reclaimed, node replaced): free its quota anyway.
-      const owner = this.#d.iam.reservationProject(id);
-      if (owner !== undefined && this.#d.iam.canAccess(principal, owner)) {
-        this.#d.iam.release(id, { actorKeyId: principal.keyId, action: 'sandbox.delete' });
+      const owner = await this.#d.iam.reservationProject(id);
+      if (owner !== undefined && (await this.#d.iam.canAccess(principal, owner))) {
+        await this.#d.iam.release(id, { actorKeyId: principal.keyId, action: 'sandbox.delete' });
       }
       throw err;
     }
     await sandbox.edge.stopSandbox(id, signal);
-    this.#d.iam.release(id, { actorKeyId: principal.keyId, action: 'sandbox.delete' });
+    this.#owners.delete(id);
+    await this.#d.iam.release(id, { actorKeyId: principal.keyId, action: 'sandbox.delete' });
   }
 
   /** Resolves and authorises a sandbox; throws `sandbox_not_found` for forged, unknown or foreign IDs. */
@@ -148,21 +177,52 @@ export class SandboxService {
     const edge = this.#edge(edgeId);
     if (!edge) throw notFound(id);
     const info = await edge.getSandbox(id, signal);
-    if (info.id !== id || !this.#d.iam.canAccess(principal, info.projectId)) {
-      this.#d.iam.audit(principal.keyId, 'sandbox.access', id, 'denied');
+    if (info.id !== id || !(await this.#d.iam.canAccess(principal, info.projectId))) {
+      await this.#d.iam.audit(principal.keyId, 'sandbox.access', id, 'denied');
       throw notFound(id);
     }
+    this.#rememberOwner(id, info.projectId);
     return { edge, info };
   }
 
-  /** Runs a command in a sandbox the caller may use. */
+  /**
+   * Authorises a call on a sandbox without loading it when its project is
+   * already known (see `#owners`); otherwise as `open`. The edge still
+   * answers `sandbox_not_found` for a sandbox that has gone since.
+   */
+  async authorize(
+    principal: Principal,
+    id: string,
+    signal?: AbortSignal,
+  ): Promise<{ edge: EdgeApi; projectId: string }> {
+    const owner = this.#owners.get(id);
+    if (owner === undefined) {
+      const { edge, info } = await this.open(principal, id, signal);
+      return { edge, projectId: info.projectId };
+    }
+    const edge = this.#edge(this.#d.ids.decode(id).edgeId);
+    if (!edge) throw notFound(id);
+    if (!(await this.#d.iam.canAccess(principal, owner))) {
+      await this.#d.iam.audit(principal.keyId, 'sandbox.access', id, 'denied');
+      throw notFound(id);
+    }
+    return { edge, projectId: owner };
+  }
+
+  /** Runs a command in a sandbox the caller may use: one edge call once the owner is known. */
   async run(
     principal: Principal,
     id: string,
     command: CommandSpec,
     options: RunCommandOptions = {},
   ): Promise<CommandResult> {
-    return this.runIn(await this.open(principal, id, options.signal), command, options);
+    const { edge, projectId } = await this.authorize(principal, id, options.signal);
+    try {
+      return await edge.runCommand(id, command, { ...options, projectId });
+    } catch (err) {
+      if (toDsecError(err).code === 'sandbox_not_found') this.#owners.delete(id);
+      throw err;
+    }
   }
 
   /** Runs a command in an already opened sandbox (streaming routes open first, to answer 404 before streaming). */
@@ -179,11 +239,14 @@ export class SandboxService {
     projectId: string,
     spec: SandboxSpec,
     requestId: string,
+    fingerprint: string,
     signal?: AbortSignal,
   ): Promise<SandboxInfo> {
     const { iam } = this.#d;
     const holder = randomId('rsv');
-    const claim = iam.claimRequest(projectId, requestId, holder);
+    const claim = await iam.claimRequest(projectId, requestId, holder, fingerprint, {
+      actorKeyId: principal.keyId,
+    });
     if (claim.state === 'done') return this.#load(claim.sandboxId, signal);
     if (claim.state === 'pending') {
       throw new DsecError(
@@ -197,7 +260,7 @@ export class SandboxService {
     try {
       return await this.#place(principal, projectId, spec, holder, requestId, signal);
     } catch (err) {
-      iam.abandonRequest(projectId, requestId, holder);
+      await iam.abandonRequest(projectId, requestId, holder);
       throw err;
     }
   }
@@ -212,7 +275,7 @@ export class SandboxService {
   ): Promise<SandboxInfo> {
     const { iam, placer, ids, metrics } = this.#d;
     try {
-      iam.reserve(
+      await iam.reserve(
         projectId,
         { memoryMb: spec.memoryLimitMb, cpuCores: spec.cpuCoresLimit },
         holder,
@@ -255,7 +318,7 @@ export class SandboxService {
           throw e;
         }
         try {
-          iam.bindReservation(holder, info.id, {
+          await iam.bindReservation(holder, info.id, {
             expiresAt: info.expiresAt,
             requestId,
             actorKeyId: principal.keyId,
@@ -265,11 +328,12 @@ export class SandboxService {
           throw err;
         }
         metrics.sandboxesCreated.inc({ backend: spec.backend });
+        this.#rememberOwner(info.id, projectId);
         return info;
       }
       throw refusal ?? new DsecError('capacity_exhausted', 'no edge accepted the sandbox');
     } catch (err) {
-      iam.release(holder);
+      await iam.release(holder);
       metrics.sandboxCreateFailures.inc({ code: toDsecError(err).code });
       throw err;
     }
@@ -294,13 +358,21 @@ export class SandboxService {
     });
   }
 
-  #requireProject(principal: Principal, projectId: string): void {
-    if (!this.#d.iam.canAccess(principal, projectId)) {
-      this.#d.iam.audit(principal.keyId, 'project.access', projectId, 'denied');
+  async #requireProject(principal: Principal, projectId: string): Promise<void> {
+    if (!(await this.#d.iam.canAccess(principal, projectId))) {
+      await this.#d.iam.audit(principal.keyId, 'project.access', projectId, 'denied');
       throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`, {
         field: 'projectId',
       });
     }
+  }
+
+  #rememberOwner(id: string, projectId: string): void {
+    if (this.#owners.has(id)) return;
+    // Oldest first out: a Map iterates in insertion order.
+    if (this.#owners.size >= OWNER_CACHE_ENTRIES)
+      this.#owners.delete(this.#owners.keys().next().value!);
+    this.#owners.set(id, projectId);
   }
 
   #edge(edgeId: string): EdgeApi | undefined {

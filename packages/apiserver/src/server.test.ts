@@ -331,7 +331,9 @@ test('tenant A cannot see, delete or exec in tenant B (404), nor create in B', a
   assert.equal(edges.status, 403);
   const rootEdges = await call(a.app, 'GET', '/v1/edges', a.rootKey);
   assert.equal(rootEdges.body.edges[0].edgeId, 'edge-a');
-  assert.ok(a.iam.listAudit().some((e) => e.action === 'sandbox.access' && e.outcome === 'denied'));
+  assert.ok(
+    (await a.iam.listAudit()).some((e) => e.action === 'sandbox.access' && e.outcome === 'denied'),
+  );
 });
 
 test('missing, malformed, unknown and revoked keys are 401', async (t) => {
@@ -429,7 +431,7 @@ test('20 concurrent creates at a quota of 5: exactly 5 succeed, the rest 429', a
   assert.deepEqual(statuses, [...Array(5).fill(201), ...Array(15).fill(429)]);
   for (const r of results.filter((x) => x.status === 429))
     assert.equal(r.body.error.code, 'quota_exceeded');
-  assert.equal(a.iam.usage(team.projectId).sandboxes, 5);
+  assert.equal((await a.iam.usage(team.projectId)).sandboxes, 5);
   const live = (await call(a.app, 'GET', '/v1/sandboxes', team.key)).body.sandboxes.length;
   assert.equal(live, 5);
 });
@@ -450,12 +452,43 @@ test('idempotent create: same requestId, concurrent or repeated, makes one sandb
   const later = await call(a.app, 'POST', '/v1/sandboxes', a.rootKey, body);
   assert.equal(later.body.id, [...ids][0]);
   assert.equal(edge.createCalls, 1);
-  assert.equal(a.iam.usage(a.rootProjectId).sandboxes, 1);
+  assert.equal((await a.iam.usage(a.rootProjectId)).sandboxes, 1);
   const other = await call(a.app, 'POST', '/v1/sandboxes', a.rootKey, {
     ...body,
     requestId: 'job-43',
   });
   assert.notEqual(other.body.id, later.body.id);
+});
+
+test('a requestId reused with a different body is 409 conflict, not the first result', async (t) => {
+  const edge = new FakeEdge({ edgeId: 'edge-a', createDelayMs: 10 });
+  const a = await api(t, { edges: [edge] });
+  const first = { image: 'base', memoryLimitMb: 256, requestId: 'job-7' };
+  // In flight: the second body meets the first one's pending claim.
+  const [made, racing] = await Promise.all([
+    call(a.app, 'POST', '/v1/sandboxes', a.rootKey, first),
+    call(a.app, 'POST', '/v1/sandboxes', a.rootKey, { ...first, memoryLimitMb: 512 }),
+  ]);
+  assert.equal(made.status, 201);
+  assert.equal(racing.status, 409);
+  assert.equal(racing.body.error.code, 'conflict');
+  assert.deepEqual(racing.body.error.details, { requestId: 'job-7' });
+  // Done: a changed body still gets no one else's sandbox; the same body (keys in any order) does.
+  const changed = await call(a.app, 'POST', '/v1/sandboxes', a.rootKey, {
+    ...first,
+    image: 'other',
+  });
+  assert.equal(changed.status, 409);
+  assert.equal(changed.body.error.code, 'conflict');
+  const same = await call(a.app, 'POST', '/v1/sandboxes', a.rootKey, {
+    requestId: 'job-7',
+    memoryLimitMb: 256,
+    image: 'base',
+  });
+  assert.equal(same.status, 201);
+  assert.equal(same.body.id, made.body.id);
+  assert.equal(edge.createCalls, 1);
+  assert.equal((await a.iam.usage(a.rootProjectId)).sandboxes, 1);
 });
 
 test('capacity exhausted on one edge: placed on another; all full → 503 and nothing held', async (t) => {
@@ -480,7 +513,7 @@ test('capacity exhausted on one edge: placed on another; all full → 503 and no
   const d = await call(a.app, 'POST', '/v1/sandboxes', a.rootKey, { image: 'base' });
   assert.equal(d.status, 503);
   assert.equal(d.body.error.code, 'capacity_exhausted');
-  assert.equal(a.iam.usage(a.rootProjectId).sandboxes, 1);
+  assert.equal((await a.iam.usage(a.rootProjectId)).sandboxes, 1);
 
   // A create the edge fails outright is rolled back: no reservation, no sandbox left running.
   a1.failNextCreate = new Error('disk on fire');
@@ -488,7 +521,7 @@ test('capacity exhausted on one edge: placed on another; all full → 503 and no
   assert.equal(e.status, 500);
   assert.equal(e.body.error.code, 'internal');
   assert.doesNotMatch(e.body.error.message, /fire/);
-  assert.equal(a.iam.usage(a.rootProjectId).sandboxes, 1);
+  assert.equal((await a.iam.usage(a.rootProjectId)).sandboxes, 1);
 });
 
 test('real placement: a full edge is skipped using the watcher view', async (t) => {

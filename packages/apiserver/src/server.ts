@@ -159,7 +159,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   app.addHook('onRequest', async (req, reply) => {
     reply.header('x-request-id', req.id);
     // Authenticate before the body is read: an anonymous client gets 401, not a parse of its upload.
-    if (req.routeOptions.url?.startsWith('/v1/')) authenticateRequest(iam, req);
+    if (req.routeOptions.url?.startsWith('/v1/')) await authenticateRequest(iam, req);
   });
   app.addHook('onResponse', async (req, reply) => {
     const route = req.routeOptions.url ?? 'unmatched';

@@ -10,6 +10,8 @@ import { register as registerKey } from './commands/key.js';
 import { register as registerUp } from './commands/up.js';
 import { register as registerImageBuild } from './commands/image-build.js';
 import { register as registerBench } from './commands/bench.js';
+import { register as registerServe } from './commands/serve.js';
+import { register as registerCluster } from './commands/cluster.js';
 
 /**
  * One `register(program)` per noun, in help order. To add a command, add a
@@ -24,6 +26,8 @@ const COMMANDS: Array<(program: Command) => void> = [
   registerProject,
   registerKey,
   registerUp,
+  registerServe,
+  registerCluster,
   registerBench,
 ];
 

@@ -12,11 +12,8 @@
  * await node.close();
  * ```
  */
-import { randomBytes } from 'node:crypto';
 import { chmod, readFile, writeFile } from 'node:fs/promises';
-import type { Socket } from 'node:net';
 import { join } from 'node:path';
-import type { AddressInfo } from 'node:net';
 import { buildApiServer } from '@dsec/apiserver';
 import { SandboxIdCodec } from '@dsec/core';
 import type { EdgeApi, ImageStore, LayerInfo } from '@dsec/core';
@@ -30,10 +27,13 @@ import {
   type EdgeCapacity,
   type EdgeNetworkOptions,
 } from '@dsec/edge';
-import { Iam } from '@dsec/iam';
+import { openControlDb } from '@dsec/iam';
+import type { Iam } from '@dsec/iam';
 import { buildLayer, DirImageStore, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
+import { listenApi } from './listen.js';
+import { newClusterSecret, readOrCreateSecret, stopAll } from './roles.js';
 
 export interface SingleNodeOptions {
   /** Everything durable lives here: IAM, image store, edge state, the admin key. */
@@ -93,15 +93,11 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   // 0700: the sandboxes' mapped roots pass through it to their root filesystems under
   // edge/; without read permission nobody can list it, and everything in it is private.
   ensureDir(stateDir, TRAVERSE_DIR_MODE);
-  // Keys an older release (or a restored backup) left readable are tightened before use.
-  for (const name of ['admin.key', 'cluster.secret']) {
-    await chmod(join(stateDir, name), 0o600).catch((err: NodeJS.ErrnoException) => {
-      if (err.code !== 'ENOENT') throw err;
-    });
-  }
-  const secret = await readOrCreate(join(stateDir, 'cluster.secret'), () =>
-    randomBytes(32).toString('hex'),
-  );
+  // A key an older release (or a restored backup) left readable is tightened before use.
+  await chmod(join(stateDir, 'admin.key'), 0o600).catch((err: NodeJS.ErrnoException) => {
+    if (err.code !== 'ENOENT') throw err;
+  });
+  const secret = await readOrCreateSecret(join(stateDir, 'cluster.secret'), newClusterSecret);
   // The node's own layers and its cache of a remote store's: root's alone. Layers are
   // tenants' code and data, and nothing unprivileged reads them (root mounts them).
   const cacheDir = join(stateDir, 'image-cache');
@@ -110,13 +106,14 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   const store = options.imageStore
     ? openImageStore(options.imageStore, { cacheDir })
     : new DirImageStore(join(stateDir, 'images'));
-  const iam = Iam.open({ path: join(stateDir, 'iam.db') });
-  const boot = iam.bootstrap();
+  const control = await openControlDb(join(stateDir, 'iam.db'));
+  const { iam } = control;
+  const boot = await iam.bootstrap();
   const keyFile = join(stateDir, 'admin.key');
   if (boot.key) await writeFile(keyFile, boot.key + '\n', { mode: 0o600 });
   const adminKey = (await readFile(keyFile, 'utf8').catch(() => '')).trim();
   if (!adminKey) {
-    iam.close();
+    await control.close();
     throw new Error(
       `${keyFile} is missing but ${join(stateDir, 'iam.db')} exists: restore the key file or use a new --state-dir`,
     );
@@ -141,7 +138,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
         : {}),
     });
   } catch (err) {
-    iam.close();
+    await control.close();
     throw err;
   }
   const edges = new Map<string, EdgeApi>([[edgeId, edge]]);
@@ -158,64 +155,51 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     logger: options.logRequests ?? false,
     imagesList: () => store.listLayers(),
   });
-  // Every connection, so that close() can cut the ones still open after the drain:
-  // upgraded ones (terminals) are no longer the HTTP server's to close.
-  const sockets = new Set<Socket>();
-  app.server.on('connection', (socket: Socket) => {
-    sockets.add(socket);
-    socket.once('close', () => sockets.delete(socket));
-  });
-  // A burst of a thousand clients connecting at once overflows Node's default
-  // accept queue (511); the dropped handshakes come back seconds later and
-  // meet the headers timeout (408). 4096 is the kernel's default somaxconn.
-  await app.listen({
-    port: options.port ?? 7420,
+  const listening = await listenApi(app, {
     host: options.host ?? '127.0.0.1',
-    backlog: 4096,
+    port: options.port ?? 7420,
   });
-  const address = app.server.address() as AddressInfo;
-  const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
 
   return {
-    url: `http://${host}:${address.port}`,
+    url: listening.url,
     adminKey,
     edge,
     store,
     iam,
     buildLayer: (input) => buildLayer(store, input),
     async close(closeOptions = {}) {
-      const closed = app.close();
-      const cut = setTimeout(() => {
-        app.server.closeAllConnections();
-        for (const socket of sockets) socket.destroy();
-      }, closeOptions.drainMs ?? 2000);
-      try {
-        await closed;
-      } finally {
-        clearTimeout(cut);
-      }
+      await listening.close(closeOptions.drainMs);
       watcher.stop();
-      if (closeOptions.stopSandboxes) {
-        // A few at a time: each stop waits on its runtime, and a node may hold thousands.
-        const queue = await edge.listSandboxes({});
-        const worker = async () => {
-          for (let sb = queue.pop(); sb; sb = queue.pop())
-            await edge.stopSandbox(sb.id).catch(() => undefined);
-        };
-        await Promise.all(Array.from({ length: 16 }, worker));
-      }
+      if (closeOptions.stopSandboxes) await stopAll(edge);
       await edge.close();
-      iam.close();
+      await control.close();
     },
   };
 }
 
-async function readOrCreate(file: string, make: () => string): Promise<string> {
-  try {
-    return (await readFile(file, 'utf8')).trim();
-  } catch {
-    const value = make();
-    await writeFile(file, value + '\n', { mode: 0o600, flag: 'wx' }).catch(() => undefined);
-    return (await readFile(file, 'utf8')).trim();
-  }
-}
+export {
+  ClusterConfigSchema,
+  loadClusterConfig,
+  parseClusterConfig,
+  type ApiserverConfig,
+  type ClusterConfig,
+  type EdgeConfig,
+  type WatcherConfig,
+} from './config.js';
+export { RegistryFleet, type RegistryFleetOptions } from './fleet.js';
+export {
+  joinEdge,
+  leaveEdge,
+  startApiserver,
+  startEdgeServer,
+  startWatcher,
+  type ApiserverHandle,
+  type EdgeServerHandle,
+} from './roles.js';
+export {
+  PROCESSES_FILE,
+  startLocalCluster,
+  type LocalCluster,
+  type LocalClusterOptions,
+  type LocalEdgeProcess,
+} from './local-cluster.js';

@@ -1,5 +1,5 @@
 import { join } from 'node:path';
-import { DsecError, toDsecError } from '@dsec/core';
+import { DsecError, formatLayerRef, toDsecError } from '@dsec/core';
 import type {
   CommandResult,
   CommandSpec,
@@ -24,6 +24,9 @@ import { EdgeStore, type SandboxRecord } from './state/edge-store.js';
 import { ensureDir, TRAVERSE_DIR_MODE } from './state/host-state.js';
 import { SandboxIo } from './sessions/sandbox-io.js';
 
+/** How long `status()` reuses its listing of the image store's layers. */
+const LAYER_LIST_TTL_MS = 10_000;
+
 /**
  * Absolute admission caps, the older way to configure an edge (`capacity`):
  * `sandboxes` is the hard cap, `memoryMb` and `cpuCores` bound the sums of
@@ -39,6 +42,14 @@ export interface EdgeCapacity {
 export interface EdgeOptions {
   edgeId: string;
   url?: string;
+  /** Labels placement selects edges by (`pool=burst`, `hardware=h200`). */
+  labels?: Record<string, string> | undefined;
+  /**
+   * Report the layers of the image store in `status()` (`EdgeStatus.layers`),
+   * so placement can send burst work here only when every layer it needs is
+   * present. Default: when labelled `pool=burst`.
+   */
+  reportLayers?: boolean | undefined;
   /** Local directory for the edge's database and per-sandbox state. */
   stateDir: string;
   store: ImageStore;
@@ -73,6 +84,8 @@ export class Edge implements EdgeApi {
   readonly edgeId: string;
   readonly #store: EdgeStore;
   readonly #inflight = new Map<string, Promise<SandboxInfo>>();
+  /** The image store's layer refs for `status()`, listed at most every `LAYER_LIST_TTL_MS`. */
+  #layerRefs: { at: number; refs: Promise<string[]> } | undefined;
   readonly #stopping = new Map<string, Promise<void>>();
   /** Bounds the sandbox starts in progress; a burst queues (create-gate.ts). */
   readonly #gate: CreateGate;
@@ -90,7 +103,7 @@ export class Edge implements EdgeApi {
     this.io = new SandboxIo({
       dbFile: join(options.stateDir, 'edge.db'),
       backend: options.backend,
-      running: (id) => this.#requireRunning(id),
+      running: (id, projectId) => this.#requireRunning(id, projectId),
       commandRetentionMs: options.commandRetentionMs,
       maxCommandsPerSandbox: options.maxCommandsPerSandbox,
       onPidsLimit: (rec, event) =>
@@ -139,9 +152,25 @@ export class Edge implements EdgeApi {
       capacity,
       used,
       sandboxesByProject: byProject,
-      labels: {},
+      labels: { ...this.options.labels },
       ...(pressure ? { pressure } : {}),
+      ...((this.options.reportLayers ?? this.options.labels?.pool === 'burst')
+        ? { layers: await this.#listLayerRefs() }
+        : {}),
     };
+  }
+
+  #listLayerRefs(): Promise<string[]> {
+    const now = Date.now();
+    if (!this.#layerRefs || now - this.#layerRefs.at > LAYER_LIST_TTL_MS) {
+      const refs = this.options.store
+        .listLayers()
+        .then((layers) => layers.map((l) => formatLayerRef({ name: l.name, version: l.version })));
+      // A failed listing is retried at the next status, not cached.
+      refs.catch(() => (this.#layerRefs = undefined));
+      this.#layerRefs = { at: now, refs };
+    }
+    return this.#layerRefs.refs;
   }
 
   async createSandbox(req: CreateSandboxRequest, signal?: AbortSignal): Promise<SandboxInfo> {
@@ -233,8 +262,11 @@ export class Edge implements EdgeApi {
     return result;
   }
 
-  #requireRunning(id: string): SandboxRecord {
+  /** With `projectId`, another project's sandbox is not found, whatever its state. */
+  #requireRunning(id: string, projectId?: string): SandboxRecord {
     const rec = this.#get(id);
+    if (projectId !== undefined && rec.projectId !== projectId)
+      throw new DsecError('sandbox_not_found', `no sandbox ${id}`);
     if (rec.state !== 'running') {
       throw new DsecError('sandbox_not_running', `sandbox ${id} is ${rec.state}`, {
         details: { state: rec.state },

@@ -92,6 +92,10 @@ export interface ContainerEdgeOptions {
   stateDir: string;
   store: ImageStore;
   url?: string;
+  /** Labels placement selects edges by (`pool=burst`, `hardware=h200`). */
+  labels?: Record<string, string> | undefined;
+  /** Report the image store's layers in `status()` (default: when labelled `pool=burst`). */
+  reportLayers?: boolean | undefined;
   /** Admission knobs (docs/adr/0007-admission-by-real-use.md); every one has a default. */
   admission?: AdmissionConfig | undefined;
   /** Absolute caps, the older form: they override the matching `admission` limits. */
@@ -215,6 +219,8 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
   return Edge.open({
     edgeId: options.edgeId,
     url: options.url,
+    labels: options.labels,
+    reportLayers: options.reportLayers,
     stateDir: options.stateDir,
     store: options.store,
     backend,

@@ -1,5 +1,5 @@
 import { DsecError } from '@dsec/core';
-import type { LayerInfo, SandboxInfo } from '@dsec/core';
+import type { EdgeStatus, LayerInfo, SandboxInfo } from '@dsec/core';
 import { Sandbox } from './sandbox.js';
 import { HttpTransport } from './transport.js';
 import type {
@@ -133,6 +133,11 @@ export class DSecClient {
   /** The key's project and its descendants. */
   async listProjects(options: CallOptions = {}): Promise<Project[]> {
     return (await this.#get<{ projects: Project[] }>('/v1/projects', options)).projects;
+  }
+
+  /** The cluster's edges with their health and load; needs an admin key of the root project. */
+  async listEdges(options: CallOptions = {}): Promise<EdgeStatus[]> {
+    return (await this.#get<{ edges: EdgeStatus[] }>('/v1/edges', options)).edges;
   }
 
   /** Creates an API key; the secret in `key` is returned only this once. */

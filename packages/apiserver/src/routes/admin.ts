@@ -24,19 +24,21 @@ export function adminRoutes(
 
   app.post('/v1/projects', async (req, reply) => {
     const body = parse(ProjectBody, req.body);
-    return reply.code(201).send(iam.createProject(principalOf(req), body));
+    return reply.code(201).send(await iam.createProject(principalOf(req), body));
   });
 
-  app.get('/v1/projects', async (req) => ({ projects: iam.listProjects(principalOf(req)) }));
+  app.get('/v1/projects', async (req) => ({
+    projects: await iam.listProjects(principalOf(req)),
+  }));
 
   app.post('/v1/keys', async (req, reply) => {
     const body = parse(KeyBody, req.body);
-    return reply.code(201).send(iam.createKey(principalOf(req), body));
+    return reply.code(201).send(await iam.createKey(principalOf(req), body));
   });
 
   app.delete('/v1/keys/:id', async (req, reply) => {
     const { id } = parse(IdParams, req.params, 'path');
-    iam.revokeKey(principalOf(req), id);
+    await iam.revokeKey(principalOf(req), id);
     return reply.code(204).send();
   });
 
@@ -49,9 +51,9 @@ export function adminRoutes(
   // The fleet shows every tenant's load, so only an admin of the root project may see it.
   app.get('/v1/edges', async (req) => {
     const principal = principalOf(req);
-    const project = iam.getProject(principal, principal.projectId);
+    const project = await iam.getProject(principal, principal.projectId);
     if (principal.role !== 'admin' || project.parentId !== null) {
-      iam.audit(principal.keyId, 'edges.list', '', 'denied');
+      await iam.audit(principal.keyId, 'edges.list', '', 'denied');
       throw new DsecError(
         'permission_denied',
         'listing edges needs an admin key of the root project',
@@ -66,6 +68,7 @@ export function adminRoutes(
       used: { ...e.used },
       sandboxesByProject: { ...(e.status?.sandboxesByProject ?? {}) },
       labels: { ...(e.status?.labels ?? {}) },
+      ...(e.status?.pressure ? { pressure: e.status.pressure } : {}),
     }));
     return { edges };
   });

@@ -26,7 +26,7 @@ export async function openIo(
   id: string,
   signal: AbortSignal,
 ): Promise<SandboxIoApi> {
-  const { edge } = await service.open(principalOf(req), id, signal);
+  const { edge } = await service.authorize(principalOf(req), id, signal);
   return requireIo(edge);
 }
 

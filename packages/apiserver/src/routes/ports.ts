@@ -159,7 +159,7 @@ async function handleUpgrade(
     }
     const auth = req.headers.authorization;
     const key = typeof auth === 'string' ? /^Bearer +(\S+) *$/i.exec(auth)?.[1] : undefined;
-    const principal = iam.authenticate(key);
+    const principal = await iam.authenticate(key);
     const q = parse(PtyQuery, Object.fromEntries(url.searchParams), 'query');
     const id = decodeURIComponent(m[1] ?? '');
     const ac = new AbortController();

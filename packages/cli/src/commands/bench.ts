@@ -1,11 +1,13 @@
 import type { Command } from 'commander';
 import { benchBurst } from '../bench/burst.js';
 import { benchChurn } from '../bench/churn.js';
+import { benchCluster } from '../bench/cluster.js';
 import { benchCreate } from '../bench/create.js';
 import { benchDensity } from '../bench/density.js';
 import { benchExec } from '../bench/exec.js';
 import { benchLayers } from '../bench/layers.js';
 import { benchOndemand } from '../bench/ondemand.js';
+import { benchPlacement, PLACEMENT_STRATEGIES } from '../bench/placement.js';
 import { benchQos } from '../bench/qos.js';
 import type { LatencySummary } from '../bench/stats.js';
 import { contextOf, type CliContext } from '../context.js';
@@ -70,6 +72,33 @@ export function register(program: Command): void {
         ctx.out(
           `under load (${load.concurrency} in flight over ${load.sandboxes} sandboxes): ${load.execsPerSecond} execs/s, p99 ${load.p99Ms} ms, ${load.failures} failures`,
         );
+      },
+    );
+  bench
+    .command('cluster')
+    .description(
+      'create → exec `true` → destroy through 2 apiservers and N local edge processes vs a single-process `dsec up`',
+    )
+    .option('--iterations <n>', 'measured cycles per system', '30')
+    .option('--warmup <n>', 'unmeasured cycles first', '3')
+    .option('--edges <n>', 'edge processes of the cluster', '3')
+    .action(
+      async (opts: { iterations: string; warmup: string; edges: string }, command: Command) => {
+        const ctx = contextOf(command);
+        const report = await runBench(
+          ctx,
+          'cluster',
+          Number(opts.iterations) + Number(opts.warmup),
+          (onProgress) =>
+            benchCluster({
+              iterations: Number(opts.iterations),
+              warmup: Number(opts.warmup),
+              edges: Number(opts.edges),
+              onProgress,
+              ...(ctx.signal ? { signal: ctx.signal } : {}),
+            }),
+        );
+        if (report) printLatencies(ctx, report);
       },
     );
   bench
@@ -267,6 +296,58 @@ export function register(program: Command): void {
           );
         }
         ctx.out(`ratios (dsec ÷ tar): ${JSON.stringify(report.ratios)}`);
+      },
+    );
+  bench
+    .command('placement')
+    .description(
+      'the real placers over a simulated fleet: a burst split over several instances with lagging views; imbalance and decisions/s per strategy',
+    )
+    .option('--nodes <n>', 'simulated edges', '160')
+    .option('--requests <n>', 'requests in the burst', '32000')
+    .option('--instances <n>', 'placement instances the burst is split over', '4')
+    .option('--burst-ms <n>', 'simulated time over which the burst arrives', '6400')
+    .option('--view-interval-ms <n>', "how often each instance's view is refreshed", '2000')
+    .option('--seed <n>', 'workload and placer seed', '1')
+    .action(
+      async (
+        opts: {
+          nodes: string;
+          requests: string;
+          instances: string;
+          burstMs: string;
+          viewIntervalMs: string;
+          seed: string;
+        },
+        command: Command,
+      ) => {
+        const ctx = contextOf(command);
+        const total = PLACEMENT_STRATEGIES.length * Number(opts.requests);
+        const report = await runBench(ctx, 'placement', total, (onProgress) =>
+          benchPlacement({
+            nodes: Number(opts.nodes),
+            requests: Number(opts.requests),
+            instances: Number(opts.instances),
+            burstMs: Number(opts.burstMs),
+            viewIntervalMs: Number(opts.viewIntervalMs),
+            seed: Number(opts.seed),
+            onProgress,
+            signal: ctx.signal,
+          }),
+        );
+        if (!report) return;
+        const v = report.view;
+        ctx.out(
+          `${report.workload.requests} requests over ${report.fleet.nodes} edges, ${report.workload.instances} instances; each view refreshed every ${v.intervalMs} ms (~${v.decisionsPerRefresh} decisions fleet-wide between refreshes, ${v.ownDecisionsPerRefresh} of them the instance's own)`,
+        );
+        for (const [name, r] of Object.entries(report.results)) {
+          ctx.out(
+            `${name.padEnd(22)} imbalance ${r.imbalance.toFixed(3).padStart(6)}   ${String(r.decisionsPerSecond).padStart(9)} decisions/s   refusals ${r.refusals}   failures ${r.failures}`,
+          );
+        }
+        ctx.out(
+          `targets (powerOfKOverlay): imbalance <= ${report.targets.imbalance}, >= ${report.targets.decisionsPerSecond} decisions/s: ${report.targets.met ? 'met' : 'not met'}`,
+        );
       },
     );
   bench

@@ -1,20 +1,18 @@
 import type { Command } from 'commander';
-import { startSingleNode } from '@dsec/cluster';
+import { startLocalCluster, startSingleNode } from '@dsec/cluster';
 import { contextOf } from '../context.js';
+import { parseInteger } from '../parse.js';
+import { dsecCommand } from '../self-command.js';
+import { runUntilStopped } from './run-until-stopped.js';
 import { addAdmissionOptions, admissionConfig, type AdmissionFlags } from './up-admission.js';
 
 /**
- * `dsec up`: a single-node cluster in this process. Prints `ready <url>` once
- * it serves; SIGTERM or SIGINT shut it down cleanly. Sandboxes keep running
- * across a restart (the edge adopts them) unless `--stop-sandboxes`.
- *
- * Shutdown closes every handle the node holds, so the process then ends by
- * itself within a few seconds (requests in flight get 2 s). A second signal
- * ends it at once. Should a handle ever leak, a last guard exits anyway
- * `EXIT_GUARD_MS` after `stopped` and names what was still open.
+ * `dsec up`: a single-node cluster in this process; with `--edges N`, a
+ * cluster of N edge processes, a watcher process and this process as the
+ * apiserver (docs/cluster.md). Prints `ready <url>` once it serves; SIGTERM or
+ * SIGINT shut it down cleanly. Sandboxes keep running across a restart (the
+ * edge adopts them) unless `--stop-sandboxes`.
  */
-const EXIT_GUARD_MS = 5000;
-
 export function register(program: Command): void {
   addAdmissionOptions(program.command('up'))
     .description(
@@ -22,6 +20,11 @@ export function register(program: Command): void {
     )
     .option('--port <n>', 'port to listen on', '7420')
     .option('--host <addr>', 'address to listen on', '127.0.0.1')
+    .option(
+      '--edges <n>',
+      'run a local multi-node cluster: N edge processes and a watcher process (docs/cluster.md)',
+      parseInteger,
+    )
     .option('--log-requests', 'log every request as a JSON line')
     .option('--stop-sandboxes', 'stop all sandboxes on shutdown instead of leaving them running')
     .option('--runtime <binary>', 'OCI runtime: crun (default where installed) or runc')
@@ -34,6 +37,7 @@ export function register(program: Command): void {
         opts: {
           port: string;
           host: string;
+          edges?: number;
           logRequests?: boolean;
           stopSandboxes?: boolean;
           runtime?: string;
@@ -43,37 +47,33 @@ export function register(program: Command): void {
       ) => {
         const ctx = contextOf(command);
         const { stateDir } = ctx.options;
-        const node = await startSingleNode({
+        const common = {
           stateDir,
           port: Number(opts.port),
           host: opts.host,
           logRequests: opts.logRequests === true,
-          ...(ctx.options.imageStore ? { imageStore: ctx.options.imageStore } : {}),
           admission: admissionConfig(opts),
-          ...(opts.runtime ? { runtimeBinary: opts.runtime } : {}),
           cgroupFavorDynmods: opts.cgroupFavordynmods,
-        });
+        };
+        const node =
+          opts.edges === undefined
+            ? await startSingleNode({
+                ...common,
+                ...(ctx.options.imageStore ? { imageStore: ctx.options.imageStore } : {}),
+                ...(opts.runtime ? { runtimeBinary: opts.runtime } : {}),
+              })
+            : await startLocalCluster({
+                ...common,
+                edges: opts.edges,
+                runtime: opts.runtime,
+                dsecCommand: dsecCommand(),
+                log: (msg) => ctx.io.stderr.write(msg + '\n'),
+              });
         ctx.out(`ready ${node.url}`);
         ctx.io.stderr.write(`admin key in ${stateDir}/admin.key; export DSEC_URL=${node.url}\n`);
-        await new Promise<void>((resolve) => {
-          const stop = () => {
-            // Removed at once, so that a second signal takes its default action: exit now.
-            process.off('SIGTERM', stop);
-            process.off('SIGINT', stop);
-            resolve();
-          };
-          process.on('SIGTERM', stop);
-          process.on('SIGINT', stop);
-          ctx.signal?.addEventListener('abort', stop, { once: true });
-        });
-        await node.close({ stopSandboxes: opts.stopSandboxes === true });
-        ctx.io.stderr.write('stopped\n');
-        // Unref'd: it never delays a clean exit, it only bounds a leaked one.
-        setTimeout(() => {
-          const open = process.getActiveResourcesInfo().filter((r) => r !== 'Timeout');
-          ctx.io.stderr.write(`dsec up: exiting with handles still open: ${open.join(', ')}\n`);
-          process.exit(process.exitCode ?? 0);
-        }, EXIT_GUARD_MS).unref();
+        await runUntilStopped(ctx, 'dsec up', () =>
+          node.close({ stopSandboxes: opts.stopSandboxes === true }),
+        );
       },
     );
 }

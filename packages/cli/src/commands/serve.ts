@@ -1,0 +1,110 @@
+import type { Command } from 'commander';
+import {
+  joinEdge,
+  leaveEdge,
+  loadClusterConfig,
+  startApiserver,
+  startEdgeServer,
+  startWatcher,
+} from '@dsec/cluster';
+import { contextOf, type CliContext } from '../context.js';
+import { runUntilStopped } from './run-until-stopped.js';
+
+/**
+ * The processes of a multi-node cluster, each from the one config file
+ * (docs/cluster.md): `dsec serve edge|apiserver|watcher --config FILE`, and
+ * `dsec edge join|leave` to add an edge to the control database or remove it.
+ */
+export function register(program: Command): void {
+  const serve = program
+    .command('serve')
+    .description('run one process of a multi-node cluster (see docs/cluster.md)');
+
+  const common = (c: Command) =>
+    c
+      .requiredOption('--config <file>', 'cluster config file (JSON, docs/cluster.md)')
+      // For `dsec up --edges N`: its children end when the parent's pipe closes.
+      .option('--exit-with-stdin', 'also stop when stdin closes');
+
+  common(serve.command('edge'))
+    .description('serve this machine’s sandboxes over the authenticated edge protocol')
+    .option('--stop-sandboxes', 'stop all sandboxes on shutdown instead of leaving them running')
+    .action(
+      async (
+        opts: { config: string; exitWithStdin?: boolean; stopSandboxes?: boolean },
+        command: Command,
+      ) => {
+        const ctx = contextOf(command);
+        const config = await loadClusterConfig(opts.config);
+        const edge = await startEdgeServer(config, { log: logTo(ctx) });
+        ctx.out(`ready ${edge.url}`);
+        await runUntilStopped(
+          ctx,
+          'dsec serve edge',
+          () => edge.close({ stopSandboxes: opts.stopSandboxes === true }),
+          opts,
+        );
+      },
+    );
+
+  common(serve.command('apiserver'))
+    .description('serve the public API from the shared control database (stateless)')
+    .action(async (opts: { config: string; exitWithStdin?: boolean }, command: Command) => {
+      const ctx = contextOf(command);
+      const config = await loadClusterConfig(opts.config);
+      const api = await startApiserver(config, { log: logTo(ctx) });
+      ctx.out(`ready ${api.url}`);
+      if (api.adminKey && !config.apiserver?.adminKeyFile)
+        ctx.err(`admin key of the new root project (store it now): ${api.adminKey}`);
+      await runUntilStopped(ctx, 'dsec serve apiserver', () => api.close(), opts);
+    });
+
+  common(serve.command('watcher'))
+    .description('probe every registered edge and record its health for the apiservers')
+    .action(async (opts: { config: string; exitWithStdin?: boolean }, command: Command) => {
+      const ctx = contextOf(command);
+      const config = await loadClusterConfig(opts.config);
+      const watcher = await startWatcher(config, { log: logTo(ctx) });
+      ctx.out('ready watcher');
+      await runUntilStopped(ctx, 'dsec serve watcher', () => watcher.close(), opts);
+    });
+
+  const edge = program.command('edge').description('edges of a multi-node cluster');
+  edge
+    .command('join')
+    .description('register the config’s edge in the control database (it must be serving)')
+    .requiredOption('--config <file>', 'config with `database` and the `edge` section')
+    .option('--edge-url <url>', 'the URL apiservers dial (default: the config’s)')
+    .action(async (opts: { config: string; edgeUrl?: string }, command: Command) => {
+      const ctx = contextOf(command);
+      const config = await loadClusterConfig(opts.config);
+      const record = await joinEdge(config, {
+        ...(opts.edgeUrl ? { url: opts.edgeUrl } : {}),
+        ...(ctx.signal ? { signal: ctx.signal } : {}),
+      });
+      const shown = {
+        id: record.edgeId,
+        url: record.url,
+        labels: record.labels,
+        backends: record.backends,
+      };
+      if (ctx.json) ctx.printJson(shown);
+      else ctx.out(`${shown.id} joined at ${shown.url}`);
+    });
+  edge
+    .command('leave')
+    .description('remove an edge from the control database (its sandboxes become unreachable)')
+    .argument('<id>', 'edge ID')
+    .requiredOption('--config <file>', 'config with `database`')
+    .action(async (id: string, opts: { config: string }, command: Command) => {
+      const ctx = contextOf(command);
+      const removed = await leaveEdge(await loadClusterConfig(opts.config), id);
+      if (ctx.json) ctx.printJson({ removed: removed ? [id] : [] });
+      else ctx.out(removed ? `${id} left` : `${id} was not registered`);
+    });
+}
+
+function logTo(ctx: CliContext): (msg: string, fields?: Record<string, unknown>) => void {
+  return (msg, fields) =>
+    ctx.io.stderr.write(`${msg}${fields ? ' ' + JSON.stringify(fields) : ''}\n`);
+}

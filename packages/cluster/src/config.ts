@@ -1,0 +1,197 @@
+/**
+ * The one config file of a DSec cluster (docs/cluster.md): JSON, validated
+ * here with messages that name the field and say what is expected. One file
+ * may hold every section; each process reads the sections of its role:
+ *
+ * - `dsec serve apiserver` — `database`, `clusterSecretFile`, `apiserver`
+ *   (and `watcher` when `apiserver.watch` is on), `imageStore`;
+ * - `dsec serve watcher`   — `database`, `watcher`;
+ * - `dsec serve edge`      — `edge`, `imageStore`. An edge never needs the
+ *   control-plane database: `dsec edge join` registers it from anywhere that
+ *   has the database (an operator's shell, or `dsec up --edges N`).
+ */
+import { readFile } from 'node:fs/promises';
+import { dirname, isAbsolute, resolve } from 'node:path';
+import { z } from 'zod';
+import { DsecError } from '@dsec/core';
+
+const Port = z.number().int().min(0).max(65535);
+const Host = z.string().min(1).max(255);
+/** Label keys and values as edge selectors use them (`pool=burst`, `hardware=h200`). */
+const LabelKey = z
+  .string()
+  .regex(/^[a-z0-9]([a-z0-9._/-]{0,62})$/, 'a label key is 1-63 of a-z 0-9 . _ / -');
+const Labels = z.record(LabelKey, z.string().max(253));
+
+const Admission = z
+  .object({
+    maxSandboxes: z.number().int().positive(),
+    memoryOvercommit: z.number().positive(),
+    cpuOvercommit: z.number().positive(),
+    minFreeMemoryMb: z.number().nonnegative(),
+    maxSandboxMemoryMb: z.number().positive(),
+    maxCpuPressurePercent: z.number().min(0).max(100),
+    maxThreadsPercent: z.number().min(1).max(100),
+    minFreeDiskMb: z.number().nonnegative(),
+  })
+  .partial()
+  .strict();
+
+const Network = z
+  .object({
+    mode: z.enum(['auto', 'isolated', 'none']),
+    subnet4: z.string(),
+    subnet6: z.union([z.string(), z.literal(false)]),
+    upstream: z.array(z.string()),
+    uplinks: z.array(z.string()),
+  })
+  .partial()
+  .strict();
+
+const EdgeSection = z
+  .object({
+    /** Unique in the cluster; encoded in every sandbox ID of this edge. */
+    id: z.string().regex(/^[a-z0-9][a-z0-9-]{0,62}$/, 'an edge ID is 1-63 of a-z 0-9 -'),
+    stateDir: z.string().min(1),
+    host: Host.default('127.0.0.1'),
+    port: Port.default(7430),
+    /** The URL apiservers dial (default http://host:port). */
+    url: z.string().url().optional(),
+    /** The per-edge credential shared with the control plane (created 0600 if missing). */
+    secretFile: z.string().min(1),
+    labels: Labels.default({}),
+    cgroupParent: z
+      .string()
+      .regex(/^[a-zA-Z0-9_.-]{1,64}$/)
+      .optional(),
+    runtime: z.string().optional(),
+    admission: Admission.optional(),
+    network: Network.optional(),
+    blobCacheBytes: z.number().int().positive().optional(),
+    cgroupFavorDynmods: z.boolean().default(true),
+    logRequests: z.boolean().default(false),
+  })
+  .strict();
+
+const ApiserverSection = z
+  .object({
+    host: Host.default('127.0.0.1'),
+    port: Port.default(7420),
+    /** Where the first start writes the root project's admin key (0600). */
+    adminKeyFile: z.string().min(1).optional(),
+    /** Also take the watcher role (probe edges, record health): no separate watcher needed. */
+    watch: z.boolean().default(false),
+    /** How often the edge registry is read (edges joining, leaving, health). */
+    registryRefreshMs: z.number().int().min(100).max(60_000).default(1000),
+    logRequests: z.boolean().default(false),
+  })
+  .strict();
+
+const WatcherSection = z
+  .object({
+    intervalMs: z.number().int().min(100).max(60_000).default(1000),
+    probeTimeoutMs: z.number().int().min(50).max(60_000).default(1500),
+    /** Consecutive failed probes before an edge is marked down. */
+    failuresBeforeDown: z.number().int().min(1).max(100).default(2),
+  })
+  .strict();
+
+export const ClusterConfigSchema = z
+  .object({
+    /** A SQLite file path (embedded) or a `postgres://` URL shared by every apiserver. */
+    database: z.string().min(1).optional(),
+    /** Signs sandbox IDs; every apiserver must hold the same one (created 0600 if missing). */
+    clusterSecretFile: z.string().min(1).optional(),
+    /** Where layers live (`dir:/path`, a path, or `s3://…`); edges and apiservers alike. */
+    imageStore: z.string().min(1).optional(),
+    apiserver: ApiserverSection.optional(),
+    watcher: WatcherSection.optional(),
+    edge: EdgeSection.optional(),
+  })
+  .strict();
+
+export type ClusterConfig = z.infer<typeof ClusterConfigSchema>;
+export type EdgeConfig = z.infer<typeof EdgeSection>;
+export type ApiserverConfig = z.infer<typeof ApiserverSection>;
+export type WatcherConfig = z.infer<typeof WatcherSection>;
+
+/** The parsed watcher section with its defaults, for roles that watch without one. */
+export function watcherDefaults(config: ClusterConfig): WatcherConfig {
+  return config.watcher ?? WatcherSection.parse({});
+}
+
+/**
+ * Validates a config object. Relative paths are resolved against `baseDir`
+ * (the config file's directory), so a config means the same from any cwd.
+ */
+export function parseClusterConfig(input: unknown, baseDir = process.cwd()): ClusterConfig {
+  const parsed = ClusterConfigSchema.safeParse(input);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0]!;
+    const field = issue.path.join('.');
+    throw new DsecError('invalid_argument', `config: ${field || '(top level)'}: ${issue.message}`, {
+      field,
+      details: { issues: parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`) },
+    });
+  }
+  const config = parsed.data;
+  const abs = (p: string) => (isAbsolute(p) ? p : resolve(baseDir, p));
+  const isUrl = (s: string) => /^[a-z][a-z0-9+.-]*:\/\//i.test(s);
+  if (config.database && !isUrl(config.database)) config.database = abs(config.database);
+  if (config.clusterSecretFile) config.clusterSecretFile = abs(config.clusterSecretFile);
+  if (config.imageStore && !isUrl(config.imageStore) && !config.imageStore.startsWith('dir:'))
+    config.imageStore = abs(config.imageStore);
+  if (config.apiserver?.adminKeyFile)
+    config.apiserver.adminKeyFile = abs(config.apiserver.adminKeyFile);
+  if (config.edge) {
+    config.edge.stateDir = abs(config.edge.stateDir);
+    config.edge.secretFile = abs(config.edge.secretFile);
+  }
+  return config;
+}
+
+/** Reads and validates a config file (errors name the file). */
+export async function loadClusterConfig(file: string): Promise<ClusterConfig> {
+  let text: string;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    throw new DsecError('invalid_argument', `cannot read config ${file}: ${String(err)}`, {
+      field: 'config',
+      cause: err,
+    });
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (err) {
+    throw new DsecError('invalid_argument', `config ${file} is not JSON: ${String(err)}`, {
+      field: 'config',
+      cause: err,
+    });
+  }
+  try {
+    return parseClusterConfig(json, dirname(resolve(file)));
+  } catch (err) {
+    if (err instanceof DsecError)
+      throw new DsecError('invalid_argument', `${file}: ${err.message}`, {
+        ...(err.field ? { field: err.field } : {}),
+        ...(err.details ? { details: err.details } : {}),
+      });
+    throw err;
+  }
+}
+
+/** A section a role needs, or an error saying which one is missing. */
+export function requireSection<K extends 'database' | 'clusterSecretFile' | 'edge'>(
+  config: ClusterConfig,
+  key: K,
+  role: string,
+): NonNullable<ClusterConfig[K]> {
+  const value = config[key];
+  if (value === undefined)
+    throw new DsecError('invalid_argument', `config: \`${key}\` is required for ${role}`, {
+      field: key,
+    });
+  return value;
+}

@@ -1,0 +1,135 @@
+import type { EdgeApi, EdgeStatus } from '@dsec/core';
+import { RemoteEdge } from '@dsec/edge-http';
+import type { EdgeRecord, EdgeRegistry } from '@dsec/iam';
+import { viewFromRecords, Watcher, type FleetView } from '@dsec/watcher';
+import type { WatcherConfig } from './config.js';
+
+export interface RegistryFleetOptions {
+  registry: EdgeRegistry;
+  /** How often the registry is read. */
+  refreshMs: number;
+  /** Take the watcher role: probe every edge and record the results in the registry. */
+  watch?: WatcherConfig | undefined;
+  onWarning?: (message: string, context: Record<string, unknown>) => void;
+}
+
+/**
+ * The edges of a cluster as one apiserver or watcher process sees them: the
+ * registry (edges join and leave there) turned into authenticated
+ * `RemoteEdge` clients, and a fleet view for placement.
+ *
+ * Without `watch`, the view is built from the health and status a watcher
+ * recorded in the registry, so any number of stateless apiservers place from
+ * the same facts. With `watch`, this process probes the edges itself, records
+ * each result, and places from its own fresher view.
+ */
+export class RegistryFleet {
+  readonly #options: RegistryFleetOptions;
+  readonly #clients = new Map<string, { client: RemoteEdge; url: string; secret: string }>();
+  readonly #watcher: Watcher | undefined;
+  #records: EdgeRecord[] = [];
+  #view: FleetView = viewFromRecords([]);
+  #timer: NodeJS.Timeout | undefined;
+  #refreshing: Promise<void> | undefined;
+  #closed = false;
+
+  constructor(options: RegistryFleetOptions) {
+    this.#options = options;
+    const { watch, registry } = options;
+    if (watch) {
+      this.#watcher = new Watcher({
+        edges: () => [...this.#clients.values()].map((c) => c.client),
+        intervalMs: watch.intervalMs,
+        probeTimeoutMs: watch.probeTimeoutMs,
+        failuresBeforeDown: watch.failuresBeforeDown,
+        onProbe: (edgeId, result) => {
+          registry
+            .recordProbe(edgeId, result)
+            .catch((err: unknown) =>
+              this.#options.onWarning?.('recording a probe failed', { edgeId, err: String(err) }),
+            );
+        },
+      });
+    }
+  }
+
+  /** Reads the registry once (and probes once when watching), then keeps both fresh. */
+  async start(): Promise<void> {
+    await this.refresh();
+    if (this.#watcher) {
+      await this.#watcher.refresh();
+      this.#watcher.start();
+    }
+    const tick = () => {
+      this.refresh()
+        .catch((err: unknown) =>
+          this.#options.onWarning?.('reading the edge registry failed', { err: String(err) }),
+        )
+        .finally(() => {
+          if (!this.#closed) this.#timer = setTimeout(tick, this.#options.refreshMs);
+        });
+    };
+    this.#timer = setTimeout(tick, this.#options.refreshMs);
+  }
+
+  /** Reads the registry now: new edges get a client, removed ones lose theirs. */
+  refresh(): Promise<void> {
+    this.#refreshing ??= this.#readRegistry().finally(() => {
+      this.#refreshing = undefined;
+    });
+    return this.#refreshing;
+  }
+
+  async #readRegistry(): Promise<void> {
+    const records = await this.#options.registry.list();
+    const seen = new Set<string>();
+    for (const r of records) {
+      seen.add(r.edgeId);
+      const known = this.#clients.get(r.edgeId);
+      if (known && known.url === r.url && known.secret === r.secret) continue;
+      known?.client.close();
+      this.#clients.set(r.edgeId, {
+        client: new RemoteEdge({ edgeId: r.edgeId, url: r.url, secret: r.secret }),
+        url: r.url,
+        secret: r.secret,
+      });
+    }
+    for (const [id, known] of this.#clients) {
+      if (seen.has(id)) continue;
+      known.client.close();
+      this.#clients.delete(id);
+    }
+    this.#records = records;
+    this.#view = viewFromRecords(
+      records.map((r) => ({
+        edgeId: r.edgeId,
+        healthy: r.healthy,
+        lastProbeAt: r.lastProbeAt ?? 0,
+        status: r.status as EdgeStatus | undefined,
+        ...(r.lastError ? { lastError: r.lastError } : {}),
+      })),
+    );
+  }
+
+  /** The client of an edge in the registry. */
+  edge(edgeId: string): EdgeApi | undefined {
+    return this.#clients.get(edgeId)?.client;
+  }
+
+  /** Registered edges as last read. */
+  records(): readonly EdgeRecord[] {
+    return this.#records;
+  }
+
+  view(): FleetView {
+    return this.#watcher ? this.#watcher.view() : this.#view;
+  }
+
+  close(): void {
+    this.#closed = true;
+    if (this.#timer) clearTimeout(this.#timer);
+    this.#watcher?.stop();
+    for (const { client } of this.#clients.values()) client.close();
+    this.#clients.clear();
+  }
+}

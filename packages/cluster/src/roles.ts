@@ -1,0 +1,283 @@
+/**
+ * The processes of a multi-node cluster (docs/cluster.md), each started from
+ * the one config file: an edge serving its `EdgeApi` over HTTP, a stateless
+ * apiserver over the shared control database, and a watcher that probes the
+ * edges and records their health for every apiserver to place from.
+ */
+import { randomBytes } from 'node:crypto';
+import { chmod, readFile, stat, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { buildApiServer } from '@dsec/apiserver';
+import { DsecError, SandboxIdCodec } from '@dsec/core';
+import type { BackendKind, ImageStore } from '@dsec/core';
+import {
+  ensureDir,
+  openContainerEdge,
+  PRIVATE_DIR_MODE,
+  TRAVERSE_DIR_MODE,
+  type Edge,
+} from '@dsec/edge';
+import { newEdgeSecret, RemoteEdge, serveEdge } from '@dsec/edge-http';
+import { openControlDb, type ControlDb, type EdgeRecord } from '@dsec/iam';
+import { DirImageStore, openImageStore } from '@dsec/images';
+import { PowerOfKPlacer } from '@dsec/placement';
+import { requireSection, watcherDefaults, type ClusterConfig } from './config.js';
+import { RegistryFleet } from './fleet.js';
+import { listenApi } from './listen.js';
+
+/**
+ * Reads a secret file, creating it (0600) with `make()` when missing. A file
+ * others can read (an older release, a restored backup) loses those bits
+ * first; group bits stay, so a service user in the file's group can read it.
+ */
+export async function readOrCreateSecret(file: string, make: () => string): Promise<string> {
+  const st = await stat(file).catch((err: NodeJS.ErrnoException) => {
+    if (err.code === 'ENOENT') return undefined;
+    throw err;
+  });
+  if (st && (st.mode & 0o007) !== 0) await chmod(file, st.mode & 0o770);
+  if (!st) {
+    // `wx`: of two processes creating it at once, both end up reading the winner's.
+    await writeFile(file, make() + '\n', { mode: 0o600, flag: 'wx' }).catch(
+      (err: NodeJS.ErrnoException) => {
+        if (err.code !== 'EEXIST') throw err;
+      },
+    );
+  }
+  const value = (await readFile(file, 'utf8')).trim();
+  if (!value) throw new DsecError('invalid_argument', `secret file ${file} is empty`);
+  return value;
+}
+
+export const newClusterSecret = (): string => randomBytes(32).toString('hex');
+
+export interface EdgeServerHandle {
+  edgeId: string;
+  url: string;
+  edge: Edge;
+  close(options?: { stopSandboxes?: boolean }): Promise<void>;
+}
+
+/** `dsec serve edge`: a container edge behind the authenticated edge protocol. */
+export async function startEdgeServer(
+  config: ClusterConfig,
+  options: { log?: (msg: string, fields?: Record<string, unknown>) => void } = {},
+): Promise<EdgeServerHandle> {
+  const ec = requireSection(config, 'edge', 'an edge');
+  ensureDir(ec.stateDir, TRAVERSE_DIR_MODE);
+  const secret = await readOrCreateSecret(ec.secretFile, newEdgeSecret);
+  const store = edgeImageStore(config, ec.stateDir);
+  const url = ec.url ?? `http://${ec.host.includes(':') ? `[${ec.host}]` : ec.host}:${ec.port}`;
+  const edge = await openContainerEdge({
+    edgeId: ec.id,
+    url,
+    stateDir: ec.stateDir,
+    store,
+    labels: ec.labels,
+    admission: ec.admission,
+    network: ec.network,
+    cgroupParent: ec.cgroupParent ?? `dsec-${ec.id}`,
+    blobCacheBytes: ec.blobCacheBytes,
+    cgroupFavorDynmods: ec.cgroupFavorDynmods,
+    ...(ec.runtime ? { runtimeBinary: ec.runtime } : {}),
+    ...(options.log ? { log: options.log } : {}),
+  });
+  let server;
+  try {
+    server = await serveEdge({
+      edge,
+      secret,
+      host: ec.host,
+      port: ec.port,
+      logger: ec.logRequests,
+    });
+  } catch (err) {
+    await edge.close();
+    throw err;
+  }
+  return {
+    edgeId: ec.id,
+    url: ec.url ?? server.url,
+    edge,
+    async close(closeOptions = {}) {
+      await server.close();
+      if (closeOptions.stopSandboxes) await stopAll(edge);
+      await edge.close();
+    },
+  };
+}
+
+function edgeImageStore(config: ClusterConfig, stateDir: string): ImageStore {
+  if (!config.imageStore) {
+    ensureDir(join(stateDir, 'images'), PRIVATE_DIR_MODE);
+    return new DirImageStore(join(stateDir, 'images'));
+  }
+  const cacheDir = join(stateDir, 'image-cache');
+  ensureDir(cacheDir, PRIVATE_DIR_MODE);
+  return openImageStore(config.imageStore, { cacheDir });
+}
+
+/** Stops every sandbox of an edge, a few at a time (each stop waits on its runtime). */
+export async function stopAll(edge: Edge): Promise<void> {
+  const queue = await edge.listSandboxes({});
+  const worker = async () => {
+    for (let sb = queue.pop(); sb; sb = queue.pop())
+      await edge.stopSandbox(sb.id).catch(() => undefined);
+  };
+  await Promise.all(Array.from({ length: 16 }, worker));
+}
+
+export interface ApiserverHandle {
+  url: string;
+  /** Set on the first start of a new control database (also in `apiserver.adminKeyFile`). */
+  adminKey?: string | undefined;
+  db: ControlDb;
+  fleet: RegistryFleet;
+  close(options?: { drainMs?: number }): Promise<void>;
+}
+
+/** `dsec serve apiserver`: stateless; everything durable is in `database`. */
+export async function startApiserver(
+  config: ClusterConfig,
+  options: {
+    log?: (msg: string, fields?: Record<string, unknown>) => void;
+    port?: number;
+    host?: string;
+  } = {},
+): Promise<ApiserverHandle> {
+  const database = requireSection(config, 'database', 'an apiserver');
+  const secretFile = requireSection(config, 'clusterSecretFile', 'an apiserver');
+  const ac = config.apiserver ?? {
+    host: '127.0.0.1',
+    port: 7420,
+    watch: false,
+    registryRefreshMs: 1000,
+    logRequests: false,
+  };
+  const idSecret = await readOrCreateSecret(secretFile, newClusterSecret);
+  const db = await openControlDb(database);
+  let fleet: RegistryFleet | undefined;
+  try {
+    const boot = await db.iam.bootstrap();
+    if (boot.key && ac.adminKeyFile)
+      await writeFile(ac.adminKeyFile, boot.key + '\n', { mode: 0o600, flag: 'wx' });
+    fleet = new RegistryFleet({
+      registry: db.edges,
+      refreshMs: ac.registryRefreshMs,
+      watch: ac.watch ? watcherDefaults(config) : undefined,
+      ...(options.log ? { onWarning: options.log } : {}),
+    });
+    await fleet.start();
+    // Listing layers needs no blob cache: only metadata is read.
+    const store = config.imageStore ? openImageStore(config.imageStore) : undefined;
+    const live = fleet;
+    const app = buildApiServer({
+      iam: db.iam,
+      edges: (edgeId) => live.edge(edgeId),
+      watcher: live,
+      placer: new PowerOfKPlacer({ view: () => live.view() }),
+      ids: new SandboxIdCodec(idSecret),
+      logger: ac.logRequests,
+      imagesList: store ? () => store.listLayers() : undefined,
+    });
+    const listening = await listenApi(app, {
+      host: options.host ?? ac.host,
+      port: options.port ?? ac.port,
+    });
+    return {
+      url: listening.url,
+      adminKey: boot.key,
+      db,
+      fleet: live,
+      async close(closeOptions = {}) {
+        await listening.close(closeOptions.drainMs);
+        live.close();
+        await db.close();
+      },
+    };
+  } catch (err) {
+    fleet?.close();
+    await db.close();
+    throw err;
+  }
+}
+
+/** `dsec serve watcher`: probes every registered edge and records its health. */
+export async function startWatcher(
+  config: ClusterConfig,
+  options: { log?: (msg: string, fields?: Record<string, unknown>) => void } = {},
+): Promise<{ fleet: RegistryFleet; close(): Promise<void> }> {
+  const database = requireSection(config, 'database', 'a watcher');
+  const db = await openControlDb(database);
+  const wc = watcherDefaults(config);
+  const fleet = new RegistryFleet({
+    registry: db.edges,
+    refreshMs: Math.min(wc.intervalMs, 1000),
+    watch: wc,
+    ...(options.log ? { onWarning: options.log } : {}),
+  });
+  try {
+    await fleet.start();
+  } catch (err) {
+    fleet.close();
+    await db.close();
+    throw err;
+  }
+  return {
+    fleet,
+    async close() {
+      fleet.close();
+      await db.close();
+    },
+  };
+}
+
+/**
+ * `dsec edge join`: registers the config's edge in the control database,
+ * after checking that it answers at its URL with its ID and credential.
+ */
+export async function joinEdge(
+  config: ClusterConfig,
+  options: { url?: string; backends?: BackendKind[]; signal?: AbortSignal } = {},
+): Promise<EdgeRecord> {
+  const database = requireSection(config, 'database', '`dsec edge join`');
+  const ec = requireSection(config, 'edge', '`dsec edge join`');
+  const secret = await readOrCreateSecret(ec.secretFile, newEdgeSecret);
+  const url = options.url ?? ec.url ?? `http://${ec.host}:${ec.port}`;
+  const probe = new RemoteEdge({ edgeId: ec.id, url, secret });
+  let backends: BackendKind[];
+  try {
+    const status = await probe.status(options.signal ?? AbortSignal.timeout(10_000));
+    if (status.edgeId !== ec.id)
+      throw new DsecError('conflict', `the edge at ${url} is ${status.edgeId}, not ${ec.id}`);
+    backends = options.backends ?? status.backends;
+  } catch (err) {
+    if (err instanceof DsecError && err.code === 'conflict') throw err;
+    throw new DsecError(
+      'unavailable',
+      `edge ${ec.id} does not answer at ${url} (${err instanceof Error ? err.message : String(err)}): start it with \`dsec serve edge --config FILE\` first`,
+      { cause: err },
+    );
+  } finally {
+    probe.close();
+  }
+  const db = await openControlDb(database);
+  try {
+    return await db.edges.register({ edgeId: ec.id, url, secret, labels: ec.labels, backends });
+  } finally {
+    await db.close();
+  }
+}
+
+/** `dsec edge leave`: removes an edge from the registry (its sandboxes become unreachable). */
+export async function leaveEdge(config: ClusterConfig, edgeId: string): Promise<boolean> {
+  const db = await openControlDb(requireSection(config, 'database', '`dsec edge leave`'));
+  try {
+    const known = await db.edges.get(edgeId);
+    if (!known) return false;
+    await db.edges.remove(edgeId);
+    return true;
+  } finally {
+    await db.close();
+  }
+}
