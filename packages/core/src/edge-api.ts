@@ -6,6 +6,8 @@ import type {
   SandboxEvent,
   SandboxInfo,
   SandboxSpec,
+  SnapshotInfo,
+  SnapshotRequest,
 } from './types.js';
 import type { SandboxIoApi } from './sandbox-io.js';
 
@@ -42,6 +44,27 @@ export interface EdgeApi {
    * policy do not implement it (the apiserver answers `unavailable`).
    */
   updateNetwork?(id: string, patch: NetworkPolicyPatch, signal?: AbortSignal): Promise<SandboxInfo>;
+  /**
+   * Lifecycle (issue 11; optional like `updateNetwork`, the apiserver answers
+   * `unavailable` for edges without them).
+   *
+   * `pauseSandbox` stops every process of the sandbox and gives its memory back
+   * to the host, keeping processes, open files and the writable layer;
+   * `resumeSandbox` undoes it. Pausing a paused sandbox and resuming a running
+   * one are no-ops. A paused sandbox also resumes by itself on its next
+   * command, session, file or port call. Both throw `sandbox_not_running` for a
+   * stopped sandbox.
+   */
+  pauseSandbox?(id: string, signal?: AbortSignal): Promise<SandboxInfo>;
+  resumeSandbox?(id: string, signal?: AbortSignal): Promise<SandboxInfo>;
+  /** Moves the running TTL: the sandbox stops `ttlSeconds` from now (E2B's `setTimeout`). */
+  setSandboxTimeout?(id: string, ttlSeconds: number, signal?: AbortSignal): Promise<SandboxInfo>;
+  /**
+   * Captures the writable layer as a new immutable layer after a brief freeze,
+   * scrubbing `scrub` first, and names the result as an image `create`
+   * accepts. `failed_precondition`-like refusals use `sandbox_not_running`.
+   */
+  snapshotSandbox?(id: string, req: SnapshotRequest, signal?: AbortSignal): Promise<SnapshotInfo>;
   /** Audit events of a sandbox, oldest first, after `afterId`. Optional like `updateNetwork`. */
   listEvents?(
     id: string,

@@ -2,6 +2,7 @@
  * Domain types shared by every component. Units are in the names
  * (`memoryLimitMb`, `ttlSeconds`, `timeoutMs`).
  */
+import type { LayerInfo } from './images.js';
 
 /** Which isolation mechanism runs a sandbox (paper 2.2). */
 export type BackendKind = 'container' | 'microvm' | 'vm' | 'fncall';
@@ -102,9 +103,43 @@ export interface SandboxInfo {
   state: SandboxState;
   spec: SandboxSpec;
   createdAt: string;
+  /** When the TTL stops it (while running; `setSandboxTimeout` moves it). */
   expiresAt: string;
   /** Why it failed or stopped, when it did. */
   reason?: string | undefined;
+  /** Since when it is paused (state `paused`). */
+  pausedAt?: string | undefined;
+  /** When a paused sandbox is stopped if nothing resumes it (the paused TTL, a separate limit). */
+  pausedExpiresAt?: string | undefined;
+  /** Host memory charged to the sandbox's cgroup now (filled by `getSandbox`, not by lists). */
+  memoryBytes?: number | undefined;
+}
+
+/** What `snapshotSandbox` asks for (paper 6.1, pack_diff). */
+export interface SnapshotRequest {
+  /** Name of the new layer and image (`name` or `name:version`). */
+  name: string;
+  /**
+   * Paths (absolute inside the sandbox; a trailing `/**` means everything
+   * under a directory) removed from the captured layer: build residue,
+   * reference answers. Recorded in the layer's metadata.
+   */
+  scrub?: string[] | undefined;
+}
+
+/** A snapshot: the sandbox's writable layer captured as an immutable layer. */
+export interface SnapshotInfo {
+  /** What `create` accepts as `image` to start from this state (base + layers + the new one). */
+  image: string;
+  /** The new layer, in the edge's image store. */
+  layer: LayerInfo;
+  /** The layers below it, lowest first: the sandbox's base, workspace and toolkits. */
+  parents: string[];
+  scrub: string[];
+  /** How long the sandbox's processes were frozen. */
+  freezeMs: number;
+  /** How long the whole snapshot took. */
+  totalMs: number;
 }
 
 /** One command to run in a sandbox. */
