@@ -3,7 +3,7 @@ import { spawnSync } from 'node:child_process';
 import { describe, it } from 'node:test';
 import { isDsecError } from '@dsec/core';
 import { bisect, MicroBatcher } from './batcher.js';
-import { IpSession } from './sys.js';
+import { IpSession, NftSession, runTool, startTool } from './sys.js';
 
 describe('MicroBatcher', () => {
   it('runs the callers of one tick as one batch and later callers as the next', async () => {
@@ -88,4 +88,80 @@ describe('IpSession', { skip: hasIp ? false : 'needs iproute2' }, () => {
       ip.close();
     }
   });
+});
+
+describe('startTool', () => {
+  it('starts the process at once and takes its input later', async () => {
+    const cat = startTool('cat', [], { stdin: true });
+    assert.equal(await cat.finish('late input\n'), 'late input\n');
+  });
+
+  it('a tool killed before its input fails its finish with internal', async () => {
+    const cat = startTool('cat', [], { stdin: true });
+    cat.kill();
+    await assert.rejects(cat.finish('x'), (e: unknown) => isDsecError(e, 'internal'));
+  });
+});
+
+const canNft = process.getuid?.() === 0 && spawnSync('nft', ['list', 'tables']).status === 0;
+
+describe('NftSession', { skip: canNft ? false : 'needs root and nftables' }, () => {
+  const table = `inet dsec_unit_${process.pid}`;
+
+  it('runs each request as one transaction, returns list output, and names what failed', async () => {
+    const nft = new NftSession();
+    try {
+      await nft.run([`add table ${table}`, `add set ${table} s { type ipv4_addr; }`]);
+      // Pipelined requests: each gets its own outcome, in order.
+      const [added, failed, listed] = await Promise.allSettled([
+        nft.run([`add element ${table} s { 10.0.0.1 }`]),
+        // The second command fails in the kernel: the first must not stay either.
+        nft.run([`add element ${table} s { 10.0.0.2 }`, `delete element ${table} s { 10.0.0.3 }`]),
+        nft.run([`list set ${table} s`]),
+      ]);
+      assert.equal(added?.status, 'fulfilled');
+      assert.ok(failed?.status === 'rejected');
+      assert.ok(isDsecError(failed.reason, 'internal'));
+      assert.match(failed.reason.message, /10\.0\.0\.3/);
+      assert.ok(listed?.status === 'fulfilled');
+      assert.deepEqual(elements(listed.value), ['10.0.0.1']);
+    } finally {
+      await runTool('nft', ['delete', 'table', ...table.split(' ')]).catch(() => undefined);
+      nft.close();
+    }
+  });
+
+  it('replaces its process after maxRequests without losing a request', async () => {
+    const nft = new NftSession({ maxRequests: 2 });
+    try {
+      await nft.run([`add table ${table}`, `add set ${table} s { type ipv4_addr; }`]);
+      await Promise.all(
+        [1, 2, 3, 4, 5].map((i) => nft.run([`add element ${table} s { 10.0.1.${i} }`])),
+      );
+      const listed = await nft.run([`list set ${table} s`]);
+      assert.deepEqual(
+        elements(listed).sort(),
+        [1, 2, 3, 4, 5].map((i) => `10.0.1.${i}`),
+      );
+    } finally {
+      await runTool('nft', ['delete', 'table', ...table.split(' ')]).catch(() => undefined);
+      nft.close();
+    }
+  });
+
+  it('refuses a command with a newline (it would be two transactions)', async () => {
+    const nft = new NftSession();
+    try {
+      await assert.rejects(nft.run(['list tables\nlist tables']), (e: unknown) =>
+        isDsecError(e, 'internal'),
+      );
+    } finally {
+      nft.close();
+    }
+  });
+
+  function elements(output: unknown[]): string[] {
+    const docs = output as { nftables: { set?: { elem?: string[] } }[] }[];
+    return docs.flatMap((d) => d.nftables.flatMap((o) => o.set?.elem ?? []));
+  }
 });

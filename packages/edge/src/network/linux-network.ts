@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { existsSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, writeFileSync } from 'node:fs';
 import { chmod, mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
@@ -40,7 +40,7 @@ import {
   type CompiledPolicy,
 } from './policy.js';
 import { parseResolvConf, parseUpstream, PlatformResolver } from './resolver.js';
-import { IpSession, nft, nftBatcher, runTool } from './sys.js';
+import { IpSession, nft, nftBatcher, NftSession, runTool, startTool } from './sys.js';
 
 export interface NetworkOptions {
   /** The edge's state directory; the network layer keeps its files under `network/`. */
@@ -103,6 +103,8 @@ interface DeniedEntry {
 
 /** How long after its expiry a timed element is still deleted explicitly (kernel GC lag). */
 const EXPIRED_GRACE_MS = 60_000;
+/** How long a stopped sandbox's veth may outlive it before the edge deletes it itself. */
+const VETH_GONE_WAIT_MS = 2000;
 
 /**
  * Per-sandbox network namespaces on Linux, wired to the host by a veth pair,
@@ -112,10 +114,11 @@ const EXPIRED_GRACE_MS = 60_000;
  * Bursts: a sandbox is a few elements in the table's fixed sets (plus an
  * entry in the CIDR-policy map, whose chains are shared by identical rules),
  * and the changes of concurrent creates, removals and DNS answers are
- * coalesced into one `nft -f` transaction at a time ({@link nftBatcher});
- * host-side `ip` commands go through one long-lived `ip -batch` process
- * ({@link IpSession}). Only the configuration inside each sandbox's own
- * namespace takes a process per sandbox.
+ * coalesced into one nft transaction at a time ({@link nftBatcher}), run
+ * by one long-lived `nft -i` process ({@link NftSession}), which also reads
+ * the denied-connection sets; host-side `ip` commands go through one
+ * long-lived `ip -batch` process ({@link IpSession}). Only the configuration
+ * inside each sandbox's own namespace takes a process per sandbox.
  */
 export class LinuxNetwork implements NetworkManager {
   readonly mode = 'isolated' as const;
@@ -129,7 +132,8 @@ export class LinuxNetwork implements NetworkManager {
   readonly #live = new Map<string, Live>();
   readonly #bySource = new Map<string, string>();
   readonly #deniedSeen = new Map<string, number>();
-  readonly #nft = nftBatcher();
+  readonly #nftSession = new NftSession();
+  readonly #nft = nftBatcher((commands) => this.#nftSession.run(commands));
   readonly #ip = new IpSession();
   /** Denied-set reads; a caller arriving mid-read shares the next read (it may hold news). */
   readonly #denied = new MicroBatcher<void, DeniedEntry[]>(async (items) => {
@@ -145,6 +149,12 @@ export class LinuxNetwork implements NetworkManager {
   /** Sandboxes using each CIDR policy chain (`pol_<hash>`); a chain goes with its last user. */
   readonly #chainUsers = new Map<string, Set<string>>();
   #poller: NodeJS.Timeout | undefined;
+  /** Veths of stopped sandboxes whose teardown waits for them to go (see {@link #vethGone}). */
+  readonly #dying = new Map<
+    string,
+    { deadline: number; resolve: () => void; reject: (err: unknown) => void }
+  >();
+  #dyingTimer: NodeJS.Timeout | undefined;
 
   private constructor(
     o: NetworkOptions,
@@ -184,6 +194,12 @@ export class LinuxNetwork implements NetworkManager {
         deniedWindowSeconds: DENIED_WINDOW_SECONDS,
       }),
     );
+    // The session's process starts now, off the first create's path; a host
+    // where it cannot run (no `stdbuf`) cannot run isolated networks.
+    await net.#nftSession.run([]).catch((err: unknown) => {
+      net.#nftSession.close();
+      throw new DsecError('unavailable', `nft -i session: ${String(err)}`, { cause: err });
+    });
     const uplinks = o.uplinks ?? (await defaultRouteInterfaces());
     for (const dev of uplinks) await enableForwarding(dev, subnet6 !== undefined);
     net.#poller = setInterval(() => void net.collectEvents(), 2000);
@@ -266,8 +282,11 @@ export class LinuxNetwork implements NetworkManager {
    * made with its far end directly in that namespace (moving a device there
    * afterwards costs an RCU grace period each, which serializes a burst) and
    * its host end configured, through the edge's long-lived `ip` session;
-   * then one process in the namespace configures the far end while the
-   * resolver binds on the host end.
+   * one process in the namespace configures the far end while the resolver
+   * binds on the host end. That process is started first, so its start-up
+   * (a fork of the edge, then `nsenter` and `ip`) overlaps with the rest:
+   * `ip -batch -` runs each line as it arrives, and gets its lines once the
+   * far end exists.
    */
   async attach(sb: NetworkSandbox, initPid: number): Promise<void> {
     const n = this.names(sb);
@@ -275,28 +294,36 @@ export class LinuxNetwork implements NetworkManager {
     const firewall = this.#prepared.get(sb.id);
     this.#prepared.delete(sb.id);
     if (!firewall) throw new DsecError('internal', `sandbox ${sb.id}: network attach before setup`);
-    await firewall;
-    // A leftover of an earlier try: the session may know its name by the old index.
-    if (await this.#deleteLink(n.veth)) this.#ip.close();
-    // A batch line takes no `-6`: the family follows from the address.
-    await this.#ip.run([
-      `link add ${n.veth} type veth peer name eth0 netns ${initPid}`,
-      ...(v6 ? [`addr add ${n.host6}/64 dev ${n.veth} nodad`] : []),
-      `addr add ${n.host4}/30 dev ${n.veth}`,
-      `link set ${n.veth} up`,
-    ]);
-    const conf = (family: string, key: string, value: string) =>
-      writeFileSync(`/proc/sys/net/${family}/conf/${n.veth}/${key}`, value);
-    conf('ipv4', 'forwarding', '1');
-    // Strict reverse-path check: a sandbox cannot send with another's source address.
-    conf('ipv4', 'rp_filter', '1');
-    if (v6) {
-      conf('ipv6', 'accept_ra', '0');
-      conf('ipv6', 'force_forwarding', '1');
+    const farEnd = startTool('nsenter', ['-t', String(initPid), '-n', 'ip', '-batch', '-'], {
+      stdin: true,
+    });
+    try {
+      await firewall;
+      // A leftover of an earlier try: the session may know its name by the old index.
+      if (await this.#deleteLink(n.veth)) this.#ip.close();
+      // A batch line takes no `-6`: the family follows from the address.
+      await this.#ip.run([
+        `link add ${n.veth} type veth peer name eth0 netns ${initPid}`,
+        ...(v6 ? [`addr add ${n.host6}/64 dev ${n.veth} nodad`] : []),
+        `addr add ${n.host4}/30 dev ${n.veth}`,
+        `link set ${n.veth} up`,
+      ]);
+      const conf = (family: string, key: string, value: string) =>
+        writeFileSync(`/proc/sys/net/${family}/conf/${n.veth}/${key}`, value);
+      conf('ipv4', 'forwarding', '1');
+      // Strict reverse-path check: a sandbox cannot send with another's source address.
+      conf('ipv4', 'rp_filter', '1');
+      if (v6) {
+        conf('ipv6', 'accept_ra', '0');
+        conf('ipv6', 'force_forwarding', '1');
+      }
+    } catch (err) {
+      farEnd.kill();
+      throw err;
     }
     await Promise.all([
-      runTool('nsenter', ['-t', String(initPid), '-n', 'ip', '-batch', '-'], {
-        stdin: [
+      farEnd.finish(
+        [
           'link set lo up',
           `addr add ${n.sandbox4}/30 dev eth0`,
           v6 ? `addr add ${n.sandbox6}/64 dev eth0 nodad` : '',
@@ -307,7 +334,7 @@ export class LinuxNetwork implements NetworkManager {
           .filter(Boolean)
           .join('\n')
           .concat('\n'),
-      }),
+      ),
       this.#listen(sb),
     ]);
   }
@@ -356,21 +383,24 @@ export class LinuxNetwork implements NetworkManager {
     await this.#prepared.get(sb.id)?.catch(() => undefined);
     this.#prepared.delete(sb.id);
     this.#resolver.detach(sb.id);
+    const errors: unknown[] = [];
+    // The kernel removes the veth with the namespace meanwhile; the firewall
+    // work below does not depend on it.
+    const vethGone = this.#vethGone(n.veth).catch((e: unknown) => errors.push(e));
     const live = this.#live.get(sb.id);
     this.#live.delete(sb.id);
     if (live) await live.queue.catch(() => undefined);
     // The last denied connections are turned into events while the source
     // still maps to this sandbox; then their records go too. The sandbox's own
     // elements do not depend on that read: they go in a transaction of their
-    // own meanwhile (two nft processes at once instead of one after the
-    // other), and the denial records only need a second one when there are any.
+    // own meanwhile, and the denial records only need a second one when there
+    // are any.
     const deniedRead = this.#denied.submit().catch(() => [] as DeniedEntry[]);
     const sources = new Set([n.sandbox4, n.sandbox6]);
     const refs = [
       ...(live ? [...live.elements.values()].map((e) => e.ref) : baseElements(n, undefined)),
       ...this.#takeOrphans(n.sandbox4, n.sandbox6),
     ];
-    const errors: unknown[] = [];
     const removed = this.#nft
       .submit(script([...deleteLines(this.table, refs), ...this.#dropChains(sb.id)]))
       .catch((e: unknown) => {
@@ -386,8 +416,7 @@ export class LinuxNetwork implements NetworkManager {
         .submit(script(deleteDeniedLines(this.table, denied)))
         .catch((e: unknown) => errors.push(e));
     }
-    // The veth normally died with the sandbox's network namespace.
-    await this.#deleteLink(n.veth).catch((e: unknown) => errors.push(e));
+    await vethGone;
     await rm(n.resolvConf, { force: true });
     if (errors.length > 0) throw errors[0];
   }
@@ -408,9 +437,10 @@ export class LinuxNetwork implements NetworkManager {
       const path = join(this.#dir, 'resolv', f);
       if (!keepConf.has(path)) await rm(path, { force: true });
     }
-    const state = JSON.parse(await runTool('nft', ['-j', 'list', 'table', 'inet', this.table])) as {
+    const [state] = (await this.#nftSession.run([`list table inet ${this.table}`])) as {
       nftables: NftJsonObject[];
-    };
+    }[];
+    if (!state) throw new DsecError('internal', `nft listed nothing for table ${this.table}`);
     await this.#removeLegacyObjects(state.nftables);
     // Elements are owned by the veth or address they start with: the live
     // sandboxes' DNS allows are adopted (so their teardown removes them),
@@ -489,6 +519,7 @@ export class LinuxNetwork implements NetworkManager {
     await this.#nft.idle();
     this.#resolver.close();
     this.#ip.close();
+    this.#nftSession.close();
     if (this.#live.size === 0) {
       // Nothing of ours is left on the host: give the range back.
       await runTool('nft', ['delete', 'table', 'inet', this.table]).catch(() => undefined);
@@ -628,6 +659,53 @@ export class LinuxNetwork implements NetworkManager {
   }
 
   /**
+   * Resolves once the host end of a stopped sandbox's veth is gone. The
+   * kernel removes the pair with the sandbox's network namespace once its
+   * last process has exited (≈ 20 ms after the kill here: the namespace's
+   * teardown waits for RCU grace periods, batched across namespaces). An
+   * explicit `ip link del` waits for the same (an `rcu_barrier` per
+   * request, about 20 ms, one after the other in one process), so the edge
+   * only watches, and deletes the veth itself when the namespace outlives
+   * `VETH_GONE_WAIT_MS` (something still holds it).
+   */
+  #vethGone(name: string): Promise<void> {
+    if (!existsSync(`/sys/class/net/${name}`)) return Promise.resolve();
+    return new Promise<void>((resolve, reject) => {
+      this.#dying.set(name, {
+        deadline: Date.now() + VETH_GONE_WAIT_MS,
+        resolve,
+        reject,
+      });
+      this.#watchDying();
+    });
+  }
+
+  /** One timer checks every veth being waited for (a burst of removals is one check per tick). */
+  #watchDying(): void {
+    if (this.#dyingTimer || this.#dying.size === 0) return;
+    this.#dyingTimer = setTimeout(
+      () => {
+        this.#dyingTimer = undefined;
+        // Many at once: one listing instead of a lookup each.
+        const present = this.#dying.size > 16 ? new Set(readdirSync('/sys/class/net')) : undefined;
+        const now = Date.now();
+        for (const [name, w] of this.#dying) {
+          if (present ? present.has(name) : existsSync(`/sys/class/net/${name}`)) {
+            if (now < w.deadline) continue;
+            this.#dying.delete(name);
+            this.#deleteLink(name).then(() => w.resolve(), w.reject);
+            continue;
+          }
+          this.#dying.delete(name);
+          w.resolve();
+        }
+        this.#watchDying();
+      },
+      this.#dying.size > 16 ? 10 : 2,
+    );
+  }
+
+  /**
    * Deletes a host link if it is there; true if it was. The kernel tears a
    * dead namespace's veth pair down asynchronously, so one seen a moment ago
    * may be gone by the time `ip` runs: that is success too. A process of its
@@ -669,17 +747,15 @@ export class LinuxNetwork implements NetworkManager {
     const sink = this.#o.onEvent;
     const now = Date.now();
     for (const [k, t] of this.#deniedSeen) if (t < now) this.#deniedSeen.delete(k);
+    // Both sets at once: one command per request (nft 1.0.6 cannot list two in one).
+    const lists = await Promise.all(
+      ([4, 6] as const).map((family) =>
+        this.#nftSession.run([`list set inet ${this.table} denied${family}`]),
+      ),
+    );
     for (const family of [4, 6] as const) {
-      const out = await runTool('nft', [
-        '-j',
-        'list',
-        'set',
-        'inet',
-        this.table,
-        `denied${family}`,
-      ]);
-      const parsed = JSON.parse(out) as { nftables: NftJsonObject[] };
-      for (const obj of parsed.nftables) {
+      const parsed = (lists[family === 4 ? 0 : 1] ?? []) as { nftables?: NftJsonObject[] }[];
+      for (const obj of parsed.flatMap((p) => p.nftables ?? [])) {
         for (const e of obj.set?.elem ?? []) {
           const concat = elementConcat(e);
           if (!concat || concat.length !== 4) continue;
@@ -914,6 +990,8 @@ export async function probeLinuxNetwork(): Promise<boolean> {
     await runTool('nft', ['list', 'tables'], { timeoutMs: 5000 });
     await runTool('ip', ['-V'], { timeoutMs: 5000 });
     await runTool('nsenter', ['--version'], { timeoutMs: 5000 });
+    // The long-lived nft session needs its output line-buffered (NftSession).
+    await runTool('stdbuf', ['--version'], { timeoutMs: 5000 });
     return true;
   } catch {
     return false;
