@@ -18,3 +18,4 @@ export * from './images.js';
 export * from './edge-api.js';
 export * from './sandbox-io.js';
 export * from './chunk-table.js';
+export * from './fingerprint.js';

@@ -17,6 +17,8 @@ export interface CommandInfo {
   sandboxId: string;
   /** The client's idempotency key, when it gave one. */
   requestId?: string | undefined;
+  /** `requestFingerprint` of the request that started it: a reused `requestId` must match it. */
+  fingerprint?: string | undefined;
   /** Set for a line run in a shell session. */
   session?: string | undefined;
   argv?: string[] | undefined;

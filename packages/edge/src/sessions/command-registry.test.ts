@@ -172,3 +172,35 @@ test('a watcher gets what was captured so far, then live output', async () => {
     store.close();
   });
 });
+
+test('a request ID reused for another command is a conflict, while it runs and after', async () => {
+  await withStore(async (file) => {
+    const store = new CommandStore(file);
+    const reg = new CommandRegistry(store);
+    const c = controllable();
+    const first = { requestId: 'r1', fingerprint: 'f1', argv: ['x'], background: false };
+    const other = { ...first, fingerprint: 'f2', argv: ['y'] };
+    const a = reg.begin('sb1', first, 100, c.runner);
+    assert.ok('live' in a);
+    const conflict = (err: unknown) =>
+      isDsecError(err) && err.code === 'conflict' && err.field === 'requestId';
+    assert.throws(() => reg.begin('sb1', other, 100, c.runner), conflict);
+    c.finish(0);
+    await a.live.result;
+    assert.throws(() => reg.begin('sb1', other, 100, c.runner), conflict);
+    // The same request again still gets the record; a legacy record without a fingerprint matches anything.
+    assert.ok('recorded' in reg.begin('sb1', first, 100, c.runner));
+    const legacy = reg.begin(
+      'sb1',
+      { requestId: 'r2', argv: ['x'], background: false },
+      100,
+      c.runner,
+    );
+    assert.ok('live' in legacy);
+    c.finish(0);
+    await legacy.live.result;
+    assert.ok('recorded' in reg.begin('sb1', { ...other, requestId: 'r2' }, 100, c.runner));
+    assert.equal(c.runs(), 2);
+    store.close();
+  });
+});

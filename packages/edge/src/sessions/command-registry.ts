@@ -147,7 +147,7 @@ export class CommandRegistry {
     sandboxId: string,
     descriptor: Pick<
       CommandInfo,
-      'requestId' | 'session' | 'argv' | 'shell' | 'line' | 'background'
+      'requestId' | 'fingerprint' | 'session' | 'argv' | 'shell' | 'line' | 'background'
     >,
     capBytes: number,
     runner: CommandRunner,
@@ -155,9 +155,12 @@ export class CommandRegistry {
     const { requestId } = descriptor;
     if (requestId !== undefined) {
       const running = this.#byRequest.get(key(sandboxId, requestId));
-      if (running) return { live: running, fresh: false };
+      if (running) {
+        sameRequest(running.info, descriptor);
+        return { live: running, fresh: false };
+      }
       const recorded = this.#store.findByRequest(sandboxId, requestId);
-      if (recorded) return { recorded };
+      if (recorded) return { recorded: sameRequest(recorded, descriptor) };
     }
     const count = this.#runningPerSandbox.get(sandboxId) ?? 0;
     if (count >= this.#maxRunning) {
@@ -289,6 +292,25 @@ function lostResult(
     durationMs: Math.max(0, Date.parse(nowIso) - Date.parse(info.startedAt)),
     reason,
   };
+}
+
+/**
+ * A retry must be the same request: the same `requestId` with another body
+ * is refused rather than answered with the first one's result. Commands
+ * recorded before fingerprints existed match anything.
+ */
+function sameRequest<T>(
+  found: T & { fingerprint?: string | undefined },
+  wanted: { fingerprint?: string | undefined; requestId?: string | undefined },
+): T {
+  if (found.fingerprint && wanted.fingerprint && found.fingerprint !== wanted.fingerprint) {
+    throw new DsecError(
+      'conflict',
+      `requestId ${JSON.stringify(wanted.requestId)} was used for another command in this sandbox`,
+      { field: 'requestId', details: { requestId: wanted.requestId } },
+    );
+  }
+  return found;
 }
 
 function key(sandboxId: string, requestId: string): string {

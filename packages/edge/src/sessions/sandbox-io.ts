@@ -1,5 +1,5 @@
 import type { Duplex, Readable } from 'node:stream';
-import { DsecError } from '@dsec/core';
+import { DsecError, requestFingerprint } from '@dsec/core';
 import type {
   CommandInfo,
   CommandResult,
@@ -97,7 +97,13 @@ export class SandboxIo implements SandboxIoApi {
     const rec = this.#rec(sandboxId, options.projectId);
     const begun = this.registry.begin(
       sandboxId,
-      { requestId: spec.requestId, argv: spec.argv, shell: spec.shell, background: false },
+      {
+        requestId: spec.requestId,
+        fingerprint: commandFingerprint(spec, false),
+        argv: spec.argv,
+        shell: spec.shell,
+        background: false,
+      },
       spec.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES,
       (live) => this.#runArgv(rec, spec, live),
     );
@@ -108,7 +114,13 @@ export class SandboxIo implements SandboxIoApi {
     const rec = this.#rec(sandboxId);
     const begun = this.registry.begin(
       sandboxId,
-      { requestId: spec.requestId, argv: spec.argv, shell: spec.shell, background: true },
+      {
+        requestId: spec.requestId,
+        fingerprint: commandFingerprint(spec, true),
+        argv: spec.argv,
+        shell: spec.shell,
+        background: true,
+      },
       spec.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES,
       (live) => this.#runArgv(rec, spec, live),
     );
@@ -203,7 +215,13 @@ export class SandboxIo implements SandboxIoApi {
     const session = this.#session(rec, name, spec);
     const begun = this.registry.begin(
       sandboxId,
-      { requestId: spec.requestId, session: name, line: spec.line, background: false },
+      {
+        requestId: spec.requestId,
+        fingerprint: commandFingerprint({ session: name, ...spec }, false),
+        session: name,
+        line: spec.line,
+        background: false,
+      },
       spec.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES,
       (live) => session.run(spec, live),
     );
@@ -444,4 +462,17 @@ function raceDeadline<T>(
       signal?.removeEventListener('abort', onAbort);
     });
   });
+}
+
+/**
+ * What binds a command's `requestId` to its request: everything the caller
+ * sent except the key itself. Only commands with a `requestId` need one.
+ */
+function commandFingerprint<T extends { requestId?: string | undefined }>(
+  spec: T,
+  background: boolean,
+): string | undefined {
+  if (spec.requestId === undefined) return undefined;
+  const { requestId: _key, ...request } = spec;
+  return requestFingerprint({ ...request, background });
 }
