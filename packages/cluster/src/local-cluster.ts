@@ -31,6 +31,8 @@ export interface LocalClusterOptions {
   runtime?: string | undefined;
   cgroupFavorDynmods?: boolean;
   logRequests?: boolean;
+  /** Edge N's cgroup parent is `<cgroupPrefix>-edge-N` (default `dsec`). */
+  cgroupPrefix?: string;
   /** How often the watcher probes the edges (default 1000). */
   watcherIntervalMs?: number;
   log?: (msg: string) => void;
@@ -198,7 +200,7 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
         port,
         secretFile: join(clusterDir, `${id}.secret`),
         labels: {},
-        cgroupParent: `dsec-${id}`,
+        cgroupParent: `${options.cgroupPrefix ?? 'dsec'}-${id}`,
         cgroupFavorDynmods: options.cgroupFavorDynmods ?? true,
         logRequests: false,
         ...(options.admission ? { admission: options.admission } : {}),
@@ -235,6 +237,7 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
     for (const e of edgeConfigs) await join_(e);
     await watcher.start();
     await writeProcesses();
+    await untilHealthy(apiserver, options.edges);
   } catch (err) {
     await Promise.all(children.map((c) => c.stop()));
     await apiserver.close();
@@ -272,6 +275,19 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
       await Promise.all(children.map((c) => c.stop()));
     },
   };
+}
+
+/** Ready means placeable: waits (bounded) until the apiserver sees every edge healthy. */
+async function untilHealthy(apiserver: ApiserverHandle, edges: number): Promise<void> {
+  const deadline = Date.now() + READY_TIMEOUT_MS;
+  for (;;) {
+    await apiserver.fleet.refresh();
+    const healthy = apiserver.fleet.view().edges.filter((e) => e.healthy).length;
+    if (healthy >= edges) return;
+    if (Date.now() > deadline)
+      throw new DsecError('unavailable', `only ${healthy} of ${edges} edges became healthy`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
 }
 
 async function readAdminKey(stateDir: string): Promise<string> {

@@ -77,10 +77,11 @@ export async function benchCluster(options: ClusterBenchOptions): Promise<Cluste
       edges: options.edges,
       port: 0,
       dsecCommand: dsecCommand(),
+      cgroupPrefix: 'dsec-bench',
     });
     cleanups.unshift(async () => {
       await cluster.close({ stopSandboxes: true });
-      for (const e of cluster.edges()) await removeCgroup(`dsec-${e.id}`);
+      for (const e of cluster.edges()) await removeCgroup(`dsec-bench-${e.id}`);
     });
     const second = await startApiserver(
       await loadClusterConfig(join(clusterDir, 'cluster', 'cluster.json')),

@@ -1,0 +1,84 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { isDsecError } from '@dsec/core';
+import { loadClusterConfig, parseClusterConfig } from './config.js';
+
+const invalid = (field: string) => (err: unknown) =>
+  isDsecError(err) && err.code === 'invalid_argument' && err.field === field;
+
+test('a config gets its defaults and absolute paths relative to its own directory', () => {
+  const config = parseClusterConfig(
+    {
+      database: 'control.db',
+      clusterSecretFile: 'secrets/cluster',
+      imageStore: 'dir:/srv/images',
+      apiserver: {},
+      edge: { id: 'edge-a1', stateDir: 'edge', secretFile: 'edge.secret' },
+    },
+    '/etc/dsec',
+  );
+  assert.equal(config.database, '/etc/dsec/control.db');
+  assert.equal(config.clusterSecretFile, '/etc/dsec/secrets/cluster');
+  assert.equal(config.imageStore, 'dir:/srv/images');
+  assert.deepEqual(config.apiserver, {
+    host: '127.0.0.1',
+    port: 7420,
+    watch: false,
+    registryRefreshMs: 1000,
+    logRequests: false,
+  });
+  assert.equal(config.edge?.stateDir, '/etc/dsec/edge');
+  assert.equal(config.edge?.port, 7430);
+  assert.deepEqual(config.edge?.labels, {});
+  // A URL is not a path.
+  const pg = parseClusterConfig({ database: 'postgres://dsec@db:5432/dsec' }, '/etc/dsec');
+  assert.equal(pg.database, 'postgres://dsec@db:5432/dsec');
+});
+
+test('bad configs name the field and what is wrong', () => {
+  assert.throws(() => parseClusterConfig({ edge: { id: 'Edge_1' } }), invalid('edge.id'));
+  assert.throws(
+    () => parseClusterConfig({ apiserver: { port: '7420' } }),
+    (err: unknown) => invalid('apiserver.port')(err) && /apiserver\.port/.test(String(err)),
+  );
+  assert.throws(() => parseClusterConfig({ databse: 'x' }), invalid(''));
+  assert.throws(
+    () =>
+      parseClusterConfig({
+        edge: { id: 'e1', stateDir: '/s', secretFile: '/k', labels: { 'Bad Key': 'x' } },
+      }),
+    invalid('edge.labels.Bad Key'),
+  );
+  assert.throws(
+    () =>
+      parseClusterConfig({
+        edge: { id: 'e1', stateDir: '/s', secretFile: '/k', admission: { maxSandboxes: -1 } },
+      }),
+    invalid('edge.admission.maxSandboxes'),
+  );
+});
+
+test('loading names the file, and says when it is not JSON or missing', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'dsec-config-'));
+  try {
+    const file = join(dir, 'cluster.json');
+    await writeFile(file, '{ "database": ');
+    await assert.rejects(
+      loadClusterConfig(file),
+      (err: unknown) => invalid('config')(err) && String(err).includes(file),
+    );
+    await assert.rejects(loadClusterConfig(join(dir, 'missing.json')), invalid('config'));
+    await writeFile(file, JSON.stringify({ watcher: { intervalMs: 5 } }));
+    await assert.rejects(
+      loadClusterConfig(file),
+      (err: unknown) => invalid('watcher.intervalMs')(err) && String(err).includes(file),
+    );
+    await writeFile(file, JSON.stringify({ database: 'db.sqlite' }));
+    assert.equal((await loadClusterConfig(file)).database, join(dir, 'db.sqlite'));
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
