@@ -148,8 +148,9 @@ test('B11: after a fork bomb the next exec, session call and file call work', op
     const serverPid = server.stdout.trim();
 
     // The bomb's command returns at once; its processes live on and fill pids.max.
+    // Its own shell may already meet the full pids cgroup (exit 2, "can't fork"); both are fine.
     const bomb = await edge.runCommand(sb.id, { shell: 'f(){ f | f & }; f', timeoutMs: 5000 });
-    assert.equal(bomb.exitCode, 0, JSON.stringify(bomb));
+    assert.ok(bomb.outcome === 'exited' && [0, 2].includes(bomb.exitCode), JSON.stringify(bomb));
     const deadline = Date.now() + 30_000;
     let state = await pidsState(cg);
     while (state.refused === 0 && Date.now() < deadline) {
