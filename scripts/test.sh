@@ -19,3 +19,5 @@ echo "==> unit tests (${#unit[@]} files)"
 run_tests --test-concurrency=2 "${unit[@]}"
 echo "==> integration tests (${#integration[@]} files, one at a time: they count host mounts and cgroups)"
 run_tests --test-concurrency=1 "${integration[@]}"
+echo "==> Python SDK tests (Debian's python3; they start their own dsec up)"
+/usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests

@@ -1,0 +1,9 @@
+"""The asyncio client; ``dsec/_sync`` is generated from this package."""
+
+from .client import DSecClient
+from .commands import CommandHandle, Commands, OutputStream
+from .files import Files
+from .sandbox import Sandbox
+from .session import Session
+
+__all__ = ["DSecClient", "Sandbox", "Commands", "CommandHandle", "OutputStream", "Session", "Files"]

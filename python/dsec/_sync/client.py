@@ -1,0 +1,247 @@
+# GENERATED from dsec/_async/client.py by python/tools/gen_sync.py: do not edit.
+"""The client: one connection pool to one DSec apiserver."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .._core import (
+    DEFAULT_CREATE_TIMEOUT,
+    DEFAULT_LIFECYCLE_TIMEOUT,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_TIMEOUT,
+    RetryPolicy,
+    compact,
+    new_request_id,
+    or_default,
+    resolve_settings,
+    segment,
+)
+from ..errors import InvalidArgument
+from ..models import (
+    CreatedKey,
+    DSecContainerRunArgs,
+    EdgeStatus,
+    Health,
+    JobResult,
+    LayerInfo,
+    Project,
+    Quota,
+    SandboxInfo,
+    Whoami,
+    from_wire,
+    to_wire,
+)
+from .sandbox import Sandbox
+from .transport import Transport
+
+
+class DSecClient:
+    """A connection to one DSec apiserver (the paper's libdsec client).
+
+    ``url`` and ``api_key`` default to ``DSEC_URL`` and ``DSEC_API_KEY``
+    (then ``http://127.0.0.1:7420``). ``timeout`` is the deadline in seconds
+    of calls that do not say otherwise. One client serves many sandboxes and
+    concurrent calls over pooled keep-alive connections; ``close()`` it (or
+    use ``with``) when done. Every method raises ``DSecError``
+    subclasses: ``Unavailable`` when the server cannot be reached,
+    ``DeadlineExceeded`` past the deadline.
+
+    Calls that are safe to resend (reads, stop, pause/resume, and every call
+    with a request ID) are retried up to ``max_retries`` times with backoff on
+    ``Unavailable``, ``CapacityExhausted`` and ``QuotaExceeded``;
+    ``run_container`` gives each create a request ID for that.
+    """
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        max_connections: int = 256,
+    ) -> None:
+        self.url, key = resolve_settings(url, api_key)
+        self._timeout = timeout
+        retry = RetryPolicy(max_retries=max_retries)
+        self._http = Transport(self.url, key, retry=retry, max_connections=max_connections)
+        #: Who the key belongs to; set by ``open()``.
+        self.whoami: Optional[Whoami] = None
+
+    def __enter__(self) -> "DSecClient":
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self, *, timeout: Optional[float] = None) -> Whoami:
+        """Checks that the server answers and the key is valid, and records
+        ``whoami``. Optional, but fails early with ``Unavailable`` or
+        ``Unauthenticated``."""
+        self.health(timeout=timeout)
+        self.whoami = from_wire(Whoami, self._get("/v1/whoami", timeout))
+        return self.whoami
+
+    def close(self) -> None:
+        """Releases pooled connections; later calls raise ``Unavailable``."""
+        self._http.close()
+
+    def health(self, *, timeout: Optional[float] = None) -> Health:
+        return from_wire(Health, self._get("/healthz", timeout))
+
+    # --- sandboxes --------------------------------------------------------
+
+    def run_container(self, args: DSecContainerRunArgs, *, timeout: float = DEFAULT_CREATE_TIMEOUT) -> Sandbox:
+        """Creates a container sandbox and returns once it runs (deadline
+        ``timeout`` seconds, default 120). Without ``args.request_id`` the SDK
+        makes one, so that a retry after a lost answer returns the same
+        sandbox rather than a second one.
+
+        Raises ``InvalidArgument`` (with ``field``), ``ImageNotFound``,
+        ``PermissionDenied``, ``QuotaExceeded``, ``CapacityExhausted``.
+        """
+        if not isinstance(args, DSecContainerRunArgs):
+            raise InvalidArgument("run_container takes a DSecContainerRunArgs", field="args")
+        body = args.to_body()
+        body.setdefault("requestId", new_request_id())
+        answer = self._http.json("POST", "/v1/sandboxes", body=body, timeout=timeout, retry_safe=True)
+        info = from_wire(SandboxInfo, answer)
+        return Sandbox(self._http, info.id, info, self._timeout)
+
+    def sandbox(self, sandbox_id: str) -> Sandbox:
+        """A handle for an existing sandbox; makes no request (``refresh()`` loads its info)."""
+        return Sandbox(self._http, sandbox_id, None, self._timeout)
+
+    def get_sandbox(self, sandbox_id: str, *, timeout: Optional[float] = None) -> Sandbox:
+        """A sandbox with its info (and ``memory_bytes``). Raises ``SandboxNotFound``."""
+        sandbox = self.sandbox(sandbox_id)
+        sandbox.refresh(timeout=timeout)
+        return sandbox
+
+    def list_sandboxes(
+        self,
+        *,
+        project_id: Optional[str] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        timeout: Optional[float] = None,
+    ) -> List[SandboxInfo]:
+        """The sandboxes this key may see, optionally of one project, optionally
+        only those carrying every label of ``labels`` (``{"job": "rl-7"}``)."""
+        params = [("projectId", project_id)] if project_id else []
+        params += [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        answer = self._get("/v1/sandboxes", timeout, params)
+        return [from_wire(SandboxInfo, s) for s in answer["sandboxes"]]
+
+    # --- whole jobs (label selectors) -------------------------------------
+
+    def pause_job(
+        self, labels: Mapping[str, str], *, project_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> JobResult:
+        """Pauses every live sandbox carrying all of ``labels`` (what a trainer
+        sends when its job is preempted). Each sandbox succeeds or fails on its
+        own: the answer lists both."""
+        return self._job("pause", labels, project_id, None, timeout)
+
+    def resume_job(
+        self, labels: Mapping[str, str], *, project_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> JobResult:
+        """Resumes every paused sandbox carrying all of ``labels``; see ``pause_job``."""
+        return self._job("resume", labels, project_id, None, timeout)
+
+    def stop_job(
+        self, labels: Mapping[str, str], *, project_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> JobResult:
+        """Stops every live sandbox carrying all of ``labels`` and frees its quota."""
+        return self._job("stop", labels, project_id, None, timeout)
+
+    def extend_job(
+        self,
+        labels: Mapping[str, str],
+        seconds: int,
+        *,
+        project_id: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> JobResult:
+        """Every live sandbox carrying all of ``labels`` now stops ``seconds`` from now."""
+        return self._job("extend", labels, project_id, seconds, timeout)
+
+    def _job(
+        self,
+        action: str,
+        labels: Mapping[str, str],
+        project_id: Optional[str],
+        seconds: Optional[int],
+        timeout: Optional[float],
+    ) -> JobResult:
+        body = compact({"labels": dict(labels), "projectId": project_id, "seconds": seconds})
+        # Every action is a no-op on a sandbox already in its target state.
+        answer = self._http.json(
+            "POST",
+            f"/v1/sandboxes:{action}",
+            body=body,
+            timeout=or_default(timeout, DEFAULT_LIFECYCLE_TIMEOUT),
+            retry_safe=True,
+        )
+        return from_wire(JobResult, answer)
+
+    # --- images, projects, keys, edges ------------------------------------
+
+    def list_images(self, *, timeout: Optional[float] = None) -> List[LayerInfo]:
+        return [from_wire(LayerInfo, layer) for layer in (self._get("/v1/images", timeout))["layers"]]
+
+    def create_project(
+        self,
+        name: str,
+        *,
+        parent_id: Optional[str] = None,
+        quota: Optional[Quota] = None,
+        timeout: Optional[float] = None,
+    ) -> Project:
+        """Creates a project (under ``parent_id``, default the key's own)."""
+        body = compact({"name": name, "parentId": parent_id, "quota": to_wire(quota) if quota else None})
+        answer = self._http.json("POST", "/v1/projects", body=body, timeout=or_default(timeout, self._timeout))
+        return from_wire(Project, answer)
+
+    def list_projects(self, *, timeout: Optional[float] = None) -> List[Project]:
+        """The key's project and its descendants."""
+        return [from_wire(Project, p) for p in (self._get("/v1/projects", timeout))["projects"]]
+
+    def create_key(
+        self,
+        project_id: str,
+        *,
+        role: Optional[str] = None,
+        name: Optional[str] = None,
+        scopes: Optional[Sequence[str]] = None,
+        timeout: Optional[float] = None,
+    ) -> CreatedKey:
+        """Creates an API key (``role`` ``"admin"`` or ``"member"``, the default).
+        ``scopes`` limit it (``sandboxes:snapshot``, ``images:run:<pattern>``);
+        the secret in ``key`` is returned only this once."""
+        body = compact(
+            {
+                "projectId": project_id,
+                "role": role,
+                "name": name,
+                "scopes": list(scopes) if scopes is not None else None,
+            }
+        )
+        answer = self._http.json("POST", "/v1/keys", body=body, timeout=or_default(timeout, self._timeout))
+        return from_wire(CreatedKey, answer)
+
+    def delete_key(self, key_id: str, *, timeout: Optional[float] = None) -> None:
+        self._http.json(
+            "DELETE", f"/v1/keys/{segment(key_id)}", timeout=or_default(timeout, self._timeout), retry_safe=True
+        )
+
+    def list_edges(self, *, timeout: Optional[float] = None) -> List[EdgeStatus]:
+        """The cluster's edges with health and load; needs an admin key of the root project."""
+        return [from_wire(EdgeStatus, e) for e in (self._get("/v1/edges", timeout))["edges"]]
+
+    def _get(self, path: str, timeout: Optional[float], params: Optional[List[Any]] = None) -> Dict[str, Any]:
+        answer: Dict[str, Any] = self._http.json(
+            "GET", path, params=params, timeout=or_default(timeout, self._timeout), retry_safe=True
+        )
+        return answer
