@@ -33,6 +33,9 @@ export { SandboxService } from './sandbox-service.js';
 export type {
   EdgeDirectory,
   FleetSource,
+  ForkResult,
+  JobAction,
+  JobResult,
   OpenSandbox,
   SandboxServiceDeps,
 } from './sandbox-service.js';

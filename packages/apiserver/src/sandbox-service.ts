@@ -1,14 +1,19 @@
+import { randomBytes } from 'node:crypto';
 import { DsecError, randomId, toDsecError } from '@dsec/core';
 import type {
   CommandResult,
   CommandSpec,
   EdgeApi,
+  ErrorCode,
   RunCommandOptions,
   SandboxIdCodec,
   SandboxInfo,
   SandboxSpec,
+  SandboxState,
+  SnapshotInfo,
+  SnapshotRequest,
 } from '@dsec/core';
-import { requestFingerprint } from '@dsec/iam';
+import { maySnapshot, requestFingerprint, SNAPSHOT_SCOPE, unrunnableImages } from '@dsec/iam';
 import type { Iam, Principal } from '@dsec/iam';
 import type { Placer } from '@dsec/placement';
 import type { ApiMetrics } from './metrics.js';
@@ -47,6 +52,29 @@ const DOWN_EDGE_LIST_DEADLINE_MS = 1000;
 /** Sandbox owners remembered per apiserver (about 100 bytes each). */
 const OWNER_CACHE_ENTRIES = 100_000;
 
+/** Edge calls a whole-job operation keeps in flight at once. */
+const JOB_CONCURRENCY = 16;
+
+/** States a whole-job operation acts on: the sandbox still lives. */
+const LIVE_STATES: ReadonlySet<SandboxState> = new Set(['creating', 'running', 'paused']);
+
+/** What a whole-job operation does to each sandbox it selects. */
+export type JobAction = 'pause' | 'resume' | 'stop' | 'extend';
+
+/** The answer of a whole-job operation: one entry per selected sandbox, in one list or the other. */
+export interface JobResult {
+  sandboxes: { id: string; state: SandboxState }[];
+  failed: { id: string; code: ErrorCode; message: string }[];
+}
+
+/** The answer of a fork: the new sandboxes, and the image they started from. */
+export interface ForkResult {
+  ids: string[];
+  image: string;
+}
+
+type LifecycleMethod = 'pauseSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'snapshotSandbox';
+
 /**
  * The sandbox domain of the apiserver: every route calls one method here.
  * Holds no durable state; quota and idempotency live in IAM, sandboxes on
@@ -60,6 +88,11 @@ const OWNER_CACHE_ENTRIES = 100_000;
  * Operate: decode ID (forged → `sandbox_not_found`) → load from its edge →
  * `canAccess`, where another tenant's sandbox is `sandbox_not_found` too, so
  * IDs cannot be probed for existence.
+ *
+ * Lifecycle (issue 11): pause, resume and TTL changes go to the sandbox's
+ * edge, then move its quota reservation to the new deadline (so quota is
+ * held exactly as long as the sandbox may live). Key scopes
+ * (`@dsec/iam` scopes) gate snapshots and the images a create stacks.
  */
 export class SandboxService {
   readonly #d: SandboxServiceDeps;
@@ -83,6 +116,7 @@ export class SandboxService {
   ): Promise<SandboxInfo> {
     const projectId = input.projectId ?? principal.projectId;
     await this.#requireProject(principal, projectId);
+    await this.#requireRunnable(principal, input.spec);
     const { requestId } = input;
     if (requestId === undefined) {
       return this.#place(principal, projectId, input.spec, randomId('rsv'), undefined, signal);
@@ -121,6 +155,7 @@ export class SandboxService {
     principal: Principal,
     projectId: string | undefined,
     signal?: AbortSignal,
+    filter: { labels?: Record<string, string> | undefined } = {},
   ): Promise<SandboxInfo[]> {
     const root = projectId ?? principal.projectId;
     await this.#requireProject(principal, root);
@@ -146,8 +181,11 @@ export class SandboxService {
       }),
     );
     const out: SandboxInfo[] = [];
+    const labels = Object.entries(filter.labels ?? {});
+    const wanted = (s: SandboxInfo) =>
+      allowed.has(s.projectId) && labels.every(([k, v]) => s.spec.labels[k] === v);
     results.forEach((r, i) => {
-      if (r.status === 'fulfilled') out.push(...r.value.filter((s) => allowed.has(s.projectId)));
+      if (r.status === 'fulfilled') out.push(...r.value.filter(wanted));
       else this.#warn('listing an edge failed', { edgeId: edgeIds[i], error: String(r.reason) });
     });
     return out.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id));
@@ -169,6 +207,160 @@ export class SandboxService {
     await sandbox.edge.stopSandbox(id, signal);
     this.#owners.delete(id);
     await this.#d.iam.release(id, { actorKeyId: principal.keyId, action: 'sandbox.delete' });
+  }
+
+  /**
+   * Pauses a sandbox (a no-op when paused): its processes stop and its
+   * memory goes back to the host. `sandbox_not_running` when stopped;
+   * `unavailable` from an edge that cannot pause.
+   */
+  async pause(principal: Principal, id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    const { edge } = await this.authorize(principal, id, signal);
+    return this.#holdQuota(await lifecycle(edge, 'pauseSandbox').call(edge, id, signal));
+  }
+
+  /** Resumes a paused sandbox (a no-op when running); errors as `pause`. */
+  async resume(principal: Principal, id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    const { edge } = await this.authorize(principal, id, signal);
+    return this.#holdQuota(await lifecycle(edge, 'resumeSandbox').call(edge, id, signal));
+  }
+
+  /** The sandbox stops `seconds` from now, earlier or later than before; errors as `pause`. */
+  async setTimeout(
+    principal: Principal,
+    id: string,
+    seconds: number,
+    signal?: AbortSignal,
+  ): Promise<SandboxInfo> {
+    const { edge } = await this.authorize(principal, id, signal);
+    const info = await lifecycle(edge, 'setSandboxTimeout').call(edge, id, seconds, signal);
+    return this.#holdQuota(info);
+  }
+
+  /**
+   * Captures a sandbox's writable layer as an image `create` accepts.
+   * `permission_denied` for a scoped key without `sandboxes:snapshot`;
+   * `sandbox_not_running` for a stopped sandbox; `conflict` when the name
+   * is taken (the edge decides).
+   */
+  async snapshot(
+    principal: Principal,
+    id: string,
+    req: SnapshotRequest,
+    signal?: AbortSignal,
+  ): Promise<SnapshotInfo> {
+    await this.#requireSnapshot(principal, id);
+    const { edge } = await this.authorize(principal, id, signal);
+    const snap = await lifecycle(edge, 'snapshotSandbox').call(edge, id, req, signal);
+    await this.#d.iam.audit(principal.keyId, 'sandbox.snapshot', id, 'ok', {
+      image: snap.image,
+      scrub: snap.scrub,
+    });
+    return snap;
+  }
+
+  /**
+   * Starts `count` sandboxes from a sandbox's current filesystem: one
+   * snapshot under a generated name, then `count` creates from that image
+   * with the source's spec otherwise (project, limits, TTL, labels, network),
+   * each through placement and quota like any create. When one create fails
+   * the others are stopped and their quota freed before the error is thrown;
+   * the snapshot image stays (layers are immutable and may be shared).
+   * Needs `sandboxes:snapshot` and, for a scoped key, the right to run the
+   * source's layers (the forks run exactly them, plus the new layer).
+   */
+  async fork(
+    principal: Principal,
+    id: string,
+    count: number,
+    signal?: AbortSignal,
+  ): Promise<ForkResult> {
+    await this.#requireSnapshot(principal, id);
+    const { edge, info } = await this.open(principal, id, signal);
+    await this.#requireRunnable(principal, info.spec);
+    // Layer names are lower case; base64url IDs are not.
+    const name = `fork-${randomBytes(8).toString('hex')}`;
+    const snap = await lifecycle(edge, 'snapshotSandbox').call(edge, id, { name }, signal);
+    const { workspace: _workspace, ...rest } = info.spec;
+    const spec: SandboxSpec = { ...rest, image: snap.image, toolkits: [] };
+    const made = await Promise.allSettled(
+      Array.from({ length: count }, () =>
+        this.#place(principal, info.projectId, spec, randomId('rsv'), undefined, signal),
+      ),
+    );
+    const failure = made.find((r) => r.status === 'rejected');
+    const forks = made.flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+    if (failure) {
+      await Promise.all(forks.map((f) => this.#discard(f)));
+      throw failure.reason;
+    }
+    const ids = forks.map((f) => f.id);
+    await this.#d.iam.audit(principal.keyId, 'sandbox.fork', id, 'ok', { image: snap.image, ids });
+    return { ids, image: snap.image };
+  }
+
+  /**
+   * Pauses, resumes, stops or re-times (`extend`: stop `seconds` from now)
+   * every live sandbox the caller may see in `projectId` (default its own)
+   * whose labels include all of `labels`. Each sandbox succeeds or fails on
+   * its own; the answer lists both.
+   */
+  async job(
+    principal: Principal,
+    input: {
+      action: JobAction;
+      labels: Record<string, string>;
+      projectId?: string | undefined;
+      seconds?: number | undefined;
+    },
+    signal?: AbortSignal,
+  ): Promise<JobResult> {
+    const { action, seconds } = input;
+    if (Object.keys(input.labels).length === 0) {
+      // An empty selector would select everything the key can see.
+      throw new DsecError('invalid_argument', 'labels must name at least one label', {
+        field: 'labels',
+      });
+    }
+    if ((action === 'extend') !== (seconds !== undefined)) {
+      throw new DsecError(
+        'invalid_argument',
+        action === 'extend' ? 'extend needs seconds' : `${action} takes no seconds`,
+        { field: 'seconds' },
+      );
+    }
+    const selected = (
+      await this.list(principal, input.projectId, signal, { labels: input.labels })
+    ).filter((s) => LIVE_STATES.has(s.state));
+    for (const s of selected) this.#rememberOwner(s.id, s.projectId);
+    const one = async (id: string): Promise<SandboxState> => {
+      switch (action) {
+        case 'pause':
+          return (await this.pause(principal, id, signal)).state;
+        case 'resume':
+          return (await this.resume(principal, id, signal)).state;
+        case 'extend':
+          return (await this.setTimeout(principal, id, seconds!, signal)).state;
+        case 'stop':
+          await this.delete(principal, id, signal);
+          return 'stopped';
+      }
+    };
+    const outcomes = await mapLimit(selected, JOB_CONCURRENCY, (s) => one(s.id));
+    const out: JobResult = { sandboxes: [], failed: [] };
+    outcomes.forEach((o, i) => {
+      const id = selected[i]!.id;
+      if (o.status === 'fulfilled') out.sandboxes.push({ id, state: o.value });
+      else {
+        const e = toDsecError(o.reason);
+        out.failed.push({
+          id,
+          code: e.code,
+          message: e.code === 'internal' ? 'internal error' : e.message,
+        });
+      }
+    });
+    return out;
   }
 
   /** Resolves and authorises a sandbox; throws `sandbox_not_found` for forged, unknown or foreign IDs. */
@@ -346,6 +538,70 @@ export class SandboxService {
     return edge.getSandbox(id, signal);
   }
 
+  /**
+   * Moves the sandbox's quota reservation to the latest moment it may still
+   * live. A paused sandbox may be stopped at `pausedExpiresAt`, or resume
+   * (on its own, at its next request) with the running time it had left.
+   * A failure is reported, not thrown: the edge has already done the work.
+   */
+  async #holdQuota(info: SandboxInfo): Promise<SandboxInfo> {
+    let until = Date.parse(info.expiresAt);
+    if (info.state === 'paused' && info.pausedAt && info.pausedExpiresAt) {
+      const left = Math.max(0, until - Date.parse(info.pausedAt));
+      until = Math.max(until, Date.parse(info.pausedExpiresAt) + left);
+    }
+    if (Number.isFinite(until)) {
+      await this.#d.iam.setReservationExpiry(info.id, until).catch((err: unknown) => {
+        this.#warn('moving a reservation failed', { sandboxId: info.id, error: String(err) });
+      });
+    }
+    return info;
+  }
+
+  /** Stops a sandbox this service just made and frees its quota (a fork's rollback). */
+  async #discard(info: SandboxInfo): Promise<void> {
+    const edge = this.#edge(info.edgeId);
+    await edge?.stopSandbox(info.id).catch((err: unknown) => {
+      if (toDsecError(err).code !== 'sandbox_not_found') {
+        this.#warn('rolling back a fork failed', { sandboxId: info.id, error: String(err) });
+      }
+    });
+    this.#owners.delete(info.id);
+    await this.#d.iam.release(info.id);
+  }
+
+  async #requireSnapshot(principal: Principal, id: string): Promise<void> {
+    if (maySnapshot(principal)) return;
+    await this.#d.iam.audit(principal.keyId, 'sandbox.snapshot', id, 'denied', {
+      reason: 'no snapshot scope',
+    });
+    throw new DsecError('permission_denied', `this key has no ${SNAPSHOT_SCOPE} scope`);
+  }
+
+  /** A scoped key must hold a run scope for every layer the spec stacks. */
+  async #requireRunnable(principal: Principal, spec: SandboxSpec): Promise<void> {
+    const layers: [string, string][] = [
+      ['image', spec.image],
+      ...(spec.workspace !== undefined ? [['workspace', spec.workspace] as [string, string]] : []),
+      ...spec.toolkits.map((t, i): [string, string] => [`toolkits.${i}`, t]),
+    ];
+    const denied = unrunnableImages(
+      principal,
+      layers.map(([, ref]) => ref),
+    );
+    if (denied.length === 0) return;
+    const field = layers.find(([, ref]) => ref === denied[0])?.[0];
+    await this.#d.iam.audit(principal.keyId, 'sandbox.create', denied.join(','), 'denied', {
+      reason: 'no run scope',
+      images: denied,
+    });
+    throw new DsecError(
+      'permission_denied',
+      `this key may not run ${denied.map((d) => JSON.stringify(d)).join(', ')} (no matching images:run scope)`,
+      { field, details: { images: denied } },
+    );
+  }
+
   #rollback(edge: EdgeApi, id: string): void {
     edge.stopSandbox(id).catch((err: unknown) => {
       if (toDsecError(err).code !== 'sandbox_not_found') {
@@ -383,6 +639,40 @@ export class SandboxService {
   #warn(message: string, context: Record<string, unknown>): void {
     this.#d.onWarning?.(message, context);
   }
+}
+
+/** One of the optional lifecycle methods of an edge, or `unavailable` naming the edge. */
+function lifecycle<M extends LifecycleMethod>(edge: EdgeApi, method: M): NonNullable<EdgeApi[M]> {
+  const fn = edge[method];
+  if (!fn) {
+    throw new DsecError(
+      'unavailable',
+      `edge ${edge.edgeId} cannot ${method === 'snapshotSandbox' ? 'snapshot' : 'pause, resume or re-time'} sandboxes`,
+    );
+  }
+  return fn;
+}
+
+/** `Promise.allSettled` over `items` with at most `limit` calls in flight, results in order. */
+async function mapLimit<T, R>(
+  items: readonly T[],
+  limit: number,
+  fn: (item: T) => Promise<R>,
+): Promise<PromiseSettledResult<R>[]> {
+  const out: PromiseSettledResult<R>[] = new Array<PromiseSettledResult<R>>(items.length);
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) {
+      const i = next++;
+      try {
+        out[i] = { status: 'fulfilled', value: await fn(items[i]!) };
+      } catch (reason) {
+        out[i] = { status: 'rejected', reason };
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  return out;
 }
 
 function notFound(id: string): DsecError {

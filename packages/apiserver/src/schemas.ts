@@ -195,6 +195,43 @@ export const KeyBody = z
     projectId: opaqueId,
     role: z.enum(['admin', 'member']).default('member'),
     name: text(128).optional(),
+    /** Key scopes (`sandboxes:snapshot`, `images:run:<pattern>`); IAM checks their form. Absent: unscoped. */
+    scopes: z.array(z.string().max(300)).max(32).optional(),
+  })
+  .strict();
+
+/** A TTL from now, within the create bounds. */
+const ttl = int(1, 604_800);
+
+/** `POST /v1/sandboxes/:id/timeout`: the sandbox stops `seconds` from now. */
+export const TimeoutBody = z.object({ seconds: ttl }).strict();
+
+/**
+ * A path to scrub from a snapshot: absolute, no `..` (it names a place in the
+ * sandbox, resolved there by the edge); a trailing `/**` takes a whole tree.
+ */
+const scrubPath = text(4096)
+  .refine((s) => s.startsWith('/'), 'must be an absolute path')
+  .refine((s) => !s.split('/').includes('..'), 'must not contain ..');
+
+/** `POST /v1/sandboxes/:id/snapshot`. */
+export const SnapshotBody = z
+  .object({ name: layerRef, scrub: z.array(scrubPath).max(256).default([]) })
+  .strict();
+
+/** Forks at most per call: each is a full create, through placement and quota. */
+export const MAX_FORKS = 64;
+
+/** `POST /v1/sandboxes/:id/fork`. */
+export const ForkBody = z.object({ count: int(1, MAX_FORKS) }).strict();
+
+/** `POST /v1/sandboxes:pause|resume|stop|extend`: a label selector (every label must match). */
+export const JobBody = z
+  .object({
+    labels: labelMap.refine((r) => Object.keys(r).length > 0, 'must name at least one label'),
+    projectId: opaqueId.optional(),
+    /** `extend` only: the sandboxes stop this many seconds from now. */
+    seconds: ttl.optional(),
   })
   .strict();
 
@@ -223,7 +260,35 @@ export const EventsQuery = z
   })
   .strict();
 
-export const ListSandboxesQuery = z.object({ projectId: opaqueId.optional() }).strict();
+/** A `label=k=v` query value (repeatable): keys and values as in `labels`. */
+const labelFilter = z
+  .string()
+  .max(400)
+  .refine(noNul, 'must not contain NUL bytes')
+  .refine(
+    (s) => /^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}=/.test(s) && s.length - s.indexOf('=') - 1 <= 256,
+    'must be key=value',
+  );
+
+export const ListSandboxesQuery = z
+  .object({
+    projectId: opaqueId.optional(),
+    /** `?label=job=x&label=team=y`: only sandboxes carrying every one of them. */
+    label: z.union([labelFilter, z.array(labelFilter).max(64)]).optional(),
+  })
+  .strict()
+  .transform(({ projectId, label }) => ({
+    projectId,
+    labels:
+      label === undefined
+        ? undefined
+        : Object.fromEntries(
+            (Array.isArray(label) ? label : [label]).map((kv) => {
+              const i = kv.indexOf('=');
+              return [kv.slice(0, i), kv.slice(i + 1)];
+            }),
+          ),
+  }));
 export const IdParams = z.object({ id: z.string().max(256) }).strict();
 
 /**

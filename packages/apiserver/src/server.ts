@@ -13,6 +13,7 @@ import { ApiMetrics } from './metrics.js';
 import { adminRoutes } from './routes/admin.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { networkRoutes } from './routes/network.js';
+import { lifecycleRoutes } from './routes/lifecycle.js';
 import { commandRoutes } from './routes/commands.js';
 import { fileRoutes } from './routes/files.js';
 import { portRoutes, ptyUpgrade } from './routes/ports.js';
@@ -196,6 +197,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   );
   sandboxRoutes(app, service);
   networkRoutes(app, service);
+  lifecycleRoutes(app, service);
   // Routes with raw (streamed) bodies get their own parsers inside these plugins.
   void app.register(async (scope) => commandRoutes(scope, service));
   void app.register(async (scope) => fileRoutes(scope, service));

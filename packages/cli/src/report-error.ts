@@ -26,6 +26,10 @@ const FIELD_FLAGS: Record<string, string> = {
   'quota.memoryMb': '--max-memory-mb',
   'quota.cpuCores': '--max-cpus',
   role: '--role',
+  name: '--name',
+  scrub: '--scrub',
+  count: '--count',
+  seconds: '--seconds',
 };
 
 /** One line on what to do next, by code; undefined when there is nothing useful to say. */

@@ -4,11 +4,15 @@
  * root is a stack of layers: one base, at most one workspace, any number of
  * toolkits, plus a private writable upper directory (paper 4.2, 5.1).
  *
+ * A *snapshot* layer (kind `snapshot`, paper 6.1 pack_diff) is a sandbox's
+ * captured writable layer; it names an image by itself: `create` with it as
+ * `image` stacks its `parents` and then the snapshot layer.
+ *
  * Blobs are content-addressed (`sha256:<hex>`) and never change once stored;
  * the name index maps `name:version` to a layer record. Storing the same input
  * twice yields the same digest.
  */
-export type LayerKind = 'base' | 'workspace' | 'toolkit';
+export type LayerKind = 'base' | 'workspace' | 'toolkit' | 'snapshot';
 
 export const DEFAULT_LAYER_VERSION = 'latest';
 export const LAYER_NAME_PATTERN = /^[a-z0-9][a-z0-9._-]{0,127}$/;
@@ -38,8 +42,16 @@ export interface LayerInfo {
   source: string;
   /** The runtime defaults of an imported OCI image (its config), when it came from one. */
   config?: ImageConfig | undefined;
-  /** For a collapsed layer: the `name:version` refs it merges, bottom first. */
+  /**
+   * For a collapsed layer: the `name:version` refs it merges, bottom first.
+   * For a snapshot: the whole stack below it, bottom first (base, workspace,
+   * toolkits, earlier snapshots), each pinned by `parentDigests`.
+   */
   parents?: string[] | undefined;
+  /** For a snapshot: the digest each of `parents` had when it was taken (same order). */
+  parentDigests?: string[] | undefined;
+  /** For a snapshot: the scrub patterns removed from it (paper 6.1). */
+  scrub?: string[] | undefined;
 }
 
 /** The parts of an OCI image config a sandbox may use as defaults. */

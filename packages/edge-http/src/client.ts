@@ -23,6 +23,8 @@ import type {
   SessionInfo,
   SessionResult,
   SessionRunSpec,
+  SnapshotInfo,
+  SnapshotRequest,
   StartCommandSpec,
 } from '@dsec/core';
 import { checkSecret, signRequest, validProof } from './auth.js';
@@ -86,9 +88,11 @@ interface Exchange {
  * hundreds of concurrent calls); an answer without the edge's proof is
  * refused with `unavailable`. Aborting a call's signal destroys its
  * exchange, which aborts the edge call on the server (a command without a
- * `requestId` is killed, as in-process). `io`, `updateNetwork` and
- * `listEvents` are always present: an edge that lacks one answers
- * `unavailable`, as the apiserver does for in-process edges without them.
+ * `requestId` is killed, as in-process). `io`, `updateNetwork`,
+ * `listEvents` and the lifecycle methods (`pauseSandbox`, `resumeSandbox`,
+ * `setSandboxTimeout`, `snapshotSandbox`) are always present: an edge that
+ * lacks one answers `unavailable`, as the apiserver does for in-process
+ * edges without them.
  * `DsecError`s arrive as thrown (code, message, field, details).
  *
  * @example
@@ -179,6 +183,31 @@ export class RemoteEdge implements EdgeApi {
       quick: true,
       idempotent: true,
     });
+  }
+
+  /** Not `quick`: pausing squeezes the sandbox's memory out, which takes a moment. */
+  pauseSandbox(id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    return this.#link.json({ method: 'POST', path: `${sb(id)}/pause`, signal, idempotent: true });
+  }
+
+  resumeSandbox(id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    return this.#link.json({ method: 'POST', path: `${sb(id)}/resume`, signal, idempotent: true });
+  }
+
+  setSandboxTimeout(id: string, ttlSeconds: number, signal?: AbortSignal): Promise<SandboxInfo> {
+    return this.#link.json({
+      method: 'POST',
+      path: `${sb(id)}/timeout`,
+      json: { ttlSeconds },
+      signal,
+      quick: true,
+      idempotent: true,
+    });
+  }
+
+  /** Never resent: a second attempt would find the name taken by the first. */
+  snapshotSandbox(id: string, req: SnapshotRequest, signal?: AbortSignal): Promise<SnapshotInfo> {
+    return this.#link.json({ method: 'POST', path: `${sb(id)}/snapshot`, json: req, signal });
   }
 
   async listEvents(

@@ -106,6 +106,92 @@ test('an edge without io, events or network policy answers unavailable through t
   });
 });
 
+test('an edge without the lifecycle methods answers unavailable through the client', async () => {
+  await withServed(scripted({}), async (remote) => {
+    const un = (e: unknown) => isDsecError(e, 'unavailable') && e.message.includes(EDGE);
+    const id = ids.mint(EDGE);
+    await assert.rejects(remote.pauseSandbox(id), un);
+    await assert.rejects(remote.resumeSandbox(id), un);
+    await assert.rejects(remote.setSandboxTimeout(id, 60), un);
+    await assert.rejects(remote.snapshotSandbox(id, { name: 'snap' }), un);
+  });
+});
+
+test('lifecycle calls carry their arguments and answers unchanged', async () => {
+  const calls: unknown[] = [];
+  const fake = new FakeEdge({ edgeId: EDGE });
+  const edge = scripted(
+    {},
+    {
+      pauseSandbox: async (id, signal) => {
+        calls.push(['pause', id, signal instanceof AbortSignal]);
+        return fake.pauseSandbox(id);
+      },
+      resumeSandbox: async (id) => {
+        calls.push(['resume', id]);
+        return fake.resumeSandbox(id);
+      },
+      setSandboxTimeout: async (id, ttl) => {
+        calls.push(['timeout', id, ttl]);
+        return fake.setSandboxTimeout(id, ttl);
+      },
+      snapshotSandbox: async (id, req) => {
+        calls.push(['snapshot', id, req]);
+        return fake.snapshotSandbox(id, req);
+      },
+    },
+  );
+  await withServed(edge, async (remote) => {
+    const id = ids.mint(EDGE);
+    await fake.createSandbox({
+      id,
+      projectId: 'p',
+      spec: {
+        backend: 'container',
+        image: 'base',
+        workspace: 'ws',
+        toolkits: ['tk'],
+        memoryLimitMb: 64,
+        cpuCoresLimit: 0.1,
+        pidsLimit: 64,
+        ttlSeconds: 600,
+        networkRules: {},
+        initUser: 'root',
+        env: {},
+        labels: {},
+      },
+    });
+    const paused = await remote.pauseSandbox(id);
+    assert.deepEqual(paused, await fake.pauseSandbox(id));
+    assert.equal((await remote.resumeSandbox(id)).state, 'running');
+    const timed = await remote.setSandboxTimeout(id, 90);
+    assert.equal(timed.expiresAt, (await fake.getSandbox(id)).expiresAt);
+    const snap = await remote.snapshotSandbox(id, { name: 'snap:v1', scrub: ['/a', '/b/**'] });
+    assert.deepEqual(snap, fake.images.get('snap:v1'));
+    assert.deepEqual(snap.parents, ['base', 'ws', 'tk']);
+    await assert.rejects(remote.snapshotSandbox(id, { name: 'snap:v1' }), (e) =>
+      isDsecError(e, 'conflict'),
+    );
+    assert.deepEqual(calls, [
+      ['pause', id, true],
+      ['resume', id],
+      ['timeout', id, 90],
+      ['snapshot', id, { name: 'snap:v1', scrub: ['/a', '/b/**'] }],
+      ['snapshot', id, { name: 'snap:v1' }],
+    ]);
+    // Malformed bodies are refused before the edge is asked.
+    await assert.rejects(
+      remote.setSandboxTimeout(id, 1.5),
+      (e) => isDsecError(e, 'invalid_argument') && e.field === 'ttlSeconds',
+    );
+    await assert.rejects(
+      remote.snapshotSandbox(id, { name: 'x', scrub: [1] as unknown as string[] }),
+      (e) => isDsecError(e, 'invalid_argument') && e.field === 'scrub',
+    );
+    assert.equal(calls.length, 5);
+  });
+});
+
 test('DsecErrors cross the wire exactly: code, message, field, details', async () => {
   const thrown = new DsecError('invalid_argument', 'cpuCoresLimit is too large', {
     field: 'spec.cpuCoresLimit',

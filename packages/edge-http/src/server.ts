@@ -12,6 +12,7 @@ import type {
   PtyOptions,
   PtySession,
   SandboxIoApi,
+  SnapshotRequest,
 } from '@dsec/core';
 import { checkSecret, HEADER_PROOF, RequestVerifier, responseProof } from './auth.js';
 import {
@@ -425,6 +426,37 @@ function edgeRoutes(edge: EdgeApi): Route[] {
       const patch = (await c.json()) as NetworkPolicyPatch;
       return edge.updateNetwork(c.p(0), patch, c.signal);
     }),
+    // ---- lifecycle (optional EdgeApi methods: 503 where the edge lacks them) ----
+    route('POST', '/sandboxes/:id/pause', async (c) =>
+      lifecycle(edge, 'pauseSandbox').call(edge, c.p(0), c.signal),
+    ),
+    route('POST', '/sandboxes/:id/resume', async (c) =>
+      lifecycle(edge, 'resumeSandbox').call(edge, c.p(0), c.signal),
+    ),
+    route('POST', '/sandboxes/:id/timeout', async (c) => {
+      const set = lifecycle(edge, 'setSandboxTimeout');
+      const { ttlSeconds } = await c.json();
+      if (typeof ttlSeconds !== 'number' || !Number.isSafeInteger(ttlSeconds)) {
+        throw new DsecError('invalid_argument', 'ttlSeconds must be an integer', {
+          field: 'ttlSeconds',
+        });
+      }
+      return set.call(edge, c.p(0), ttlSeconds, c.signal);
+    }),
+    route('POST', '/sandboxes/:id/snapshot', async (c) => {
+      const snapshot = lifecycle(edge, 'snapshotSandbox');
+      const b = await c.json();
+      const req: SnapshotRequest = { name: text(b.name, 'name') };
+      if (b.scrub !== undefined && b.scrub !== null) {
+        if (!Array.isArray(b.scrub) || b.scrub.some((p) => typeof p !== 'string')) {
+          throw new DsecError('invalid_argument', 'scrub must be an array of paths', {
+            field: 'scrub',
+          });
+        }
+        req.scrub = b.scrub as string[];
+      }
+      return snapshot.call(edge, c.p(0), req, c.signal);
+    }),
     route('GET', '/sandboxes/:id/events', async (c) => {
       if (!edge.listEvents) {
         throw new DsecError('unavailable', `edge ${edge.edgeId} keeps no sandbox events`);
@@ -549,6 +581,20 @@ function edgeRoutes(edge: EdgeApi): Route[] {
       return undefined;
     }),
   ];
+}
+
+type LifecycleMethod = 'pauseSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'snapshotSandbox';
+
+/** One of the optional lifecycle methods, or `unavailable` naming the edge. */
+function lifecycle<M extends LifecycleMethod>(edge: EdgeApi, method: M): NonNullable<EdgeApi[M]> {
+  const fn = edge[method];
+  if (!fn) {
+    throw new DsecError(
+      'unavailable',
+      `edge ${edge.edgeId} cannot ${method === 'snapshotSandbox' ? 'snapshot' : 'pause, resume or re-time'} sandboxes`,
+    );
+  }
+  return fn;
 }
 
 function requireIo(edge: EdgeApi): SandboxIoApi {

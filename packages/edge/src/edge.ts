@@ -12,6 +12,8 @@ import type {
   RunCommandOptions,
   SandboxEvent,
   SandboxInfo,
+  SnapshotInfo,
+  SnapshotRequest,
 } from '@dsec/core';
 import type { AdmissionController } from './admission/admission-controller.js';
 import type { Backend } from './backends/backend.js';
@@ -23,6 +25,9 @@ import type { LayerMountCache } from './layers/layer-cache.js';
 import { EdgeStore, type SandboxRecord } from './state/edge-store.js';
 import { ensureDir, TRAVERSE_DIR_MODE } from './state/host-state.js';
 import { SandboxIo } from './sessions/sandbox-io.js';
+import { effectiveExpiresAt, Lifecycle } from './lifecycle/lifecycle.js';
+import type { SwapArea } from './lifecycle/swap-area.js';
+import { containerSnapshotSource, snapshotParents, Snapshotter } from './snapshot/snapshotter.js';
 
 /** How long `status()` reuses its listing of the image store's layers. */
 const LAYER_LIST_TTL_MS = 10_000;
@@ -72,6 +77,19 @@ export interface EdgeOptions {
   commandRetentionMs?: number | undefined;
   /** Finished commands kept per sandbox (default 256). */
   maxCommandsPerSandbox?: number | undefined;
+  /**
+   * How long a paused sandbox is kept before it is stopped, its own limit
+   * beside the running TTL (default 24 h; docs/adr/0012-pause-and-resume.md).
+   */
+  pausedTtlMs?: number | undefined;
+  /**
+   * Pause (not stop) a running sandbox after this long without a command,
+   * session, file or port call; a command or session line in progress counts
+   * as use. Default: off.
+   */
+  idleTimeoutMs?: number | undefined;
+  /** The swap files pauses push memory into; switched off at `close` when nothing is paused. */
+  swap?: SwapArea | undefined;
 }
 
 /**
@@ -92,6 +110,10 @@ export class Edge implements EdgeApi {
   #sweeper: NodeJS.Timeout | undefined;
   /** Command log, background commands, sessions, files, ports, terminals. */
   readonly io: SandboxIo;
+  /** Pause, resume, TTL control and idle reclamation (lifecycle/lifecycle.ts). */
+  readonly #lifecycle: Lifecycle;
+  /** pack_diff: writable layers captured as snapshot layers (snapshot/snapshotter.ts). */
+  readonly #snapshots: Snapshotter;
 
   private constructor(
     readonly options: EdgeOptions,
@@ -100,6 +122,12 @@ export class Edge implements EdgeApi {
     this.edgeId = options.edgeId;
     this.#store = store;
     this.#gate = new CreateGate(options.createGate);
+    this.#snapshots = new Snapshotter({
+      dir: join(options.stateDir, 'snapshots'),
+      store: options.store,
+      layers: options.layers,
+      log: options.log,
+    });
     this.io = new SandboxIo({
       dbFile: join(options.stateDir, 'edge.db'),
       backend: options.backend,
@@ -109,6 +137,17 @@ export class Edge implements EdgeApi {
       onPidsLimit: (rec, event) =>
         options.events?.recordPidsLimit(rec.id, rec.spec.pidsLimit, event),
     });
+    this.#lifecycle = new Lifecycle({
+      store,
+      backend: options.backend,
+      pausedTtlMs: options.pausedTtlMs,
+      idleTimeoutMs: options.idleTimeoutMs,
+      swap: options.swap,
+      forgetRecord: (id) => this.io.forgetRecord(id),
+      busy: (id) => this.io.registry.list(id).some((c) => c.state === 'running' && !c.background),
+      stop: (rec, reason) => this.#stop(rec, reason),
+      log: options.log,
+    });
   }
 
   /** Opens the local store, reconciles with what is actually running, starts the TTL sweeper. */
@@ -116,6 +155,8 @@ export class Edge implements EdgeApi {
     // 0711: a sandbox's mapped root must traverse down to its rootfs; nobody may list.
     ensureDir(options.stateDir, TRAVERSE_DIR_MODE);
     const edge = new Edge(options, new EdgeStore(join(options.stateDir, 'edge.db')));
+    // Thaw what a snapshot interrupted by a crash left frozen, before adopting it.
+    edge.#snapshots.recover((id) => edge.#store.get(id)?.state);
     await edge.#reconcile();
     edge.#sweeper = setInterval(() => void edge.#sweep(), options.ttlSweepMs ?? 1000);
     edge.#sweeper.unref();
@@ -126,6 +167,8 @@ export class Edge implements EdgeApi {
   async close(): Promise<void> {
     clearInterval(this.#sweeper);
     await Promise.allSettled([...this.#inflight.values(), ...this.#stopping.values()]);
+    // Waits for pauses and resumes; with nothing paused, the pause swap files go.
+    await this.#lifecycle.close();
     // The command log closes first: commands still running are then recorded
     // as cut by the restart (by the next edge), not as failed here when the
     // backend drops their connections, the last handles that would keep a
@@ -222,7 +265,13 @@ export class Edge implements EdgeApi {
   }
 
   async getSandbox(id: string): Promise<SandboxInfo> {
-    return toInfo(this.#get(id), this.edgeId);
+    const rec = this.#get(id);
+    // Only here, not in lists: one cgroup read per sandbox.
+    const memoryBytes =
+      rec.state === 'running' || rec.state === 'paused'
+        ? await this.options.backend.memoryBytes?.(rec)
+        : undefined;
+    return { ...toInfo(rec, this.edgeId), ...(memoryBytes !== undefined ? { memoryBytes } : {}) };
   }
 
   async listSandboxes(filter: {
@@ -239,6 +288,23 @@ export class Edge implements EdgeApi {
   async stopSandbox(id: string): Promise<void> {
     const rec = this.#get(id);
     await this.#stop(rec, 'stopped by request');
+  }
+
+  // ---- pause, resume, TTL (issue 11; lifecycle/lifecycle.ts, docs/adr/0012-pause-and-resume.md) ----
+
+  /** Freezes the sandbox and gives its memory back; a no-op on a paused one. */
+  async pauseSandbox(id: string): Promise<SandboxInfo> {
+    return toInfo(await this.#lifecycle.pause(id), this.edgeId);
+  }
+
+  /** Thaws a paused sandbox; a no-op on a running one. Commands, sessions, files and ports resume by themselves. */
+  async resumeSandbox(id: string): Promise<SandboxInfo> {
+    return toInfo(await this.#lifecycle.resume(id), this.edgeId);
+  }
+
+  /** The sandbox stops `ttlSeconds` (1 s to 7 days) from now, or from its resume when paused. */
+  async setSandboxTimeout(id: string, ttlSeconds: number): Promise<SandboxInfo> {
+    return toInfo(this.#lifecycle.setTimeout(id, ttlSeconds), this.edgeId);
   }
 
   async runCommand(
@@ -262,17 +328,16 @@ export class Edge implements EdgeApi {
     return result;
   }
 
-  /** With `projectId`, another project's sandbox is not found, whatever its state. */
-  #requireRunning(id: string, projectId?: string): SandboxRecord {
+  /**
+   * With `projectId`, another project's sandbox is not found, whatever its
+   * state. Every io call passes here: a paused sandbox is resumed first
+   * (then the caller awaits), a running one is returned synchronously.
+   */
+  #requireRunning(id: string, projectId?: string): SandboxRecord | Promise<SandboxRecord> {
     const rec = this.#get(id);
     if (projectId !== undefined && rec.projectId !== projectId)
       throw new DsecError('sandbox_not_found', `no sandbox ${id}`);
-    if (rec.state !== 'running') {
-      throw new DsecError('sandbox_not_running', `sandbox ${id} is ${rec.state}`, {
-        details: { state: rec.state },
-      });
-    }
-    return rec;
+    return this.#lifecycle.ensureRunning(rec);
   }
 
   async updateNetwork(id: string, patch: NetworkPolicyPatch): Promise<SandboxInfo> {
@@ -290,6 +355,33 @@ export class Edge implements EdgeApi {
     }
     this.#store.update(id, { spec });
     return toInfo({ ...rec, spec }, this.edgeId);
+  }
+
+  /**
+   * pack_diff (paper 6.1): the writable layer, frozen briefly and scrubbed,
+   * becomes the snapshot layer `req.name` over the sandbox's own stack.
+   */
+  async snapshotSandbox(
+    id: string,
+    req: SnapshotRequest,
+    signal?: AbortSignal,
+  ): Promise<SnapshotInfo> {
+    const rec = this.#get(id);
+    if (rec.state !== 'running' && rec.state !== 'paused') {
+      throw new DsecError('sandbox_not_running', `sandbox ${id} is ${rec.state}`, {
+        details: { state: rec.state },
+      });
+    }
+    const source = containerSnapshotSource(this.options.backend, rec);
+    const info = await this.#snapshots.snapshot(
+      rec,
+      source,
+      req,
+      () => this.#store.get(id)?.state,
+      signal,
+    );
+    this.#layerRefs = undefined; // status() lists the new image from now on
+    return info;
   }
 
   async listEvents(
@@ -359,6 +451,8 @@ export class Edge implements EdgeApi {
         );
       }
     }
+    // Paused TTLs and idle reclamation.
+    await this.#lifecycle.sweep();
     const retentionMs = this.options.retentionMs ?? 3_600_000;
     if (this.#store.purgeEnded(new Date(Date.now() - retentionMs).toISOString()) > 0)
       this.options.events?.purge(new Set(this.#store.list().map((r) => r.id)));
@@ -374,10 +468,17 @@ export class Edge implements EdgeApi {
     const live = this.#store.list(['creating', 'running', 'stopping', 'paused']);
     await this.options.layers.adopt(live.flatMap((r) => r.layers));
     const now = new Date().toISOString();
-    for (const rec of live) {
-      const running = rec.state === 'running' && (await backend.isRunning(rec));
-      if (running && rec.expiresAt > now) {
+    for (const found of live) {
+      // A pause or resume a crash interrupted is finished first (lifecycle.ts).
+      const rec = await this.#lifecycle.recover(found);
+      const paused = rec.state === 'paused';
+      const running = (rec.state === 'running' || paused) && (await backend.isRunning(rec));
+      // A paused sandbox's running TTL does not run down; its paused TTL does.
+      const deadline = paused ? (rec.pausedExpiresAt ?? rec.expiresAt) : rec.expiresAt;
+      if (running && deadline > now) {
         for (const layer of rec.layers) await this.options.layers.acquire(layer);
+        // Adopted paused: its frozen daemon is checked when it resumes.
+        if (paused) continue;
         const chronusPid = await backend.ensureChronus(rec).catch(() => undefined);
         if (chronusPid !== undefined) this.#store.update(rec.id, { chronusPid });
         continue;
@@ -386,7 +487,9 @@ export class Edge implements EdgeApi {
         rec.state === 'creating'
           ? 'interrupted while creating'
           : running
-            ? 'ttl expired'
+            ? paused
+              ? 'paused ttl expired'
+              : 'ttl expired'
             : 'exited';
       // stop() releases layers it holds; acquire first so the counts balance.
       for (const layer of rec.layers)
@@ -415,12 +518,23 @@ export class Edge implements EdgeApi {
       const layer = await this.options.store.getLayer(ref).catch((err: unknown) => {
         throw new DsecError('image_not_found', toDsecError(err).message, { field, cause: err });
       });
-      if (kind !== 'base' && layer.kind === 'base') {
-        throw new DsecError('invalid_argument', `${ref} is a base image, not a ${kind}`, { field });
+      if (kind !== 'base' && (layer.kind === 'base' || layer.kind === 'snapshot')) {
+        throw new DsecError('invalid_argument', `${ref} is a ${layer.kind} image, not a ${kind}`, {
+          field,
+        });
       }
       return layer;
     };
-    const layers = [await resolve(image, 'image', 'base')];
+    const top = await resolve(image, 'image', 'base');
+    // A snapshot image is its whole stack (base, workspace, toolkits, earlier
+    // snapshots) plus the snapshot layer; more toolkits may go on top.
+    const layers =
+      top.kind === 'snapshot' ? [...(await snapshotParents(this.options.store, top)), top] : [top];
+    if (workspace && top.kind === 'snapshot') {
+      throw new DsecError('invalid_argument', `${image} is a snapshot: it has its workspace`, {
+        field: 'workspace',
+      });
+    }
     if (workspace) layers.push(await resolve(workspace, 'workspace', 'workspace'));
     for (const [i, t] of toolkits.entries())
       layers.push(await resolve(t, `toolkits.${i}`, 'toolkit'));
@@ -436,7 +550,10 @@ function toInfo(rec: SandboxRecord, edgeId: string): SandboxInfo {
     state: rec.state,
     spec: rec.spec,
     createdAt: rec.createdAt,
-    expiresAt: rec.expiresAt,
+    expiresAt: effectiveExpiresAt(rec),
     ...(rec.reason !== undefined ? { reason: rec.reason } : {}),
+    ...(rec.state === 'paused' && rec.pausedAt !== undefined
+      ? { pausedAt: rec.pausedAt, pausedExpiresAt: rec.pausedExpiresAt }
+      : {}),
   };
 }

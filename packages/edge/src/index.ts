@@ -36,6 +36,7 @@ import { defaultRuntimeBinary, RuncRuntime } from './runtime/oci-runtime.js';
 import { EventLog } from './events/event-log.js';
 import { ensureDir, TRAVERSE_DIR_MODE } from './state/host-state.js';
 import { openNetwork, type EdgeNetworkOptions } from './network/open-network.js';
+import { SwapArea } from './lifecycle/swap-area.js';
 
 export { Edge, type EdgeCapacity, type EdgeOptions } from './edge.js';
 export { AdmissionController } from './admission/admission-controller.js';
@@ -51,7 +52,7 @@ export {
 export { HostPressure, type PressureSource } from './admission/host-pressure.js';
 export { ContainerBackend } from './backends/container/container-backend.js';
 export { buildContainerConfig, SANDBOX_CAPABILITIES } from './backends/container/spec.js';
-export type { Backend, StartedSandbox } from './backends/backend.js';
+export type { Backend, PauseResult, StartedSandbox } from './backends/backend.js';
 export { detectCgroupDriver, type CgroupDriver } from './cgroups/cgroup-driver.js';
 export { defaultRuntimeBinary, RuncRuntime, type OciRuntime } from './runtime/oci-runtime.js';
 export { LayerMountCache } from './layers/layer-cache.js';
@@ -86,6 +87,9 @@ export { type EdgeNetworkOptions } from './network/open-network.js';
 export { LinuxNetwork, type NetworkOptions } from './network/linux-network.js';
 export { NoNetwork, type NetworkManager, type SandboxNetwork } from './network/network-manager.js';
 export { DEFAULT_NETWORK_CATALOGUE } from './network/policy.js';
+export { openCgroupPause, type CgroupPause, type MemoryLimits } from './lifecycle/cgroup-pause.js';
+export { SwapArea, type SwapAreaOptions } from './lifecycle/swap-area.js';
+export { DEFAULT_PAUSED_TTL_MS, MAX_TTL_SECONDS, MIN_TTL_SECONDS } from './lifecycle/lifecycle.js';
 
 export interface ContainerEdgeOptions {
   edgeId: string;
@@ -122,6 +126,20 @@ export interface ContainerEdgeOptions {
   /** Sandbox networking and egress policy (default: isolated where the host supports it). */
   network?: EdgeNetworkOptions;
   ttlSweepMs?: number;
+  /** How long a paused sandbox is kept before it is stopped (default 24 h; ADR 0012). */
+  pausedTtlMs?: number | undefined;
+  /** Pause running sandboxes unused for this long (default: off; ADR 0012). */
+  idleTimeoutMs?: number | undefined;
+  /**
+   * Pauses push sandboxes' memory into swap files the edge adds under
+   * `stateDir/swap` as needed, `pauseSwapChunkBytes` at a time (default
+   * 1 GiB), up to `pauseSwapMaxBytes` in all (default: half the host's
+   * memory, at most 64 GiB). They are switched off and removed when the edge
+   * closes with nothing paused. 0 adds none (pauses then use only swap the
+   * host already has).
+   */
+  pauseSwapMaxBytes?: number | undefined;
+  pauseSwapChunkBytes?: number | undefined;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
 }
 
@@ -200,6 +218,12 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     }),
     log: options.log,
   });
+  const swap = new SwapArea({
+    dir: join(options.stateDir, 'swap'),
+    maxBytes: options.pauseSwapMaxBytes ?? Math.min(totalmem() / 2, 64 * 2 ** 30),
+    chunkBytes: options.pauseSwapChunkBytes ?? 2 ** 30,
+    log: options.log,
+  });
   const backend = new ContainerBackend({
     dir: join(options.stateDir, 'sandboxes'),
     runtime: new RuncRuntime(
@@ -215,6 +239,7 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     }),
     cgroupParent,
     network,
+    swap,
   });
   return Edge.open({
     edgeId: options.edgeId,
@@ -230,5 +255,8 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     log: options.log,
     network,
     events,
+    pausedTtlMs: options.pausedTtlMs,
+    idleTimeoutMs: options.idleTimeoutMs,
+    swap,
   });
 }

@@ -2,6 +2,7 @@ import { DsecError, randomId } from '@dsec/core';
 import { isUniqueViolation, lockSuffix } from './db/sql.js';
 import type { SqlDb, SqlQuery } from './db/sql.js';
 import { API_KEY_PATTERN, hashApiKey, newApiKey } from './keys.js';
+import { checkScopes, scopesCover } from './scopes.js';
 import { ROLE_RANK } from './types.js';
 import type {
   ApiKeyInfo,
@@ -57,6 +58,8 @@ interface KeyRow {
   name: string;
   created_at: string;
   revoked_at: string | null;
+  /** JSON array; NULL for an unscoped key. */
+  scopes: string | null;
 }
 
 type AuditArgs = [string | null, string, string, AuditOutcome, Record<string, unknown> | undefined];
@@ -185,10 +188,9 @@ export class Iam {
     const now = this.#now();
     const cached = this.#keys.get(hash);
     if (cached && cached.untilMs > now) return { ...cached.principal };
-    const row = await this.#db.get<Pick<KeyRow, 'id' | 'project_id' | 'role' | 'revoked_at'>>(
-      'SELECT id, project_id, role, revoked_at FROM api_keys WHERE hash = ?',
-      [hash],
-    );
+    const row = await this.#db.get<
+      Pick<KeyRow, 'id' | 'project_id' | 'role' | 'revoked_at' | 'scopes'>
+    >('SELECT id, project_id, role, revoked_at, scopes FROM api_keys WHERE hash = ?', [hash]);
     if (!row) {
       this.#keys.delete(hash);
       await this.#auditNow(null, 'auth', '', 'denied', { reason: 'unknown' });
@@ -200,6 +202,8 @@ export class Iam {
       throw new DsecError('unauthenticated', 'API key revoked');
     }
     const principal: Principal = { keyId: row.id, projectId: row.project_id, role: row.role };
+    const scopes = parseScopes(row.scopes);
+    if (scopes) principal.scopes = Object.freeze(scopes);
     if (this.#authCacheTtlMs > 0) {
       if (this.#keys.size >= CACHE_MAX_ENTRIES) this.#keys.clear();
       this.#keys.set(hash, { principal, untilMs: now + this.#authCacheTtlMs });
@@ -334,14 +338,22 @@ export class Iam {
 
   /**
    * Creates a key for `projectId` (the caller's project or a descendant) with
-   * a role at or below the caller's. Foreign or unknown projects are
-   * `not_found`; a higher role is `permission_denied`.
+   * a role at or below the caller's, and with `scopes` (`scopes.ts`; absent:
+   * unscoped) that the caller's own cover. Foreign or unknown projects are
+   * `not_found`; a higher role or wider scopes are `permission_denied`;
+   * malformed scopes `invalid_argument` naming the entry.
    */
   async createKey(
     caller: Principal,
-    input: { projectId: string; role?: Role | undefined; name?: string | undefined },
+    input: {
+      projectId: string;
+      role?: Role | undefined;
+      name?: string | undefined;
+      scopes?: readonly string[] | undefined;
+    },
   ): Promise<CreatedKey> {
     const role = input.role ?? 'member';
+    const scopes = input.scopes === undefined ? undefined : checkScopes(input.scopes);
     return this.#tx(async (q, deny) => {
       if (!(await this.#chain(q, input.projectId))?.has(caller.projectId)) {
         deny(caller.keyId, 'key.create', input.projectId, 'denied', {
@@ -360,18 +372,33 @@ export class Iam {
           field: 'role',
         });
       }
+      if (!scopesCover(caller.scopes, scopes)) {
+        deny(caller.keyId, 'key.create', input.projectId, 'denied', {
+          reason: 'scopes beyond own',
+          scopes: scopes ?? null,
+        });
+        throw new DsecError(
+          'permission_denied',
+          scopes === undefined
+            ? 'a scoped key can only create scoped keys'
+            : 'a key can only grant scopes its own cover',
+          { field: 'scopes' },
+        );
+      }
       const { id, key } = await this.#insertKey(
         q,
         input.projectId,
         role,
         input.name ?? '',
         caller.keyId,
+        scopes,
       );
       await this.#writeAudit(q, caller.keyId, 'key.create', id, 'ok', {
         projectId: input.projectId,
         role,
+        ...(scopes ? { scopes } : {}),
       });
-      return { id, key, projectId: input.projectId, role };
+      return { id, key, projectId: input.projectId, role, ...(scopes ? { scopes } : {}) };
     });
   }
 
@@ -384,7 +411,7 @@ export class Iam {
   async revokeKey(caller: Principal, keyId: string): Promise<void> {
     await this.#tx(async (q, deny) => {
       const row = await q.get<KeyRow>(
-        'SELECT id, project_id, role, name, created_at, revoked_at FROM api_keys WHERE id = ?',
+        'SELECT id, project_id, role, name, created_at, revoked_at, scopes FROM api_keys WHERE id = ?',
         [keyId],
       );
       if (!row || !(await this.#chain(q, row.project_id))?.has(caller.projectId)) {
@@ -411,18 +438,22 @@ export class Iam {
   /** Keys of the caller's subtree (never their secrets). */
   async listKeys(caller: Principal): Promise<ApiKeyInfo[]> {
     const rows = await this.#db.all<KeyRow>(
-      `${SUBTREE_CTE} SELECT k.id, k.project_id, k.role, k.name, k.created_at, k.revoked_at
+      `${SUBTREE_CTE} SELECT k.id, k.project_id, k.role, k.name, k.created_at, k.revoked_at, k.scopes
          FROM api_keys k JOIN sub ON k.project_id = sub.id ORDER BY k.created_at, k.id`,
       [caller.projectId],
     );
-    return rows.map((r) => ({
-      id: r.id,
-      projectId: r.project_id,
-      role: r.role,
-      name: r.name,
-      createdAt: r.created_at,
-      revokedAt: r.revoked_at,
-    }));
+    return rows.map((r) => {
+      const scopes = parseScopes(r.scopes);
+      return {
+        id: r.id,
+        projectId: r.project_id,
+        role: r.role,
+        name: r.name,
+        createdAt: r.created_at,
+        revokedAt: r.revoked_at,
+        ...(scopes ? { scopes } : {}),
+      };
+    });
   }
 
   // ---- quota reservations ---------------------------------------------------------
@@ -536,6 +567,23 @@ export class Iam {
         projectId: row.project_id,
       });
     });
+  }
+
+  /**
+   * Moves a live reservation's expiry to `expiresAt` (plus the grace period),
+   * later or earlier: a sandbox whose TTL was changed, or that was paused,
+   * holds its quota exactly as long as it may live. A reservation that has
+   * lapsed stays lapsed (reviving it could overrun a quota that was given to
+   * someone else meanwhile). Returns whether one was moved.
+   */
+  async setReservationExpiry(id: string, expiresAt: string | number): Promise<boolean> {
+    const at = typeof expiresAt === 'number' ? expiresAt : Date.parse(expiresAt);
+    if (!Number.isFinite(at)) throw new DsecError('invalid_argument', 'expiresAt is not a time');
+    const r = await this.#db.run(
+      'UPDATE reservations SET expires_at = ? WHERE id = ? AND expires_at > ?',
+      [at + this.#expiryGraceMs, id, this.#now()],
+    );
+    return r.changes > 0;
   }
 
   /** Frees a reservation (by sandbox or holder ID). Returns whether one existed. */
@@ -741,12 +789,22 @@ export class Iam {
     role: Role,
     name: string,
     createdBy: string | null,
+    scopes?: readonly string[],
   ): Promise<{ id: string; key: string }> {
     const id = randomId('key');
     const key = newApiKey();
     await q.run(
-      'INSERT INTO api_keys (id, hash, project_id, role, name, created_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)',
-      [id, hashApiKey(key), projectId, role, name, createdBy, this.#iso()],
+      'INSERT INTO api_keys (id, hash, project_id, role, name, created_by, created_at, scopes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+      [
+        id,
+        hashApiKey(key),
+        projectId,
+        role,
+        name,
+        createdBy,
+        this.#iso(),
+        scopes === undefined ? null : JSON.stringify(scopes),
+      ],
     );
     return { id, key };
   }
@@ -818,6 +876,21 @@ export class Iam {
       .run('DELETE FROM reservations WHERE expires_at <= ?', [now])
       .catch(() => undefined);
   }
+}
+
+/**
+ * A stored scope list; NULL is an unscoped key. Anything unreadable (only a
+ * hand edit makes it) is a scoped key without scopes: fail closed.
+ */
+function parseScopes(raw: string | null): string[] | undefined {
+  if (raw === null) return undefined;
+  try {
+    const v: unknown = JSON.parse(raw);
+    if (Array.isArray(v) && v.every((x) => typeof x === 'string')) return v;
+  } catch {
+    // Unreadable: as below.
+  }
+  return [];
 }
 
 function toMillis(cores: number | undefined): number | null {

@@ -29,6 +29,17 @@ export type { EdgeProbe, EdgeRecord, EdgeRegistration } from './edge-registry.js
 export { MIGRATIONS, SCHEMA_VERSION } from './db/migrations.js';
 export { canonicalJson, requestFingerprint } from './fingerprint.js';
 export { API_KEY_PATTERN, hashApiKey } from './keys.js';
+export {
+  checkScopes,
+  isScoped,
+  MAX_SCOPES,
+  mayRunImage,
+  maySnapshot,
+  RUN_SCOPE_PREFIX,
+  scopesCover,
+  SNAPSHOT_SCOPE,
+  unrunnableImages,
+} from './scopes.js';
 export { ROLE_RANK } from './types.js';
 export type {
   ApiKeyInfo,

@@ -29,6 +29,8 @@ export interface Principal {
   keyId: string;
   projectId: string;
   role: Role;
+  /** The key's scopes (`scopes.ts`); undefined: unscoped, every right of its role. */
+  scopes?: readonly string[] | undefined;
 }
 
 export interface ApiKeyInfo {
@@ -38,6 +40,8 @@ export interface ApiKeyInfo {
   name: string;
   createdAt: string;
   revokedAt: string | null;
+  /** Absent for an unscoped key. */
+  scopes?: string[] | undefined;
 }
 
 /** Returned once when a key is created; `key` is never stored or shown again. */
@@ -46,6 +50,8 @@ export interface CreatedKey {
   key: string;
   projectId: string;
   role: Role;
+  /** Absent for an unscoped key. */
+  scopes?: string[] | undefined;
 }
 
 /** What one sandbox holds against quotas. */

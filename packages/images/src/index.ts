@@ -55,3 +55,15 @@ export {
   DEFAULT_DEBIAN_MIRROR,
 } from './rootfs/debian.js';
 export type { DebianRootfsOptions } from './rootfs/debian.js';
+export { shiftErofsIds, crc32c } from './erofs-ids.js';
+export type { ShiftErofsIdsOptions } from './erofs-ids.js';
+export {
+  copyUpperDir,
+  packUpperDir,
+  parseScrubPatterns,
+  patternsShadowingLowers,
+  scrubCopy,
+  scrubExcludeArgs,
+  MAX_SCRUB_PATTERNS,
+} from './upper-pack.js';
+export type { PackUpperOptions, ScrubPattern } from './upper-pack.js';

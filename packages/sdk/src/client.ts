@@ -1,5 +1,6 @@
 import { DsecError } from '@dsec/core';
 import type { EdgeStatus, LayerInfo, SandboxInfo } from '@dsec/core';
+import { jobAction } from './lifecycle.js';
 import { Sandbox } from './sandbox.js';
 import { HttpTransport } from './transport.js';
 import type {
@@ -9,6 +10,8 @@ import type {
   CreateProjectOptions,
   DSecClientOptions,
   Health,
+  JobOptions,
+  JobResult,
   Project,
   RunContainerOptions,
   Whoami,
@@ -107,13 +110,50 @@ export class DSecClient {
     return sandbox;
   }
 
-  /** The sandboxes this key may see, optionally of one project. */
+  /**
+   * The sandboxes this key may see, optionally of one project, optionally
+   * only those carrying every label of `labels` (`{ job: 'rl-7' }`).
+   */
   async listSandboxes(
-    options: CallOptions & { projectId?: string | undefined } = {},
+    options: CallOptions & {
+      projectId?: string | undefined;
+      labels?: Record<string, string> | undefined;
+    } = {},
   ): Promise<SandboxInfo[]> {
-    const query = options.projectId ? `?projectId=${encodeURIComponent(options.projectId)}` : '';
+    const q = new URLSearchParams();
+    if (options.projectId) q.append('projectId', options.projectId);
+    for (const [k, v] of Object.entries(options.labels ?? {})) q.append('label', `${k}=${v}`);
+    const query = q.size > 0 ? `?${q.toString()}` : '';
     return (await this.#get<{ sandboxes: SandboxInfo[] }>(`/v1/sandboxes${query}`, options))
       .sandboxes;
+  }
+
+  /**
+   * Pauses every live sandbox carrying all of `labels` (what a trainer sends
+   * when its job is preempted). Each sandbox succeeds or fails on its own:
+   * the answer lists both. `labels` must name at least one label.
+   */
+  pauseJob(labels: Record<string, string>, options: JobOptions = {}): Promise<JobResult> {
+    return jobAction(this.#http, 'pause', labels, options);
+  }
+
+  /** Resumes every paused sandbox carrying all of `labels`; see `pauseJob`. */
+  resumeJob(labels: Record<string, string>, options: JobOptions = {}): Promise<JobResult> {
+    return jobAction(this.#http, 'resume', labels, options);
+  }
+
+  /** Stops every live sandbox carrying all of `labels` and frees its quota; see `pauseJob`. */
+  stopJob(labels: Record<string, string>, options: JobOptions = {}): Promise<JobResult> {
+    return jobAction(this.#http, 'stop', labels, options);
+  }
+
+  /** Every live sandbox carrying all of `labels` stops `seconds` from now; see `pauseJob`. */
+  extendJob(
+    labels: Record<string, string>,
+    seconds: number,
+    options: JobOptions = {},
+  ): Promise<JobResult> {
+    return jobAction(this.#http, 'extend', labels, { ...options, seconds });
   }
 
   async listImages(options: CallOptions = {}): Promise<LayerInfo[]> {
@@ -145,7 +185,12 @@ export class DSecClient {
     return this.#http.json<CreatedKey>({
       method: 'POST',
       path: '/v1/keys',
-      body: { projectId: options.projectId, role: options.role, name: options.name },
+      body: {
+        projectId: options.projectId,
+        role: options.role,
+        name: options.name,
+        scopes: options.scopes,
+      },
       signal: options.signal,
       timeoutMs: options.timeoutMs ?? this.#timeoutMs,
     });

@@ -45,6 +45,7 @@ export type {
   QosClass,
   SandboxInfo,
   SandboxState,
+  SnapshotInfo,
 } from '@dsec/core';
 export type {
   NetworkPolicyPatch,
@@ -54,6 +55,8 @@ export type {
   SandboxEventKind,
 } from '@dsec/core';
 export type { EventsOptions } from './network.js';
+export { DEFAULT_LIFECYCLE_TIMEOUT_MS } from './lifecycle.js';
+export type { JobAction } from './lifecycle.js';
 export { Commands, CommandHandle } from './commands.js';
 export type { CommandOptions, StartOptions } from './commands.js';
 export { CommandRun } from './command-run.js';

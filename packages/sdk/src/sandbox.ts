@@ -4,8 +4,10 @@ import type {
   NetworkPolicyPatch,
   SandboxEvent,
   SandboxInfo,
+  SnapshotInfo,
 } from '@dsec/core';
 import { listEvents, updateNetworkRules, type EventsOptions } from './network.js';
+import { forkSandbox, setPaused, setSandboxTimeout, snapshotSandbox } from './lifecycle.js';
 import { CommandEventDecoder } from './ndjson.js';
 import { Commands } from './commands.js';
 import { Files } from './files.js';
@@ -13,7 +15,7 @@ import { fetchPort, type SandboxFetchInit } from './port-fetch.js';
 import { Session, type SessionOptions } from './session.js';
 import { openTerminal, type Terminal, type TerminalOptions } from './terminal.js';
 import type { HttpTransport } from './transport.js';
-import type { CallOptions, RunCommandOptions } from './types.js';
+import type { CallOptions, RunCommandOptions, SnapshotOptions } from './types.js';
 
 /** The server's default command timeout (docs/CONVENTIONS.md, `CommandBody`). */
 export const DEFAULT_COMMAND_TIMEOUT_MS = 60_000;
@@ -122,6 +124,54 @@ export class Sandbox {
     });
   }
 
+  /**
+   * Pauses the sandbox: its processes stop and its memory goes back to the
+   * host; files, processes, sessions and network state are kept. A no-op
+   * when paused. The next command, session, file or port call resumes it by
+   * itself, or `resume()`. Throws `sandbox_not_running` when stopped.
+   */
+  async pause(options: CallOptions = {}): Promise<SandboxInfo> {
+    this.info = await setPaused(this.#http, this.id, true, this.#defaults(options));
+    return this.info;
+  }
+
+  /** Resumes a paused sandbox; a no-op when running. Throws `sandbox_not_running` when stopped. */
+  async resume(options: CallOptions = {}): Promise<SandboxInfo> {
+    this.info = await setPaused(this.#http, this.id, false, this.#defaults(options));
+    return this.info;
+  }
+
+  /**
+   * The sandbox stops `timeoutMs` from now, later or sooner than before
+   * (E2B's `setTimeout`; rounded up to whole seconds, at most 7 days).
+   */
+  async setTimeout(timeoutMs: number, options: CallOptions = {}): Promise<SandboxInfo> {
+    this.info = await setSandboxTimeout(this.#http, this.id, timeoutMs, this.#defaults(options));
+    return this.info;
+  }
+
+  /**
+   * Captures the sandbox's filesystem (after a brief freeze, `scrub` paths
+   * removed) as a new image; `runContainer({ image: result.image })` starts
+   * from it. Deadline 120 s by default. Throws `sandbox_not_running` when
+   * stopped, `conflict` when the name is taken, `permission_denied` for a
+   * key without the `sandboxes:snapshot` scope.
+   */
+  snapshot(options: SnapshotOptions): Promise<SnapshotInfo> {
+    return snapshotSandbox(this.#http, this.id, options);
+  }
+
+  /**
+   * Starts `count` (1–64) new sandboxes from this one's current filesystem,
+   * each with this one's spec and sharing its layers read-only. All or
+   * nothing: when one cannot be created (quota, capacity) none is left.
+   * The handles have no `info` until `refresh()`. Deadline 120 s by default.
+   */
+  async fork(count: number, options: CallOptions = {}): Promise<Sandbox[]> {
+    const { ids } = await forkSandbox(this.#http, this.id, count, options);
+    return ids.map((id) => new Sandbox(this.#http, id, undefined, this.#defaultTimeoutMs));
+  }
+
   /** Stops the sandbox and releases its resources; stopping a stopped sandbox is a no-op. */
   async stop(options: CallOptions = {}): Promise<void> {
     await this.#http.json<undefined>({
@@ -132,6 +182,10 @@ export class Sandbox {
       idempotent: true,
     });
     if (this.info) this.info = { ...this.info, state: 'stopped' };
+  }
+
+  #defaults(options: CallOptions): CallOptions & { defaultTimeoutMs: number } {
+    return { ...options, defaultTimeoutMs: this.#defaultTimeoutMs };
   }
 
   async #run(

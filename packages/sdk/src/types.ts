@@ -1,4 +1,11 @@
-import type { CommandResult, NetworkRules, NetworkTarget, QosClass } from '@dsec/core';
+import type {
+  CommandResult,
+  ErrorCode,
+  NetworkRules,
+  NetworkTarget,
+  QosClass,
+  SandboxState,
+} from '@dsec/core';
 
 /** Every SDK call accepts these. */
 export interface CallOptions {
@@ -79,6 +86,31 @@ export interface Whoami {
   keyId: string;
   projectId: string;
   role: 'admin' | 'member';
+  /** The key's scopes; absent for an unscoped key. */
+  scopes?: string[] | undefined;
+}
+
+/** `Sandbox.snapshot`: capture the sandbox's filesystem as an image `runContainer` accepts. */
+export interface SnapshotOptions extends CallOptions {
+  /** Name of the image, `name` or `name:version` (lower-case name). */
+  name: string;
+  /**
+   * Absolute paths removed from the captured layer first (build residue,
+   * reference answers); a trailing `/**` takes a whole tree.
+   */
+  scrub?: string[] | undefined;
+}
+
+/** The answer of a whole-job operation (`pauseJob`, …): every selected sandbox, one list or the other. */
+export interface JobResult {
+  sandboxes: { id: string; state: SandboxState }[];
+  failed: { id: string; code: ErrorCode; message: string }[];
+}
+
+/** Options of the whole-job operations. */
+export interface JobOptions extends CallOptions {
+  /** The project to look in (and its descendants); default the key's. */
+  projectId?: string | undefined;
 }
 
 /** `GET /healthz`. */
@@ -115,6 +147,12 @@ export interface CreateKeyOptions extends CallOptions {
   projectId: string;
   role?: 'admin' | 'member' | undefined;
   name?: string | undefined;
+  /**
+   * Limits the key (default: unscoped, every right of its role):
+   * `sandboxes:snapshot` to snapshot and fork, `images:run:<pattern>` to
+   * create sandboxes from matching images (`*` matches anything).
+   */
+  scopes?: string[] | undefined;
 }
 
 /** `POST /v1/keys`; `key` is the secret and is shown only once. */
@@ -123,4 +161,5 @@ export interface CreatedKey {
   key: string;
   projectId: string;
   role: 'admin' | 'member';
+  scopes?: string[] | undefined;
 }

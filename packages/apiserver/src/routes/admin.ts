@@ -18,8 +18,8 @@ export function adminRoutes(
   { iam, fleet, imagesList }: AdminRouteDeps,
 ): void {
   app.get('/v1/whoami', async (req) => {
-    const { keyId, projectId, role } = principalOf(req);
-    return { keyId, projectId, role };
+    const { keyId, projectId, role, scopes } = principalOf(req);
+    return { keyId, projectId, role, ...(scopes ? { scopes } : {}) };
   });
 
   app.post('/v1/projects', async (req, reply) => {

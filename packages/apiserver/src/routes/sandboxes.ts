@@ -11,7 +11,13 @@ import {
   toSandboxSpec,
 } from '../schemas.js';
 import type { OpenSandbox, SandboxService } from '../sandbox-service.js';
-import { MAX_STREAM_BUFFER_BYTES, requireIo, sendCommandStream } from './io-common.js';
+import {
+  clientGone,
+  MAX_STREAM_BUFFER_BYTES,
+  requireIo,
+  sendCommandStream,
+  wantsNdjson,
+} from './io-common.js';
 
 /** Socket idle allowance beyond a command's own timeout. */
 const COMMAND_SOCKET_GRACE_MS = 60_000;
@@ -29,7 +35,11 @@ export function sandboxRoutes(app: FastifyInstance, service: SandboxService): vo
 
   app.get('/v1/sandboxes', async (req, reply) => {
     const q = parse(ListSandboxesQuery, req.query, 'query');
-    return { sandboxes: await service.list(principalOf(req), q.projectId, clientGone(reply)) };
+    return {
+      sandboxes: await service.list(principalOf(req), q.projectId, clientGone(reply), {
+        labels: q.labels,
+      }),
+    };
   });
 
   app.get('/v1/sandboxes/:id', async (req, reply) => {
@@ -113,18 +123,4 @@ async function streamRawStdout(
     res.addTrailers({ 'x-dsec-error': encode({ code: e.code, message: e.message }) });
   }
   res.end();
-}
-
-function wantsNdjson(req: FastifyRequest): boolean {
-  const accept = req.headers.accept;
-  return typeof accept === 'string' && accept.toLowerCase().includes('application/x-ndjson');
-}
-
-/** Aborts when the client goes away before the answer is complete. */
-function clientGone(reply: FastifyReply): AbortSignal {
-  const ac = new AbortController();
-  reply.raw.once('close', () => {
-    if (!reply.raw.writableFinished) ac.abort(new Error('client closed the connection'));
-  });
-  return ac.signal;
 }

@@ -1,4 +1,5 @@
-import { DsecError, randomId, throwIfAborted } from '@dsec/core';
+import { createHash } from 'node:crypto';
+import { DsecError, formatLayerRef, parseLayerRef, randomId, throwIfAborted } from '@dsec/core';
 import type {
   BackendKind,
   CommandResult,
@@ -8,6 +9,8 @@ import type {
   EdgeStatus,
   RunCommandOptions,
   SandboxInfo,
+  SnapshotInfo,
+  SnapshotRequest,
 } from '@dsec/core';
 
 export interface FakeEdgeOptions {
@@ -16,8 +19,13 @@ export interface FakeEdgeOptions {
   backends?: BackendKind[];
   /** Simulated create latency (lets tests overlap concurrent creates). Default 0. */
   createDelayMs?: number;
+  /** How long a paused sandbox waits for a resume before it is stopped. Default 86 400. */
+  pausedTtlSeconds?: number;
   now?: () => number;
 }
+
+/** What `getSandbox` reports as charged memory: a running sandbox, and one whose memory went back. */
+export const FAKE_MEMORY_BYTES = { running: 24 * 1024 * 1024, paused: 256 * 1024 } as const;
 
 /**
  * An in-memory `EdgeApi` that keeps the contract of a real edge: admission
@@ -27,6 +35,15 @@ export interface FakeEdgeOptions {
  * shell line) plus a newline, stderr is the stdin it was given; `false` as
  * argv[0] exits 1. Fault hooks: `healthy = false` fails `status()`,
  * `failNextCreate` makes the next create throw that error.
+ *
+ * Lifecycle as the real edge keeps it: pausing a paused sandbox and resuming
+ * a running one are no-ops, a paused sandbox resumes on its next command,
+ * and a stopped one answers `sandbox_not_running`. The running TTL clock
+ * stops while paused (resume moves `expiresAt` by the time spent paused);
+ * a paused sandbox is stopped at `pausedExpiresAt` instead. A snapshot
+ * records its image in `images` (a name taken is `conflict`); `create`
+ * accepts any image name, snapshots included. `getSandbox` reports
+ * `FAKE_MEMORY_BYTES` as the charged memory.
  */
 export class FakeEdge implements EdgeApi {
   readonly edgeId: string;
@@ -37,7 +54,12 @@ export class FakeEdge implements EdgeApi {
   createCalls = 0;
   readonly #sandboxes = new Map<string, SandboxInfo>();
   readonly #byRequest = new Map<string, string>();
+  /** Snapshot images by `name:version`. */
+  readonly images = new Map<string, SnapshotInfo>();
+  /** Running time left to a paused sandbox, by ID. */
+  readonly #remainingMs = new Map<string, number>();
   readonly #createDelayMs: number;
+  readonly #pausedTtlMs: number;
   readonly #now: () => number;
 
   constructor(options: FakeEdgeOptions) {
@@ -45,6 +67,7 @@ export class FakeEdge implements EdgeApi {
     this.capacity = options.capacity ?? { memoryMb: 1 << 20, cpuCores: 1024, sandboxes: 1000 };
     this.backends = options.backends ?? ['container'];
     this.#createDelayMs = options.createDelayMs ?? 0;
+    this.#pausedTtlMs = (options.pausedTtlSeconds ?? 86_400) * 1000;
     this.#now = options.now ?? Date.now;
   }
 
@@ -121,7 +144,10 @@ export class FakeEdge implements EdgeApi {
 
   async getSandbox(id: string, signal?: AbortSignal): Promise<SandboxInfo> {
     throwIfAborted(signal);
-    return clone(this.#get(id));
+    const s = clone(this.#get(id));
+    if (s.state === 'running' || s.state === 'creating') s.memoryBytes = FAKE_MEMORY_BYTES.running;
+    else if (s.state === 'paused') s.memoryBytes = FAKE_MEMORY_BYTES.paused;
+    return s;
   }
 
   async listSandboxes(
@@ -139,10 +165,86 @@ export class FakeEdge implements EdgeApi {
   async stopSandbox(id: string, signal?: AbortSignal): Promise<void> {
     throwIfAborted(signal);
     const s = this.#get(id);
-    if (s.state !== 'stopped' && s.state !== 'failed') {
-      s.state = 'stopped';
-      s.reason ??= 'stopped by request';
+    if (s.state !== 'stopped' && s.state !== 'failed') this.#end(s, 'stopped by request');
+  }
+
+  async pauseSandbox(id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    throwIfAborted(signal);
+    const s = this.#running(id, true);
+    if (s.state === 'running') {
+      const now = this.#now();
+      this.#remainingMs.set(id, Math.max(0, Date.parse(s.expiresAt) - now));
+      s.state = 'paused';
+      s.pausedAt = new Date(now).toISOString();
+      s.pausedExpiresAt = new Date(now + this.#pausedTtlMs).toISOString();
     }
+    return clone(s);
+  }
+
+  async resumeSandbox(id: string, signal?: AbortSignal): Promise<SandboxInfo> {
+    throwIfAborted(signal);
+    return clone(this.#resume(this.#running(id, true)));
+  }
+
+  async setSandboxTimeout(
+    id: string,
+    ttlSeconds: number,
+    signal?: AbortSignal,
+  ): Promise<SandboxInfo> {
+    throwIfAborted(signal);
+    if (!Number.isSafeInteger(ttlSeconds) || ttlSeconds < 1) {
+      throw new DsecError('invalid_argument', 'ttlSeconds must be an integer ≥ 1', {
+        field: 'ttlSeconds',
+      });
+    }
+    const s = this.#running(id, true);
+    const now = this.#now();
+    s.expiresAt = new Date(now + ttlSeconds * 1000).toISOString();
+    if (s.state === 'paused') this.#remainingMs.set(id, ttlSeconds * 1000);
+    return clone(s);
+  }
+
+  async snapshotSandbox(
+    id: string,
+    req: SnapshotRequest,
+    signal?: AbortSignal,
+  ): Promise<SnapshotInfo> {
+    throwIfAborted(signal);
+    const ref = parseLayerRef(req.name);
+    if (!ref) {
+      throw new DsecError('invalid_argument', 'name must be a layer reference', { field: 'name' });
+    }
+    const s = this.#running(id, true);
+    const image = formatLayerRef(ref);
+    if (this.images.has(image)) throw new DsecError('conflict', `image ${image} exists`);
+    const scrub = [...(req.scrub ?? [])];
+    const parents = [
+      s.spec.image,
+      ...(s.spec.workspace ? [s.spec.workspace] : []),
+      ...s.spec.toolkits,
+    ];
+    const digest = `sha256:${createHash('sha256').update(`${id}\n${image}`).digest('hex')}`;
+    const info: SnapshotInfo = {
+      image,
+      layer: {
+        name: ref.name,
+        version: ref.version,
+        kind: 'workspace',
+        digest,
+        sizeBytes: 0,
+        contentBytes: 0,
+        fileCount: 0,
+        createdAt: new Date(this.#now()).toISOString(),
+        source: 'snapshot',
+        parents,
+      },
+      parents,
+      scrub,
+      freezeMs: 0,
+      totalMs: 0,
+    };
+    this.images.set(image, info);
+    return clone(info);
   }
 
   async runCommand(
@@ -155,6 +257,8 @@ export class FakeEdge implements EdgeApi {
     // Another project's sandbox is not found, whatever its state (no existence leak).
     if (options.projectId !== undefined && s.projectId !== options.projectId)
       throw new DsecError('sandbox_not_found', `no sandbox ${JSON.stringify(id.slice(0, 80))}`);
+    // A paused sandbox resumes on its next command, as on a real edge.
+    if (s.state === 'paused') this.#resume(s);
     if (s.state !== 'running')
       throw new DsecError('sandbox_not_running', `sandbox ${id} is ${s.state}`);
     const stdout = Buffer.from(
@@ -181,23 +285,50 @@ export class FakeEdge implements EdgeApi {
     };
   }
 
-  /** Sandboxes holding capacity (creating or running, not expired). */
+  /** Sandboxes holding capacity (creating, running or paused, not expired). */
   #live(): SandboxInfo[] {
     return [...this.#sandboxes.keys()]
       .map((id) => this.#get(id))
-      .filter((s) => s.state === 'creating' || s.state === 'running');
+      .filter((s) => s.state === 'creating' || s.state === 'running' || s.state === 'paused');
+  }
+
+  /** A sandbox that is running (or, with `orPaused`, paused); `sandbox_not_running` otherwise. */
+  #running(id: string, orPaused: boolean): SandboxInfo {
+    const s = this.#get(id);
+    if (s.state === 'running' || (orPaused && s.state === 'paused')) return s;
+    throw new DsecError('sandbox_not_running', `sandbox ${id} is ${s.state}`, {
+      details: { state: s.state },
+    });
+  }
+
+  #resume(s: SandboxInfo): SandboxInfo {
+    if (s.state !== 'paused') return s;
+    const remaining = this.#remainingMs.get(s.id) ?? 0;
+    this.#remainingMs.delete(s.id);
+    s.state = 'running';
+    s.expiresAt = new Date(this.#now() + remaining).toISOString();
+    delete s.pausedAt;
+    delete s.pausedExpiresAt;
+    return s;
+  }
+
+  #end(s: SandboxInfo, reason: string): void {
+    s.state = 'stopped';
+    s.reason ??= reason;
+    delete s.pausedAt;
+    delete s.pausedExpiresAt;
+    this.#remainingMs.delete(s.id);
   }
 
   #get(id: string): SandboxInfo {
     const s = this.#sandboxes.get(id);
     if (!s)
       throw new DsecError('sandbox_not_found', `no sandbox ${JSON.stringify(id.slice(0, 80))}`);
-    if (
-      (s.state === 'running' || s.state === 'creating') &&
-      Date.parse(s.expiresAt) <= this.#now()
-    ) {
-      s.state = 'stopped';
-      s.reason = 'ttl expired';
+    const now = this.#now();
+    if ((s.state === 'running' || s.state === 'creating') && Date.parse(s.expiresAt) <= now) {
+      this.#end(s, 'ttl expired');
+    } else if (s.state === 'paused' && Date.parse(s.pausedExpiresAt ?? '') <= now) {
+      this.#end(s, 'paused ttl expired');
     }
     return s;
   }

@@ -8,7 +8,7 @@
  * const edge = new FakeEdge({ edgeId: 'edge-a', capacity: { memoryMb: 4096, cpuCores: 4, sandboxes: 2 } });
  * ```
  */
-export { FakeEdge } from './fake-edge.js';
+export { FakeEdge, FAKE_MEMORY_BYTES } from './fake-edge.js';
 export type { FakeEdgeOptions } from './fake-edge.js';
 export { createTestApi } from './harness.js';
 export type { TestApi } from './harness.js';

@@ -68,6 +68,8 @@ export async function leftoversAcrossClose(
         : [],
     nftTable: net instanceof LinuxNetwork ? net.table : undefined,
   };
+  // A stopped sandbox's veth goes a few tens of milliseconds after its stop returned.
+  if (net instanceof LinuxNetwork) await net.drained();
   const running = await countLeftovers({
     ...counted,
     sharedMountDirs: [join(scope.edgeStateDir, 'layers'), join(scope.edgeStateDir, 'blobs')],

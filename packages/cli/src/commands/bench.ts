@@ -5,8 +5,11 @@ import { benchCluster } from '../bench/cluster.js';
 import { benchCreate } from '../bench/create.js';
 import { benchDensity } from '../bench/density.js';
 import { benchExec } from '../bench/exec.js';
+import { benchFork } from '../bench/fork.js';
+import { benchSnapshot } from '../bench/snapshot.js';
 import { benchLayers } from '../bench/layers.js';
 import { benchOndemand } from '../bench/ondemand.js';
+import { benchPause } from '../bench/pause.js';
 import { benchPlacement, PLACEMENT_STRATEGIES } from '../bench/placement.js';
 import { benchQos } from '../bench/qos.js';
 import type { LatencySummary } from '../bench/stats.js';
@@ -347,6 +350,95 @@ export function register(program: Command): void {
         }
         ctx.out(
           `targets (powerOfKOverlay): imbalance <= ${report.targets.imbalance}, >= ${report.targets.decisionsPerSecond} decisions/s: ${report.targets.met ? 'met' : 'not met'}`,
+        );
+      },
+    );
+  bench
+    .command('fork')
+    .description(
+      'fork K sandboxes from one with a large writable layer: snapshot once + K creates vs copying the upper directory K times',
+    )
+    .option('--count <n>', 'sandboxes forked', '16')
+    .option('--writable-mb <n>', "MiB in the source sandbox's writable layer", '200')
+    .action(async (opts: { count: string; writableMb: string }, command: Command) => {
+      const ctx = contextOf(command);
+      const report = await runBench(ctx, 'fork', 3, (onProgress) =>
+        benchFork({
+          count: Number(opts.count),
+          writableMb: Number(opts.writableMb),
+          onProgress,
+          ...(ctx.signal ? { signal: ctx.signal } : {}),
+        }),
+      );
+      if (!report) return;
+      const { dsec, copy } = report.results;
+      ctx.out(
+        `dsec  ${(dsec.bytesWritten / 2 ** 20).toFixed(1).padStart(8)} MiB written   snapshot ${dsec.snapshotMs.toFixed(0)} ms (frozen ${dsec.freezeMs.toFixed(0)} ms) + ${report.count} creates ${dsec.createMs.toFixed(0)} ms`,
+      );
+      ctx.out(
+        `copy  ${(copy.bytesWritten / 2 ** 20).toFixed(1).padStart(8)} MiB written   ${report.count} copies ${copy.copyMs.toFixed(0)} ms`,
+      );
+      ctx.out(`ratios (copy ÷ dsec): ${JSON.stringify(report.ratios)}`);
+    });
+  bench
+    .command('snapshot')
+    .description(
+      "freeze time and snapshot time of a sandbox's writable layer vs freeze + `tar` of the upper directory into a layer",
+    )
+    .option('--iterations <n>', 'snapshots per system', '5')
+    .option('--writable-mb <n>', "MiB in the sandbox's writable layer", '200')
+    .action(async (opts: { iterations: string; writableMb: string }, command: Command) => {
+      const ctx = contextOf(command);
+      const iterations = Number(opts.iterations);
+      const report = await runBench(ctx, 'snapshot', iterations, (onProgress) =>
+        benchSnapshot({
+          iterations,
+          writableMb: Number(opts.writableMb),
+          onProgress,
+          ...(ctx.signal ? { signal: ctx.signal } : {}),
+        }),
+      );
+      if (!report) return;
+      for (const [name, s] of Object.entries(report.results)) {
+        ctx.out(
+          `${name.padEnd(5)} frozen p50 ${s.freezeMs.p50Ms.toFixed(0).padStart(6)} ms   snapshot p50 ${s.snapshotMs.p50Ms.toFixed(0).padStart(6)} ms   layer ${(s.layerBytes / 2 ** 20).toFixed(1)} MiB`,
+        );
+      }
+      ctx.out(`ratios (dsec ÷ tar): ${JSON.stringify(report.ratios)}`);
+    });
+  bench
+    .command('pause')
+    .description(
+      'a sandbox holding touched memory: bytes charged running vs paused, and resume + first exec, vs `runc pause`/`resume`',
+    )
+    .option('--iterations <n>', 'measured cycles per system', '10')
+    .option('--warmup <n>', 'unmeasured cycles first', '1')
+    .option('--hold-mib <n>', 'touched memory the sandbox holds', '256')
+    .action(
+      async (opts: { iterations: string; warmup: string; holdMib: string }, command: Command) => {
+        const ctx = contextOf(command);
+        const report = await runBench(
+          ctx,
+          'pause',
+          Number(opts.iterations) + Number(opts.warmup),
+          (onProgress) =>
+            benchPause({
+              iterations: Number(opts.iterations),
+              warmup: Number(opts.warmup),
+              holdMib: Number(opts.holdMib),
+              onProgress,
+              signal: ctx.signal,
+            }),
+        );
+        if (!report) return;
+        for (const [name, s] of Object.entries(report.results)) {
+          ctx.out(
+            `${name.padEnd(5)} running ${(s.runningBytes / 2 ** 20).toFixed(1).padStart(7)} MiB   paused ${(s.pausedBytes / 2 ** 20).toFixed(1).padStart(7)} MiB (${(s.pausedRatio * 100).toFixed(1)} %)   resume + exec p50 ${s.resumeExecP50Ms.toFixed(1)} ms p99 ${s.resumeExec.p99Ms.toFixed(1)} ms   pause p50 ${s.pause.p50Ms.toFixed(0)} ms`,
+          );
+        }
+        const t = report.targets;
+        ctx.out(
+          `targets: paused <= ${t.pausedRatio * 100} % of running, resume + exec p50 <= ${t.resumeExecP50Ms} ms: ${t.met ? 'met' : 'not met'}`,
         );
       },
     );

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { contextOf } from '../context.js';
-import { parseRole } from '../parse.js';
+import { collect, parseRole } from '../parse.js';
 
 /** `dsec key create|rm`. */
 export function register(program: Command): void {
@@ -12,9 +12,14 @@ export function register(program: Command): void {
     .requiredOption('--project <id>', 'project the key acts for')
     .option('--role <role>', 'member or admin (default member)', parseRole)
     .option('--name <name>', 'a note to recognise the key by')
+    .option(
+      '--scope <scope>',
+      'limit the key (repeatable): sandboxes:snapshot, images:run:<pattern>; default unscoped',
+      collect,
+    )
     .action(
       async (
-        opts: { project: string; role?: 'admin' | 'member'; name?: string },
+        opts: { project: string; role?: 'admin' | 'member'; name?: string; scope?: string[] },
         command: Command,
       ) => {
         const ctx = contextOf(command);
@@ -22,6 +27,7 @@ export function register(program: Command): void {
           projectId: opts.project,
           role: opts.role,
           name: opts.name,
+          scopes: opts.scope,
           signal: ctx.signal,
         });
         if (ctx.json) {

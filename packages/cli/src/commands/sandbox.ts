@@ -3,15 +3,17 @@ import { Option, type Command } from 'commander';
 import type { CommandResult, QosClass, SandboxInfo } from '@dsec/sdk';
 import { contextOf } from '../context.js';
 import type { CliContext } from '../context.js';
-import { formatRelative, formatTable } from '../format.js';
+import { formatBytes, formatRelative, formatTable } from '../format.js';
 import { collect, collectKeyValue, parseInteger, parseNumber } from '../parse.js';
 import { reportError } from '../report-error.js';
 import { registerSandboxIo } from './sandbox-io.js';
+import { registerSandboxLifecycle, removeByLabel, selectionOf } from './sandbox-lifecycle.js';
 
-/** `dsec sandbox create|exec|ls|get|rm`. */
+/** `dsec sandbox create|exec|ls|get|rm`, and the lifecycle commands (`pause`, `snapshot`, …). */
 export function register(program: Command): void {
   const sandbox = program.command('sandbox').description('create, use and remove sandboxes');
   registerSandboxIo(sandbox);
+  registerSandboxLifecycle(sandbox);
 
   sandbox
     .command('create')
@@ -93,25 +95,34 @@ export function register(program: Command): void {
     .command('ls')
     .description('list the sandboxes your key may see')
     .option('--project <id>', 'only this project')
-    .action(async (opts: { project?: string }, command: Command) => {
-      const ctx = contextOf(command);
-      const list = await ctx
-        .client()
-        .listSandboxes({ projectId: opts.project, signal: ctx.signal });
-      if (ctx.json) {
-        ctx.printJson(list);
-        return;
-      }
-      const now = Date.now();
-      const rows = list.map((s) => [
-        s.id,
-        s.state,
-        s.spec.image,
-        formatRelative(s.createdAt, now),
-        s.state === 'stopped' || s.state === 'failed' ? '-' : formatRelative(s.expiresAt, now),
-      ]);
-      ctx.io.stdout.write(formatTable(['ID', 'STATE', 'IMAGE', 'CREATED', 'EXPIRES'], rows));
-    });
+    .option(
+      '--label <K=V>',
+      'only sandboxes with this label (repeatable: all must match)',
+      collectKeyValue,
+    )
+    .action(
+      async (opts: { project?: string; label?: Record<string, string> }, command: Command) => {
+        const ctx = contextOf(command);
+        const list = await ctx
+          .client()
+          .listSandboxes({ projectId: opts.project, labels: opts.label, signal: ctx.signal });
+        if (ctx.json) {
+          ctx.printJson(list);
+          return;
+        }
+        const now = Date.now();
+        const rows = list.map((s) => [
+          s.id,
+          s.state,
+          s.spec.image,
+          formatRelative(s.createdAt, now),
+          s.state === 'stopped' || s.state === 'failed'
+            ? '-'
+            : formatRelative(s.state === 'paused' ? s.pausedExpiresAt : s.expiresAt, now),
+        ]);
+        ctx.io.stdout.write(formatTable(['ID', 'STATE', 'IMAGE', 'CREATED', 'EXPIRES'], rows));
+      },
+    );
 
   sandbox
     .command('get')
@@ -127,9 +138,18 @@ export function register(program: Command): void {
   sandbox
     .command('rm')
     .description('stop and remove sandboxes')
-    .argument('<id...>', 'sandbox IDs')
-    .action(async (ids: string[], _opts: unknown, command: Command) => {
+    .argument('[id...]', 'sandbox IDs')
+    .option(
+      '--label <K=V>',
+      'every live sandbox with this label (repeatable: all must match)',
+      collectKeyValue,
+    )
+    .action(async (ids: string[], opts: { label?: Record<string, string> }, command: Command) => {
       const ctx = contextOf(command);
+      if (selectionOf(command, ids, opts.label) === 'labels') {
+        await removeByLabel(ctx, opts.label!);
+        return;
+      }
       const client = ctx.client();
       const outcomes = await Promise.allSettled(
         ids.map((id) => client.sandbox(id).stop({ signal: ctx.signal })),
@@ -257,6 +277,9 @@ function describe(info: SandboxInfo): string {
   const pairs: Array<[string, string]> = [
     ['id', info.id],
     ['state', info.state + (info.reason ? ` (${info.reason})` : '')],
+    ...(info.memoryBytes !== undefined
+      ? [['memory used', formatBytes(info.memoryBytes)] as [string, string]]
+      : []),
     ['project', info.projectId],
     ['edge', info.edgeId],
     ['backend', s.backend],
@@ -270,6 +293,15 @@ function describe(info: SandboxInfo): string {
     ['created', `${info.createdAt} (${formatRelative(info.createdAt)})`],
     ['expires', `${info.expiresAt} (${formatRelative(info.expiresAt)})`],
   ];
+  if (info.pausedAt !== undefined) {
+    pairs.push(['paused', `${info.pausedAt} (${formatRelative(info.pausedAt)})`]);
+    if (info.pausedExpiresAt !== undefined) {
+      pairs.push([
+        'paused until',
+        `${info.pausedExpiresAt} (${formatRelative(info.pausedExpiresAt)}; stopped then unless resumed)`,
+      ]);
+    }
+  }
   const net = Object.entries(s.networkRules).map(([k, v]) => `${k}=${v ? 'allow' : 'deny'}`);
   if (net.length > 0) pairs.push(['network', net.join(' ')]);
   const labels = Object.entries(s.labels).map(([k, v]) => `${k}=${v}`);

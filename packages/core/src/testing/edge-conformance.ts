@@ -4,6 +4,7 @@ import { randomBytes } from 'node:crypto';
 import { Readable } from 'node:stream';
 import { isDsecError } from '../errors.js';
 import type { EdgeApi } from '../edge-api.js';
+import { parseLayerRef } from '../images.js';
 import type { CommandInfo, SandboxIoApi } from '../sandbox-io.js';
 import type { SandboxSpec } from '../types.js';
 
@@ -19,6 +20,13 @@ export interface EdgeUnderTest {
   io?: boolean;
   /** Run the `listEvents` case. Default: whether `edge.listEvents` is set. */
   events?: boolean;
+  /**
+   * Run the pause/resume/timeout cases. Default: whether `edge.pauseSandbox`,
+   * `resumeSandbox` and `setSandboxTimeout` are all set.
+   */
+  lifecycle?: boolean;
+  /** Run the snapshot cases. Default: whether `edge.snapshotSandbox` is set. */
+  snapshots?: boolean;
   cleanup?: () => Promise<void>;
 }
 
@@ -67,6 +75,13 @@ export function edgeApiConformance(name: string, make: () => Promise<EdgeUnderTe
     });
   const hasIo = (u: EdgeUnderTest) => u.io ?? u.edge.io !== undefined;
   const hasEvents = (u: EdgeUnderTest) => u.events ?? u.edge.listEvents !== undefined;
+  const hasLifecycle = (u: EdgeUnderTest) =>
+    u.lifecycle ??
+    (u.edge.pauseSandbox !== undefined &&
+      u.edge.resumeSandbox !== undefined &&
+      u.edge.setSandboxTimeout !== undefined);
+  const hasSnapshots = (u: EdgeUnderTest) => u.snapshots ?? u.edge.snapshotSandbox !== undefined;
+  const notRunning = (e: unknown) => isDsecError(e, 'sandbox_not_running');
   const create = async (u: EdgeUnderTest, projectId = 'prj-t') =>
     (await u.edge.createSandbox({ id: u.mintId(), projectId, spec: conformanceSpec(u.image) })).id;
   const nf = (e: unknown) => isDsecError(e, 'sandbox_not_found');
@@ -361,5 +376,126 @@ export function edgeApiConformance(name: string, make: () => Promise<EdgeUnderTe
       await assert.rejects(edge.listEvents!(u.mintId(), {}), nf);
     },
     hasEvents,
+  );
+
+  // ---- lifecycle (issue 11) ----
+
+  withEdge(
+    'lifecycle: pause and resume are no-ops when repeated; a command resumes a paused sandbox',
+    async (u) => {
+      const { edge } = u;
+      const id = await create(u);
+      if (hasIo(u)) await edge.io!.runInSession(id, 's', { line: 'cd /tmp && export A=7' });
+      const paused = await edge.pauseSandbox!(id);
+      assert.equal(paused.state, 'paused');
+      assert.ok(paused.pausedAt !== undefined && paused.pausedExpiresAt !== undefined);
+      assert.ok(Date.parse(paused.pausedExpiresAt) > Date.parse(paused.pausedAt));
+      const again = await edge.pauseSandbox!(id);
+      assert.equal(again.state, 'paused');
+      assert.equal(again.pausedAt, paused.pausedAt, 'a second pause changes nothing');
+      assert.equal((await edge.getSandbox(id)).state, 'paused');
+      assert.deepEqual(
+        (await edge.listSandboxes({ projectIds: ['prj-t'] })).map((s) => [s.id, s.state]),
+        [[id, 'paused']],
+      );
+      const resumed = await edge.resumeSandbox!(id);
+      assert.equal(resumed.state, 'running');
+      assert.equal(resumed.pausedAt, undefined);
+      assert.equal((await edge.resumeSandbox!(id)).state, 'running');
+
+      await edge.pauseSandbox!(id);
+      const r = await edge.runCommand(id, { argv: ['echo', 'back'] });
+      assert.equal(r.exitCode, 0);
+      assert.match(r.stdout, /back\n$/);
+      assert.equal((await edge.getSandbox(id)).state, 'running');
+      if (hasIo(u)) {
+        // Shell state survives a pause, and a session call resumes too.
+        await edge.pauseSandbox!(id);
+        const s = await edge.io!.runInSession(id, 's', { line: 'echo "$A $(pwd)"' });
+        assert.equal(s.stdout, '7 /tmp\n');
+        assert.equal((await edge.getSandbox(id)).state, 'running');
+      }
+    },
+    hasLifecycle,
+  );
+
+  withEdge(
+    'lifecycle: setSandboxTimeout moves the deadline later and earlier',
+    async (u) => {
+      const { edge } = u;
+      const id = await create(u);
+      // The deadline is "now + ttl" on the edge's clock, which is this host's clock in tests.
+      const slackMs = 2000;
+      const before = Date.now();
+      const later = await edge.setSandboxTimeout!(id, 7200);
+      const after = Date.now();
+      const at = Date.parse(later.expiresAt);
+      assert.ok(at >= before + 7_200_000 - slackMs && at <= after + 7_200_000 + slackMs);
+      assert.equal(later.state, 'running');
+      assert.equal((await edge.getSandbox(id)).expiresAt, later.expiresAt);
+      const sooner = await edge.setSandboxTimeout!(id, 60);
+      assert.ok(Date.parse(sooner.expiresAt) < at);
+      assert.equal((await edge.getSandbox(id)).state, 'running');
+    },
+    hasLifecycle,
+  );
+
+  withEdge(
+    'lifecycle: a stopped sandbox is sandbox_not_running; an unknown one sandbox_not_found',
+    async (u) => {
+      const { edge } = u;
+      const id = await create(u);
+      await edge.stopSandbox(id);
+      await assert.rejects(edge.pauseSandbox!(id), notRunning);
+      await assert.rejects(edge.resumeSandbox!(id), notRunning);
+      await assert.rejects(edge.setSandboxTimeout!(id, 60), notRunning);
+      const unknown = u.mintId();
+      await assert.rejects(edge.pauseSandbox!(unknown), nf);
+      await assert.rejects(edge.resumeSandbox!(unknown), nf);
+      await assert.rejects(edge.setSandboxTimeout!(unknown, 60), nf);
+    },
+    hasLifecycle,
+  );
+
+  withEdge(
+    'snapshots: the image starts a sandbox from the captured state, scrubbed paths gone',
+    async (u) => {
+      const { edge } = u;
+      const id = await create(u);
+      if (hasIo(u)) {
+        await edge.io!.mkdir(id, '/srv/task', { parents: true });
+        await edge.io!.writeFile(id, '/srv/task/keep.txt', Buffer.from('kept\n'));
+        await edge.io!.writeFile(id, '/srv/task/answer.txt', Buffer.from('42\n'));
+      }
+      const name = `conformance-${randomBytes(6).toString('hex')}`;
+      const scrub = ['/srv/task/answer.txt'];
+      const snap = await edge.snapshotSandbox!(id, { name, scrub });
+      assert.equal(parseLayerRef(snap.image)?.name, name);
+      assert.equal(snap.layer.name, name);
+      assert.deepEqual(snap.scrub, scrub);
+      assert.equal(parseLayerRef(snap.parents[0] ?? '')?.name, parseLayerRef(u.image)?.name);
+      assert.ok(snap.freezeMs >= 0 && snap.totalMs >= snap.freezeMs, JSON.stringify(snap));
+      assert.equal((await edge.getSandbox(id)).state, 'running', 'the source keeps running');
+
+      const child = await edge.createSandbox({
+        id: u.mintId(),
+        projectId: 'prj-t',
+        spec: conformanceSpec(snap.image),
+      });
+      assert.equal((await edge.getSandbox(child.id)).state, 'running');
+      if (hasIo(u)) {
+        const read: Buffer[] = [];
+        for await (const c of await edge.io!.readFile(child.id, '/srv/task/keep.txt'))
+          read.push(c as Buffer);
+        assert.equal(Buffer.concat(read).toString(), 'kept\n');
+        await assert.rejects(edge.io!.statFile(child.id, '/srv/task/answer.txt'), (e) =>
+          isDsecError(e, 'not_found'),
+        );
+      }
+      await edge.stopSandbox(id);
+      await assert.rejects(edge.snapshotSandbox!(id, { name: `${name}-after` }), notRunning);
+      await assert.rejects(edge.snapshotSandbox!(u.mintId(), { name: `${name}-unknown` }), nf);
+    },
+    hasSnapshots,
   );
 }

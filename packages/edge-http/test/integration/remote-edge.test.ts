@@ -8,7 +8,7 @@ import { Readable } from 'node:stream';
 import type { Duplex } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { isDsecError, randomId } from '@dsec/core';
-import type { SandboxSpec } from '@dsec/core';
+import type { EdgeApi, SandboxSpec } from '@dsec/core';
 import { edgeApiConformance } from '@dsec/core/testing';
 import { openContainerEdge } from '@dsec/edge';
 import type { Edge } from '@dsec/edge';
@@ -55,11 +55,18 @@ async function servedEdge(capacitySandboxes: number) {
 
 edgeApiConformance('RemoteEdge → serveEdge(Edge)', async () => {
   const s = await servedEdge(2);
+  const served: EdgeApi = s.edge;
   return {
     edge: s.remote,
     capacitySandboxes: 2,
     mintId: () => randomId('sb'),
     image: 'busybox',
+    // RemoteEdge always has the lifecycle methods; the served edge decides whether they work.
+    lifecycle:
+      served.pauseSandbox !== undefined &&
+      served.resumeSandbox !== undefined &&
+      served.setSandboxTimeout !== undefined,
+    snapshots: served.snapshotSandbox !== undefined,
     cleanup: () => s.cleanup(),
   };
 });

@@ -32,9 +32,11 @@ export interface SandboxIoOptions {
   /**
    * The sandbox's record if it is running; throws `sandbox_not_found` /
    * `sandbox_not_running`, and `sandbox_not_found` for another project's
-   * sandbox when `projectId` is given.
+   * sandbox when `projectId` is given. Every call of this layer passes here
+   * (or through the short record cache): a paused sandbox is resumed before
+   * the promise resolves (docs/adr/0012-pause-and-resume.md).
    */
-  running: (sandboxId: string, projectId?: string) => SandboxRecord;
+  running: (sandboxId: string, projectId?: string) => SandboxRecord | Promise<SandboxRecord>;
   /** How long finished commands stay readable. Default 1 h. */
   commandRetentionMs?: number | undefined;
   /** Finished commands kept per sandbox. Default 256. */
@@ -79,6 +81,11 @@ export class SandboxIo implements SandboxIoApi {
     this.#store.close();
   }
 
+  /** The sandbox is being paused: the next call must ask `running` again (and so resume it). */
+  forgetRecord(sandboxId: string): void {
+    this.#records.delete(sandboxId);
+  }
+
   /** The sandbox is stopping: its sessions and running commands go with it. */
   forgetSandbox(sandboxId: string): void {
     this.#records.delete(sandboxId);
@@ -94,7 +101,7 @@ export class SandboxIo implements SandboxIoApi {
     spec: StartCommandSpec,
     options: RunCommandOptions = {},
   ): Promise<CommandResult> {
-    const rec = this.#rec(sandboxId, options.projectId);
+    const rec = await this.#rec(sandboxId, options.projectId);
     const begun = this.registry.begin(
       sandboxId,
       {
@@ -111,7 +118,7 @@ export class SandboxIo implements SandboxIoApi {
   }
 
   async startCommand(sandboxId: string, spec: StartCommandSpec): Promise<CommandInfo> {
-    const rec = this.#rec(sandboxId);
+    const rec = await this.#rec(sandboxId);
     const begun = this.registry.begin(
       sandboxId,
       {
@@ -211,7 +218,7 @@ export class SandboxIo implements SandboxIoApi {
     spec: SessionRunSpec,
     options: RunCommandOptions = {},
   ): Promise<SessionResult> {
-    const rec = this.#rec(sandboxId, options.projectId);
+    const rec = await this.#rec(sandboxId, options.projectId);
     const session = this.#session(rec, name, spec);
     const begun = this.registry.begin(
       sandboxId,
@@ -229,12 +236,12 @@ export class SandboxIo implements SandboxIoApi {
   }
 
   async listSessions(sandboxId: string): Promise<SessionInfo[]> {
-    this.#rec(sandboxId);
+    await this.#rec(sandboxId);
     return [...(this.#sessions.get(sandboxId)?.values() ?? [])].map((s) => s.info());
   }
 
   async closeSession(sandboxId: string, name: string): Promise<void> {
-    this.#rec(sandboxId);
+    await this.#rec(sandboxId);
     const byName = this.#sessions.get(sandboxId);
     byName?.get(name)?.close();
     byName?.delete(name);
@@ -307,7 +314,7 @@ export class SandboxIo implements SandboxIoApi {
   }
 
   async openPty(sandboxId: string, options: PtyOptions = {}): Promise<PtySession> {
-    const rec = this.#rec(sandboxId);
+    const rec = await this.#rec(sandboxId);
     const conn = await this.#channel(rec, true);
     return openPty(conn, {
       ...options,
@@ -355,7 +362,7 @@ export class SandboxIo implements SandboxIoApi {
     return raceDeadline(result, undefined, signal);
   }
 
-  #rec(sandboxId: string, projectId?: string): SandboxRecord {
+  #rec(sandboxId: string, projectId?: string): SandboxRecord | Promise<SandboxRecord> {
     const now = Date.now();
     const cached = this.#records.get(sandboxId);
     if (
@@ -364,9 +371,16 @@ export class SandboxIo implements SandboxIoApi {
       (projectId === undefined || cached.rec.projectId === projectId)
     )
       return cached.rec;
-    const rec = this.#o.running(sandboxId, projectId);
-    this.#records.set(sandboxId, { rec, atMs: now });
-    return rec;
+    const found = this.#o.running(sandboxId, projectId);
+    if (!(found instanceof Promise)) {
+      this.#records.set(sandboxId, { rec: found, atMs: now });
+      return found;
+    }
+    // Resumed first; cached from when it runs.
+    return found.then((rec) => {
+      this.#records.set(sandboxId, { rec, atMs: Date.now() });
+      return rec;
+    });
   }
 
   #session(rec: SandboxRecord, name: string, spec: SessionRunSpec): ShellSession {
@@ -415,12 +429,12 @@ export class SandboxIo implements SandboxIoApi {
   }
 
   async #shared(sandboxId: string, options: FileOptions) {
-    const rec = this.#rec(sandboxId);
+    const rec = await this.#rec(sandboxId);
     return { conn: await this.#channel(rec, false), ...this.#fileContext(rec, options) };
   }
 
   async #dedicated(sandboxId: string, options: FileOptions) {
-    const rec = this.#rec(sandboxId);
+    const rec = await this.#rec(sandboxId);
     return { conn: await this.#channel(rec, true), ...this.#fileContext(rec, options) };
   }
 

@@ -20,7 +20,20 @@ export interface SandboxRecord {
   initPid?: number | undefined;
   chronusPid?: number | undefined;
   reason?: string | undefined;
+  /** Since when it is paused (state `paused`). */
+  pausedAt?: string | undefined;
+  /** When a paused sandbox is stopped if nothing resumes it. */
+  pausedExpiresAt?: string | undefined;
+  /**
+   * A pause or resume that was begun and not yet recorded as done: written
+   * before the edge touches the sandbox, cleared with the new state, so a
+   * restart after a crash in between finishes it (lifecycle/lifecycle.ts).
+   */
+  intent?: LifecycleIntent | undefined;
 }
+
+/** A lifecycle transition in progress (see `SandboxRecord.intent`). */
+export type LifecycleIntent = 'pause' | 'resume';
 
 interface Row {
   id: string;
@@ -36,7 +49,17 @@ interface Row {
   init_pid: number | null;
   chronus_pid: number | null;
   reason: string | null;
+  paused_at: string | null;
+  paused_expires_at: string | null;
+  intent: LifecycleIntent | null;
 }
+
+/** Columns added after the first release: added to an older database when it is opened. */
+const ADDED_COLUMNS: Record<string, string> = {
+  paused_at: 'TEXT',
+  paused_expires_at: 'TEXT',
+  intent: 'TEXT',
+};
 
 /**
  * The edge's durable local store (paper: the edge keeps what it needs on local
@@ -79,6 +102,11 @@ export class EdgeStore {
         WHERE request_id IS NOT NULL;
       CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
     `);
+    const have = new Set(
+      (this.#db.pragma('table_info(sandboxes)') as { name: string }[]).map((c) => c.name),
+    );
+    for (const [name, type] of Object.entries(ADDED_COLUMNS))
+      if (!have.has(name)) this.#db.exec(`ALTER TABLE sandboxes ADD COLUMN ${name} ${type}`);
   }
 
   /** Inserts a new `creating` record with the lowest free id-range slot. */
@@ -139,6 +167,38 @@ export class EdgeStore {
     );
   }
 
+  /**
+   * Writes a pause or resume step (lifecycle/lifecycle.ts): every field given
+   * is set, `null` clears one. One statement, so a crash leaves either the
+   * old row or the new one.
+   */
+  setLifecycle(
+    id: string,
+    fields: {
+      state?: SandboxState;
+      expiresAt?: string;
+      pausedAt?: string | null;
+      pausedExpiresAt?: string | null;
+      intent?: LifecycleIntent | null;
+      chronusPid?: number;
+    },
+  ): void {
+    const cols: [string, unknown][] = [
+      ['state', fields.state],
+      ['expires_at', fields.expiresAt],
+      ['paused_at', fields.pausedAt],
+      ['paused_expires_at', fields.pausedExpiresAt],
+      ['intent', fields.intent],
+      ['chronus_pid', fields.chronusPid],
+    ];
+    const set = cols.filter(([, v]) => v !== undefined);
+    if (set.length === 0) return;
+    this.#sql(`UPDATE sandboxes SET ${set.map(([k]) => `${k} = ?`).join(', ')} WHERE id = ?`).run(
+      ...set.map(([, v]) => v),
+      id,
+    );
+  }
+
   get(id: string): SandboxRecord | undefined {
     const row = this.#sql('SELECT * FROM sandboxes WHERE id = ?').get(id) as Row | undefined;
     return row && fromRow(row);
@@ -180,5 +240,8 @@ function fromRow(row: Row): SandboxRecord {
     initPid: row.init_pid ?? undefined,
     chronusPid: row.chronus_pid ?? undefined,
     reason: row.reason ?? undefined,
+    pausedAt: row.paused_at ?? undefined,
+    pausedExpiresAt: row.paused_expires_at ?? undefined,
+    intent: row.intent ?? undefined,
   };
 }

@@ -172,6 +172,17 @@ export const MIGRATIONS: readonly Migration[] = [
   );`,
     },
   },
+  {
+    version: 4,
+    name: 'key scopes',
+    // JSON array of scopes; NULL is an unscoped key (every key made before scopes existed).
+    sql: {
+      sqlite: `
+  ALTER TABLE api_keys ADD COLUMN scopes TEXT;`,
+      postgres: `
+  ALTER TABLE api_keys ADD COLUMN scopes TEXT;`,
+    },
+  },
 ];
 
 /** The newest layout this release knows. */

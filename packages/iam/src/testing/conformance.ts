@@ -204,6 +204,70 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.ok(listed.every((k) => k.projectId === a.id && !('key' in k)));
     });
 
+    test('key scopes: stored, authenticated, listed; unscoped keys have none', async (t) => {
+      const { iam, root, location } = await fresh(t);
+      const builder = await iam.createKey(root, {
+        projectId: root.projectId,
+        name: 'builder',
+        scopes: ['sandboxes:snapshot', 'images:run:base*', 'sandboxes:snapshot'],
+      });
+      assert.deepEqual(builder.scopes, ['sandboxes:snapshot', 'images:run:base*']);
+      const plain = await iam.createKey(root, { projectId: root.projectId });
+      assert.equal('scopes' in plain, false);
+      // Another instance (another apiserver) reads the same scopes from the database.
+      const other = (await open(t, location)).iam;
+      assert.deepEqual((await other.authenticate(builder.key)).scopes, [
+        'sandboxes:snapshot',
+        'images:run:base*',
+      ]);
+      assert.equal((await other.authenticate(plain.key)).scopes, undefined);
+      assert.equal(root.scopes, undefined, 'the bootstrap key is unscoped');
+      const listed = await iam.listKeys(root);
+      assert.deepEqual(listed.find((k) => k.id === builder.id)?.scopes, [
+        'sandboxes:snapshot',
+        'images:run:base*',
+      ]);
+      assert.equal(listed.find((k) => k.id === plain.id)?.scopes, undefined);
+      await assert.rejects(
+        iam.createKey(root, { projectId: root.projectId, scopes: ['images:run:Bad Name'] }),
+        (e) => isDsecError(e, 'invalid_argument') && e.field === 'scopes.0',
+      );
+    });
+
+    test('a scoped key grants only scopes its own cover, and never an unscoped key', async (t) => {
+      const { iam, root } = await fresh(t);
+      const runtime = await iam.authenticate(
+        (
+          await iam.createKey(root, {
+            projectId: root.projectId,
+            role: 'admin',
+            scopes: ['images:run:task-*'],
+          })
+        ).key,
+      );
+      const narrower = await iam.createKey(runtime, {
+        projectId: root.projectId,
+        scopes: ['images:run:task-a*'],
+      });
+      assert.deepEqual(narrower.scopes, ['images:run:task-a*']);
+      const denied = (e: unknown) => isDsecError(e, 'permission_denied') && e.field === 'scopes';
+      await assert.rejects(iam.createKey(runtime, { projectId: root.projectId }), denied);
+      await assert.rejects(
+        iam.createKey(runtime, { projectId: root.projectId, scopes: ['sandboxes:snapshot'] }),
+        denied,
+      );
+      await assert.rejects(
+        iam.createKey(runtime, { projectId: root.projectId, scopes: ['images:run:*'] }),
+        denied,
+      );
+      assert.ok(
+        (await iam.listAudit()).some(
+          (e) =>
+            e.action === 'key.create' && e.outcome === 'denied' && e.actorKeyId === runtime.keyId,
+        ),
+      );
+    });
+
     test('reserve checks every ancestor over its subtree; release frees', async (t) => {
       const { iam, root } = await fresh(t);
       const a = await iam.createProject(root, {
@@ -268,6 +332,29 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       // A lapsed reservation's name may be taken again.
       now += 1001;
       await iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'rsv-c');
+    });
+
+    test('setReservationExpiry moves a live reservation either way; a lapsed one stays lapsed', async (t) => {
+      let now = 1_000_000;
+      const { iam, root } = await fresh(t, { now: () => now, expiryGraceMs: 100 });
+      const p = await iam.createProject(root, { name: 'p', quota: { sandboxes: 1 } });
+      await iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'h1');
+      await iam.bindReservation('h1', 'sb-1', { expiresAt: now + 1000 });
+      // Extended: still held past its first expiry.
+      assert.equal(await iam.setReservationExpiry('sb-1', now + 10_000), true);
+      now += 5000;
+      assert.equal(await iam.reservationProject('sb-1'), p.id);
+      // Shortened: freed at the new expiry plus the grace period.
+      assert.equal(
+        await iam.setReservationExpiry('sb-1', new Date(now + 1000).toISOString()),
+        true,
+      );
+      now += 1100;
+      assert.equal(await iam.reservationProject('sb-1'), undefined);
+      assert.equal(await iam.setReservationExpiry('sb-1', now + 60_000), false);
+      assert.equal(await iam.reservationProject('sb-1'), undefined);
+      await iam.reserve(p.id, { memoryMb: 1, cpuCores: 1 }, 'h2');
+      assert.equal(await iam.setReservationExpiry('sb-unknown', now + 1000), false);
     });
 
     test('idempotency claims: claimed, pending, done, abandoned, taken over', async (t) => {

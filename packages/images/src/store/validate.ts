@@ -9,7 +9,10 @@ import {
   type LayerKind,
 } from '@dsec/core';
 
+/** The kinds a layer can be built or imported as. */
 export const LAYER_KINDS: readonly LayerKind[] = ['base', 'workspace', 'toolkit'];
+/** The kinds a stored record may have: snapshots are only made by an edge (`snapshotSandbox`). */
+const RECORD_KINDS: readonly LayerKind[] = [...LAYER_KINDS, 'snapshot'];
 
 export function assertDigest(digest: unknown, field = 'digest'): asserts digest is string {
   if (typeof digest !== 'string' || !DIGEST_PATTERN.test(digest)) {
@@ -39,9 +42,13 @@ export function assertLayerVersion(version: unknown, field = 'version'): asserts
   }
 }
 
-export function assertLayerKind(kind: unknown, field = 'kind'): asserts kind is LayerKind {
-  if (!LAYER_KINDS.includes(kind as LayerKind)) {
-    throw new DsecError('invalid_argument', `${field} must be one of ${LAYER_KINDS.join(', ')}`, {
+export function assertLayerKind(
+  kind: unknown,
+  field = 'kind',
+  kinds: readonly LayerKind[] = LAYER_KINDS,
+): asserts kind is LayerKind {
+  if (!kinds.includes(kind as LayerKind)) {
+    throw new DsecError('invalid_argument', `${field} must be one of ${kinds.join(', ')}`, {
       field,
     });
   }
@@ -57,7 +64,7 @@ function assertCount(value: unknown, field: string): void {
 export function validateLayerInfo(layer: LayerInfo): void {
   assertLayerName(layer.name);
   assertLayerVersion(layer.version);
-  assertLayerKind(layer.kind);
+  assertLayerKind(layer.kind, 'kind', RECORD_KINDS);
   assertDigest(layer.digest);
   if (layer.blobDigest !== undefined) assertDigest(layer.blobDigest, 'blobDigest');
   if (layer.blobChunksDigest !== undefined) {
@@ -82,6 +89,24 @@ export function validateLayerInfo(layer: LayerInfo): void {
     });
   }
   if (layer.parents !== undefined) assertStrings(layer.parents, 'parents');
+  if (layer.scrub !== undefined) assertStrings(layer.scrub, 'scrub');
+  if (layer.parentDigests !== undefined) {
+    assertStrings(layer.parentDigests, 'parentDigests');
+    layer.parentDigests.forEach((d, i) => assertDigest(d, `parentDigests.${i}`));
+  }
+  // A snapshot names a whole image: its stack must be recorded and pinned.
+  if (
+    layer.kind === 'snapshot' &&
+    (layer.parents === undefined ||
+      layer.parents.length === 0 ||
+      layer.parentDigests?.length !== layer.parents.length)
+  ) {
+    throw new DsecError(
+      'invalid_argument',
+      'a snapshot needs parents and one parentDigest per parent',
+      { field: 'parents' },
+    );
+  }
   const config = layer.config as unknown;
   if (config !== undefined) {
     if (typeof config !== 'object' || config === null || Array.isArray(config)) {
@@ -124,6 +149,8 @@ export function normalizeLayerInfo(layer: LayerInfo): LayerInfo {
     source: layer.source,
     ...(layer.config !== undefined ? { config: normalizeConfig(layer.config) } : {}),
     ...(layer.parents !== undefined ? { parents: [...layer.parents] } : {}),
+    ...(layer.parentDigests !== undefined ? { parentDigests: [...layer.parentDigests] } : {}),
+    ...(layer.scrub !== undefined ? { scrub: [...layer.scrub] } : {}),
   };
 }
 

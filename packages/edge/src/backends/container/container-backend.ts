@@ -21,7 +21,13 @@ import { mountPoints } from '../../layers/mountinfo.js';
 import type { OciRuntime } from '../../runtime/oci-runtime.js';
 import { runOnChronus } from '../../sessions/run-command.js';
 import type { SandboxRecord } from '../../state/edge-store.js';
-import type { Backend, StartedSandbox } from '../backend.js';
+import type { Backend, PauseResult, StartedSandbox } from '../backend.js';
+import {
+  openCgroupPause,
+  type CgroupPause,
+  type MemoryLimits,
+} from '../../lifecycle/cgroup-pause.js';
+import type { SwapArea } from '../../lifecycle/swap-area.js';
 import type { NetworkManager, SandboxNetwork } from '../../network/network-manager.js';
 import { runTool } from '../../network/sys.js';
 import { seccompLines } from './seccomp.js';
@@ -50,6 +56,10 @@ export interface ContainerBackendOptions {
   cgroupParent: string;
   /** Per-sandbox network namespace and egress policy; absent: loopback only. */
   network?: NetworkManager | undefined;
+  /** Where a pause pushes memory (ADR 0012); absent: only swap the host already has. */
+  swap?: SwapArea | undefined;
+  /** Freezer and memory reclaim of the sandboxes' cgroups (default: the host's, by `cgroups.version`). */
+  cgroupPause?: CgroupPause | undefined;
 }
 
 /**
@@ -65,8 +75,10 @@ export class ContainerBackend implements Backend {
   readonly #connections = new Map<string, Promise<ChronusConnection>>();
   readonly #oomKillsSeen = new Map<string, number>();
   #seccompBpf: string | undefined;
+  readonly #pause: CgroupPause;
 
   constructor(readonly options: ContainerBackendOptions) {
+    this.#pause = options.cgroupPause ?? openCgroupPause(options.cgroups.version);
     // Every mapped root passes through here to its own directory; nobody lists it.
     mkdirSync(options.dir, { recursive: true, mode: 0o711 });
     chmodSync(options.dir, 0o711);
@@ -141,9 +153,13 @@ export class ContainerBackend implements Backend {
     // runtime starts; the daemon then waits for the runtime to report the
     // sandbox's init.
     const [prepared, networked, imaged] = await Promise.allSettled([
-      this.options.cgroups
-        .create(p.cgroupsPath)
-        .then(() => prepareChronus(this.#chronusOptions(p))),
+      this.options.cgroups.create(p.cgroupsPath).then(() =>
+        prepareChronus({
+          ...this.#chronusOptions(p),
+          // The daemon configures the sandbox's end of its veth (ADR 0005).
+          network: this.options.network?.mode === 'isolated',
+        }),
+      ),
       this.options.network?.setup(rec),
       quota !== undefined ? makeUpperImage(p.upperImage, quota) : undefined,
     ]);
@@ -191,7 +207,7 @@ export class ContainerBackend implements Backend {
       });
       await Promise.all([
         chronus.attach(running.initPid),
-        this.options.network?.attach(rec, running.initPid),
+        this.options.network?.attach(rec, running.initPid, chronus.configureNetwork),
       ]);
       await applyQos(running.initPid, chronus.pid, rec.spec.qosClass);
       return { initPid: running.initPid, chronusPid: chronus.pid };
@@ -229,6 +245,9 @@ export class ContainerBackend implements Backend {
     // the container's processes drain.
     const network = this.options.network?.teardown(rec);
     network?.catch(() => undefined);
+    // A paused sandbox's processes are frozen: the SIGKILLs above are only
+    // delivered (and the cgroups can only drain) once they run again.
+    if (this.#pause.frozen(p.cgroupsPath)) await this.#pause.thaw(p.cgroupsPath);
     if (rec.initPid === undefined) {
       // A create interrupted before the init was recorded: its runtime may still
       // be starting (found by the container name, its last argument).
@@ -307,6 +326,51 @@ export class ContainerBackend implements Backend {
     return kills > seen;
   }
 
+  // ---- pause and resume (docs/adr/0012-pause-and-resume.md) ----
+
+  /**
+   * Freezes the sandbox's cgroup (its init, everything under it, and its
+   * command daemon, which sits in the same cgroup), then pushes its memory
+   * out to swap. The swap space is ensured first, sized by what would go there.
+   */
+  async pause(rec: SandboxRecord): Promise<PauseResult> {
+    const { cgroupsPath } = this.paths(rec);
+    await this.options.swap?.ensure(Math.max(0, await this.#pause.swapNeededBytes(cgroupsPath)));
+    const start = performance.now();
+    await this.#pause.freeze(cgroupsPath);
+    const freezeMs = performance.now() - start;
+    try {
+      const r = await this.#pause.reclaim(cgroupsPath, memoryLimits(rec));
+      return {
+        freezeMs,
+        reclaimMs: r.reclaimMs,
+        memoryBeforeBytes: r.beforeBytes,
+        memoryAfterBytes: r.afterBytes,
+      };
+    } catch (err) {
+      // Not paused after all: the limits back as they were, the processes running.
+      await this.#pause.restoreLimits(cgroupsPath, memoryLimits(rec)).catch(() => undefined);
+      await this.#pause.thaw(cgroupsPath).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  async resume(rec: SandboxRecord): Promise<{ chronusPid?: number | undefined }> {
+    const { cgroupsPath } = this.paths(rec);
+    // What a reclaim opened (v2's swap limit) and a crash kept it from closing.
+    await this.#pause.restoreLimits(cgroupsPath, memoryLimits(rec));
+    await this.#pause.thaw(cgroupsPath);
+    return { chronusPid: await this.ensureChronus(rec) };
+  }
+
+  async isFrozen(rec: SandboxRecord): Promise<boolean> {
+    return this.#pause.frozen(this.paths(rec).cgroupsPath) === true;
+  }
+
+  async memoryBytes(rec: SandboxRecord): Promise<number | undefined> {
+    return this.options.cgroups.memoryUsageBytes(this.paths(rec).cgroupsPath);
+  }
+
   /** How every chronus daemon of this backend is started (the sandbox's own restrictions). */
   #chronusOptions(p: ReturnType<ContainerBackend['paths']>) {
     return {
@@ -356,6 +420,12 @@ export class ContainerBackend implements Backend {
     );
     return connecting;
   }
+}
+
+/** The limits `buildContainerConfig` gives the runtime (spec.ts): no swap while running. */
+function memoryLimits(rec: SandboxRecord): MemoryLimits {
+  const bytes = rec.spec.memoryLimitMb * 1024 * 1024;
+  return { memoryBytes: bytes, memoryAndSwapBytes: bytes };
 }
 
 function killQuietly(pid: number): void {
