@@ -364,4 +364,154 @@ describe('chronus supervisor', { skip }, () => {
       await rm(sockDir, { recursive: true, force: true });
     }
   });
+
+  test("with net, the daemon configures the sandbox's interface over rtnetlink before it serves", async () => {
+    const sandbox = await startRuncSandbox();
+    const sockDir = await mkdtemp(join(tmpdir(), 'dsec-native-sock-'));
+    // A veth this test makes: its far end in the sandbox's namespace, addresses
+    // outside every edge's range (10.213–10.250) and unique to this run.
+    const tag = Math.floor(Math.random() * 0xfff);
+    const hostEnd = `dsnt${tag.toString(16)}`;
+    const net4 = `10.254.${tag >> 4}.${(tag & 15) * 16}`;
+    const a4 = net4.replace(/\d+$/, (o) => String(Number(o) + 1));
+    const b4 = net4.replace(/\d+$/, (o) => String(Number(o) + 2));
+    const a6 = `fd5e:feed:${tag.toString(16)}::1`;
+    const b6 = `fd5e:feed:${tag.toString(16)}::2`;
+    const socketPath = join(sockDir, 'chronus.sock');
+    try {
+      const pending = await prepareChronus({
+        supervisor,
+        socketPath,
+        cgroupDirs: sandbox.cgroupDirs,
+        seccompProfile: '',
+        capabilities: DOCKER_CAPS,
+        noNewPrivs: true,
+        network: true,
+      });
+      assert.equal(supervisor.protocolVersion, 2);
+      assert.ok(pending.configureNetwork);
+      // Checked before anything reaches the daemon.
+      await assert.rejects(
+        pending.configureNetwork({
+          interface: 'eth0',
+          addresses: [{ address: b4, prefixLength: 33, gateway: a4 }],
+        }),
+        { code: 'invalid_argument' },
+      );
+      const ip = (...args: string[]) => runTool('ip', args);
+      await ip(
+        'link',
+        'add',
+        hostEnd,
+        'type',
+        'veth',
+        'peer',
+        'name',
+        'eth0',
+        'netns',
+        String(sandbox.initPid),
+      );
+      await ip('addr', 'add', `${a6}/64`, 'dev', hostEnd, 'nodad');
+      await ip('addr', 'add', `${a4}/30`, 'dev', hostEnd);
+      await ip('link', 'set', hostEnd, 'up');
+      await Promise.all([
+        pending.attach(sandbox.initPid),
+        pending.configureNetwork({
+          interface: 'eth0',
+          addresses: [
+            { address: b4, prefixLength: 30, gateway: a4 },
+            { address: b6, prefixLength: 64, gateway: a6 },
+          ],
+        }),
+      ]);
+      const inside = (...args: string[]) =>
+        runTool('nsenter', ['-t', String(sandbox.initPid), '-n', 'ip', '-j', ...args]);
+      const addrs = JSON.parse(await inside('addr', 'show')) as {
+        ifname: string;
+        flags: string[];
+        addr_info: { local: string; prefixlen: number }[];
+      }[];
+      const eth0 = addrs.find((l) => l.ifname === 'eth0');
+      assert.ok(eth0 && eth0.flags.includes('UP'), JSON.stringify(addrs));
+      assert.ok(addrs.find((l) => l.ifname === 'lo')?.flags.includes('UP'));
+      const local = eth0.addr_info.map((a) => `${a.local}/${a.prefixlen}`);
+      assert.ok(local.includes(`${b4}/30`) && local.includes(`${b6}/64`), local.join(' '));
+      for (const family of ['-4', '-6']) {
+        const routes = JSON.parse(await inside(family, 'route', 'show', 'default')) as {
+          gateway: string;
+          dev: string;
+        }[];
+        assert.deepEqual(
+          routes.map((r) => [r.gateway, r.dev]),
+          [[family === '-4' ? a4 : a6, 'eth0']],
+        );
+      }
+      // The link works both ways (host end to the sandbox's end, both made here).
+      await runTool(BUSYBOX, ['ping', '-c', '1', '-W', '3', b4]);
+      await runTool(BUSYBOX, ['ping6', '-c', '1', '-W', '3', b6]);
+      // The daemon serves as usual, and cannot change the network any more.
+      const conn = await ChronusConnection.connect(socketPath);
+      try {
+        const r = await runCollect(conn, {
+          argv: ['ip', 'link', 'set', 'eth0', 'down'],
+          shell: true,
+        });
+        assert.notEqual(r.exit.exitCode, 0);
+        assert.match(r.stderr.toString(), /not permitted/);
+      } finally {
+        conn.close();
+      }
+    } finally {
+      await runTool('ip', ['link', 'del', hostEnd]).catch(() => undefined);
+      await sandbox.destroy();
+      await rm(sockDir, { recursive: true, force: true });
+    }
+  });
+
+  test("a failed network configuration is the daemon's reason, and it exits", async () => {
+    const sandbox = await startRuncSandbox();
+    const sockDir = await mkdtemp(join(tmpdir(), 'dsec-native-sock-'));
+    try {
+      const pending = await prepareChronus({
+        supervisor,
+        socketPath: join(sockDir, 'chronus.sock'),
+        cgroupDirs: sandbox.cgroupDirs,
+        seccompProfile: '',
+        capabilities: DOCKER_CAPS,
+        noNewPrivs: true,
+        network: true,
+      });
+      // No such interface in the sandbox: nothing was made for it.
+      const [attached, configured] = await Promise.allSettled([
+        pending.attach(sandbox.initPid),
+        pending.configureNetwork!({
+          interface: 'eth0',
+          addresses: [{ address: '10.254.255.2', prefixLength: 30, gateway: '10.254.255.1' }],
+        }),
+      ]);
+      for (const r of [attached, configured]) {
+        assert.equal(r.status, 'rejected');
+        assert.match(String(r.reason), /configure eth0: no such interface/);
+      }
+      await waitFor(async () => !(await alive(pending.pid)), 'the failed daemon to exit');
+    } finally {
+      await sandbox.destroy();
+      await rm(sockDir, { recursive: true, force: true });
+    }
+  });
 });
+
+/** Runs a host tool; rejects with its stderr. */
+function runTool(cmd: string, args: string[]): Promise<string> {
+  return new Promise((resolveOut, reject) => {
+    const child = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    let err = '';
+    child.stdout.setEncoding('utf8').on('data', (s: string) => (out += s));
+    child.stderr.setEncoding('utf8').on('data', (s: string) => (err += s));
+    child.on('error', reject);
+    child.on('close', (code) =>
+      code === 0 ? resolveOut(out) : reject(new Error(`${cmd} ${args.join(' ')}: ${err.trim()}`)),
+    );
+  });
+}

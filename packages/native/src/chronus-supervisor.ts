@@ -23,7 +23,7 @@
  * ```
  */
 import { spawn } from 'node:child_process';
-import { createConnection } from 'node:net';
+import { createConnection, isIP } from 'node:net';
 import type { Socket } from 'node:net';
 import { chmod, mkdir, open, readFile, readlink, rm, stat } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
@@ -36,7 +36,8 @@ import { helperPath } from './binaries.js';
 /** `/proc/PID/cmdline` of the supervisor and of each daemon (chronus.h). */
 const SUPERVISOR_TITLE = 'dsec-chronusd';
 const DAEMON_TITLE = 'dsec-chronus';
-const PROTOCOL_VERSION = 1;
+/** 2: `prepare` takes `net` (the daemon configures the sandbox's interface). */
+const PROTOCOL_VERSION = 2;
 /** The supervisor answers a ping, or the first line of a prepare, at once; this is for a hung one. */
 const ANSWER_TIMEOUT_MS = 10_000;
 
@@ -65,6 +66,7 @@ export class ChronusSupervisor {
   #running: Promise<number> | undefined;
   #pid: number | undefined;
   #adopted = false;
+  #protocol: number | undefined;
 
   constructor(options: ChronusSupervisorOptions) {
     this.#options = options;
@@ -79,6 +81,14 @@ export class ChronusSupervisor {
   /** True when the running supervisor was found alive rather than started by this handle. */
   get adopted(): boolean {
     return this.#adopted;
+  }
+
+  /**
+   * The control protocol of the supervisor this handle last started or
+   * adopted (1 for a helper built before `net`); undefined before the first start.
+   */
+  get protocolVersion(): number | undefined {
+    return this.#protocol;
   }
 
   /** The control socket's path. */
@@ -176,31 +186,39 @@ export class ChronusSupervisor {
       (await readFile(join(this.dir, 'chronusd.pid'), 'utf8').catch(() => '')).trim(),
     );
     if (Number.isSafeInteger(old) && old > 1 && (await isSupervisor(old, this.dir))) {
-      if ((await runsHelper(old)) && (await this.#ping()) === old) {
+      const answer = (await runsHelper(old)) ? await this.#ping() : undefined;
+      if (answer?.pid === old) {
         this.#pid = old;
         this.#adopted = true;
+        this.#protocol = answer.protocol;
         return old;
       }
       signalQuietly(old, 'SIGKILL');
       await waitExit(old, 2000);
     }
-    const pid = await this.#spawn();
+    const { pid, protocol } = await this.#spawn();
     this.#pid = pid;
     this.#adopted = false;
+    this.#protocol = protocol;
     return pid;
   }
 
-  /** The pid that answers on the control socket, if it speaks our protocol and seals our shell. */
-  async #ping(): Promise<number | undefined> {
+  /**
+   * The pid and protocol version that answer on the control socket, if it
+   * speaks our protocol (or an older one: it runs the current helper binary,
+   * which a partial upgrade may have left older) and seals our shell.
+   */
+  async #ping(): Promise<{ pid: number; protocol: number } | undefined> {
     const socket = await connectUnix(this.socketPath).catch(() => undefined);
     if (!socket) return undefined;
     try {
       socket.end(encodeRequest(['ping']));
       const text = await readUntilClose(socket, ANSWER_TIMEOUT_MS);
       const m = /^chronusd (\d+) (\d+) (.*)\n/.exec(text);
-      if (!m || Number(m[1]) !== PROTOCOL_VERSION || m[3] !== this.#options.shellPath)
+      const protocol = Number(m?.[1]);
+      if (!m || protocol < 1 || protocol > PROTOCOL_VERSION || m[3] !== this.#options.shellPath)
         return undefined;
-      return Number(m[2]);
+      return { pid: Number(m[2]), protocol };
     } catch {
       return undefined;
     } finally {
@@ -208,7 +226,7 @@ export class ChronusSupervisor {
     }
   }
 
-  async #spawn(): Promise<number> {
+  async #spawn(): Promise<{ pid: number; protocol: number }> {
     const logPath = join(this.dir, 'chronusd.log');
     const log = await open(logPath, 'a', 0o600);
     let child;
@@ -224,7 +242,7 @@ export class ChronusSupervisor {
     const stdout = child.stdout;
     if (!stdout) throw new DsecError('internal', 'chronus supervisor: no stdout pipe');
     try {
-      return await new Promise<number>((resolvePid, reject) => {
+      return await new Promise<{ pid: number; protocol: number }>((resolvePid, reject) => {
         let text = '';
         const timer = setTimeout(
           () => reject(new DsecError('unavailable', 'chronus supervisor did not start in time')),
@@ -235,7 +253,9 @@ export class ChronusSupervisor {
           const m = /^ready (\d+)$/m.exec(text);
           if (m) {
             clearTimeout(timer);
-            resolvePid(Number(m[1]));
+            // Written before `ready`; a helper older than protocol 2 has no such line.
+            const protocol = Number(/^protocol (\d+)$/m.exec(text)?.[1] ?? 1);
+            resolvePid({ pid: Number(m[1]), protocol });
           }
         });
         child.on('error', (err) => {
@@ -281,7 +301,24 @@ export interface ChronusOptions {
   /** Capabilities commands may hold, e.g. `CAP_CHOWN`. */
   capabilities: string[];
   noNewPrivs: boolean;
+  /**
+   * The daemon configures the sandbox's end of its veth from inside its
+   * namespaces ({@link PendingChronus.configureNetwork}) before it serves.
+   * Ignored (no `configureNetwork`) when the supervisor's helper is older,
+   * and by {@link startChronus}.
+   */
+  network?: boolean;
   signal?: AbortSignal;
+}
+
+/**
+ * The sandbox's side of its network link: the interface (already in the
+ * sandbox's network namespace) and, per family, its address and the gateway
+ * of its default route.
+ */
+export interface ChronusNetworkConfig {
+  interface: string;
+  addresses: { address: string; prefixLength: number; gateway: string }[];
 }
 
 /**
@@ -290,7 +327,8 @@ export interface ChronusOptions {
  * once it listens on `socketPath`.
  */
 export async function startChronus(options: ChronusOptions): Promise<{ pid: number }> {
-  const pending = await prepareChronus(options);
+  // No `network`: nothing here would configure it (a restarted daemon's sandbox has its own).
+  const pending = await prepareChronus({ ...options, network: false });
   await pending.attach(options.initPid);
   return { pid: pending.pid };
 }
@@ -298,8 +336,21 @@ export async function startChronus(options: ChronusOptions): Promise<{ pid: numb
 /** A chronus daemon that has been forked and waits for the sandbox's init. */
 export interface PendingChronus {
   pid: number;
-  /** Hands over the init's host PID; resolves once the daemon serves. */
+  /**
+   * Hands over the init's host PID; resolves once the daemon serves (with
+   * `network`, only after {@link PendingChronus.configureNetwork}).
+   */
   attach(initPid: number): Promise<void>;
+  /**
+   * Present when the daemon was prepared with `network` by a supervisor that
+   * supports it: configures the interface (it must exist in the sandbox's
+   * network namespace by now) over rtnetlink from inside the sandbox's
+   * namespaces, with every address and default route of `config`. Call it
+   * along with `attach`; it resolves once the daemon is done. Errors:
+   * `invalid_argument` for a malformed config, `internal` with the daemon's
+   * reason (the daemon then exits, so `attach` fails too).
+   */
+  configureNetwork?: (config: ChronusNetworkConfig) => Promise<void>;
   /** Kills the waiting daemon (the sandbox failed to start). */
   abort(): void;
 }
@@ -324,6 +375,9 @@ export async function prepareChronus(
   if (options.seccompProfile !== '') request.push('seccomp', options.seccompProfile);
 
   const { socket, generation } = await supervisor.connect(options.signal);
+  // The version of the supervisor just connected to (connect awaited its start).
+  const network = options.network === true && (supervisor.protocolVersion ?? 1) >= 2;
+  if (network) request.push('net', '1');
   let text = '';
   let closed = false;
   socket.setEncoding('utf8').on('data', (s: string) => (text += s));
@@ -381,8 +435,24 @@ export async function prepareChronus(
   const ready = expect(/\nready\n/, 'exited before it was ready');
   prepared.catch(() => undefined);
   ready.catch(() => undefined);
+  // The `net` line goes after the pid line; settled by attach.
+  let pidSent!: { resolve: () => void; reject: (err: unknown) => void };
+  const pidWritten = new Promise<void>((resolve, reject) => (pidSent = { resolve, reject }));
+  pidWritten.catch(() => undefined);
   return {
     pid,
+    ...(network
+      ? {
+          async configureNetwork(config: ChronusNetworkConfig) {
+            const line = networkLine(config);
+            const configured = expect(/\nconfigured\n/, 'exited before its network was configured');
+            configured.catch(() => undefined);
+            await pidWritten;
+            socket.write(line);
+            await configured;
+          },
+        }
+      : {}),
     async attach(initPid: number) {
       const onAttachAbort = () => {
         signalQuietly(pid, 'SIGKILL');
@@ -392,8 +462,10 @@ export async function prepareChronus(
       try {
         await prepared;
         socket.write(`${initPid}\n`);
+        pidSent.resolve();
         await ready;
       } catch (err) {
+        pidSent.reject(err);
         signalQuietly(pid, 'SIGKILL');
         throwIfAborted(options.signal);
         throw err;
@@ -404,10 +476,34 @@ export async function prepareChronus(
     },
     abort() {
       // The daemon also exits by itself when it reads EOF instead of a pid.
+      pidSent.reject(new DsecError('aborted', 'chronus daemon aborted'));
       signalQuietly(pid, 'SIGKILL');
       socket.destroy();
     },
   };
+}
+
+/** `net IFNAME ADDR/PLEN GATEWAY …\n` (PROTOCOL.md), with every field checked. */
+function networkLine(config: ChronusNetworkConfig): string {
+  const bad = (what: string) =>
+    new DsecError('invalid_argument', `chronus network configuration: bad ${what}`);
+  if (!/^[A-Za-z0-9_.-]{1,15}$/.test(config.interface)) throw bad('interface name');
+  const families = new Set<number>();
+  const fields = [config.interface];
+  for (const a of config.addresses) {
+    const family = isIP(a.address);
+    if (family === 0 || isIP(a.gateway) !== family || families.has(family)) throw bad('address');
+    if (
+      !Number.isInteger(a.prefixLength) ||
+      a.prefixLength < 1 ||
+      a.prefixLength > (family === 4 ? 32 : 128)
+    )
+      throw bad('prefix length');
+    families.add(family);
+    fields.push(`${a.address}/${a.prefixLength}`, a.gateway);
+  }
+  if (families.size === 0) throw bad('address list');
+  return `net ${fields.join(' ')}\n`;
 }
 
 /**

@@ -28,26 +28,54 @@
 #include "chronus.h"
 #include "util.h"
 
-/* Reads the sandbox init's host PID, a decimal line the edge sends once the runtime reported it. */
-static pid_t read_pid_line(void)
+/* Reads one line the edge sends on stdin (without its newline); dies at EOF or when it is too long. */
+static void read_line(char *buf, size_t size, const char *what)
 {
-    char buf[24];
     size_t n = 0;
-    while (n < sizeof buf - 1) {
+    for (;;) {
         ssize_t r = read(0, buf + n, 1);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
-            dief(r < 0 ? errno : EPIPE, "reading the init pid from stdin");
+            dief(r < 0 ? errno : EPIPE, "reading %s from stdin", what);
         if (buf[n] == '\n')
             break;
-        n++;
+        if (++n == size - 1)
+            dief(E2BIG, "reading %s from stdin", what);
     }
     buf[n] = 0;
+}
+
+/* Reads the sandbox init's host PID, a decimal line the edge sends once the runtime reported it. */
+static pid_t read_pid_line(void)
+{
+    char buf[24];
+    read_line(buf, sizeof buf, "the init pid");
     uint64_t pid;
     if (parse_u64(buf, INT32_MAX, &pid) || pid == 0)
         dief(EINVAL, "bad init pid %s", buf);
     return (pid_t)pid;
+}
+
+/*
+ * With `net`: the edge sends `net IFNAME ADDR/PLEN GATEWAY [ADDR/PLEN GATEWAY]`
+ * once it has made the veth with its far end in the sandbox's namespace, which
+ * we are in now; we configure that end and say `configured`.
+ */
+static void configure_network(void)
+{
+    char line[256];
+    read_line(line, sizeof line, "the network configuration");
+    struct chronus_net cfg;
+    if (strncmp(line, "net ", 4) != 0 || chronus_net_parse(line + 4, &cfg) < 0)
+        dief(EINVAL, "bad network configuration line");
+    char err[128];
+    int r = chronus_net_apply(&cfg, err, sizeof err);
+    if (r < 0)
+        die(err, -r);
+    static const char configured[] = "configured\n";
+    if (write_all(1, configured, sizeof configured - 1) < 0)
+        _exit(1);
 }
 
 /*
@@ -284,6 +312,9 @@ _Noreturn void chronus_daemon(const struct chronus_request *req, int conn, int s
 
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
         die("prctl(PR_SET_DUMPABLE)", errno);
+    /* While we still hold CAP_NET_ADMIN over the sandbox's network namespace. */
+    if (req->net)
+        configure_network();
     if (req->caps)
         limit_capabilities(caps, ncaps, last_cap);
     if (req->no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)

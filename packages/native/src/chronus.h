@@ -104,8 +104,32 @@ struct chronus_request {
     const char **cgroups;   /* cgroup directories to join (they must exist) */
     int ncgroups;
     int no_new_privs;
+    int net;                         /* configure the sandbox's end of its veth (a `net` line) before serving */
     const struct sock_fprog *filter; /* compiled seccomp program; NULL loads none */
 };
+
+/* One address of the sandbox's interface and the gateway of its default route (chronus_net.c). */
+#define CHRONUS_NET_MAX_ADDRS 2 /* one per family */
+struct chronus_net_addr {
+    int family; /* AF_INET or AF_INET6 */
+    unsigned char prefixlen;
+    unsigned char addr[16], gateway[16];
+};
+struct chronus_net {
+    char ifname[16];
+    int naddrs;
+    struct chronus_net_addr addrs[CHRONUS_NET_MAX_ADDRS];
+};
+
+/* Parses `IFNAME ADDR/PLEN GATEWAY [ADDR/PLEN GATEWAY]` (modifies line); 0 or -EINVAL. */
+int chronus_net_parse(char *line, struct chronus_net *out);
+
+/*
+ * From inside the sandbox's network namespace: loopback and IFNAME up, the
+ * addresses on IFNAME, a default route per family. 0, or -errno with the
+ * failed step in err.
+ */
+int chronus_net_apply(const struct chronus_net *cfg, char *err, size_t errlen);
 
 /* Copies the platform shell into a sealed memfd (CLOEXEC); dies on errors. */
 int chronus_seal_shell(const char *path);
@@ -113,8 +137,9 @@ int chronus_seal_shell(const char *path);
 /*
  * Runs in the supervisor's forked child: `conn` (the edge's request
  * connection) becomes fds 0-2; writes "pid N", joins the cgroups, binds the
- * socket, writes "prepared", reads the init's PID, enters the sandbox and
- * writes "ready"; then serves. Any failure is one line on the connection and exit status 1.
+ * socket, writes "prepared", reads the init's PID, enters the sandbox
+ * (with `net`: reads a `net` line, configures the interface, writes
+ * "configured") and writes "ready"; then serves. Any failure is one line on the connection and exit status 1.
  */
 _Noreturn void chronus_daemon(const struct chronus_request *req, int conn, int shell_memfd, int devnull);
 

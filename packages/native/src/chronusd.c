@@ -33,7 +33,7 @@
 #include "seccomp_profile.h"
 #include "util.h"
 
-#define PROTOCOL_VERSION 1
+#define PROTOCOL_VERSION 2 /* 2: prepare's `net` */
 #define REQUEST_MAX (1u << 20)
 #define REQUEST_TIMEOUT_MS 5000 /* a client that stalls mid-request holds up the others at most this long */
 #define FILTER_CACHE 8          /* distinct profiles kept compiled (the edge uses one) */
@@ -215,6 +215,8 @@ static int parse_prepare(char **kv, size_t n, struct chronus_request *req, const
             req->no_new_privs = strcmp(val, "1") == 0;
         else if (strcmp(key, "seccomp") == 0)
             *profile = val;
+        else if (strcmp(key, "net") == 0)
+            req->net = strcmp(val, "1") == 0;
         else {
             snprintf(err, errlen, "prepare: unknown key %s", key);
             return -1;
@@ -378,7 +380,8 @@ int cmd_chronusd(int argc, char **argv)
     set_process_title(CHRONUSD_TITLE);
     prctl(PR_SET_NAME, CHRONUSD_TITLE, 0, 0, 0);
 
-    printf("ready %d\n", getpid());
+    /* The version line comes first: a client that knows only `ready PID` still finds its line. */
+    printf("protocol %d\nready %d\n", PROTOCOL_VERSION, getpid());
     fflush(stdout);
     dup2(sup.devnull, 0);
     dup2(sup.devnull, 1); /* stderr stays: the edge points it at DIR/chronusd.log */

@@ -45,6 +45,7 @@ export {
   startChronus,
 } from './chronus-supervisor.js';
 export type {
+  ChronusNetworkConfig,
   ChronusOptions,
   ChronusSupervisorOptions,
   PendingChronus,

@@ -1,10 +1,11 @@
 import { createHash } from 'node:crypto';
-import { existsSync, readdirSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { chmod, mkdir, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
 import type { DnsAddressRecord } from './dns-message.js';
 import type {
+  FarEndConfigurator,
   NetworkEventSink,
   NetworkManager,
   NetworkSandbox,
@@ -106,6 +107,15 @@ const EXPIRED_GRACE_MS = 60_000;
 /** How long a stopped sandbox's veth may outlive it before the edge deletes it itself. */
 const VETH_GONE_WAIT_MS = 2000;
 
+/** A torn-down sandbox's veth the kernel has yet to remove. */
+interface Draining {
+  slot: number;
+  deadline: number;
+  /** Resolves once the veth is gone, or once deleting it failed (logged; `attach` tries again). */
+  gone: Promise<void>;
+  resolve: () => void;
+}
+
 /**
  * Per-sandbox network namespaces on Linux, wired to the host by a veth pair,
  * with egress enforced by one nftables table per edge and fed by the platform
@@ -149,12 +159,13 @@ export class LinuxNetwork implements NetworkManager {
   /** Sandboxes using each CIDR policy chain (`pol_<hash>`); a chain goes with its last user. */
   readonly #chainUsers = new Map<string, Set<string>>();
   #poller: NodeJS.Timeout | undefined;
-  /** Veths of stopped sandboxes whose teardown waits for them to go (see {@link #vethGone}). */
-  readonly #dying = new Map<
-    string,
-    { deadline: number; resolve: () => void; reject: (err: unknown) => void }
-  >();
-  #dyingTimer: NodeJS.Timeout | undefined;
+  /**
+   * Host ends of torn-down sandboxes' veths that the kernel has yet to
+   * remove, by name (see {@link #drain}). Their slot's addresses are not
+   * handed to a new sandbox's veth until they are gone.
+   */
+  readonly #draining = new Map<string, Draining>();
+  #drainTimer: NodeJS.Timeout | undefined;
 
   private constructor(
     o: NetworkOptions,
@@ -173,6 +184,8 @@ export class LinuxNetwork implements NetworkManager {
 
   /** Firewall installs started by `setup`, awaited by `attach`. */
   readonly #prepared = new Map<string, Promise<void>>();
+  /** Attaches in progress (settled, never rejecting), awaited by `teardown`. */
+  readonly #attaching = new Map<string, Promise<void>>();
 
   /** Probes nftables and netns support, claims an address range, installs the table. */
   static async open(o: NetworkOptions): Promise<LinuxNetwork> {
@@ -281,24 +294,39 @@ export class LinuxNetwork implements NetworkManager {
    * no CAP_NET_ADMIN, so it cannot change what is set up here). The veth is
    * made with its far end directly in that namespace (moving a device there
    * afterwards costs an RCU grace period each, which serializes a burst) and
-   * its host end configured, through the edge's long-lived `ip` session;
-   * one process in the namespace configures the far end while the resolver
-   * binds on the host end. That process is started first, so its start-up
-   * (a fork of the edge, then `nsenter` and `ip`) overlaps with the rest:
-   * `ip -batch -` runs each line as it arrives, and gets its lines once the
-   * far end exists.
+   * its host end configured, through the edge's long-lived `ip` session.
+   * The far end is configured by `farEnd` (the sandbox's chronus daemon,
+   * already in the sandbox's namespaces: a few netlink messages) or, without
+   * one, by one process in the namespace, started first so that its
+   * start-up (a fork of the edge, then `nsenter` and `ip`) overlaps with the
+   * rest: `ip -batch -` runs each line as it arrives, and gets its lines once
+   * the far end exists. Meanwhile the resolver binds on the host end.
    */
-  async attach(sb: NetworkSandbox, initPid: number): Promise<void> {
+  attach(sb: NetworkSandbox, initPid: number, farEnd?: FarEndConfigurator): Promise<void> {
+    // A teardown (a create that failed elsewhere meanwhile) waits for this,
+    // so the veth it may still make is one that teardown drains.
+    const attaching = this.#attach(sb, initPid, farEnd);
+    const tracked = attaching
+      .catch(() => undefined)
+      .finally(() => {
+        if (this.#attaching.get(sb.id) === tracked) this.#attaching.delete(sb.id);
+      });
+    this.#attaching.set(sb.id, tracked);
+    return attaching;
+  }
+
+  async #attach(sb: NetworkSandbox, initPid: number, farEnd?: FarEndConfigurator): Promise<void> {
     const n = this.names(sb);
     const v6 = n.host6 !== undefined && n.sandbox6 !== undefined;
     const firewall = this.#prepared.get(sb.id);
     this.#prepared.delete(sb.id);
     if (!firewall) throw new DsecError('internal', `sandbox ${sb.id}: network attach before setup`);
-    const farEnd = startTool('nsenter', ['-t', String(initPid), '-n', 'ip', '-batch', '-'], {
-      stdin: true,
-    });
+    const tool = farEnd
+      ? undefined
+      : startTool('nsenter', ['-t', String(initPid), '-n', 'ip', '-batch', '-'], { stdin: true });
     try {
-      await firewall;
+      // The slot's previous veth must be gone: its host end holds the same addresses.
+      await Promise.all([firewall, this.#slotDrained(sb.slot)]);
       // A leftover of an earlier try: the session may know its name by the old index.
       if (await this.#deleteLink(n.veth)) this.#ip.close();
       // A batch line takes no `-6`: the family follows from the address.
@@ -318,25 +346,28 @@ export class LinuxNetwork implements NetworkManager {
         conf('ipv6', 'force_forwarding', '1');
       }
     } catch (err) {
-      farEnd.kill();
+      tool?.kill();
       throw err;
     }
-    await Promise.all([
-      farEnd.finish(
-        [
-          'link set lo up',
-          `addr add ${n.sandbox4}/30 dev eth0`,
-          v6 ? `addr add ${n.sandbox6}/64 dev eth0 nodad` : '',
-          'link set eth0 up',
-          `route add default via ${n.host4}`,
-          v6 ? `route add default via ${n.host6}` : '',
-        ]
-          .filter(Boolean)
-          .join('\n')
-          .concat('\n'),
-      ),
-      this.#listen(sb),
-    ]);
+    const addresses = [{ address: n.sandbox4, prefixLength: 30, gateway: n.host4 }];
+    if (n.sandbox6 !== undefined && n.host6 !== undefined)
+      addresses.push({ address: n.sandbox6, prefixLength: 64, gateway: n.host6 });
+    const configured = tool
+      ? tool.finish(
+          [
+            'link set lo up',
+            `addr add ${n.sandbox4}/30 dev eth0`,
+            v6 ? `addr add ${n.sandbox6}/64 dev eth0 nodad` : '',
+            'link set eth0 up',
+            `route add default via ${n.host4}`,
+            v6 ? `route add default via ${n.host6}` : '',
+          ]
+            .filter(Boolean)
+            .join('\n')
+            .concat('\n'),
+        )
+      : farEnd?.({ interface: 'eth0', addresses });
+    await Promise.all([configured, this.#listen(sb)]);
   }
 
   async update(sb: NetworkSandbox): Promise<void> {
@@ -379,14 +410,16 @@ export class LinuxNetwork implements NetworkManager {
 
   async teardown(sb: Pick<NetworkSandbox, 'id' | 'slot'>): Promise<void> {
     const n = this.names(sb);
-    // A create that failed before `attach` may still be installing the firewall.
+    // A create that failed before `attach` may still be installing the
+    // firewall; one that failed elsewhere during `attach` may still be making the veth.
     await this.#prepared.get(sb.id)?.catch(() => undefined);
     this.#prepared.delete(sb.id);
+    await this.#attaching.get(sb.id);
     this.#resolver.detach(sb.id);
     const errors: unknown[] = [];
-    // The kernel removes the veth with the namespace meanwhile; the firewall
-    // work below does not depend on it.
-    const vethGone = this.#vethGone(n.veth).catch((e: unknown) => errors.push(e));
+    // The kernel removes the veth with the namespace; nothing here depends on
+    // that, and the slot's next sandbox waits for it.
+    this.#drain(n.veth, sb.slot);
     const live = this.#live.get(sb.id);
     this.#live.delete(sb.id);
     if (live) await live.queue.catch(() => undefined);
@@ -416,9 +449,14 @@ export class LinuxNetwork implements NetworkManager {
         .submit(script(deleteDeniedLines(this.table, denied)))
         .catch((e: unknown) => errors.push(e));
     }
-    await vethGone;
-    await rm(n.resolvConf, { force: true });
+    // One unlink: synchronous, as a thread-pool round trip costs more on a busy host.
+    rmSync(n.resolvConf, { force: true });
     if (errors.length > 0) throw errors[0];
+  }
+
+  async drained(): Promise<void> {
+    while (this.#draining.size > 0)
+      await Promise.all([...this.#draining.values()].map((d) => d.gone));
   }
 
   async reconcile(live: NetworkSandbox[]): Promise<void> {
@@ -430,8 +468,11 @@ export class LinuxNetwork implements NetworkManager {
         this.#o.log?.('adopting a sandbox network failed', { id: sb.id, err: String(err) });
       }
     }
-    // A gone sandbox's network namespace died with its processes, and its veth
-    // with it; what is left is firewall state and resolv.conf files.
+    // A gone sandbox's network namespace died with its processes, and the
+    // kernel removes its veth; one an earlier edge left draining (it stopped
+    // or crashed meanwhile) drains here, so no new sandbox on its slot meets it.
+    await this.#drainLeftovers(live);
+    // What is left is firewall state and resolv.conf files.
     const keepConf = new Set(live.map((sb) => this.names(sb).resolvConf));
     for (const f of await readdir(join(this.#dir, 'resolv')).catch(() => [] as string[])) {
       const path = join(this.#dir, 'resolv', f);
@@ -514,6 +555,8 @@ export class LinuxNetwork implements NetworkManager {
   }
 
   async close(): Promise<void> {
+    // Before the range can be given back: no veth of ours may still route it.
+    await this.drained();
     clearInterval(this.#poller);
     await this.#denied.idle();
     await this.#nft.idle();
@@ -659,50 +702,97 @@ export class LinuxNetwork implements NetworkManager {
   }
 
   /**
-   * Resolves once the host end of a stopped sandbox's veth is gone. The
-   * kernel removes the pair with the sandbox's network namespace once its
-   * last process has exited (≈ 20 ms after the kill here: the namespace's
-   * teardown waits for RCU grace periods, batched across namespaces). An
-   * explicit `ip link del` waits for the same (an `rcu_barrier` per
-   * request, about 20 ms, one after the other in one process), so the edge
-   * only watches, and deletes the veth itself when the namespace outlives
-   * `VETH_GONE_WAIT_MS` (something still holds it).
+   * Watches a torn-down sandbox's veth until it is gone. The kernel removes
+   * the pair with the sandbox's network namespace once its last process has
+   * exited (≈ 20 ms after the kill here: the namespace's teardown waits for
+   * RCU grace periods, batched across namespaces). An explicit `ip link del`
+   * waits for the same (an `rcu_barrier` per request, about 20 ms, one after
+   * the other in one process), so the edge only watches, and deletes the veth
+   * itself when the namespace outlives `VETH_GONE_WAIT_MS` (something still
+   * holds it). Teardown does not wait: the veth's firewall elements are gone
+   * and no process is left to send through it; what it still holds is its
+   * slot's addresses, so `attach` on that slot waits ({@link #slotDrained}),
+   * and `close` waits for all ({@link drained}).
    */
-  #vethGone(name: string): Promise<void> {
-    if (!existsSync(`/sys/class/net/${name}`)) return Promise.resolve();
-    return new Promise<void>((resolve, reject) => {
-      this.#dying.set(name, {
-        deadline: Date.now() + VETH_GONE_WAIT_MS,
-        resolve,
-        reject,
-      });
-      this.#watchDying();
-    });
+  #drain(name: string, slot: number): void {
+    if (this.#draining.has(name) || !existsSync(`/sys/class/net/${name}`)) return;
+    let resolve!: () => void;
+    const gone = new Promise<void>((r) => (resolve = r));
+    this.#draining.set(name, { slot, deadline: Date.now() + VETH_GONE_WAIT_MS, gone, resolve });
+    this.#watchDraining();
   }
 
-  /** One timer checks every veth being waited for (a burst of removals is one check per tick). */
-  #watchDying(): void {
-    if (this.#dyingTimer || this.#dying.size === 0) return;
-    this.#dyingTimer = setTimeout(
+  /**
+   * Waits until no veth of an earlier sandbox on `slot` is left. One the
+   * watch could not delete is tried once more here; if it still stands, the
+   * attach fails rather than give its addresses a second route.
+   */
+  async #slotDrained(slot: number): Promise<void> {
+    const waiting: [string, Draining][] = [];
+    for (const entry of this.#draining) if (entry[1].slot === slot) waiting.push(entry);
+    if (waiting.length === 0) return;
+    await Promise.all(waiting.map(([, d]) => d.gone));
+    for (const [name] of waiting) await this.#deleteLink(name);
+  }
+
+  /** One timer checks every draining veth (a burst of removals is one check per tick). */
+  #watchDraining(): void {
+    if (this.#drainTimer || this.#draining.size === 0) return;
+    this.#drainTimer = setTimeout(
       () => {
-        this.#dyingTimer = undefined;
+        this.#drainTimer = undefined;
         // Many at once: one listing instead of a lookup each.
-        const present = this.#dying.size > 16 ? new Set(readdirSync('/sys/class/net')) : undefined;
+        const present =
+          this.#draining.size > 16 ? new Set(readdirSync('/sys/class/net')) : undefined;
         const now = Date.now();
-        for (const [name, w] of this.#dying) {
+        for (const [name, d] of this.#draining) {
           if (present ? present.has(name) : existsSync(`/sys/class/net/${name}`)) {
-            if (now < w.deadline) continue;
-            this.#dying.delete(name);
-            this.#deleteLink(name).then(() => w.resolve(), w.reject);
+            if (now < d.deadline) continue;
+            // Still in the map while it is deleted: its slot stays taken.
+            d.deadline = Infinity;
+            this.#deleteLink(name)
+              .catch((err: unknown) =>
+                this.#o.log?.('deleting a stopped sandbox veth failed', {
+                  veth: name,
+                  err: String(err),
+                }),
+              )
+              .finally(() => {
+                this.#draining.delete(name);
+                d.resolve();
+              });
             continue;
           }
-          this.#dying.delete(name);
-          w.resolve();
+          this.#draining.delete(name);
+          d.resolve();
         }
-        this.#watchDying();
+        this.#watchDraining();
       },
-      this.#dying.size > 16 ? 10 : 2,
+      this.#draining.size > 16 ? 10 : 2,
     );
+  }
+
+  /**
+   * Veths on this host with a host-end address in this edge's range that no
+   * live sandbox owns: left by an earlier edge of this state directory
+   * (a sandbox stopped while its veth drained, then that edge exited or
+   * crashed). Drained like a teardown's, under the slot their address names.
+   */
+  async #drainLeftovers(live: NetworkSandbox[]): Promise<void> {
+    const ours = new Set(live.map((sb) => this.names(sb).veth));
+    const links = JSON.parse(
+      await runTool('ip', ['-j', '-4', 'addr', 'show', 'type', 'veth']).catch(() => '[]'),
+    ) as { ifname?: string; addr_info?: { local?: string; prefixlen?: number }[] }[];
+    const base = ipToBigInt(this.subnet4.address);
+    for (const link of links) {
+      if (!link.ifname?.startsWith('dsv') || ours.has(link.ifname)) continue;
+      for (const a of link.addr_info ?? []) {
+        if (a.local === undefined || a.prefixlen !== 30 || !cidrContains(this.subnet4, a.local))
+          continue;
+        // Host end `.1` of the slot's /30 (see names()).
+        this.#drain(link.ifname, Number((ipToBigInt(a.local) - base - 1n) / 4n) - 1);
+      }
+    }
   }
 
   /**

@@ -18,6 +18,19 @@ export interface SandboxNetwork {
   gateway4: string;
 }
 
+/**
+ * The sandbox's side of its link, as a process already in the sandbox's
+ * namespaces configures it (the sandbox's chronus daemon, before it drops
+ * its capabilities: `PendingChronus.configureNetwork`).
+ */
+export interface FarEndConfig {
+  interface: string;
+  addresses: { address: string; prefixLength: number; gateway: string }[];
+}
+
+/** Configures the sandbox's end of its link from inside its namespaces (see {@link FarEndConfig}). */
+export type FarEndConfigurator = (config: FarEndConfig) => Promise<void>;
+
 export type NetworkEventSink = (
   sandboxId: string,
   kind: SandboxEventKind,
@@ -35,22 +48,37 @@ export type NetworkEventSink = (
  * (idempotent, also on a half-set-up sandbox). After an edge restart
  * `reconcile` gets the live sandboxes: it adopts theirs and removes every
  * interface and firewall entry of sandboxes that are gone.
+ *
+ * A returned `teardown` has removed the sandbox's firewall state and resolver;
+ * the kernel may still be removing its interface (the sandbox's network
+ * namespace is released, and the host end of its veth goes with it a few
+ * tens of milliseconds later): `attach` of a sandbox on the same slot waits
+ * for that, `drained` waits for all of them, and `close` calls `drained`.
  */
 export interface NetworkManager {
   readonly mode: 'isolated' | 'none';
   /** Undefined: the runtime makes a fresh, empty network namespace (loopback only). */
   setup(sb: NetworkSandbox): Promise<SandboxNetwork | undefined>;
-  /** Wires the network namespace of `initPid` (the sandbox's PID 1 on the host) to the node. */
-  attach(sb: NetworkSandbox, initPid: number): Promise<void>;
+  /**
+   * Wires the network namespace of `initPid` (the sandbox's PID 1 on the host)
+   * to the node. `farEnd`: configures the sandbox's end from inside (else the
+   * network layer runs a process in the sandbox's namespace for it).
+   */
+  attach(sb: NetworkSandbox, initPid: number, farEnd?: FarEndConfigurator): Promise<void>;
   /** Applies a changed policy to new connections; other sandboxes are untouched. */
   update(sb: NetworkSandbox): Promise<void>;
   teardown(sb: Pick<NetworkSandbox, 'id' | 'slot'>): Promise<void>;
+  /** Resolves once no interface of a torn-down sandbox is left on the host. */
+  drained(): Promise<void>;
   reconcile(live: NetworkSandbox[]): Promise<void>;
   /** Checks a policy before a create is admitted; throws `invalid_argument` (unknown rule, bad CIDR…). */
   validate(spec: NetworkSandbox['spec']): void;
   /** Turns what the firewall recorded since the last look into audit events. */
   collectEvents(): Promise<void>;
-  /** Stops background work; with no live sandboxes left, removes the edge's table too. */
+  /**
+   * Waits for `drained`, stops background work; with no live sandboxes left,
+   * removes the edge's table too.
+   */
   close(): Promise<void>;
 }
 
@@ -70,6 +98,7 @@ export class NoNetwork implements NetworkManager {
   async attach(): Promise<void> {}
   async update(): Promise<void> {}
   async teardown(): Promise<void> {}
+  async drained(): Promise<void> {}
   async reconcile(): Promise<void> {}
   /** Rules are still checked, so a spec is valid or not whatever the edge's mode. */
   validate(spec: NetworkSandbox['spec']): void {

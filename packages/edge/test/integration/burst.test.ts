@@ -73,8 +73,12 @@ describe('bursts of creates', { skip, timeout: 300_000 }, () => {
     });
   }
 
-  /** What the node's sandboxes left on the host (empty lists and zeros when clean). */
+  /**
+   * What the node's sandboxes left on the host (empty lists and zeros when
+   * clean), once the kernel has removed the veths of stopped ones.
+   */
   async function leftovers() {
+    await net.drained();
     return {
       ...(await hostResources(work)),
       veths: [...ids].map((id) => net.names({ id, slot: 0 }).veth).filter(linkExists),
@@ -165,7 +169,7 @@ describe('bursts of creates', { skip, timeout: 300_000 }, () => {
     assert.deepEqual(await leftovers(), clean);
   });
 
-  it('after a node restart, adopted sandboxes keep their rules and leave nothing when removed', async () => {
+  it('after a node restart, adopted sandboxes keep their rules and leave nothing when removed; a leftover veth drains before its slot is reused', async () => {
     const plain = await placed(() =>
       client.runContainer({ image: 'busybox', cpuCoresLimit: 0.25 }),
     );
@@ -178,12 +182,23 @@ describe('bursts of creates', { skip, timeout: 300_000 }, () => {
     );
     for (const sb of [plain, ruled]) ids.add(sb.id);
     const before = nftElements(net.table);
+    // The slot the next create will get (the lowest one no live sandbox holds).
+    const taken = new Set([plain, ruled].map((sb) => net.sandboxNetwork(sb.id)?.sandbox4));
+    let freeSlot = 0;
+    while (taken.has(net.names({ id: 'x', slot: freeSlot }).sandbox4)) freeSlot++;
+    const freeNames = net.names({ id: 'x', slot: freeSlot });
     client.close();
     await node.close();
 
     // While the node is down, a sandbox that died left its elements and CIDR chain.
     const T = `inet ${net.table}`;
     const stale = 'dsvdeadbeef0000';
+    // And an edge that crashed while a stopped sandbox's veth drained left that
+    // veth (here one whose namespace never goes, so the next edge must delete it).
+    const leftover = 'dsvdeadbeef0001';
+    ip('link', 'add', leftover, 'type', 'veth', 'peer', 'name', 'dsxdeadbeef0001');
+    ip('addr', 'add', `${freeNames.host4}/30`, 'dev', leftover);
+    ip('link', 'set', leftover, 'up');
     nftScript(
       [
         `add chain ${T} pol_00000000deadbeef`,
@@ -199,6 +214,19 @@ describe('bursts of creates', { skip, timeout: 300_000 }, () => {
     // The survivors' elements are there, the dead one's are gone with its chain.
     assert.equal(nftElements(net.table), before);
     assert.doesNotMatch(listTable(net.table), /deadbeef/);
+    try {
+      // The leftover's slot goes to the next create, whose veth waits for it.
+      const next = await placed(() =>
+        client.runContainer({ image: 'busybox', cpuCoresLimit: 0.25 }),
+      );
+      ids.add(next.id);
+      assert.equal(net.sandboxNetwork(next.id)?.sandbox4, freeNames.sandbox4);
+      assert.equal(linkExists(leftover), false);
+      assert.equal((await next.exec(['true'])).exitCode, 0);
+      await next.stop();
+    } finally {
+      spawnSync('ip', ['link', 'del', leftover]);
+    }
     for (const sb of [plain, ruled]) {
       const again = client.sandbox(sb.id);
       assert.equal((await again.exec(['true'])).exitCode, 0);
@@ -241,6 +269,11 @@ async function withFailing(
   } finally {
     delete target[method];
   }
+}
+
+function ip(...args: string[]): void {
+  const r = spawnSync('ip', args, { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
 }
 
 function nftScript(script: string): void {

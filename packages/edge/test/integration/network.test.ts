@@ -6,13 +6,15 @@
  * sandbox sends, so a wrong rule cannot reach a real address.
  */
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { rm } from 'node:fs/promises';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { readlinkSync } from 'node:fs';
+import { readlink, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { startSingleNode, type SingleNode } from '@dsec/cluster';
 import { DSecClient, type Sandbox } from '@dsec/sdk';
 import type { LinuxNetwork } from '../../src/network/linux-network.js';
+import type { NetworkSandbox } from '../../src/network/network-manager.js';
 import { startFakeInternet, type FakeInternet } from './fake-internet.js';
 import { buildTestLayers, hasGcc, workDir } from './network-helpers.js';
 
@@ -236,16 +238,90 @@ describe('sandbox egress policy (fake internet)', { skip, timeout: 300_000 }, ()
     assert.deepEqual(later, []);
   });
 
-  it('removes veths and firewall entries on stop', async () => {
+  it("removes veths and firewall entries on stop; the slot's next sandbox waits for the veth", async () => {
     const sb = await create();
     const n = addr(sb);
     assert.equal(spawnSync('ip', ['link', 'show', n.veth]).status, 0);
     await sb.stop();
-    assert.notEqual(spawnSync('ip', ['link', 'show', n.veth]).status, 0);
+    // The firewall state is gone when stop returns; the kernel may still be
+    // removing the veth (its namespace is released).
     const table = spawnSync('nft', ['list', 'table', 'inet', net.table], {
       encoding: 'utf8',
     }).stdout;
     assert.doesNotMatch(table, new RegExp(`"${n.veth}"`));
+    // The next sandbox gets the same slot at once; its veth comes only after the old one went.
+    const next = await create({ image: 'busybox', networkAllow: [{ domain: 'allowed.test' }] });
+    assert.equal(addr(next).sandbox4, n.sandbox4);
+    assert.notEqual(spawnSync('ip', ['link', 'show', n.veth]).status, 0);
+    assert.match(await sh(next, 'nslookup allowed.test'), /198\.18\.1\.10/);
+    assert.match(await sh(next, `probe tcp ${fake.allowedIp} 80 5000`), /^connected/);
+    const nextVeth = addr(next).veth;
+    await next.stop();
+    await net.drained();
+    assert.notEqual(spawnSync('ip', ['link', 'show', nextVeth]).status, 0);
+  });
+
+  it('wires a sandbox with ip when nothing in the sandbox configures its end, and drains its veth', async () => {
+    // A process in namespaces of its own, as a runtime makes them (the network
+    // namespace owned by a user namespace), far above this test's slots.
+    const slot = 4000;
+    const fakes: {
+      sb: NetworkSandbox;
+      proc: ChildProcess;
+    }[] = [];
+    const start = async (id: string) => {
+      const proc = spawn('unshare', ['--user', '--map-root-user', '--net', 'sleep', '600'], {
+        stdio: 'ignore',
+      });
+      const own = readlinkSync('/proc/self/ns/net');
+      for (let i = 0; i < 200; i++) {
+        const ns = await readlink(`/proc/${proc.pid}/ns/net`).catch(() => own);
+        if (ns !== own) break;
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      const f = { sb: { id, slot, spec: { networkRules: {} } }, proc };
+      fakes.push(f);
+      await net.setup(f.sb);
+      await net.attach(f.sb, proc.pid!);
+      return f;
+    };
+    const stop = async (f: (typeof fakes)[number]) => {
+      f.proc.kill('SIGKILL');
+      await new Promise((r) => f.proc.once('exit', r));
+      await net.teardown(f.sb);
+    };
+    try {
+      const a = await start(`fake-net-a-${process.pid}`);
+      const n = net.names(a.sb);
+      const inside = JSON.parse(
+        spawnSync('nsenter', ['-t', String(a.proc.pid), '-n', 'ip', '-j', 'addr', 'show', 'eth0'], {
+          encoding: 'utf8',
+        }).stdout,
+      ) as { flags: string[]; addr_info: { local: string }[] }[];
+      assert.ok(inside[0]?.flags.includes('UP'));
+      assert.deepEqual(
+        inside[0]?.addr_info.map((i) => i.local).filter((l) => !l.startsWith('fe80')),
+        [n.sandbox4, n.sandbox6],
+      );
+      const route = spawnSync('nsenter', ['-t', String(a.proc.pid), '-n', 'ip', 'route'], {
+        encoding: 'utf8',
+      }).stdout;
+      assert.match(route, new RegExp(`default via ${n.host4.replaceAll('.', '\\.')} dev eth0`));
+      await stop(a);
+      // Same slot, right after: attach waits until the old veth is gone.
+      const b = await start(`fake-net-b-${process.pid}`);
+      assert.notEqual(spawnSync('ip', ['link', 'show', n.veth]).status, 0);
+      assert.equal(spawnSync('ip', ['link', 'show', net.names(b.sb).veth]).status, 0);
+      await stop(b);
+      await net.drained();
+      assert.notEqual(spawnSync('ip', ['link', 'show', net.names(b.sb).veth]).status, 0);
+    } finally {
+      for (const f of fakes) {
+        f.proc.kill('SIGKILL');
+        await net.teardown(f.sb).catch(() => undefined);
+      }
+      await net.drained();
+    }
   });
 
   function addr(sb: Sandbox) {
