@@ -60,6 +60,11 @@ export interface ApiServerOptions {
   keepAliveTimeoutMs?: number;
   /** Open connections at most; further ones are closed at once (Node `server.maxConnections`). Default 10 000. */
   maxConnections?: number;
+  /**
+   * Mounts more routes on the same service before the server listens (the
+   * E2B-compatible API, `@dsec/e2b`), so they share its metrics and state.
+   */
+  extend?: ((app: FastifyInstance, ctx: { service: SandboxService; iam: Iam }) => void) | undefined;
 }
 
 export const TRANSPORT_DEFAULTS = {
@@ -204,5 +209,6 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   void app.register(async (scope) => portRoutes(scope, service));
   ptyUpgrade(app, service, iam);
   adminRoutes(app, { iam, fleet: () => watcher.view(), imagesList: options.imagesList });
+  options.extend?.(app, { service, iam });
   return app;
 }

@@ -69,7 +69,22 @@ const EdgeSection = z
     network: Network.optional(),
     blobCacheBytes: z.number().int().positive().optional(),
     cgroupFavorDynmods: z.boolean().default(true),
+    /** How long a paused sandbox is kept (default 24 h; ADR 0012). */
+    pausedTtlSeconds: z.number().int().positive().optional(),
+    /** Pause sandboxes unused for this long (default: off). */
+    idlePauseSeconds: z.number().int().positive().optional(),
+    /** Swap files the edge may add under its state dir for pauses. */
+    pauseSwapMaxMb: z.number().int().nonnegative().optional(),
     logRequests: z.boolean().default(false),
+  })
+  .strict();
+
+const E2bSection = z
+  .object({
+    /** Template name → DSec image (`image[:v][/workspace][+toolkit]…`). */
+    templates: z.record(z.string().min(1), z.string().min(1)).optional(),
+    /** Serve `<port>-<sandboxId>.<domain>` host names. */
+    sandboxDomain: z.string().min(1).optional(),
   })
   .strict();
 
@@ -105,6 +120,8 @@ export const ClusterConfigSchema = z
     /** Where layers live (`dir:/path`, a path, or `s3://…`); edges and apiservers alike. */
     imageStore: z.string().min(1).optional(),
     apiserver: ApiserverSection.optional(),
+    /** The E2B-compatible API of the apiservers (docs/e2b.md). */
+    e2b: E2bSection.optional(),
     watcher: WatcherSection.optional(),
     edge: EdgeSection.optional(),
   })

@@ -32,6 +32,7 @@ import type { Iam } from '@dsec/iam';
 import { buildLayer, DirImageStore, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
+import { e2bExtension, type E2bOptions, type LifecycleOptions } from './extensions.js';
 import { listenApi } from './listen.js';
 import { newClusterSecret, readOrCreateSecret, stopAll } from './roles.js';
 
@@ -66,6 +67,10 @@ export interface SingleNodeOptions {
   runtimeBinary?: string;
   /** Remount cgroup2 with favordynmods for faster creates (default true; a host-wide setting). */
   cgroupFavorDynmods?: boolean;
+  /** The E2B-compatible API (docs/e2b.md): template names and the wildcard domain. */
+  e2b?: E2bOptions;
+  /** Pause and idle settings of the edge (ADR 0012). */
+  lifecycle?: LifecycleOptions;
 }
 
 export interface SingleNode {
@@ -136,6 +141,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       ...(options.cgroupFavorDynmods !== undefined
         ? { cgroupFavorDynmods: options.cgroupFavorDynmods }
         : {}),
+      ...options.lifecycle,
     });
   } catch (err) {
     await control.close();
@@ -154,6 +160,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     ids: new SandboxIdCodec(secret),
     logger: options.logRequests ?? false,
     imagesList: () => store.listLayers(),
+    extend: e2bExtension(options.e2b),
   });
   const listening = await listenApi(app, {
     host: options.host ?? '127.0.0.1',
@@ -203,3 +210,9 @@ export {
   type LocalClusterOptions,
   type LocalEdgeProcess,
 } from './local-cluster.js';
+export {
+  DEFAULT_E2B_TEMPLATES,
+  e2bExtension,
+  type E2bOptions,
+  type LifecycleOptions,
+} from './extensions.js';

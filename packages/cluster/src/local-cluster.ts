@@ -18,6 +18,7 @@ import { createInterface } from 'node:readline';
 import { DsecError } from '@dsec/core';
 import { ensureDir, PRIVATE_DIR_MODE, TRAVERSE_DIR_MODE, type AdmissionConfig } from '@dsec/edge';
 import type { ClusterConfig, EdgeConfig } from './config.js';
+import type { LifecycleOptions } from './extensions.js';
 import { joinEdge, startApiserver, type ApiserverHandle } from './roles.js';
 
 export interface LocalClusterOptions {
@@ -30,6 +31,9 @@ export interface LocalClusterOptions {
   admission?: AdmissionConfig | undefined;
   runtime?: string | undefined;
   cgroupFavorDynmods?: boolean;
+  lifecycle?: LifecycleOptions;
+  /** Serve E2B host names `<port>-<sandboxId>.<domain>` (docs/e2b.md). */
+  e2bDomain?: string | undefined;
   logRequests?: boolean;
   /** Edge N's cgroup parent is `<cgroupPrefix>-edge-N` (default `dsec`). */
   cgroupPrefix?: string;
@@ -152,6 +156,7 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
       registryRefreshMs: 500,
       logRequests: options.logRequests ?? false,
     },
+    ...(options.e2bDomain ? { e2b: { sandboxDomain: options.e2bDomain } } : {}),
     watcher: {
       intervalMs: options.watcherIntervalMs ?? 1000,
       probeTimeoutMs: 1500,
@@ -204,6 +209,15 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
         cgroupFavorDynmods: options.cgroupFavorDynmods ?? true,
         logRequests: false,
         ...(options.admission ? { admission: options.admission } : {}),
+        ...(options.lifecycle?.pausedTtlMs
+          ? { pausedTtlSeconds: Math.ceil(options.lifecycle.pausedTtlMs / 1000) }
+          : {}),
+        ...(options.lifecycle?.idleTimeoutMs
+          ? { idlePauseSeconds: Math.ceil(options.lifecycle.idleTimeoutMs / 1000) }
+          : {}),
+        ...(options.lifecycle?.pauseSwapMaxBytes !== undefined
+          ? { pauseSwapMaxMb: Math.floor(options.lifecycle.pauseSwapMaxBytes / 2 ** 20) }
+          : {}),
         ...(options.runtime ? { runtime: options.runtime } : {}),
       };
       const config: ClusterConfig = { imageStore: shared.imageStore, edge };

@@ -23,6 +23,7 @@ import { DirImageStore, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import { requireSection, watcherDefaults, type ClusterConfig } from './config.js';
 import { RegistryFleet } from './fleet.js';
+import { e2bExtension } from './extensions.js';
 import { listenApi } from './listen.js';
 
 /**
@@ -79,6 +80,9 @@ export async function startEdgeServer(
     cgroupParent: ec.cgroupParent ?? `dsec-${ec.id}`,
     blobCacheBytes: ec.blobCacheBytes,
     cgroupFavorDynmods: ec.cgroupFavorDynmods,
+    ...(ec.pausedTtlSeconds ? { pausedTtlMs: ec.pausedTtlSeconds * 1000 } : {}),
+    ...(ec.idlePauseSeconds ? { idleTimeoutMs: ec.idlePauseSeconds * 1000 } : {}),
+    ...(ec.pauseSwapMaxMb !== undefined ? { pauseSwapMaxBytes: ec.pauseSwapMaxMb * 2 ** 20 } : {}),
     ...(ec.runtime ? { runtimeBinary: ec.runtime } : {}),
     ...(options.log ? { log: options.log } : {}),
   });
@@ -179,6 +183,7 @@ export async function startApiserver(
       ids: new SandboxIdCodec(idSecret),
       logger: ac.logRequests,
       imagesList: store ? () => store.listLayers() : undefined,
+      extend: e2bExtension(config.e2b),
     });
     const listening = await listenApi(app, {
       host: options.host ?? ac.host,

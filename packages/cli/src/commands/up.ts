@@ -25,6 +25,25 @@ export function register(program: Command): void {
       'run a local multi-node cluster: N edge processes and a watcher process (docs/cluster.md)',
       parseInteger,
     )
+    .option(
+      '--paused-ttl-seconds <n>',
+      'stop a paused sandbox after this long (default 86400)',
+      parseInteger,
+    )
+    .option(
+      '--idle-pause-seconds <n>',
+      'pause sandboxes unused for this long (default: off)',
+      parseInteger,
+    )
+    .option(
+      '--pause-swap-max-mb <n>',
+      'swap the edge may add under its state dir for pauses (default: half the memory)',
+      parseInteger,
+    )
+    .option(
+      '--e2b-domain <domain>',
+      'serve E2B host names <port>-<sandboxId>.<domain> (docs/e2b.md)',
+    )
     .option('--log-requests', 'log every request as a JSON line')
     .option('--stop-sandboxes', 'stop all sandboxes on shutdown instead of leaving them running')
     .option('--runtime <binary>', 'OCI runtime: crun (default where installed) or runc')
@@ -38,6 +57,10 @@ export function register(program: Command): void {
           port: string;
           host: string;
           edges?: number;
+          pausedTtlSeconds?: number;
+          idlePauseSeconds?: number;
+          pauseSwapMaxMb?: number;
+          e2bDomain?: string;
           logRequests?: boolean;
           stopSandboxes?: boolean;
           runtime?: string;
@@ -54,6 +77,12 @@ export function register(program: Command): void {
           logRequests: opts.logRequests === true,
           admission: admissionConfig(opts),
           cgroupFavorDynmods: opts.cgroupFavordynmods,
+          lifecycle: {
+            pausedTtlMs: opts.pausedTtlSeconds && opts.pausedTtlSeconds * 1000,
+            idleTimeoutMs: opts.idlePauseSeconds && opts.idlePauseSeconds * 1000,
+            pauseSwapMaxBytes:
+              opts.pauseSwapMaxMb === undefined ? undefined : opts.pauseSwapMaxMb * 2 ** 20,
+          },
         };
         const node =
           opts.edges === undefined
@@ -61,11 +90,13 @@ export function register(program: Command): void {
                 ...common,
                 ...(ctx.options.imageStore ? { imageStore: ctx.options.imageStore } : {}),
                 ...(opts.runtime ? { runtimeBinary: opts.runtime } : {}),
+                e2b: { sandboxDomain: opts.e2bDomain },
               })
             : await startLocalCluster({
                 ...common,
                 edges: opts.edges,
                 runtime: opts.runtime,
+                e2bDomain: opts.e2bDomain,
                 dsecCommand: dsecCommand(),
                 log: (msg) => ctx.io.stderr.write(msg + '\n'),
               });

@@ -1,0 +1,436 @@
+import type { MessageInitShape } from '@bufbuild/protobuf';
+import { Code, ConnectError } from '@connectrpc/connect';
+import type { HandlerContext, ServiceImpl } from '@connectrpc/connect';
+import { DsecError, toDsecError } from '@dsec/core';
+import type { CommandInfo, CommandResult, StartCommandSpec } from '@dsec/core';
+import { schemas } from '@dsec/apiserver';
+import { envdUser } from '../auth.js';
+import { toConnectError } from '../errors.js';
+import type { OpenedSandbox, SandboxAccess } from '../sandbox-access.js';
+import { Signal } from '../gen/process/process_pb.js';
+import type {
+  Process,
+  ProcessConfig,
+  ProcessEventSchema,
+  ProcessInfoSchema,
+  ProcessSelector,
+  StartRequest,
+} from '../gen/process/process_pb.js';
+import { EventQueue, keepaliveMs } from './event-queue.js';
+import type { ProcessTable, PtyEntry } from './process-table.js';
+import { MAX_STREAM_BUFFER_BYTES, openTarget } from './rpc-context.js';
+
+type EventInit = NonNullable<MessageInitShape<typeof ProcessEventSchema>['event']>;
+type EndInit = Extract<EventInit, { case: 'end' }>['value'];
+
+/** DSec's longest command timeout: E2B's "no timeout" (no `Connect-Timeout-Ms`) runs up to it. */
+export const MAX_COMMAND_TIMEOUT_MS = 86_400_000;
+
+const SHELLS = new Set(['bash', 'sh']);
+const SHELL_FLAGS = new Set(['-l', '-i', '--login']);
+
+export interface ProcessServiceDeps {
+  access: SandboxAccess;
+  processes: ProcessTable;
+}
+
+/**
+ * envd's process service over DSec's command log (docs/e2b.md): `Start`
+ * runs a background command with its output streamed (it outlives the
+ * stream, to its timeout, as in envd), `Connect` follows it again, stdin
+ * and signals go to the command by its PID; a `pty` request opens a DSec
+ * terminal instead.
+ */
+export function processService({
+  access,
+  processes,
+}: ProcessServiceDeps): ServiceImpl<typeof Process> {
+  async function open(ctx: HandlerContext): Promise<OpenedSandbox> {
+    return openTarget(access, ctx);
+  }
+
+  async function* followCommand(
+    sb: OpenedSandbox,
+    commandId: string,
+    ctx: HandlerContext,
+  ): AsyncGenerator<{ event: { event: EventInit } }> {
+    const stop = new AbortController();
+    const queue = newQueue(() => stop.abort());
+    const data = (stream: 'stdout' | 'stderr') => (chunk: Buffer) =>
+      queue.push({ case: 'data', value: { output: { case: stream, value: chunk } } }, chunk.length);
+    sb.io
+      .watchCommand(sb.id, commandId, {
+        signal: AbortSignal.any([ctx.signal, stop.signal]),
+        onStdout: data('stdout'),
+        onStderr: data('stderr'),
+      })
+      .then(
+        (result) => {
+          queue.push({ case: 'end', value: endOf(result) });
+          queue.end();
+        },
+        (err: unknown) => queue.end(toConnectError(err)),
+      );
+    yield* drain(queue, ctx, () => stop.abort());
+  }
+
+  async function* followPty(
+    entry: PtyEntry,
+    ctx: HandlerContext,
+  ): AsyncGenerator<{ event: { event: EventInit } }> {
+    const queue = newQueue(() => entry.session.kill());
+    const listener = (chunk: Buffer) =>
+      queue.push({ case: 'data', value: { output: { case: 'pty', value: chunk } } }, chunk.length);
+    entry.listeners.add(listener);
+    entry.exited.then(
+      ({ exitCode, signal }) => {
+        queue.push({
+          case: 'end',
+          value: signal
+            ? { exitCode: -1, exited: false, status: `signal: ${signalWord(signal)}` }
+            : { exitCode, exited: true, status: `exit status ${exitCode}` },
+        });
+        queue.end();
+      },
+      (err: unknown) => queue.end(toConnectError(err)),
+    );
+    const onAbort = () => queue.end();
+    ctx.signal.addEventListener('abort', onAbort, { once: true });
+    try {
+      yield* drain(queue, ctx, () => undefined);
+    } finally {
+      ctx.signal.removeEventListener('abort', onAbort);
+      entry.listeners.delete(listener);
+      // A terminal nobody follows any more is ended (its stream was its only handle).
+      if (entry.listeners.size === 0 && !entry.done) entry.session.kill();
+    }
+  }
+
+  async function startPty(
+    sb: OpenedSandbox,
+    req: StartRequest,
+    cfg: ProcessConfig,
+    user: string | undefined,
+    ctx: HandlerContext,
+  ): Promise<PtyEntry> {
+    const shell = (await programExists(access, sb, cfg.cmd, ctx.signal)) ? cfg.cmd : undefined;
+    const size = req.pty?.size;
+    const session = await sb.io.openPty(sb.id, {
+      ...(size?.rows ? { rows: size.rows } : {}),
+      ...(size?.cols ? { cols: size.cols } : {}),
+      shell,
+      user,
+      env: cfg.envs,
+      cwd: cfg.cwd ? await access.resolvePath(sb, cfg.cwd, user, ctx.signal) : undefined,
+      signal: ctx.signal,
+    });
+    return processes.addPty(sb.id, session, shell ?? '/bin/sh', shell ? cfg.args : []);
+  }
+
+  async function commandSpec(
+    sb: OpenedSandbox,
+    req: StartRequest,
+    cfg: ProcessConfig,
+    user: string | undefined,
+    ctx: HandlerContext,
+  ): Promise<StartCommandSpec> {
+    const line = shellLine(cfg.cmd, cfg.args);
+    // The SDKs wrap every command in `/bin/bash -l -c`; an image without that shell
+    // runs the line with the platform's own shell instead of failing to exec.
+    const platformShell =
+      line !== undefined && !(await programExists(access, sb, cfg.cmd, ctx.signal));
+    const remaining = ctx.timeoutMs();
+    const body = {
+      ...(platformShell ? { shell: line } : { argv: [cfg.cmd, ...cfg.args] }),
+      ...(Object.keys(cfg.envs).length > 0 ? { env: cfg.envs } : {}),
+      ...(cfg.cwd ? { cwd: await access.resolvePath(sb, cfg.cwd, user, ctx.signal) } : {}),
+      ...(user !== undefined ? { user } : {}),
+      timeoutMs:
+        remaining !== undefined && remaining > 0
+          ? Math.min(Math.ceil(remaining), MAX_COMMAND_TIMEOUT_MS)
+          : MAX_COMMAND_TIMEOUT_MS,
+      stdinOpen: req.stdin ?? true,
+    };
+    const { background: _background, ...spec } = schemas.parse(schemas.CommandBody, body);
+    return spec;
+  }
+
+  return {
+    async *start(req, ctx) {
+      try {
+        const sb = await open(ctx);
+        const cfg = req.process;
+        if (!cfg?.cmd) {
+          throw new DsecError('invalid_argument', 'process.cmd is required', {
+            field: 'process.cmd',
+          });
+        }
+        const user = envdUser(ctx.requestHeader);
+        if (req.pty) {
+          const entry = await startPty(sb, req, cfg, user, ctx);
+          yield { event: { event: { case: 'start', value: { pid: entry.pid } } } };
+          yield* followPty(entry, ctx);
+          return;
+        }
+        const info = await sb.io.startCommand(sb.id, await commandSpec(sb, req, cfg, user, ctx));
+        const pid = processes.rememberCommand(sb.id, info.commandId);
+        yield { event: { event: { case: 'start', value: { pid } } } };
+        yield* followCommand(sb, info.commandId, ctx);
+      } catch (err) {
+        throw toConnectError(err);
+      }
+    },
+
+    async *connect(req, ctx) {
+      try {
+        const sb = await open(ctx);
+        const pid = selectedPid(req.process);
+        const target = await processes.resolve(sb.io, sb.id, pid);
+        yield { event: { event: { case: 'start', value: { pid } } } };
+        if (target.kind === 'pty') yield* followPty(target.entry, ctx);
+        else yield* followCommand(sb, target.commandId, ctx);
+      } catch (err) {
+        throw toConnectError(err);
+      }
+    },
+
+    async list(_req, ctx) {
+      try {
+        const sb = await open(ctx);
+        const running = (await sb.io.listCommands(sb.id)).filter(
+          (c) => c.state === 'running' && c.session === undefined,
+        );
+        const out: MessageInitShape<typeof ProcessInfoSchema>[] = running.map((c) => ({
+          pid: processes.rememberCommand(sb.id, c.commandId),
+          config: configOf(c),
+        }));
+        for (const p of processes.ptys(sb.id)) {
+          out.push({ pid: p.pid, config: { cmd: p.cmd, args: p.args } });
+        }
+        return { processes: out };
+      } catch (err) {
+        throw toConnectError(err);
+      }
+    },
+
+    async sendInput(req, ctx) {
+      try {
+        const sb = await open(ctx);
+        const target = await processes.resolve(sb.io, sb.id, selectedPid(req.process));
+        const input = req.input?.input;
+        if (!input?.case) return {};
+        await writeInput(sb, target, Buffer.from(input.value));
+        return {};
+      } catch (err) {
+        throw toConnectError(err);
+      }
+    },
+
+    async streamInput(reqs, ctx) {
+      try {
+        const sb = await open(ctx);
+        let target: Awaited<ReturnType<ProcessTable['resolve']>> | undefined;
+        for await (const r of reqs) {
+          const ev = r.event;
+          if (ev.case === 'start') {
+            target = await processes.resolve(sb.io, sb.id, selectedPid(ev.value.process));
+          } else if (ev.case === 'data') {
+            if (!target) {
+              throw new DsecError('invalid_argument', 'the first message must select the process');
+            }
+            const input = ev.value.input?.input;
+            if (input?.case) await writeInput(sb, target, Buffer.from(input.value));
+          }
+        }
+        return {};
+      } catch (err) {
+        throw toConnectError(err);
+      }
+    },
+
+    async sendSignal(req, ctx) {
+      try {
+        const sb = await open(ctx);
+        const pid = selectedPid(req.process);
+        const target = await processes.resolve(sb.io, sb.id, pid);
+        if (req.signal !== Signal.SIGKILL && req.signal !== Signal.SIGTERM) {
+          throw new DsecError('invalid_argument', 'signal must be SIGTERM or SIGKILL', {
+            field: 'signal',
+          });
+        }
+        if (target.kind === 'pty') {
+          target.entry.session.kill();
+          return {};
+        }
+        // A process that has exited is gone, as in envd (the SDKs' kill() then answers false).
+        const info = await sb.io.getCommand(sb.id, target.commandId);
+        if (info.state !== 'running') {
+          throw new DsecError('not_found', `process with pid ${pid} not found`);
+        }
+        if (req.signal === Signal.SIGKILL) await sb.io.killCommand(sb.id, target.commandId);
+        else await sb.io.signalCommand(sb.id, target.commandId, 'SIGTERM');
+        return {};
+      } catch (err) {
+        throw toConnectError(err);
+      }
+    },
+
+    async closeStdin(req, ctx) {
+      try {
+        const sb = await open(ctx);
+        const target = await processes.resolve(sb.io, sb.id, selectedPid(req.process));
+        if (target.kind === 'pty') {
+          throw new DsecError(
+            'invalid_argument',
+            'a terminal has no stdin to close; send Ctrl+D (0x04) instead',
+          );
+        }
+        await stdinCall(() => sb.io.writeStdin(sb.id, target.commandId, undefined, { eof: true }));
+        return {};
+      } catch (err) {
+        throw toConnectError(err);
+      }
+    },
+
+    async update(req, ctx) {
+      try {
+        const sb = await open(ctx);
+        const target = await processes.resolve(sb.io, sb.id, selectedPid(req.process));
+        if (target.kind !== 'pty') {
+          throw new DsecError('invalid_argument', 'only a terminal can be resized');
+        }
+        const size = req.pty?.size;
+        if (size?.rows && size.cols) target.entry.session.resize(size.rows, size.cols);
+        return {};
+      } catch (err) {
+        throw toConnectError(err);
+      }
+    },
+  };
+}
+
+function newQueue(onOverflow: () => void): EventQueue<EventInit> {
+  return new EventQueue<EventInit>(
+    MAX_STREAM_BUFFER_BYTES,
+    () => new ConnectError('client is not reading the stream', Code.ResourceExhausted),
+    onOverflow,
+  );
+}
+
+/** Yields queued events, with keepalives while quiet (proxies and idle timeouts cut silent streams). */
+async function* drain(
+  queue: EventQueue<EventInit>,
+  ctx: HandlerContext,
+  onExit: () => void,
+): AsyncGenerator<{ event: { event: EventInit } }> {
+  const interval = keepaliveMs(ctx.requestHeader.get('keepalive-ping-interval'));
+  const timer = setInterval(() => {
+    if (queue.idleMs >= interval / 2) queue.push({ case: 'keepalive', value: {} });
+  }, interval);
+  timer.unref();
+  try {
+    for await (const event of queue) yield { event: { event } };
+  } finally {
+    clearInterval(timer);
+    onExit();
+  }
+}
+
+async function writeInput(
+  sb: OpenedSandbox,
+  target: Awaited<ReturnType<ProcessTable['resolve']>>,
+  data: Buffer,
+): Promise<void> {
+  if (target.kind === 'pty') target.entry.session.write(data);
+  else await stdinCall(() => sb.io.writeStdin(sb.id, target.commandId, data));
+}
+
+/** DSec's `conflict` on stdin means the command was started without open stdin. */
+async function stdinCall(fn: () => Promise<unknown>): Promise<void> {
+  try {
+    await fn();
+  } catch (err) {
+    const e = toDsecError(err);
+    if (e.code === 'conflict') {
+      throw new ConnectError(
+        'this process takes no stdin: start it with stdin: true',
+        Code.FailedPrecondition,
+      );
+    }
+    throw err;
+  }
+}
+
+/** PIDs only: DSec keeps no process tags. */
+export function selectedPid(selector: ProcessSelector | undefined): number {
+  const s = selector?.selector;
+  if (s?.case === 'pid') return s.value;
+  if (s?.case === 'tag') {
+    throw new ConnectError('DSec selects processes by pid only, not by tag', Code.Unimplemented);
+  }
+  throw new DsecError('invalid_argument', 'process.pid is required', { field: 'process' });
+}
+
+/** The line of `bash|sh [-l] [-i] -c LINE`, the form the SDKs send; undefined for anything else. */
+export function shellLine(cmd: string, args: string[]): string | undefined {
+  const base = cmd.slice(cmd.lastIndexOf('/') + 1);
+  if (!SHELLS.has(base)) return undefined;
+  let i = 0;
+  while (i < args.length && SHELL_FLAGS.has(args[i]!)) i++;
+  if (args[i] !== '-c' || i + 2 !== args.length) return undefined;
+  return args[i + 1];
+}
+
+/** envd's end event: Go's exit status words, -1 for a process that did not exit by itself. */
+export function endOf(r: CommandResult): EndInit {
+  if (r.outcome === 'exited') {
+    return { exitCode: r.exitCode, exited: true, status: `exit status ${r.exitCode}` };
+  }
+  const word = signalWord(r.signal ?? 'SIGKILL');
+  const error =
+    r.outcome === 'timeout'
+      ? 'the process ran past its timeout and was killed'
+      : r.outcome === 'oom'
+        ? 'the process was killed: out of memory'
+        : r.reason;
+  return {
+    exitCode: -1,
+    exited: false,
+    status: `signal: ${word}`,
+    ...(error ? { error } : {}),
+  };
+}
+
+function signalWord(signal: string): string {
+  const words: Record<string, string> = {
+    SIGKILL: 'killed',
+    SIGTERM: 'terminated',
+    SIGINT: 'interrupt',
+    SIGHUP: 'hangup',
+    SIGSEGV: 'segmentation fault',
+    SIGABRT: 'aborted',
+    SIGPIPE: 'broken pipe',
+  };
+  return words[signal] ?? signal;
+}
+
+/** What `List` reports of a command: its argv, or the shell line it runs. */
+function configOf(c: CommandInfo): MessageInitShape<typeof ProcessInfoSchema>['config'] {
+  if (c.argv && c.argv.length > 0) return { cmd: c.argv[0]!, args: c.argv.slice(1) };
+  return { cmd: '/bin/sh', args: ['-c', c.shell ?? c.line ?? ''] };
+}
+
+/** Whether the sandbox has `cmd` (absolute, or a bare name in /usr/bin or /bin). */
+async function programExists(
+  access: SandboxAccess,
+  sb: OpenedSandbox,
+  cmd: string,
+  signal: AbortSignal,
+): Promise<boolean> {
+  if (cmd.startsWith('/')) return access.hasProgram(sb, cmd, signal);
+  if (cmd.includes('/')) return false;
+  return (
+    (await access.hasProgram(sb, `/usr/bin/${cmd}`, signal)) ||
+    (await access.hasProgram(sb, `/bin/${cmd}`, signal))
+  );
+}

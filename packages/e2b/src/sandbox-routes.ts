@@ -1,0 +1,134 @@
+import type { IncomingMessage } from 'node:http';
+import { createContextValues } from '@connectrpc/connect';
+import { connectNodeAdapter } from '@connectrpc/connect-node';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { DsecError, toDsecError } from '@dsec/core';
+import type { SandboxService } from '@dsec/apiserver';
+import type { Iam } from '@dsec/iam';
+import { authenticateE2b } from './auth.js';
+import { envdHttpStatus } from './errors.js';
+import { toDsecSandboxId } from './ids.js';
+import { proxyToPort } from './port-proxy.js';
+import type { SandboxAccess } from './sandbox-access.js';
+import { ENVD_PORT, SANDBOX_ROUTE_PREFIX, sandboxAddressOf } from './sandbox-routing.js';
+import { downloadFile, uploadFiles } from './envd/files-http.js';
+import { filesystemService } from './envd/filesystem-service.js';
+import { processService } from './envd/process-service.js';
+import type { ProcessTable } from './envd/process-table.js';
+import { envdTargetKey } from './envd/rpc-context.js';
+import type { EnvdTarget } from './envd/rpc-context.js';
+import { Filesystem } from './gen/filesystem/filesystem_pb.js';
+import { Process } from './gen/process/process_pb.js';
+
+/** Largest unary RPC message (stdin chunks are the large ones). */
+const RPC_READ_MAX_BYTES = 16 * 1024 * 1024;
+
+const RPC_SERVICES = ['/process.Process/', '/filesystem.Filesystem/'];
+
+export interface SandboxRouteDeps {
+  service: SandboxService;
+  iam: Iam;
+  access: SandboxAccess;
+  processes: ProcessTable;
+  watchIntervalMs: number;
+  /** Aborts running streams when the server closes. */
+  shutdown: AbortSignal;
+}
+
+/**
+ * Requests addressed to a sandbox (see `sandbox-routing.ts`): envd's port is
+ * answered here (Connect RPC for the process and filesystem services, HTTP
+ * for files and health), any other port is forwarded into the sandbox.
+ * Every request is authenticated with the caller's DSec key and authorised
+ * for the sandbox before anything reaches an edge.
+ */
+export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): () => void {
+  const { access, iam } = deps;
+  const targets = new WeakMap<IncomingMessage, EnvdTarget>();
+  const fs = filesystemService({ access, watchIntervalMs: deps.watchIntervalMs });
+  const rpc = connectNodeAdapter({
+    routes(router) {
+      router.service(Process, processService({ access, processes: deps.processes }));
+      router.service(Filesystem, fs.impl);
+    },
+    contextValues: (req) =>
+      createContextValues().set(envdTargetKey, targets.get(req as IncomingMessage)),
+    readMaxBytes: RPC_READ_MAX_BYTES,
+    shutdownSignal: deps.shutdown,
+  });
+
+  // Bodies stay unread: the RPC adapter, uploads and forwarded requests stream them.
+  scope.removeAllContentTypeParsers();
+  scope.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
+
+  const handler = async (req: FastifyRequest, reply: FastifyReply) => {
+    const address = sandboxAddressOf(req.raw);
+    if (!address) return replyError(reply, new DsecError('not_found', 'no such route'));
+    const signal = clientGone(reply);
+    const path = address.url.split('?')[0] ?? '/';
+    const envd = address.port === ENVD_PORT;
+    try {
+      if (address.port === 0) {
+        throw new DsecError('invalid_argument', 'E2b-Sandbox-Port must be a port number', {
+          field: 'E2b-Sandbox-Port',
+        });
+      }
+      const caller = await authenticateE2b(iam, req.headers);
+      const sandboxId = toDsecSandboxId(address.sandboxId);
+      if (envd && RPC_SERVICES.some((p) => path.startsWith(p))) {
+        targets.set(req.raw, { caller, sandboxId });
+        reply.hijack();
+        req.raw.url = address.url;
+        rpc(req.raw, reply.raw);
+        return reply;
+      }
+      if (envd && path === '/health' && req.method === 'GET') {
+        const info = await deps.service.get(caller.principal, sandboxId, signal);
+        const alive =
+          info.state === 'running' || info.state === 'paused' || info.state === 'creating';
+        return reply.code(alive ? 204 : 502).send();
+      }
+      const sb = await access.open(caller.principal, sandboxId, signal);
+      if (envd && path === '/files' && req.method === 'GET') {
+        return await downloadFile(access, sb, req, reply, signal);
+      }
+      if (envd && path === '/files' && req.method === 'POST') {
+        return reply.send(await uploadFiles(access, sb, req, signal));
+      }
+      if (envd && path === '/envs' && req.method === 'GET') {
+        return reply.send((await deps.service.get(caller.principal, sandboxId, signal)).spec.env);
+      }
+      if (envd) throw new DsecError('not_found', `envd has no ${req.method} ${path.slice(0, 200)}`);
+      return await proxyToPort(sb, address.port, address.url, req, reply, signal, caller.header);
+    } catch (err) {
+      if (reply.sent || reply.raw.headersSent) {
+        reply.raw.destroy();
+        return reply;
+      }
+      // A body left unread (a refused upload) would keep the connection busy: close it instead.
+      if (!req.raw.complete) reply.header('connection', 'close');
+      return replyError(reply, toDsecError(err));
+    }
+  };
+  scope.all(`${SANDBOX_ROUTE_PREFIX}/:port/:id`, handler);
+  scope.all(`${SANDBOX_ROUTE_PREFIX}/:port/:id/*`, handler);
+  return () => fs.close();
+}
+
+/** envd's error answers: `{ code, message }` with the HTTP status; DSec's code alongside. */
+function replyError(reply: FastifyReply, e: DsecError): FastifyReply {
+  const status = envdHttpStatus(e);
+  const message = e.code === 'internal' ? 'internal error' : e.message;
+  return reply
+    .code(status)
+    .header('content-type', 'application/json; charset=utf-8')
+    .send({ code: status, message, error_code: e.code });
+}
+
+function clientGone(reply: FastifyReply): AbortSignal {
+  const ac = new AbortController();
+  reply.raw.once('close', () => {
+    if (!reply.raw.writableFinished) ac.abort(new Error('client closed the connection'));
+  });
+  return ac.signal;
+}
