@@ -298,7 +298,8 @@ describe('sandbox hardening', { skip, timeout: 600_000 }, () => {
     assert.doesNotMatch(look, /secret-b|\/root\/secret\n/);
     assert.match(look, /No such file/);
     // B's processes are not addressable from A (kill every pid A can name).
-    await sh(a, 'kill -9 -1; true');
+    // That includes this command's own reaper in A, so the call may end without a result.
+    await sh(a, 'kill -9 -1; true').catch(() => undefined);
     assert.match(await sh(b, 'ps -o args'), /sleep 600/);
   });
 
