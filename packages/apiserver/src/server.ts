@@ -10,6 +10,7 @@ import type { FleetView } from '@dsec/watcher';
 import { authenticateRequest } from './auth.js';
 import { toHttpError } from './errors.js';
 import { ApiMetrics } from './metrics.js';
+import { openApiRoute, recordRoutes } from './openapi.js';
 import { adminRoutes } from './routes/admin.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { networkRoutes } from './routes/network.js';
@@ -146,6 +147,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     return503OnClosing: true,
   }) as unknown as FastifyInstance;
   app.server.maxConnections = options.maxConnections ?? TRANSPORT_DEFAULTS.maxConnections;
+  recordRoutes(app);
 
   const metrics = new ApiMetrics();
   const service = new SandboxService({
@@ -195,6 +197,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   );
 
   app.get('/healthz', async () => ({ ok: true, version: API_VERSION }));
+  openApiRoute(app, API_VERSION);
   app.get('/metrics', async (_req, reply) =>
     reply
       .header('content-type', metrics.registry.contentType)

@@ -5,16 +5,18 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { DsecError } from '@dsec/core';
 import type { SandboxInfo } from '@dsec/core';
-import { FAKE_API_KEY, startFakeServer } from '@dsec/sdk/testing';
-import type { FakeServer } from '@dsec/sdk/testing';
+import { startTestServer } from '@dsec/apiserver/testing';
+import type { TestServer } from '@dsec/apiserver/testing';
 import { main } from './main.js';
 
-let server: FakeServer;
+// The CLI against the real apiserver over a scripted fake edge.
+let server: TestServer;
 let stateDir: string;
 
 before(async () => {
-  server = await startFakeServer();
+  server = await startTestServer();
   stateDir = await mkdtemp(join(tmpdir(), 'dsec-cli-test-'));
 });
 after(async () => {
@@ -22,8 +24,7 @@ after(async () => {
   await rm(stateDir, { recursive: true, force: true });
 });
 beforeEach(() => {
-  server.override = undefined;
-  server.onCommand = () => ({ stdout: ['ok\n'] });
+  server.edge.onCommand = () => ({ stdout: ['ok\n'] });
 });
 
 interface Run {
@@ -39,7 +40,7 @@ async function dsec(args: string[], env: Record<string, string | undefined> = {}
   run.code = await main(args, {
     stdout: { write: (s: string) => ((run.stdout += s), run.writes.push(`out:${s}`)) },
     stderr: { write: (s: string) => ((run.stderr += s), run.writes.push(`err:${s}`)) },
-    env: { DSEC_URL: server.url, DSEC_API_KEY: FAKE_API_KEY, DSEC_STATE_DIR: stateDir, ...env },
+    env: { DSEC_URL: server.url, DSEC_API_KEY: server.key, DSEC_STATE_DIR: stateDir, ...env },
   });
   return run;
 }
@@ -113,11 +114,13 @@ void describe('sandbox create', () => {
     assert.equal(r.stdout, '');
     assert.equal(
       r.stderr,
-      'error: memoryLimitMb must be at least 16 [invalid_argument]\nhint: fix --memory-mb (field memoryLimitMb)\n',
+      'error: memoryLimitMb: Number must be greater than or equal to 16 [invalid_argument]\n' +
+        'hint: fix --memory-mb (field memoryLimitMb)\n',
     );
   });
 
   void test('a missing image points at image ls', async () => {
+    server.edge.failNextCreate = new DsecError('image_not_found', 'no image "missing"');
     const r = await dsec(['sandbox', 'create', '--image', 'missing']);
     assert.equal(r.code, 1);
     assert.match(r.stderr, /^error: .* \[image_not_found\]\nhint: .*`dsec image ls`/);
@@ -135,7 +138,7 @@ void describe('sandbox create', () => {
 void describe('sandbox exec', () => {
   void test('streams output as it comes and exits with the exit code', async () => {
     const id = await createSandbox();
-    server.onCommand = () => ({
+    server.edge.onCommand = () => ({
       stdout: ['one\n', 'two\n'],
       stderr: ['warn\n'],
       exitCode: 3,
@@ -192,13 +195,13 @@ void describe('sandbox exec', () => {
 
   void test('signal deaths exit 128+N and timeouts 124, with a note', async () => {
     const id = await createSandbox();
-    server.onCommand = () => ({ exitCode: -1, signal: 'SIGKILL', outcome: 'oom' });
+    server.edge.onCommand = () => ({ exitCode: -1, signal: 'SIGKILL', outcome: 'oom' });
     const oom = await dsec(['sandbox', 'exec', id, '--', 'big']);
     assert.equal(oom.code, 137);
     assert.match(oom.stderr, /^dsec: .*out of memory/);
-    server.onCommand = () => ({ exitCode: -1, signal: 'SIGTERM' });
+    server.edge.onCommand = () => ({ exitCode: -1, signal: 'SIGTERM' });
     assert.equal((await dsec(['sandbox', 'exec', id, '--', 'x'])).code, 143);
-    server.onCommand = () => ({ exitCode: -1, signal: 'SIGKILL', outcome: 'timeout' });
+    server.edge.onCommand = () => ({ exitCode: -1, signal: 'SIGKILL', outcome: 'timeout' });
     const slow = await dsec(['sandbox', 'exec', id, '--timeout-ms', '10', '--', 'sleep', '9']);
     assert.equal(slow.code, 124);
     assert.match(slow.stderr, /timed out after 10 ms/);
@@ -206,7 +209,7 @@ void describe('sandbox exec', () => {
 
   void test('--json prints the result once and exits with the exit code', async () => {
     const id = await createSandbox();
-    server.onCommand = () => ({ stdout: ['a', 'b'], stderr: ['c'], exitCode: 2 });
+    server.edge.onCommand = () => ({ stdout: ['a', 'b'], stderr: ['c'], exitCode: 2 });
     const r = await dsec(['sandbox', 'exec', id, '--json', '--', 'x y']);
     assert.equal(r.code, 2);
     assert.equal(server.requests.at(-1)?.headers.accept, 'application/json');
@@ -265,7 +268,7 @@ void describe('sandbox ls / get / rm', () => {
     assert.equal(r.code, 1);
     assert.equal(r.stdout, `${a}\n${b}\n`);
     assert.match(r.stderr, /\[sandbox_not_found\]/);
-    assert.equal(server.sandboxes.get(a)?.state, 'stopped');
+    assert.equal((await server.edge.getSandbox(a)).state, 'stopped');
   });
 });
 
@@ -287,7 +290,7 @@ void describe('images, projects, keys', () => {
       'create',
       'team-a',
       '--parent',
-      'prj-root',
+      server.api.rootProjectId,
       '--max-sandboxes',
       '10',
       '--max-cpus',
@@ -296,26 +299,34 @@ void describe('images, projects, keys', () => {
     assert.equal(r.code, 0, r.stderr);
     assert.deepEqual(server.requests.at(-1)?.body, {
       name: 'team-a',
-      parentId: 'prj-root',
+      parentId: server.api.rootProjectId,
       quota: { sandboxes: 10, cpuCores: 2.5 },
     });
     const id = r.stdout.trim();
     const ls = await dsec(['project', 'ls']);
-    assert.match(ls.stdout, new RegExp(`^${id}\\s+team-a\\s+prj-root\\s+10\\s+-\\s+2\\.5$`, 'm'));
+    assert.match(
+      ls.stdout,
+      new RegExp(`^${id}\\s+team-a\\s+${server.api.rootProjectId}\\s+10\\s+-\\s+2\\.5$`, 'm'),
+    );
   });
 
   void test('key create prints only the secret on stdout; key rm revokes', async () => {
-    const r = await dsec(['key', 'create', '--project', 'prj-root', '--role', 'admin']);
+    const root = server.api.rootProjectId;
+    const r = await dsec(['key', 'create', '--project', root, '--role', 'admin']);
     assert.equal(r.code, 0, r.stderr);
-    assert.match(r.stdout, /^dsec_secret_\d+\n$/);
+    const secret = r.stdout.trim();
+    assert.match(r.stdout, /^\S{16,}\n$/);
     assert.match(r.stderr, /not shown again/);
-    assert.deepEqual(server.requests.at(-1)?.body, { projectId: 'prj-root', role: 'admin' });
+    assert.deepEqual(server.requests.at(-1)?.body, { projectId: root, role: 'admin' });
     const bad = await dsec(['key', 'create', '--project', 'p', '--role', 'owner']);
     assert.equal(bad.code, 1);
-    const rmKey = await dsec(['key', 'rm', 'key-9']);
-    assert.equal(rmKey.code, 0);
+    const { keyId } = await server.api.iam.authenticate(secret);
+    const rmKey = await dsec(['key', 'rm', keyId]);
+    assert.equal(rmKey.code, 0, rmKey.stderr);
     assert.equal(server.requests.at(-1)?.method, 'DELETE');
-    assert.equal(server.requests.at(-1)?.path, '/v1/keys/key-9');
+    assert.equal(server.requests.at(-1)?.path, `/v1/keys/${keyId}`);
+    const revoked = await dsec(['sandbox', 'ls'], { DSEC_API_KEY: secret });
+    assert.match(revoked.stderr, /\[unauthenticated\]/);
   });
 });
 
@@ -343,10 +354,10 @@ void describe('global options and errors', () => {
     assert.match(noKey.stderr, /\[unauthenticated\]\nhint: pass --api-key or set DSEC_API_KEY/);
     const dir = await mkdtemp(join(tmpdir(), 'dsec-cli-state-'));
     try {
-      await writeFile(join(dir, 'admin.key'), `${FAKE_API_KEY}\n`);
+      await writeFile(join(dir, 'admin.key'), `${server.key}\n`);
       const r = await dsec(['--state-dir', dir, 'sandbox', 'ls'], { DSEC_API_KEY: undefined });
       assert.equal(r.code, 0, r.stderr);
-      assert.equal(server.requests.at(-1)?.headers.authorization, `Bearer ${FAKE_API_KEY}`);
+      assert.equal(server.requests.at(-1)?.headers.authorization, `Bearer ${server.key}`);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

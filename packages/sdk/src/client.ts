@@ -1,5 +1,6 @@
+import { randomUUID } from 'node:crypto';
 import { DsecError } from '@dsec/core';
-import type { EdgeStatus, LayerInfo, SandboxInfo } from '@dsec/core';
+import type { Answer, Body, EdgeStatus, LayerInfo, SandboxInfo } from './wire.js';
 import { jobAction } from './lifecycle.js';
 import { Sandbox } from './sandbox.js';
 import { HttpTransport } from './transport.js';
@@ -21,6 +22,11 @@ export const DEFAULT_URL = 'http://127.0.0.1:7420';
 export const DEFAULT_TIMEOUT_MS = 30_000;
 export const DEFAULT_CREATE_TIMEOUT_MS = 120_000;
 
+/** An idempotency key (`[A-Za-z0-9._:-]{1,128}`) for a call the SDK may resend. */
+export function newRequestId(): string {
+  return `ts-${randomUUID()}`;
+}
+
 /**
  * A connection to one DSec apiserver. Cheap to keep: it pools keep-alive
  * sockets, so one client should serve many sandboxes and concurrent calls.
@@ -41,6 +47,7 @@ export class DSecClient {
       url: this.url,
       apiKey: options.apiKey ?? process.env.DSEC_API_KEY,
       maxSockets: options.maxSockets,
+      retry: options.retry,
     });
   }
 
@@ -86,14 +93,20 @@ export class DSecClient {
         },
       );
     }
-    const info = await this.#http.json<SandboxInfo>({
+    const body: Body<'createSandbox'> = {
+      backend: 'container',
+      ...rest,
+      ttlSeconds: ttlSeconds ?? ttlRunningStopSeconds,
+      // With an idempotency key a resend cannot create a second sandbox.
+      requestId: spec.requestId ?? newRequestId(),
+    };
+    const info = await this.#http.json<Answer<'createSandbox', 201>>({
       method: 'POST',
       path: '/v1/sandboxes',
-      body: { backend: 'container', ...rest, ttlSeconds: ttlSeconds ?? ttlRunningStopSeconds },
+      body,
       signal: options.signal,
       timeoutMs: options.timeoutMs ?? DEFAULT_CREATE_TIMEOUT_MS,
-      // With an idempotency key a resend cannot create a second sandbox.
-      idempotent: spec.requestId !== undefined,
+      idempotent: true,
     });
     return new Sandbox(this.#http, info.id, info, this.#timeoutMs);
   }
@@ -161,10 +174,15 @@ export class DSecClient {
   }
 
   async createProject(options: CreateProjectOptions): Promise<Project> {
+    const body: Body<'createProject'> = {
+      name: options.name,
+      parentId: options.parentId,
+      quota: options.quota,
+    };
     return this.#http.json<Project>({
       method: 'POST',
       path: '/v1/projects',
-      body: { name: options.name, parentId: options.parentId, quota: options.quota },
+      body,
       signal: options.signal,
       timeoutMs: options.timeoutMs ?? this.#timeoutMs,
     });
@@ -182,15 +200,16 @@ export class DSecClient {
 
   /** Creates an API key; the secret in `key` is returned only this once. */
   async createKey(options: CreateKeyOptions): Promise<CreatedKey> {
+    const body: Body<'createKey'> = {
+      projectId: options.projectId,
+      role: options.role,
+      name: options.name,
+      scopes: options.scopes,
+    };
     return this.#http.json<CreatedKey>({
       method: 'POST',
       path: '/v1/keys',
-      body: {
-        projectId: options.projectId,
-        role: options.role,
-        name: options.name,
-        scopes: options.scopes,
-      },
+      body,
       signal: options.signal,
       timeoutMs: options.timeoutMs ?? this.#timeoutMs,
     });

@@ -1,4 +1,4 @@
-import type { CommandResult } from '@dsec/core';
+import type { CommandResult } from './wire.js';
 
 /** One piece of a command's output, decoded as UTF-8 text per stream. */
 export type CommandEvent = { type: 'stdout'; data: string } | { type: 'stderr'; data: string };

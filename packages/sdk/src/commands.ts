@@ -1,6 +1,6 @@
 import type { Readable } from 'node:stream';
 import { DsecError } from '@dsec/core';
-import type { CommandInfo, CommandResult } from '@dsec/core';
+import type { CommandInfo, CommandResult } from './wire.js';
 import { CommandRun, type OutputCallbacks } from './command-run.js';
 import { CommandEventDecoder } from './ndjson.js';
 import type { HttpTransport, RequestOptions } from './transport.js';

@@ -2,7 +2,7 @@ import { createReadStream, createWriteStream } from 'node:fs';
 import { rename, rm } from 'node:fs/promises';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
-import type { FileInfo } from '@dsec/core';
+import type { FileInfo } from './wire.js';
 import { readAll } from './commands.js';
 import type { HttpTransport } from './transport.js';
 import type { CallOptions } from './types.js';

@@ -39,21 +39,32 @@ export { Sandbox, DEFAULT_COMMAND_TIMEOUT_MS, COMMAND_DEADLINE_SLACK_MS } from '
 export type * from './types.js';
 export { DsecError, isDsecError } from '@dsec/core';
 export type {
+  Answer,
+  Body,
+  CommandInfo,
   CommandResult,
+  CommandWireEvent,
+  EdgeStatus,
   ErrorCode,
+  FileInfo,
+  FileType,
+  ForkResult,
   LayerInfo,
-  QosClass,
-  SandboxInfo,
-  SandboxState,
-  SnapshotInfo,
-} from '@dsec/core';
-export type {
   NetworkPolicyPatch,
   NetworkRules,
   NetworkTarget,
+  QosClass,
   SandboxEvent,
   SandboxEventKind,
-} from '@dsec/core';
+  SandboxInfo,
+  SandboxSpec,
+  SandboxState,
+  SessionInfo,
+  SessionResult,
+  SnapshotInfo,
+} from './wire.js';
+/** Every path, operation and schema of docs/openapi.json, as generated types. */
+export type { components, operations, paths } from './gen/openapi.js';
 export type { EventsOptions } from './network.js';
 export { DEFAULT_LIFECYCLE_TIMEOUT_MS } from './lifecycle.js';
 export type { JobAction } from './lifecycle.js';
@@ -66,6 +77,5 @@ export type { SessionOptions, SessionRunOptions } from './session.js';
 export { Files } from './files.js';
 export type { FileCallOptions, WriteOptions } from './files.js';
 export type { SandboxFetchInit } from './port-fetch.js';
-export type { CommandInfo, FileInfo, FileType, SessionInfo, SessionResult } from '@dsec/core';
 export { Terminal } from './terminal.js';
 export type { TerminalOptions } from './terminal.js';

@@ -1,5 +1,5 @@
 import { DsecError } from '@dsec/core';
-import type { SandboxInfo, SnapshotInfo } from '@dsec/core';
+import type { ForkResult, SandboxInfo, SnapshotInfo } from './wire.js';
 import type { HttpTransport } from './transport.js';
 import type { CallOptions, JobResult, SnapshotOptions } from './types.js';
 
@@ -82,8 +82,8 @@ export function forkSandbox(
   id: string,
   count: number,
   options: CallOptions,
-): Promise<{ ids: string[]; image: string }> {
-  return http.json<{ ids: string[]; image: string }>({
+): Promise<ForkResult> {
+  return http.json<ForkResult>({
     method: 'POST',
     path: sandboxPath(id, 'fork'),
     body: { count },

@@ -1,6 +1,6 @@
 import { StringDecoder } from 'node:string_decoder';
 import { DsecError } from '@dsec/core';
-import type { CommandResult } from '@dsec/core';
+import type { CommandResult } from './wire.js';
 
 /**
  * Decodes the NDJSON event stream of `POST /v1/sandboxes/:id/commands`

@@ -1,4 +1,4 @@
-import type { NetworkPolicyPatch, SandboxEvent, SandboxInfo } from '@dsec/core';
+import type { NetworkPolicyPatch, SandboxEvent, SandboxInfo } from './wire.js';
 import type { HttpTransport } from './transport.js';
 import type { CallOptions } from './types.js';
 

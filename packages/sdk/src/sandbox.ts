@@ -1,11 +1,11 @@
 import type {
+  CommandBody,
   CommandResult,
-  CommandSpec,
   NetworkPolicyPatch,
   SandboxEvent,
   SandboxInfo,
   SnapshotInfo,
-} from '@dsec/core';
+} from './wire.js';
 import { listEvents, updateNetworkRules, type EventsOptions } from './network.js';
 import { forkSandbox, setPaused, setSandboxTimeout, snapshotSandbox } from './lifecycle.js';
 import { CommandEventDecoder } from './ndjson.js';
@@ -189,10 +189,10 @@ export class Sandbox {
   }
 
   async #run(
-    target: Pick<CommandSpec, 'argv' | 'shell'>,
+    target: Pick<CommandBody, 'argv' | 'shell'>,
     options: RunCommandOptions,
   ): Promise<CommandResult> {
-    const body: CommandSpec = {
+    const body: CommandBody = {
       ...target,
       env: options.env,
       cwd: options.cwd,

@@ -1,4 +1,4 @@
-import type { SessionResult } from '@dsec/core';
+import type { SessionResult } from './wire.js';
 import { CommandRun, type OutputCallbacks } from './command-run.js';
 import { commandRequest } from './commands.js';
 import type { HttpTransport } from './transport.js';

@@ -118,3 +118,91 @@ test('a call on a signal keeps working after earlier calls on it finished (the l
   }
   client.close();
 });
+
+/** A server that is not DSec (a proxy in front of it, an older server): answers as `reply` says. */
+async function withStub(
+  reply: (req: http.IncomingMessage, res: http.ServerResponse) => void,
+  fn: (url: string, hits: () => number) => Promise<void>,
+): Promise<void> {
+  let hits = 0;
+  const stub = http.createServer((req, res) => {
+    hits++;
+    req.resume();
+    req.on('end', () => reply(req, res));
+  });
+  await new Promise<void>((resolve) => stub.listen(0, '127.0.0.1', resolve));
+  try {
+    await fn(`http://127.0.0.1:${(stub.address() as AddressInfo).port}`, () => hits);
+  } finally {
+    stub.closeAllConnections();
+    await new Promise((resolve) => stub.close(resolve));
+  }
+}
+
+test('a body-less 502 from a proxy is unavailable, and resent only for a safe call', async () => {
+  await withStub(
+    (_req, res) => res.writeHead(502).end(),
+    async (stubUrl, hits) => {
+      const client = new DSecClient({
+        url: stubUrl,
+        apiKey: 'k',
+        retry: { maxRetries: 2, baseDelayMs: 1 },
+      });
+      await assert.rejects(client.listSandboxes(), (e) => isDsecError(e, 'unavailable'));
+      assert.equal(hits(), 3, 'a GET is safe: the first try and 2 retries');
+      await assert.rejects(client.sandbox('sb-1').runShell('true'), (e) =>
+        isDsecError(e, 'unavailable'),
+      );
+      assert.equal(hits(), 4, 'a command without a requestId is sent once');
+      client.close();
+    },
+  );
+});
+
+test('a server that answers a streamed command with plain JSON still feeds the callbacks', async () => {
+  const result = {
+    commandId: 'c',
+    exitCode: 0,
+    outcome: 'exited',
+    stdout: 'all\n',
+    stderr: 'err\n',
+    truncated: false,
+    stdoutBytes: 4,
+    stderrBytes: 4,
+    durationMs: 1,
+  };
+  await withStub(
+    (_req, res) =>
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(result)),
+    async (stubUrl) => {
+      const client = new DSecClient({ url: stubUrl, apiKey: 'k' });
+      let out = '';
+      let err = '';
+      const got = await client.sandbox('sb-1').runShell('x', {
+        onStdout: (s) => (out += s),
+        onStderr: (s) => (err += s),
+      });
+      assert.deepEqual([out, err, got.exitCode], ['all\n', 'err\n', 0]);
+      client.close();
+    },
+  );
+});
+
+test('an NDJSON stream that ends without its result is unavailable', async () => {
+  await withStub(
+    (_req, res) =>
+      res
+        .writeHead(200, { 'content-type': 'application/x-ndjson' })
+        .end(`${JSON.stringify({ type: 'stdout', data: Buffer.from('x').toString('base64') })}\n`),
+    async (stubUrl) => {
+      const client = new DSecClient({ url: stubUrl, apiKey: 'k' });
+      let out = '';
+      await assert.rejects(
+        client.sandbox('sb-1').runShell('x', { onStdout: (s) => (out += s) }),
+        (e) => isDsecError(e, 'unavailable'),
+      );
+      assert.equal(out, 'x');
+      client.close();
+    },
+  );
+});

@@ -1,7 +1,8 @@
 import http from 'node:http';
 import https from 'node:https';
 import type { Duplex } from 'node:stream';
-import { DsecError, toDsecError } from '@dsec/core';
+import { DsecError, isDsecError, toDsecError } from '@dsec/core';
+import type { RetryOptions } from './types.js';
 
 /**
  * The SDK's HTTP transport: node:http with a keep-alive agent rather than
@@ -20,7 +21,17 @@ export interface TransportOptions {
   apiKey?: string | undefined;
   /** Sockets kept open per host; commands from many sandboxes share them. */
   maxSockets?: number | undefined;
+  /** Backoff for resending safe calls; `false`: never resend (but a stale keep-alive socket). */
+  retry?: RetryOptions | false | undefined;
 }
+
+/** Codes after which a call that is safe to resend is resent (see `RetryOptions`). */
+export const RETRY_CODES: ReadonlySet<string> = new Set([
+  'unavailable',
+  'capacity_exhausted',
+  'quota_exceeded',
+]);
+export const DEFAULT_RETRY = { maxRetries: 3, baseDelayMs: 250, maxDelayMs: 4000 } as const;
 
 export interface RequestOptions {
   method: 'GET' | 'POST' | 'PATCH' | 'DELETE';
@@ -29,7 +40,10 @@ export interface RequestOptions {
   signal?: AbortSignal | undefined;
   /** Deadline for the whole exchange, response body included. */
   timeoutMs: number;
-  /** Safe to resend on a stale keep-alive socket (the server never saw it). */
+  /**
+   * Safe to resend: idempotent by nature, or deduplicated by a request ID.
+   * Resent on a stale keep-alive socket, and with backoff on `RETRY_CODES`.
+   */
   idempotent?: boolean | undefined;
 }
 
@@ -44,6 +58,8 @@ export interface RawRequestOptions {
   timeoutMs: number;
   /** Resolve with any response that is not a DSec error body (proxied services). */
   acceptAnyStatus?: boolean | undefined;
+  /** Safe to resend (as `RequestOptions.idempotent`); only a body-less or Buffer request is resent. */
+  idempotent?: boolean | undefined;
 }
 
 export interface StreamRequestOptions extends RequestOptions {
@@ -71,6 +87,7 @@ export class HttpTransport {
   readonly #apiKey: string | undefined;
   readonly #agent: http.Agent;
   readonly #request: typeof http.request;
+  readonly #retry: Required<RetryOptions>;
   #closed = false;
 
   constructor(options: TransportOptions) {
@@ -100,6 +117,14 @@ export class HttpTransport {
     const isHttps = base.protocol === 'https:';
     this.#agent = isHttps ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
     this.#request = isHttps ? https.request : http.request;
+    this.#retry =
+      options.retry === false
+        ? { maxRetries: 0, baseDelayMs: 0, maxDelayMs: 0 }
+        : {
+            maxRetries: options.retry?.maxRetries ?? DEFAULT_RETRY.maxRetries,
+            baseDelayMs: options.retry?.baseDelayMs ?? DEFAULT_RETRY.baseDelayMs,
+            maxDelayMs: options.retry?.maxDelayMs ?? DEFAULT_RETRY.maxDelayMs,
+          };
   }
 
   /** Destroys pooled sockets; later requests reject with `unavailable`. */
@@ -117,15 +142,66 @@ export class HttpTransport {
   }
 
   async #send(options: RequestOptions, stream: StreamRequestOptions | undefined): Promise<unknown> {
-    try {
-      return await this.#once(options, stream);
-    } catch (err) {
-      // A keep-alive socket the server closed while idle fails on reuse before
-      // the server sees anything; resending once is safe for idempotent calls.
-      if (err instanceof StaleSocketError && options.idempotent) {
-        return await this.#once(options, stream);
+    // Output handed to the caller cannot be taken back: such a call is never resent.
+    let delivered = false;
+    const watched = stream && {
+      ...stream,
+      onChunk: (chunk: Buffer) => {
+        delivered = true;
+        stream.onChunk(chunk);
+      },
+    };
+    return this.#withRetries(
+      options,
+      () => delivered,
+      (timeoutMs) => this.#once({ ...options, timeoutMs }, watched),
+    );
+  }
+
+  /**
+   * Runs `attempt` until it succeeds or may not be resent: a stale
+   * keep-alive socket (the server saw nothing) is retried at once when the
+   * call is idempotent; `RETRY_CODES` with backoff when it is, and nothing
+   * was delivered; a connection never made, with backoff, whatever the call.
+   * All attempts share the call's deadline.
+   */
+  async #withRetries<T>(
+    options: {
+      method: string;
+      path: string;
+      timeoutMs: number;
+      signal?: AbortSignal | undefined;
+      idempotent?: boolean | undefined;
+    },
+    delivered: () => boolean,
+    attempt: (timeoutMs: number) => Promise<T>,
+  ): Promise<T> {
+    const deadline = Date.now() + options.timeoutMs;
+    let staleRetried = false;
+    for (let retry = 0; ; retry++) {
+      try {
+        return await attempt(Math.max(1, deadline - Date.now()));
+      } catch (err) {
+        if (err instanceof StaleSocketError && options.idempotent && !staleRetried) {
+          staleRetried = true;
+          retry--;
+          continue;
+        }
+        const error = err instanceof StaleSocketError ? err.error : err;
+        const neverSent = isDsecError(error) && notSent.has(error);
+        const resend =
+          isDsecError(error) &&
+          !delivered() &&
+          retry < this.#retry.maxRetries &&
+          (neverSent ||
+            (options.idempotent === true &&
+              (RETRY_CODES.has(error.code) ||
+                // A create with this requestId is still being served: its answer comes shortly.
+                (error.code === 'conflict' && error.field === 'requestId'))));
+        const wait = resend ? backoffMs(this.#retry, retry) : 0;
+        if (!resend || Date.now() + wait >= deadline) throw error;
+        await sleep(wait, options.signal);
       }
-      throw err instanceof StaleSocketError ? err.error : err;
     }
   }
 
@@ -255,6 +331,16 @@ export class HttpTransport {
    * bounds the wait for the status line only; `signal` aborts the whole exchange.
    */
   raw(options: RawRequestOptions): Promise<http.IncomingMessage> {
+    const replayable = options.body === undefined || Buffer.isBuffer(options.body);
+    return this.#withRetries(
+      { ...options, idempotent: options.idempotent === true && replayable },
+      // A streamed body is gone after one try, sent or not.
+      () => !replayable,
+      (timeoutMs) => this.#rawOnce({ ...options, timeoutMs }),
+    );
+  }
+
+  #rawOnce(options: RawRequestOptions): Promise<http.IncomingMessage> {
     const { signal } = options;
     if (this.#closed)
       return Promise.reject(new DsecError('unavailable', 'the DSec client is closed'));
@@ -381,11 +467,14 @@ export class HttpTransport {
   #networkError(err: NodeJS.ErrnoException): DsecError {
     if (err instanceof DsecError) return err;
     if (err.code !== undefined && CONNECT_ERRORS.has(err.code)) {
-      return new DsecError(
+      const error = new DsecError(
         'unavailable',
         `cannot reach DSec at ${this.baseUrl.origin}: ${err.message} — is \`dsec up\` running?`,
         { cause: err, details: { errno: err.code } },
       );
+      // No connection, so no byte of the request reached the server: safe to resend.
+      notSent.add(error);
+      return error;
     }
     return new DsecError(
       'unavailable',
@@ -394,6 +483,9 @@ export class HttpTransport {
     );
   }
 }
+
+/** Errors after which no byte of the request reached the server. */
+const notSent = new WeakSet<DsecError>();
 
 class StaleSocketError extends Error {
   constructor(readonly error: DsecError) {
@@ -437,6 +529,26 @@ function onAbort(signal: AbortSignal | undefined, fn: () => void): () => void {
     signal.removeEventListener('abort', fire);
     if (abortWaiters.get(signal)?.waiters === waiters) abortWaiters.delete(signal);
   };
+}
+
+/** Exponential backoff with full jitter in its upper half (as the Python SDK's `RetryPolicy`). */
+function backoffMs(policy: Required<RetryOptions>, retry: number): number {
+  const ceiling = Math.min(policy.maxDelayMs, policy.baseDelayMs * 2 ** retry);
+  return ceiling / 2 + Math.random() * (ceiling / 2);
+}
+
+function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  if (signal?.aborted) return Promise.reject(abortedError(signal));
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      stop();
+      resolve();
+    }, ms);
+    const stop = onAbort(signal, () => {
+      clearTimeout(timer);
+      reject(abortedError(signal));
+    });
+  });
 }
 
 function abortedError(signal: AbortSignal | undefined): DsecError {

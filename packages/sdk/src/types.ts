@@ -1,11 +1,6 @@
-import type {
-  CommandResult,
-  ErrorCode,
-  NetworkRules,
-  NetworkTarget,
-  QosClass,
-  SandboxState,
-} from '@dsec/core';
+import type { CreateSandboxBody, KeyBody, ProjectBody } from './wire.js';
+
+export type { CommandResult, CreatedKey, Health, JobResult, Project, Whoami } from './wire.js';
 
 /** Every SDK call accepts these. */
 export interface CallOptions {
@@ -23,43 +18,56 @@ export interface DSecClientOptions {
   timeoutMs?: number | undefined;
   /** Pooled sockets per apiserver; default 256. */
   maxSockets?: number | undefined;
+  /**
+   * Resending of calls that are safe to resend (see `RetryOptions`); `false`
+   * turns it off. Default 3 retries, 250 ms doubling up to 4 s, with jitter.
+   */
+  retry?: RetryOptions | false | undefined;
 }
 
 /**
- * A container sandbox request, shaped after libdsec's `DSecContainerRunArgs`.
- * Defaults are the server's (docs/CONVENTIONS.md, `CreateSandboxBody`).
+ * Exponential backoff with jitter for calls that are safe to resend: those
+ * idempotent by nature (reads, deletes, pause, resume) and those carrying a
+ * `requestId` the server deduplicates on (creates always carry one). They
+ * are resent on `unavailable`, `capacity_exhausted` and `quota_exceeded`
+ * (429): the platform was briefly down, full or over quota. Not on
+ * `resource_exhausted` (the sandbox's own limit, which only the caller can
+ * free). A call that never reached the server is resent whatever it is.
+ * A streamed answer is never resent once output was delivered.
  */
-export interface RunContainerOptions {
+export interface RetryOptions {
+  /** Retries after the first attempt; default 3. */
+  maxRetries?: number | undefined;
+  /** Wait before the first retry, doubled each time; default 250. */
+  baseDelayMs?: number | undefined;
+  /** Cap on one wait; default 4000. */
+  maxDelayMs?: number | undefined;
+}
+
+/**
+ * A container sandbox request, shaped after libdsec's `DSecContainerRunArgs`:
+ * the wire's `CreateSandboxBody` (defaults are the server's) without
+ * `backend`, plus libdsec's `ttlRunningStopSeconds` alias.
+ */
+export interface RunContainerOptions extends Omit<CreateSandboxBody, 'backend'> {
   /** Base image layer, `name` or `name:version`. */
   image: string;
-  workspace?: string | undefined;
-  toolkits?: string[] | undefined;
-  memoryLimitMb?: number | undefined;
-  cpuCoresLimit?: number | undefined;
-  pidsLimit?: number | undefined;
-  /** Disk quota of the writable layer in MiB (ENOSPC past it); default: none. */
-  diskLimitMb?: number | undefined;
   /**
    * CPU QoS class (default `latency-sensitive`): `best-effort` sandboxes run
    * under SCHED_IDLE with minimal CPU weight and only get cycles that
    * latency-sensitive work leaves idle.
    */
-  qosClass?: QosClass | undefined;
+  qosClass?: CreateSandboxBody['qosClass'];
   /** libdsec's `ttl_running_stop`: an alias of `ttlSeconds`. */
   ttlRunningStopSeconds?: number | undefined;
-  ttlSeconds?: number | undefined;
-  networkRules?: NetworkRules | undefined;
   /** Egress allowed on top of `networkRules`: `{ domain: '*.example.com', ports: [443] }`, `{ cidr }`. */
-  networkAllow?: NetworkTarget[] | undefined;
-  /** Egress denied whatever else allows it. */
-  networkDeny?: NetworkTarget[] | undefined;
-  initUser?: string | undefined;
-  env?: Record<string, string> | undefined;
-  labels?: Record<string, string> | undefined;
+  networkAllow?: CreateSandboxBody['networkAllow'];
   /** Labels the chosen edge must carry, e.g. `{ pool: 'gpu', hardware: 'h200' }`; default: any edge. */
-  edgeSelector?: Record<string, string> | undefined;
-  projectId?: string | undefined;
-  /** Idempotency key: a retry with the same ID returns the same sandbox. */
+  edgeSelector?: CreateSandboxBody['edgeSelector'];
+  /**
+   * Idempotency key: a retry with the same ID returns the same sandbox.
+   * Default: a fresh one per call, so the SDK's own retries are safe.
+   */
   requestId?: string | undefined;
 }
 
@@ -79,17 +87,6 @@ export interface RunCommandOptions {
   onStderr?: ((chunk: string) => void) | undefined;
 }
 
-export type { CommandResult };
-
-/** `GET /v1/whoami`. */
-export interface Whoami {
-  keyId: string;
-  projectId: string;
-  role: 'admin' | 'member';
-  /** The key's scopes; absent for an unscoped key. */
-  scopes?: string[] | undefined;
-}
-
 /** `Sandbox.snapshot`: capture the sandbox's filesystem as an image `runContainer` accepts. */
 export interface SnapshotOptions extends CallOptions {
   /** Name of the image, `name` or `name:version` (lower-case name). */
@@ -101,65 +98,21 @@ export interface SnapshotOptions extends CallOptions {
   scrub?: string[] | undefined;
 }
 
-/** The answer of a whole-job operation (`pauseJob`, …): every selected sandbox, one list or the other. */
-export interface JobResult {
-  sandboxes: { id: string; state: SandboxState }[];
-  failed: { id: string; code: ErrorCode; message: string }[];
-}
-
 /** Options of the whole-job operations. */
 export interface JobOptions extends CallOptions {
   /** The project to look in (and its descendants); default the key's. */
   projectId?: string | undefined;
 }
 
-/** `GET /healthz`. */
-export interface Health {
-  ok: boolean;
-  version: string;
-}
+export type ProjectQuota = NonNullable<ProjectBody['quota']>;
 
-export interface ProjectQuota {
-  sandboxes?: number | undefined;
-  memoryMb?: number | undefined;
-  cpuCores?: number | undefined;
-}
+export interface CreateProjectOptions extends CallOptions, ProjectBody {}
 
-/**
- * A project as the apiserver returns it. Only `id` and `name` are relied on;
- * the rest is shown when present.
- */
-export interface Project {
-  id: string;
-  name: string;
-  parentId?: string | null | undefined;
-  quota?: ProjectQuota | undefined;
-  createdAt?: string | undefined;
-}
-
-export interface CreateProjectOptions extends CallOptions {
-  name: string;
-  parentId?: string | undefined;
-  quota?: ProjectQuota | undefined;
-}
-
-export interface CreateKeyOptions extends CallOptions {
-  projectId: string;
-  role?: 'admin' | 'member' | undefined;
-  name?: string | undefined;
+export interface CreateKeyOptions extends CallOptions, KeyBody {
   /**
    * Limits the key (default: unscoped, every right of its role):
    * `sandboxes:snapshot` to snapshot and fork, `images:run:<pattern>` to
    * create sandboxes from matching images (`*` matches anything).
    */
-  scopes?: string[] | undefined;
-}
-
-/** `POST /v1/keys`; `key` is the secret and is shown only once. */
-export interface CreatedKey {
-  id: string;
-  key: string;
-  projectId: string;
-  role: 'admin' | 'member';
   scopes?: string[] | undefined;
 }

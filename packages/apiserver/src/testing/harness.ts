@@ -42,6 +42,7 @@ export async function createTestApi(
     logger?: boolean;
     /** Transport limits (timeouts, connection cap) passed to `buildApiServer`. */
     transport?: Partial<Pick<ApiServerOptions, TransportOption>>;
+    imagesList?: ApiServerOptions['imagesList'];
   } = {},
 ): Promise<TestApi> {
   const db = await openControlDb(options.iamPath ?? ':memory:');
@@ -61,6 +62,7 @@ export async function createTestApi(
     placer,
     ids,
     logger: options.logger,
+    imagesList: options.imagesList,
     ...options.transport,
   });
   return {

@@ -15,3 +15,5 @@ export type { TestApi } from './harness.js';
 // The EdgeApi conformance suite lives in @dsec/core/testing (every edge implementation runs it).
 export { edgeApiConformance, conformanceSpec } from '@dsec/core/testing';
 export type { EdgeUnderTest } from '@dsec/core/testing';
+export { ScriptedEdge, startTestServer, TEST_LAYERS } from './scripted-edge.js';
+export type { RecordedRequest, ScriptedCommand, TestServer } from './scripted-edge.js';

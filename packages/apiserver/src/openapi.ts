@@ -1,0 +1,773 @@
+import { z } from 'zod';
+import type { FastifyInstance } from 'fastify';
+import {
+  OpenApiGeneratorV31,
+  OpenAPIRegistry,
+  type ResponseConfig,
+  type RouteConfig,
+} from '@asteasolutions/zod-to-openapi';
+import { ERROR_CODES } from '@dsec/core';
+import {
+  CommandEventSchema,
+  CommandInfoSchema,
+  CommandResultSchema,
+  CreatedKeySchema,
+  EdgeStatusSchema,
+  ErrorBodySchema,
+  FileInfoSchema,
+  ForkResultSchema,
+  HealthSchema,
+  JobResultSchema,
+  LayerInfoSchema,
+  ProjectSchema,
+  SandboxEventSchema,
+  SandboxInfoSchema,
+  SessionEventSchema,
+  SessionInfoSchema,
+  SessionResultSchema,
+  SnapshotInfoSchema,
+  StdinAnswerSchema,
+  WhoamiSchema,
+} from './openapi-schemas.js';
+import * as requests from './schemas.js';
+import * as ioRequests from './schemas-io.js';
+/**
+ * The OpenAPI 3.1 document of HTTP API v1, built from the zod schemas the
+ * routes parse requests with (`schemas.ts`, `schemas-io.ts`) and the answer
+ * schemas of `openapi-schemas.ts`. It is the one description of the API:
+ * served at `GET /openapi.json`, committed as docs/openapi.json (a test fails
+ * when the two differ; `npm run openapi` rewrites it), and the TypeScript
+ * SDK's wire types are generated from it. `openapi.test.ts` also checks that
+ * every route the server has is described here and the other way round.
+ */
+
+export const OPENAPI_VERSION = '3.1.0';
+
+/** Error answers by status, each a shared response naming the codes it may carry. */
+const ERROR_RESPONSES = {
+  400: 'BadRequest',
+  401: 'Unauthenticated',
+  403: 'PermissionDenied',
+  404: 'NotFound',
+  409: 'Conflict',
+  413: 'PayloadTooLarge',
+  429: 'TooManyRequests',
+  500: 'Internal',
+  503: 'Unavailable',
+  504: 'DeadlineExceeded',
+} as const;
+type ErrorStatus = keyof typeof ERROR_RESPONSES;
+
+/** Errors any authenticated call may answer with. */
+const AUTHED: ErrorStatus[] = [400, 401, 500, 503];
+/** Calls on one sandbox: it may be unknown (or another tenant's), stopped, or its edge down. */
+const ON_SANDBOX: ErrorStatus[] = [...AUTHED, 404, 409, 504];
+
+const json = (schema: z.ZodTypeAny) => ({ 'application/json': { schema } });
+const ndjson = (schema: z.ZodTypeAny) => ({ 'application/x-ndjson': { schema } });
+const bytes = { 'application/octet-stream': { schema: z.string().openapi({ format: 'binary' }) } };
+const noContent: ResponseConfig = { description: 'Done; no body.' };
+
+// Request schemas as the routes parse them; those with a name become shared components.
+const CreateSandboxBody = requests.CreateSandboxBody.openapi('CreateSandboxBody');
+const CommandBody = requests.CommandBody.openapi('CommandBody');
+const SessionRunBody = ioRequests.SessionRunBody.openapi('SessionRunBody');
+const ProjectBody = requests.ProjectBody.openapi('ProjectBody');
+const KeyBody = requests.KeyBody.openapi('KeyBody');
+const JobBody = requests.JobBody.openapi('JobBody');
+const NetworkPatchBody = requests.NetworkPatchBody.openapi('NetworkPatchBody');
+const SnapshotBody = requests.SnapshotBody.openapi('SnapshotBody');
+const TimeoutBody = requests.TimeoutBody.openapi('TimeoutBody');
+const ForkBody = requests.ForkBody.openapi('ForkBody');
+const SignalBody = ioRequests.SignalBody.openapi('SignalBody');
+const MkdirBody = ioRequests.MkdirBody.openapi('MkdirBody');
+const RemoveBody = ioRequests.RemoveBody.openapi('RemoveBody');
+const RenameBody = ioRequests.RenameBody.openapi('RenameBody');
+const { CommandParams, SessionParams, WaitQuery, StdinQuery, PathQuery, WriteQuery, PtyQuery } =
+  ioRequests;
+const { IdParams, EventsQuery, ListSandboxesQuery } = requests;
+
+const PortParams = z.object({
+  id: z.string().max(256),
+  port: z
+    .string()
+    .regex(/^[0-9]{1,5}$/)
+    .openapi({ description: 'TCP port, 1–65535.' }),
+  path: z.string().max(8192).openapi({
+    description: 'The rest of the path, slashes included, forwarded to the service.',
+  }),
+});
+const PortRootParams = PortParams.omit({ path: true });
+
+interface Operation {
+  method: RouteConfig['method'];
+  /** The path as fastify spells it (`:id`, `::action`, `*`). */
+  route: string;
+  operationId: string;
+  tag: string;
+  summary: string;
+  description?: string;
+  auth?: false;
+  request?: RouteConfig['request'];
+  responses: Record<number, ResponseConfig>;
+  errors?: ErrorStatus[];
+}
+
+const PORT_METHODS = ['get', 'put', 'post', 'delete', 'patch', 'head', 'options'] as const;
+
+/** Every route of the native API (the E2B-compatible routes of `@dsec/e2b` are not part of it). */
+export function operations(): Operation[] {
+  const sandbox = { params: IdParams };
+  const ops: Operation[] = [
+    {
+      method: 'get',
+      route: '/healthz',
+      operationId: 'health',
+      tag: 'meta',
+      summary: 'Liveness and version',
+      auth: false,
+      responses: { 200: { description: 'Up.', content: json(HealthSchema) } },
+      errors: [],
+    },
+    {
+      method: 'get',
+      route: '/metrics',
+      operationId: 'metrics',
+      tag: 'meta',
+      summary: 'Prometheus metrics',
+      auth: false,
+      responses: {
+        200: {
+          description: 'Prometheus text exposition format.',
+          content: { 'text/plain': { schema: z.string() } },
+        },
+      },
+      errors: [],
+    },
+    {
+      method: 'get',
+      route: '/openapi.json',
+      operationId: 'openapi',
+      tag: 'meta',
+      summary: 'This document',
+      auth: false,
+      responses: {
+        200: {
+          description: 'The OpenAPI 3.1 document of the API.',
+          content: json(z.record(z.string(), z.unknown())),
+        },
+      },
+      errors: [],
+    },
+    {
+      method: 'get',
+      route: '/v1/whoami',
+      operationId: 'whoami',
+      tag: 'keys',
+      summary: 'The calling key',
+      responses: { 200: { description: 'The key.', content: json(WhoamiSchema) } },
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes',
+      operationId: 'createSandbox',
+      tag: 'sandboxes',
+      summary: 'Create a sandbox',
+      description:
+        'Returns once the sandbox runs. With `requestId` a retry returns the same sandbox (idempotent).',
+      request: { body: { content: json(CreateSandboxBody), required: true } },
+      responses: { 201: { description: 'Running.', content: json(SandboxInfoSchema) } },
+      errors: [...AUTHED, 403, 404, 409, 429, 504],
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes',
+      operationId: 'listSandboxes',
+      tag: 'sandboxes',
+      summary: 'List sandboxes the key may see',
+      description: '`label=k=v` repeats; a sandbox must carry every label given.',
+      request: { query: ListSandboxesQuery as unknown as z.AnyZodObject },
+      responses: {
+        200: {
+          description: 'The sandboxes.',
+          content: json(z.object({ sandboxes: z.array(SandboxInfoSchema) })),
+        },
+      },
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id',
+      operationId: 'getSandbox',
+      tag: 'sandboxes',
+      summary: 'A sandbox',
+      request: sandbox,
+      responses: { 200: { description: 'The sandbox.', content: json(SandboxInfoSchema) } },
+      errors: [...AUTHED, 404, 504],
+    },
+    {
+      method: 'delete',
+      route: '/v1/sandboxes/:id',
+      operationId: 'deleteSandbox',
+      tag: 'sandboxes',
+      summary: 'Stop a sandbox and free its quota',
+      description: 'Stopping a stopped sandbox is a no-op.',
+      request: sandbox,
+      responses: { 204: noContent },
+      errors: [...AUTHED, 404, 504],
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/commands',
+      operationId: 'runCommand',
+      tag: 'commands',
+      summary: 'Run a command',
+      description:
+        'Waits for the command and answers its `CommandResult`. With `Accept: application/x-ndjson` ' +
+        'the answer streams `CommandEvent` lines. With `Accept: application/octet-stream` the body is ' +
+        'the raw stdout bytes, and the `CommandResult` (stdout and stderr text empty) arrives base64-JSON ' +
+        'in the `x-dsec-result` trailer, or an `{ code, message }` error in `x-dsec-error`. With ' +
+        '`background: true` it answers 202 `CommandInfo` at once. With `requestId` the command runs at ' +
+        'most once per sandbox: a retry gets its output and result.',
+      request: { ...sandbox, body: { content: json(CommandBody), required: true } },
+      responses: {
+        200: {
+          description: 'The result, or its stream.',
+          content: {
+            ...json(CommandResultSchema),
+            ...ndjson(CommandEventSchema),
+            ...bytes,
+          },
+          headers: z.object({
+            trailer: z.string().optional().openapi({
+              description: 'Raw stdout only: `x-dsec-result, x-dsec-error`.',
+            }),
+          }),
+        },
+        202: { description: 'Started in the background.', content: json(CommandInfoSchema) },
+      },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id/commands',
+      operationId: 'listCommands',
+      tag: 'commands',
+      summary: 'The command log',
+      description:
+        'Running commands, then finished ones still retained (1 h, 256 per sandbox), newest first.',
+      request: sandbox,
+      responses: {
+        200: {
+          description: 'The commands.',
+          content: json(z.object({ commands: z.array(CommandInfoSchema) })),
+        },
+      },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id/commands/:cid',
+      operationId: 'getCommand',
+      tag: 'commands',
+      summary: 'A command by ID',
+      request: { params: CommandParams },
+      responses: { 200: { description: 'The command.', content: json(CommandInfoSchema) } },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id/commands/:cid/wait',
+      operationId: 'waitCommand',
+      tag: 'commands',
+      summary: 'Wait for a command',
+      description: '`deadline_exceeded` when it still runs after `timeoutMs` (it keeps running).',
+      request: { params: CommandParams, query: WaitQuery },
+      responses: { 200: { description: 'Its result.', content: json(CommandResultSchema) } },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id/commands/:cid/output',
+      operationId: 'commandOutput',
+      tag: 'commands',
+      summary: "A command's output stream",
+      description:
+        'The output kept so far (head and tail within the cap), then live output, then `result`.',
+      request: { params: CommandParams },
+      responses: { 200: { description: 'The event stream.', content: ndjson(CommandEventSchema) } },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/commands/:cid/kill',
+      operationId: 'killCommand',
+      tag: 'commands',
+      summary: "Kill a command's process tree",
+      request: { params: CommandParams },
+      responses: { 204: noContent },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/commands/:cid/signal',
+      operationId: 'signalCommand',
+      tag: 'commands',
+      summary: "Signal a command's process group",
+      request: { params: CommandParams, body: { content: json(SignalBody), required: true } },
+      responses: { 204: noContent },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/commands/:cid/stdin',
+      operationId: 'writeStdin',
+      tag: 'commands',
+      summary: "Stream bytes to a command's stdin",
+      description: '409 `conflict` unless the command started with `stdinOpen`.',
+      request: { params: CommandParams, query: StdinQuery, body: { content: bytes } },
+      responses: { 200: { description: 'Written.', content: json(StdinAnswerSchema) } },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/sessions/:name/run',
+      operationId: 'runInSession',
+      tag: 'sessions',
+      summary: 'Run a line in a shell session',
+      description:
+        'The session is created on first use (`shell`, `user`, `env`, `cwd` apply then). NDJSON with ' +
+        '`Accept: application/x-ndjson`.',
+      request: { params: SessionParams, body: { content: json(SessionRunBody), required: true } },
+      responses: {
+        200: {
+          description: 'The result, or its stream.',
+          content: { ...json(SessionResultSchema), ...ndjson(SessionEventSchema) },
+        },
+      },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id/sessions',
+      operationId: 'listSessions',
+      tag: 'sessions',
+      summary: 'Shell sessions',
+      request: sandbox,
+      responses: {
+        200: {
+          description: 'The sessions.',
+          content: json(z.object({ sessions: z.array(SessionInfoSchema) })),
+        },
+      },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'delete',
+      route: '/v1/sandboxes/:id/sessions/:name',
+      operationId: 'closeSession',
+      tag: 'sessions',
+      summary: "Kill a session's shell and what it started",
+      request: { params: SessionParams },
+      responses: { 204: noContent },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id/files',
+      operationId: 'readFile',
+      tag: 'files',
+      summary: "A file's bytes, streamed",
+      request: { ...sandbox, query: PathQuery },
+      responses: { 200: { description: 'The contents.', content: bytes } },
+      errors: [...ON_SANDBOX, 403],
+    },
+    {
+      method: 'put',
+      route: '/v1/sandboxes/:id/files',
+      operationId: 'writeFile',
+      tag: 'files',
+      summary: 'Replace a file atomically',
+      description:
+        'The raw body streams to a temp file in the same directory, then replaces the path.',
+      request: { ...sandbox, query: WriteQuery, body: { content: bytes } },
+      responses: { 200: { description: 'Written.', content: json(FileInfoSchema) } },
+      errors: [...ON_SANDBOX, 403],
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id/files/stat',
+      operationId: 'statFile',
+      tag: 'files',
+      summary: "A path's metadata (does not follow a final symlink)",
+      request: { ...sandbox, query: PathQuery },
+      responses: { 200: { description: 'The metadata.', content: json(FileInfoSchema) } },
+      errors: [...ON_SANDBOX, 403],
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id/files/list',
+      operationId: 'listDir',
+      tag: 'files',
+      summary: "A directory's entries, sorted by name",
+      request: { ...sandbox, query: PathQuery },
+      responses: {
+        200: {
+          description: 'The entries.',
+          content: json(z.object({ entries: z.array(FileInfoSchema) })),
+        },
+      },
+      errors: [...ON_SANDBOX, 403],
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/files/mkdir',
+      operationId: 'mkdir',
+      tag: 'files',
+      summary: 'Make a directory',
+      request: { ...sandbox, body: { content: json(MkdirBody), required: true } },
+      responses: { 204: noContent },
+      errors: [...ON_SANDBOX, 403],
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/files/remove',
+      operationId: 'removePath',
+      tag: 'files',
+      summary: 'Remove a path (a tree with `recursive`)',
+      request: { ...sandbox, body: { content: json(RemoveBody), required: true } },
+      responses: { 204: noContent },
+      errors: [...ON_SANDBOX, 403],
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/files/rename',
+      operationId: 'renamePath',
+      tag: 'files',
+      summary: 'Rename (move) a path',
+      request: { ...sandbox, body: { content: json(RenameBody), required: true } },
+      responses: { 204: noContent },
+      errors: [...ON_SANDBOX, 403],
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id/pty',
+      operationId: 'openPty',
+      tag: 'ports',
+      summary: 'An interactive terminal (HTTP upgrade)',
+      description:
+        'Send `Connection: Upgrade` and `Upgrade: dsec-pty`. After `101 Switching Protocols` both ' +
+        'directions carry frames `u8 type | u32be length | payload`: the client sends DATA 0 ' +
+        '(keystrokes), RESIZE 1 (u16be rows, u16be cols) and EOF 2; the server sends DATA 0 (output) and ' +
+        'finally EXIT 3 (i32be exit code). Errors before the upgrade are plain `Error` answers.',
+      request: { ...sandbox, query: PtyQuery },
+      responses: { 101: { description: 'Switching protocols to `dsec-pty` frames.' } },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/pause',
+      operationId: 'pauseSandbox',
+      tag: 'lifecycle',
+      summary: 'Pause (memory back to the host, state kept)',
+      description:
+        'A no-op when paused; the next command, session, file or port call resumes it. ' +
+        '409 `sandbox_not_running` when stopped.',
+      request: sandbox,
+      responses: { 200: { description: 'Paused.', content: json(SandboxInfoSchema) } },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/resume',
+      operationId: 'resumeSandbox',
+      tag: 'lifecycle',
+      summary: 'Resume a paused sandbox',
+      request: sandbox,
+      responses: { 200: { description: 'Running.', content: json(SandboxInfoSchema) } },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/timeout',
+      operationId: 'setSandboxTimeout',
+      tag: 'lifecycle',
+      summary: 'Stop the sandbox `seconds` from now',
+      request: { ...sandbox, body: { content: json(TimeoutBody), required: true } },
+      responses: { 200: { description: 'The new deadline.', content: json(SandboxInfoSchema) } },
+      errors: [...ON_SANDBOX, 429],
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/snapshot',
+      operationId: 'snapshotSandbox',
+      tag: 'lifecycle',
+      summary: "Capture the sandbox's filesystem as an image",
+      description:
+        '409 `conflict` when the name is taken; a scoped key needs `sandboxes:snapshot`.',
+      request: { ...sandbox, body: { content: json(SnapshotBody), required: true } },
+      responses: { 201: { description: 'The image.', content: json(SnapshotInfoSchema) } },
+      errors: [...ON_SANDBOX, 403],
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/fork',
+      operationId: 'forkSandbox',
+      tag: 'lifecycle',
+      summary: 'Start `count` sandboxes from this one',
+      description: 'All or nothing: when one create fails the others are stopped first.',
+      request: { ...sandbox, body: { content: json(ForkBody), required: true } },
+      responses: { 201: { description: 'The new sandboxes.', content: json(ForkResultSchema) } },
+      errors: [...ON_SANDBOX, 403, 429],
+    },
+    {
+      method: 'patch',
+      route: '/v1/sandboxes/:id/network',
+      operationId: 'updateNetwork',
+      tag: 'network',
+      summary: 'Change the egress policy live',
+      description: 'Rules merge by name; `allow` and `deny` replace the lists when given.',
+      request: { ...sandbox, body: { content: json(NetworkPatchBody), required: true } },
+      responses: { 200: { description: 'The new policy.', content: json(SandboxInfoSchema) } },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'get',
+      route: '/v1/sandboxes/:id/events',
+      operationId: 'listEvents',
+      tag: 'network',
+      summary: 'Audit events, oldest first',
+      request: { ...sandbox, query: EventsQuery },
+      responses: {
+        200: {
+          description: 'The events.',
+          content: json(z.object({ events: z.array(SandboxEventSchema) })),
+        },
+      },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'get',
+      route: '/v1/images',
+      operationId: 'listImages',
+      tag: 'images',
+      summary: 'Image layers',
+      responses: {
+        200: {
+          description: 'The layers.',
+          content: json(z.object({ layers: z.array(LayerInfoSchema) })),
+        },
+      },
+    },
+    {
+      method: 'get',
+      route: '/v1/edges',
+      operationId: 'listEdges',
+      tag: 'edges',
+      summary: 'The fleet (admin key of the root project)',
+      responses: {
+        200: {
+          description: 'The edges.',
+          content: json(z.object({ edges: z.array(EdgeStatusSchema) })),
+        },
+      },
+      errors: [...AUTHED, 403],
+    },
+    {
+      method: 'post',
+      route: '/v1/projects',
+      operationId: 'createProject',
+      tag: 'projects',
+      summary: 'Create a project under the key’s own',
+      request: { body: { content: json(ProjectBody), required: true } },
+      responses: { 201: { description: 'Created.', content: json(ProjectSchema) } },
+      errors: [...AUTHED, 403, 404, 409],
+    },
+    {
+      method: 'get',
+      route: '/v1/projects',
+      operationId: 'listProjects',
+      tag: 'projects',
+      summary: 'The key’s project and its descendants',
+      responses: {
+        200: {
+          description: 'The projects.',
+          content: json(z.object({ projects: z.array(ProjectSchema) })),
+        },
+      },
+    },
+    {
+      method: 'post',
+      route: '/v1/keys',
+      operationId: 'createKey',
+      tag: 'keys',
+      summary: 'Create an API key',
+      request: { body: { content: json(KeyBody), required: true } },
+      responses: { 201: { description: 'Created.', content: json(CreatedKeySchema) } },
+      errors: [...AUTHED, 403, 404],
+    },
+    {
+      method: 'delete',
+      route: '/v1/keys/:id',
+      operationId: 'deleteKey',
+      tag: 'keys',
+      summary: 'Revoke an API key',
+      request: { params: IdParams },
+      responses: { 204: noContent },
+      errors: [...AUTHED, 403, 404],
+    },
+  ];
+  for (const action of ['pause', 'resume', 'stop', 'extend'] as const) {
+    ops.push({
+      method: 'post',
+      route: `/v1/sandboxes::${action}`,
+      operationId: `${action}Job`,
+      tag: 'lifecycle',
+      summary: `${action[0]?.toUpperCase()}${action.slice(1)} every sandbox carrying all of \`labels\``,
+      description:
+        'Each selected sandbox succeeds or fails on its own; the answer lists both. ' +
+        (action === 'extend' ? '`seconds` is required here.' : '`seconds` is for `:extend` only.'),
+      request: { body: { content: json(JobBody), required: true } },
+      responses: { 200: { description: 'Per sandbox.', content: json(JobResultSchema) } },
+    });
+  }
+  for (const [route, params] of [
+    ['/v1/sandboxes/:id/ports/:port', PortRootParams],
+    ['/v1/sandboxes/:id/ports/:port/*', PortParams],
+  ] as const) {
+    for (const method of PORT_METHODS) {
+      ops.push({
+        method,
+        route,
+        operationId: `port${method[0]?.toUpperCase()}${method.slice(1)}${route.endsWith('*') ? 'Path' : ''}`,
+        tag: 'ports',
+        summary: 'An HTTP request to a service inside the sandbox',
+        description:
+          'One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. ' +
+          '`Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, ' +
+          'except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.',
+        request: {
+          params,
+          ...(method === 'get' || method === 'head' || method === 'options'
+            ? {}
+            : {
+                body: { content: { '*/*': { schema: z.string().openapi({ format: 'binary' }) } } },
+              }),
+        },
+        responses: {
+          200: {
+            description: 'The service’s answer (any status).',
+            content: { '*/*': { schema: z.string().openapi({ format: 'binary' }) } },
+          },
+        },
+        errors: ON_SANDBOX,
+      });
+    }
+  }
+  return ops;
+}
+
+/** `/v1/sandboxes/:id/ports/:port/*` → `/v1/sandboxes/{id}/ports/{port}/{path}`; `::` is a literal colon. */
+export function openApiPath(route: string): string {
+  return route
+    .replace(/::/g, '\u0000')
+    .replace(/:([A-Za-z0-9_]+)/g, '{$1}')
+    .replace(/\*$/, '{path}')
+    .replace(/\u0000/g, ':');
+}
+
+let cached: Record<string, unknown> | undefined;
+
+/** The document (built once per process: the schemas do not change at run time). */
+export function buildOpenApiDocument(version: string): Record<string, unknown> {
+  if (cached && (cached.info as { version: string }).version === version) return cached;
+  const registry = new OpenAPIRegistry();
+  registry.registerComponent('securitySchemes', 'apiKey', {
+    type: 'http',
+    scheme: 'bearer',
+    description: 'A DSec API key: `Authorization: Bearer <key>`.',
+  });
+  registry.register('Error', ErrorBodySchema);
+  for (const [status, name] of Object.entries(ERROR_RESPONSES)) {
+    const codes = Object.entries(ERROR_CODES)
+      .filter(([, e]) => e.status === Number(status))
+      .map(([code]) => `\`${code}\``);
+    registry.registerComponent('responses', name, {
+      description: `Error: ${codes.join(', ')}.`,
+      content: { 'application/json': { schema: { $ref: '#/components/schemas/Error' } } },
+    });
+  }
+  for (const op of operations()) {
+    const errors = op.errors ?? AUTHED;
+    const responses: Record<number, ResponseConfig | { $ref: string }> = { ...op.responses };
+    for (const status of errors) {
+      responses[status] = { $ref: `#/components/responses/${ERROR_RESPONSES[status]}` };
+    }
+    registry.registerPath({
+      method: op.method,
+      path: openApiPath(op.route),
+      operationId: op.operationId,
+      tags: [op.tag],
+      summary: op.summary,
+      ...(op.description ? { description: op.description } : {}),
+      ...(op.auth === false ? { security: [] } : {}),
+      ...(op.request ? { request: op.request } : {}),
+      responses,
+    });
+  }
+  const doc = new OpenApiGeneratorV31(registry.definitions).generateDocument({
+    openapi: OPENAPI_VERSION,
+    info: {
+      title: 'DSec HTTP API',
+      version,
+      description:
+        'HTTP API v1 of DSec. Every answer carries `x-request-id`. Errors are ' +
+        '`{ "error": { "code", "message", "field"?, "details"? } }` with the status of their code. ' +
+        'Request bodies are JSON (1 MiB at most) unless a route says otherwise; unknown fields are ' +
+        'rejected (400 `invalid_argument`, `field` names the first). Conventions: docs/CONVENTIONS.md.',
+      license: { name: 'Apache-2.0', identifier: 'Apache-2.0' },
+    },
+    servers: [{ url: 'http://127.0.0.1:7420', description: '`dsec up` on this machine' }],
+    security: [{ apiKey: [] }],
+    tags: [
+      'meta',
+      'sandboxes',
+      'commands',
+      'sessions',
+      'files',
+      'ports',
+      'lifecycle',
+      'network',
+      'images',
+      'edges',
+      'projects',
+      'keys',
+    ].map((name) => ({ name })),
+  });
+  cached = JSON.parse(JSON.stringify(doc)) as Record<string, unknown>;
+  return cached;
+}
+
+/** `GET /openapi.json`, without authentication (the document holds no secrets). */
+export function openApiRoute(app: FastifyInstance, version: string): void {
+  let body: string | undefined;
+  app.get('/openapi.json', async (_req, reply) => {
+    body ??= JSON.stringify(buildOpenApiDocument(version));
+    return reply.header('content-type', 'application/json; charset=utf-8').send(body);
+  });
+}
+
+/** Every route a server defines, as `METHOD path` (fastify spelling), recorded by `recordRoutes`. */
+const routeTables = new WeakMap<FastifyInstance, Set<string>>();
+
+/** Records the routes defined on `app` from now on; read them with `routesOf`. */
+export function recordRoutes(app: FastifyInstance): void {
+  const table = new Set<string>();
+  routeTables.set(app, table);
+  app.addHook('onRoute', (r) => {
+    for (const m of Array.isArray(r.method) ? r.method : [r.method]) table.add(`${m} ${r.url}`);
+  });
+}
+
+export function routesOf(app: FastifyInstance): string[] {
+  return [...(routeTables.get(app) ?? [])].sort();
+}
