@@ -67,3 +67,40 @@ export {
   MAX_SCRUB_PATTERNS,
 } from './upper-pack.js';
 export type { PackUpperOptions, ScrubPattern } from './upper-pack.js';
+export { buildFromDebs, baseDpkgStatus, rememberBaseStatus, DEBS_MANIFEST_DIR } from './debs.js';
+export type {
+  BuildFromDebsOptions,
+  BuildFromDebsResult,
+  DebsAptOptions,
+  DebsManifest,
+} from './debs.js';
+export {
+  compareDebVersions,
+  installedFromStatus,
+  packagesFromIndex,
+  parseDeb822,
+  parseRelations,
+  resolveDebClosure,
+} from './debs-resolve.js';
+export type {
+  DebClause,
+  DebClosure,
+  DebPackage,
+  DebRelation,
+  ResolveDebClosureInput,
+} from './debs-resolve.js';
+export {
+  ensureEnvironment,
+  loadEnvironmentRecipes,
+  parseEnvironmentRecipes,
+  recipeDigest,
+} from './recipes.js';
+export type {
+  BaseRecipe,
+  DebsRecipe,
+  EnsureEnvironmentOptions,
+  EnsureEnvironmentResult,
+  EnvironmentProgress,
+  EnvironmentRecipe,
+  EnvironmentRecipes,
+} from './recipes.js';

@@ -3,7 +3,13 @@ import { join } from 'node:path';
 import type { Command } from 'commander';
 import { DsecError, parseLayerRef } from '@dsec/core';
 import type { LayerKind } from '@dsec/core';
-import { buildLayer, importOci, makeBusyboxRootfs, makeDebianRootfs } from '@dsec/images';
+import {
+  buildFromDebs,
+  buildLayer,
+  importOci,
+  makeBusyboxRootfs,
+  makeDebianRootfs,
+} from '@dsec/images';
 import { contextOf } from '../context.js';
 import { imageCommand } from './image.js';
 import { localStore } from '../stores.js';
@@ -19,6 +25,8 @@ interface BuildOptions {
   kind: string;
   split?: boolean;
   packages?: string;
+  fromDebs?: string;
+  base?: string;
 }
 
 /**
@@ -44,6 +52,14 @@ function registerBuild(program: Command): void {
     .option('--from-busybox', "a minimal root filesystem from the host's static busybox")
     .option('--from-debootstrap', 'Debian bookworm (minbase) from the Debian mirror')
     .option('--packages <list>', 'with --from-debootstrap: comma-separated packages', 'python3')
+    .option(
+      '--from-debs <list>',
+      'Debian packages (comma-separated) and their dependencies, unpacked without a package manager',
+    )
+    .option(
+      '--base <image>',
+      'with --from-debs: the Debian base it goes on (its packages are left out)',
+    )
     .option('--kind <kind>', 'base, workspace or toolkit', 'base')
     .option('--split', 'store metadata and data separately (data read on demand)')
     .action(async (refText: string, opts: BuildOptions, command: Command) => {
@@ -64,11 +80,12 @@ function registerBuild(program: Command): void {
         opts.fromOci,
         opts.fromBusybox,
         opts.fromDebootstrap,
+        opts.fromDebs,
       ].filter(Boolean);
       if (sources.length !== 1) {
         throw new DsecError(
           'invalid_argument',
-          'give exactly one of --from-dir, --from-tar, --from-oci, --from-busybox, --from-debootstrap',
+          'give exactly one of --from-dir, --from-tar, --from-oci, --from-busybox, --from-debootstrap, --from-debs',
           {
             field: 'from',
           },
@@ -86,6 +103,23 @@ function registerBuild(program: Command): void {
             kind: opts.kind as LayerKind,
             split: opts.split === true,
             ...(opts.ref !== undefined ? { ref: opts.ref } : {}),
+            ...(ctx.signal ? { signal: ctx.signal } : {}),
+            onProgress: progress.onProgress,
+          });
+          progress.done();
+          printLayer(ctx, layer);
+          return;
+        }
+        if (opts.fromDebs) {
+          await mkdir(ctx.options.stateDir, { recursive: true, mode: 0o711 });
+          const { layer } = await buildFromDebs(store, {
+            name: ref.name,
+            version: ref.version,
+            kind: opts.kind as LayerKind,
+            packages: opts.fromDebs.split(',').filter(Boolean),
+            ...(opts.base !== undefined ? { base: opts.base } : {}),
+            cacheDir: join(ctx.options.stateDir, 'cache', 'debs'),
+            split: opts.split === true,
             ...(ctx.signal ? { signal: ctx.signal } : {}),
             onProgress: progress.onProgress,
           });

@@ -1,0 +1,39 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { pageCount, paginate } from '../src/pager.mjs';
+
+const letters = [...'abcdefghij'];
+
+test('pageCount of an exact multiple', () => {
+  assert.equal(pageCount(30, 10), 3);
+});
+
+test('pageCount of zero items is zero', () => {
+  assert.equal(pageCount(0, 10), 0);
+});
+
+test('pageCount rejects a page size that is not a positive integer', () => {
+  assert.throws(() => pageCount(10, 0), RangeError);
+  assert.throws(() => pageCount(10, 2.5), RangeError);
+});
+
+test('paginate returns the requested page', () => {
+  assert.deepEqual(paginate(letters, 2, 5).items, ['f', 'g', 'h', 'i', 'j']);
+});
+
+test('paginate past the last page is empty', () => {
+  assert.deepEqual(paginate(letters, 9, 5).items, []);
+});
+
+test('paginate rejects page 0 and negative pages', () => {
+  assert.throws(() => paginate(letters, 0, 5), RangeError);
+  assert.throws(() => paginate(letters, -1, 5), RangeError);
+});
+
+test('paginate rejects a fractional page', () => {
+  assert.throws(() => paginate(letters, 1.5, 5), RangeError);
+});
+
+test('paginate accepts the first page', () => {
+  assert.deepEqual(paginate(letters, 1, 3).items, ['a', 'b', 'c']);
+});

@@ -1,0 +1,5 @@
+"""Reads .env files."""
+
+from .parser import DotenvError, load, parse
+
+__all__ = ["DotenvError", "load", "parse"]
