@@ -12,6 +12,7 @@ import { register as registerImageBuild } from './commands/image-build.js';
 import { register as registerBench } from './commands/bench.js';
 import { register as registerServe } from './commands/serve.js';
 import { register as registerCluster } from './commands/cluster.js';
+import { register as registerEval } from './commands/eval.js';
 
 /**
  * One `register(program)` per noun, in help order. To add a command, add a
@@ -28,6 +29,7 @@ const COMMANDS: Array<(program: Command) => void> = [
   registerUp,
   registerServe,
   registerCluster,
+  registerEval,
   registerBench,
 ];
 

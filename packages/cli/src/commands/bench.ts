@@ -12,6 +12,8 @@ import { benchOndemand } from '../bench/ondemand.js';
 import { benchPause } from '../bench/pause.js';
 import { benchPlacement, PLACEMENT_STRATEGIES } from '../bench/placement.js';
 import { benchQos } from '../bench/qos.js';
+import { registerEvalBench } from '../bench/eval.js';
+import { benchSdk } from '../bench/sdk.js';
 import type { LatencySummary } from '../bench/stats.js';
 import { contextOf, type CliContext } from '../context.js';
 import { addAdmissionOptions, admissionConfig, type AdmissionFlags } from './up-admission.js';
@@ -99,6 +101,33 @@ export function register(program: Command): void {
               edges: Number(opts.edges),
               onProgress,
               ...(ctx.signal ? { signal: ctx.signal } : {}),
+            }),
+        );
+        if (report) printLatencies(ctx, report);
+      },
+    );
+  bench
+    .command('sdk')
+    .description(
+      'exec `true` on one sandbox through the TypeScript SDK, the Python SDK and the unmodified e2b SDK (E2B API)',
+    )
+    .option('--iterations <n>', 'measured round trips per client', '200')
+    .option('--warmup <n>', 'unmeasured round trips first', '20')
+    .option('--python <path>', 'Python interpreter with httpx', '/usr/bin/python3')
+    .action(
+      async (opts: { iterations: string; warmup: string; python: string }, command: Command) => {
+        const ctx = contextOf(command);
+        const report = await runBench(
+          ctx,
+          'sdk',
+          Number(opts.iterations) + Number(opts.warmup),
+          (onProgress) =>
+            benchSdk({
+              iterations: Number(opts.iterations),
+              warmup: Number(opts.warmup),
+              python: opts.python,
+              onProgress,
+              signal: ctx.signal,
             }),
         );
         if (report) printLatencies(ctx, report);
@@ -465,6 +494,7 @@ export function register(program: Command): void {
       }
       ctx.out(`ratios (dsec ÷ eager): ${JSON.stringify(report.ratios)}`);
     });
+  registerEvalBench(bench);
 }
 
 /**

@@ -1,0 +1,299 @@
+import { spawn } from 'node:child_process';
+import http from 'node:http';
+import { existsSync } from 'node:fs';
+import { chmod, mkdtemp, readdir, rm, rmdir } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { startSingleNode } from '@dsec/cluster';
+import { makeBusyboxRootfs } from '@dsec/images';
+import { DSecClient } from '@dsec/sdk';
+import { describeMachine } from './create.js';
+import { ratio, summarize, type LatencySummary } from './stats.js';
+
+export interface SdkBenchOptions {
+  /** Measured exec round trips per client. Default 200. */
+  iterations: number;
+  /** Unmeasured round trips first. Default 20. */
+  warmup: number;
+  /** The Python interpreter with httpx (default /usr/bin/python3). */
+  python?: string | undefined;
+  onProgress?: (done: number, total: number) => void;
+  signal?: AbortSignal | undefined;
+}
+
+export interface SdkBenchReport {
+  benchmark: 'sdk';
+  cycle: string;
+  iterations: number;
+  results: {
+    typescript: LatencySummary;
+    python: LatencySummary;
+    e2b: LatencySummary;
+    /**
+     * The E2B path without the e2b SDK: the same `Start` RPC from a bare
+     * node:http client (one pooled socket, Connect JSON framing). Splits the
+     * E2B gap into the server's part and the e2b client's own.
+     */
+    e2bServerPath: LatencySummary;
+  };
+  /** Each client's p50 ÷ the TypeScript SDK's (target ≤ 1.5 for python and e2b). */
+  ratios: { python: number | null; e2b: number | null; e2bServerPath: number | null };
+  targets: { maxRatio: number; met: boolean };
+  method: string;
+  machine: Record<string, unknown>;
+}
+
+export const SDK_TARGET_RATIO = 1.5;
+
+/**
+ * Runs `argv` once per request (a line `go` on stdin), timing it inside the
+ * Python process, and prints the milliseconds per line: the pipe to this
+ * process is not part of the measure, as the TypeScript clients' own timing
+ * has no pipe in it either.
+ */
+const PYTHON_CLIENT = `
+import asyncio, os, sys, time
+from dsec import DSecClient
+
+async def main():
+    async with DSecClient() as client:
+        sandbox = client.sandbox(os.environ["DSEC_BENCH_SANDBOX"])
+        loop = asyncio.get_running_loop()
+        print("ready", flush=True)
+        while True:
+            line = await loop.run_in_executor(None, sys.stdin.readline)
+            if line.strip() != "go":
+                return
+            t0 = time.perf_counter()
+            result = await sandbox.exec(["true"])
+            ms = (time.perf_counter() - t0) * 1000
+            if result.exit_code != 0:
+                raise SystemExit(f"exit {result.exit_code}")
+            print(f"{ms:.4f}", flush=True)
+
+asyncio.run(main())
+`;
+
+/** The Python SDK (python/dsec), found above this file in the source tree or the bundle. */
+function pythonSdkDir(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    if (existsSync(join(dir, 'python', 'dsec', '__init__.py'))) return join(dir, 'python');
+    const up = dirname(dir);
+    if (up === dir)
+      throw new Error('python/dsec not found above the CLI: run from a DSec checkout');
+    dir = up;
+  }
+}
+
+/** A persistent Python SDK client: `exec()` resolves with the milliseconds it measured. */
+async function startPythonClient(
+  python: string,
+  env: Record<string, string>,
+): Promise<{ exec(): Promise<number>; close(): Promise<void> }> {
+  const child = spawn(python, ['-c', PYTHON_CLIENT], {
+    env: { ...process.env, ...env, PYTHONPATH: pythonSdkDir() },
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
+  let stderr = '';
+  child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+  const lines = createInterface({ input: child.stdout })[Symbol.asyncIterator]();
+  const next = async (): Promise<string> => {
+    const r = await lines.next();
+    if (r.done) throw new Error(`the Python client exited: ${stderr.trim().slice(-2000)}`);
+    return r.value;
+  };
+  if ((await next()) !== 'ready') throw new Error('the Python client did not start');
+  return {
+    async exec() {
+      child.stdin.write('go\n');
+      return Number(await next());
+    },
+    async close() {
+      child.stdin.end();
+      if (child.exitCode === null) await new Promise((r) => child.once('exit', r));
+    },
+  };
+}
+
+/**
+ * envd's `Start` RPC as the e2b SDK sends it for `commands.run('true')`, from
+ * node:http with a keep-alive agent: Connect's server-streaming JSON framing
+ * (a 5-byte envelope per message), the sandbox named by `E2b-Sandbox-Id`.
+ */
+function rawConnectStart(
+  url: string,
+  key: string,
+  sandboxId: string,
+): { run(): Promise<void>; close(): void } {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  const message = Buffer.from(
+    JSON.stringify({ process: { cmd: '/bin/bash', args: ['-l', '-c', 'true'] }, stdin: false }),
+  );
+  const envelope = Buffer.alloc(5);
+  envelope.writeUInt32BE(message.length, 1);
+  const payload = Buffer.concat([envelope, message]);
+  return {
+    run: () =>
+      new Promise<void>((resolve, reject) => {
+        const req = http.request(`${url}/process.Process/Start`, {
+          method: 'POST',
+          agent,
+          headers: {
+            'content-type': 'application/connect+json',
+            'connect-protocol-version': '1',
+            'e2b-sandbox-id': sandboxId,
+            'e2b-sandbox-port': '49983',
+            'x-access-token': key,
+            'content-length': payload.length,
+          },
+        });
+        req.on('error', reject);
+        req.on('response', (res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (c: Buffer) => chunks.push(c));
+          res.on('error', reject);
+          res.on('end', () => {
+            const text = Buffer.concat(chunks).toString();
+            if (res.statusCode !== 200 || !text.includes('"exit status 0"')) {
+              reject(new Error(`Start answered ${res.statusCode}: ${text.slice(0, 200)}`));
+            } else resolve();
+          });
+        });
+        req.end(payload);
+      }),
+    close: () => agent.destroy(),
+  };
+}
+
+/**
+ * `true` through each client against one sandbox of a single node (`dsec
+ * up`'s stack, in this process): the TypeScript SDK (`sandbox.exec`), the
+ * Python SDK (asyncio `sandbox.exec`, in its own process), and the
+ * unmodified `e2b` SDK through the E2B-compatible API (`commands.run`, the
+ * envd process service over Connect). Rounds interleave the three, rotating
+ * which goes first; every client keeps its connections warm.
+ */
+export async function benchSdk(options: SdkBenchOptions): Promise<SdkBenchReport> {
+  const work = await mkdtemp(join(tmpdir(), 'dsec-bench-sdk-'));
+  await chmod(work, 0o711);
+  const cgroupParent = `dsec-bench-sdk-${process.pid}`;
+  const cleanups: (() => Promise<unknown>)[] = [() => rm(work, { recursive: true, force: true })];
+  try {
+    const node = await startSingleNode({ stateDir: join(work, 'state'), port: 0, cgroupParent });
+    cleanups.unshift(async () => {
+      await node.close({ stopSandboxes: true });
+      for (const ctrl of await readdir('/sys/fs/cgroup').catch(() => [])) {
+        await rmdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent}`).catch(() => undefined);
+      }
+    });
+    await makeBusyboxRootfs(join(work, 'rootfs'));
+    await node.buildLayer({ name: 'busybox', kind: 'base', from: { dir: join(work, 'rootfs') } });
+
+    const client = new DSecClient({ url: node.url, apiKey: node.adminKey });
+    cleanups.unshift(async () => client.close());
+    const sandbox = await client.runContainer({
+      image: 'busybox',
+      memoryLimitMb: 256,
+      cpuCoresLimit: 1,
+      ttlSeconds: 1800,
+    });
+
+    // The unmodified E2B SDK, pointed at DSec as a user would (docs/e2b.md).
+    const { Sandbox: E2bSandbox } = await import('e2b');
+    const e2b = await E2bSandbox.connect(sandbox.id, {
+      apiKey: node.adminKey,
+      apiUrl: node.url,
+      sandboxUrl: node.url,
+    });
+
+    const python = await startPythonClient(options.python ?? '/usr/bin/python3', {
+      DSEC_URL: node.url,
+      DSEC_API_KEY: node.adminKey,
+      DSEC_BENCH_SANDBOX: sandbox.id,
+    });
+    cleanups.unshift(() => python.close());
+
+    const rawStart = rawConnectStart(node.url, node.adminKey, sandbox.id);
+    cleanups.unshift(async () => rawStart.close());
+
+    const timed = async (fn: () => Promise<unknown>) => {
+      const t0 = process.hrtime.bigint();
+      await fn();
+      return Number(process.hrtime.bigint() - t0) / 1e6;
+    };
+    const systems: Record<
+      'typescript' | 'python' | 'e2b' | 'e2bServerPath',
+      () => Promise<number>
+    > = {
+      typescript: () =>
+        timed(async () => {
+          const r = await sandbox.exec(['true']);
+          if (r.exitCode !== 0) throw new Error(`exit ${r.exitCode}`);
+        }),
+      python: () => python.exec(),
+      e2b: () =>
+        timed(async () => {
+          const r = await e2b.commands.run('true');
+          if (r.exitCode !== 0) throw new Error(`exit ${r.exitCode}`);
+        }),
+      e2bServerPath: () => timed(() => rawStart.run()),
+    };
+    const names = Object.keys(systems) as (keyof typeof systems)[];
+    const samples: Record<string, number[]> = {
+      typescript: [],
+      python: [],
+      e2b: [],
+      e2bServerPath: [],
+    };
+    const total = options.warmup + options.iterations;
+    for (let i = 0; i < total; i++) {
+      if (options.signal?.aborted) throw new Error('benchmark aborted');
+      for (let k = 0; k < names.length; k++) {
+        const name = names[(i + k) % names.length]!;
+        const ms = await systems[name]();
+        if (i >= options.warmup) samples[name]!.push(ms);
+      }
+      options.onProgress?.(i + 1, total);
+    }
+    await sandbox.stop();
+
+    const results = {
+      typescript: summarize(samples.typescript!),
+      python: summarize(samples.python!),
+      e2b: summarize(samples.e2b!),
+      e2bServerPath: summarize(samples.e2bServerPath!),
+    };
+    const ratios = {
+      python: ratio(results.python, results.typescript),
+      e2b: ratio(results.e2b, results.typescript),
+      e2bServerPath: ratio(results.e2bServerPath, results.typescript),
+    };
+    return {
+      benchmark: 'sdk',
+      cycle: 'exec `true` in a running sandbox, one round trip per client',
+      iterations: options.iterations,
+      results,
+      ratios,
+      targets: {
+        maxRatio: SDK_TARGET_RATIO,
+        met:
+          ratios.python !== null &&
+          ratios.e2b !== null &&
+          ratios.python <= SDK_TARGET_RATIO &&
+          ratios.e2b <= SDK_TARGET_RATIO,
+      },
+      method:
+        'one sandbox on a single node in this process; TypeScript: @dsec/sdk sandbox.exec([true]); ' +
+        'Python: dsec asyncio sandbox.exec([true]) in a /usr/bin/python3 child, timed inside it; ' +
+        'E2B: the unmodified e2b SDK, Sandbox.connect then commands.run(true); e2bServerPath: the ' +
+        'same envd Start RPC (`/bin/bash -l -c true`, as the SDK sends it) from a bare node:http ' +
+        'client. Rounds interleaved.',
+      machine: await describeMachine(),
+    };
+  } finally {
+    for (const cleanup of cleanups) await cleanup().catch(() => undefined);
+  }
+}

@@ -1,0 +1,415 @@
+import { existsSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { Option, type Command } from 'commander';
+import { DsecError, type ImageStore } from '@dsec/core';
+import {
+  GoldAgent,
+  HttpAgent,
+  Journal,
+  NoneAgent,
+  RepoCache,
+  RequestIds,
+  SandboxTools,
+  gradeSandbox,
+  loadTasks,
+  prepareTasks,
+  runEval,
+  workspaceLayerName,
+  type Agent,
+  type EnvironmentBuilder,
+  type EvalResult,
+  type EvalTask,
+  type PreparedTask,
+} from '@dsec/eval';
+import { ensureEnvironment, loadEnvironmentRecipes } from '@dsec/images';
+import { contextOf, type CliContext } from '../context.js';
+import { formatTable } from '../format.js';
+import { collect, collectKeyValue, parseInteger, parseNumber } from '../parse.js';
+import { createProgress } from '../progress.js';
+import { localStore } from '../stores.js';
+
+/** Exit code after SIGTERM (128 + 15): the job's sandboxes are paused, `--resume` continues. */
+const EXIT_TERMINATED = 143;
+
+interface TaskOptions {
+  environments?: string;
+  cacheDir?: string;
+  image?: string;
+  toolkit?: string[];
+}
+
+interface RunOptions extends TaskOptions {
+  agent: 'gold' | 'none' | 'http';
+  endpoint?: string;
+  model?: string;
+  apiKeyEnv: string;
+  maxTurns?: number;
+  concurrency: number;
+  label?: Record<string, string>;
+  out: string;
+  resume?: boolean;
+  prepare: boolean;
+  keepSandboxes?: boolean;
+  memoryMb?: number;
+  cpus?: number;
+  diskMb?: number;
+  ttlSeconds?: number;
+  testTimeoutMs?: number;
+}
+
+/**
+ * `dsec eval prepare|run|grade`: SWE-style tasks, each in its own sandbox,
+ * scored by their tests (packages/eval). `run` writes one JSON line per task
+ * to `--out` and keeps a journal beside it, so `--resume` after a kill or a
+ * SIGTERM re-attaches to the same sandboxes and runs no command twice.
+ */
+export function register(program: Command): void {
+  const evalCmd = program
+    .command('eval')
+    .description('run agents on SWE-style tasks in sandboxes and score them by their tests');
+
+  taskOptions(
+    evalCmd
+      .command('prepare')
+      .description(
+        'build every layer the tasks need: environments from recipes, and a workspace layer per repository and commit (skips what exists)',
+      )
+      .argument('<tasks>', 'task file (JSONL, SWE-bench instance format)'),
+  ).action(async (file: string, opts: TaskOptions, command: Command) => {
+    const ctx = contextOf(command);
+    const { tasks } = await loadTasks(file, { image: opts.image, toolkits: opts.toolkit });
+    const report = await prepare(ctx, file, tasks, opts);
+    if (ctx.json) {
+      ctx.printJson(report);
+      return;
+    }
+    ctx.io.stdout.write(
+      formatTable(
+        ['INSTANCE', 'IMAGE', 'TOOLKITS', 'WORKSPACE'],
+        report.tasks.map((t) => [t.instance_id, t.image, t.toolkits.join(',') || '-', t.workspace]),
+      ),
+    );
+    ctx.out(`built ${report.built.length} layers, ${report.present.length} already present`);
+  });
+
+  taskOptions(
+    evalCmd
+      .command('run')
+      .description(
+        'run every task in its own sandbox with an agent, grade it by its tests, and write one JSON line per task to --out',
+      )
+      .argument('<tasks>', 'task file (JSONL, SWE-bench instance format)')
+      .addOption(
+        new Option(
+          '--agent <name>',
+          'gold applies the reference patch, none changes nothing, http asks a model',
+        )
+          .choices(['gold', 'none', 'http'])
+          .makeOptionMandatory(),
+      )
+      .option(
+        '--endpoint <url>',
+        'OpenAI-compatible API base for --agent http (http://host:port/v1)',
+      )
+      .option('--model <name>', 'model name for --agent http')
+      .option(
+        '--api-key-env <var>',
+        'environment variable holding the endpoint key',
+        'OPENAI_API_KEY',
+      )
+      .option('--max-turns <n>', 'model turns per task for --agent http (default 30)', parseInteger)
+      .option('--concurrency <n>', 'tasks in flight at once', parseInteger, 4)
+      .option(
+        '--label <K=V>',
+        'job label on every sandbox (repeatable; default job=eval-<run id>)',
+        collectKeyValue,
+      )
+      .option(
+        '--out <file>',
+        'result lines (JSONL); the journal is <file>.journal',
+        'results.jsonl',
+      )
+      .option(
+        '--resume',
+        "continue the run in --out's journal: re-attach to its sandboxes, skip finished tasks",
+      )
+      .option('--no-prepare', 'do not build missing layers first (they must exist on the cluster)')
+      .option('--keep-sandboxes', 'leave each sandbox running after grading')
+      .option('--memory-mb <n>', 'memory limit per sandbox in MiB (default 512)', parseInteger)
+      .option('--cpus <n>', 'CPU cores per sandbox (default 1)', parseNumber)
+      .option('--disk-mb <n>', 'disk quota per sandbox in MiB', parseInteger)
+      .option('--ttl-seconds <n>', 'sandbox TTL (default 14400)', parseInteger)
+      .option('--test-timeout-ms <n>', 'limit of the test command (default 1800000)', parseInteger),
+  ).action(async (file: string, opts: RunOptions, command: Command) => {
+    await runCommand(contextOf(command), file, opts);
+  });
+
+  taskOptions(
+    evalCmd
+      .command('grade')
+      .description(
+        "grade one task in a sandbox an agent already worked in (apply test_patch, run the tests): what dsec.eval's Python runner calls",
+      )
+      .argument('<tasks>', 'task file (JSONL)')
+      .requiredOption('--instance <id>', 'instance_id of the task')
+      .requiredOption('--sandbox <id>', 'the sandbox to grade')
+      .requiredOption('--run-id <id>', 'the run the request IDs derive from')
+      .option('--attempt <n>', "the task's attempt in that run", parseInteger, 1)
+      .option('--test-timeout-ms <n>', 'limit of the test command (default 1800000)', parseInteger),
+  ).action(
+    async (
+      file: string,
+      opts: TaskOptions & {
+        instance: string;
+        sandbox: string;
+        runId: string;
+        attempt: number;
+        testTimeoutMs?: number;
+      },
+      command: Command,
+    ) => {
+      const ctx = contextOf(command);
+      const { tasks } = await loadTasks(file, { image: opts.image, toolkits: opts.toolkit });
+      const task = tasks.find((t) => t.instance_id === opts.instance);
+      if (!task) {
+        throw new DsecError('not_found', `${file} has no task ${opts.instance}`, {
+          field: 'instance',
+        });
+      }
+      const repos = new RepoCache(cacheDirOf(ctx, opts));
+      const tools = new SandboxTools({
+        sandbox: ctx.client().sandbox(opts.sandbox),
+        ids: new RequestIds(opts.runId, task.instance_id, opts.attempt),
+        phase: 'g',
+        workdir: task.workdir,
+        signal: ctx.signal,
+      });
+      const graded = await gradeSandbox(tools, task, {
+        original: (path) => repos.fileAtBase(task, path),
+        testTimeoutMs: opts.testTimeoutMs,
+      });
+      if (ctx.json) ctx.printJson(graded);
+      else
+        ctx.out(
+          `${task.instance_id}: reward ${graded.reward}${graded.failing.length ? `, failing ${graded.failing.join(' ')}` : ''}`,
+        );
+    },
+  );
+}
+
+function taskOptions(command: Command): Command {
+  return command
+    .option(
+      '--environments <file>',
+      'environment recipes (default environments.json beside the task file)',
+    )
+    .option(
+      '--cache-dir <dir>',
+      'repository clones and build scratch (default <state-dir>/eval-cache)',
+    )
+    .option('--image <name>', 'base image of tasks that name none')
+    .option('--toolkit <name>', 'toolkit of tasks that name none (repeatable)', collect);
+}
+
+async function runCommand(ctx: CliContext, file: string, opts: RunOptions): Promise<void> {
+  const { file: tasksFile, tasks } = await loadTasks(file, {
+    image: opts.image,
+    toolkits: opts.toolkit,
+  });
+  const agent = makeAgent(ctx, opts);
+  const out = resolve(opts.out);
+  let labels = opts.label;
+  if (opts.resume) {
+    // The run's labels and task file are the journal's; flags that disagree are a mistake.
+    const header = Journal.open(`${out}.journal`).header;
+    if (header.tasksFile !== tasksFile) {
+      throw new DsecError('invalid_argument', `the journal's run is over ${header.tasksFile}`, {
+        field: 'tasks',
+      });
+    }
+    labels = header.labels;
+  }
+  const prepared = opts.prepare
+    ? (await prepare(ctx, file, tasks, opts)).tasks
+    : tasks.map((t): PreparedTask => ({
+        instance_id: t.instance_id,
+        image: t.environment.image,
+        toolkits: t.environment.toolkits,
+        workspace: workspaceLayerName(t),
+        workdir: t.workdir,
+      }));
+  const repos = new RepoCache(cacheDirOf(ctx, opts));
+
+  const stop = new AbortController();
+  let terminated = false;
+  const onAbort = () => stop.abort();
+  ctx.signal?.addEventListener('abort', onAbort, { once: true });
+  // A preemption notice: finish nothing more, pause the job's sandboxes, exit; `--resume` continues.
+  const onTerm = () => {
+    terminated = true;
+    stop.abort();
+  };
+  process.on('SIGTERM', onTerm);
+  const bar = createProgress({
+    label: `eval ${agent.name}`,
+    total: tasks.length,
+    enabled: !ctx.json,
+    stream: ctx.io.stderr,
+  });
+  let summary;
+  try {
+    summary = await runEval({
+      client: ctx.client(),
+      tasks,
+      tasksFile,
+      prepared: new Map(prepared.map((p) => [p.instance_id, p])),
+      agent,
+      outPath: out,
+      resume: opts.resume,
+      concurrency: opts.concurrency,
+      labels,
+      sandbox: {
+        memoryLimitMb: opts.memoryMb,
+        cpuCoresLimit: opts.cpus,
+        diskLimitMb: opts.diskMb,
+        ttlSeconds: opts.ttlSeconds,
+      },
+      testTimeoutMs: opts.testTimeoutMs,
+      original: (task, path) => repos.fileAtBase(task, path),
+      keepSandboxes: opts.keepSandboxes,
+      pauseOnInterrupt: () => terminated,
+      signal: stop.signal,
+      onProgress: (p) => bar.update(p.done),
+    });
+  } finally {
+    process.off('SIGTERM', onTerm);
+    ctx.signal?.removeEventListener('abort', onAbort);
+    bar.done();
+  }
+  if (summary.interrupted) ctx.exitCode = terminated ? EXIT_TERMINATED : 130;
+  if (ctx.json) {
+    ctx.printJson({
+      tasks: summary.tasks,
+      solved: summary.solved,
+      errors: summary.errors,
+      pending: summary.pending,
+      runId: summary.runId,
+      labels: summary.labels,
+      out,
+      ...(summary.interrupted ? { interrupted: true, paused: terminated } : {}),
+    });
+    return;
+  }
+  printScores(ctx, summary.results);
+  ctx.out(
+    `solved ${summary.solved}/${summary.tasks}, errors ${summary.errors}` +
+      (summary.pending ? `, ${summary.pending} pending` : '') +
+      ` (run ${summary.runId}, results in ${out})`,
+  );
+  if (summary.interrupted) {
+    ctx.err(
+      `dsec: interrupted${terminated ? '; the job is paused' : ''}: continue with the same command and --resume`,
+    );
+  }
+}
+
+function printScores(ctx: CliContext, results: EvalResult[]): void {
+  const rows = [...results]
+    .sort((a, b) => a.instance_id.localeCompare(b.instance_id))
+    .map((r) => {
+      const tests = Object.values(r.tests);
+      const passed = tests.filter((o) => o === 'passed' || o === 'xfail').length;
+      return [
+        r.instance_id,
+        r.reward === null ? '-' : String(r.reward),
+        `${passed}/${tests.length}`,
+        String(r.toolCalls),
+        `${(r.durations.totalMs / 1000).toFixed(1)}s`,
+        r.error ? `${r.error.code}: ${r.error.message}`.slice(0, 80) : '',
+      ];
+    });
+  ctx.io.stdout.write(
+    formatTable(['INSTANCE', 'REWARD', 'TESTS', 'TOOL CALLS', 'TIME', 'ERROR'], rows),
+  );
+}
+
+function makeAgent(ctx: CliContext, opts: RunOptions): Agent {
+  if (opts.agent === 'gold') return new GoldAgent();
+  if (opts.agent === 'none') return new NoneAgent();
+  if (!opts.endpoint || !opts.model) {
+    throw new DsecError('invalid_argument', '--agent http needs --endpoint and --model', {
+      field: 'endpoint',
+    });
+  }
+  return new HttpAgent({
+    endpoint: opts.endpoint,
+    model: opts.model,
+    apiKey: ctx.io.env[opts.apiKeyEnv] || undefined,
+    maxTurns: opts.maxTurns,
+  });
+}
+
+function cacheDirOf(ctx: CliContext, opts: TaskOptions): string {
+  return resolve(opts.cacheDir ?? join(ctx.options.stateDir, 'eval-cache'));
+}
+
+async function prepare(ctx: CliContext, file: string, tasks: EvalTask[], opts: TaskOptions) {
+  const store = localStore(ctx);
+  const cacheDir = cacheDirOf(ctx, opts);
+  const bar = createProgress({
+    label: 'eval prepare',
+    total: 1,
+    enabled: !ctx.json,
+    stream: ctx.io.stderr,
+  });
+  try {
+    return await prepareTasks(tasks, {
+      store,
+      repos: new RepoCache(cacheDir),
+      // The same download cache as `dsec image build --from-debs`.
+      buildEnvironment: await environmentBuilder(
+        store,
+        recipesFile(file, opts),
+        join(ctx.options.stateDir, 'cache', 'debs'),
+      ),
+      signal: ctx.signal,
+      onProgress: (p) => bar.update(p.done, p.total),
+    });
+  } finally {
+    bar.done();
+  }
+}
+
+export function recipesFile(tasksFile: string, opts: TaskOptions): string | undefined {
+  if (opts.environments) return resolve(opts.environments);
+  const beside = join(dirname(resolve(tasksFile)), 'environments.json');
+  return existsSync(beside) ? beside : undefined;
+}
+
+/**
+ * Builds missing environment layers (`ensureEnvironment`) from the recipe
+ * file; undefined without one (a missing layer is then an error naming it).
+ */
+export async function environmentBuilder(
+  store: ImageStore,
+  recipesPath: string | undefined,
+  cacheDir: string,
+): Promise<EnvironmentBuilder | undefined> {
+  if (!recipesPath) return undefined;
+  const recipes = await loadEnvironmentRecipes(recipesPath);
+  return async (name, options) => {
+    if (!(name in recipes)) {
+      throw new DsecError(
+        'image_not_found',
+        `layer ${name} is missing and ${recipesPath} has no recipe for it`,
+        {
+          details: { layer: name },
+        },
+      );
+    }
+    await ensureEnvironment(store, name, recipes, {
+      cacheDir,
+      ...(options.signal ? { signal: options.signal } : {}),
+    });
+  };
+}

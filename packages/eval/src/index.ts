@@ -1,0 +1,63 @@
+/**
+ * @dsec/eval — runs agentic evaluations and RL rollouts on SWE-style tasks
+ * (paper 2.1, 6.2): every task in its own sandbox composed from layers (a
+ * base image, toolkits, and a workspace layer with the repository at its
+ * base commit), an agent plug-in acting through tools whose every command
+ * carries a request ID, and SWE-bench grading (apply `test_patch`, run
+ * `test_command`, reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test
+ * passes). The driver keeps a journal next to its results, so a killed run
+ * resumes against the same sandboxes without running any command twice.
+ * `dsec eval prepare|run|grade` is the CLI over it.
+ *
+ * @example
+ * ```ts
+ * import { DSecClient } from '@dsec/sdk';
+ * import { GoldAgent, RepoCache, loadTasks, prepareTasks, runEval } from '@dsec/eval';
+ *
+ * const { file, tasks } = await loadTasks('examples/swe-tasks/tasks.jsonl');
+ * const repos = new RepoCache('/var/lib/dsec/eval-cache');
+ * const { tasks: prepared } = await prepareTasks(tasks, { store, repos });
+ * const summary = await runEval({
+ *   client: new DSecClient(), tasks, tasksFile: file, agent: new GoldAgent(),
+ *   prepared: new Map(prepared.map((p) => [p.instance_id, p])),
+ *   original: (task, path) => repos.fileAtBase(task, path),
+ *   outPath: 'results.jsonl', concurrency: 8, labels: { job: 'nightly' },
+ * });
+ * console.log(summary.solved, '/', summary.tasks);
+ * ```
+ */
+export { parsePatch, applyFilePatch } from './diff.js';
+export type { FilePatch, Hunk, HunkLine } from './diff.js';
+export { parseTestOutput, computeReward, isPassing } from './test-output.js';
+export type { TestOutcome, RewardInput } from './test-output.js';
+export { loadTasks, normalizeTask, DEFAULT_WORKDIR } from './task.js';
+export type { EvalTask, LoadedTasks } from './task.js';
+export { RequestIds, newRunId } from './request-ids.js';
+export { Journal } from './journal.js';
+export type { TaskJournal, RunHeader } from './journal.js';
+export { SandboxTools, ToolError, MAX_FILE_BYTES, DEFAULT_SHELL_TIMEOUT_MS } from './tools.js';
+export type { ShellOutcome, SandboxToolsOptions } from './tools.js';
+export { applyPatchWithTools, writePatchedFiles } from './apply.js';
+export { gradeSandbox, DEFAULT_TEST_TIMEOUT_MS } from './grade.js';
+export type { GradeResult } from './grade.js';
+export { RepoCache, workspaceLayerName, ensureWorkspace } from './workspace.js';
+export { prepareTasks } from './prepare.js';
+export type {
+  EnvironmentBuilder,
+  PrepareOptions,
+  PrepareProgress,
+  PrepareReport,
+} from './prepare.js';
+export { runEval, readResults, countSteps } from './runner.js';
+export type {
+  EvalProgress,
+  EvalResult,
+  EvalSummary,
+  PreparedTask,
+  RunEvalOptions,
+  SandboxLimits,
+} from './runner.js';
+export type { Agent, AgentContext, AgentOutcome, TokenUsage } from './agents/agent.js';
+export { GoldAgent, NoneAgent } from './agents/scripted.js';
+export { HttpAgent, TOOL_SCHEMAS } from './agents/http.js';
+export type { HttpAgentOptions, ChatMessage, ToolCall } from './agents/http.js';

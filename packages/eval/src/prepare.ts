@@ -1,0 +1,117 @@
+import { DsecError, isDsecError, type ImageStore } from '@dsec/core';
+import type { PreparedTask } from './runner.js';
+import type { EvalTask } from './task.js';
+import { ensureWorkspace, workspaceLayerName, type RepoCache } from './workspace.js';
+
+/** Builds a missing environment layer (base image or toolkit) by name; from `@dsec/images`' recipes. */
+export type EnvironmentBuilder = (
+  name: string,
+  options: { signal?: AbortSignal | undefined; onPhase?: ((phase: string) => void) | undefined },
+) => Promise<unknown>;
+
+export interface PrepareProgress {
+  done: number;
+  total: number;
+  /** The layer being looked at now. */
+  layer: string;
+  phase: 'check' | 'build' | 'present' | 'built';
+}
+
+export interface PrepareOptions {
+  store: ImageStore;
+  repos: RepoCache;
+  /** Absent: a missing environment layer is `image_not_found`. */
+  buildEnvironment?: EnvironmentBuilder | undefined;
+  onProgress?: ((p: PrepareProgress) => void) | undefined;
+  signal?: AbortSignal | undefined;
+}
+
+export interface PrepareReport {
+  tasks: PreparedTask[];
+  /** Layers built by this call. */
+  built: string[];
+  /** Layers that were already there. */
+  present: string[];
+}
+
+/**
+ * Makes sure every layer the tasks need is in the store: each environment
+ * layer (image and toolkits, built from its recipe when missing) and each
+ * workspace layer (the repository at `base_commit`, once per repository and
+ * commit). Idempotent: a second call finds everything present and builds
+ * nothing.
+ */
+export async function prepareTasks(
+  tasks: EvalTask[],
+  options: PrepareOptions,
+): Promise<PrepareReport> {
+  const envLayers = unique(tasks.flatMap((t) => [t.environment.image, ...t.environment.toolkits]));
+  const workspaces = new Map<string, EvalTask>();
+  for (const t of tasks)
+    if (!workspaces.has(workspaceLayerName(t))) workspaces.set(workspaceLayerName(t), t);
+  const total = envLayers.length + workspaces.size;
+  const built: string[] = [];
+  const present: string[] = [];
+  let done = 0;
+  const report = (layer: string, phase: PrepareProgress['phase']) =>
+    options.onProgress?.({ done, total, layer, phase });
+
+  for (const layer of envLayers) {
+    report(layer, 'check');
+    if (await hasLayer(options.store, layer)) {
+      present.push(layer);
+    } else {
+      if (!options.buildEnvironment) {
+        throw new DsecError(
+          'image_not_found',
+          `layer ${layer} is missing and no recipe builds it`,
+          {
+            details: { layer },
+          },
+        );
+      }
+      report(layer, 'build');
+      await options.buildEnvironment(layer, { signal: options.signal });
+      if (!(await hasLayer(options.store, layer))) {
+        throw new DsecError('image_not_found', `the recipe for ${layer} did not produce it`, {
+          details: { layer },
+        });
+      }
+      built.push(layer);
+    }
+    done++;
+    report(layer, built.includes(layer) ? 'built' : 'present');
+  }
+  for (const [name, task] of workspaces) {
+    report(name, 'check');
+    const r = await ensureWorkspace(options.store, task, options.repos, { signal: options.signal });
+    (r.built ? built : present).push(name);
+    done++;
+    report(name, r.built ? 'built' : 'present');
+  }
+  return {
+    tasks: tasks.map((t) => ({
+      instance_id: t.instance_id,
+      image: t.environment.image,
+      toolkits: t.environment.toolkits,
+      workspace: workspaceLayerName(t),
+      workdir: t.workdir,
+    })),
+    built,
+    present,
+  };
+}
+
+async function hasLayer(store: ImageStore, ref: string): Promise<boolean> {
+  try {
+    await store.getLayer(ref);
+    return true;
+  } catch (err) {
+    if (isDsecError(err) && err.code === 'image_not_found') return false;
+    throw err;
+  }
+}
+
+function unique(xs: string[]): string[] {
+  return [...new Set(xs)];
+}

@@ -1,0 +1,472 @@
+import { appendFileSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { performance } from 'node:perf_hooks';
+import { DsecError, isDsecError } from '@dsec/core';
+import type { DSecClient, Sandbox } from '@dsec/sdk';
+import type { Agent, TokenUsage } from './agents/agent.js';
+import { gradeSandbox } from './grade.js';
+import { Journal } from './journal.js';
+import { RequestIds, newRunId } from './request-ids.js';
+import type { EvalTask } from './task.js';
+import type { TestOutcome } from './test-output.js';
+import { SandboxTools, ToolError } from './tools.js';
+
+/** Where a task's sandbox comes from: what `prepareTasks` made sure exists. */
+export interface PreparedTask {
+  instance_id: string;
+  image: string;
+  toolkits: string[];
+  workspace: string;
+  workdir: string;
+}
+
+/** One line of `--out`. */
+export interface EvalResult {
+  instance_id: string;
+  /** 1 or 0; null when the harness failed (`error` says why), which is not a 0. */
+  reward: 0 | 1 | null;
+  tests: Record<string, TestOutcome>;
+  /** FAIL_TO_PASS / PASS_TO_PASS tests that did not pass. */
+  failing?: string[] | undefined;
+  toolCalls: number;
+  tokens?: TokenUsage | undefined;
+  /** Whether the agent said it was done (`finish`), rather than running out of turns. */
+  agentFinished?: boolean | undefined;
+  durations: { setupMs: number; agentMs: number; gradingMs: number; totalMs: number };
+  sandboxId: string | undefined;
+  /** Commands of this task the sandbox's log shows as run (each request ID once, if all is well). */
+  executedSteps: number;
+  /** Calls this driver made whose request ID the log already held: answered from the log. */
+  replayedSteps: number;
+  /** Request IDs the log shows run more than once (0 unless something ran twice). */
+  duplicateExecutions: number;
+  testExitCode?: number | undefined;
+  testOutcome?: string | undefined;
+  outputTail?: string | undefined;
+  attempt: number;
+  runId: string;
+  agent: string;
+  error?: { code: string; message: string } | undefined;
+}
+
+export interface EvalProgress {
+  done: number;
+  total: number;
+  solved: number;
+  errors: number;
+  running: number;
+}
+
+export interface SandboxLimits {
+  memoryLimitMb?: number | undefined;
+  cpuCoresLimit?: number | undefined;
+  diskLimitMb?: number | undefined;
+  ttlSeconds?: number | undefined;
+}
+
+export interface RunEvalOptions {
+  client: DSecClient;
+  tasks: EvalTask[];
+  prepared: ReadonlyMap<string, PreparedTask>;
+  agent: Agent;
+  /** The task file (recorded in the journal; a resume must name the same). */
+  tasksFile: string;
+  /** Result lines go here, one per task, as each finishes. */
+  outPath: string;
+  /** Default `<outPath>.journal`. */
+  journalPath?: string | undefined;
+  /** Continue the run the journal describes: re-attach to its sandboxes, skip tasks with a result. */
+  resume?: boolean | undefined;
+  /** Tasks in flight at once (default 4). */
+  concurrency?: number | undefined;
+  /** The job's labels (`{ job: 'x' }`), on every sandbox; default `{ job: 'eval-<runId>' }`. */
+  labels?: Record<string, string> | undefined;
+  sandbox?: SandboxLimits | undefined;
+  testTimeoutMs?: number | undefined;
+  /** Base content of a task's file at `base_commit` (the grader's source for test files). */
+  original: (task: EvalTask, path: string) => Promise<string | undefined>;
+  /** Leave each sandbox running after grading (for inspection); default stop it. */
+  keepSandboxes?: boolean | undefined;
+  /** Ends the run early: tasks in flight write no result, their sandboxes stay for `--resume`. */
+  signal?: AbortSignal | undefined;
+  /**
+   * Asked when the run ends interrupted: true pauses the job's sandboxes
+   * (`pauseJob` by its labels: a preemption notice), and the next `resume`
+   * resumes them. Default: leave them running.
+   */
+  pauseOnInterrupt?: (() => boolean) | undefined;
+  onProgress?: ((p: EvalProgress) => void) | undefined;
+  onResult?: ((r: EvalResult) => void) | undefined;
+}
+
+export interface EvalSummary {
+  runId: string;
+  labels: Record<string, string>;
+  /** Tasks in the batch (with results from before a resume). */
+  tasks: number;
+  solved: number;
+  errors: number;
+  /** Tasks without a result because the run was interrupted. */
+  pending: number;
+  interrupted: boolean;
+  results: EvalResult[];
+}
+
+const DEFAULT_TTL_SECONDS = 4 * 3600;
+
+/**
+ * Runs a batch of tasks, each in its own sandbox, and writes one result
+ * line per task. The rollout outlives its driver (paper 6.2): the journal
+ * next to `--out` records the run ID, each task's sandbox and finished
+ * steps, and the agent's decisions; every command carries a request ID
+ * derived from (run, instance, attempt, step). A driver killed at any point
+ * and started again with `resume` re-attaches to the same sandboxes, repeats
+ * the same calls and gets recorded results for those already run, so no
+ * command runs twice and the rewards are the same as without the kill.
+ */
+export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
+  const journalPath = options.journalPath ?? `${options.outPath}.journal`;
+  const signal = options.signal ?? new AbortController().signal;
+  let journal: Journal;
+  let previous: EvalResult[] = [];
+  if (options.resume) {
+    journal = Journal.open(journalPath);
+    if (journal.header.agent !== options.agent.name) {
+      throw new DsecError(
+        'invalid_argument',
+        `the journal's run used --agent ${journal.header.agent}, not ${options.agent.name}`,
+        { field: 'agent' },
+      );
+    }
+    previous = readResults(options.outPath);
+    // Paused by a preemption notice (or not: resuming a running sandbox is a no-op).
+    await options.client.resumeJob(journal.header.labels, { signal });
+    journal.mark('resumed');
+  } else {
+    const runId = newRunId();
+    journal = Journal.create(journalPath, {
+      runId,
+      agent: options.agent.name,
+      labels:
+        options.labels && Object.keys(options.labels).length > 0
+          ? options.labels
+          : { job: `eval-${runId}` },
+      tasksFile: options.tasksFile,
+      startedAt: new Date().toISOString(),
+    });
+    writeFileSync(options.outPath, '');
+  }
+  const runner = new TaskRunner(options, journal, signal);
+  const done = new Set(previous.map((r) => r.instance_id));
+  // Tasks finished before the kill may have left their sandbox running (killed between the result and the stop).
+  if (options.resume && !options.keepSandboxes) {
+    for (const task of options.tasks) {
+      const id = journal.task(task.instance_id).sandboxId;
+      if (done.has(task.instance_id) && id)
+        await options.client
+          .sandbox(id)
+          .stop()
+          .catch(() => undefined);
+    }
+  }
+  const todo = options.tasks.filter((t) => !done.has(t.instance_id));
+  const results = [
+    ...previous.filter((r) => options.tasks.some((t) => t.instance_id === r.instance_id)),
+  ];
+  const progress: EvalProgress = {
+    done: results.length,
+    total: options.tasks.length,
+    solved: results.filter((r) => r.reward === 1).length,
+    errors: results.filter((r) => r.error).length,
+    running: 0,
+  };
+  options.onProgress?.({ ...progress });
+
+  let next = 0;
+  const worker = async () => {
+    while (next < todo.length && !signal.aborted) {
+      const task = todo[next++]!;
+      progress.running++;
+      options.onProgress?.({ ...progress });
+      const result = await runner.run(task);
+      progress.running--;
+      if (!result) continue; // interrupted: no line, the journal keeps its state
+      appendFileSync(options.outPath, JSON.stringify(result) + '\n');
+      journal.done(task.instance_id);
+      results.push(result);
+      progress.done++;
+      if (result.reward === 1) progress.solved++;
+      if (result.error) progress.errors++;
+      options.onResult?.(result);
+      options.onProgress?.({ ...progress });
+      if (result.sandboxId && !options.keepSandboxes) {
+        await options.client
+          .sandbox(result.sandboxId)
+          .stop()
+          .catch(() => undefined);
+      }
+    }
+  };
+  const concurrency = Math.max(1, options.concurrency ?? 4);
+  await Promise.all(Array.from({ length: Math.min(concurrency, todo.length) }, worker));
+  if (signal.aborted && options.pauseOnInterrupt?.()) {
+    await options.client.pauseJob(journal.header.labels);
+    journal.mark('paused');
+  }
+  return {
+    runId: journal.header.runId,
+    labels: journal.header.labels,
+    tasks: options.tasks.length,
+    solved: progress.solved,
+    errors: progress.errors,
+    pending: options.tasks.length - results.length,
+    interrupted: signal.aborted,
+    results,
+  };
+}
+
+/** The result lines already in `path`; a torn last line (a killed driver) is dropped from the file. */
+export function readResults(path: string): EvalResult[] {
+  if (!existsSync(path)) return [];
+  const kept: string[] = [];
+  const results: EvalResult[] = [];
+  for (const line of readFileSync(path, 'utf8').split('\n')) {
+    if (line.trim() === '') continue;
+    try {
+      const r = JSON.parse(line) as EvalResult;
+      if (typeof r.instance_id !== 'string') continue;
+      results.push(r);
+      kept.push(line);
+    } catch {
+      // torn
+    }
+  }
+  writeFileSync(path, kept.map((l) => l + '\n').join(''));
+  return results;
+}
+
+class TaskRunner {
+  readonly #o: RunEvalOptions;
+  readonly #journal: Journal;
+  readonly #signal: AbortSignal;
+
+  constructor(options: RunEvalOptions, journal: Journal, signal: AbortSignal) {
+    this.#o = options;
+    this.#journal = journal;
+    this.#signal = signal;
+  }
+
+  get #runId(): string {
+    return this.#journal.header.runId;
+  }
+
+  /** Runs (or continues) one task; undefined when the run was interrupted meanwhile. */
+  async run(task: EvalTask): Promise<EvalResult | undefined> {
+    const t0 = performance.now();
+    const id = task.instance_id;
+    const durations = { setupMs: 0, agentMs: 0, gradingMs: 0, totalMs: 0 };
+    const base: EvalResult = {
+      instance_id: id,
+      reward: null,
+      tests: {},
+      toolCalls: 0,
+      durations,
+      sandboxId: undefined,
+      executedSteps: 0,
+      replayedSteps: 0,
+      duplicateExecutions: 0,
+      attempt: this.#journal.task(id).attempt,
+      runId: this.#runId,
+      agent: this.#o.agent.name,
+    };
+    let agentTools: SandboxTools | undefined;
+    let gradeTools: SandboxTools | undefined;
+    let sandbox: Sandbox | undefined;
+    let ids: RequestIds | undefined;
+    const finish = async (extra: Partial<EvalResult>): Promise<EvalResult> => {
+      const counted =
+        sandbox && ids ? await countSteps(sandbox, ids).catch(() => undefined) : undefined;
+      durations.totalMs = Math.round(performance.now() - t0);
+      return {
+        ...base,
+        ...extra,
+        sandboxId: sandbox?.id,
+        attempt: this.#journal.task(id).attempt,
+        toolCalls: agentTools?.toolCalls ?? 0,
+        replayedSteps: (agentTools?.replayedSteps ?? 0) + (gradeTools?.replayedSteps ?? 0),
+        executedSteps: counted?.executed ?? 0,
+        duplicateExecutions: counted?.duplicates ?? 0,
+        durations,
+      };
+    };
+    try {
+      const prepared = this.#o.prepared.get(id);
+      if (!prepared) throw new DsecError('image_not_found', `${id} was not prepared`);
+      const attached = await this.#attach(task, prepared);
+      sandbox = attached.sandbox;
+      ids = attached.ids;
+      durations.setupMs = Math.round(performance.now() - t0);
+
+      const toolsFor = (phase: string) =>
+        new SandboxTools({
+          sandbox: attached.sandbox,
+          ids: attached.ids,
+          phase,
+          workdir: prepared.workdir,
+          recorded: attached.recorded,
+          onStep: (rid) => this.#journal.step(id, rid),
+          signal: this.#signal,
+        });
+      agentTools = toolsFor('a');
+      const t1 = performance.now();
+      const memos = this.#journal.task(id).memos;
+      const outcome = await this.#o.agent.run({
+        task,
+        tools: agentTools,
+        signal: this.#signal,
+        remember: async <T>(key: string, compute: () => Promise<T>): Promise<T> => {
+          if (memos.has(key)) return memos.get(key) as T;
+          const value = await compute();
+          this.#journal.memo(id, key, value);
+          return value;
+        },
+      });
+      durations.agentMs = Math.round(performance.now() - t1);
+
+      const t2 = performance.now();
+      gradeTools = toolsFor('g');
+      const graded = await gradeSandbox(gradeTools, task, {
+        original: (path) => this.#o.original(task, path),
+        testTimeoutMs: this.#o.testTimeoutMs,
+      });
+      durations.gradingMs = Math.round(performance.now() - t2);
+      return await finish({
+        reward: graded.reward,
+        tests: graded.tests,
+        failing: graded.failing,
+        tokens: outcome.tokens,
+        agentFinished: outcome.finished,
+        testExitCode: graded.testExitCode,
+        testOutcome: graded.testOutcome,
+        outputTail: graded.reward === 1 ? undefined : graded.outputTail,
+      });
+    } catch (err) {
+      if (this.#signal.aborted) return undefined;
+      const code =
+        err instanceof ToolError ? 'tool_error' : isDsecError(err) ? err.code : 'internal';
+      return finish({ reward: null, error: { code, message: (err as Error).message } });
+    }
+  }
+
+  /**
+   * The task's sandbox: the journal's (resumed if paused) while it lives and
+   * its log still holds every step the journal says finished; else a new
+   * attempt with a new sandbox. Returns the request IDs the log already held.
+   */
+  async #attach(
+    task: EvalTask,
+    prepared: PreparedTask,
+  ): Promise<{ sandbox: Sandbox; ids: RequestIds; recorded: Set<string> }> {
+    const id = task.instance_id;
+    const client = this.#o.client;
+    const jt = this.#journal.task(id);
+    let known = jt.sandboxId;
+    if (!known && this.#o.resume) {
+      // Killed between the create and the journal line: the labels find it.
+      const found = await client.listSandboxes({
+        labels: { eval_run: this.#runId, instance_id: id, eval_attempt: String(jt.attempt) },
+        signal: this.#signal,
+      });
+      known = found.find((s) => s.state === 'running' || s.state === 'paused')?.id;
+    }
+    if (known) {
+      const ids = new RequestIds(this.#runId, id, jt.attempt);
+      const reason = await this.#reusable(known, ids, jt.steps);
+      if (typeof reason !== 'string') {
+        if (!jt.sandboxId) this.#journal.sandbox(id, known);
+        return { sandbox: client.sandbox(known), ids, recorded: reason };
+      }
+      await client
+        .sandbox(known)
+        .stop()
+        .catch(() => undefined);
+      this.#journal.newAttempt(id, reason);
+    }
+    const ids = new RequestIds(this.#runId, id, this.#journal.task(id).attempt);
+    const limits = this.#o.sandbox ?? {};
+    const sandbox = await client.runContainer(
+      {
+        image: prepared.image,
+        toolkits: prepared.toolkits,
+        workspace: prepared.workspace,
+        labels: {
+          ...this.#journal.header.labels,
+          instance_id: id,
+          eval_run: this.#runId,
+          eval_attempt: String(this.#journal.task(id).attempt),
+        },
+        memoryLimitMb: limits.memoryLimitMb,
+        cpuCoresLimit: limits.cpuCoresLimit,
+        diskLimitMb: limits.diskLimitMb,
+        ttlSeconds: limits.ttlSeconds ?? DEFAULT_TTL_SECONDS,
+        // A retry after a lost answer (or a driver killed before the journal line) gets the same sandbox.
+        requestId: ids.create,
+      },
+      { signal: this.#signal },
+    );
+    this.#journal.sandbox(id, sandbox.id);
+    const recorded = this.#o.resume ? await loggedIds(sandbox, ids) : new Set<string>();
+    return { sandbox, ids, recorded };
+  }
+
+  /** The IDs the sandbox's log holds, or why the sandbox cannot carry the task on. */
+  async #reusable(
+    sandboxId: string,
+    ids: RequestIds,
+    steps: ReadonlySet<string>,
+  ): Promise<Set<string> | string> {
+    const sandbox = this.#o.client.sandbox(sandboxId);
+    try {
+      const info = await sandbox.refresh({ signal: this.#signal });
+      if (info.state === 'paused') await sandbox.resume({ signal: this.#signal });
+      else if (info.state !== 'running') return `sandbox ${sandboxId} is ${info.state}`;
+      const recorded = await loggedIds(sandbox, ids);
+      const lost = [...steps].filter((rid) => !recorded.has(rid));
+      // Past the log's retention a step would run again: start the task over instead.
+      if (lost.length > 0) return `the command log no longer holds ${lost.length} finished steps`;
+      return recorded;
+    } catch (err) {
+      if (
+        isDsecError(err) &&
+        (err.code === 'sandbox_not_found' || err.code === 'sandbox_not_running')
+      ) {
+        return `sandbox ${sandboxId} is gone`;
+      }
+      throw err;
+    }
+  }
+}
+
+async function loggedIds(sandbox: Sandbox, ids: RequestIds): Promise<Set<string>> {
+  const log = await sandbox.commands.list();
+  return new Set(log.map((c) => c.requestId).filter((r): r is string => ids.owns(r)));
+}
+
+/** From the sandbox's command log: commands this attempt ran, and request IDs that ran more than once. */
+export async function countSteps(
+  sandbox: Sandbox,
+  ids: RequestIds,
+): Promise<{ executed: number; duplicates: number }> {
+  const log = await sandbox.commands.list();
+  const seen = new Map<string, number>();
+  for (const c of log) {
+    if (!ids.owns(c.requestId)) continue;
+    seen.set(c.requestId!, (seen.get(c.requestId!) ?? 0) + 1);
+  }
+  let executed = 0;
+  let duplicates = 0;
+  for (const n of seen.values()) {
+    executed += n;
+    duplicates += n - 1;
+  }
+  return { executed, duplicates };
+}
