@@ -9,6 +9,8 @@ bash scripts/install-deps.sh
 echo "==> format check";  npx prettier --check --log-level warn .
 echo "==> lint";          npx eslint --max-warnings 0 .
 echo "==> type check";    npx tsc -p tsconfig.json --noEmit
+# The bundle install-deps.sh built: a dependency bundled by mistake fails at start-up.
+echo "==> built CLI starts"; bin/dsec --version >/dev/null
 
 mapfile -t unit < <(find packages -name '*.test.ts' -not -path '*/node_modules/*' -not -path '*/test/integration/*' | sort)
 mapfile -t integration < <(find packages -path '*/test/integration/*.test.ts' -not -path '*/node_modules/*' | sort)
