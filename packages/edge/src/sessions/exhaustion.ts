@@ -24,6 +24,21 @@ export function pidsExhausted(pidsLimit: number | undefined, cause?: unknown): D
   );
 }
 
+/** A call's own script started but could not fork a tool it needed: the sandbox is at pids.max. */
+export function pidsExhaustedDuring(what: string, pidsLimit: number | undefined): DsecError {
+  return new DsecError(
+    'resource_exhausted',
+    `${what}: the sandbox is at its pids limit (${pidsLimit ?? 'unknown'} processes): a process the call needed could not start`,
+    {
+      details: {
+        limit: 'pids',
+        during: 'call',
+        ...(pidsLimit !== undefined ? { max: pidsLimit } : {}),
+      },
+    },
+  );
+}
+
 export function diskExhausted(what: string, diskLimitMb: number | undefined): DsecError {
   return new DsecError(
     'resource_exhausted',

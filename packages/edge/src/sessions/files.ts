@@ -3,7 +3,13 @@ import { DsecError } from '@dsec/core';
 import type { FileInfo, FileType } from '@dsec/core';
 import type { ChronusConnection, CommandExit } from '@dsec/native';
 import { DEFAULT_PATH } from './command-runner.js';
-import { diskExhausted, isDiskFullLine, isPidsRefusal, pidsExhausted } from './exhaustion.js';
+import {
+  diskExhausted,
+  isDiskFullLine,
+  isPidsRefusal,
+  pidsExhausted,
+  pidsExhaustedDuring,
+} from './exhaustion.js';
 
 /**
  * File operations inside a sandbox. Each one is a small script run by the
@@ -121,6 +127,8 @@ function verdict(
   // ENOSPC/EDQUOT: 15 from the write script, or a tool's message (mkdir, mv) otherwise.
   if (exit.exitCode === 15 || (why !== undefined && isDiskFullLine(why)))
     return diskExhausted(what, options.diskLimitMb);
+  if (why !== undefined && /can't fork|Resource temporarily unavailable/.test(why))
+    return pidsExhaustedDuring(what, options.pidsLimit);
   switch (exit.exitCode) {
     case 10:
       return new DsecError('not_found', `${what}: no such file or directory`, { field: 'path' });

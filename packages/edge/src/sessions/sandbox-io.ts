@@ -260,22 +260,30 @@ export class SandboxIo implements SandboxIoApi {
     body: Readable | Buffer,
     options: FileOptions & { mode?: number | undefined } = {},
   ): Promise<FileInfo> {
-    const { conn, ...ctx } = await this.#dedicated(sandboxId, options);
-    try {
-      return await files.writeFileStream(conn, path, body, { ...options, ...ctx });
-    } finally {
-      conn.close();
-    }
+    const once = async () => {
+      const { conn, ...ctx } = await this.#dedicated(sandboxId, options);
+      try {
+        return await files.writeFileStream(conn, path, body, { ...options, ...ctx });
+      } finally {
+        conn.close();
+      }
+    };
+    // A stream cannot be sent twice; a buffer can (the script writes a temp file, then renames).
+    return Buffer.isBuffer(body) ? whileForkRefused(once) : once();
   }
 
   async statFile(sandboxId: string, path: string, options: FileOptions = {}): Promise<FileInfo> {
-    const { conn, ...ctx } = await this.#shared(sandboxId, options);
-    return files.statFile(conn, path, { ...ctx, signal: options.signal });
+    return whileForkRefused(async () => {
+      const { conn, ...ctx } = await this.#shared(sandboxId, options);
+      return files.statFile(conn, path, { ...ctx, signal: options.signal });
+    });
   }
 
   async listDir(sandboxId: string, path: string, options: FileOptions = {}): Promise<FileInfo[]> {
-    const { conn, ...ctx } = await this.#shared(sandboxId, options);
-    return files.listDir(conn, path, { ...ctx, signal: options.signal });
+    return whileForkRefused(async () => {
+      const { conn, ...ctx } = await this.#shared(sandboxId, options);
+      return files.listDir(conn, path, { ...ctx, signal: options.signal });
+    });
   }
 
   async mkdir(
@@ -283,8 +291,10 @@ export class SandboxIo implements SandboxIoApi {
     path: string,
     options: FileOptions & { parents?: boolean | undefined; mode?: number | undefined } = {},
   ): Promise<void> {
-    const { conn, ...ctx } = await this.#shared(sandboxId, options);
-    await files.makeDir(conn, path, { ...options, ...ctx });
+    await whileForkRefused(async () => {
+      const { conn, ...ctx } = await this.#shared(sandboxId, options);
+      await files.makeDir(conn, path, { ...options, ...ctx });
+    });
   }
 
   async remove(
@@ -489,4 +499,26 @@ function commandFingerprint<T extends { requestId?: string | undefined }>(
   if (spec.requestId === undefined) return undefined;
   const { requestId: _key, ...request } = spec;
   return requestFingerprint({ ...request, background });
+}
+
+/** Waits between tries of a file call whose script could not fork (the sandbox at its pids limit). */
+const FORK_RETRY_DELAYS_MS = [50, 100, 200, 400];
+
+/**
+ * A file call's script starts (the spawn reclaims processes when the sandbox
+ * is full) but may then fail to fork its own tools when a fork bomb has
+ * taken the pids freed meanwhile. Calls that change nothing before their
+ * last step (stat, list, mkdir, a write from a buffer) are tried again a few
+ * times, each spawn reclaiming afresh; the last refusal is returned.
+ */
+async function whileForkRefused<T>(call: () => Promise<T>): Promise<T> {
+  for (const delayMs of FORK_RETRY_DELAYS_MS) {
+    try {
+      return await call();
+    } catch (err) {
+      if (!(err instanceof DsecError && err.details?.during === 'call')) throw err;
+      await new Promise((r) => setTimeout(r, delayMs));
+    }
+  }
+  return call();
 }

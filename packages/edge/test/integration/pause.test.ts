@@ -517,7 +517,7 @@ test('kill -9 of the edge during pause or resume leaves every sandbox paused or 
       const [a, b] = r.stdout.trim().split('\n').map(Number);
       assert.ok(
         r.exitCode === 0 && b! > a!,
-        `${id}: the hog lives and the counter runs (${r.stdout})`,
+        `${id}: the hog lives and the counter runs (${JSON.stringify({ stdout: r.stdout, stderr: r.stderr, exitCode: r.exitCode, outcome: r.outcome })})`,
       );
       const blob = await edge.runCommand(id, { shell: 'sha256sum /dev/shm/blob' });
       assert.equal(blob.stdout, blobs[i], 'memory contents survived');
