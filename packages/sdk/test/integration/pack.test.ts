@@ -34,7 +34,8 @@ test('npm pack builds a standalone tarball that installs and runs outside the re
     cwd: SDK_DIR,
     maxBuffer: 16 << 20,
   });
-  const [info] = JSON.parse(packed.stdout.slice(packed.stdout.indexOf('['))) as {
+  // npm's JSON follows the prepack build's output, which may contain brackets of its own.
+  const [info] = JSON.parse(packed.stdout.slice(packed.stdout.search(/^\[$/m))) as {
     filename: string;
     files: { path: string }[];
   }[];
