@@ -132,6 +132,11 @@ export type EdgeConfig = z.infer<typeof EdgeSection>;
 export type ApiserverConfig = z.infer<typeof ApiserverSection>;
 export type WatcherConfig = z.infer<typeof WatcherSection>;
 
+/** The parsed apiserver section with its defaults, for a config without one. */
+export function apiserverDefaults(config: ClusterConfig): ApiserverConfig {
+  return config.apiserver ?? ApiserverSection.parse({});
+}
+
 /** The parsed watcher section with its defaults, for roles that watch without one. */
 export function watcherDefaults(config: ClusterConfig): WatcherConfig {
   return config.watcher ?? WatcherSection.parse({});

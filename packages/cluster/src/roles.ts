@@ -21,7 +21,13 @@ import { newEdgeSecret, RemoteEdge, serveEdge } from '@dsec/edge-http';
 import { openControlDb, type ControlDb, type EdgeRecord } from '@dsec/iam';
 import { DirImageStore, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
-import { requireSection, watcherDefaults, type ClusterConfig } from './config.js';
+import {
+  apiserverDefaults,
+  requireSection,
+  watcherDefaults,
+  type ClusterConfig,
+  type EdgeConfig,
+} from './config.js';
 import { RegistryFleet } from './fleet.js';
 import { e2bExtension } from './extensions.js';
 import { listenApi } from './listen.js';
@@ -68,7 +74,7 @@ export async function startEdgeServer(
   ensureDir(ec.stateDir, TRAVERSE_DIR_MODE);
   const secret = await readOrCreateSecret(ec.secretFile, newEdgeSecret);
   const store = edgeImageStore(config, ec.stateDir);
-  const url = ec.url ?? `http://${ec.host.includes(':') ? `[${ec.host}]` : ec.host}:${ec.port}`;
+  const url = edgeUrl(ec);
   const edge = await openContainerEdge({
     edgeId: ec.id,
     url,
@@ -111,6 +117,11 @@ export async function startEdgeServer(
   };
 }
 
+/** The URL apiservers dial: the configured one, else where the edge listens. */
+function edgeUrl(ec: EdgeConfig): string {
+  return ec.url ?? `http://${ec.host.includes(':') ? `[${ec.host}]` : ec.host}:${ec.port}`;
+}
+
 function edgeImageStore(config: ClusterConfig, stateDir: string): ImageStore {
   if (!config.imageStore) {
     ensureDir(join(stateDir, 'images'), PRIVATE_DIR_MODE);
@@ -151,13 +162,7 @@ export async function startApiserver(
 ): Promise<ApiserverHandle> {
   const database = requireSection(config, 'database', 'an apiserver');
   const secretFile = requireSection(config, 'clusterSecretFile', 'an apiserver');
-  const ac = config.apiserver ?? {
-    host: '127.0.0.1',
-    port: 7420,
-    watch: false,
-    registryRefreshMs: 1000,
-    logRequests: false,
-  };
+  const ac = apiserverDefaults(config);
   const idSecret = await readOrCreateSecret(secretFile, newClusterSecret);
   const db = await openControlDb(database);
   let fleet: RegistryFleet | undefined;
@@ -248,7 +253,7 @@ export async function joinEdge(
   const database = requireSection(config, 'database', '`dsec edge join`');
   const ec = requireSection(config, 'edge', '`dsec edge join`');
   const secret = await readOrCreateSecret(ec.secretFile, newEdgeSecret);
-  const url = options.url ?? ec.url ?? `http://${ec.host}:${ec.port}`;
+  const url = options.url ?? edgeUrl(ec);
   const probe = new RemoteEdge({ edgeId: ec.id, url, secret });
   let backends: BackendKind[];
   try {
