@@ -3,12 +3,16 @@ import { fileURLToPath } from 'node:url';
 
 /**
  * How to start this CLI again as a child process (`dsec up --edges N`,
- * `dsec bench cluster`): the bundle next to this module when built, else the
+ * `dsec bench cluster`): `bin/dsec` when running from the built bundle
+ * (packages/cli/dist/main.js only exports `main`; the bin runs it), else the
  * source entry under the loader this process runs with (tsx).
  */
 export function dsecCommand(): string[] {
-  const bundled = fileURLToPath(new URL('./main.js', import.meta.url));
-  if (existsSync(bundled)) return [process.execPath, bundled];
+  const here = fileURLToPath(import.meta.url);
+  if (here.endsWith('/dist/main.js')) {
+    const bin = fileURLToPath(new URL('../../../bin/dsec', import.meta.url));
+    if (existsSync(bin)) return [process.execPath, bin];
+  }
   const source = fileURLToPath(new URL('./run.ts', import.meta.url));
   return [process.execPath, ...loaderFlags(process.execArgv), source];
 }
