@@ -176,7 +176,7 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
       JSON.stringify(
         {
           apiserver: { pid: process.pid, url: apiserver.url },
-          watcher: { pid: watcher.proc?.pid },
+          watcher: { pid: watcher?.proc?.pid },
           edges: edgeConfigs.map((e) => ({
             id: e.config.edge!.id,
             url: e.child.url,
@@ -189,11 +189,11 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
       ) + '\n',
       { mode: 0o600 },
     );
-  const join_ = async (e: { config: ClusterConfig; child: Child }) => {
+  const registerEdge = async (e: { config: ClusterConfig; child: Child }) => {
     await joinEdge({ ...e.config, database: shared.database }, { url: e.child.url });
     await apiserver.fleet.refresh();
   };
-  let watcher!: Child;
+  let watcher: Child | undefined;
   try {
     for (let i = 1; i <= options.edges; i++) {
       const id = `edge-${i}`;
@@ -231,7 +231,7 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
           [...options.dsecCommand, 'serve', 'edge', '--config', file, '--exit-with-stdin'],
           log,
           async () => {
-            await join_(entry);
+            await registerEdge(entry);
             await writeProcesses();
           },
         ),
@@ -239,17 +239,18 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
       edgeConfigs.push(entry);
       children.push(entry.child);
     }
-    watcher = new Child(
+    const watcherChild = new Child(
       'watcher',
       [...options.dsecCommand, 'serve', 'watcher', '--config', sharedFile, '--exit-with-stdin'],
       log,
       () => writeProcesses(),
     );
-    children.push(watcher);
+    watcher = watcherChild;
+    children.push(watcherChild);
     // Edges start in parallel: each mounts, adopts and claims its own things.
     await Promise.all(edgeConfigs.map((e) => e.child.start()));
-    for (const e of edgeConfigs) await join_(e);
-    await watcher.start();
+    for (const e of edgeConfigs) await registerEdge(e);
+    await watcherChild.start();
     await writeProcesses();
     await untilHealthy(apiserver, options.edges);
   } catch (err) {
@@ -269,7 +270,7 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
         pid: e.child.proc?.pid,
         stateDir: e.config.edge!.stateDir,
       })),
-    watcherPid: () => watcher.proc?.pid,
+    watcherPid: () => watcher?.proc?.pid,
     async close(closeOptions = {}) {
       if (closeOptions.stopSandboxes) {
         await Promise.all(
