@@ -41,4 +41,5 @@ export type {
 } from './sandbox-service.js';
 export { ApiMetrics } from './metrics.js';
 export { toHttpError } from './errors.js';
+export { forwardToPort, responseHeaders } from './routes/ports.js';
 export * as schemas from './schemas.js';

@@ -1,8 +1,6 @@
-import http from 'node:http';
-import type { IncomingMessage, OutgoingHttpHeaders } from 'node:http';
-import type { Duplex } from 'node:stream';
-import { DsecError } from '@dsec/core';
+import type { OutgoingHttpHeaders } from 'node:http';
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import { forwardToPort, responseHeaders } from '@dsec/apiserver';
 import type { OpenedSandbox } from './sandbox-access.js';
 
 /**
@@ -29,14 +27,6 @@ const DROP_REQUEST = new Set([
   'e2b-sandbox-id',
   'e2b-sandbox-port',
 ]);
-const DROP_RESPONSE = new Set([
-  'connection',
-  'keep-alive',
-  'transfer-encoding',
-  'trailer',
-  'upgrade',
-  'proxy-authenticate',
-]);
 
 export async function proxyToPort(
   sb: OpenedSandbox,
@@ -56,59 +46,11 @@ export async function proxyToPort(
     headers[k] = v;
   }
   headers.connection = 'close';
-  const res = await forward(socket, req, url, headers, signal);
-  const out: Record<string, string | string[]> = {};
-  for (const [k, v] of Object.entries(res.headers)) {
-    if (!DROP_RESPONSE.has(k.toLowerCase()) && v !== undefined) out[k] = v;
-  }
+  const method = req.method.toUpperCase();
+  const body = method === 'GET' || method === 'HEAD' ? undefined : req.raw;
+  const res = await forwardToPort(socket, req.method, url, headers, body, signal);
   await reply
     .code(res.statusCode ?? 502)
-    .headers(out)
+    .headers(responseHeaders(res))
     .send(res);
-}
-
-function forward(
-  socket: Duplex,
-  req: FastifyRequest,
-  path: string,
-  headers: OutgoingHttpHeaders,
-  signal: AbortSignal,
-): Promise<IncomingMessage> {
-  return new Promise((resolve, reject) => {
-    const upstream = http.request({
-      method: req.method,
-      path,
-      headers,
-      createConnection: () => socket,
-      signal,
-    });
-    let answered = false;
-    upstream.on('response', (res) => {
-      answered = true;
-      resolve(res);
-    });
-    // A tunnel that fails before the client attaches reports on the socket only.
-    let tunnelError: unknown;
-    socket.once('error', (err) => (tunnelError = err));
-    socket.once('close', () => {
-      if (!answered) {
-        upstream.destroy(
-          tunnelError instanceof Error
-            ? tunnelError
-            : new DsecError('unavailable', 'the port tunnel closed'),
-        );
-      }
-    });
-    upstream.on('error', (err) => {
-      socket.destroy();
-      reject(
-        err instanceof DsecError
-          ? err
-          : new DsecError('unavailable', `nothing answered on port: ${err.message}`),
-      );
-    });
-    const method = req.method.toUpperCase();
-    if (method === 'GET' || method === 'HEAD') upstream.end();
-    else req.raw.pipe(upstream);
-  });
 }

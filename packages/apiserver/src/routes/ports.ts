@@ -1,6 +1,6 @@
 import http from 'node:http';
 import type { IncomingMessage } from 'node:http';
-import type { Duplex } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
 import type { PtySession } from '@dsec/core';
@@ -60,30 +60,41 @@ export function portRoutes(app: FastifyInstance, service: SandboxService): void 
     }
     headers.host = `127.0.0.1:${params.port}`;
     headers.connection = 'close';
-    const res = await forward(socket, req, path, headers, signal);
-    const out: Record<string, string | string[]> = {};
-    for (const [k, v] of Object.entries(res.headers)) {
-      if (!DROP_RESPONSE.has(k.toLowerCase()) && v !== undefined) out[k] = v;
-    }
+    const res = await forwardToPort(socket, req.method, path, headers, bodyStream(req), signal);
     return reply
       .code(res.statusCode ?? 502)
-      .headers(out)
+      .headers(responseHeaders(res))
       .send(res);
   };
   app.all('/v1/sandboxes/:id/ports/:port', handler);
   app.all('/v1/sandboxes/:id/ports/:port/*', handler);
 }
 
-function forward(
+/** A response's headers without the hop-by-hop ones, to pass on to the client. */
+export function responseHeaders(res: IncomingMessage): Record<string, string | string[]> {
+  const out: Record<string, string | string[]> = {};
+  for (const [k, v] of Object.entries(res.headers)) {
+    if (!DROP_RESPONSE.has(k.toLowerCase()) && v !== undefined) out[k] = v;
+  }
+  return out;
+}
+
+/**
+ * Sends one HTTP/1.1 request over `socket` (a stream into the sandbox's
+ * port) and resolves with the response; `body` streams up, if any. Also
+ * used by the E2B-compatible API's port routing.
+ */
+export function forwardToPort(
   socket: Duplex,
-  req: FastifyRequest,
+  method: string,
   path: string,
   headers: http.OutgoingHttpHeaders,
+  body: Readable | undefined,
   signal: AbortSignal,
 ): Promise<IncomingMessage> {
   return new Promise((resolve, reject) => {
     const upstream = http.request({
-      method: req.method,
+      method,
       path,
       headers,
       createConnection: () => socket,
@@ -115,7 +126,6 @@ function forward(
           : new DsecError('unavailable', `the sandbox's service did not answer: ${err.message}`),
       );
     });
-    const body = bodyStream(req);
     if (body) body.pipe(upstream);
     else upstream.end();
   });
