@@ -19,7 +19,7 @@ import { DsecError } from '@dsec/core';
 import { ensureDir, PRIVATE_DIR_MODE, TRAVERSE_DIR_MODE, type AdmissionConfig } from '@dsec/edge';
 import type { ClusterConfig, EdgeConfig } from './config.js';
 import type { LifecycleOptions } from './extensions.js';
-import { joinEdge, startApiserver, type ApiserverHandle } from './roles.js';
+import { joinEdge, startApiserver, stopAll, type ApiserverHandle } from './roles.js';
 
 export interface LocalClusterOptions {
   stateDir: string;
@@ -273,16 +273,11 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
     watcherPid: () => watcher?.proc?.pid,
     async close(closeOptions = {}) {
       if (closeOptions.stopSandboxes) {
+        // Through each edge's process, while it still runs: 8 at a time per edge.
         await Promise.all(
           edgeConfigs.map(async (e) => {
             const edge = apiserver.fleet.edge(e.config.edge!.id);
-            if (!edge) return;
-            const all = await edge.listSandboxes({}).catch(() => []);
-            const worker = async () => {
-              for (let sb = all.pop(); sb; sb = all.pop())
-                await edge.stopSandbox(sb.id).catch(() => undefined);
-            };
-            await Promise.all(Array.from({ length: 8 }, worker));
+            if (edge) await stopAll(edge, 8).catch(() => undefined);
           }),
         );
       }

@@ -9,7 +9,7 @@ import { chmod, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { buildApiServer } from '@dsec/apiserver';
 import { DsecError, SandboxIdCodec } from '@dsec/core';
-import type { BackendKind, ImageStore } from '@dsec/core';
+import type { BackendKind, EdgeApi, ImageStore } from '@dsec/core';
 import {
   ensureDir,
   openContainerEdge,
@@ -132,14 +132,14 @@ function edgeImageStore(config: ClusterConfig, stateDir: string): ImageStore {
   return openImageStore(config.imageStore, { cacheDir });
 }
 
-/** Stops every sandbox of an edge, a few at a time (each stop waits on its runtime). */
-export async function stopAll(edge: Edge): Promise<void> {
+/** Stops every sandbox of an edge, `concurrency` at a time (each stop waits on its runtime). */
+export async function stopAll(edge: EdgeApi, concurrency = 16): Promise<void> {
   const queue = await edge.listSandboxes({});
   const worker = async () => {
     for (let sb = queue.pop(); sb; sb = queue.pop())
       await edge.stopSandbox(sb.id).catch(() => undefined);
   };
-  await Promise.all(Array.from({ length: 16 }, worker));
+  await Promise.all(Array.from({ length: concurrency }, worker));
 }
 
 export interface ApiserverHandle {
