@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { DsecError, randomId, toDsecError } from '@dsec/core';
+import { DsecError, randomId, requireLifecycle, toDsecError } from '@dsec/core';
 import type {
   CommandResult,
   CommandSpec,
@@ -72,8 +72,6 @@ export interface ForkResult {
   ids: string[];
   image: string;
 }
-
-type LifecycleMethod = 'pauseSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'snapshotSandbox';
 
 /**
  * The sandbox domain of the apiserver: every route calls one method here.
@@ -216,13 +214,13 @@ export class SandboxService {
    */
   async pause(principal: Principal, id: string, signal?: AbortSignal): Promise<SandboxInfo> {
     const { edge } = await this.authorize(principal, id, signal);
-    return this.#holdQuota(await lifecycle(edge, 'pauseSandbox').call(edge, id, signal));
+    return this.#holdQuota(await requireLifecycle(edge, 'pauseSandbox').call(edge, id, signal));
   }
 
   /** Resumes a paused sandbox (a no-op when running); errors as `pause`. */
   async resume(principal: Principal, id: string, signal?: AbortSignal): Promise<SandboxInfo> {
     const { edge } = await this.authorize(principal, id, signal);
-    return this.#holdQuota(await lifecycle(edge, 'resumeSandbox').call(edge, id, signal));
+    return this.#holdQuota(await requireLifecycle(edge, 'resumeSandbox').call(edge, id, signal));
   }
 
   /** The sandbox stops `seconds` from now, earlier or later than before; errors as `pause`. */
@@ -233,7 +231,7 @@ export class SandboxService {
     signal?: AbortSignal,
   ): Promise<SandboxInfo> {
     const { edge } = await this.authorize(principal, id, signal);
-    const info = await lifecycle(edge, 'setSandboxTimeout').call(edge, id, seconds, signal);
+    const info = await requireLifecycle(edge, 'setSandboxTimeout').call(edge, id, seconds, signal);
     return this.#holdQuota(info);
   }
 
@@ -251,7 +249,7 @@ export class SandboxService {
   ): Promise<SnapshotInfo> {
     await this.#requireSnapshot(principal, id);
     const { edge } = await this.authorize(principal, id, signal);
-    const snap = await lifecycle(edge, 'snapshotSandbox').call(edge, id, req, signal);
+    const snap = await requireLifecycle(edge, 'snapshotSandbox').call(edge, id, req, signal);
     await this.#d.iam.audit(principal.keyId, 'sandbox.snapshot', id, 'ok', {
       image: snap.image,
       scrub: snap.scrub,
@@ -280,7 +278,7 @@ export class SandboxService {
     await this.#requireRunnable(principal, info.spec);
     // Layer names are lower case; base64url IDs are not.
     const name = `fork-${randomBytes(8).toString('hex')}`;
-    const snap = await lifecycle(edge, 'snapshotSandbox').call(edge, id, { name }, signal);
+    const snap = await requireLifecycle(edge, 'snapshotSandbox').call(edge, id, { name }, signal);
     const { workspace: _workspace, ...rest } = info.spec;
     const spec: SandboxSpec = { ...rest, image: snap.image, toolkits: [] };
     const made = await Promise.allSettled(
@@ -639,18 +637,6 @@ export class SandboxService {
   #warn(message: string, context: Record<string, unknown>): void {
     this.#d.onWarning?.(message, context);
   }
-}
-
-/** One of the optional lifecycle methods of an edge, or `unavailable` naming the edge. */
-function lifecycle<M extends LifecycleMethod>(edge: EdgeApi, method: M): NonNullable<EdgeApi[M]> {
-  const fn = edge[method];
-  if (!fn) {
-    throw new DsecError(
-      'unavailable',
-      `edge ${edge.edgeId} cannot ${method === 'snapshotSandbox' ? 'snapshot' : 'pause, resume or re-time'} sandboxes`,
-    );
-  }
-  return fn;
 }
 
 /** `Promise.allSettled` over `items` with at most `limit` calls in flight, results in order. */

@@ -9,6 +9,7 @@ import type {
   SnapshotInfo,
   SnapshotRequest,
 } from './types.js';
+import { DsecError } from './errors.js';
 import type { SandboxIoApi } from './sandbox-io.js';
 
 /**
@@ -95,4 +96,33 @@ export interface RunCommandOptions {
   projectId?: string | undefined;
   onStdout?: ((chunk: Buffer) => void) | undefined;
   onStderr?: ((chunk: Buffer) => void) | undefined;
+}
+
+/** The in-sandbox interface of an edge, or `unavailable` naming the edge that has none. */
+export function requireIo(edge: EdgeApi): SandboxIoApi {
+  if (!edge.io) {
+    throw new DsecError(
+      'unavailable',
+      `edge ${edge.edgeId} does not run commands, sessions or files`,
+    );
+  }
+  return edge.io;
+}
+
+export type LifecycleMethod =
+  'pauseSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'snapshotSandbox';
+
+/** One of the optional lifecycle methods of an edge, or `unavailable` naming the edge. */
+export function requireLifecycle<M extends LifecycleMethod>(
+  edge: EdgeApi,
+  method: M,
+): NonNullable<EdgeApi[M]> {
+  const fn = edge[method];
+  if (!fn) {
+    throw new DsecError(
+      'unavailable',
+      `edge ${edge.edgeId} cannot ${method === 'snapshotSandbox' ? 'snapshot' : 'pause, resume or re-time'} sandboxes`,
+    );
+  }
+  return fn;
 }

@@ -3,7 +3,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Duplex, Readable } from 'node:stream';
 import { pino } from 'pino';
-import { DsecError, toDsecError } from '@dsec/core';
+import { DsecError, requireIo, requireLifecycle, toDsecError } from '@dsec/core';
 import type {
   CommandResult,
   CreateSandboxRequest,
@@ -428,13 +428,13 @@ function edgeRoutes(edge: EdgeApi): Route[] {
     }),
     // ---- lifecycle (optional EdgeApi methods: 503 where the edge lacks them) ----
     route('POST', '/sandboxes/:id/pause', async (c) =>
-      lifecycle(edge, 'pauseSandbox').call(edge, c.p(0), c.signal),
+      requireLifecycle(edge, 'pauseSandbox').call(edge, c.p(0), c.signal),
     ),
     route('POST', '/sandboxes/:id/resume', async (c) =>
-      lifecycle(edge, 'resumeSandbox').call(edge, c.p(0), c.signal),
+      requireLifecycle(edge, 'resumeSandbox').call(edge, c.p(0), c.signal),
     ),
     route('POST', '/sandboxes/:id/timeout', async (c) => {
-      const set = lifecycle(edge, 'setSandboxTimeout');
+      const set = requireLifecycle(edge, 'setSandboxTimeout');
       const { ttlSeconds } = await c.json();
       if (typeof ttlSeconds !== 'number' || !Number.isSafeInteger(ttlSeconds)) {
         throw new DsecError('invalid_argument', 'ttlSeconds must be an integer', {
@@ -444,7 +444,7 @@ function edgeRoutes(edge: EdgeApi): Route[] {
       return set.call(edge, c.p(0), ttlSeconds, c.signal);
     }),
     route('POST', '/sandboxes/:id/snapshot', async (c) => {
-      const snapshot = lifecycle(edge, 'snapshotSandbox');
+      const snapshot = requireLifecycle(edge, 'snapshotSandbox');
       const b = await c.json();
       const req: SnapshotRequest = { name: text(b.name, 'name') };
       if (b.scrub !== undefined && b.scrub !== null) {
@@ -581,30 +581,6 @@ function edgeRoutes(edge: EdgeApi): Route[] {
       return undefined;
     }),
   ];
-}
-
-type LifecycleMethod = 'pauseSandbox' | 'resumeSandbox' | 'setSandboxTimeout' | 'snapshotSandbox';
-
-/** One of the optional lifecycle methods, or `unavailable` naming the edge. */
-function lifecycle<M extends LifecycleMethod>(edge: EdgeApi, method: M): NonNullable<EdgeApi[M]> {
-  const fn = edge[method];
-  if (!fn) {
-    throw new DsecError(
-      'unavailable',
-      `edge ${edge.edgeId} cannot ${method === 'snapshotSandbox' ? 'snapshot' : 'pause, resume or re-time'} sandboxes`,
-    );
-  }
-  return fn;
-}
-
-function requireIo(edge: EdgeApi): SandboxIoApi {
-  if (!edge.io) {
-    throw new DsecError(
-      'unavailable',
-      `edge ${edge.edgeId} does not run commands, sessions or files`,
-    );
-  }
-  return edge.io;
 }
 
 function object<T>(v: unknown, field: string): T {

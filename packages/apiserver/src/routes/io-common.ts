@@ -1,23 +1,14 @@
 import { PassThrough, type Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { DsecError, toDsecError } from '@dsec/core';
-import type { CommandResult, EdgeApi, SandboxIoApi } from '@dsec/core';
+import { requireIo, toDsecError } from '@dsec/core';
+import type { CommandResult, SandboxIoApi } from '@dsec/core';
 import { principalOf } from '../auth.js';
 import type { SandboxService } from '../sandbox-service.js';
 
 /** A stream whose reader has fallen this far behind is cut off: a client that never reads must not grow memory. */
 export const MAX_STREAM_BUFFER_BYTES = 8 * 1024 * 1024;
 
-/** The edge's in-sandbox interface, or `unavailable` for edges without one. */
-export function requireIo(edge: EdgeApi): SandboxIoApi {
-  if (!edge.io) {
-    throw new DsecError(
-      'unavailable',
-      `edge ${edge.edgeId} does not run commands, sessions or files`,
-    );
-  }
-  return edge.io;
-}
+export { requireIo };
 
 /** Authorises the caller for the sandbox and returns its edge's in-sandbox interface. */
 export async function openIo(
