@@ -11,6 +11,7 @@ import type {
 } from './types.js';
 import { DsecError } from './errors.js';
 import type { SandboxIoApi } from './sandbox-io.js';
+import type { FnCallOptions, FnCallRequest, FnCallResult } from './fncall.js';
 
 /**
  * What the apiserver asks of an edge (paper 3.3). The edge has final admission
@@ -78,6 +79,12 @@ export interface EdgeApi {
    * for edges without it.
    */
   readonly io?: SandboxIoApi | undefined;
+  /**
+   * Runs one stateless function call in a warm pool (issue 14). Optional: the
+   * apiserver sends calls only to edges that report `fncall` pools or the
+   * `fncall` backend, and answers `unavailable` when none does.
+   */
+  fncall?(req: FnCallRequest, options: FnCallOptions): Promise<FnCallResult>;
 }
 
 export interface CreateSandboxRequest {

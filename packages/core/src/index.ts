@@ -19,3 +19,4 @@ export * from './edge-api.js';
 export * from './sandbox-io.js';
 export * from './chunk-table.js';
 export * from './fingerprint.js';
+export * from './fncall.js';

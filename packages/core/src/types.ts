@@ -2,6 +2,7 @@
  * Domain types shared by every component. Units are in the names
  * (`memoryLimitMb`, `ttlSeconds`, `timeoutMs`).
  */
+import type { FnCallPoolStatus } from './fncall.js';
 import type { LayerInfo } from './images.js';
 
 /** Which isolation mechanism runs a sandbox (paper 2.2). */
@@ -203,6 +204,8 @@ export interface EdgeStatus {
   layers?: string[] | undefined;
   /** The edge's last measurement of the node (absent from edges that do not measure). */
   pressure?: NodePressure | undefined;
+  /** Warm FnCall pools on this edge (absent on edges without FnCall). */
+  fncall?: FnCallPoolStatus[] | undefined;
 }
 
 /** An edge's measurement of its node, as admission sees it (ADR 0007). */
