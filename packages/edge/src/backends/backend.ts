@@ -1,6 +1,18 @@
-import type { BackendKind, CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
-import type { ChronusConnection } from '@dsec/native';
+import type { BackendKind } from '@dsec/core';
 import type { SandboxRecord } from '../state/edge-store.js';
+import type { SandboxChannel } from './channel.js';
+
+export type { SandboxChannel, SandboxCommand } from './channel.js';
+
+/**
+ * What a backend is told about a sandbox: its identity, request and layers,
+ * and the process IDs its own `start` returned (kept by the edge across its
+ * restarts). Nothing of the edge's bookkeeping (state, TTLs, project).
+ */
+export type BackendSandbox = Pick<
+  SandboxRecord,
+  'id' | 'slot' | 'spec' | 'layers' | 'runtimePid' | 'initPid' | 'chronusPid'
+>;
 
 /** What one pause did (logged; the benchmark reads the memory figures). */
 export interface PauseResult {
@@ -15,36 +27,42 @@ export interface PauseResult {
 export interface StartedSandbox {
   /** The runtime process, where one stays per sandbox (not for detached OCI runtimes). */
   runtimePid?: number;
+  /** The process whose life is the sandbox's (the container's init; the VM's hypervisor). */
   initPid: number;
+  /** The host process serving the channel (a container's chronus; a microVM's hypervisor). */
   chronusPid: number;
 }
 
 /**
- * One way of running sandboxes on a node (paper 2.2): container here; fncall,
- * microVM and VM plug in behind the same interface.
+ * One way of running sandboxes on a node (paper 2.2): containers and
+ * microVMs plug in behind this interface, and everything inside a sandbox
+ * (commands, sessions, files, ports, ptys) goes through its `channel`, so
+ * the edge's in-sandbox layer (sessions/) is the same for every backend.
+ * `testing/conformance.ts` is the suite every backend passes.
  *
- * Lifecycle: `start` takes a record in state `creating` to running and
- * returns the processes to remember; `stop` releases everything and must
- * succeed on a half-started or already stopped sandbox (it is also how a
- * failed start is rolled back); `isRunning` and `ensureChronus` let the edge
- * reconcile after its own restart.
+ * Lifecycle: `start` takes a sandbox being created to running and returns
+ * the processes to remember; `stop` releases everything and must succeed on
+ * a half-started or already stopped sandbox (it is also how a failed start
+ * is rolled back); `isRunning` and `ensureChronus` let the edge reconcile
+ * after its own restart (the sandboxes outlive the edge).
  */
 export interface Backend {
   readonly kind: BackendKind;
-  start(rec: SandboxRecord, signal?: AbortSignal): Promise<StartedSandbox>;
-  stop(rec: SandboxRecord): Promise<void>;
-  isRunning(rec: SandboxRecord): Promise<boolean>;
-  /** Restarts the command daemon if it died; returns its new PID, or undefined if it was alive. */
-  ensureChronus(rec: SandboxRecord): Promise<number | undefined>;
-  runCommand(
-    rec: SandboxRecord,
-    command: CommandSpec,
-    options: RunCommandOptions & { commandId: string },
-  ): Promise<CommandResult>;
-  /** The sandbox's chronus connection (shared, or a new `dedicated` one the caller closes). */
-  channel?(rec: SandboxRecord, options?: { dedicated?: boolean }): Promise<ChronusConnection>;
+  /** Every kind this backend serves (a set of backends serves several); default `[kind]`. */
+  readonly kinds?: readonly BackendKind[];
+  start(rec: BackendSandbox, signal?: AbortSignal): Promise<StartedSandbox>;
+  stop(rec: BackendSandbox): Promise<void>;
+  isRunning(rec: BackendSandbox): Promise<boolean>;
+  /** Restarts what serves the channel if it died; returns its new PID, or undefined if it was alive. */
+  ensureChronus(rec: BackendSandbox): Promise<number | undefined>;
+  /**
+   * The sandbox's channel: the shared one, or with `dedicated` a new one the
+   * caller owns and closes (its reads can be paused for back-pressure
+   * without stalling the sandbox's other commands).
+   */
+  channel(rec: BackendSandbox, options?: { dedicated?: boolean }): Promise<SandboxChannel>;
   /** Whether the OOM killer struck the sandbox since this was last asked. */
-  oomKilled?(rec: SandboxRecord): Promise<boolean>;
+  oomKilled?(rec: BackendSandbox): Promise<boolean>;
   /**
    * Pause (docs/adr/0012-pause-and-resume.md): stops every process of the
    * sandbox and gives its memory back to the host, keeping all of its state.
@@ -52,16 +70,16 @@ export interface Backend {
    * pause interrupted by an edge crash is finished). Optional with `resume`,
    * `isFrozen` and `memoryBytes`: the edge answers `unavailable` without them.
    */
-  pause?(rec: SandboxRecord): Promise<PauseResult>;
+  pause?(rec: BackendSandbox): Promise<PauseResult>;
   /**
    * Undoes `pause`; idempotent. Returns the command daemon's new PID when it
    * had to be restarted (it may have died while the sandbox was paused).
    */
-  resume?(rec: SandboxRecord): Promise<{ chronusPid?: number | undefined }>;
+  resume?(rec: BackendSandbox): Promise<{ chronusPid?: number | undefined }>;
   /** Whether the sandbox's processes are frozen now (reconcile compares this with the record). */
-  isFrozen?(rec: SandboxRecord): Promise<boolean>;
+  isFrozen?(rec: BackendSandbox): Promise<boolean>;
   /** Host memory charged to the sandbox now; undefined when it has none (gone). */
-  memoryBytes?(rec: SandboxRecord): Promise<number | undefined>;
+  memoryBytes?(rec: BackendSandbox): Promise<number | undefined>;
   /**
    * The edge is shutting down: release every handle this process holds for
    * its sandboxes (connections to their command daemons, pipes to runtime

@@ -1,11 +1,11 @@
 import { constants } from 'node:os';
 import { DsecError } from '@dsec/core';
 import type { CommandOutcome, CommandResult, StartCommandSpec } from '@dsec/core';
-import type { ChronusConnection, CommandExit } from '@dsec/native';
+import type { CommandExit, SandboxChannel } from '../backends/channel.js';
 import type { SandboxRecord } from '../state/edge-store.js';
 import type { LiveCommand } from './command-registry.js';
 import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
-import { DEFAULT_TIMEOUT_MS } from './run-command.js';
+import { DEFAULT_TIMEOUT_MS } from './command-defaults.js';
 
 export const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
@@ -16,7 +16,7 @@ export const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
  * whole process tree, and the exit code is the kernel's wait status.
  */
 export async function runChronusCommand(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   rec: SandboxRecord,
   spec: StartCommandSpec,
   live: LiveCommand,

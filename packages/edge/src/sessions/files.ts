@@ -1,7 +1,7 @@
 import { Readable } from 'node:stream';
 import { DsecError } from '@dsec/core';
 import type { FileInfo, FileType } from '@dsec/core';
-import type { ChronusConnection, CommandExit } from '@dsec/native';
+import type { CommandExit, SandboxChannel } from '../backends/channel.js';
 import { DEFAULT_PATH } from './command-runner.js';
 import {
   diskExhausted,
@@ -102,7 +102,7 @@ export function normalizePath(path: string, field = 'path'): string {
 }
 
 function spawnScript(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   script: Script,
   args: string[],
   options: FileCallOptions & { stdin?: boolean },
@@ -162,7 +162,7 @@ function channelError(e: unknown, options: FileCallOptions): DsecError {
 }
 
 async function runSmall(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   script: Script,
   args: string[],
   options: FileCallOptions,
@@ -249,7 +249,7 @@ export function parseListing(buf: Buffer, dir: string): FileInfo[] {
 }
 
 export async function statFile(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   path: string,
   options: FileCallOptions,
 ): Promise<FileInfo> {
@@ -262,7 +262,7 @@ export async function statFile(
 }
 
 export async function listDir(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   path: string,
   options: FileCallOptions,
 ): Promise<FileInfo[]> {
@@ -271,7 +271,7 @@ export async function listDir(
 }
 
 export async function makeDir(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   path: string,
   options: FileCallOptions & { parents?: boolean | undefined; mode?: number | undefined },
 ): Promise<void> {
@@ -286,7 +286,7 @@ export async function makeDir(
 }
 
 export async function removePath(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   path: string,
   options: FileCallOptions & { recursive?: boolean | undefined },
 ): Promise<void> {
@@ -300,7 +300,7 @@ export async function removePath(
 }
 
 export async function renamePath(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   from: string,
   to: string,
   options: FileCallOptions & { overwrite?: boolean | undefined },
@@ -331,7 +331,7 @@ function modeString(mode: number): string {
  * `not_found` & co. before any byte of content.
  */
 export function readFileStream(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   path: string,
   options: FileCallOptions,
 ): Promise<Readable> {
@@ -392,7 +392,7 @@ export function readFileStream(
 
 /** Writes a file atomically from a stream over a dedicated connection, waiting on the socket to drain. */
 export async function writeFileStream(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   path: string,
   body: Readable | Buffer,
   options: FileCallOptions & { mode?: number | undefined },

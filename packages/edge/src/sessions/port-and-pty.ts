@@ -1,7 +1,7 @@
 import { Duplex } from 'node:stream';
 import { DsecError } from '@dsec/core';
 import type { PtyOptions, PtySession } from '@dsec/core';
-import type { ChronusConnection } from '@dsec/native';
+import type { SandboxChannel } from '../backends/channel.js';
 import { DEFAULT_PATH } from './command-runner.js';
 
 /**
@@ -11,7 +11,7 @@ import { DEFAULT_PATH } from './command-runner.js';
  * caller owns the stream; destroying it kills `nc` and closes the connection.
  */
 export async function connectPort(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   port: number,
   user: string,
 ): Promise<Duplex> {
@@ -96,7 +96,7 @@ export async function connectPort(
 
 /** An interactive shell on a new pty (chronus PTY flag), over a dedicated connection. */
 export async function openPty(
-  conn: ChronusConnection,
+  conn: SandboxChannel,
   options: PtyOptions & { user: string; env: Record<string, string> },
 ): Promise<PtySession> {
   const h = conn.spawn({

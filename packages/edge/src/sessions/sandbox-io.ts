@@ -14,7 +14,7 @@ import type {
   SessionRunSpec,
   StartCommandSpec,
 } from '@dsec/core';
-import type { ChronusConnection, PidsLimitEvent } from '@dsec/native';
+import type { PidsLimitEvent, SandboxChannel } from '../backends/channel.js';
 import type { Backend } from '../backends/backend.js';
 import { CommandStore } from '../state/command-store.js';
 import type { SandboxRecord } from '../state/edge-store.js';
@@ -22,7 +22,7 @@ import { attach, CommandRegistry, type Begun, type LiveCommand } from './command
 import { runChronusCommand } from './command-runner.js';
 import * as files from './files.js';
 import { connectPort, openPty } from './port-and-pty.js';
-import { DEFAULT_MAX_OUTPUT_BYTES } from './run-command.js';
+import { DEFAULT_MAX_OUTPUT_BYTES } from './command-defaults.js';
 import { ShellSession } from './shell-session.js';
 
 export interface SandboxIoOptions {
@@ -53,7 +53,7 @@ const SESSION_NAME = /^[A-Za-z0-9._-]{1,64}$/;
 /**
  * The edge's in-sandbox interface (`SandboxIoApi`): the command log,
  * background commands, shell sessions, files, ports and terminals of every
- * sandbox on this edge, all through each sandbox's chronus daemon.
+ * sandbox on this edge, all through each sandbox's channel (backends/channel.ts).
  */
 export class SandboxIo implements SandboxIoApi {
   readonly registry: CommandRegistry;
@@ -427,12 +427,8 @@ export class SandboxIo implements SandboxIoApi {
     throw new DsecError('conflict', `command ${commandId} has finished`);
   }
 
-  async #channel(rec: SandboxRecord, dedicated: boolean): Promise<ChronusConnection> {
-    const backend = this.#o.backend;
-    if (!backend.channel) {
-      throw new DsecError('unavailable', `the ${backend.kind} backend has no command channel`);
-    }
-    const conn = await backend.channel(rec, { dedicated });
+  async #channel(rec: SandboxRecord, dedicated: boolean): Promise<SandboxChannel> {
+    const conn = await this.#o.backend.channel(rec, { dedicated });
     const onPidsLimit = this.#o.onPidsLimit;
     if (onPidsLimit && !conn.onPidsLimit) conn.onPidsLimit = (event) => onPidsLimit(rec, event);
     return conn;

@@ -1,12 +1,12 @@
 import { DsecError } from '@dsec/core';
 import type { CommandOutcome, SessionInfo, SessionResult, SessionRunSpec } from '@dsec/core';
-import type { ChronusConnection, CommandExit, CommandHandle } from '@dsec/native';
+import type { CommandExit, SandboxChannel, SandboxCommand } from '../backends/channel.js';
 import type { LiveCommand } from './command-registry.js';
 import { DEFAULT_PATH, resultOf } from './command-runner.js';
 import { nonce as newNonce } from './fast-random.js';
 import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
 import { MarkerScanner } from './marker-scanner.js';
-import { DEFAULT_TIMEOUT_MS } from './run-command.js';
+import { DEFAULT_TIMEOUT_MS } from './command-defaults.js';
 
 /** After a timeout or kill, how long the shell has to report the end of the call before it is killed itself. */
 const INTERRUPT_GRACE_MS = 1500;
@@ -32,7 +32,7 @@ exit 0
 export interface ShellSessionOptions {
   name: string;
   /** The sandbox's shared chronus connection (re-asked on each start: it may have been reopened). */
-  channel: () => Promise<ChronusConnection>;
+  channel: () => Promise<SandboxChannel>;
   /** A shell path inside the sandbox; undefined: the platform's busybox `sh`. */
   shell?: string | undefined;
   user: string;
@@ -72,7 +72,7 @@ export class ShellSession {
   readonly createdAt = new Date().toISOString();
   calls = 0;
   readonly #o: ShellSessionOptions;
-  #handle: CommandHandle | undefined;
+  #handle: SandboxCommand | undefined;
   #pid: number | undefined;
   #alive = false;
   #starts = 0;
@@ -213,7 +213,7 @@ export class ShellSession {
     return this.#starts > 1;
   }
 
-  #output(handle: CommandHandle, stream: 'out' | 'err', chunk: Buffer): void {
+  #output(handle: SandboxCommand, stream: 'out' | 'err', chunk: Buffer): void {
     const call = this.#current;
     if (!call || handle !== this.#handle) return; // between calls: background jobs' chatter
     const scanner = stream === 'out' ? call.out : call.err;
@@ -226,7 +226,7 @@ export class ShellSession {
       call.end({ kind: 'marker', status: call.out.status ?? 255 });
   }
 
-  #shellGone(handle: CommandHandle, exit: CommandExit): void {
+  #shellGone(handle: SandboxCommand, exit: CommandExit): void {
     if (handle !== this.#handle) return;
     this.#alive = false;
     const call = this.#current;

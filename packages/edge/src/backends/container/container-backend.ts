@@ -3,7 +3,6 @@ import { chmodSync, chownSync, mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import { open, readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
-import type { CommandResult, CommandSpec, RunCommandOptions } from '@dsec/core';
 import {
   ChronusConnection,
   compileSeccompBpf,
@@ -19,9 +18,8 @@ import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
 import type { LayerMountCache } from '../../layers/layer-cache.js';
 import { mountPoints } from '../../layers/mountinfo.js';
 import type { OciRuntime } from '../../runtime/oci-runtime.js';
-import { runOnChronus } from '../../sessions/run-command.js';
-import type { SandboxRecord } from '../../state/edge-store.js';
-import type { Backend, PauseResult, StartedSandbox } from '../backend.js';
+import type { Backend, BackendSandbox, PauseResult, StartedSandbox } from '../backend.js';
+import { phaseClock, type CreatePhase, type EdgeMetrics } from '../../observability/metrics.js';
 import {
   openCgroupPause,
   type CgroupPause,
@@ -33,6 +31,7 @@ import { runTool } from '../../network/sys.js';
 import { seccompLines } from './seccomp.js';
 import { buildContainerConfig, SANDBOX_CAPABILITIES } from './spec.js';
 import { applyQos } from './qos.js';
+import type { EdgeLogFn } from '../../observability/log.js';
 
 /** Each sandbox gets its own 65536-id range of host uids/gids, starting here. */
 const ID_BASE = 100_000;
@@ -60,6 +59,10 @@ export interface ContainerBackendOptions {
   swap?: SwapArea | undefined;
   /** Freezer and memory reclaim of the sandboxes' cgroups (default: the host's, by `cgroups.version`). */
   cgroupPause?: CgroupPause | undefined;
+  /** Times the create phases (`dsec_create_phase_seconds`). */
+  metrics?: EdgeMetrics | undefined;
+  /** Logs (re)starts of the chronus supervisor. */
+  log?: EdgeLogFn | undefined;
 }
 
 /**
@@ -76,6 +79,8 @@ export class ContainerBackend implements Backend {
   readonly #oomKillsSeen = new Map<string, number>();
   #seccompBpf: string | undefined;
   readonly #pause: CgroupPause;
+  /** The chronus supervisor pid last seen, to log when it is (re)started. */
+  #supervisorPid: number | undefined;
 
   constructor(readonly options: ContainerBackendOptions) {
     this.#pause = options.cgroupPause ?? openCgroupPause(options.cgroups.version);
@@ -115,7 +120,7 @@ export class ContainerBackend implements Backend {
     await this.options.chronus.stop();
   }
 
-  async start(rec: SandboxRecord, signal?: AbortSignal): Promise<StartedSandbox> {
+  async start(rec: BackendSandbox, signal?: AbortSignal): Promise<StartedSandbox> {
     const p = this.paths(rec);
     const hostId = ID_BASE + rec.slot * ID_COUNT;
     // Small metadata syscalls run synchronously: microseconds each, where
@@ -144,23 +149,30 @@ export class ContainerBackend implements Backend {
     // layers with identical content share one mount and must appear once:
     // overlayfs refuses a repeated lower directory.
     const lowers: string[] = [];
+    const timed = <T>(phase: CreatePhase, work: Promise<T>) =>
+      this.options.metrics ? this.options.metrics.timePhase(phase, work) : work;
+    const phaseDone = phaseClock(this.options.metrics);
     for (const layer of [...rec.layers].reverse()) {
       const dir = await this.options.layers.acquire(layer);
       if (!lowers.includes(dir)) lowers.push(dir);
     }
+    phaseDone('layers');
     // The command daemon's host-side setup (it joins the pre-created cgroups,
     // the slowest step on cgroup v1) runs while the network is set up and the
     // runtime starts; the daemon then waits for the runtime to report the
     // sandbox's init.
     const [prepared, networked, imaged] = await Promise.allSettled([
-      this.options.cgroups.create(p.cgroupsPath).then(() =>
-        prepareChronus({
-          ...this.#chronusOptions(p),
-          // The daemon configures the sandbox's end of its veth (ADR 0005).
-          network: this.options.network?.mode === 'isolated',
-        }),
+      timed(
+        'chronus',
+        this.options.cgroups.create(p.cgroupsPath).then(() =>
+          prepareChronus({
+            ...this.#chronusOptions(p),
+            // The daemon configures the sandbox's end of its veth (ADR 0005).
+            network: this.options.network?.mode === 'isolated',
+          }),
+        ),
       ),
-      this.options.network?.setup(rec),
+      timed('network', Promise.resolve(this.options.network?.setup(rec))),
       quota !== undefined ? makeUpperImage(p.upperImage, quota) : undefined,
     ]);
     // stop() undoes whatever of these succeeded; only the waiting daemon is ours to end.
@@ -170,6 +182,7 @@ export class ContainerBackend implements Backend {
       throw failed.reason;
     }
     const chronus = (prepared as PromiseFulfilledResult<PendingChronus>).value;
+    this.#noteSupervisor();
     const network = (networked as PromiseFulfilledResult<SandboxNetwork | undefined>).value;
     try {
       const config = buildContainerConfig({
@@ -186,6 +199,7 @@ export class ContainerBackend implements Backend {
         join(p.dir, 'config.json'),
         JSON.stringify(this.#withPrecompiledSeccomp(config)),
       );
+      phaseDone(undefined); // the runtime's clock starts here
       const running = await this.options.runtime.run({
         id: p.name,
         bundle: p.dir,
@@ -205,10 +219,12 @@ export class ContainerBackend implements Backend {
             : {}),
         }),
       });
+      phaseDone('runtime');
       await Promise.all([
         chronus.attach(running.initPid),
         this.options.network?.attach(rec, running.initPid, chronus.configureNetwork),
       ]);
+      phaseDone('attach');
       await applyQos(running.initPid, chronus.pid, rec.spec.qosClass);
       return { initPid: running.initPid, chronusPid: chronus.pid };
     } catch (err) {
@@ -217,12 +233,25 @@ export class ContainerBackend implements Backend {
     }
   }
 
+  /** Logs a supervisor this backend has not seen before: the first one, or its replacement after a crash. */
+  #noteSupervisor(): void {
+    const { pid, adopted } = this.options.chronus;
+    if (pid === undefined || pid === this.#supervisorPid) return;
+    const restart = this.#supervisorPid !== undefined;
+    this.#supervisorPid = pid;
+    this.options.log?.(
+      restart ? 'chronus supervisor restarted' : 'chronus supervisor started',
+      { pid, adopted },
+      restart ? 'warn' : 'info',
+    );
+  }
+
   /**
    * Releases everything the sandbox took, whatever state it is in: processes,
    * runtime state and cgroups, mounts, directories, layer references. Safe to
    * call twice and on a half-created sandbox.
    */
-  async stop(rec: SandboxRecord): Promise<void> {
+  async stop(rec: BackendSandbox): Promise<void> {
     const p = this.paths(rec);
     const conn = this.#connections.get(rec.id);
     this.#connections.delete(rec.id);
@@ -268,14 +297,14 @@ export class ContainerBackend implements Backend {
   }
 
   /** Whether the sandbox's init is still alive (used after an edge restart). */
-  async isRunning(rec: SandboxRecord): Promise<boolean> {
+  async isRunning(rec: BackendSandbox): Promise<boolean> {
     return (
       rec.initPid !== undefined && isProcessOf(rec.initPid, this.paths(rec).cgroupsPath, 'cgroup')
     );
   }
 
   /** Makes sure a chronus daemon serves the sandbox (it may have died with a host fault). */
-  async ensureChronus(rec: SandboxRecord): Promise<number | undefined> {
+  async ensureChronus(rec: BackendSandbox): Promise<number | undefined> {
     const p = this.paths(rec);
     if (rec.chronusPid !== undefined && (await isChronus(rec.chronusPid, p.cgroupsPath)))
       return undefined;
@@ -285,33 +314,13 @@ export class ContainerBackend implements Backend {
     return chronus.pid;
   }
 
-  async runCommand(
-    rec: SandboxRecord,
-    command: CommandSpec,
-    options: RunCommandOptions & { commandId: string },
-  ): Promise<CommandResult> {
-    const conn = await this.#connection(rec);
-    const { cgroupsPath } = this.paths(rec);
-    // The cgroup's OOM-kill counter is read only when a command dies of SIGKILL
-    // (not on the hot path); a rise since the last look means the OOM killer did it.
-    return runOnChronus(conn, rec, command, {
-      ...options,
-      wasOomKilled: async () => {
-        const kills = await this.options.cgroups.oomKills(cgroupsPath);
-        const seen = this.#oomKillsSeen.get(rec.id) ?? 0;
-        this.#oomKillsSeen.set(rec.id, kills);
-        return kills > seen;
-      },
-    });
-  }
-
   /**
    * A chronus connection for the edge's command, session and file layers: the
    * sandbox's shared one, or with `dedicated` a new one the caller owns and
    * closes (its reads can be paused for back-pressure without stalling others).
    */
   async channel(
-    rec: SandboxRecord,
+    rec: BackendSandbox,
     options: { dedicated?: boolean } = {},
   ): Promise<ChronusConnection> {
     if (options.dedicated) return ChronusConnection.connect(this.paths(rec).socket);
@@ -319,7 +328,7 @@ export class ContainerBackend implements Backend {
   }
 
   /** Whether the OOM killer struck the sandbox since this was last asked. */
-  async oomKilled(rec: SandboxRecord): Promise<boolean> {
+  async oomKilled(rec: BackendSandbox): Promise<boolean> {
     const kills = await this.options.cgroups.oomKills(this.paths(rec).cgroupsPath);
     const seen = this.#oomKillsSeen.get(rec.id) ?? 0;
     this.#oomKillsSeen.set(rec.id, kills);
@@ -333,7 +342,7 @@ export class ContainerBackend implements Backend {
    * command daemon, which sits in the same cgroup), then pushes its memory
    * out to swap. The swap space is ensured first, sized by what would go there.
    */
-  async pause(rec: SandboxRecord): Promise<PauseResult> {
+  async pause(rec: BackendSandbox): Promise<PauseResult> {
     const { cgroupsPath } = this.paths(rec);
     await this.options.swap?.ensure(Math.max(0, await this.#pause.swapNeededBytes(cgroupsPath)));
     const start = performance.now();
@@ -355,7 +364,7 @@ export class ContainerBackend implements Backend {
     }
   }
 
-  async resume(rec: SandboxRecord): Promise<{ chronusPid?: number | undefined }> {
+  async resume(rec: BackendSandbox): Promise<{ chronusPid?: number | undefined }> {
     const { cgroupsPath } = this.paths(rec);
     // What a reclaim opened (v2's swap limit) and a crash kept it from closing.
     await this.#pause.restoreLimits(cgroupsPath, memoryLimits(rec));
@@ -363,11 +372,11 @@ export class ContainerBackend implements Backend {
     return { chronusPid: await this.ensureChronus(rec) };
   }
 
-  async isFrozen(rec: SandboxRecord): Promise<boolean> {
+  async isFrozen(rec: BackendSandbox): Promise<boolean> {
     return this.#pause.frozen(this.paths(rec).cgroupsPath) === true;
   }
 
-  async memoryBytes(rec: SandboxRecord): Promise<number | undefined> {
+  async memoryBytes(rec: BackendSandbox): Promise<number | undefined> {
     return this.options.cgroups.memoryUsageBytes(this.paths(rec).cgroupsPath);
   }
 
@@ -383,7 +392,7 @@ export class ContainerBackend implements Backend {
     };
   }
 
-  paths(rec: Pick<SandboxRecord, 'id'>) {
+  paths(rec: Pick<BackendSandbox, 'id'>) {
     // A short, stable, filesystem-safe name: runc IDs, cgroup names and unix
     // socket paths (108-byte limit) all derive from it.
     const name = 'dsec-' + createHash('sha256').update(rec.id).digest('hex').slice(0, 20);
@@ -406,7 +415,7 @@ export class ContainerBackend implements Backend {
   }
 
   /** One connection per sandbox, shared by its commands; reopened if it dropped. */
-  async #connection(rec: SandboxRecord): Promise<ChronusConnection> {
+  async #connection(rec: BackendSandbox): Promise<ChronusConnection> {
     const cached = this.#connections.get(rec.id);
     if (cached) {
       const conn = await cached.catch(() => undefined);
@@ -423,7 +432,7 @@ export class ContainerBackend implements Backend {
 }
 
 /** The limits `buildContainerConfig` gives the runtime (spec.ts): no swap while running. */
-function memoryLimits(rec: SandboxRecord): MemoryLimits {
+function memoryLimits(rec: BackendSandbox): MemoryLimits {
   const bytes = rec.spec.memoryLimitMb * 1024 * 1024;
   return { memoryBytes: bytes, memoryAndSwapBytes: bytes };
 }

@@ -1,0 +1,573 @@
+import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { chmodSync, closeSync, mkdirSync, openSync, rmSync } from 'node:fs';
+import { open, readdir, readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { DsecError } from '@dsec/core';
+import type { ImageStore } from '@dsec/core';
+import { ChronusConnection } from '@dsec/native';
+import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
+import type { LayerMountCache } from '../../layers/layer-cache.js';
+import type { NetworkManager } from '../../network/network-manager.js';
+import { runTool } from '../../network/sys.js';
+import type { Backend, BackendSandbox, StartedSandbox } from '../backend.js';
+import type { SandboxChannel, SandboxCommand } from '../channel.js';
+import {
+  accelArgs,
+  kernelCmdline,
+  probeAccel,
+  QEMU_BINARY,
+  type Accel,
+  type MicrovmAssets,
+} from './assets.js';
+
+/** Each sandbox's hypervisor runs as its own host uid/gid (the container backend's range per slot). */
+const ID_BASE = 100_000;
+const ID_COUNT = 65_536;
+/**
+ * Ports 1… of this many serve dedicated channels (port 0 is the shared
+ * one). Each port costs boot time (≈ 30 ms under TCG: 16 ports booted
+ * 235 ms slower than 8), so there are few, and a caller waits for one
+ * when all are taken (file transfers, port forwards and terminals hold one
+ * each while they stream).
+ */
+const DEDICATED_PORTS = 7;
+/** How long a caller waits for a dedicated port before `resource_exhausted`. */
+const PORT_WAIT_MS = 30_000;
+/**
+ * A port's next host connection waits this long after its last one closed:
+ * the guest agent must see the hang-up (and drop the old relayed connection)
+ * before new bytes arrive, or they would reach the old connection.
+ */
+const PORT_COOLDOWN_MS = 250;
+/** Host memory of QEMU itself on top of the guest's RAM (TCG's 64 MiB translation cache, devices). */
+const QEMU_OVERHEAD_MB = 160;
+/** Writable disk when the spec names no disk limit (sparse: only what is written takes space). */
+const DEFAULT_DISK_MB = 4096;
+const STOP_WAIT_MS = 5_000;
+
+export interface MicrovmBackendOptions {
+  /** Per-sandbox directories (disk image, channel sockets, console log). */
+  dir: string;
+  assets: MicrovmAssets;
+  /** The EROFS blobs of the layers are attached as drives straight from here. */
+  store: ImageStore;
+  /**
+   * The edge's layer references: a sandbox holds one per layer while it
+   * runs (so the blobs it reads stay, and the edge's restart accounting,
+   * which acquires for every adopted sandbox, balances with `stop`).
+   */
+  layers: Pick<LayerMountCache, 'acquire' | 'release'>;
+  cgroups: CgroupDriver;
+  /**
+   * The edge's network manager: a microVM has no network yet, but the edge
+   * hands every adopted sandbox to it after a restart, so `stop` releases
+   * what it may hold for this one (idempotent, like the container's).
+   */
+  network?: Pick<NetworkManager, 'teardown'> | undefined;
+  /** Cgroup under which every sandbox's cgroup is created (`/<parent>/<name>`). */
+  cgroupParent: string;
+  qemuBinary?: string | undefined;
+  /** Default: probed once (`probeAccel`). */
+  accel?: Accel | undefined;
+  /** From QEMU's start to the agent answering. Default: 30 s with KVM, 120 s with TCG. */
+  bootTimeoutMs?: number | undefined;
+  log?: ((msg: string, fields?: Record<string, unknown>) => void) | undefined;
+}
+
+/**
+ * MicroVM sandboxes (paper 2.2, 5.1): QEMU's `microvm` machine boots
+ * Debian's cloud kernel with the project's initramfs; the image's EROFS
+ * layers are read-only virtio-blk drives, the writable layer an ext4 disk
+ * of the disk limit, joined by overlayfs inside the guest. The guest agent
+ * (packages/native/src/guest_agent.c) runs chronus's event loop, so the
+ * edge's channel is the same protocol as for containers, carried by
+ * virtio-serial ports (one connection each) instead of a unix socket.
+ *
+ * The hypervisor is the sandbox's only host process: it runs in the
+ * sandbox's cgroup (memory = guest RAM plus QEMU's overhead, CPU quota),
+ * as the sandbox's own uid after it opened its files (`-runas`), under
+ * QEMU's seccomp sandbox. No network device: the guest has loopback only.
+ * Sandboxes outlive the edge: QEMU runs detached, and the next edge adopts
+ * it by pid and command line.
+ */
+export class MicrovmBackend implements Backend {
+  readonly kind = 'microvm' as const;
+  readonly #shared = new Map<string, Promise<ChronusConnection>>();
+  /** Dedicated ports in use (or cooling down) per sandbox, and who waits for one. */
+  readonly #ports = new Map<
+    string,
+    {
+      busy: Set<number>;
+      waiting: {
+        resolve: (port: number) => void;
+        reject: (err: Error) => void;
+        timer: NodeJS.Timeout;
+      }[];
+    }
+  >();
+  #accel: Promise<Accel> | undefined;
+
+  constructor(readonly options: MicrovmBackendOptions) {
+    mkdirSync(options.dir, { recursive: true, mode: 0o700 });
+    chmodSync(options.dir, 0o700);
+  }
+
+  /** KVM or TCG (the probe runs once, on the first start). */
+  accel(): Promise<Accel> {
+    this.#accel ??= this.options.accel
+      ? Promise.resolve(this.options.accel)
+      : probeAccel(this.options.assets).then((a) => {
+          this.options.log?.('microvm accelerator', { accel: a });
+          return a;
+        });
+    return this.#accel;
+  }
+
+  paths(rec: Pick<BackendSandbox, 'id'>) {
+    const name = 'dsec-vm-' + createHash('sha256').update(rec.id).digest('hex').slice(0, 20);
+    const dir = join(this.options.dir, name);
+    return {
+      name,
+      dir,
+      disk: join(dir, 'disk.img'),
+      console: join(dir, 'console.log'),
+      port: (i: number) => join(dir, `p${i}.sock`),
+      cgroupsPath: `/${this.options.cgroupParent}/${name}`,
+    };
+  }
+
+  async start(rec: BackendSandbox, signal?: AbortSignal): Promise<StartedSandbox> {
+    if (rec.spec.networkAllow?.length || Object.values(rec.spec.networkRules).some(Boolean)) {
+      throw new DsecError(
+        'invalid_argument',
+        'microvm sandboxes have no network yet: egress rules need the container backend',
+        {
+          field: 'networkRules',
+        },
+      );
+    }
+    const p = this.paths(rec);
+    const hostId = ID_BASE + rec.slot * ID_COUNT;
+    mkdirSync(p.dir, { recursive: true, mode: 0o700 });
+    for (const layer of rec.layers) await this.options.layers.acquire(layer);
+    // Top layer first (the init stacks them in drive order); identical layers once.
+    const digests = [...new Set([...rec.layers].reverse().map((l) => l.digest))];
+    const [layerFiles, accel] = await Promise.all([
+      Promise.all(digests.map((d) => this.options.store.blobPath(d, { signal }))),
+      this.accel(),
+      makeDisk(p.disk, rec.spec.diskLimitMb ?? DEFAULT_DISK_MB),
+      this.#makeCgroup(rec, p.cgroupsPath),
+    ]);
+    const args = [
+      '-name',
+      p.name,
+      '-M',
+      'microvm,x-option-roms=off',
+      ...accelArgs(accel),
+      '-m',
+      String(rec.spec.memoryLimitMb),
+      '-smp',
+      String(Math.max(1, Math.ceil(rec.spec.cpuCoresLimit))),
+      '-nodefaults',
+      '-no-user-config',
+      '-display',
+      'none',
+      '-no-reboot',
+      '-kernel',
+      this.options.assets.kernel,
+      '-initrd',
+      this.options.assets.initramfs,
+      '-append',
+      // The agent mounts the root itself (no fork per step: guest_agent.c setup_root).
+      kernelCmdline([
+        'rdinit=/dsec-agent',
+        `dsec.layers=${layerFiles.length}`,
+        `dsec.pids=${rec.spec.pidsLimit}`,
+      ]),
+      '-serial',
+      `file:${p.console}`,
+      ...layerFiles.flatMap((file, i) => [
+        '-drive',
+        `file=${file},if=none,id=l${i},format=raw,readonly=on`,
+        '-device',
+        `virtio-blk-device,drive=l${i}`,
+      ]),
+      '-drive',
+      `file=${p.disk},if=none,id=rw,format=raw,cache=unsafe,discard=unmap`,
+      '-device',
+      'virtio-blk-device,drive=rw',
+      '-device',
+      // Port number 0 is reserved for a console.
+      `virtio-serial-device,max_ports=${DEDICATED_PORTS + 2}`,
+      ...Array.from({ length: DEDICATED_PORTS + 1 }, (_, i) => [
+        '-chardev',
+        `socket,id=c${i},path=${p.port(i)},server=on,wait=off`,
+        '-device',
+        `virtserialport,chardev=c${i},nr=${i + 1},name=dsec.${i}`,
+      ]).flat(),
+      // After opening its files QEMU becomes the sandbox's own uid (real, effective
+      // and saved: there is no way back to root), then runs under its seccomp
+      // filter: no exec or fork, no obsolete or scheduler/affinity syscalls.
+      // (`elevateprivileges=deny` would also forbid the setuid that -runas makes.)
+      '-runas',
+      `${hostId}:${hostId}`,
+      '-sandbox',
+      'on,obsolete=deny,spawn=deny,resourcecontrol=deny',
+    ];
+    // The shell joins the sandbox's cgroups, then becomes QEMU (same pid): the
+    // guest's memory is charged to the sandbox from its first page.
+    const procs = this.options.cgroups.dirs(p.cgroupsPath).map((d) => join(d, 'cgroup.procs'));
+    const log = openSync(join(p.dir, 'qemu.log'), 'a', 0o600);
+    let pid: number | undefined;
+    try {
+      const child = spawn(
+        '/bin/sh',
+        [
+          '-c',
+          'for f in $DSEC_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"',
+          'dsec-vm',
+          this.options.qemuBinary ?? QEMU_BINARY,
+          ...args,
+        ],
+        {
+          detached: true,
+          stdio: ['ignore', log, log],
+          env: { PATH: process.env.PATH ?? '/usr/bin:/bin', DSEC_PROCS: procs.join(' ') },
+        },
+      );
+      child.unref();
+      pid = child.pid;
+      if (pid === undefined) throw new DsecError('unavailable', 'cannot start qemu');
+      const exited = new Promise<never>((_, reject) =>
+        child.once(
+          'exit',
+          (code, sig) =>
+            void readTail(join(p.dir, 'qemu.log'), p.console).then((tail) =>
+              reject(
+                new DsecError(
+                  'unavailable',
+                  `the microVM exited while booting (${code ?? sig}): ${tail}`,
+                ),
+              ),
+            ),
+        ),
+      );
+      exited.catch(() => undefined);
+      const timeoutMs = this.options.bootTimeoutMs ?? (accel === 'kvm' ? 30_000 : 120_000);
+      await Promise.race([exited, this.#waitForAgent(rec, timeoutMs, signal)]);
+      return { initPid: pid, chronusPid: pid };
+    } catch (err) {
+      if (pid !== undefined) killQuietly(pid);
+      throw err;
+    } finally {
+      closeSync(log);
+    }
+  }
+
+  /** The agent answers once the guest booted and mounted the sandbox root. */
+  async #waitForAgent(rec: BackendSandbox, timeoutMs: number, signal?: AbortSignal): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      signal?.throwIfAborted();
+      const left = deadline - Date.now();
+      if (left <= 0)
+        throw new DsecError('deadline_exceeded', `the microVM did not boot in ${timeoutMs} ms`);
+      try {
+        // Bytes sent before the guest opened its port wait in QEMU: one try usually does.
+        const conn = await this.#connection(rec);
+        const exit = await withTimeout(run(conn, ['true']), left);
+        if (exit === 0) return;
+      } catch {
+        this.#dropShared(rec.id);
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
+  }
+
+  async stop(rec: BackendSandbox): Promise<void> {
+    const p = this.paths(rec);
+    this.#dropShared(rec.id);
+    for (const w of this.#ports.get(rec.id)?.waiting ?? []) {
+      clearTimeout(w.timer);
+      w.reject(new DsecError('sandbox_not_running', `sandbox ${rec.id} stopped`));
+    }
+    this.#ports.delete(rec.id);
+    const pids = rec.initPid !== undefined ? [rec.initPid] : await findProcesses(p.name);
+    for (const pid of pids) if (await isQemuOf(pid, p.name)) killQuietly(pid);
+    for (const pid of pids) await waitGone(pid, STOP_WAIT_MS);
+    await this.options.network?.teardown(rec);
+    if (this.options.cgroups.exists(p.cgroupsPath))
+      await this.options.cgroups.remove(p.cgroupsPath);
+    rmSync(p.dir, { recursive: true, force: true });
+    for (const layer of rec.layers) this.options.layers.release(layer.digest);
+  }
+
+  async isRunning(rec: BackendSandbox): Promise<boolean> {
+    return rec.initPid !== undefined && isQemuOf(rec.initPid, this.paths(rec).name);
+  }
+
+  /** The agent restarts its own loop in the guest; only a dead VM is an error. */
+  async ensureChronus(rec: BackendSandbox): Promise<number | undefined> {
+    if (!(await this.isRunning(rec)))
+      throw new DsecError('sandbox_not_running', `microVM of sandbox ${rec.id} is gone`);
+    return undefined;
+  }
+
+  async channel(
+    rec: BackendSandbox,
+    options: { dedicated?: boolean } = {},
+  ): Promise<SandboxChannel> {
+    if (!options.dedicated) return this.#connection(rec);
+    const port = await this.#takePort(rec.id);
+    let released = false;
+    const release = () => {
+      if (released) return;
+      released = true;
+      setTimeout(() => this.#freePort(rec.id, port), PORT_COOLDOWN_MS).unref();
+    };
+    try {
+      return new PortChannel(await ChronusConnection.connect(this.paths(rec).port(port)), release);
+    } catch (err) {
+      release();
+      throw err;
+    }
+  }
+
+  /** A free dedicated port; when all are taken, the next one freed (in order of asking). */
+  #takePort(id: string): Promise<number> {
+    let ports = this.#ports.get(id);
+    if (!ports) this.#ports.set(id, (ports = { busy: new Set(), waiting: [] }));
+    for (let port = 1; port <= DEDICATED_PORTS; port++) {
+      if (!ports.busy.has(port)) {
+        ports.busy.add(port);
+        return Promise.resolve(port);
+      }
+    }
+    const waiting = ports.waiting;
+    return new Promise((resolve, reject) => {
+      const waiter = {
+        resolve,
+        reject,
+        timer: setTimeout(() => {
+          const at = waiting.indexOf(waiter);
+          if (at >= 0) waiting.splice(at, 1);
+          reject(
+            new DsecError(
+              'resource_exhausted',
+              `all ${DEDICATED_PORTS} streaming channels of sandbox ${id} stayed in use`,
+              { details: { limit: 'channels' } },
+            ),
+          );
+        }, PORT_WAIT_MS),
+      };
+      waiting.push(waiter);
+    });
+  }
+
+  #freePort(id: string, port: number): void {
+    const ports = this.#ports.get(id);
+    if (!ports) return; // the sandbox stopped meanwhile
+    const next = ports.waiting.shift();
+    if (next) {
+      clearTimeout(next.timer);
+      next.resolve(port); // handed over: stays busy
+    } else ports.busy.delete(port);
+  }
+
+  /**
+   * The guest kernel's OOM killer, not the host's: its `oom_kill` counter
+   * (read only when a command died of SIGKILL) rose since the last look.
+   */
+  readonly #oomSeen = new Map<string, number>();
+  async oomKilled(rec: BackendSandbox): Promise<boolean> {
+    const conn = await this.#connection(rec);
+    let out = '';
+    const h = conn.spawn({ argv: ['cat', '/proc/vmstat'], shell: true });
+    h.onStdout((c) => (out += c.toString('latin1')));
+    await h.exited;
+    const kills = Number(/^oom_kill (\d+)$/m.exec(out)?.[1] ?? 0);
+    const seen = this.#oomSeen.get(rec.id) ?? 0;
+    this.#oomSeen.set(rec.id, kills);
+    return kills > seen;
+  }
+
+  /** Host memory of the VM (QEMU's charge in the sandbox's cgroup). */
+  async memoryBytes(rec: BackendSandbox): Promise<number | undefined> {
+    return this.options.cgroups.memoryUsageBytes(this.paths(rec).cgroupsPath);
+  }
+
+  async close(): Promise<void> {
+    const all = [...this.#shared.values()];
+    this.#shared.clear();
+    for (const c of await Promise.allSettled(all)) if (c.status === 'fulfilled') c.value.close();
+  }
+
+  async #makeCgroup(rec: BackendSandbox, path: string): Promise<void> {
+    await this.options.cgroups.create(path);
+    const memory = (rec.spec.memoryLimitMb + QEMU_OVERHEAD_MB) * 2 ** 20;
+    const periodUs = 100_000;
+    const quotaUs = Math.round(rec.spec.cpuCoresLimit * periodUs);
+    // Whichever of v1's or v2's files the hierarchy has.
+    const settings: [string, string][] = [
+      ['memory.limit_in_bytes', String(memory)],
+      ['memory.memsw.limit_in_bytes', String(memory)],
+      ['memory.max', String(memory)],
+      ['memory.swap.max', '0'],
+      ['cpu.cfs_period_us', String(periodUs)],
+      ['cpu.cfs_quota_us', String(quotaUs)],
+      ['cpu.max', `${quotaUs} ${periodUs}`],
+      // QEMU's threads (vCPUs, I/O workers), not the guest's processes (those are the guest kernel's).
+      ['pids.max', '256'],
+    ];
+    for (const dir of this.options.cgroups.dirs(path)) {
+      const present = new Set(await readdir(dir).catch(() => [] as string[]));
+      for (const [file, value] of settings)
+        if (present.has(file)) await writeFile(join(dir, file), value).catch(() => undefined);
+    }
+  }
+
+  #connection(rec: Pick<BackendSandbox, 'id'>): Promise<ChronusConnection> {
+    const cached = this.#shared.get(rec.id);
+    if (cached) {
+      return cached.then(
+        (c) => (c.closed ? this.#reconnect(rec, cached) : c),
+        () => this.#reconnect(rec, cached),
+      );
+    }
+    return this.#reconnect(rec, undefined);
+  }
+
+  #reconnect(rec: Pick<BackendSandbox, 'id'>, stale: Promise<ChronusConnection> | undefined) {
+    const current = this.#shared.get(rec.id);
+    if (current && current !== stale) return current;
+    const connecting = ChronusConnection.connect(this.paths(rec).port(0));
+    this.#shared.set(rec.id, connecting);
+    connecting.catch(() => this.#shared.get(rec.id) === connecting && this.#shared.delete(rec.id));
+    return connecting;
+  }
+
+  #dropShared(id: string): void {
+    const conn = this.#shared.get(id);
+    this.#shared.delete(id);
+    void conn?.then(
+      (c) => c.close(),
+      () => undefined,
+    );
+  }
+}
+
+/** A dedicated port's connection: closing it frees the port (after the cool-down). */
+class PortChannel implements SandboxChannel {
+  #released = false;
+  constructor(
+    readonly conn: ChronusConnection,
+    readonly release: () => void,
+  ) {}
+  get onPidsLimit() {
+    return this.conn.onPidsLimit;
+  }
+  set onPidsLimit(cb) {
+    this.conn.onPidsLimit = cb;
+  }
+  get closed(): boolean {
+    return this.conn.closed;
+  }
+  spawn(request: Parameters<ChronusConnection['spawn']>[0]): SandboxCommand {
+    return this.conn.spawn(request);
+  }
+  close(): void {
+    this.conn.close();
+    if (!this.#released) {
+      this.#released = true;
+      this.release();
+    }
+  }
+  pause(): void {
+    this.conn.pause();
+  }
+  resume(): void {
+    this.conn.resume();
+  }
+  drained(): Promise<void> {
+    return this.conn.drained();
+  }
+}
+
+async function run(conn: ChronusConnection, argv: string[]): Promise<number | null> {
+  const h = conn.spawn({ argv, shell: true });
+  return (await h.exited).exitCode;
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error('timed out')), ms);
+    p.then(resolve, reject).finally(() => clearTimeout(t));
+  });
+}
+
+/** A sparse ext4 image of the disk limit (the same shape as the container backend's quota image). */
+async function makeDisk(image: string, sizeMb: number): Promise<void> {
+  const fh = await open(image, 'w', 0o600);
+  try {
+    await fh.truncate(sizeMb * 2 ** 20);
+  } finally {
+    await fh.close();
+  }
+  await runTool('mkfs.ext4', [
+    '-q',
+    '-F',
+    '-O',
+    '^has_journal',
+    '-E',
+    'lazy_itable_init=1,nodiscard',
+    '-m',
+    '0',
+    '-i',
+    '16384',
+    image,
+  ]);
+}
+
+async function readTail(...files: string[]): Promise<string> {
+  const parts: string[] = [];
+  for (const f of files) {
+    const text = await readFile(f, 'utf8').catch(() => '');
+    const tail = text.trim().split('\n').slice(-3).join(' | ');
+    if (tail) parts.push(tail);
+  }
+  return parts.join(' || ').slice(-600) || 'no output';
+}
+
+function killQuietly(pid: number): void {
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    // already gone
+  }
+}
+
+async function waitGone(pid: number, ms: number): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+    // Gone, or a zombie of an edge that spawned it (reaped by Node).
+    if (!stat || / Z /.test(stat)) return;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** Whether `pid` is the QEMU of the sandbox named `name` (guards against PID reuse). */
+async function isQemuOf(pid: number, name: string): Promise<boolean> {
+  const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+  return cmdline.includes('qemu-system') && cmdline.split('\0').includes(name);
+}
+
+async function findProcesses(name: string): Promise<number[]> {
+  const found: number[] = [];
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    if (await isQemuOf(Number(entry), name)) found.push(Number(entry));
+  }
+  return found;
+}
