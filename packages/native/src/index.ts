@@ -96,14 +96,20 @@ async function mountCancellable(
   }
 }
 
-/** Mounts an EROFS image file read-only (no loop device); `blobDevice` is the data blob of a split layer. */
+/**
+ * Mounts an EROFS image file read-only; `blobDevice` is the data blob of a
+ * split layer. File-backed (no loop device, Linux 6.12+) unless `loop`: then
+ * the image and the blob go through read-only loop devices that clear
+ * themselves when the mount goes (older kernels).
+ */
 export async function mountErofs(
   image: string,
   target: string,
-  options: { blobDevice?: string; signal?: AbortSignal } = {},
+  options: { blobDevice?: string; loop?: boolean; signal?: AbortSignal } = {},
 ): Promise<void> {
   const args = ['mount-erofs', image, target];
   if (options.blobDevice !== undefined) args.push('--device', options.blobDevice);
+  if (options.loop) args.push('--loop');
   await mountCancellable(args, target, options.signal);
 }
 

@@ -1,7 +1,8 @@
 /*
- * Mount subcommands: file-backed EROFS layers, FUSE mounts served by a
- * caller's /dev/fuse descriptor, unmounting, and the overlay root filesystem
- * of a sandbox (optionally over idmapped lower layers).
+ * Mount subcommands: EROFS layers (file-backed, or through auto-clearing
+ * loop devices on kernels before 6.12), FUSE mounts served by a caller's
+ * /dev/fuse descriptor, unmounting, and the overlay root filesystem of a
+ * sandbox (optionally over idmapped lower layers).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,14 +22,71 @@
 #include "cmds.h"
 #include "util.h"
 
-/* ---- mount-erofs IMAGE TARGET [--device BLOB] ---- */
+/*
+ * Binds `path` to a free loop device that detaches itself once nothing holds
+ * it open any more (LO_FLAGS_AUTOCLEAR): when the mount made on it goes, so
+ * does the device, and a failed mount leaves nothing behind either (closing
+ * the returned fd is then the last release). Writes "/dev/loopN" to `dev`
+ * and returns the device's fd; dies on failure.
+ */
+static int attach_loop(const char *path, int read_only, char dev[32])
+{
+    int file = open(path, (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+    if (file < 0)
+        dief(errno, "open %s", path);
+    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
+    if (ctl < 0)
+        dief(errno, "open /dev/loop-control");
+    /*
+     * Read-only (layer) devices ask for direct I/O on the backing file, so a
+     * layer's pages are cached once (by the device) rather than twice; where
+     * the backing filesystem refuses it, buffered I/O it is.
+     */
+    struct loop_config config = {
+        .fd = (uint32_t)file,
+        .info = { .lo_flags = LO_FLAGS_AUTOCLEAR |
+                              (read_only ? LO_FLAGS_READ_ONLY | LO_FLAGS_DIRECT_IO : 0) },
+    };
+    int loop = -1;
+    /* Another process may take the free device first: ask again. */
+    for (int attempt = 0; attempt < 64 && loop < 0; attempt++) {
+        int n = ioctl(ctl, LOOP_CTL_GET_FREE);
+        if (n < 0)
+            dief(errno, "LOOP_CTL_GET_FREE");
+        snprintf(dev, 32, "/dev/loop%d", n);
+        loop = open(dev, (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
+        if (loop < 0)
+            dief(errno, "open %s", dev);
+        if (ioctl(loop, LOOP_CONFIGURE, &config) < 0) {
+            int err = errno;
+            close(loop);
+            loop = -1;
+            if (err == EINVAL && (config.info.lo_flags & LO_FLAGS_DIRECT_IO)) {
+                config.info.lo_flags &= ~(uint32_t)LO_FLAGS_DIRECT_IO;
+                continue;
+            }
+            if (err != EBUSY)
+                dief(err, "LOOP_CONFIGURE %s", dev);
+        }
+    }
+    if (loop < 0)
+        dief(EBUSY, "no free loop device for %s", path);
+    close(ctl);
+    close(file); /* the loop device holds its own reference */
+    return loop;
+}
+
+/* ---- mount-erofs IMAGE TARGET [--device BLOB] [--loop] ---- */
 
 int cmd_mount_erofs(int argc, char **argv)
 {
     const char *image = NULL, *target = NULL, *blob = NULL;
+    int use_loop = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             blob = argv[++i];
+        else if (strcmp(argv[i], "--loop") == 0)
+            use_loop = 1;
         else if (!image)
             image = argv[i];
         else if (!target)
@@ -37,15 +95,39 @@ int cmd_mount_erofs(int argc, char **argv)
             dief(EINVAL, "mount-erofs: unexpected argument %s", argv[i]);
     }
     if (!image || !target)
-        dief(EINVAL, "usage: mount-erofs IMAGE TARGET [--device BLOB]");
+        dief(EINVAL, "usage: mount-erofs IMAGE TARGET [--device BLOB] [--loop]");
 
+    /*
+     * Without --loop, the raw syscall with a regular file as source makes the
+     * kernel use the file directly (file-backed EROFS, Linux 6.12+); mount(8)
+     * would set up a loop device. With --loop (older kernels), the image and
+     * the blob each get a read-only, auto-clearing loop device: EROFS then
+     * opens block devices only, the extra device included.
+     */
+    const char *image_file = image;
+    char image_dev[32], blob_dev[32];
+    int image_loop = -1, blob_loop = -1;
+    if (use_loop) {
+        image_loop = attach_loop(image, 1, image_dev);
+        image = image_dev;
+        if (blob) {
+            blob_loop = attach_loop(blob, 1, blob_dev);
+            blob = blob_dev;
+        }
+    }
     char data[PATH_MAX + 16];
     if (blob && (size_t)snprintf(data, sizeof data, "device=%s", blob) >= sizeof data)
         dief(ENAMETOOLONG, "mount-erofs: device path");
-    /* The raw syscall with a regular file as source makes the kernel use the
-     * file directly (file-backed EROFS); mount(8) would set up a loop device. */
-    if (mount(image, target, "erofs", MS_RDONLY | MS_NODEV | MS_NOSUID, blob ? data : NULL) < 0)
-        dief(errno, "mount erofs %s on %s", image, target);
+    int r = mount(image, target, "erofs", MS_RDONLY | MS_NODEV | MS_NOSUID, blob ? data : NULL);
+    int err = errno;
+    /* The mount holds the devices now; they clear themselves once it is gone. */
+    if (blob_loop >= 0)
+        close(blob_loop);
+    if (image_loop >= 0)
+        close(image_loop);
+    if (r < 0)
+        dief(err, "mount erofs %s%s%s on %s", image_file, use_loop ? " via " : "",
+             use_loop ? image : "", target);
     return 0;
 }
 
@@ -264,36 +346,8 @@ static int make_idmap_userns(uint32_t host_id, uint32_t count)
  */
 static void mount_upper_image(const struct rootfs_args *a)
 {
-    int img = open(a->upper_image, O_RDWR | O_CLOEXEC);
-    if (img < 0)
-        dief(errno, "open %s", a->upper_image);
-    int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
-    if (ctl < 0)
-        dief(errno, "open /dev/loop-control");
-    struct loop_config config = { .fd = (uint32_t)img, .info = { .lo_flags = LO_FLAGS_AUTOCLEAR } };
     char dev[32];
-    int loop = -1;
-    /* Another process may take the free device first: ask again. */
-    for (int attempt = 0; attempt < 64 && loop < 0; attempt++) {
-        int n = ioctl(ctl, LOOP_CTL_GET_FREE);
-        if (n < 0)
-            dief(errno, "LOOP_CTL_GET_FREE");
-        snprintf(dev, sizeof dev, "/dev/loop%d", n);
-        loop = open(dev, O_RDWR | O_CLOEXEC);
-        if (loop < 0)
-            dief(errno, "open %s", dev);
-        if (ioctl(loop, LOOP_CONFIGURE, &config) < 0) {
-            int err = errno;
-            close(loop);
-            loop = -1;
-            if (err != EBUSY)
-                dief(err, "LOOP_CONFIGURE %s", dev);
-        }
-    }
-    if (loop < 0)
-        dief(EBUSY, "no free loop device for %s", a->upper_image);
-    close(ctl);
-    close(img);
+    int loop = attach_loop(a->upper_image, 0, dev);
     int r = mount(dev, a->upper_mount, "ext4", MS_NOSUID | MS_NODEV, NULL);
     int err = errno;
     close(loop); /* the mount holds the device now; autoclear once it is gone */

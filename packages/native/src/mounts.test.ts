@@ -34,6 +34,17 @@ async function mountsUnder(dir: string): Promise<string[]> {
     .filter((p) => p === dir || p.startsWith(`${dir}/`) || p.startsWith(`${dir}.`));
 }
 
+/** Loop devices bound to files under `dir`: device name (loopN) → backing file. */
+async function loopsBoundUnder(dir: string): Promise<Map<string, string>> {
+  const bound = new Map<string, string>();
+  for (const dev of await readdir('/sys/block')) {
+    if (!dev.startsWith('loop')) continue;
+    const file = await readFile(`/sys/block/${dev}/loop/backing_file`, 'utf8').catch(() => '');
+    if (file.trim().startsWith(`${dir}/`)) bound.set(dev, file.trim());
+  }
+  return bound;
+}
+
 /** A temp dir with a root-owned tree packed as EROFS (optionally split into meta + blob). */
 async function fixture(t: { after: (fn: () => Promise<void>) => void }): Promise<string> {
   const dir = await mkdtemp(join(tmpdir(), 'dsec-native-mnt-'));
@@ -86,6 +97,49 @@ describe('EROFS and overlay mounts', { skip }, () => {
     await mountErofs(join(dir, 'l.meta'), mnt, { blobDevice: join(dir, 'l.blob') });
     assert.deepEqual(await readFile(join(mnt, 'big')), Buffer.alloc(300_000, 7));
     await unmount([mnt]);
+  });
+
+  test('mount-erofs --loop: auto-clearing read-only loop devices, for the blob too', async (t) => {
+    const dir = await fixture(t);
+    const mnt = join(dir, 'mnt');
+    await mkdir(mnt);
+    await run('mkfs.erofs', [
+      '--chunksize=65536',
+      `--blobdev=${join(dir, 'l.blob')}`,
+      join(dir, 'l.meta'),
+      join(dir, 'src'),
+    ]);
+    await mountErofs(join(dir, 'l.meta'), mnt, { blobDevice: join(dir, 'l.blob'), loop: true });
+    assert.deepEqual(await readFile(join(mnt, 'big')), Buffer.alloc(300_000, 7));
+    const line = (await readFile('/proc/self/mountinfo', 'utf8'))
+      .split('\n')
+      .find((l) => l.split(' ')[4] === mnt);
+    const source = / - erofs (\/dev\/loop\d+) ro/.exec(line ?? '')?.[1];
+    assert.ok(source, `a loop device is the source: ${line}`);
+    const bound = await loopsBoundUnder(dir);
+    assert.deepEqual(
+      [...bound.values()].sort(),
+      [join(dir, 'l.blob'), join(dir, 'l.meta')],
+      'one device per file',
+    );
+    assert.equal(bound.get(source.slice('/dev/'.length)), join(dir, 'l.meta'));
+    for (const dev of bound.keys()) {
+      assert.equal((await readFile(`/sys/block/${dev}/ro`, 'utf8')).trim(), '1');
+      assert.equal((await readFile(`/sys/block/${dev}/loop/autoclear`, 'utf8')).trim(), '1');
+    }
+    await unmount([mnt]);
+    assert.deepEqual(
+      [...(await loopsBoundUnder(dir)).keys()],
+      [],
+      'the devices went with the mount',
+    );
+
+    // A mount that fails (not an EROFS image) leaves no device behind either.
+    await assert.rejects(mountErofs(join(dir, 'src/big'), mnt, { loop: true }), (err: unknown) => {
+      assert.match(String(err), /mount erofs \S*src\/big via \/dev\/loop\d+ on /);
+      return true;
+    });
+    assert.deepEqual([...(await loopsBoundUnder(dir)).keys()], []);
   });
 
   test('errors are one-line DsecErrors', async (t) => {

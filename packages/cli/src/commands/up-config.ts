@@ -1,0 +1,88 @@
+import type { Command } from 'commander';
+import { loadClusterConfig, type ClusterConfig } from '@dsec/cluster';
+import type { AdmissionConfig, EdgeNetworkOptions, ErofsMountSetting } from '@dsec/edge';
+import type { CliContext } from '../context.js';
+import { admissionConfig, type AdmissionFlags } from './up-admission.js';
+
+/** `dsec up`'s own flags (besides the admission ones). */
+export interface UpFlags extends AdmissionFlags {
+  config?: string;
+  port: string;
+  host: string;
+  edges?: number;
+  pausedTtlSeconds?: number;
+  idlePauseSeconds?: number;
+  pauseSwapMaxMb?: number;
+  e2bDomain?: string;
+  logRequests?: boolean;
+  stopSandboxes?: boolean;
+  runtime?: string;
+  erofsMount?: ErofsMountSetting;
+  cgroupFavordynmods: boolean;
+}
+
+/** What `dsec up` runs with: flags over the config file (`--config`) over defaults. */
+export interface UpSettings {
+  stateDir: string;
+  imageStore: string | undefined;
+  host: string;
+  port: number;
+  edges: number | undefined;
+  logRequests: boolean;
+  stopSandboxes: boolean;
+  admission: AdmissionConfig;
+  runtime: string | undefined;
+  cgroupFavorDynmods: boolean;
+  erofsMount: ErofsMountSetting | undefined;
+  network: EdgeNetworkOptions | undefined;
+  blobCacheBytes: number | undefined;
+  pausedTtlSeconds: number | undefined;
+  idlePauseSeconds: number | undefined;
+  pauseSwapMaxMb: number | undefined;
+  e2b: NonNullable<ClusterConfig['e2b']>;
+}
+
+/** Drops keys whose value is undefined, so they do not hide the config file's. */
+function defined<T extends object>(o: T): Partial<T> {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
+}
+
+/**
+ * Merges `dsec up`'s flags with the config file: the file's `up` section
+ * (edge knobs, stateDir, edges, stopSandboxes), `apiserver` (host, port,
+ * logRequests), `imageStore` and `e2b`. A flag given on the command line wins;
+ * `--state-dir` and `--image-store` too, but their environment variables
+ * (DSEC_STATE_DIR, DSEC_IMAGE_STORE) only apply where the file is silent.
+ */
+export async function upSettings(
+  flags: UpFlags,
+  command: Command,
+  ctx: CliContext,
+): Promise<UpSettings> {
+  const file: ClusterConfig = flags.config ? await loadClusterConfig(flags.config) : {};
+  const up = file.up;
+  const fromCli = (name: string) => command.getOptionValueSource(name) === 'cli';
+  const globalFromCli = (name: string) => ctx.program.getOptionValueSource(name) === 'cli';
+  const { stateDir, imageStore } = ctx.options;
+  return {
+    stateDir: globalFromCli('stateDir') ? stateDir : (up?.stateDir ?? stateDir),
+    imageStore: globalFromCli('imageStore') ? imageStore : (file.imageStore ?? imageStore),
+    host: fromCli('host') ? flags.host : (file.apiserver?.host ?? flags.host),
+    port: fromCli('port') ? Number(flags.port) : (file.apiserver?.port ?? Number(flags.port)),
+    edges: flags.edges ?? up?.edges,
+    logRequests: flags.logRequests === true || file.apiserver?.logRequests === true,
+    stopSandboxes: flags.stopSandboxes === true || up?.stopSandboxes === true,
+    admission: { ...up?.admission, ...defined(admissionConfig(flags)) },
+    runtime: flags.runtime ?? up?.runtime,
+    cgroupFavorDynmods: fromCli('cgroupFavordynmods')
+      ? flags.cgroupFavordynmods
+      : (up?.cgroupFavorDynmods ?? flags.cgroupFavordynmods),
+    erofsMount: flags.erofsMount ?? up?.erofsMount,
+    network: up?.network,
+    blobCacheBytes: up?.blobCacheBytes,
+    pausedTtlSeconds: flags.pausedTtlSeconds ?? up?.pausedTtlSeconds,
+    idlePauseSeconds: flags.idlePauseSeconds ?? up?.idlePauseSeconds,
+    pauseSwapMaxMb: flags.pauseSwapMaxMb ?? up?.pauseSwapMaxMb,
+    e2b: { ...file.e2b, ...defined({ sandboxDomain: flags.e2bDomain }) },
+  };
+}
