@@ -7,16 +7,16 @@ import { isDsecError } from './errors.js';
 const sha = (b: Buffer) => createHash('sha256').update(b).digest();
 
 test('a chunk table round-trips and has the documented layout', () => {
-  assert.equal(CHUNK_TABLE_CHUNK_BYTES, 1 << 20);
+  assert.equal(CHUNK_TABLE_CHUNK_BYTES, 256 << 10);
   const digests = [sha(Buffer.from('a')), sha(Buffer.from('b')), sha(randomBytes(10))];
   const bytes = encodeChunkTable(CHUNK_TABLE_CHUNK_BYTES, digests);
   assert.equal(bytes.length, 16 + 3 * 32);
   assert.equal(bytes.subarray(0, 8).toString('ascii'), 'DSECCHK1');
-  assert.equal(bytes.readUInt32LE(8), 1 << 20);
+  assert.equal(bytes.readUInt32LE(8), 256 << 10);
   assert.equal(bytes.readUInt32LE(12), 0);
   assert.ok(bytes.subarray(16 + 32, 16 + 64).equals(digests[1]!));
   const parsed = parseChunkTable(bytes);
-  assert.equal(parsed.chunkBytes, 1 << 20);
+  assert.equal(parsed.chunkBytes, 256 << 10);
   assert.equal(parsed.digests.length, 3);
   parsed.digests.forEach((d, i) => assert.ok(d.equals(digests[i]!)));
 

@@ -10,8 +10,12 @@
  */
 import { DsecError } from './errors.js';
 
-/** The chunk size tables are written with (the blob daemon's default chunk size). */
-export const CHUNK_TABLE_CHUNK_BYTES = 1 << 20;
+/**
+ * The chunk size tables are written with: 256 KiB, the paper's, and the blob
+ * daemon's default. A reader cuts a blob read with a table at the table's
+ * chunk size, so tables written earlier with 1 MiB chunks stay readable.
+ */
+export const CHUNK_TABLE_CHUNK_BYTES = 256 << 10;
 
 const MAGIC = Buffer.from('DSECCHK1', 'ascii');
 const HEADER_BYTES = 16;

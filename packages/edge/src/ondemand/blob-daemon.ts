@@ -20,10 +20,12 @@ export interface BlobDaemonOptions {
   storeLocation: string;
   /** Chunk cache budget. Default 10 GiB. */
   cacheBytes?: number;
-  /** Chunk size, a power of two ≥ 64 KiB. Default 1 MiB. */
+  /** Chunk size, a power of two ≥ 64 KiB. Default 256 KiB. */
   chunkBytes?: number;
   /** Kernel readahead on blob files. Default 128 KiB. */
   readaheadBytes?: number;
+  /** The daemon's own sequential read-ahead, at most this far ahead (0: off). Default 2 MiB. */
+  prefetchBytes?: number;
   /** Extra environment of the daemon (store credentials), over this process's. */
   env?: NodeJS.ProcessEnv;
   /** How long a new daemon may take to mount. Default 30 s. */
@@ -156,6 +158,8 @@ async function spawnDaemon(
   if (options.chunkBytes !== undefined) args.push('--chunk-bytes', String(options.chunkBytes));
   if (options.readaheadBytes !== undefined)
     args.push('--readahead-bytes', String(options.readaheadBytes));
+  if (options.prefetchBytes !== undefined)
+    args.push('--prefetch-bytes', String(options.prefetchBytes));
   const logPath = join(cacheDir, 'blobd.log');
   const log = await open(logPath, 'a', 0o600);
   let child;

@@ -3,6 +3,7 @@
  *
  *   blobd-main --mount DIR --cache DIR --store LOCATION
  *              [--cache-bytes N] [--chunk-bytes N] [--readahead-bytes N]
+ *              [--prefetch-bytes N]
  *
  * Serves every blob of the image store at LOCATION as the read-only file
  * `DIR/<sha256 hex>` over FUSE, fetching chunks on demand into a bounded
@@ -18,8 +19,12 @@ import { parseArgs } from 'node:util';
 import { DsecError } from '@dsec/core';
 import { openImageStore } from '@dsec/images';
 import { mountFuse, unmount } from '@dsec/native';
-import { ChunkCache } from './chunk-cache.js';
+import { ChunkCache, DEFAULT_CHUNK_BYTES, DEFAULT_READAHEAD_MAX_BYTES } from './chunk-cache.js';
 import { BlobFuseServer } from './fuse-server.js';
+import { jsonLogger } from '../observability/log.js';
+
+/** JSON lines on stderr, which the starting edge points at `<cacheDir>/blobd.log`. */
+const logger = jsonLogger({ name: 'dsec-blobd', destination: process.stderr });
 
 /**
  * libuv sizes its pool from the environment when first used, which module
@@ -47,6 +52,7 @@ async function main(): Promise<void> {
       'cache-bytes': { type: 'string' },
       'chunk-bytes': { type: 'string' },
       'readahead-bytes': { type: 'string' },
+      'prefetch-bytes': { type: 'string' },
     },
   });
   if (!values.mount || !values.cache || !values.store)
@@ -64,14 +70,21 @@ async function main(): Promise<void> {
   const cache = await ChunkCache.open({
     dir: join(cacheDir, 'chunks'),
     source: store,
+    log: (line) => logger.warn(line),
     budgetBytes: byteCount(values['cache-bytes'], 'cache-bytes', 10 * 2 ** 30),
-    chunkBytes: byteCount(values['chunk-bytes'], 'chunk-bytes', 1 << 20),
+    chunkBytes: byteCount(values['chunk-bytes'], 'chunk-bytes', DEFAULT_CHUNK_BYTES),
+    readaheadMaxBytes: byteCount(
+      values['prefetch-bytes'],
+      'prefetch-bytes',
+      DEFAULT_READAHEAD_MAX_BYTES,
+    ),
   });
   const fd = openSync('/dev/fuse', 'r+');
   const server = new BlobFuseServer({
     fd,
     source: store,
     cache,
+    log: (line) => logger.warn(line),
     maxReadaheadBytes: byteCount(values['readahead-bytes'], 'readahead-bytes', 128 << 10),
     // Blocked device reads must leave pool threads for the cache's file I/O.
     readers: Math.max(1, Math.min(4, inheritedPoolSize - 4)),
@@ -89,7 +102,7 @@ async function main(): Promise<void> {
   };
   const onSignal = () => {
     unmount([mountDir], { detach: true })
-      .catch((err: Error) => process.stderr.write(`blobd: unmount: ${err.message}\n`))
+      .catch((err: Error) => logger.error({ err: err.message }, 'unmount failed'))
       .finally(() => void exit());
   };
   process.on('SIGTERM', onSignal);
@@ -98,11 +111,12 @@ async function main(): Promise<void> {
   const served = server.serve();
   await writeFile(pidFile, `${process.pid}\n`);
   process.stdout.write(`ready ${process.pid}\n`);
+  logger.info({ pid: process.pid, mountDir }, 'blob daemon serving');
   await served;
   await exit();
 }
 
 main().catch((err: unknown) => {
-  process.stderr.write(`blobd: ${err instanceof Error ? err.message : String(err)}\n`);
+  logger.error({ err: err instanceof Error ? err.message : String(err) }, 'blob daemon failed');
   process.exit(1);
 });

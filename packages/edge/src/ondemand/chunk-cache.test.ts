@@ -152,7 +152,8 @@ describe('ChunkCache', () => {
     const first = await ChunkCache.open({ dir, source, budgetBytes: 1 << 30, chunkBytes: CHUNK });
     await first.read(DIGEST, size, 0, 3 * CHUNK);
     await writeFile(join(dir, `${HEX}.${CHUNK}.7.tmp.1.0`), 'partial');
-    await writeFile(join(dir, `${HEX}.${2 * CHUNK}.0`), 'other chunk size');
+    // Chunks of other valid sizes may stay (reads with tables of that size); this one no cache can hold.
+    await writeFile(join(dir, `${HEX}.100000.0`), 'not a chunk size');
     source.calls = [];
     const second = await ChunkCache.open({ dir, source, budgetBytes: 1 << 30, chunkBytes: CHUNK });
     assert.equal(second.stats().cachedChunks, 3);
@@ -325,5 +326,73 @@ describe('ChunkCache', () => {
       (await again.read(DIGEST, size, 0, 2 * CHUNK)).equals(source.data.subarray(0, 2 * CHUNK)),
     );
     assert.equal(source.calls.length, 0);
+  });
+
+  test('a read with a table of another chunk size is cut and cached at the table’s size', async (t) => {
+    const { dir, source } = await setup(t);
+    const size = source.data.length;
+    const cache = await ChunkCache.open({ dir, source, budgetBytes: 1 << 30, chunkBytes: CHUNK });
+    const big = 4 * CHUNK;
+    const table: Buffer[] = [];
+    for (let at = 0; at < size; at += big)
+      table.push(
+        createHash('sha256')
+          .update(source.data.subarray(at, at + big))
+          .digest(),
+      );
+    assert.ok(
+      (await cache.read(DIGEST, size, big + 10, 100, table, big)).equals(
+        source.data.subarray(big + 10, big + 110),
+      ),
+    );
+    assert.deepEqual(source.calls, [{ offset: big, length: big }]);
+    assert.deepEqual(await readdir(dir), [`${HEX}.${big}.1.v`]);
+    // Without the table the cache's own size applies; a size no cache can hold is refused.
+    await cache.read(DIGEST, size, big + 10, 100);
+    assert.deepEqual(source.calls[1], { offset: big, length: CHUNK });
+    await assert.rejects(cache.read(DIGEST, size, 0, 1, table, 100_000), {
+      code: 'invalid_argument',
+    });
+  });
+
+  test('sequential reads fetch ahead, bounded by 1/16 of the run and the maximum; scattered reads do not', async (t) => {
+    const { dir, source } = await setup(t, 96 * CHUNK);
+    const size = source.data.length;
+    const cache = await ChunkCache.open({
+      dir,
+      source,
+      budgetBytes: 1 << 30,
+      chunkBytes: CHUNK,
+      readaheadMaxBytes: 3 * CHUNK,
+    });
+    const half = CHUNK / 2;
+    // Read 80 chunks in half-chunk steps. Under 16 chunks the run fetches
+    // nothing ahead; from then on at most 1/16 of it (3 chunks at most).
+    for (let at = 0; at < 80 * CHUNK; at += half) {
+      await cache.read(DIGEST, size, at, half);
+      await cache.settled();
+      const fetchedTo = Math.max(...source.calls.map((c) => c.offset / CHUNK)) + 1;
+      const read = Math.ceil((at + half) / CHUNK);
+      const window = Math.min(3, Math.floor((at + half) / 16 / CHUNK));
+      assert.ok(
+        fetchedTo - read <= window,
+        `at ${at / CHUNK}: fetched to ${fetchedTo}, read ${read}`,
+      );
+      if (at + half < 16 * CHUNK) assert.equal(cache.stats().readaheadFetches, 0);
+    }
+    // Each chunk fetched once, and from 16 chunks on nearly all before their read.
+    assert.equal(new Set(source.calls.map((c) => c.offset)).size, source.calls.length);
+    const { readaheadFetches, readaheadHits } = cache.stats();
+    assert.ok(readaheadFetches >= 60, JSON.stringify(cache.stats()));
+    assert.ok(readaheadFetches - readaheadHits <= 3, JSON.stringify(cache.stats()));
+
+    // Scattered single reads elsewhere: each fetches its own chunk and nothing more.
+    source.calls = [];
+    for (const i of [90, 84, 95, 87]) await cache.read(DIGEST, size, i * CHUNK + 100, 200);
+    await cache.settled();
+    assert.deepEqual(
+      source.calls.map((c) => c.offset / CHUNK),
+      [90, 84, 95, 87],
+    );
   });
 });

@@ -13,10 +13,22 @@ export interface ChunkCacheOptions {
   source: RangeSource;
   /** Chunks are evicted, least recently used first, beyond this many bytes. */
   budgetBytes: number;
-  /** Size of a chunk, the unit of fetching and eviction: a power of two ≥ 64 KiB. Default 1 MiB. */
+  /**
+   * Size of a chunk, the unit of fetching and eviction: a power of two ≥ 64 KiB.
+   * Default 256 KiB (the paper's). A read with a chunk table uses the table's
+   * chunk size instead, so layers built with another size keep working.
+   */
   chunkBytes?: number;
   /** At most this many chunk fetches run at once. Default 8. */
   maxConcurrentFetches?: number;
+  /**
+   * Sequential read-ahead: once a run of reads of one blob is sequential, the
+   * chunks ahead of it are fetched in the background, up to 1/16 of the run's
+   * length so far (whole chunks) and at most this many bytes, nor more than
+   * 1/8 of the budget. 0 turns it off. Default 0 (off); the blob daemon turns it on
+   * ({@link DEFAULT_READAHEAD_MAX_BYTES}).
+   */
+  readaheadMaxBytes?: number;
   /** Where fetch failures are reported, one line each. Default: stderr. */
   log?: (line: string) => void;
 }
@@ -37,13 +49,31 @@ export interface ChunkCacheStats {
   verifiedChunks: number;
   /** Chunks fetched for a read with a chunk table whose sha256 did not match (not cached). */
   corruptChunks: number;
+  /** Chunk fetches started by sequential read-ahead (included in `fetches` once done). */
+  readaheadFetches: number;
+  /** Read-ahead chunks that a later read used. */
+  readaheadHits: number;
 }
 
-export const DEFAULT_CHUNK_BYTES = 1 << 20;
+export const DEFAULT_CHUNK_BYTES = 256 << 10;
+export const DEFAULT_READAHEAD_MAX_BYTES = 2 << 20;
 const MIN_CHUNK_BYTES = 64 << 10;
+/** Sequential runs tracked per cache (several files of several sandboxes read at once). */
+const MAX_STREAMS = 64;
+/** Reads that must continue a run before read-ahead starts: one stray read is not a scan. */
+const READAHEAD_AFTER_READS = 2;
+/** At most this many read-ahead fetches in flight, leaving fetch slots for demand reads. */
+const MAX_READAHEAD_INFLIGHT = 4;
 /** Last-access times on disk are refreshed at most this often per chunk. */
 const TOUCH_INTERVAL_MS = 60_000;
 const HEX_DIGEST = /^sha256:([0-9a-f]{64})$/;
+
+/** Where a read's chunks lie: the blob, its size and the chunk size it is read in. */
+interface Geometry {
+  hex: string;
+  blobSize: number;
+  chunkBytes: number;
+}
 
 interface Entry {
   file: string;
@@ -51,6 +81,22 @@ interface Entry {
   touchedMs: number;
   /** Checked against a chunk table when fetched (the file name ends in `.v`). */
   verified: boolean;
+  /** Fetched by read-ahead and not read since. */
+  readahead?: boolean;
+}
+
+/** One sequential run of reads of a blob: where the next read is expected. */
+interface Stream {
+  /** `<hex>.<chunkBytes>` */
+  blob: string;
+  next: number;
+  runBytes: number;
+  reads: number;
+}
+
+/** A chunk size a cache can hold: a power of two ≥ 64 KiB. */
+export function isValidChunkBytes(n: number): boolean {
+  return Number.isSafeInteger(n) && n >= MIN_CHUNK_BYTES && (n & (n - 1)) === 0;
 }
 
 /**
@@ -64,7 +110,8 @@ interface Entry {
  * unlinks files; a reader that still has one open keeps reading it, and one
  * that lost the race refetches. At open the index is rebuilt from the
  * directory (modification time orders the LRU), so a restarted daemon keeps
- * its warm cache; temp files and chunks of another chunk size are removed.
+ * its warm cache; temp files are removed. Chunks of several sizes can sit
+ * side by side: a read with a chunk table is cut at the table's chunk size.
  *
  * Verification: a read given a chunk table (the raw sha256 of each chunk)
  * hashes every chunk it fetches from the source and compares it with the
@@ -86,9 +133,16 @@ export class ChunkCache {
   /** Key → entry, least recently used first. */
   private readonly index = new Map<string, Entry>();
   private readonly inflight = new Map<string, Promise<Buffer>>();
+  /** In-flight fetches started by read-ahead, and those of them a read has waited on. */
+  private readonly readaheadFlights = new Set<string>();
+  private readonly demanded = new Set<string>();
   private readonly slots: Semaphore;
   private cachedBytes = 0;
   private tmpSeq = 0;
+  private readonly readaheadMaxBytes: number;
+  /** Sequential runs, least recently continued first. */
+  private streams: Stream[] = [];
+  private readaheadInflight = 0;
   private counters = {
     fetches: 0,
     bytesFetched: 0,
@@ -97,6 +151,8 @@ export class ChunkCache {
     evictions: 0,
     verifiedChunks: 0,
     corruptChunks: 0,
+    readaheadFetches: 0,
+    readaheadHits: 0,
   };
 
   private constructor(options: ChunkCacheOptions, chunkBytes: number) {
@@ -106,6 +162,7 @@ export class ChunkCache {
     this.chunkBytes = chunkBytes;
     this.log = options.log ?? ((line) => process.stderr.write(`${line}\n`));
     this.slots = new Semaphore(options.maxConcurrentFetches ?? 8);
+    this.readaheadMaxBytes = options.readaheadMaxBytes ?? 0;
   }
 
   /**
@@ -114,17 +171,18 @@ export class ChunkCache {
    */
   static async open(options: ChunkCacheOptions): Promise<ChunkCache> {
     const chunkBytes = options.chunkBytes ?? DEFAULT_CHUNK_BYTES;
-    if (
-      !Number.isSafeInteger(chunkBytes) ||
-      chunkBytes < MIN_CHUNK_BYTES ||
-      (chunkBytes & (chunkBytes - 1)) !== 0
-    )
+    if (!isValidChunkBytes(chunkBytes))
       throw new DsecError('invalid_argument', 'chunk size must be a power of two ≥ 64 KiB', {
         field: 'chunkBytes',
       });
     if (!Number.isSafeInteger(options.budgetBytes) || options.budgetBytes < 0)
       throw new DsecError('invalid_argument', 'cache budget must be a byte count ≥ 0', {
         field: 'budgetBytes',
+      });
+    const readahead = options.readaheadMaxBytes ?? 0;
+    if (!Number.isSafeInteger(readahead) || readahead < 0)
+      throw new DsecError('invalid_argument', 'read-ahead must be a byte count ≥ 0', {
+        field: 'readaheadMaxBytes',
       });
     if ((options.maxConcurrentFetches ?? 8) < 1)
       throw new DsecError('invalid_argument', 'maxConcurrentFetches must be ≥ 1', {
@@ -134,6 +192,11 @@ export class ChunkCache {
     await mkdir(options.dir, { recursive: true, mode: 0o700 });
     await cache.rebuildIndex();
     return cache;
+  }
+
+  /** Resolves once the fetches in flight now (read-ahead included) have ended, however they ended. */
+  async settled(): Promise<void> {
+    await Promise.allSettled([...this.inflight.values()]);
   }
 
   stats(): ChunkCacheStats {
@@ -151,9 +214,11 @@ export class ChunkCache {
    * `blobSize` bytes, clipped at its end. Rejects `unavailable` when a chunk
    * fetch failed (that read only; the next read tries again).
    *
-   * With `table` (the raw sha256 of each chunk of this cache's chunk size,
-   * `ceil(blobSize / chunkBytes)` of them) every chunk fetched is verified;
-   * a chunk that does not match rejects `internal` (details `corruptChunk`).
+   * With `table` (the raw sha256 of each chunk, `ceil(blobSize / chunkBytes)`
+   * of them) every chunk fetched is verified; a chunk that does not match
+   * rejects `internal` (details `corruptChunk`). The table's chunks are of
+   * `tableChunkBytes` (default this cache's chunk size), which this read
+   * then fetches and caches in: a power of two ≥ 64 KiB.
    */
   async read(
     digest: string,
@@ -161,45 +226,115 @@ export class ChunkCache {
     offset: number,
     length: number,
     table?: Buffer[],
+    tableChunkBytes?: number,
   ): Promise<Buffer> {
     const hex = HEX_DIGEST.exec(digest)?.[1];
     if (!hex) throw new DsecError('invalid_argument', `malformed digest ${digest}`);
     const end = Math.min(offset + length, blobSize);
     if (offset < 0 || length < 0) throw new DsecError('invalid_argument', 'negative range');
-    if (table && table.length !== Math.ceil(blobSize / this.chunkBytes))
+    const chunkBytes = (table && tableChunkBytes) || this.chunkBytes;
+    if (!isValidChunkBytes(chunkBytes))
       throw new DsecError(
         'invalid_argument',
-        `chunk table of ${table.length} chunks does not fit ${blobSize} bytes in chunks of ${this.chunkBytes}`,
+        `chunk size ${chunkBytes} is not a power of two ≥ 64 KiB`,
+      );
+    if (table && table.length !== Math.ceil(blobSize / chunkBytes))
+      throw new DsecError(
+        'invalid_argument',
+        `chunk table of ${table.length} chunks does not fit ${blobSize} bytes in chunks of ${chunkBytes}`,
       );
     if (offset >= end) return Buffer.alloc(0);
-    const first = Math.floor(offset / this.chunkBytes);
-    const last = Math.floor((end - 1) / this.chunkBytes);
+    const first = Math.floor(offset / chunkBytes);
+    const last = Math.floor((end - 1) / chunkBytes);
     const parts: Promise<Buffer>[] = [];
+    const geometry = { hex, blobSize, chunkBytes };
     for (let i = first; i <= last; i++) {
-      const base = i * this.chunkBytes;
+      const base = i * chunkBytes;
       const from = Math.max(offset, base) - base;
-      const to = Math.min(end, base + this.chunkBytes) - base;
-      parts.push(this.readChunk(hex, blobSize, i, from, to, table?.[i]));
+      const to = Math.min(end, base + chunkBytes) - base;
+      parts.push(this.readChunk(geometry, i, from, to, table?.[i]));
     }
+    this.readAhead(geometry, offset, end, table);
     const buffers = await Promise.all(parts);
     return buffers.length === 1 ? buffers[0]! : Buffer.concat(buffers);
   }
 
-  private keyOf(hex: string, index: number): string {
-    return `${hex}.${this.chunkBytes}.${index}`;
+  /**
+   * Notes the read `[offset, end)` against the sequential runs of its blob
+   * and, once one has gone on long enough, starts background fetches of the
+   * chunks ahead of it. The window is 1/16 of the run so far in whole chunks
+   * (none for a run under 16 chunks), at most `readaheadMaxBytes`: what a
+   * run fetches past where its reader stops is at most that share of what it
+   * read. The kernel already reads up to 128 KiB ahead of every reader, and
+   * each byte it reads past a file's end costs a chunk; a window of its own
+   * on short runs (a 2 MiB file in 256 KiB chunks) would add one more chunk
+   * to each, an eighth of the file.
+   */
+  private readAhead(g: Geometry, offset: number, end: number, table?: Buffer[]): void {
+    if (this.readaheadMaxBytes === 0) return;
+    const blob = `${g.hex}.${g.chunkBytes}`;
+    // The kernel may issue a run's reads slightly out of order (async read-ahead):
+    // a read starting within a chunk of where the run stands continues it.
+    const at = this.streams.findIndex(
+      (s) => s.blob === blob && offset >= s.next - g.chunkBytes && offset <= s.next + g.chunkBytes,
+    );
+    let stream: Stream;
+    if (at >= 0) {
+      stream = this.streams[at]!;
+      this.streams.splice(at, 1);
+      stream.runBytes += Math.max(0, end - Math.max(offset, stream.next));
+      stream.next = Math.max(stream.next, end);
+      stream.reads++;
+    } else {
+      stream = { blob, next: end, runBytes: end - offset, reads: 1 };
+      if (this.streams.length >= MAX_STREAMS) this.streams.shift();
+    }
+    this.streams.push(stream);
+    if (stream.reads < READAHEAD_AFTER_READS) return;
+    // Chunks fetched ahead must not push out what is being read: a cache too
+    // small to hold the window eight times over does no read-ahead.
+    const cap = Math.min(this.readaheadMaxBytes, Math.floor(this.budgetBytes / 8));
+    if (cap < g.chunkBytes) return;
+    const windowBytes = Math.min(
+      Math.floor(cap / g.chunkBytes) * g.chunkBytes,
+      Math.floor(stream.runBytes / 16 / g.chunkBytes) * g.chunkBytes,
+    );
+    if (windowBytes === 0) return;
+    // The chunks over [next, next + window).
+    const from = Math.floor(stream.next / g.chunkBytes);
+    const to = Math.min(
+      Math.ceil(g.blobSize / g.chunkBytes),
+      Math.ceil((stream.next + windowBytes) / g.chunkBytes),
+    );
+    for (let i = from; i < to; i++) {
+      if (this.readaheadInflight >= MAX_READAHEAD_INFLIGHT) return;
+      const key = this.keyOf(g.hex, g.chunkBytes, i);
+      const sha256 = table?.[i];
+      if (this.index.has(key) || this.inflight.has(sha256 ? `${key}.v` : key)) continue;
+      const expected = Math.min(g.chunkBytes, g.blobSize - i * g.chunkBytes);
+      this.readaheadInflight++;
+      this.counters.readaheadFetches++;
+      // Errors are the next demand read's to report: this one only logs them.
+      this.fetch(g, i, key, expected, sha256, true)
+        .catch(() => undefined)
+        .finally(() => this.readaheadInflight--);
+    }
+  }
+
+  private keyOf(hex: string, chunkBytes: number, index: number): string {
+    return `${hex}.${chunkBytes}.${index}`;
   }
 
   /** Bytes `[from, to)` of chunk `index`, checked against `sha256` when given. */
   private async readChunk(
-    hex: string,
-    blobSize: number,
+    g: Geometry,
     index: number,
     from: number,
     to: number,
     sha256?: Buffer,
   ): Promise<Buffer> {
-    const key = this.keyOf(hex, index);
-    const expected = Math.min(this.chunkBytes, blobSize - index * this.chunkBytes);
+    const key = this.keyOf(g.hex, g.chunkBytes, index);
+    const expected = Math.min(g.chunkBytes, g.blobSize - index * g.chunkBytes);
     let entry = this.index.get(key);
     if (entry && entry.bytes === expected && sha256 && !entry.verified)
       entry = await this.upgrade(key, entry, sha256);
@@ -207,6 +342,10 @@ export class ChunkCache {
       const data = await readRange(entry.file, from, to - from);
       if (data) {
         this.counters.hits++;
+        if (entry.readahead) {
+          entry.readahead = false;
+          this.counters.readaheadHits++;
+        }
         this.index.delete(key); // most recently used goes last
         this.index.set(key, entry);
         const now = Date.now();
@@ -219,7 +358,12 @@ export class ChunkCache {
     }
     if (entry && this.index.get(key) === entry) await this.drop(key, entry); // vanished or wrong size
     this.counters.misses++;
-    const chunk = await this.fetch(hex, index, key, expected, sha256);
+    const flight = sha256 ? `${key}.v` : key;
+    if (this.readaheadFlights.has(flight) && !this.demanded.has(flight)) {
+      this.counters.readaheadHits++;
+      this.demanded.add(flight);
+    }
+    const chunk = await this.fetch(g, index, key, expected, sha256);
     return chunk.subarray(from, to);
   }
 
@@ -255,34 +399,41 @@ export class ChunkCache {
 
   /** The whole chunk, fetched once however many readers (of one kind) wait for it. */
   private fetch(
-    hex: string,
+    g: Geometry,
     index: number,
     key: string,
     expected: number,
     sha256?: Buffer,
+    readahead = false,
   ): Promise<Buffer> {
     const flight = sha256 ? `${key}.v` : key;
     let pending = this.inflight.get(flight);
     if (pending) return pending;
-    pending = this.fetchAndStore(hex, index, key, expected, sha256);
+    pending = this.fetchAndStore(g, index, key, expected, sha256, readahead);
     this.inflight.set(flight, pending);
-    const done = () => void this.inflight.delete(flight);
+    if (readahead) this.readaheadFlights.add(flight);
+    const done = () => {
+      this.inflight.delete(flight);
+      this.readaheadFlights.delete(flight);
+      this.demanded.delete(flight);
+    };
     pending.then(done, done);
     return pending;
   }
 
   private async fetchAndStore(
-    hex: string,
+    g: Geometry,
     index: number,
     key: string,
     expected: number,
-    sha256?: Buffer,
+    sha256: Buffer | undefined,
+    readahead: boolean,
   ): Promise<Buffer> {
-    const digest = `sha256:${hex}`;
+    const digest = `sha256:${g.hex}`;
     let data: Buffer;
     await this.slots.acquire();
     try {
-      data = await this.source.readBlobRange(digest, index * this.chunkBytes, expected);
+      data = await this.source.readBlobRange(digest, index * g.chunkBytes, expected);
       if (data.length !== expected)
         throw new Error(`short read: ${data.length} of ${expected} bytes`);
     } catch (err) {
@@ -330,7 +481,15 @@ export class ChunkCache {
       this.cachedBytes -= current.bytes;
       if (current.file !== file) await unlink(current.file).catch(() => undefined);
     }
-    this.index.set(key, { file, bytes: data.length, touchedMs: Date.now(), verified: !!sha256 });
+    // A read waiting on this fetch already counted it; only an unawaited one is marked.
+    const unread = readahead && !this.demanded.has(sha256 ? `${key}.v` : key);
+    this.index.set(key, {
+      file,
+      bytes: data.length,
+      touchedMs: Date.now(),
+      verified: !!sha256,
+      ...(unread ? { readahead: true } : {}),
+    });
     this.cachedBytes += data.length;
     await this.evict();
     return data;
@@ -363,7 +522,7 @@ export class ChunkCache {
         if (name.includes('.tmp.')) await unlink(file).catch(() => undefined);
         continue;
       }
-      if (Number(m[2]) !== this.chunkBytes) {
+      if (!isValidChunkBytes(Number(m[2]))) {
         await unlink(file).catch(() => undefined);
         continue;
       }

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { read, writevSync } from 'node:fs';
 import { DsecError, parseChunkTable } from '@dsec/core';
-import type { ChunkCache, RangeSource } from './chunk-cache.js';
+import { isValidChunkBytes, type ChunkCache, type RangeSource } from './chunk-cache.js';
 import {
   DT_DIR,
   DT_REG,
@@ -83,6 +83,8 @@ interface Blob {
   size: number;
   /** Raw sha256 of each chunk, for a name with a chunk table. */
   table?: Buffer[];
+  /** The table's chunk size, which reads of this name are cut at. */
+  tableChunkBytes?: number;
 }
 
 type Outcome = Buffer | { errno: number } | 'none';
@@ -97,7 +99,9 @@ type Outcome = Buffer | { errno: number } | 'none';
  * `<blobhex>.<tablehex>` names the same blob read with verification: the
  * chunk table blob `sha256:<tablehex>` (see `parseChunkTable`) is read whole
  * at LOOKUP, checked against its digest, its chunk count against the blob
- * size and its chunk size against the cache's (any failure: EIO, logged;
+ * size and its chunk size against what a cache can hold (a power of two
+ * ≥ 64 KiB; reads of that name use the table's chunk size, so layers built
+ * with another size than the daemon's keep working) (any failure: EIO, logged;
  * a missing blob or table: ENOENT), and every chunk fetched for that name
  * is checked against it (a corrupt chunk: EIO for reads touching it).
  *
@@ -287,13 +291,13 @@ export class BlobFuseServer {
     if (known) return Promise.resolve(known);
     let pending = this.lookups.get(name);
     if (!pending) {
-      pending = this.resolveName(name).then(({ hex, size, table }) => {
+      pending = this.resolveName(name).then(({ hex, size, table, tableChunkBytes }) => {
         const blob = this.byName.get(name) ?? {
           ino: this.nextIno++,
           name,
           hex,
           size,
-          ...(table ? { table } : {}),
+          ...(table ? { table, tableChunkBytes } : {}),
         };
         this.byName.set(name, blob);
         this.byIno.set(blob.ino, blob);
@@ -309,7 +313,7 @@ export class BlobFuseServer {
   /** The blob's size and, for a verified name, its checked chunk table. */
   private async resolveName(
     name: string,
-  ): Promise<{ hex: string; size: number; table?: Buffer[] }> {
+  ): Promise<{ hex: string; size: number; table?: Buffer[]; tableChunkBytes?: number }> {
     const [, hex, tableHex] = BLOB_NAME.exec(name)!;
     const { sizeBytes: size } = await this.source.statBlob(`sha256:${hex!}`);
     if (tableHex === undefined) return { hex: hex!, size };
@@ -338,15 +342,18 @@ export class BlobFuseServer {
     } catch (err) {
       throw bad(err instanceof Error ? err.message : String(err));
     }
-    if (parsed.chunkBytes !== this.cache.chunkBytes)
-      throw bad(
-        `chunk sizes differ: the table has ${parsed.chunkBytes}-byte chunks, the cache ${this.cache.chunkBytes}-byte chunks (blobd --chunk-bytes)`,
-      );
+    if (!isValidChunkBytes(parsed.chunkBytes))
+      throw bad(`its chunk size ${parsed.chunkBytes} is not a power of two ≥ 64 KiB`);
     const chunks = Math.ceil(size / parsed.chunkBytes);
     if (parsed.digests.length !== chunks)
       throw bad(`${parsed.digests.length} chunks, but the blob's ${size} bytes make ${chunks}`);
     // Copies, so the table's bytes are not all kept alive by one view.
-    return { hex: hex!, size, table: parsed.digests.map((d) => Buffer.from(d)) };
+    return {
+      hex: hex!,
+      size,
+      table: parsed.digests.map((d) => Buffer.from(d)),
+      tableChunkBytes: parsed.chunkBytes,
+    };
   }
 
   private open(nodeid: bigint, flags: number): Outcome {
@@ -372,7 +379,14 @@ export class BlobFuseServer {
     const blob = this.byIno.get(nodeid);
     if (!blob) return { errno: Errno.EBADF };
     this.counters.reads++;
-    const data = await this.cache.read(`sha256:${blob.hex}`, blob.size, at, size, blob.table);
+    const data = await this.cache.read(
+      `sha256:${blob.hex}`,
+      blob.size,
+      at,
+      size,
+      blob.table,
+      blob.tableChunkBytes,
+    );
     this.counters.readBytes += data.length;
     return data;
   }

@@ -10,6 +10,13 @@ export interface OciImage {
   /** Layer tarballs (possibly compressed), bottom first. */
   layers: string[];
   config: ImageConfig;
+  /**
+   * The config's `rootfs.diff_ids` (sha256 of each layer's uncompressed tar),
+   * bottom first; empty when the config lists none or not one per layer.
+   */
+  diffIds: string[];
+  /** Each layer's media type (OCI layout only; empty for a docker-archive). */
+  layerMediaTypes: string[];
 }
 
 const INDEX_TYPES = new Set([
@@ -83,7 +90,13 @@ async function readDockerArchive(
     return inside(root, l);
   });
   for (const l of layers) await mustBeFile(l);
-  return { format: 'docker-archive', layers, config: imageConfig(config) };
+  return {
+    format: 'docker-archive',
+    layers,
+    config: imageConfig(config),
+    diffIds: diffIdsOf(config, layers.length),
+    layerMediaTypes: [],
+  };
 }
 
 async function readOciLayout(
@@ -117,10 +130,18 @@ async function readOciLayout(
   const [configDesc] = descriptors([manifest.config], 'manifest config');
   const config = await readBlobJson(root, configDesc!, options.signal);
   const layers: string[] = [];
+  const layerMediaTypes: string[] = [];
   for (const layer of descriptors(manifest.layers, 'manifest layers')) {
     layers.push(await verifiedBlob(root, layer, options.signal));
+    layerMediaTypes.push(layer.mediaType ?? '');
   }
-  return { format: 'oci-layout', layers, config: imageConfig(config) };
+  return {
+    format: 'oci-layout',
+    layers,
+    config: imageConfig(config),
+    diffIds: diffIdsOf(config, layers.length),
+    layerMediaTypes,
+  };
 }
 
 function pickPlatform(list: Descriptor[]): Descriptor | undefined {
@@ -163,6 +184,14 @@ async function verifiedBlob(root: string, desc: Descriptor, signal?: AbortSignal
     throw bad(`blob ${desc.digest} does not match its digest`);
   }
   return path;
+}
+
+function diffIdsOf(config: unknown, layers: number): string[] {
+  const ids = (config as { rootfs?: { diff_ids?: unknown } } | undefined)?.rootfs?.diff_ids;
+  if (!Array.isArray(ids) || ids.length !== layers) return [];
+  return ids.every((d) => typeof d === 'string' && /^sha256:[0-9a-f]{64}$/.test(d))
+    ? (ids as string[])
+    : [];
 }
 
 function imageConfig(value: unknown): ImageConfig {

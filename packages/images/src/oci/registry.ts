@@ -1,0 +1,470 @@
+import { createHash } from 'node:crypto';
+import { createReadStream, createWriteStream } from 'node:fs';
+import {
+  access,
+  mkdir,
+  mkdtemp,
+  open,
+  readdir,
+  rm,
+  rmdir,
+  stat,
+  writeFile,
+} from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { spawn } from 'node:child_process';
+import { createGunzip } from 'node:zlib';
+import {
+  DsecError,
+  isDsecError,
+  throwIfAborted,
+  type ImageStore,
+  type LayerInfo,
+  type LayerKind,
+} from '@dsec/core';
+import { buildLayer, extractTar, type BuildProgress } from '../build.js';
+import type { ErofsMounter } from '../collapse.js';
+import {
+  mergeLayerTrees,
+  ociLayerToOverlay,
+  overlayLayerTree,
+  type LayerTree,
+} from '../overlay/merge.js';
+import { DirImageStore } from '../store/dir-store.js';
+import { assertLayerKind, assertLayerName } from '../store/validate.js';
+import { runTool } from '../util/run-tool.js';
+import { readOciImage } from './read-image.js';
+
+/**
+ * The name under which one converted OCI layer is kept, versioned by the hex
+ * of its diff ID: the store's layer records are the diff-ID index, so a
+ * layer shared by many images (a distro base under thousands of task images)
+ * is converted once.
+ */
+export const OCI_DIFF_LAYER_NAME = 'oci-diff';
+
+/** Layer media types the importer can unpack (after skopeo's conversion to OCI). */
+const SUPPORTED_LAYER_TYPES = new Set([
+  'application/vnd.oci.image.layer.v1.tar',
+  'application/vnd.oci.image.layer.v1.tar+gzip',
+  'application/vnd.oci.image.layer.v1.tar+zstd',
+  'application/vnd.docker.image.rootfs.diff.tar',
+  'application/vnd.docker.image.rootfs.diff.tar.gzip',
+]);
+
+export interface ImportRegistryOptions {
+  /** `docker://HOST[:PORT]/REPO[:TAG|@DIGEST]`. */
+  source: string;
+  name: string;
+  version?: string;
+  kind: LayerKind;
+  /** Plain HTTP or an unverified certificate (a registry on loopback or a lab network). */
+  insecure?: boolean;
+  /** A containers-auth.json file; default `REGISTRY_AUTH_FILE`, else `$XDG_RUNTIME_DIR/containers/auth.json`. */
+  authFile?: string;
+  /**
+   * Where `DSEC_REGISTRY_USERNAME`/`DSEC_REGISTRY_PASSWORD`, `REGISTRY_AUTH_FILE`
+   * and `XDG_RUNTIME_DIR` are read (default `process.env`).
+   */
+  env?: NodeJS.ProcessEnv;
+  /** Mounts stored per-layer EROFS images to copy reused layers out of them. */
+  mounter: ErofsMounter;
+  /** As in `importOci`: keep whiteouts as overlay marks (default: not for a base). */
+  keepWhiteouts?: boolean;
+  split?: boolean;
+  compress?: boolean;
+  workDir?: string;
+  signal?: AbortSignal;
+  /** Phases `inspect`, `pull` (bytes), `convert` (layers), `merge`, then the build's. */
+  onProgress?(p: BuildProgress): void;
+}
+
+export interface RegistryImportResult {
+  layer: LayerInfo;
+  /** The image's layers bottom first: their diff ID, the per-layer record, and whether it was reused. */
+  layers: { diffId: string; ref: string; reused: boolean }[];
+  /** Bytes skopeo wrote into the temporary layout (compressed blobs, manifests, config). */
+  pulledBytes: number;
+}
+
+/**
+ * Imports an image from a registry: `skopeo copy` pulls it into an OCI
+ * layout in scratch space; each layer is converted into an EROFS layer of
+ * its own (whiteouts kept as overlay marks), recorded as
+ * `oci-diff:<diff-ID hex>` after its uncompressed bytes were checked against
+ * the diff ID, or reused when that record exists; the layers are then merged
+ * bottom to top (as `importOci` does) into `name:version`, whose `parents`
+ * list the per-layer records.
+ *
+ * Credentials: `authFile`, else `DSEC_REGISTRY_USERNAME`/`DSEC_REGISTRY_PASSWORD`
+ * (handed to skopeo in a 0600 auth file, never on its command line), else
+ * `REGISTRY_AUTH_FILE`, else `$XDG_RUNTIME_DIR/containers/auth.json` when it
+ * exists. Failures carry stable codes, with `details.reason`:
+ * `unavailable` (`registry_unreachable`), `permission_denied` (`registry_auth`),
+ * `image_not_found` (`unknown_tag`), `invalid_argument` (`unsupported_media_type`,
+ * or a bad source reference).
+ */
+export async function importFromRegistry(
+  store: ImageStore,
+  options: ImportRegistryOptions,
+): Promise<RegistryImportResult> {
+  assertLayerName(options.name);
+  assertLayerKind(options.kind);
+  const source = parseDockerSource(options.source);
+  const { signal } = options;
+  const env = options.env ?? process.env;
+  const progress = (p: BuildProgress): void => options.onProgress?.(p);
+  const workRoot = options.workDir ?? (store instanceof DirImageStore ? store.tmpDir : tmpdir());
+  await mkdir(workRoot, { recursive: true });
+  const work = await mkdtemp(join(workRoot, 'registry-'));
+  try {
+    const authArgs = await credentials(options.authFile, env, source.host, work);
+    const tlsArgs = options.insecure ? ['--tls-verify=false'] : [];
+
+    progress({ phase: 'inspect' });
+    const inspected = await skopeo(
+      ['inspect', '--retry-times', '0', ...tlsArgs, ...authArgs, source.ref],
+      source.ref,
+      signal,
+    );
+    const info = parseInspect(inspected.stdout);
+    checkMediaTypes(info.mediaTypes, source.ref);
+    const totalBytes = info.sizes.reduce((a, b) => a + b, 0);
+
+    progress({ phase: 'pull', done: 0, total: totalBytes });
+    const layout = join(work, 'layout');
+    const poll = setInterval(() => {
+      void dirBytes(layout).then((done) => progress({ phase: 'pull', done, total: totalBytes }));
+    }, 250);
+    try {
+      await skopeo(
+        [
+          'copy',
+          '--quiet',
+          '--retry-times',
+          '0',
+          ...(options.insecure ? ['--src-tls-verify=false'] : []),
+          ...authArgs.map((a) => a.replace(/^--authfile/, '--src-authfile')),
+          source.ref,
+          `oci:${layout}:image`,
+        ],
+        source.ref,
+        signal,
+      );
+    } finally {
+      clearInterval(poll);
+    }
+    const pulledBytes = await dirBytes(layout);
+    progress({ phase: 'pull', done: pulledBytes, total: Math.max(totalBytes, pulledBytes) });
+
+    const image = await readOciImage(layout, { ref: 'image', signal });
+    checkMediaTypes(image.layerMediaTypes, source.ref);
+    if (image.diffIds.length !== image.layers.length) {
+      throw new DsecError(
+        'invalid_argument',
+        `${source.ref}: the image config does not list one diff ID per layer`,
+        { field: 'source', details: { reason: 'unsupported_media_type' } },
+      );
+    }
+
+    const trees: LayerTree[] = [];
+    const layers: RegistryImportResult['layers'] = [];
+    for (const [i, blob] of image.layers.entries()) {
+      progress({ phase: 'convert', done: i, total: image.layers.length });
+      throwIfAborted(signal);
+      const diffId = image.diffIds[i]!;
+      const version = diffId.slice('sha256:'.length);
+      const ref = `${OCI_DIFF_LAYER_NAME}:${version}`;
+      const dir = join(work, 'layers', String(i));
+      const existing = await store.getLayer(ref).catch((err: unknown) => {
+        if (isDsecError(err, 'image_not_found')) return undefined;
+        throw err;
+      });
+      if (existing) {
+        trees.push(await copyLayerOut(store, existing, dir, options.mounter, signal));
+        layers.push({ diffId, ref, reused: true });
+      } else {
+        await extractVerified(blob, diffId, dir, join(work, `layer-${i}.tar`), signal);
+        const tree = await ociLayerToOverlay(dir, signal);
+        await buildLayer(store, {
+          name: OCI_DIFF_LAYER_NAME,
+          version,
+          kind: 'toolkit',
+          from: { dir },
+          source: 'oci-layer',
+          // A cache read back once per image that shares it: lz4hc would cost more
+          // time here (tens of seconds per incompressible 32 MiB on a busy host) than
+          // the reuse saves. The merged image below is compressed as asked.
+          compress: false,
+          workDir: work,
+          ...(signal ? { signal } : {}),
+        });
+        trees.push(tree);
+        layers.push({ diffId, ref, reused: false });
+      }
+      // The compressed blob is no longer needed: free its space before the next one.
+      await rm(blob, { force: true });
+    }
+    progress({ phase: 'convert', done: image.layers.length, total: image.layers.length });
+    if (trees.length === 0) {
+      const empty = join(work, 'layers', 'empty');
+      await mkdir(empty, { recursive: true, mode: 0o755 });
+      trees.push({ dir: empty, opaque: new Set() });
+    }
+
+    progress({ phase: 'merge' });
+    const topFirst = [...trees].reverse();
+    await mergeLayerTrees(topFirst, {
+      keepMarks: options.keepWhiteouts ?? options.kind !== 'base',
+      signal,
+    });
+    const layer = await buildLayer(store, {
+      name: options.name,
+      ...(options.version !== undefined ? { version: options.version } : {}),
+      kind: options.kind,
+      from: { dir: topFirst[0]!.dir },
+      source: 'registry',
+      config: image.config,
+      ...(layers.length > 0 ? { parents: layers.map((l) => l.ref) } : {}),
+      ...(options.split !== undefined ? { split: options.split } : {}),
+      ...(options.compress !== undefined ? { compress: options.compress } : {}),
+      workDir: work,
+      ...(signal ? { signal } : {}),
+      onProgress: progress,
+    });
+    return { layer, layers, pulledBytes };
+  } finally {
+    await rm(work, { recursive: true, force: true });
+  }
+}
+
+interface DockerSource {
+  /** The reference as skopeo takes it (`docker://…`). */
+  ref: string;
+  /** The registry host (and port), the key of an auth file's `auths`. */
+  host: string;
+}
+
+function parseDockerSource(text: string): DockerSource {
+  const m =
+    /^docker:\/\/([^/\s]+)\/([a-z0-9._/-]+)(?::[\w][\w.-]{0,127}|@sha256:[0-9a-f]{64})?$/.exec(
+      text,
+    );
+  // A bare name (`docker://busybox`) would reach Docker Hub through registries.conf
+  // search rules; the host is spelled out so credentials and TLS settings are unambiguous.
+  if (!m || !/[.:]|^localhost$/.test(m[1]!)) {
+    throw new DsecError(
+      'invalid_argument',
+      `--from-registry must be docker://HOST/REPO[:TAG|@sha256:DIGEST], got ${text}`,
+      { field: 'source' },
+    );
+  }
+  return { ref: text, host: m[1]! };
+}
+
+/** `--authfile` arguments for skopeo, writing a private auth file for environment credentials. */
+async function credentials(
+  authFile: string | undefined,
+  env: NodeJS.ProcessEnv,
+  host: string,
+  work: string,
+): Promise<string[]> {
+  if (authFile !== undefined) {
+    if (!(await stat(authFile).catch(() => undefined))?.isFile()) {
+      throw new DsecError('invalid_argument', `auth file ${authFile} does not exist`, {
+        field: 'authFile',
+      });
+    }
+    return [`--authfile=${authFile}`];
+  }
+  const user = env['DSEC_REGISTRY_USERNAME'];
+  const password = env['DSEC_REGISTRY_PASSWORD'];
+  if (user !== undefined && user !== '') {
+    const file = join(work, 'auth.json');
+    const auth = Buffer.from(`${user}:${password ?? ''}`).toString('base64');
+    await writeFile(file, JSON.stringify({ auths: { [host]: { auth } } }), { mode: 0o600 });
+    return [`--authfile=${file}`];
+  }
+  const candidates = [
+    env['REGISTRY_AUTH_FILE'],
+    env['XDG_RUNTIME_DIR'] ? join(env['XDG_RUNTIME_DIR'], 'containers', 'auth.json') : undefined,
+  ];
+  for (const file of candidates) {
+    if (
+      file &&
+      (await access(file).then(
+        () => true,
+        () => false,
+      ))
+    )
+      return [`--authfile=${file}`];
+  }
+  return [];
+}
+
+async function skopeo(
+  args: string[],
+  ref: string,
+  signal: AbortSignal | undefined,
+): Promise<{ stdout: string }> {
+  try {
+    // skopeo reads REGISTRY_AUTH_FILE itself; the file chosen above is passed explicitly instead.
+    const env = { ...process.env };
+    delete env['REGISTRY_AUTH_FILE'];
+    return await runTool('skopeo', args, { signal, env });
+  } catch (err) {
+    throw classifySkopeoError(err, ref);
+  }
+}
+
+/** Maps skopeo's failure text to a stable code; the text itself stays in the message. */
+export function classifySkopeoError(err: unknown, ref: string): unknown {
+  if (!isDsecError(err, 'internal') || err.details?.['exitCode'] === undefined) return err;
+  const text = err.message;
+  const tail = text.replace(/^skopeo exited with \d+: /, '');
+  const rules: [
+    RegExp,
+    'unavailable' | 'permission_denied' | 'image_not_found' | 'invalid_argument',
+    string,
+  ][] = [
+    [
+      /unauthorized|authentication required|denied|401 Unauthorized|403 Forbidden|invalid username\/password/i,
+      'permission_denied',
+      'registry_auth',
+    ],
+    [/manifest unknown|not found|name unknown|404/i, 'image_not_found', 'unknown_tag'],
+    [
+      /unsupported (MIME|manifest|media|image|layer)|unknown media ?type|unsupported schema|unsupported image-specific operation/i,
+      'invalid_argument',
+      'unsupported_media_type',
+    ],
+    [
+      /connection refused|no such host|i\/o timeout|network is unreachable|connection reset|dial tcp|server gave HTTP response to HTTPS client|tls:|x509:|EOF/i,
+      'unavailable',
+      'registry_unreachable',
+    ],
+  ];
+  for (const [re, code, reason] of rules) {
+    if (re.test(tail)) {
+      return new DsecError(code, `${ref}: ${tail}`, {
+        field: 'source',
+        details: { reason },
+        cause: err,
+      });
+    }
+  }
+  return err;
+}
+
+function parseInspect(stdout: string): { mediaTypes: string[]; sizes: number[] } {
+  let parsed: { LayersData?: { MIMEType?: string; Size?: number }[] | null };
+  try {
+    parsed = JSON.parse(stdout) as typeof parsed;
+  } catch (err) {
+    throw new DsecError('internal', 'skopeo inspect printed no JSON', { cause: err });
+  }
+  const data = parsed.LayersData ?? [];
+  return {
+    mediaTypes: data.map((l) => l.MIMEType ?? ''),
+    sizes: data.map((l) => (typeof l.Size === 'number' && l.Size > 0 ? l.Size : 0)),
+  };
+}
+
+function checkMediaTypes(types: string[], ref: string): void {
+  const bad = types.filter((t) => t !== '' && !SUPPORTED_LAYER_TYPES.has(t));
+  if (bad.length > 0) {
+    throw new DsecError(
+      'invalid_argument',
+      `${ref}: unsupported layer media type ${[...new Set(bad)].join(', ')}`,
+      { field: 'source', details: { reason: 'unsupported_media_type', mediaTypes: bad } },
+    );
+  }
+}
+
+/**
+ * Decompresses a layer blob into a plain tar while hashing it, refuses it when
+ * the hash is not its diff ID (the key it would be reused under by other
+ * images), then extracts it.
+ */
+async function extractVerified(
+  blob: string,
+  diffId: string,
+  dest: string,
+  tarFile: string,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  const magic = Buffer.alloc(4);
+  const fh = await open(blob, 'r');
+  try {
+    await fh.read(magic, 0, 4, 0);
+  } finally {
+    await fh.close();
+  }
+  const hash = createHash('sha256');
+  const hashing = new Transform({
+    transform(chunk: Buffer, _enc, done) {
+      hash.update(chunk);
+      done(null, chunk);
+    },
+  });
+  const out = createWriteStream(tarFile);
+  if (magic[0] === 0x1f && magic[1] === 0x8b) {
+    await pipeline(createReadStream(blob), createGunzip(), hashing, out, { signal });
+  } else if (magic.readUInt32LE(0) === 0xfd2fb528) {
+    const zstd = spawn('zstd', ['-dc', '--', blob], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const exited = new Promise<number | null>((res) => zstd.once('close', res));
+    await pipeline(zstd.stdout, hashing, out, { signal });
+    if ((await exited) !== 0) {
+      throw new DsecError('invalid_argument', `cannot decompress layer ${diffId} (zstd)`, {
+        field: 'source',
+      });
+    }
+  } else {
+    await pipeline(createReadStream(blob), hashing, out, { signal });
+  }
+  if (`sha256:${hash.digest('hex')}` !== diffId) {
+    throw new DsecError('invalid_argument', `a layer does not match its diff ID ${diffId}`, {
+      field: 'source',
+    });
+  }
+  await mkdir(join(dest, '..'), { recursive: true });
+  await extractTar(tarFile, dest, signal, 'source');
+  await rm(tarFile, { force: true });
+}
+
+/** Copies a stored per-layer EROFS back out, keeping whiteout devices and xattrs (`cp -a`). */
+async function copyLayerOut(
+  store: ImageStore,
+  layer: LayerInfo,
+  dir: string,
+  mounter: ErofsMounter,
+  signal: AbortSignal | undefined,
+): Promise<LayerTree> {
+  const mnt = `${dir}.mnt`;
+  await mkdir(mnt, { recursive: true });
+  await mkdir(dir, { recursive: true });
+  const image = await store.blobPath(layer.digest, signal ? { signal } : {});
+  const blobDevice = layer.blobDigest ? await store.blobPath(layer.blobDigest) : undefined;
+  await mounter.mountErofs(image, mnt, blobDevice ? { blobDevice } : {});
+  try {
+    await runTool('cp', ['-a', '--', `${mnt}/.`, `${dir}/`], { signal });
+  } finally {
+    await mounter.unmount([mnt], { detach: true });
+    await rmdir(mnt);
+  }
+  return await overlayLayerTree(dir, signal);
+}
+
+async function dirBytes(dir: string): Promise<number> {
+  let total = 0;
+  const entries = await readdir(dir, { withFileTypes: true, recursive: true }).catch(() => []);
+  for (const e of entries) {
+    if (!e.isFile()) continue;
+    const st = await stat(join(e.parentPath, e.name)).catch(() => undefined);
+    total += st?.size ?? 0;
+  }
+  return total;
+}
