@@ -24,7 +24,7 @@ The same without asyncio: ``from dsec.sync import DSecClient`` and drop the
 named after its stable code (``SandboxNotFound``, ``InvalidArgument`` …).
 """
 
-from ._async import CommandHandle, Commands, DSecClient, Files, OutputStream, Sandbox, Session
+from ._async import CommandHandle, Commands, DSecClient, Files, FnCalls, OutputStream, Sandbox, Session
 from ._core import DEFAULT_URL
 from ._version import __version__
 from .errors import (
@@ -55,6 +55,8 @@ from .models import (
     DSecContainerRunArgs,
     EdgeStatus,
     FileInfo,
+    FnCallItem,
+    FnCallResult,
     Health,
     JobFailure,
     JobResult,
@@ -84,6 +86,7 @@ __all__ = [
     "OutputStream",
     "Session",
     "Files",
+    "FnCalls",
     # requests and answers
     "DSecContainerRunArgs",
     "NetworkTarget",
@@ -92,6 +95,8 @@ __all__ = [
     "CreatedKey",
     "EdgeStatus",
     "FileInfo",
+    "FnCallItem",
+    "FnCallResult",
     "Health",
     "JobFailure",
     "JobResult",

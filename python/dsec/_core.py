@@ -234,6 +234,94 @@ def raise_for_answer(status: int, body: bytes) -> None:
     raise error_from_body(parsed, status)
 
 
+# --- function calls (docs/fncall.md) ----------------------------------------
+
+#: Deadline slack over a call's own time limit (queueing for a warm worker, the hops), seconds.
+FNCALL_SLACK = 60.0
+#: A call's own time limit when it names none (the server's default), seconds.
+FNCALL_DEFAULT_LIMIT = 10.0
+#: Deadline of one ``map`` batch request, seconds.
+FNCALL_MAP_TIMEOUT = 6 * 3600.0
+#: A batch body stays under the API's 1 MiB request limit.
+FNCALL_MAX_BATCH_BYTES = 900 * 1024
+FNCALL_MAX_BATCH_CALLS = 10_000
+#: Times ``map`` sends a call again: after the platform refused it for now
+#: (``RETRY_CODES``), or when its batch's stream broke before it finished.
+FNCALL_MAP_RESENDS = 3
+FNCALL_BACKOFF = 0.25
+FNCALL_MAX_BACKOFF = 4.0
+
+
+def fncall_backoff(attempt: int) -> float:
+    """Seconds ``map`` waits before sending refused calls again (0-based ``attempt``)."""
+    return min(FNCALL_MAX_BACKOFF, FNCALL_BACKOFF * 2.0**attempt)
+
+
+def fncall_retry_after(error: DSecError) -> float:
+    """The wait a ``QuotaExceeded`` names (``details.retryAfterMs``), capped, in seconds; 0 when none."""
+    details = getattr(error, "details", None) or {}
+    try:
+        ms = float(details.get("retryAfterMs", 0))
+    except (TypeError, ValueError):
+        return 0.0
+    return min(ms / 1000, FNCALL_MAX_BACKOFF) if ms > 0 else 0.0
+
+
+def fncall_body(call: Mapping[str, Any]) -> Dict[str, Any]:
+    """A call as the API's JSON: top-level keys in snake_case or camelCase
+    (``timeout_ms`` or ``timeoutMs``), ``None`` fields left out. The keys of
+    ``files``, ``env`` and ``edge_selector`` are the caller's and stay as given."""
+    if not isinstance(call, Mapping):
+        raise InvalidArgument("a function call is a mapping (language, code, stdin, ...)", field="calls")
+    body: Dict[str, Any] = {}
+    for key, value in call.items():
+        if value is None:
+            continue
+        head, *rest = str(key).split("_")
+        body[head + "".join(part.capitalize() for part in rest)] = value
+    return body
+
+
+def fncall_batches(calls: Sequence[Dict[str, Any]]) -> List[List[Tuple[int, Dict[str, Any]]]]:
+    """Splits wire bodies into batches under the size and count limits, numbering them."""
+    out: List[List[Tuple[int, Dict[str, Any]]]] = []
+    current: List[Tuple[int, Dict[str, Any]]] = []
+    size = 0
+    for index, body in enumerate(calls):
+        n = len(json.dumps(body).encode()) + 1
+        if current and (size + n > FNCALL_MAX_BATCH_BYTES or len(current) >= FNCALL_MAX_BATCH_CALLS):
+            out.append(current)
+            current, size = [], 0
+        current.append((index, body))
+        size += n
+    if current:
+        out.append(current)
+    return out
+
+
+class NdjsonLines:
+    """Splits a byte stream into parsed JSON lines (the batch stream of ``POST /v1/fncall/batch``)."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def push(self, chunk: bytes) -> List[Any]:
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        return [self._parse(line) for line in lines if line.strip()]
+
+    def end(self) -> List[Any]:
+        rest, self._pending = self._pending, b""
+        return [self._parse(rest)] if rest.strip() else []
+
+    @staticmethod
+    def _parse(line: bytes) -> Any:
+        try:
+            return json.loads(line)
+        except ValueError:
+            raise Internal("malformed line in the fncall batch stream") from None
+
+
 # --- the NDJSON command stream -----------------------------------------------
 
 

@@ -38,6 +38,8 @@ __all__ = [
     "CreatedKey",
     "EdgeStatus",
     "OutputEvent",
+    "FnCallResult",
+    "FnCallItem",
 ]
 
 _T = TypeVar("_T")
@@ -412,3 +414,39 @@ class OutputEvent:
     stream: str
     data: str
 
+
+@dataclass(frozen=True)
+class FnCallResult:
+    """How a function call ended (docs/fncall.md). A program that fails is a
+    result (``exit_code``, ``outcome``), not an error."""
+
+    #: The program's exit code (128 + signal when a signal ended it, -1 when it never ran).
+    exit_code: int
+    #: ``ok`` (the program ran to its own exit: read ``exit_code``), ``timeout``, ``oom``,
+    #: ``output_limit``, ``signaled``, ``pids_limit`` or ``runtime_error``.
+    outcome: str
+    stdout: str = ""
+    stderr: str = ""
+    #: True when either stream went past ``max_output_bytes``.
+    truncated: bool = False
+    duration_ms: float = 0
+    #: Set when the platform, not the program, ended or failed the call.
+    reason: Optional[str] = None
+    #: The edge that ran it (for support).
+    edge_id: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        """The program exited by itself with status 0."""
+        return self.outcome == "ok" and self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class FnCallItem:
+    """One finished call of ``fncall.map``, in completion order: ``index`` is
+    its place in the calls given; ``result`` is set, or ``error`` when the
+    platform failed the call."""
+
+    index: int
+    result: Optional[FnCallResult] = None
+    error: Optional[Exception] = None

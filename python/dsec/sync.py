@@ -12,6 +12,6 @@ so both send the same requests. Iterating an ``OutputStream`` is a plain
 ``for`` loop here. Models and errors are those of ``dsec``.
 """
 
-from ._sync import CommandHandle, Commands, DSecClient, Files, OutputStream, Sandbox, Session
+from ._sync import CommandHandle, Commands, DSecClient, Files, FnCalls, OutputStream, Sandbox, Session
 
-__all__ = ["DSecClient", "Sandbox", "Commands", "CommandHandle", "OutputStream", "Session", "Files"]
+__all__ = ["DSecClient", "Sandbox", "Commands", "CommandHandle", "OutputStream", "Session", "Files", "FnCalls"]

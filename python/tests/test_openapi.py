@@ -143,6 +143,11 @@ async def test_every_call_of_the_client_is_a_documented_route(tmp_path: Path) ->
         await client.create_key("p", role="member")
         await client.delete_key("key-1")
         await client.list_edges()
+        await client.fncall.run("python", "print(1)", stdin="", files={"a.py": ""}, args=["x"], env={"K": "v"},
+                                timeout_ms=100, memory_mb=64, network=False, max_output_bytes=10,
+                                gpu={"mode": "shared"}, edge_selector={"pool": "cpu"})
+        # Two calls: the document's example line answers index 1.
+        [item async for item in client.fncall.map([{"language": "python", "code": "print(1)"}] * 2)]
 
         await sandbox.run_shell("echo hi")
         await sandbox.exec(["ls"])
@@ -205,6 +210,7 @@ MODELS = {
     models.Project: "Project",
     models.CreatedKey: "CreatedKey",
     models.EdgeStatus: "EdgeStatus",
+    models.FnCallResult: "FnCallResult",
 }
 
 

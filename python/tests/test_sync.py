@@ -20,7 +20,7 @@ from .conftest import Cluster
 PYTHON_DIR = Path(__file__).resolve().parents[1]
 PAIRS = [
     (getattr(dsec, name), getattr(dsec.sync, name))
-    for name in ("DSecClient", "Sandbox", "Commands", "CommandHandle", "OutputStream", "Session", "Files")
+    for name in ("DSecClient", "Sandbox", "Commands", "CommandHandle", "OutputStream", "Session", "Files", "FnCalls")
 ]
 
 

@@ -1,5 +1,6 @@
 import type { FastifyRequest } from 'fastify';
 import { DsecError } from '@dsec/core';
+import { mayReadMetrics } from '@dsec/iam';
 import type { Iam, Principal } from '@dsec/iam';
 
 const principals = new WeakMap<FastifyRequest, Principal>();
@@ -20,4 +21,19 @@ export function principalOf(req: FastifyRequest): Principal {
   const p = principals.get(req);
   if (!p) throw new DsecError('unauthenticated', 'missing API key');
   return p;
+}
+
+/**
+ * `/metrics` on the public listener: an admin key of the root project, or a
+ * root-project key with the `metrics:read` scope. Throws `permission_denied`
+ * (audited) otherwise.
+ */
+export async function requireMetricsReader(iam: Iam, principal: Principal): Promise<void> {
+  const project = await iam.getProject(principal, principal.projectId);
+  if (project.parentId === null && mayReadMetrics(principal)) return;
+  await iam.audit(principal.keyId, 'metrics.read', '', 'denied');
+  throw new DsecError(
+    'permission_denied',
+    'reading metrics needs an admin key of the root project or the metrics:read scope',
+  );
 }

@@ -39,6 +39,10 @@ export type {
   OpenSandbox,
   SandboxServiceDeps,
 } from './sandbox-service.js';
+export { FnCallService } from './fncall-service.js';
+export type { FnCallBatchItem, FnCallFleetSource, FnCallServiceDeps } from './fncall-service.js';
+export { routeFnCall } from './fncall-routing.js';
+export type { FnCallEdgeCandidate, FnCallRoute, FnCallRouteRequest } from './fncall-routing.js';
 export { ApiMetrics } from './metrics.js';
 export { toHttpError } from './errors.js';
 export { forwardToPort, responseHeaders } from './routes/ports.js';

@@ -7,6 +7,23 @@ import { Counter, Histogram, Registry } from 'prom-client';
  */
 export class ApiMetrics {
   readonly registry = new Registry();
+  /**
+   * Registries served with this one at `/metrics`: the in-process edge's in
+   * `dsec up`. Their metric names must differ from these.
+   */
+  readonly included: Registry[] = [];
+
+  /** This registry and the included ones. */
+  registries(): Registry[] {
+    return [this.registry, ...this.included];
+  }
+
+  /** The Prometheus text of this registry and the included ones. */
+  async text(): Promise<string> {
+    const parts = await Promise.all(this.registries().map((r) => r.metrics()));
+    return parts.join('\n');
+  }
+
   readonly requests = new Counter({
     name: 'dsec_http_requests_total',
     help: 'HTTP requests by method, route pattern and status.',

@@ -7,6 +7,8 @@ import type {
   EdgeStatus,
   ErrorCode,
   FileInfo,
+  FnCallPoolStatus,
+  FnCallResult,
   LayerInfo,
   SandboxEvent,
   SandboxInfo,
@@ -248,6 +250,59 @@ export const SandboxEventSchema = z
   })
   .openapi('SandboxEvent');
 
+export const FnCallPoolStatusSchema = z
+  .object({
+    language: z.string(),
+    network: z.boolean(),
+    idle: z.number().int().openapi({ description: 'Workers started and waiting for a call.' }),
+    busy: z.number().int(),
+    starting: z.number().int(),
+    max: z.number().int(),
+  })
+  .openapi('FnCallPoolStatus');
+
+export const FnCallResultSchema = z
+  .object({
+    exitCode: z.number().int().openapi({
+      description:
+        'The program’s exit code (128 + signal when a signal ended it, -1 when it never ran).',
+    }),
+    stdout: z.string(),
+    stderr: z.string(),
+    truncated: z.boolean(),
+    outcome: z.enum([
+      'ok',
+      'timeout',
+      'oom',
+      'output_limit',
+      'signaled',
+      'pids_limit',
+      'runtime_error',
+    ]),
+    durationMs: z.number(),
+    reason: z.string().optional(),
+    edgeId: z.string().optional(),
+  })
+  .openapi('FnCallResult', {
+    description:
+      'How one call ended. `outcome: ok` says only that the program ran to its own exit: read `exitCode`.',
+  });
+
+/** One NDJSON line of `POST /v1/fncall/batch`. */
+export const FnCallBatchItemSchema = z
+  .union([
+    z.object({ index: z.number().int(), result: FnCallResultSchema }),
+    z.object({
+      index: z.number().int(),
+      error: z.object({ code: ErrorCodeSchema, message: z.string() }),
+    }),
+  ])
+  .openapi('FnCallBatchItem', {
+    description:
+      'One finished call of a batch, in completion order: `index` is its place in `calls`. ' +
+      'Exactly one line per call; a failed call is a line with its error, not a failed batch.',
+  });
+
 const resourceTriple = z.object({
   memoryMb: z.number(),
   cpuCores: z.number(),
@@ -286,6 +341,9 @@ export const EdgeStatusSchema = z
           .optional(),
       })
       .optional(),
+    fncall: z.array(FnCallPoolStatusSchema).optional().openapi({
+      description: 'Warm FnCall pools on this edge (absent on edges without FnCall).',
+    }),
   })
   .openapi('EdgeStatus');
 
@@ -293,6 +351,7 @@ const quota = z.object({
   sandboxes: z.number().int().optional(),
   memoryMb: z.number().int().optional(),
   cpuCores: z.number().optional(),
+  fncallsPerSecond: z.number().int().optional(),
 });
 
 export const ProjectSchema = z
@@ -383,6 +442,8 @@ export type ResponseSchemasMatchTypes = [
   Check<Same<z.infer<typeof JobResultSchema>, JobResult>>,
   Check<Same<z.infer<typeof SandboxEventSchema>, SandboxEvent>>,
   Check<Same<z.infer<typeof EdgeStatusSchema>, EdgeStatus>>,
+  Check<Same<z.infer<typeof FnCallResultSchema>, FnCallResult>>,
+  Check<Same<z.infer<typeof FnCallPoolStatusSchema>, FnCallPoolStatus>>,
   Check<Same<z.infer<typeof ProjectSchema>, Project>>,
   Check<Same<z.infer<typeof CreatedKeySchema>, CreatedKey>>,
 ];

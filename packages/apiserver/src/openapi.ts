@@ -15,6 +15,8 @@ import {
   EdgeStatusSchema,
   ErrorBodySchema,
   FileInfoSchema,
+  FnCallBatchItemSchema,
+  FnCallResultSchema,
   ForkResultSchema,
   HealthSchema,
   JobResultSchema,
@@ -31,6 +33,7 @@ import {
 } from './openapi-schemas.js';
 import * as requests from './schemas.js';
 import * as ioRequests from './schemas-io.js';
+import * as fncallRequests from './schemas-fncall.js';
 /**
  * The OpenAPI 3.1 document of HTTP API v1, built from the zod schemas the
  * routes parse requests with (`schemas.ts`, `schemas-io.ts`) and the answer
@@ -83,6 +86,8 @@ const SignalBody = ioRequests.SignalBody.openapi('SignalBody');
 const MkdirBody = ioRequests.MkdirBody.openapi('MkdirBody');
 const RemoveBody = ioRequests.RemoveBody.openapi('RemoveBody');
 const RenameBody = ioRequests.RenameBody.openapi('RenameBody');
+const FnCallBody = fncallRequests.FnCallBody.openapi('FnCallBody');
+const FnCallBatchBody = fncallRequests.FnCallBatchBody.openapi('FnCallBatchBody');
 const { CommandParams, SessionParams, WaitQuery, StdinQuery, PathQuery, WriteQuery, PtyQuery } =
   ioRequests;
 const { IdParams, EventsQuery, ListSandboxesQuery } = requests;
@@ -135,14 +140,17 @@ export function operations(): Operation[] {
       operationId: 'metrics',
       tag: 'meta',
       summary: 'Prometheus metrics',
-      auth: false,
+      description:
+        'Needs an admin key of the root project, or a root-project key with the `metrics:read` ' +
+        "scope (metrics show every tenant's load). Scrapers without a key use the admin listener " +
+        '(`metricsListen`, docs/observability.md).',
       responses: {
         200: {
           description: 'Prometheus text exposition format.',
           content: { 'text/plain': { schema: z.string() } },
         },
       },
-      errors: [],
+      errors: [401, 403],
     },
     {
       method: 'get',
@@ -158,6 +166,31 @@ export function operations(): Operation[] {
         },
       },
       errors: [],
+    },
+    {
+      method: 'get',
+      route: '/ui',
+      operationId: 'dashboardRoot',
+      tag: 'meta',
+      summary: 'The dashboard (redirects to `/ui/`)',
+      auth: false,
+      responses: { 301: { description: 'To `/ui/`.' } },
+      errors: [],
+    },
+    {
+      method: 'get',
+      route: '/ui/*',
+      operationId: 'dashboard',
+      tag: 'meta',
+      summary: "The dashboard's static files",
+      description:
+        'The web dashboard (packages/ui); it calls this API with the key the user signs in with ' +
+        '(`/ui/#key=KEY`: the fragment never reaches the server). Holds no data, so needs no key.',
+      auth: false,
+      responses: {
+        200: { description: 'A static file.', content: { 'text/html': { schema: z.string() } } },
+      },
+      errors: [404, 503],
     },
     {
       method: 'get',
@@ -458,7 +491,11 @@ export function operations(): Operation[] {
         'Send `Connection: Upgrade` and `Upgrade: dsec-pty`. After `101 Switching Protocols` both ' +
         'directions carry frames `u8 type | u32be length | payload`: the client sends DATA 0 ' +
         '(keystrokes), RESIZE 1 (u16be rows, u16be cols) and EOF 2; the server sends DATA 0 (output) and ' +
-        'finally EXIT 3 (i32be exit code). Errors before the upgrade are plain `Error` answers.',
+        'finally EXIT 3 (i32be exit code). Errors before the upgrade are plain `Error` answers. ' +
+        'Browsers send `Upgrade: websocket` instead, without a key: the first message is ' +
+        '`{"type":"auth","key":"..."}`; then binary messages carry terminal bytes both ways, and text ' +
+        'messages JSON control: `{"type":"resize","rows","cols"}` and `{"type":"eof"}` from the client, ' +
+        '`{"type":"ready"}`, `{"type":"exit","exitCode"}` or `{"type":"error","error":{...}}` from the server.',
       request: { ...sandbox, query: PtyQuery },
       responses: { 101: { description: 'Switching protocols to `dsec-pty` frames.' } },
       errors: ON_SANDBOX,
@@ -616,6 +653,41 @@ export function operations(): Operation[] {
       errors: [...AUTHED, 403, 404],
     },
   ];
+  ops.push(
+    {
+      method: 'post',
+      route: '/v1/fncall',
+      operationId: 'fncall',
+      tag: 'fncall',
+      summary: 'Run one stateless function call in a warm pool',
+      description:
+        'Runs `code` with the runtime `language` (`python`, `node`, `bash`, …) on an edge with warm ' +
+        'capacity for it, and answers how it ended. Nothing the call leaves behind is seen by another. ' +
+        'A program that fails is a 200 with its `exitCode` and `outcome`; errors are for the platform ' +
+        '(`unavailable` when no edge runs FnCall, `quota_exceeded` past the calls-per-second quota). ' +
+        'Calls are stateless: resend them freely (docs/fncall.md).',
+      request: { body: { content: json(FnCallBody), required: true } },
+      responses: { 200: { description: 'How the call ended.', content: json(FnCallResultSchema) } },
+      errors: [...AUTHED, 429, 504],
+    },
+    {
+      method: 'post',
+      route: '/v1/fncall/batch',
+      operationId: 'fncallBatch',
+      tag: 'fncall',
+      summary: 'Run many function calls, results streamed as they finish',
+      description:
+        'Runs `calls` with at most `concurrency` in flight and streams one NDJSON `FnCallBatchItem` ' +
+        'line per call, in completion order. The whole batch is checked (400 names the first bad field, ' +
+        '`calls.3.language`) and admitted before the stream starts; afterwards each call succeeds or ' +
+        'fails on its own line. A client that disconnects aborts the calls still running.',
+      request: { body: { content: json(FnCallBatchBody), required: true } },
+      responses: {
+        200: { description: 'One line per call.', content: ndjson(FnCallBatchItemSchema) },
+      },
+      errors: [...AUTHED, 413, 429],
+    },
+  );
   for (const action of ['pause', 'resume', 'stop', 'extend'] as const) {
     ops.push({
       method: 'post',
@@ -736,6 +808,7 @@ export function buildOpenApiDocument(version: string): Record<string, unknown> {
       'files',
       'ports',
       'lifecycle',
+      'fncall',
       'network',
       'images',
       'edges',

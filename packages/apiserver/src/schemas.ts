@@ -184,6 +184,7 @@ export const ProjectBody = z
         sandboxes: int(0, 1_000_000_000).optional(),
         memoryMb: int(0, 1_000_000_000_000).optional(),
         cpuCores: z.number().min(0).max(1_000_000).optional(),
+        fncallsPerSecond: int(0, 1_000_000_000).optional(),
       })
       .strict()
       .optional(),

@@ -63,7 +63,25 @@ test('healthz, whoami and metrics', async (t) => {
   const w = await call(a.app, 'GET', '/v1/whoami', a.rootKey);
   assert.equal(w.body.projectId, a.rootProjectId);
   assert.equal(w.body.role, 'admin');
-  const m = await a.app.inject({ method: 'GET', url: '/metrics' });
+  // Without a key, or with a tenant's, no metrics: they show every tenant's load.
+  assert.equal((await a.app.inject({ method: 'GET', url: '/metrics' })).statusCode, 401);
+  const member = await tenant(a, 'metrics-tenant', {});
+  const denied = await call(a.app, 'GET', '/metrics', member.key);
+  assert.equal(denied.status, 403);
+  assert.equal(denied.body.error.code, 'permission_denied');
+  // A monitoring key: a root-project member with only `metrics:read`.
+  const monitor = await call(a.app, 'POST', '/v1/keys', a.rootKey, {
+    projectId: a.rootProjectId,
+    role: 'member',
+    scopes: ['metrics:read'],
+  });
+  assert.equal(monitor.status, 201, JSON.stringify(monitor.body));
+  assert.equal((await call(a.app, 'GET', '/metrics', monitor.body.key)).status, 200);
+  const m = await a.app.inject({
+    method: 'GET',
+    url: '/metrics',
+    headers: { authorization: `Bearer ${a.rootKey}` },
+  });
   assert.equal(m.statusCode, 200);
   assert.match(
     m.body,
@@ -123,7 +141,11 @@ test('create, get, list, run, delete; TTL passes through; quota is released', as
   const third = await call(a.app, 'POST', '/v1/sandboxes', team.key, { image: 'base' });
   assert.equal(third.status, 201);
 
-  const m = await a.app.inject({ method: 'GET', url: '/metrics' });
+  const m = await a.app.inject({
+    method: 'GET',
+    url: '/metrics',
+    headers: { authorization: `Bearer ${a.rootKey}` },
+  });
   assert.match(m.body, /dsec_sandboxes_created_total\{backend="container"\} 2/);
   assert.match(m.body, /dsec_sandbox_create_failures_total\{code="quota_exceeded"\} 1/);
 });

@@ -4,10 +4,11 @@ import Fastify from 'fastify';
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { randomId } from '@dsec/core';
 import type { LayerInfo, SandboxIdCodec } from '@dsec/core';
+import { FnCallRateLimiter } from '@dsec/iam';
 import type { Iam } from '@dsec/iam';
 import type { Placer } from '@dsec/placement';
 import type { FleetView } from '@dsec/watcher';
-import { authenticateRequest } from './auth.js';
+import { authenticateRequest, principalOf, requireMetricsReader } from './auth.js';
 import { toHttpError } from './errors.js';
 import { ApiMetrics } from './metrics.js';
 import { openApiRoute, recordRoutes } from './openapi.js';
@@ -18,8 +19,13 @@ import { lifecycleRoutes } from './routes/lifecycle.js';
 import { commandRoutes } from './routes/commands.js';
 import { fileRoutes } from './routes/files.js';
 import { portRoutes, ptyUpgrade } from './routes/ports.js';
+import { ptyWebSocket } from './routes/pty-ws.js';
+import { uiRoutes } from './routes/ui.js';
 import { streamingBodySockets } from './routes/io-common.js';
 import { SandboxService } from './sandbox-service.js';
+import { fncallRoutes } from './routes/fncall.js';
+import { FnCallService } from './fncall-service.js';
+import type { FnCallServiceDeps } from './fncall-service.js';
 import type { EdgeDirectory } from './sandbox-service.js';
 
 export const API_VERSION = '0.1.0';
@@ -66,6 +72,13 @@ export interface ApiServerOptions {
    * E2B-compatible API, `@dsec/e2b`), so they share its metrics and state.
    */
   extend?: ((app: FastifyInstance, ctx: { service: SandboxService; iam: Iam }) => void) | undefined;
+  /** The server's metrics (default new ones); pass them to also serve them on an admin listener. */
+  metrics?: ApiMetrics | undefined;
+  /**
+   * Admission of `POST /v1/fncall*` calls; default: IAM's calls-per-second
+   * quota (`FnCallRateLimiter`) with this apiserver's own buckets.
+   */
+  admitFnCalls?: FnCallServiceDeps['admitCalls'];
 }
 
 export const TRANSPORT_DEFAULTS = {
@@ -149,7 +162,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   app.server.maxConnections = options.maxConnections ?? TRANSPORT_DEFAULTS.maxConnections;
   recordRoutes(app);
 
-  const metrics = new ApiMetrics();
+  const metrics = options.metrics ?? new ApiMetrics();
   const service = new SandboxService({
     ...options,
     metrics,
@@ -198,11 +211,13 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
 
   app.get('/healthz', async () => ({ ok: true, version: API_VERSION }));
   openApiRoute(app, API_VERSION);
-  app.get('/metrics', async (_req, reply) =>
-    reply
-      .header('content-type', metrics.registry.contentType)
-      .send(await metrics.registry.metrics()),
-  );
+  // Metrics show every tenant's load: root-project admins and `metrics:read` keys only
+  // (an unauthenticated scraper uses the admin listener, `metricsListen`).
+  app.get('/metrics', async (req, reply) => {
+    await authenticateRequest(iam, req);
+    await requireMetricsReader(iam, principalOf(req));
+    return reply.header('content-type', metrics.registry.contentType).send(await metrics.text());
+  });
   sandboxRoutes(app, service);
   networkRoutes(app, service);
   lifecycleRoutes(app, service);
@@ -211,6 +226,19 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   void app.register(async (scope) => fileRoutes(scope, service));
   void app.register(async (scope) => portRoutes(scope, service));
   ptyUpgrade(app, service, iam);
+  // Calls per second per project (IAM quota `fncallsPerSecond`), counted by this apiserver.
+  const fncallLimiter = new FnCallRateLimiter({ limits: (p) => iam.fncallRateLimits(p) });
+  fncallRoutes(
+    app,
+    new FnCallService({
+      edges: options.edges,
+      watcher,
+      admitCalls:
+        options.admitFnCalls ?? ((_principal, projectId, n) => fncallLimiter.acquire(projectId, n)),
+    }),
+  );
+  ptyWebSocket(app, service, iam);
+  uiRoutes(app);
   adminRoutes(app, { iam, fleet: () => watcher.view(), imagesList: options.imagesList });
   options.extend?.(app, { service, iam });
   return app;

@@ -295,18 +295,23 @@ void describe('images, projects, keys', () => {
       '10',
       '--max-cpus',
       '2.5',
+      '--max-fncalls-per-second',
+      '50',
     ]);
     assert.equal(r.code, 0, r.stderr);
     assert.deepEqual(server.requests.at(-1)?.body, {
       name: 'team-a',
       parentId: server.api.rootProjectId,
-      quota: { sandboxes: 10, cpuCores: 2.5 },
+      quota: { sandboxes: 10, cpuCores: 2.5, fncallsPerSecond: 50 },
     });
     const id = r.stdout.trim();
     const ls = await dsec(['project', 'ls']);
     assert.match(
       ls.stdout,
-      new RegExp(`^${id}\\s+team-a\\s+${server.api.rootProjectId}\\s+10\\s+-\\s+2\\.5$`, 'm'),
+      new RegExp(
+        `^${id}\\s+team-a\\s+${server.api.rootProjectId}\\s+10\\s+-\\s+2\\.5\\s+50/s$`,
+        'm',
+      ),
     );
   });
 

@@ -13,6 +13,10 @@ import { register as registerBench } from './commands/bench.js';
 import { register as registerServe } from './commands/serve.js';
 import { register as registerCluster } from './commands/cluster.js';
 import { register as registerEval } from './commands/eval.js';
+import { register as registerFnCall } from './commands/fncall.js';
+import { register as registerDoctor } from './commands/doctor.js';
+import { register as registerVersion } from './commands/version.js';
+import { register as registerCompletion } from './commands/completion.js';
 
 /**
  * One `register(program)` per noun, in help order. To add a command, add a
@@ -30,7 +34,11 @@ const COMMANDS: Array<(program: Command) => void> = [
   registerServe,
   registerCluster,
   registerEval,
+  registerFnCall,
   registerBench,
+  registerDoctor,
+  registerVersion,
+  registerCompletion,
 ];
 
 export const VERSION = '0.1.0';

@@ -25,6 +25,7 @@ const FIELD_FLAGS: Record<string, string> = {
   'quota.sandboxes': '--max-sandboxes',
   'quota.memoryMb': '--max-memory-mb',
   'quota.cpuCores': '--max-cpus',
+  'quota.fncallsPerSecond': '--max-fncalls-per-second',
   role: '--role',
   name: '--name',
   scrub: '--scrub',
@@ -32,9 +33,21 @@ const FIELD_FLAGS: Record<string, string> = {
   seconds: '--seconds',
 };
 
+/** `dsec image import --from-registry` failures, by `details.reason` (the code alone would point at the cluster). */
+const REGISTRY_HINTS: Record<string, string> = {
+  registry_unreachable: 'check the registry host and port; a registry without TLS needs --insecure',
+  registry_auth:
+    'pass --authfile, or set DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD (or REGISTRY_AUTH_FILE)',
+  unknown_tag: 'check the repository and tag (`skopeo list-tags docker://HOST/REPO`)',
+  unsupported_media_type:
+    'only container images (OCI or Docker v2 layers: tar, tar+gzip, tar+zstd) can be imported',
+};
+
 /** One line on what to do next, by code; undefined when there is nothing useful to say. */
 export function hintFor(error: DsecError, ctx: CliContext): string | undefined {
   const { url, stateDir } = ctx.options;
+  const registryHint = REGISTRY_HINTS[String(error.details?.reason)];
+  if (registryHint) return registryHint;
   switch (error.code) {
     case 'unavailable':
       return `start a cluster with \`dsec up\`, or point --url / DSEC_URL (now ${url}) at a running one`;

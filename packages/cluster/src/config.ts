@@ -22,6 +22,10 @@ const LabelKey = z
   .string()
   .regex(/^[a-z0-9]([a-z0-9._/-]{0,62})$/, 'a label key is 1-63 of a-z 0-9 . _ / -');
 const Labels = z.record(LabelKey, z.string().max(253));
+/** `HOST:PORT` of an admin listener serving `/metrics` without a key (docs/observability.md). */
+const ListenAddress = z
+  .string()
+  .regex(/^(?:\[[0-9a-fA-F:.]+\]|[^:[\]]*):\d{1,5}$/, 'HOST:PORT, e.g. 127.0.0.1:9464');
 
 const Admission = z
   .object({
@@ -75,7 +79,11 @@ const EdgeSection = z
     idlePauseSeconds: z.number().int().positive().optional(),
     /** Swap files the edge may add under its state dir for pauses. */
     pauseSwapMaxMb: z.number().int().nonnegative().optional(),
+    /** How layers are mounted: `file` (Linux 6.12+), `loop` (older kernels) or `auto` (probe; default). */
+    erofsMount: z.enum(['auto', 'file', 'loop']).optional(),
     logRequests: z.boolean().default(false),
+    /** Serve this edge's metrics without authentication at `HOST:PORT/metrics` (default off). */
+    metricsListen: ListenAddress.optional(),
   })
   .strict();
 
@@ -99,6 +107,8 @@ const ApiserverSection = z
     /** How often the edge registry is read (edges joining, leaving, health). */
     registryRefreshMs: z.number().int().min(100).max(60_000).default(1000),
     logRequests: z.boolean().default(false),
+    /** Serve the apiserver's metrics without authentication at `HOST:PORT/metrics` (default off). */
+    metricsListen: ListenAddress.optional(),
   })
   .strict();
 
@@ -108,6 +118,32 @@ const WatcherSection = z
     probeTimeoutMs: z.number().int().min(50).max(60_000).default(1500),
     /** Consecutive failed probes before an edge is marked down. */
     failuresBeforeDown: z.number().int().min(1).max(100).default(2),
+  })
+  .strict();
+
+/**
+ * `dsec up --config FILE`: the edge knobs of the node(s) `dsec up` runs,
+ * without an edge's identity. The same file's `apiserver` (host, port,
+ * logRequests), `imageStore` and `e2b` sections apply to it too.
+ */
+const UpSection = EdgeSection.pick({
+  runtime: true,
+  admission: true,
+  network: true,
+  blobCacheBytes: true,
+  cgroupFavorDynmods: true,
+  pausedTtlSeconds: true,
+  idlePauseSeconds: true,
+  pauseSwapMaxMb: true,
+  erofsMount: true,
+})
+  .extend({
+    /** Everything durable (default /var/lib/dsec; `--state-dir` overrides). */
+    stateDir: z.string().min(1).optional(),
+    /** Run a local cluster of this many edge processes instead of one in-process node. */
+    edges: z.number().int().min(1).max(64).optional(),
+    /** Stop every sandbox on shutdown instead of leaving them for the next start to adopt. */
+    stopSandboxes: z.boolean().default(false),
   })
   .strict();
 
@@ -124,6 +160,7 @@ export const ClusterConfigSchema = z
     e2b: E2bSection.optional(),
     watcher: WatcherSection.optional(),
     edge: EdgeSection.optional(),
+    up: UpSection.optional(),
   })
   .strict();
 
@@ -131,6 +168,7 @@ export type ClusterConfig = z.infer<typeof ClusterConfigSchema>;
 export type EdgeConfig = z.infer<typeof EdgeSection>;
 export type ApiserverConfig = z.infer<typeof ApiserverSection>;
 export type WatcherConfig = z.infer<typeof WatcherSection>;
+export type UpConfig = z.infer<typeof UpSection>;
 
 /** The parsed apiserver section with its defaults, for a config without one. */
 export function apiserverDefaults(config: ClusterConfig): ApiserverConfig {
@@ -165,6 +203,7 @@ export function parseClusterConfig(input: unknown, baseDir = process.cwd()): Clu
     config.imageStore = abs(config.imageStore);
   if (config.apiserver?.adminKeyFile)
     config.apiserver.adminKeyFile = abs(config.apiserver.adminKeyFile);
+  if (config.up?.stateDir) config.up.stateDir = abs(config.up.stateDir);
   if (config.edge) {
     config.edge.stateDir = abs(config.edge.stateDir);
     config.edge.secretFile = abs(config.edge.secretFile);

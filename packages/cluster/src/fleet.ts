@@ -10,7 +10,12 @@ export interface RegistryFleetOptions {
   refreshMs: number;
   /** Take the watcher role: probe every edge and record the results in the registry. */
   watch?: WatcherConfig | undefined;
-  onWarning?: (message: string, context: Record<string, unknown>) => void;
+  /** Warnings, and edges going down or up (the level is the third argument). */
+  onWarning?: (
+    message: string,
+    context: Record<string, unknown>,
+    level?: 'info' | 'warn' | 'error',
+  ) => void;
 }
 
 /**
@@ -42,6 +47,7 @@ export class RegistryFleet {
         intervalMs: watch.intervalMs,
         probeTimeoutMs: watch.probeTimeoutMs,
         failuresBeforeDown: watch.failuresBeforeDown,
+        log: options.onWarning,
         onProbe: (edgeId, result) => {
           registry
             .recordProbe(edgeId, result)

@@ -14,24 +14,30 @@
  */
 import { chmod, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { buildApiServer } from '@dsec/apiserver';
+import { ApiMetrics, buildApiServer } from '@dsec/apiserver';
 import { SandboxIdCodec } from '@dsec/core';
 import type { EdgeApi, ImageStore, LayerInfo } from '@dsec/core';
 import {
+  EdgeMetrics,
+  edgeLog,
   ensureDir,
   openContainerEdge,
+  serveMetrics,
+  type MetricsListener,
   PRIVATE_DIR_MODE,
   TRAVERSE_DIR_MODE,
   type AdmissionConfig,
   type Edge,
   type EdgeCapacity,
   type EdgeNetworkOptions,
+  type ErofsMountSetting,
 } from '@dsec/edge';
 import { openControlDb } from '@dsec/iam';
 import type { Iam } from '@dsec/iam';
 import { buildLayer, DirImageStore, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
+import type { Logger } from 'pino';
 import { e2bExtension, type E2bOptions, type LifecycleOptions } from './extensions.js';
 import { listenApi } from './listen.js';
 import { newClusterSecret, readOrCreateSecret, stopAll } from './roles.js';
@@ -67,14 +73,26 @@ export interface SingleNodeOptions {
   runtimeBinary?: string;
   /** Remount cgroup2 with favordynmods for faster creates (default true; a host-wide setting). */
   cgroupFavorDynmods?: boolean;
+  /** How the edge mounts layers: `file`, `loop` or `auto` (default: `DSEC_EROFS_MOUNT`, else probe). */
+  erofsMount?: ErofsMountSetting | undefined;
   /** The E2B-compatible API (docs/e2b.md): template names and the wildcard domain. */
   e2b?: E2bOptions;
   /** Pause and idle settings of the edge (ADR 0012). */
   lifecycle?: LifecycleOptions;
+  /**
+   * JSON logs (docs/observability.md): the edge's lifecycle, the watcher's
+   * edge health, the apiserver's warnings and failures (every request with
+   * `logRequests`). Default: none.
+   */
+  logger?: Logger | undefined;
+  /** Serve the node's metrics (apiserver and edge) without a key at `host:port/metrics`. */
+  metricsListen?: { host: string; port: number } | undefined;
 }
 
 export interface SingleNode {
   url: string;
+  /** The admin listener's `/metrics` URL, with `metricsListen`. */
+  metricsUrl?: string | undefined;
   /** The admin API key of the root project (also in `stateDir/admin.key`). */
   adminKey: string;
   edge: Edge;
@@ -125,6 +143,8 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   }
 
   const edgeId = options.edgeId ?? 'node-1';
+  const { logger } = options;
+  const edgeMetrics = new EdgeMetrics({ defaultLabels: { edge: edgeId } });
   let edge: Edge;
   try {
     edge = await openContainerEdge({
@@ -137,28 +157,42 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       network: options.network,
       cgroupParent: options.cgroupParent,
       blobCacheBytes: options.blobCacheBytes,
+      ...(options.erofsMount ? { erofsMount: options.erofsMount } : {}),
       ...(options.runtimeBinary ? { runtimeBinary: options.runtimeBinary } : {}),
       ...(options.cgroupFavorDynmods !== undefined
         ? { cgroupFavorDynmods: options.cgroupFavorDynmods }
         : {}),
       ...options.lifecycle,
+      metrics: edgeMetrics,
+      ...(logger ? { log: edgeLog(logger.child({ component: 'edge', edgeId })) } : {}),
     });
   } catch (err) {
     await control.close();
     throw err;
   }
   const edges = new Map<string, EdgeApi>([[edgeId, edge]]);
-  const watcher = new Watcher({ edges, intervalMs: options.watcherIntervalMs ?? 1000 });
+  const watcher = new Watcher({
+    edges,
+    intervalMs: options.watcherIntervalMs ?? 1000,
+    ...(logger ? { log: edgeLog(logger.child({ component: 'watcher' })) } : {}),
+  });
   await watcher.refresh();
   watcher.start();
   const placer = new PowerOfKPlacer({ view: () => watcher.view() });
+  // One node: its key-protected `/metrics` shows the edge's series too.
+  const apiMetrics = new ApiMetrics();
+  apiMetrics.included.push(edgeMetrics.registry);
   const app = buildApiServer({
     iam,
     edges,
     watcher,
     placer,
     ids: new SandboxIdCodec(secret),
-    logger: options.logRequests ?? false,
+    // Every request at info with logRequests; else warnings and failures only.
+    logger: logger
+      ? logger.child({ component: 'apiserver' }, { level: options.logRequests ? 'info' : 'warn' })
+      : (options.logRequests ?? false),
+    metrics: apiMetrics,
     imagesList: () => store.listLayers(),
     extend: e2bExtension(options.e2b),
   });
@@ -166,15 +200,22 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     host: options.host ?? '127.0.0.1',
     port: options.port ?? 7420,
   });
+  let admin: MetricsListener | undefined;
+  if (options.metricsListen) {
+    admin = await serveMetrics({ registries: apiMetrics.registries(), ...options.metricsListen });
+    logger?.info({ url: admin.url }, 'metrics listening');
+  }
 
   return {
     url: listening.url,
+    metricsUrl: admin?.url,
     adminKey,
     edge,
     store,
     iam,
     buildLayer: (input) => buildLayer(store, input),
     async close(closeOptions = {}) {
+      await admin?.close();
       await listening.close(closeOptions.drainMs);
       watcher.stop();
       if (closeOptions.stopSandboxes) await stopAll(edge);
@@ -191,6 +232,7 @@ export {
   type ApiserverConfig,
   type ClusterConfig,
   type EdgeConfig,
+  type UpConfig,
   type WatcherConfig,
 } from './config.js';
 export { RegistryFleet, type RegistryFleetOptions } from './fleet.js';

@@ -31,6 +31,8 @@ export interface LocalClusterOptions {
   admission?: AdmissionConfig | undefined;
   runtime?: string | undefined;
   cgroupFavorDynmods?: boolean;
+  /** Each edge's `erofsMount`, `network` and `blobCacheBytes` (config.ts EdgeSection). */
+  edgeConfig?: Pick<EdgeConfig, 'erofsMount' | 'network' | 'blobCacheBytes'>;
   lifecycle?: LifecycleOptions;
   /** Serve E2B host names `<port>-<sandboxId>.<domain>` (docs/e2b.md). */
   e2bDomain?: string | undefined;
@@ -40,6 +42,8 @@ export interface LocalClusterOptions {
   /** How often the watcher probes the edges (default 1000). */
   watcherIntervalMs?: number;
   log?: (msg: string) => void;
+  /** Admin listener of the apiserver's metrics; edge i serves its own on `port + i`. */
+  metricsListen?: { host: string; port: number } | undefined;
 }
 
 export interface LocalEdgeProcess {
@@ -63,6 +67,12 @@ export const PROCESSES_FILE = 'cluster/processes.json';
 
 const READY_TIMEOUT_MS = 120_000;
 const RESTART_DELAY_MS = 1000;
+
+/** `HOST:PORT` of a config's `metricsListen`, `offset` ports above `at`. */
+function listenAt(at: { host: string; port: number }, offset: number): string {
+  const host = at.host.includes(':') ? `[${at.host}]` : at.host;
+  return `${host}:${at.port + offset}`;
+}
 
 class Child {
   proc: ChildProcess | undefined;
@@ -155,6 +165,7 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
       watch: false,
       registryRefreshMs: 500,
       logRequests: options.logRequests ?? false,
+      ...(options.metricsListen ? { metricsListen: listenAt(options.metricsListen, 0) } : {}),
     },
     ...(options.e2bDomain ? { e2b: { sandboxDomain: options.e2bDomain } } : {}),
     watcher: {
@@ -208,6 +219,7 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
         cgroupParent: `${options.cgroupPrefix ?? 'dsec'}-${id}`,
         cgroupFavorDynmods: options.cgroupFavorDynmods ?? true,
         logRequests: false,
+        ...(options.metricsListen ? { metricsListen: listenAt(options.metricsListen, i) } : {}),
         ...(options.admission ? { admission: options.admission } : {}),
         ...(options.lifecycle?.pausedTtlMs
           ? { pausedTtlSeconds: Math.ceil(options.lifecycle.pausedTtlMs / 1000) }
@@ -219,6 +231,7 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
           ? { pauseSwapMaxMb: Math.floor(options.lifecycle.pauseSwapMaxBytes / 2 ** 20) }
           : {}),
         ...(options.runtime ? { runtime: options.runtime } : {}),
+        ...options.edgeConfig,
       };
       const config: ClusterConfig = { imageStore: shared.imageStore, edge };
       const file = join(clusterDir, `${id}.json`);

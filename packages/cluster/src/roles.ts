@@ -7,16 +7,24 @@
 import { randomBytes } from 'node:crypto';
 import { chmod, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { buildApiServer } from '@dsec/apiserver';
+import { ApiMetrics, buildApiServer } from '@dsec/apiserver';
 import { DsecError, SandboxIdCodec } from '@dsec/core';
 import type { BackendKind, EdgeApi, ImageStore } from '@dsec/core';
 import {
+  EdgeMetrics,
+  edgeLog,
   ensureDir,
+  metricsText,
   openContainerEdge,
+  parseListenAddress,
   PRIVATE_DIR_MODE,
+  serveMetrics,
   TRAVERSE_DIR_MODE,
   type Edge,
+  type EdgeLogFn,
+  type MetricsListener,
 } from '@dsec/edge';
+import type { Logger } from 'pino';
 import { newEdgeSecret, RemoteEdge, serveEdge } from '@dsec/edge-http';
 import { openControlDb, type ControlDb, type EdgeRecord } from '@dsec/iam';
 import { DirImageStore, openImageStore } from '@dsec/images';
@@ -58,19 +66,34 @@ export async function readOrCreateSecret(file: string, make: () => string): Prom
 
 export const newClusterSecret = (): string => randomBytes(32).toString('hex');
 
+/**
+ * How a role process logs: `logger` (pino, JSON lines; each component gets a
+ * child with `component`), or else `log` for the edge's lifecycle only.
+ */
+export interface RoleLogging {
+  logger?: Logger | undefined;
+  log?: EdgeLogFn | undefined;
+}
+
 export interface EdgeServerHandle {
   edgeId: string;
   url: string;
   edge: Edge;
+  /** The edge's metrics; served at `metricsUrl` when the config has `metricsListen`. */
+  metrics: EdgeMetrics;
+  metricsUrl?: string | undefined;
   close(options?: { stopSandboxes?: boolean }): Promise<void>;
 }
 
 /** `dsec serve edge`: a container edge behind the authenticated edge protocol. */
 export async function startEdgeServer(
   config: ClusterConfig,
-  options: { log?: (msg: string, fields?: Record<string, unknown>) => void } = {},
+  options: RoleLogging = {},
 ): Promise<EdgeServerHandle> {
   const ec = requireSection(config, 'edge', 'an edge');
+  const logger = options.logger?.child({ component: 'edge', edgeId: ec.id });
+  const log = options.log ?? (logger && edgeLog(logger));
+  const metrics = new EdgeMetrics({ defaultLabels: { edge: ec.id } });
   ensureDir(ec.stateDir, TRAVERSE_DIR_MODE);
   const secret = await readOrCreateSecret(ec.secretFile, newEdgeSecret);
   const store = edgeImageStore(config, ec.stateDir);
@@ -90,18 +113,30 @@ export async function startEdgeServer(
     ...(ec.idlePauseSeconds ? { idleTimeoutMs: ec.idlePauseSeconds * 1000 } : {}),
     ...(ec.pauseSwapMaxMb !== undefined ? { pauseSwapMaxBytes: ec.pauseSwapMaxMb * 2 ** 20 } : {}),
     ...(ec.runtime ? { runtimeBinary: ec.runtime } : {}),
-    ...(options.log ? { log: options.log } : {}),
+    ...(ec.erofsMount ? { erofsMount: ec.erofsMount } : {}),
+    ...(log ? { log } : {}),
+    metrics,
   });
   let server;
+  let admin: MetricsListener | undefined;
   try {
     server = await serveEdge({
       edge,
       secret,
       host: ec.host,
       port: ec.port,
-      logger: ec.logRequests,
+      logger: options.logger?.child({ component: 'edge-http' }) ?? ec.logRequests,
+      metrics: () => metricsText([metrics.registry]),
     });
+    if (ec.metricsListen) {
+      admin = await serveMetrics({
+        registries: [metrics.registry],
+        ...parseListenAddress(ec.metricsListen, 'edge.metricsListen'),
+      });
+      logger?.info({ url: admin.url }, 'metrics listening');
+    }
   } catch (err) {
+    await server?.close();
     await edge.close();
     throw err;
   }
@@ -109,7 +144,10 @@ export async function startEdgeServer(
     edgeId: ec.id,
     url: ec.url ?? server.url,
     edge,
+    metrics,
+    metricsUrl: admin?.url,
     async close(closeOptions = {}) {
+      await admin?.close();
       await server.close();
       if (closeOptions.stopSandboxes) await stopAll(edge);
       await edge.close();
@@ -144,6 +182,8 @@ export async function stopAll(edge: EdgeApi, concurrency = 16): Promise<void> {
 
 export interface ApiserverHandle {
   url: string;
+  /** Where the admin listener serves the metrics (config `apiserver.metricsListen`). */
+  metricsUrl?: string | undefined;
   /** Set on the first start of a new control database (also in `apiserver.adminKeyFile`). */
   adminKey?: string | undefined;
   db: ControlDb;
@@ -154,12 +194,13 @@ export interface ApiserverHandle {
 /** `dsec serve apiserver`: stateless; everything durable is in `database`. */
 export async function startApiserver(
   config: ClusterConfig,
-  options: {
-    log?: (msg: string, fields?: Record<string, unknown>) => void;
+  options: RoleLogging & {
     port?: number;
     host?: string;
   } = {},
 ): Promise<ApiserverHandle> {
+  const logger = options.logger?.child({ component: 'apiserver' });
+  const log = options.log ?? (logger && edgeLog(logger));
   const database = requireSection(config, 'database', 'an apiserver');
   const secretFile = requireSection(config, 'clusterSecretFile', 'an apiserver');
   const ac = apiserverDefaults(config);
@@ -174,32 +215,50 @@ export async function startApiserver(
       registry: db.edges,
       refreshMs: ac.registryRefreshMs,
       watch: ac.watch ? watcherDefaults(config) : undefined,
-      ...(options.log ? { onWarning: options.log } : {}),
+      ...(log ? { onWarning: log } : {}),
     });
     await fleet.start();
     // Listing layers needs no blob cache: only metadata is read.
     const store = config.imageStore ? openImageStore(config.imageStore) : undefined;
     const live = fleet;
+    const apiMetrics = new ApiMetrics();
     const app = buildApiServer({
       iam: db.iam,
       edges: (edgeId) => live.edge(edgeId),
       watcher: live,
       placer: new PowerOfKPlacer({ view: () => live.view() }),
       ids: new SandboxIdCodec(idSecret),
-      logger: ac.logRequests,
+      // Every request at info with --log-requests; else warnings and failures only.
+      logger: logger
+        ? ac.logRequests
+          ? logger
+          : logger.child({}, { level: 'warn' })
+        : ac.logRequests,
       imagesList: store ? () => store.listLayers() : undefined,
       extend: e2bExtension(config.e2b),
+      metrics: apiMetrics,
     });
     const listening = await listenApi(app, {
       host: options.host ?? ac.host,
       port: options.port ?? ac.port,
     });
+    const admin = ac.metricsListen
+      ? await serveMetrics({
+          registries: [apiMetrics.registry],
+          ...parseListenAddress(ac.metricsListen, 'apiserver.metricsListen'),
+        }).catch(async (err: unknown) => {
+          await listening.close(0);
+          throw err;
+        })
+      : undefined;
     return {
       url: listening.url,
+      metricsUrl: admin?.url,
       adminKey: boot.key,
       db,
       fleet: live,
       async close(closeOptions = {}) {
+        await admin?.close();
         await listening.close(closeOptions.drainMs);
         live.close();
         await db.close();
@@ -215,8 +274,10 @@ export async function startApiserver(
 /** `dsec serve watcher`: probes every registered edge and records its health. */
 export async function startWatcher(
   config: ClusterConfig,
-  options: { log?: (msg: string, fields?: Record<string, unknown>) => void } = {},
+  options: RoleLogging = {},
 ): Promise<{ fleet: RegistryFleet; close(): Promise<void> }> {
+  const logger = options.logger?.child({ component: 'watcher' });
+  const log = options.log ?? (logger && edgeLog(logger));
   const database = requireSection(config, 'database', 'a watcher');
   const db = await openControlDb(database);
   const wc = watcherDefaults(config);
@@ -224,7 +285,7 @@ export async function startWatcher(
     registry: db.edges,
     refreshMs: Math.min(wc.intervalMs, 1000),
     watch: wc,
-    ...(options.log ? { onWarning: options.log } : {}),
+    ...(log ? { onWarning: log } : {}),
   });
   try {
     await fleet.start();

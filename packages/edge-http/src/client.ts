@@ -5,6 +5,9 @@ import { Duplex, PassThrough } from 'node:stream';
 import type { Readable } from 'node:stream';
 import { DsecError, toDsecError } from '@dsec/core';
 import type {
+  FnCallOptions,
+  FnCallRequest,
+  FnCallResult,
   CommandInfo,
   CommandResult,
   CommandSpec,
@@ -208,6 +211,21 @@ export class RemoteEdge implements EdgeApi {
   /** Never resent: a second attempt would find the name taken by the first. */
   snapshotSandbox(id: string, req: SnapshotRequest, signal?: AbortSignal): Promise<SnapshotInfo> {
     return this.#link.json({ method: 'POST', path: `${sb(id)}/snapshot`, json: req, signal });
+  }
+
+  /**
+   * One FnCall (issue 14). Not `quick`: a call runs up to its own time limit.
+   * Resent on a stale socket: calls are stateless. An edge without FnCall
+   * answers `unavailable`, and the apiserver tries another.
+   */
+  fncall(req: FnCallRequest, options: FnCallOptions): Promise<FnCallResult> {
+    return this.#link.json({
+      method: 'POST',
+      path: '/fncall',
+      json: { req, projectId: options.projectId },
+      signal: options.signal,
+      idempotent: true,
+    });
   }
 
   async listEvents(

@@ -12,7 +12,7 @@ import type {
   SandboxIoApi,
 } from '@dsec/core';
 import { edgeApiConformance } from '@dsec/core/testing';
-import { FakeEdge } from '@dsec/apiserver/testing';
+import { addFnCall, FakeEdge } from '@dsec/apiserver/testing';
 import { newEdgeSecret, RemoteEdge, serveEdge } from './index.js';
 
 const ids = new SandboxIdCodec('edge-http-unit-secret');
@@ -20,10 +20,15 @@ const EDGE = 'edge-h';
 
 edgeApiConformance('RemoteEdge → serveEdge(FakeEdge)', async () => {
   const secret = newEdgeSecret();
-  const fake = new FakeEdge({
-    edgeId: EDGE,
-    capacity: { memoryMb: 4096, cpuCores: 4, sandboxes: 3 },
-  });
+  const fake = addFnCall(
+    new FakeEdge({
+      edgeId: EDGE,
+      capacity: { memoryMb: 4096, cpuCores: 4, sandboxes: 3 },
+    }),
+  );
+  fake.fncallDouble.pools = [
+    { language: 'python', network: false, idle: 1, busy: 0, starting: 0, max: 4 },
+  ];
   const server = await serveEdge({ edge: fake, secret });
   const edge = new RemoteEdge({ edgeId: EDGE, url: server.url, secret });
   return {
@@ -34,6 +39,8 @@ edgeApiConformance('RemoteEdge → serveEdge(FakeEdge)', async () => {
     // The served FakeEdge has none of these; the client answers `unavailable` (tested below).
     io: false,
     events: false,
+    // The double echoes stdin whatever the code.
+    fncall: { language: 'python', echoCode: 'import sys; sys.stdout.write(sys.stdin.read())' },
     cleanup: async () => {
       edge.close();
       await server.close();
@@ -114,6 +121,63 @@ test('an edge without the lifecycle methods answers unavailable through the clie
     await assert.rejects(remote.resumeSandbox(id), un);
     await assert.rejects(remote.setSandboxTimeout(id, 60), un);
     await assert.rejects(remote.snapshotSandbox(id, { name: 'snap' }), un);
+  });
+});
+
+test('fncall: request, project, result and errors cross the wire; an edge without it is unavailable', async () => {
+  await withServed(new FakeEdge({ edgeId: EDGE }), async (remote) => {
+    await assert.rejects(
+      remote.fncall({ language: 'python', code: '' }, { projectId: 'prj-t' }),
+      (e) => isDsecError(e, 'unavailable') && e.message.includes(EDGE),
+    );
+  });
+  const served = addFnCall(new FakeEdge({ edgeId: EDGE }));
+  served.fncallDouble.onCall = (req) =>
+    req.language === 'bash'
+      ? { error: new DsecError('capacity_exhausted', 'pool full', { details: { pool: 'bash' } }) }
+      : req.language === 'slow'
+        ? { delayMs: 60_000 }
+        : { result: { exitCode: 3, stderr: 'boom', outcome: 'ok', reason: 'because' } };
+  await withServed(served, async (remote) => {
+    const req = {
+      language: 'python',
+      code: 'raise SystemExit(3)',
+      stdin: 'in',
+      files: { 'lib/x.py': 'y = 1' },
+      args: ['a', 'b'],
+      env: { K: 'v' },
+      timeoutMs: 500,
+      memoryMb: 64,
+      network: false,
+      maxOutputBytes: 10,
+      gpu: { mode: 'shared' as const, count: 1 },
+      edgeSelector: { pool: 'cpu' },
+    };
+    const r = await remote.fncall(req, { projectId: 'prj-t' });
+    assert.deepEqual(r, {
+      exitCode: 3,
+      stdout: 'in',
+      stderr: 'boom',
+      truncated: false,
+      outcome: 'ok',
+      durationMs: 1,
+      edgeId: EDGE,
+      reason: 'because',
+    });
+    assert.deepEqual(served.fncallDouble.calls, [{ req, projectId: 'prj-t' }]);
+    await assert.rejects(
+      remote.fncall({ language: 'bash', code: '' }, { projectId: 'prj-t' }),
+      (e) => isDsecError(e, 'capacity_exhausted') && e.details?.pool === 'bash',
+    );
+    // Aborting the client's call aborts the edge's.
+    const ac = new AbortController();
+    const slow = remote.fncall(
+      { language: 'slow', code: '' },
+      { projectId: 'p', signal: ac.signal },
+    );
+    while (served.fncallDouble.calls.length < 3) await new Promise((r) => setTimeout(r, 5));
+    ac.abort();
+    await assert.rejects(slow, (e) => isDsecError(e, 'aborted'));
   });
 });
 

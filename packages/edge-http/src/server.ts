@@ -58,6 +58,12 @@ export interface EdgeServerOptions {
   port?: number;
   /** A pino(-compatible) logger, `true` for a pino logger to stdout, `false` for none (default). */
   logger?: EdgeLogger | boolean;
+  /**
+   * The edge's Prometheus text (`metricsText([edgeMetrics.registry])`), served
+   * at `GET /edge/v1/metrics` to signed requests only; an unauthenticated
+   * scraper uses the edge's admin listener (`metricsListen`) instead.
+   */
+  metrics?: (() => Promise<string>) | undefined;
 }
 
 export interface EdgeServer {
@@ -104,6 +110,21 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
   const log = loggerOf(options.logger);
   const verifier = new RequestVerifier({ secret, edgeId });
   const routes = edgeRoutes(edge);
+  const { metrics } = options;
+  if (metrics) {
+    routes.push(
+      route('GET', '/metrics', async (c) => {
+        const text = await metrics();
+        c.res
+          .writeHead(200, {
+            'content-type': 'text/plain; version=0.0.4; charset=utf-8',
+            'content-length': Buffer.byteLength(text),
+          })
+          .end(text);
+        return HANDLED;
+      }),
+    );
+  }
   const upgraded = new Set<Duplex>();
 
   const server = http.createServer({
@@ -456,6 +477,16 @@ function edgeRoutes(edge: EdgeApi): Route[] {
         req.scrub = b.scrub as string[];
       }
       return snapshot.call(edge, c.p(0), req, c.signal);
+    }),
+    // ---- FnCall (issue 14; optional: 503 where the edge has no pools) ----
+    route('POST', '/fncall', async (c) => {
+      if (!edge.fncall)
+        throw new DsecError('unavailable', `edge ${edge.edgeId} runs no function calls`);
+      const b = await c.json();
+      return edge.fncall(object(b.req, 'req'), {
+        projectId: text(b.projectId, 'projectId'),
+        signal: c.signal,
+      });
     }),
     route('GET', '/sandboxes/:id/events', async (c) => {
       if (!edge.listEvents) {

@@ -1,11 +1,15 @@
 import { join } from 'node:path';
 import { DsecError, formatLayerRef, toDsecError } from '@dsec/core';
 import type {
+  AdmissionRefusal,
   CommandResult,
   CommandSpec,
   CreateSandboxRequest,
   EdgeApi,
   EdgeStatus,
+  FnCallOptions,
+  FnCallRequest,
+  FnCallResult,
   ImageStore,
   LayerInfo,
   NetworkPolicyPatch,
@@ -28,6 +32,9 @@ import { SandboxIo } from './sessions/sandbox-io.js';
 import { effectiveExpiresAt, Lifecycle } from './lifecycle/lifecycle.js';
 import type { SwapArea } from './lifecycle/swap-area.js';
 import { containerSnapshotSource, snapshotParents, Snapshotter } from './snapshot/snapshotter.js';
+import { FNCALL_PROJECT, FnCallPools, type FnCallPoolsOptions } from './fncall/pools.js';
+import type { EdgeLogFn } from './observability/log.js';
+import type { EdgeMetrics } from './observability/metrics.js';
 
 /** How long `status()` reuses its listing of the image store's layers. */
 const LAYER_LIST_TTL_MS = 10_000;
@@ -68,7 +75,10 @@ export interface EdgeOptions {
   ttlSweepMs?: number;
   /** How long a stopped sandbox's record stays readable. */
   retentionMs?: number;
-  log?: (msg: string, fields?: Record<string, unknown>) => void;
+  /** Lifecycle log (docs/observability.md): `edgeLog(jsonLogger(...))`, or any function. */
+  log?: EdgeLogFn | undefined;
+  /** Prometheus metrics the edge counts into (refusals, create time, command outcomes). */
+  metrics?: EdgeMetrics | undefined;
   /** The backend's network manager, for live policy updates and restart clean-up. */
   network?: NetworkManager | undefined;
   /** Audit events of misbehaviour per sandbox. */
@@ -90,6 +100,8 @@ export interface EdgeOptions {
   idleTimeoutMs?: number | undefined;
   /** The swap files pauses push memory into; switched off at `close` when nothing is paused. */
   swap?: SwapArea | undefined;
+  /** FnCall warm pools (docs/adr/0014-fncall.md); `false` turns FnCall off. Default: on, pools made on demand. */
+  fncall?: FnCallPoolsOptions | false | undefined;
 }
 
 /**
@@ -114,6 +126,8 @@ export class Edge implements EdgeApi {
   readonly #lifecycle: Lifecycle;
   /** pack_diff: writable layers captured as snapshot layers (snapshot/snapshotter.ts). */
   readonly #snapshots: Snapshotter;
+  /** FnCall: warm pools of worker sandboxes (fncall/pools.ts). */
+  readonly #fncall: FnCallPools | undefined;
 
   private constructor(
     readonly options: EdgeOptions,
@@ -144,10 +158,33 @@ export class Edge implements EdgeApi {
       idleTimeoutMs: options.idleTimeoutMs,
       swap: options.swap,
       forgetRecord: (id) => this.io.forgetRecord(id),
-      busy: (id) => this.io.registry.list(id).some((c) => c.state === 'running' && !c.background),
+      busy: (id) =>
+        this.#fncall?.owns(id) === true ||
+        this.io.registry.list(id).some((c) => c.state === 'running' && !c.background),
       stop: (rec, reason) => this.#stop(rec, reason),
       log: options.log,
     });
+    this.#fncall =
+      options.fncall === false
+        ? undefined
+        : new FnCallPools(
+            {
+              edgeId: options.edgeId,
+              backendKind: options.backend.kind,
+              events: options.events,
+              host: {
+                create: async (id, spec, signal) => {
+                  await this.createSandbox({ id, projectId: FNCALL_PROJECT, spec }, signal);
+                },
+                stop: (id) => this.#stop(this.#get(id), 'fncall worker retired'),
+                channel: (id) => options.backend.channel(this.#get(id), { dedicated: true }),
+                oomKilled: async (id) =>
+                  (await options.backend.oomKilled?.(this.#get(id))) ?? false,
+                log: options.log,
+              },
+            },
+            options.fncall,
+          );
   }
 
   /** Opens the local store, reconciles with what is actually running, starts the TTL sweeper. */
@@ -158,6 +195,11 @@ export class Edge implements EdgeApi {
     // Thaw what a snapshot interrupted by a crash left frozen, before adopting it.
     edge.#snapshots.recover((id) => edge.#store.get(id)?.state);
     await edge.#reconcile();
+    // Workers of a previous edge process: their zygotes' channels are gone with it.
+    for (const rec of edge.#store.list(['creating', 'running', 'paused']))
+      if (rec.projectId === FNCALL_PROJECT)
+        await edge.#stop(rec, 'fncall worker of a previous edge');
+    edge.#fncall?.prewarm();
     edge.#sweeper = setInterval(() => void edge.#sweep(), options.ttlSweepMs ?? 1000);
     edge.#sweeper.unref();
     return edge;
@@ -166,6 +208,8 @@ export class Edge implements EdgeApi {
   /** Stops background work, unmounts unused layers and closes the store. Sandboxes keep running. */
   async close(): Promise<void> {
     clearInterval(this.#sweeper);
+    // FnCall workers are the edge's own, not users' sandboxes: they stop with it.
+    await this.#fncall?.close();
     await Promise.allSettled([...this.#inflight.values(), ...this.#stopping.values()]);
     // Waits for pauses and resumes; with nothing paused, the pause swap files go.
     await this.#lifecycle.close();
@@ -191,12 +235,13 @@ export class Edge implements EdgeApi {
       edgeId: this.edgeId,
       url: this.options.url ?? '',
       healthy: true,
-      backends: [this.options.backend.kind],
+      backends: [...(this.options.backend.kinds ?? [this.options.backend.kind])],
       capacity,
       used,
       sandboxesByProject: byProject,
       labels: { ...this.options.labels },
       ...(pressure ? { pressure } : {}),
+      ...(this.#fncall ? { fncall: this.#fncall.status() } : {}),
       ...((this.options.reportLayers ?? this.options.labels?.pool === 'burst')
         ? { layers: await this.#listLayerRefs() }
         : {}),
@@ -218,10 +263,11 @@ export class Edge implements EdgeApi {
 
   async createSandbox(req: CreateSandboxRequest, signal?: AbortSignal): Promise<SandboxInfo> {
     const { spec } = req;
-    if (spec.backend !== this.options.backend.kind) {
+    const kinds = this.options.backend.kinds ?? [this.options.backend.kind];
+    if (!kinds.includes(spec.backend)) {
       throw new DsecError(
         'invalid_argument',
-        `this edge runs ${this.options.backend.kind} sandboxes, not ${spec.backend}`,
+        `this edge runs ${kinds.join(', ')} sandboxes, not ${spec.backend}`,
         {
           field: 'backend',
         },
@@ -239,7 +285,12 @@ export class Edge implements EdgeApi {
     }
     this.options.network?.validate(spec);
     const { admission } = this.options;
-    admission.admit(req.id, spec);
+    try {
+      admission.admit(req.id, spec);
+    } catch (err) {
+      this.#refused(req, err);
+      throw err;
+    }
     const now = new Date();
     let record: SandboxRecord;
     try {
@@ -279,15 +330,25 @@ export class Edge implements EdgeApi {
     includeEnded?: boolean;
   }): Promise<SandboxInfo[]> {
     const projects = filter.projectIds && new Set(filter.projectIds);
-    return this.#store
-      .list(filter.includeEnded ? undefined : ['creating', 'running', 'stopping', 'paused'])
-      .filter((r) => !projects || projects.has(r.projectId))
-      .map((r) => toInfo(r, this.edgeId));
+    return (
+      this.#store
+        .list(filter.includeEnded ? undefined : ['creating', 'running', 'stopping', 'paused'])
+        // FnCall workers are listed only when their project is asked for by name.
+        .filter((r) => (projects ? projects.has(r.projectId) : r.projectId !== FNCALL_PROJECT))
+        .map((r) => toInfo(r, this.edgeId))
+    );
   }
 
   async stopSandbox(id: string): Promise<void> {
     const rec = this.#get(id);
     await this.#stop(rec, 'stopped by request');
+  }
+
+  /** Runs one stateless call in a warm pool (issue 14, docs/adr/0014-fncall.md). */
+  async fncall(req: FnCallRequest, options: FnCallOptions): Promise<FnCallResult> {
+    if (!this.#fncall)
+      throw new DsecError('unavailable', `edge ${this.edgeId} runs no function calls`);
+    return this.#fncall.call(req, options);
   }
 
   // ---- pause, resume, TTL (issue 11; lifecycle/lifecycle.ts, docs/adr/0012-pause-and-resume.md) ----
@@ -325,6 +386,7 @@ export class Edge implements EdgeApi {
     )
       result = { ...result, outcome: 'oom' };
     this.options.events?.recordCommand(id, result);
+    this.options.metrics?.commandFinished(result.outcome);
     return result;
   }
 
@@ -393,6 +455,25 @@ export class Edge implements EdgeApi {
     return this.options.events?.list(id, query.afterId, query.limit) ?? [];
   }
 
+  /** An admission refusal: counted, and logged with the `AdmissionRefusal` fields. */
+  #refused(req: CreateSandboxRequest, err: unknown): void {
+    const e = toDsecError(err);
+    if (e.code !== 'capacity_exhausted') return;
+    // The details name the edge too; the edge's log lines already do.
+    const { edgeId: _edgeId, ...refusal } = (e.details ?? {}) as Partial<AdmissionRefusal> & {
+      edgeId?: string;
+    };
+    this.options.metrics?.admissionRefused({
+      resource: refusal.resource ?? 'sandboxes',
+      measure: refusal.measure ?? 'unknown',
+    });
+    this.options.log?.(
+      'admission refused',
+      { id: req.id, projectId: req.projectId, ...refusal },
+      'warn',
+    );
+  }
+
   #get(id: string): SandboxRecord {
     const rec = this.#store.get(id);
     if (!rec) throw new DsecError('sandbox_not_found', `no sandbox ${id}`);
@@ -400,18 +481,25 @@ export class Edge implements EdgeApi {
   }
 
   async #start(rec: SandboxRecord, signal?: AbortSignal): Promise<SandboxInfo> {
+    const { log, metrics } = this.options;
+    const startMs = performance.now();
     try {
       // A bounded number of starts at once; a burst queues (create-gate.ts).
       const started = await this.#gate.run(() => this.options.backend.start(rec, signal), signal);
       this.#store.update(rec.id, { state: 'running', ...started });
+      const ms = performance.now() - startMs;
+      metrics?.observePhase('total', ms / 1000);
+      metrics?.started(true);
+      log?.('sandbox started', { id: rec.id, projectId: rec.projectId, createMs: Math.round(ms) });
       return toInfo({ ...rec, ...started, state: 'running' }, this.edgeId);
     } catch (err) {
-      this.options.log?.('sandbox start failed', { id: rec.id, err: String(err) });
-      await this.options.backend
-        .stop(rec)
-        .catch((e: unknown) =>
-          this.options.log?.('rollback failed', { id: rec.id, err: String(e) }),
-        );
+      const reason = toDsecError(err).message;
+      metrics?.started(false);
+      log?.('sandbox start failed', { id: rec.id, projectId: rec.projectId, reason }, 'error');
+      await this.options.backend.stop(rec).then(
+        () => log?.('sandbox rolled back', { id: rec.id, reason }, 'warn'),
+        (e: unknown) => log?.('rollback failed', { id: rec.id, reason, err: String(e) }, 'error'),
+      );
       try {
         this.#store.update(rec.id, { state: 'failed', reason: toDsecError(err).message });
         this.options.admission.release(rec.id);
@@ -436,6 +524,7 @@ export class Edge implements EdgeApi {
         await this.options.backend.stop(current);
         this.#store.update(rec.id, { state: 'stopped', reason });
         this.options.admission.release(rec.id);
+        this.options.log?.('sandbox stopped', { id: rec.id, reason });
       })().finally(() => this.#stopping.delete(rec.id));
       this.#stopping.set(rec.id, stopping);
     }
@@ -446,6 +535,7 @@ export class Edge implements EdgeApi {
     const now = new Date().toISOString();
     for (const rec of this.#store.list(['running'])) {
       if (rec.expiresAt <= now) {
+        this.options.log?.('ttl expired: stopping', { id: rec.id, expiresAt: rec.expiresAt });
         await this.#stop(rec, 'ttl expired').catch((err: unknown) =>
           this.options.log?.('ttl stop failed', { id: rec.id, err: String(err) }),
         );
@@ -468,6 +558,8 @@ export class Edge implements EdgeApi {
     const live = this.#store.list(['creating', 'running', 'stopping', 'paused']);
     await this.options.layers.adopt(live.flatMap((r) => r.layers));
     const now = new Date().toISOString();
+    const { log } = this.options;
+    const outcome = { adopted: 0, stopped: 0, rolledBack: 0, chronusRestarted: 0 };
     for (const found of live) {
       // A pause or resume a crash interrupted is finished first (lifecycle.ts).
       const rec = await this.#lifecycle.recover(found);
@@ -477,10 +569,19 @@ export class Edge implements EdgeApi {
       const deadline = paused ? (rec.pausedExpiresAt ?? rec.expiresAt) : rec.expiresAt;
       if (running && deadline > now) {
         for (const layer of rec.layers) await this.options.layers.acquire(layer);
+        outcome.adopted++;
+        log?.('sandbox adopted', { id: rec.id, state: rec.state });
         // Adopted paused: its frozen daemon is checked when it resumes.
         if (paused) continue;
-        const chronusPid = await backend.ensureChronus(rec).catch(() => undefined);
-        if (chronusPid !== undefined) this.#store.update(rec.id, { chronusPid });
+        const chronusPid = await backend.ensureChronus(rec).catch((err: unknown) => {
+          log?.('command daemon restart failed', { id: rec.id, err: String(err) }, 'error');
+          return undefined;
+        });
+        if (chronusPid !== undefined) {
+          outcome.chronusRestarted++;
+          log?.('command daemon restarted', { id: rec.id, chronusPid });
+          this.#store.update(rec.id, { chronusPid });
+        }
         continue;
       }
       const reason =
@@ -499,7 +600,15 @@ export class Edge implements EdgeApi {
         state: rec.state === 'creating' ? 'failed' : 'stopped',
         reason,
       });
+      if (rec.state === 'creating') outcome.rolledBack++;
+      else outcome.stopped++;
+      log?.(
+        rec.state === 'creating' ? 'sandbox rolled back' : 'sandbox stopped',
+        { id: rec.id, reason },
+        rec.state === 'creating' ? 'warn' : 'info',
+      );
     }
+    log?.('reconciled after start', outcome);
     // Adopt the survivors' networks; remove namespaces and firewall entries of the rest.
     await this.options.network?.reconcile(this.#store.list(['running', 'paused']));
     this.options.admission.adopt(

@@ -20,8 +20,10 @@ import { DsecError } from '@dsec/core';
 import type { ImageStore } from '@dsec/core';
 import { ChronusSupervisor, initPath, mountErofs, unmount } from '@dsec/native';
 import { ContainerBackend } from './backends/container/container-backend.js';
+import { withMicrovm, type MicrovmEdgeOptions } from './backends/microvm/index.js';
 import { detectCgroupDriver, favorDynamicModifications } from './cgroups/cgroup-driver.js';
 import { Edge, type EdgeCapacity } from './edge.js';
+import type { FnCallPoolsOptions } from './fncall/pools.js';
 import { AdmissionController } from './admission/admission-controller.js';
 import {
   ADMISSION_DEFAULTS,
@@ -32,13 +34,34 @@ import {
 import { HostPressure } from './admission/host-pressure.js';
 import { LayerMountCache } from './layers/layer-cache.js';
 import { blobDaemonBlobs } from './layers/remote-blobs.js';
+import {
+  erofsMountFromEnv,
+  resolveErofsMount,
+  type ErofsMountSetting,
+} from './layers/erofs-mount.js';
 import { defaultRuntimeBinary, RuncRuntime } from './runtime/oci-runtime.js';
 import { EventLog } from './events/event-log.js';
 import { ensureDir, TRAVERSE_DIR_MODE } from './state/host-state.js';
 import { openNetwork, type EdgeNetworkOptions } from './network/open-network.js';
 import { SwapArea } from './lifecycle/swap-area.js';
+import type { EdgeLogFn } from './observability/log.js';
+import { blobStatsFile, type EdgeMetrics } from './observability/metrics.js';
 
 export { Edge, type EdgeCapacity, type EdgeOptions } from './edge.js';
+export {
+  FNCALL_PROJECT,
+  FNCALL_RUNTIME_LABEL,
+  FNCALL_NETWORK_LABEL,
+  FnCallPools,
+  type FnCallPoolsOptions,
+} from './fncall/pools.js';
+export { DEFAULT_FNCALL_RUNTIMES, type FnCallRuntime } from './fncall/runtimes.js';
+export {
+  FNCALL_IMAGE_RECIPES,
+  prepareFnCallImages,
+  type PrepareFnCallImagesOptions,
+} from './fncall/images.js';
+export type { PoolSizing } from './fncall/sizing.js';
 export { AdmissionController } from './admission/admission-controller.js';
 export {
   ADMISSION_DEFAULTS,
@@ -52,12 +75,68 @@ export {
 export { HostPressure, type PressureSource } from './admission/host-pressure.js';
 export { ContainerBackend } from './backends/container/container-backend.js';
 export { buildContainerConfig, SANDBOX_CAPABILITIES } from './backends/container/spec.js';
-export type { Backend, PauseResult, StartedSandbox } from './backends/backend.js';
+export type {
+  Backend,
+  BackendSandbox,
+  PauseResult,
+  SandboxChannel,
+  SandboxCommand,
+  StartedSandbox,
+} from './backends/backend.js';
+export { BackendSet } from './backends/backend-set.js';
+export {
+  bootBare,
+  DEFAULT_MICROVM_ASSETS_DIR,
+  ensureMicrovmAssets,
+  findMicrovmAssets,
+  findQemu,
+  MicrovmBackend,
+  probeAccel,
+  type Accel,
+  type MicrovmAssets,
+  type MicrovmEdgeOptions,
+} from './backends/microvm/index.js';
 export { detectCgroupDriver, type CgroupDriver } from './cgroups/cgroup-driver.js';
 export { defaultRuntimeBinary, RuncRuntime, type OciRuntime } from './runtime/oci-runtime.js';
 export { LayerMountCache } from './layers/layer-cache.js';
 export { OutputCapture } from './sessions/output-capture.js';
 export { mountPoints } from './layers/mountinfo.js';
+export {
+  GpuAllocator,
+  type GpuAllocatorOptions,
+  type GpuAssignment,
+  type GpuUnit,
+  type GpuUnitStatus,
+} from './gpu/allocator.js';
+export {
+  discoverGpuInventory,
+  nodeGpuHostProbe,
+  type GpuDiscoveryOptions,
+  type GpuHostProbe,
+} from './gpu/discover.js';
+export type {
+  DeviceNode,
+  DriverFile,
+  GpuDevice,
+  GpuInventory,
+  MigInstance,
+} from './gpu/inventory.js';
+export { gpuSpecFragment, withGpu, type GpuSpecFragment } from './gpu/oci-fragment.js';
+export { doctorFailed, runDoctor, type DoctorCheck, type DoctorOptions } from './doctor.js';
+export {
+  EROFS_MOUNT_ENV,
+  EROFS_MOUNT_SETTINGS,
+  erofsMountFromEnv,
+  kernelHasFileBackedErofs,
+  kernelVersion,
+  parseErofsMountSetting,
+  hostErofsMounter,
+  probeErofsMount,
+  resolveErofsMount,
+  type ErofsMountMode,
+  type ErofsMountSetting,
+  type ErofsProbe,
+} from './layers/erofs-mount.js';
 export { EventLog } from './events/event-log.js';
 export {
   ensureDir,
@@ -90,6 +169,29 @@ export { DEFAULT_NETWORK_CATALOGUE } from './network/policy.js';
 export { openCgroupPause, type CgroupPause, type MemoryLimits } from './lifecycle/cgroup-pause.js';
 export { SwapArea, type SwapAreaOptions } from './lifecycle/swap-area.js';
 export { DEFAULT_PAUSED_TTL_MS, MAX_TTL_SECONDS, MIN_TTL_SECONDS } from './lifecycle/lifecycle.js';
+export {
+  edgeLog,
+  jsonLogger,
+  REDACTED_FIELDS,
+  type EdgeLogFn,
+  type JsonLoggerOptions,
+  type LevelLogger,
+  type LogLevel,
+} from './observability/log.js';
+export {
+  CREATE_PHASES,
+  EdgeMetrics,
+  type CreatePhase,
+  type EdgeMetricsOptions,
+  type EdgeMetricsSources,
+} from './observability/metrics.js';
+export {
+  metricsText,
+  parseListenAddress,
+  serveMetrics,
+  type MetricsListener,
+  type MetricsListenerOptions,
+} from './observability/metrics-listener.js';
 
 export interface ContainerEdgeOptions {
   edgeId: string;
@@ -116,6 +218,12 @@ export interface ContainerEdgeOptions {
   /** Mounted but unused layers are unmounted beyond this many bytes. */
   layerCacheBytes?: number;
   /**
+   * How layers are mounted: `file` (file-backed EROFS, Linux 6.12+), `loop`
+   * (auto-clearing loop devices, older kernels) or `auto` (probe at start).
+   * Default: `DSEC_EROFS_MOUNT` when set, else `auto`.
+   */
+  erofsMount?: ErofsMountSetting | undefined;
+  /**
    * Bytes of the on-demand chunk cache for a remote image store's data blobs
    * (`stateDir/blob-cache`; default 10 GiB).
    */
@@ -140,7 +248,14 @@ export interface ContainerEdgeOptions {
    */
   pauseSwapMaxBytes?: number | undefined;
   pauseSwapChunkBytes?: number | undefined;
-  log?: (msg: string, fields?: Record<string, unknown>) => void;
+  /** Lifecycle log (docs/observability.md), e.g. `edgeLog(jsonLogger({ name: 'dsec-edge' }))`. */
+  log?: EdgeLogFn | undefined;
+  /** Prometheus metrics of this edge; bound to it here (`metrics.registry` to serve). */
+  metrics?: EdgeMetrics | undefined;
+  /** FnCall warm pools (docs/adr/0014-fncall.md); `false` turns FnCall off. */
+  fncall?: FnCallPoolsOptions | false | undefined;
+  /** MicroVM sandboxes (`backend: 'microvm'`): on where QEMU and the built kernel are; `false`: off. */
+  microvm?: MicrovmEdgeOptions | false | undefined;
 }
 
 /**
@@ -188,10 +303,18 @@ async function assertTraversable(dir: string): Promise<void> {
 export async function openContainerEdge(options: ContainerEdgeOptions): Promise<Edge> {
   ensureDir(options.stateDir, TRAVERSE_DIR_MODE);
   await assertTraversable(options.stateDir);
+  const erofsMount = await resolveErofsMount(options.erofsMount ?? erofsMountFromEnv() ?? 'auto', {
+    probeDir: join(options.stateDir, 'erofs-probe'),
+    log: options.log,
+  });
   const layers = new LayerMountCache(
     join(options.stateDir, 'layers'),
     options.store,
-    { mountErofs, unmount },
+    {
+      mountErofs: (image, target, mountOptions) =>
+        mountErofs(image, target, { ...mountOptions, loop: erofsMount === 'loop' }),
+      unmount,
+    },
     options.layerCacheBytes ?? 8 * 2 ** 30,
     options.store.local
       ? undefined
@@ -202,7 +325,10 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
           cacheBytes: options.blobCacheBytes ?? 10 * 2 ** 30,
         }),
   );
-  const events = new EventLog(join(options.stateDir, 'events.db'));
+  const { metrics } = options;
+  const events = new EventLog(join(options.stateDir, 'events.db'), {
+    onRecord: metrics && ((kind) => metrics.sandboxEvent(kind)),
+  });
   const network = await openNetwork(options.stateDir, options.network, events, options.log);
   const cgroups = detectCgroupDriver();
   if (options.cgroupFavorDynmods ?? true) await favorDynamicModifications(options.log);
@@ -240,15 +366,17 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     cgroupParent,
     network,
     swap,
+    metrics,
+    log: options.log,
   });
-  return Edge.open({
+  const edge = await Edge.open({
     edgeId: options.edgeId,
     url: options.url,
     labels: options.labels,
     reportLayers: options.reportLayers,
     stateDir: options.stateDir,
     store: options.store,
-    backend,
+    backend: withMicrovm(backend, { ...options, layers, network, cgroups, cgroupParent }),
     layers,
     admission,
     ttlSweepMs: options.ttlSweepMs,
@@ -258,5 +386,17 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     pausedTtlMs: options.pausedTtlMs,
     idleTimeoutMs: options.idleTimeoutMs,
     swap,
+    metrics,
+    fncall: options.fncall,
   });
+  metrics?.bind({
+    sandboxStates: async () =>
+      (await edge.listSandboxes({ includeEnded: true })).map((s) => s.state),
+    admission: () => admission.view(),
+    layerCache: () => ({ ...layers.stats(), ...layers.counters }),
+    ...(options.store.local
+      ? {}
+      : { blobStats: blobStatsFile(join(options.stateDir, 'blobs', '.stats')) }),
+  });
+  return edge;
 }

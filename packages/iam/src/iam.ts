@@ -9,6 +9,7 @@ import type {
   AuditEntry,
   AuditOutcome,
   CreatedKey,
+  FnCallRateLimit,
   Principal,
   Project,
   Quota,
@@ -48,6 +49,7 @@ interface ProjectRow {
   quota_sandboxes: number | null;
   quota_memory_mb: number | null;
   quota_cpu_millis: number | null;
+  quota_fncalls_per_second: number | null;
   created_at: string;
 }
 
@@ -72,9 +74,12 @@ const ANCESTORS_CTE = `WITH RECURSIVE anc(id, parent_id, depth) AS (
   SELECT id, parent_id, 0 FROM projects WHERE id = ?
   UNION ALL SELECT p.id, p.parent_id, anc.depth + 1 FROM projects p JOIN anc ON p.id = anc.parent_id)`;
 const PROJECT_COLUMNS =
-  'p.id, p.name, p.parent_id, p.quota_sandboxes, p.quota_memory_mb, p.quota_cpu_millis, p.created_at';
+  'p.id, p.name, p.parent_id, p.quota_sandboxes, p.quota_memory_mb, p.quota_cpu_millis, p.quota_fncalls_per_second, p.created_at';
 const HAS_QUOTA =
   '(p.quota_sandboxes IS NOT NULL OR p.quota_memory_mb IS NOT NULL OR p.quota_cpu_millis IS NOT NULL)';
+
+/** Quota fields a child may not set above its parent's effective limit. */
+const QUOTA_FIELDS = ['sandboxes', 'memoryMb', 'cpuCores', 'fncallsPerSecond'] as const;
 
 /** Keys and ancestor chains held in memory at most; past it the cache starts over. */
 const CACHE_MAX_ENTRIES = 10_000;
@@ -258,7 +263,7 @@ export class Iam {
         }
         checkQuotaShape(quota);
         const limits = await this.#effectiveQuota(q, parentId);
-        for (const field of ['sandboxes', 'memoryMb', 'cpuCores'] as const) {
+        for (const field of QUOTA_FIELDS) {
           const want = quota[field];
           const limit = limits[field];
           if (want !== undefined && limit !== undefined && want > limit) {
@@ -281,8 +286,8 @@ export class Iam {
         const id = randomId('prj');
         const at = this.#iso();
         await q.run(
-          `INSERT INTO projects (id, name, parent_id, quota_sandboxes, quota_memory_mb, quota_cpu_millis, created_at)
-             VALUES (?, ?, ?, ?, ?, ?, ?)`,
+          `INSERT INTO projects (id, name, parent_id, quota_sandboxes, quota_memory_mb, quota_cpu_millis,
+             quota_fncalls_per_second, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
           [
             id,
             input.name,
@@ -290,6 +295,7 @@ export class Iam {
             quota.sandboxes ?? null,
             quota.memoryMb ?? null,
             toMillis(quota.cpuCores),
+            quota.fncallsPerSecond ?? null,
             at,
           ],
         );
@@ -454,6 +460,32 @@ export class Iam {
         ...(scopes ? { scopes } : {}),
       };
     });
+  }
+
+  // ---- call rate ------------------------------------------------------------------
+
+  /**
+   * The calls-per-second limits that apply to calls made in `projectId`: the
+   * project's own and every ancestor's that has one, nearest first (a call
+   * counts against each, as a sandbox counts against every ancestor's
+   * quota). Empty for an unlimited chain; `not_found` for an unknown project.
+   * `FnCallRateLimiter` reads this and keeps the buckets.
+   */
+  async fncallRateLimits(projectId: string): Promise<FnCallRateLimit[]> {
+    const rows = await this.#db.all<ProjectRow & { depth: number }>(
+      `${ANCESTORS_CTE} SELECT ${PROJECT_COLUMNS}, anc.depth AS depth FROM anc JOIN projects p ON p.id = anc.id
+         ORDER BY anc.depth`,
+      [projectId],
+    );
+    if (rows.length === 0)
+      throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`);
+    return rows
+      .filter((r) => r.quota_fncalls_per_second !== null)
+      .map((r) => ({
+        projectId: r.id,
+        name: r.name,
+        perSecond: Number(r.quota_fncalls_per_second),
+      }));
   }
 
   // ---- quota reservations ---------------------------------------------------------
@@ -841,7 +873,7 @@ export class Iam {
     const out: Quota = {};
     for (const p of chain) {
       const q2 = toProject(p).quota;
-      for (const f of ['sandboxes', 'memoryMb', 'cpuCores'] as const) {
+      for (const f of QUOTA_FIELDS) {
         const v = q2[f];
         const cur = out[f];
         if (v !== undefined && (cur === undefined || v < cur)) out[f] = v;
@@ -902,11 +934,12 @@ function cleanQuota(q: Quota): Quota {
   if (q.sandboxes !== undefined) out.sandboxes = q.sandboxes;
   if (q.memoryMb !== undefined) out.memoryMb = q.memoryMb;
   if (q.cpuCores !== undefined) out.cpuCores = Math.round(q.cpuCores * 1000) / 1000;
+  if (q.fncallsPerSecond !== undefined) out.fncallsPerSecond = q.fncallsPerSecond;
   return out;
 }
 
 function checkQuotaShape(q: Quota): void {
-  for (const f of ['sandboxes', 'memoryMb'] as const) {
+  for (const f of ['sandboxes', 'memoryMb', 'fncallsPerSecond'] as const) {
     const v = q[f];
     if (v !== undefined && !(Number.isSafeInteger(v) && v >= 0)) {
       throw new DsecError('invalid_argument', `quota.${f} must be an integer ≥ 0`, {
@@ -927,5 +960,6 @@ function toProject(r: ProjectRow): Project {
   if (r.quota_sandboxes !== null) quota.sandboxes = r.quota_sandboxes;
   if (r.quota_memory_mb !== null) quota.memoryMb = r.quota_memory_mb;
   if (r.quota_cpu_millis !== null) quota.cpuCores = r.quota_cpu_millis / 1000;
+  if (r.quota_fncalls_per_second !== null) quota.fncallsPerSecond = r.quota_fncalls_per_second;
   return { id: r.id, name: r.name, parentId: r.parent_id, quota, createdAt: r.created_at };
 }

@@ -23,6 +23,8 @@
 export { openControlDb, isPostgresLocation } from './control-db.js';
 export type { ControlDb, ControlDbOptions } from './control-db.js';
 export { Iam, PROJECT_NAME_PATTERN } from './iam.js';
+export { FnCallRateLimiter } from './fncall-rate-limiter.js';
+export type { FnCallRateLimiterOptions, FnCallRateLimitSource } from './fncall-rate-limiter.js';
 export type { IamOptions } from './iam.js';
 export { EdgeRegistry, EDGE_ID_PATTERN } from './edge-registry.js';
 export type { EdgeProbe, EdgeRecord, EdgeRegistration } from './edge-registry.js';
@@ -34,7 +36,9 @@ export {
   isScoped,
   MAX_SCOPES,
   mayRunImage,
+  mayReadMetrics,
   maySnapshot,
+  METRICS_SCOPE,
   RUN_SCOPE_PREFIX,
   scopesCover,
   SNAPSHOT_SCOPE,
@@ -46,6 +50,7 @@ export type {
   AuditEntry,
   AuditOutcome,
   CreatedKey,
+  FnCallRateLimit,
   Principal,
   Project,
   Quota,

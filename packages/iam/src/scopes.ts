@@ -15,6 +15,9 @@ import type { Principal } from './types.js';
  *   characters; a pattern without `:version` matches every version
  *   (`images:run:task-*` runs `task-7:latest` and `task-7:v2`, not `base`).
  *
+ * - `metrics:read` lets a member key of the root project read `/metrics`
+ *   (admins of the root project may without it): a monitoring key.
+ *
  * So `['sandboxes:snapshot', 'images:run:base*']` builds task images from
  * `base` without being able to run what it built, and `['images:run:task-*']`
  * runs them without being able to make new ones. A key creates keys only
@@ -22,6 +25,7 @@ import type { Principal } from './types.js';
  */
 export const SNAPSHOT_SCOPE = 'sandboxes:snapshot';
 export const RUN_SCOPE_PREFIX = 'images:run:';
+export const METRICS_SCOPE = 'metrics:read';
 /** Scopes on one key at most. */
 export const MAX_SCOPES = 32;
 
@@ -42,12 +46,13 @@ export function checkScopes(scopes: readonly unknown[]): string[] {
     const ok =
       typeof scope === 'string' &&
       (scope === SNAPSHOT_SCOPE ||
+        scope === METRICS_SCOPE ||
         (scope.startsWith(RUN_SCOPE_PREFIX) &&
           RUN_PATTERN.test(scope.slice(RUN_SCOPE_PREFIX.length))));
     if (!ok) {
       throw new DsecError(
         'invalid_argument',
-        `scope ${JSON.stringify(scope)} is neither ${SNAPSHOT_SCOPE} nor ${RUN_SCOPE_PREFIX}<image pattern>`,
+        `scope ${JSON.stringify(scope)} is none of ${SNAPSHOT_SCOPE}, ${METRICS_SCOPE}, ${RUN_SCOPE_PREFIX}<image pattern>`,
         { field: `scopes.${i}` },
       );
     }
@@ -64,6 +69,15 @@ export function isScoped(principal: Principal): boolean {
 /** Whether the principal may snapshot (unscoped keys may). */
 export function maySnapshot(principal: Principal): boolean {
   return principal.scopes === undefined || principal.scopes.includes(SNAPSHOT_SCOPE);
+}
+
+/**
+ * Whether the principal's role or scopes allow reading metrics: an admin, or
+ * a key with `metrics:read`. The caller also requires the root project
+ * (metrics show every tenant's load).
+ */
+export function mayReadMetrics(principal: Principal): boolean {
+  return principal.role === 'admin' || (principal.scopes ?? []).includes(METRICS_SCOPE);
 }
 
 /** Whether the principal may start a sandbox stacking layer `ref` (unscoped keys may). */

@@ -13,6 +13,20 @@ export interface Quota {
   sandboxes?: number | undefined;
   memoryMb?: number | undefined;
   cpuCores?: number | undefined;
+  /**
+   * Function calls (`/v1/fncall`) the subtree may start per second, a rate
+   * rather than a count of live things: enforced by `FnCallRateLimiter`
+   * with a burst of one second's worth.
+   */
+  fncallsPerSecond?: number | undefined;
+}
+
+/** One project's own calls-per-second limit, as `Iam.fncallRateLimits` returns it. */
+export interface FnCallRateLimit {
+  projectId: string;
+  /** For error messages. */
+  name: string;
+  perSecond: number;
 }
 
 export interface Project {

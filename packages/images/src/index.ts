@@ -36,6 +36,8 @@ export { openImageStore } from './store/open.js';
 export type { OpenImageStoreOptions } from './store/open.js';
 export { importOci } from './oci/import.js';
 export type { ImportOciOptions } from './oci/import.js';
+export { importFromRegistry, OCI_DIFF_LAYER_NAME } from './oci/registry.js';
+export type { ImportRegistryOptions, RegistryImportResult } from './oci/registry.js';
 export { readOciImage } from './oci/read-image.js';
 export type { OciImage } from './oci/read-image.js';
 export { collapseLayers, DEFAULT_COLLAPSE_MAX_BYTES } from './collapse.js';

@@ -3,6 +3,7 @@ import { DsecError } from '@dsec/core';
 import type { Answer, Body, EdgeStatus, LayerInfo, SandboxInfo } from './wire.js';
 import { jobAction } from './lifecycle.js';
 import { Sandbox } from './sandbox.js';
+import { FnCalls } from './fncall.js';
 import { HttpTransport } from './transport.js';
 import type {
   CallOptions,
@@ -37,6 +38,8 @@ export class DSecClient {
   readonly url: string;
   /** Who the key belongs to; set by `open()`. */
   whoami: Whoami | undefined;
+  /** Stateless function calls in warm pools (`run`, `map`; docs/fncall.md). */
+  readonly fncall: FnCalls;
   readonly #http: HttpTransport;
   readonly #timeoutMs: number;
 
@@ -49,6 +52,7 @@ export class DSecClient {
       maxSockets: options.maxSockets,
       retry: options.retry,
     });
+    this.fncall = new FnCalls(this.#http);
   }
 
   /**
@@ -109,6 +113,16 @@ export class DSecClient {
       idempotent: true,
     });
     return new Sandbox(this.#http, info.id, info, this.#timeoutMs);
+  }
+
+  /**
+   * Like `runContainer`, in a microVM (`backend: 'microvm'`): the sandbox
+   * gets its own guest kernel, and everything else (commands, sessions,
+   * files, ports, terminals) works the same. Edges without QEMU refuse it.
+   */
+  runMicroVM(spec: RunContainerOptions, options: CallOptions = {}): Promise<Sandbox> {
+    // runContainer spreads the spec after its `backend`, so this one wins.
+    return this.runContainer({ ...spec, backend: 'microvm' } as RunContainerOptions, options);
   }
 
   /** A handle for an existing sandbox; makes no request (`refresh()` loads its info). */

@@ -78,4 +78,13 @@ export { Files } from './files.js';
 export type { FileCallOptions, WriteOptions } from './files.js';
 export type { SandboxFetchInit } from './port-fetch.js';
 export { Terminal } from './terminal.js';
+export { FnCalls } from './fncall.js';
+export type {
+  FnCallMapItem,
+  FnCallMapOptions,
+  FnCallOutcome,
+  FnCallPoolStatus,
+  FnCallRequest,
+  FnCallResult,
+} from './fncall.js';
 export type { TerminalOptions } from './terminal.js';

@@ -75,6 +75,9 @@ export interface WatcherOptions {
    */
   onProbe?: (edgeId: string, result: ProbeResult) => void | Promise<void>;
   onProbeError?: (edgeId: string, err: unknown) => void;
+  /** Logs an edge going down (warn, with the probe's error) or coming up (info). */
+  log?:
+    ((msg: string, fields: Record<string, unknown>, level?: 'info' | 'warn') => void) | undefined;
 }
 
 const ZERO = () => ({ memoryMb: 0, cpuCores: 0, sandboxes: 0 });
@@ -200,7 +203,15 @@ export class Watcher {
     } finally {
       clearTimeout(timer);
     }
+    const was = this.#edges.get(api.edgeId)?.healthy;
     this.#edges.set(api.edgeId, view);
+    if (was !== view.healthy && (was !== undefined || !view.healthy)) {
+      this.#options.log?.(
+        view.healthy ? 'edge up' : 'edge down',
+        { edgeId: api.edgeId, ...(view.lastError ? { err: view.lastError } : {}) },
+        view.healthy ? 'info' : 'warn',
+      );
+    }
     this.#report(api.edgeId, result);
   }
 

@@ -3,7 +3,8 @@
 from .client import DSecClient
 from .commands import CommandHandle, Commands, OutputStream
 from .files import Files
+from .fncall import FnCalls
 from .sandbox import Sandbox
 from .session import Session
 
-__all__ = ["DSecClient", "Sandbox", "Commands", "CommandHandle", "OutputStream", "Session", "Files"]
+__all__ = ["DSecClient", "Sandbox", "Commands", "CommandHandle", "OutputStream", "Session", "Files", "FnCalls"]

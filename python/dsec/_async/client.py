@@ -31,6 +31,7 @@ from ..models import (
     from_wire,
     to_wire,
 )
+from .fncall import FnCalls
 from .sandbox import Sandbox
 from .transport import Transport
 
@@ -67,6 +68,8 @@ class DSecClient:
         self._http = Transport(self.url, key, retry=retry, max_connections=max_connections)
         #: Who the key belongs to; set by ``open()``.
         self.whoami: Optional[Whoami] = None
+        #: Stateless function calls in warm pools (``run``, ``map``; docs/fncall.md).
+        self.fncall = FnCalls(self._http)
 
     async def __aenter__(self) -> "DSecClient":
         await self.open()

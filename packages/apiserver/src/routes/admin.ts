@@ -69,6 +69,7 @@ export function adminRoutes(
       sandboxesByProject: { ...(e.status?.sandboxesByProject ?? {}) },
       labels: { ...(e.status?.labels ?? {}) },
       ...(e.status?.pressure ? { pressure: e.status.pressure } : {}),
+      ...(e.status?.fncall ? { fncall: e.status.fncall.map((p) => ({ ...p })) } : {}),
     }));
     return { edges };
   });

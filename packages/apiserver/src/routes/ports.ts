@@ -148,6 +148,8 @@ export const PTY_UPGRADE = 'dsec-pty';
  */
 export function ptyUpgrade(app: FastifyInstance, service: SandboxService, iam: Iam): void {
   app.server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    // Browsers' WebSocket terminals are served by ./pty-ws.ts.
+    if (String(req.headers.upgrade).toLowerCase() === 'websocket') return;
     void handleUpgrade(req, socket, head, service, iam);
   });
 }

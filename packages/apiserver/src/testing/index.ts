@@ -16,4 +16,6 @@ export type { TestApi } from './harness.js';
 export { edgeApiConformance, conformanceSpec } from '@dsec/core/testing';
 export type { EdgeUnderTest } from '@dsec/core/testing';
 export { ScriptedEdge, startTestServer, TEST_LAYERS } from './scripted-edge.js';
+export { addFnCall, FnCallDouble } from './fncall-double.js';
+export type { FnCallScript } from './fncall-double.js';
 export type { RecordedRequest, ScriptedCommand, TestServer } from './scripted-edge.js';

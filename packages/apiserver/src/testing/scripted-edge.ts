@@ -14,6 +14,8 @@ import type {
 } from '@dsec/core';
 import { FakeEdge } from './fake-edge.js';
 import { createTestApi } from './harness.js';
+import { addFnCall } from './fncall-double.js';
+import type { FnCallDouble } from './fncall-double.js';
 import type { TestApi } from './harness.js';
 
 /**
@@ -267,7 +269,7 @@ export interface TestServer {
   /** The bootstrap admin key of the root project. */
   key: string;
   api: TestApi;
-  edge: ScriptedEdge;
+  edge: ScriptedEdge & { fncallDouble: FnCallDouble };
   /** Every request the apiserver routed, in order. */
   requests: RecordedRequest[];
   /** Connections accepted so far (to check keep-alive reuse). */
@@ -292,7 +294,8 @@ export const TEST_LAYERS: LayerInfo[] = [
 
 /** The real apiserver over a `ScriptedEdge`, listening on 127.0.0.1. */
 export async function startTestServer(): Promise<TestServer> {
-  const edge = new ScriptedEdge();
+  // FnCall answers from a double (stdin echoed; script it with `edge.fncallDouble.onCall`).
+  const edge = addFnCall(new ScriptedEdge());
   const api = await createTestApi({ edges: [edge], imagesList: async () => TEST_LAYERS });
   const requests: RecordedRequest[] = [];
   api.app.addHook('preHandler', async (req) => {

@@ -13,6 +13,9 @@ import { benchPause } from '../bench/pause.js';
 import { benchPlacement, PLACEMENT_STRATEGIES } from '../bench/placement.js';
 import { benchQos } from '../bench/qos.js';
 import { registerEvalBench } from '../bench/eval.js';
+import { registerFnCallBench } from '../bench/fncall.js';
+import { registerRegistryBench } from '../bench/registry.js';
+import { registerMicrovmBench } from '../bench/microvm.js';
 import { benchSdk } from '../bench/sdk.js';
 import type { LatencySummary } from '../bench/stats.js';
 import { contextOf, type CliContext } from '../context.js';
@@ -495,6 +498,9 @@ export function register(program: Command): void {
       ctx.out(`ratios (dsec ÷ eager): ${JSON.stringify(report.ratios)}`);
     });
   registerEvalBench(bench);
+  registerFnCallBench(bench);
+  registerRegistryBench(bench);
+  registerMicrovmBench(bench);
 }
 
 /**

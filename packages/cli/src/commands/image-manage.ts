@@ -11,6 +11,7 @@ import {
 import {
   collapseLayers,
   DirImageStore,
+  importFromRegistry,
   importOci,
   openImageStore,
   transferLayer,
@@ -60,7 +61,13 @@ export function phaseProgress(
       if (p.phase !== phase) {
         bar?.done();
         phase = p.phase;
-        bar = createProgress({ label: `${label}: ${p.phase}`, total: p.total, enabled: !ctx.json });
+        bar = createProgress({
+          label: `${label}: ${p.phase}`,
+          total: p.total,
+          enabled: !ctx.json,
+          // The registry pull counts bytes; the other phases count files or layers.
+          ...(p.phase === 'pull' ? { format: formatBytes } : {}),
+        });
       }
       bar?.update(p.done ?? 0, p.total);
     },
@@ -81,6 +88,9 @@ export function printLayer(ctx: CliContext, layer: LayerInfo): void {
 interface ImportOptions {
   fromOci?: string;
   fromTar?: string;
+  fromRegistry?: string;
+  insecure?: boolean;
+  authfile?: string;
   ref?: string;
   kind: string;
   split?: boolean;
@@ -108,6 +118,15 @@ export function register(program: Command): void {
       'an OCI image layout directory, or a tar of one, or a docker-archive (podman save)',
     )
     .option('--from-tar <file>', 'a root filesystem tarball (plain, .gz, .xz, .zst)')
+    .option(
+      '--from-registry <ref>',
+      'pull docker://HOST/REPO:TAG with skopeo (layers already converted are reused)',
+    )
+    .option('--insecure', 'with --from-registry: plain HTTP or an unverified TLS certificate')
+    .option(
+      '--authfile <file>',
+      'with --from-registry: a containers auth.json (default REGISTRY_AUTH_FILE, then $XDG_RUNTIME_DIR/containers/auth.json; or DSEC_REGISTRY_USERNAME/DSEC_REGISTRY_PASSWORD)',
+    )
     .option('--ref <tag>', 'with --from-oci: which image, when the archive holds several')
     .option('--kind <kind>', 'base, workspace or toolkit', 'base')
     .option('--split', 'store metadata and data separately (data read on demand)')
@@ -119,10 +138,12 @@ export function register(program: Command): void {
       const ctx = contextOf(command);
       const ref = parseRefOrThrow(refText);
       const kind = parseKind(opts.kind);
-      if (Boolean(opts.fromOci) === Boolean(opts.fromTar)) {
-        throw new DsecError('invalid_argument', 'give exactly one of --from-oci, --from-tar', {
-          field: 'from',
-        });
+      if ([opts.fromOci, opts.fromTar, opts.fromRegistry].filter(Boolean).length !== 1) {
+        throw new DsecError(
+          'invalid_argument',
+          'give exactly one of --from-oci, --from-tar, --from-registry',
+          { field: 'from' },
+        );
       }
       const progress = phaseProgress(ctx, `importing ${ref.name}:${ref.version}`);
       const common = {
@@ -133,6 +154,34 @@ export function register(program: Command): void {
         signal: ctx.signal,
         onProgress: progress.onProgress,
       };
+      if (opts.fromRegistry) {
+        const result = await importFromRegistry(localStore(ctx), {
+          ...common,
+          source: opts.fromRegistry,
+          ...(opts.insecure ? { insecure: true } : {}),
+          ...(opts.authfile !== undefined ? { authFile: opts.authfile } : {}),
+          env: ctx.io.env,
+          mounter: { mountErofs, unmount },
+          ...(opts.keepWhiteouts ? { keepWhiteouts: true } : {}),
+        });
+        progress.done();
+        if (ctx.json) {
+          ctx.out(
+            JSON.stringify({
+              ...result.layer,
+              layers: result.layers,
+              pulledBytes: result.pulledBytes,
+            }),
+          );
+        } else {
+          printLayer(ctx, result.layer);
+          const reused = result.layers.filter((l) => l.reused).length;
+          ctx.out(
+            `${result.layers.length} image layers: ${reused} reused, ${result.layers.length - reused} converted; ${formatBytes(result.pulledBytes)} pulled`,
+          );
+        }
+        return;
+      }
       const layer = opts.fromOci
         ? await importOci(localStore(ctx), {
             ...common,

@@ -15,12 +15,18 @@ export function register(program: Command): void {
     .option('--max-sandboxes <n>', 'quota: live sandboxes', parseInteger)
     .option('--max-memory-mb <n>', 'quota: memory of live sandboxes, MiB', parseInteger)
     .option('--max-cpus <n>', 'quota: CPU cores of live sandboxes', parseNumber)
+    .option(
+      '--max-fncalls-per-second <n>',
+      'quota: function calls started per second',
+      parseInteger,
+    )
     .action(async (name: string, opts: CreateProjectOptions, command: Command) => {
       const ctx = contextOf(command);
       const quota = {
         sandboxes: opts.maxSandboxes,
         memoryMb: opts.maxMemoryMb,
         cpuCores: opts.maxCpus,
+        fncallsPerSecond: opts.maxFncallsPerSecond,
       };
       const hasQuota = Object.values(quota).some((v) => v !== undefined);
       const created = await ctx.client().createProject({
@@ -51,9 +57,13 @@ export function register(program: Command): void {
         limit(p.quota?.sandboxes),
         limit(p.quota?.memoryMb, ' MiB'),
         limit(p.quota?.cpuCores),
+        limit(p.quota?.fncallsPerSecond, '/s'),
       ]);
       ctx.io.stdout.write(
-        formatTable(['ID', 'NAME', 'PARENT', 'MAX SANDBOXES', 'MAX MEMORY', 'MAX CPUS'], rows),
+        formatTable(
+          ['ID', 'NAME', 'PARENT', 'MAX SANDBOXES', 'MAX MEMORY', 'MAX CPUS', 'MAX CALLS'],
+          rows,
+        ),
       );
     });
 }
@@ -63,4 +73,5 @@ interface CreateProjectOptions {
   maxSandboxes?: number;
   maxMemoryMb?: number;
   maxCpus?: number;
+  maxFncallsPerSecond?: number;
 }

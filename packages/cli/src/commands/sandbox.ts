@@ -17,7 +17,7 @@ export function register(program: Command): void {
 
   sandbox
     .command('create')
-    .description('create a container sandbox and print its ID')
+    .description('create a sandbox (a container unless --backend says otherwise) and print its ID')
     .requiredOption('--image <name>', 'base image layer, name or name:version')
     .option('--workspace <name>', 'workspace layer above the base')
     .option('--toolkit <name>', 'toolkit layer (repeatable; the last wins)', collect)
@@ -41,9 +41,18 @@ export function register(program: Command): void {
     .option('--init-user <user>', 'user commands run as by default (default root)')
     .option('--project <id>', "project to bill (default: the key's)")
     .option('--request-id <id>', 'idempotency key: a retry returns the same sandbox')
+    .addOption(
+      new Option(
+        '--backend <kind>',
+        'container (default) or microvm: its own guest kernel',
+      ).choices(['container', 'microvm']),
+    )
     .action(async (opts: CreateOptions, command: Command) => {
       const ctx = contextOf(command);
-      const sb = await ctx.client().runContainer(
+      const client = ctx.client();
+      const run: typeof client.runContainer = (spec, o) =>
+        opts.backend === 'microvm' ? client.runMicroVM(spec, o) : client.runContainer(spec, o);
+      const sb = await run(
         {
           image: opts.image,
           workspace: opts.workspace,
@@ -169,6 +178,7 @@ export function register(program: Command): void {
 
 interface CreateOptions {
   image: string;
+  backend?: 'container' | 'microvm';
   workspace?: string;
   toolkit?: string[];
   memoryMb?: number;

@@ -7,6 +7,8 @@ import {
   startEdgeServer,
   startWatcher,
 } from '@dsec/cluster';
+import { jsonLogger } from '@dsec/edge';
+import type { Logger } from 'pino';
 import { contextOf, type CliContext } from '../context.js';
 import { runUntilStopped } from './run-until-stopped.js';
 
@@ -36,7 +38,7 @@ export function register(program: Command): void {
       ) => {
         const ctx = contextOf(command);
         const config = await loadClusterConfig(opts.config);
-        const edge = await startEdgeServer(config, { log: logTo(ctx) });
+        const edge = await startEdgeServer(config, { logger: logTo(ctx) });
         ctx.out(`ready ${edge.url}`);
         await runUntilStopped(
           ctx,
@@ -52,7 +54,7 @@ export function register(program: Command): void {
     .action(async (opts: { config: string; exitWithStdin?: boolean }, command: Command) => {
       const ctx = contextOf(command);
       const config = await loadClusterConfig(opts.config);
-      const api = await startApiserver(config, { log: logTo(ctx) });
+      const api = await startApiserver(config, { logger: logTo(ctx) });
       ctx.out(`ready ${api.url}`);
       if (api.adminKey && !config.apiserver?.adminKeyFile)
         ctx.err(`admin key of the new root project (store it now): ${api.adminKey}`);
@@ -64,7 +66,7 @@ export function register(program: Command): void {
     .action(async (opts: { config: string; exitWithStdin?: boolean }, command: Command) => {
       const ctx = contextOf(command);
       const config = await loadClusterConfig(opts.config);
-      const watcher = await startWatcher(config, { log: logTo(ctx) });
+      const watcher = await startWatcher(config, { logger: logTo(ctx) });
       ctx.out('ready watcher');
       await runUntilStopped(ctx, 'dsec serve watcher', () => watcher.close(), opts);
     });
@@ -104,7 +106,7 @@ export function register(program: Command): void {
     });
 }
 
-function logTo(ctx: CliContext): (msg: string, fields?: Record<string, unknown>) => void {
-  return (msg, fields) =>
-    ctx.io.stderr.write(`${msg}${fields ? ' ' + JSON.stringify(fields) : ''}\n`);
+/** JSON lines on stderr (stdout carries the `ready` line `dsec up --edges` waits for). */
+export function logTo(ctx: CliContext): Logger {
+  return jsonLogger({ name: 'dsec', destination: ctx.io.stderr });
 }

@@ -1,10 +1,12 @@
-import type { Command } from 'commander';
+import { Option, type Command } from 'commander';
 import { startLocalCluster, startSingleNode } from '@dsec/cluster';
+import { EROFS_MOUNT_SETTINGS, jsonLogger, parseListenAddress } from '@dsec/edge';
 import { contextOf } from '../context.js';
 import { parseInteger } from '../parse.js';
 import { dsecCommand } from '../self-command.js';
 import { runUntilStopped } from './run-until-stopped.js';
-import { addAdmissionOptions, admissionConfig, type AdmissionFlags } from './up-admission.js';
+import { addAdmissionOptions } from './up-admission.js';
+import { upSettings, type UpFlags } from './up-config.js';
 
 /**
  * `dsec up`: a single-node cluster in this process; with `--edges N`, a
@@ -17,6 +19,10 @@ export function register(program: Command): void {
   addAdmissionOptions(program.command('up'))
     .description(
       'run a single-node cluster (apiserver, placement, watcher, IAM, edge) until stopped',
+    )
+    .option(
+      '--config <file>',
+      'a cluster config file (JSON, docs/cluster.md): its `up`, `apiserver`, `imageStore` and `e2b` sections; flags override it',
     )
     .option('--port <n>', 'port to listen on', '7420')
     .option('--host <addr>', 'address to listen on', '127.0.0.1')
@@ -45,66 +51,76 @@ export function register(program: Command): void {
       'serve E2B host names <port>-<sandboxId>.<domain> (docs/e2b.md)',
     )
     .option('--log-requests', 'log every request as a JSON line')
+    .option(
+      '--metrics-listen <host:port>',
+      'serve /metrics without a key on this admin address, e.g. 127.0.0.1:9464 (default off; with --edges N, edge i serves on port+i)',
+      (v: string) => parseListenAddress(v, 'metrics-listen'),
+    )
     .option('--stop-sandboxes', 'stop all sandboxes on shutdown instead of leaving them running')
     .option('--runtime <binary>', 'OCI runtime: crun (default where installed) or runc')
+    .addOption(
+      new Option(
+        '--erofs-mount <how>',
+        'how layers are mounted: file (Linux 6.12+), loop (older kernels) or auto (probe; default, or env DSEC_EROFS_MOUNT)',
+      ).choices(EROFS_MOUNT_SETTINGS),
+    )
     .option(
       '--no-cgroup-favordynmods',
       'leave the host cgroup2 mount as it is (by default it is remounted with favordynmods: faster creates)',
     )
-    .action(
-      async (
-        opts: {
-          port: string;
-          host: string;
-          edges?: number;
-          pausedTtlSeconds?: number;
-          idlePauseSeconds?: number;
-          pauseSwapMaxMb?: number;
-          e2bDomain?: string;
-          logRequests?: boolean;
-          stopSandboxes?: boolean;
-          runtime?: string;
-          cgroupFavordynmods: boolean;
-        } & AdmissionFlags,
-        command: Command,
-      ) => {
-        const ctx = contextOf(command);
-        const { stateDir } = ctx.options;
-        const common = {
-          stateDir,
-          port: Number(opts.port),
-          host: opts.host,
-          logRequests: opts.logRequests === true,
-          admission: admissionConfig(opts),
-          cgroupFavorDynmods: opts.cgroupFavordynmods,
-          lifecycle: {
-            pausedTtlMs: opts.pausedTtlSeconds && opts.pausedTtlSeconds * 1000,
-            idleTimeoutMs: opts.idlePauseSeconds && opts.idlePauseSeconds * 1000,
-            pauseSwapMaxBytes:
-              opts.pauseSwapMaxMb === undefined ? undefined : opts.pauseSwapMaxMb * 2 ** 20,
-          },
-        };
-        const node =
-          opts.edges === undefined
-            ? await startSingleNode({
-                ...common,
-                ...(ctx.options.imageStore ? { imageStore: ctx.options.imageStore } : {}),
-                ...(opts.runtime ? { runtimeBinary: opts.runtime } : {}),
-                e2b: { sandboxDomain: opts.e2bDomain },
-              })
-            : await startLocalCluster({
-                ...common,
-                edges: opts.edges,
-                runtime: opts.runtime,
-                e2bDomain: opts.e2bDomain,
-                dsecCommand: dsecCommand(),
-                log: (msg) => ctx.io.stderr.write(msg + '\n'),
-              });
-        ctx.out(`ready ${node.url}`);
-        ctx.io.stderr.write(`admin key in ${stateDir}/admin.key; export DSEC_URL=${node.url}\n`);
-        await runUntilStopped(ctx, 'dsec up', () =>
-          node.close({ stopSandboxes: opts.stopSandboxes === true }),
-        );
-      },
-    );
+    .action(async (opts: UpFlags, command: Command) => {
+      const ctx = contextOf(command);
+      const up = await upSettings(opts, command, ctx);
+      const { stateDir } = up;
+      // JSON lines on stderr: stdout carries the `ready` line scripts wait for.
+      const logger = jsonLogger({ name: 'dsec', destination: ctx.io.stderr });
+      const { metricsListen } = opts as { metricsListen?: { host: string; port: number } };
+      const common = {
+        stateDir,
+        port: up.port,
+        host: up.host,
+        logRequests: up.logRequests,
+        admission: up.admission,
+        cgroupFavorDynmods: up.cgroupFavorDynmods,
+        lifecycle: {
+          pausedTtlMs: up.pausedTtlSeconds && up.pausedTtlSeconds * 1000,
+          idleTimeoutMs: up.idlePauseSeconds && up.idlePauseSeconds * 1000,
+          pauseSwapMaxBytes:
+            up.pauseSwapMaxMb === undefined ? undefined : up.pauseSwapMaxMb * 2 ** 20,
+        },
+      };
+      const node =
+        up.edges === undefined
+          ? await startSingleNode({
+              ...common,
+              ...(up.imageStore ? { imageStore: up.imageStore } : {}),
+              ...(up.runtime ? { runtimeBinary: up.runtime } : {}),
+              ...(up.erofsMount ? { erofsMount: up.erofsMount } : {}),
+              ...(up.network ? { network: up.network } : {}),
+              ...(up.blobCacheBytes ? { blobCacheBytes: up.blobCacheBytes } : {}),
+              e2b: up.e2b,
+              logger,
+              metricsListen,
+            })
+          : await startLocalCluster({
+              ...common,
+              edges: up.edges,
+              runtime: up.runtime,
+              e2bDomain: up.e2b.sandboxDomain,
+              edgeConfig: {
+                ...(up.erofsMount ? { erofsMount: up.erofsMount } : {}),
+                ...(up.network ? { network: up.network } : {}),
+                ...(up.blobCacheBytes ? { blobCacheBytes: up.blobCacheBytes } : {}),
+              },
+              dsecCommand: dsecCommand(),
+              log: (msg) => logger.warn({ component: 'cluster' }, msg),
+              metricsListen,
+            });
+      ctx.out(`ready ${node.url}`);
+      logger.info(
+        { url: node.url, adminKeyFile: `${stateDir}/admin.key` },
+        `ready: admin key in ${stateDir}/admin.key; export DSEC_URL=${node.url}`,
+      );
+      await runUntilStopped(ctx, 'dsec up', () => node.close({ stopSandboxes: up.stopSandboxes }));
+    });
 }

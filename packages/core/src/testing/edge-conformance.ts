@@ -27,6 +27,12 @@ export interface EdgeUnderTest {
   lifecycle?: boolean;
   /** Run the snapshot cases. Default: whether `edge.snapshotSandbox` is set. */
   snapshots?: boolean;
+  /**
+   * Run the FnCall cases (issue 14) with this runtime and a program in it
+   * that copies stdin to stdout. Default: not run (a FnCall edge needs its
+   * runtime images prepared).
+   */
+  fncall?: { language: string; echoCode: string } | undefined;
   cleanup?: () => Promise<void>;
 }
 
@@ -121,6 +127,27 @@ export function edgeApiConformance(name: string, make: () => Promise<EdgeUnderTe
       isDsecError(e, 'sandbox_not_running'),
     );
   });
+
+  withEdge(
+    'fncall runs a call to completion and reports its pool',
+    async ({ edge, fncall }) => {
+      const { language, echoCode } = fncall!;
+      const r = await edge.fncall!(
+        { language, code: echoCode, stdin: 'conformance 1 2 3\n' },
+        { projectId: 'prj-t' },
+      );
+      assert.equal(r.exitCode, 0);
+      assert.equal(r.outcome, 'ok');
+      assert.equal(r.stdout, 'conformance 1 2 3\n');
+      assert.equal(r.truncated, false);
+      assert.ok(r.durationMs >= 0);
+      const pools = (await edge.status()).fncall ?? [];
+      const pool = pools.find((p) => p.language === language && !p.network);
+      assert.ok(pool, `status().fncall has no ${language} pool after a call`);
+      assert.ok(pool.max >= pool.idle + pool.busy + pool.starting || pool.max === 0);
+    },
+    (u) => u.fncall !== undefined && u.edge.fncall !== undefined,
+  );
 
   withEdge('unknown IDs are sandbox_not_found', async ({ edge, mintId }) => {
     const id = mintId();

@@ -10,6 +10,8 @@ export interface EventLogOptions {
   maxTotal?: number;
   /** Repeats of one key within this window are counted, not stored. */
   dedupeWindowMs?: number;
+  /** Called for every event recorded, folded repeats included (metrics count them). */
+  onRecord?: ((kind: SandboxEventKind) => void) | undefined;
 }
 
 interface Row {
@@ -32,12 +34,15 @@ interface Row {
 export class EventLog {
   readonly #db: Database.Database;
   readonly #sql: (source: string) => Database.Statement;
-  readonly #o: Required<EventLogOptions>;
+  readonly #o: Required<Omit<EventLogOptions, 'onRecord'>>;
+  readonly #onRecord: ((kind: SandboxEventKind) => void) | undefined;
   readonly #recent = new Map<string, { until: number; suppressed: number }>();
   #inserts = 0;
 
   constructor(file: string, options: EventLogOptions = {}) {
-    this.#o = { maxPerSandbox: 1000, maxTotal: 200_000, dedupeWindowMs: 10_000, ...options };
+    const { onRecord, ...limits } = options;
+    this.#onRecord = onRecord;
+    this.#o = { maxPerSandbox: 1000, maxTotal: 200_000, dedupeWindowMs: 10_000, ...limits };
     this.#db = openPrivateDatabase(file);
     this.#sql = statementCache(this.#db);
     this.#db.pragma('journal_mode = WAL');
@@ -63,6 +68,7 @@ export class EventLog {
     details: Record<string, unknown> = {},
     dedupeKey?: string,
   ): void {
+    this.#onRecord?.(kind);
     const now = Date.now();
     let count = 1;
     if (dedupeKey !== undefined) {

@@ -37,8 +37,9 @@ interface Entry {
 
 /**
  * Node-wide cache of mounted layers (paper 5.1, 5.3). Each layer is mounted
- * once per node — read-only EROFS, file-backed, no loop device — and shared by
- * every sandbox that uses it. Concurrent acquires of one layer share a single
+ * once per node — read-only EROFS, file-backed (or, on kernels before 6.12,
+ * through loop devices that clear themselves with the mount: the mounter
+ * decides) — and shared by every sandbox that uses it. Concurrent acquires of one layer share a single
  * mount. Layers nobody uses stay mounted (the next sandbox starts faster)
  * until their total size passes the budget; then the least recently used are
  * unmounted.
@@ -79,9 +80,13 @@ export class LayerMountCache {
     }
   }
 
+  /** Acquisitions that found the layer mounted (or mounting), and those that mounted it (metrics). */
+  readonly counters = { hits: 0, misses: 0 };
+
   /** Mounts the layer if needed and returns its mount directory; pair with `release`. */
   async acquire(layer: LayerInfo): Promise<string> {
     let entry = this.#entries.get(layer.digest);
+    this.counters[entry ? 'hits' : 'misses']++;
     if (!entry) {
       entry = { layer, dir: this.#dirFor(layer), refs: 0, lastUsedMs: Date.now() };
       entry.mounting = this.#mount(entry);

@@ -110,7 +110,7 @@ export class Lifecycle {
         this.#requireLive(rec);
         this.#o.store.setLifecycle(id, { intent: 'resume' });
         const start = performance.now();
-        const { chronusPid } = await this.#o.backend.resume!({ ...rec, intent: 'resume' });
+        const { chronusPid } = await this.#o.backend.resume!(rec);
         const done = this.#finishResume(id, chronusPid);
         this.#o.log?.('sandbox resumed', { id, resumeMs: Math.round(performance.now() - start) });
         return done;

@@ -22,6 +22,7 @@ import {
   shiftErofsIds,
   type ScrubPattern,
 } from '@dsec/images';
+import { BackendSet } from '../backends/backend-set.js';
 import { ContainerBackend } from '../backends/container/container-backend.js';
 import type { LayerMountCache } from '../layers/layer-cache.js';
 import type { SandboxRecord } from '../state/edge-store.js';
@@ -326,6 +327,7 @@ async function upperNamespacePrefix(image: string, mountDir: string): Promise<st
 
 /** The snapshot source of a container sandbox; `unavailable` for backends without one. */
 export function containerSnapshotSource(backend: unknown, rec: SandboxRecord): SnapshotSource {
+  if (backend instanceof BackendSet) backend = backend.for(rec);
   if (!(backend instanceof ContainerBackend)) {
     throw new DsecError('unavailable', 'this edge cannot snapshot its sandboxes');
   }

@@ -232,6 +232,8 @@ describe('blob daemon (FUSE)', { skip }, () => {
     await mkdir(target);
     await mountErofs(await f.store.blobPath(layer.digest), target, {
       blobDevice: daemon.pathFor(layer.blobDigest),
+      // CI runs this file once more with loop devices (older kernels' path).
+      loop: process.env.DSEC_EROFS_MOUNT === 'loop',
     });
     try {
       for (const [name, content] of Object.entries(files))
@@ -280,9 +282,12 @@ describe('blob daemon (FUSE)', { skip }, () => {
 
   test('a verified name checks every chunk against its chunk table', async (t) => {
     const f = await fixture(t);
-    const M = CHUNK_TABLE_CHUNK_BYTES;
-    const table = await putTable(f.store, f.dir, f.data);
-    const daemon = await f.start({ chunkBytes: M });
+    // A table of 1 MiB chunks (what layers were built with before 256 KiB) on a
+    // daemon of 256 KiB chunks: reads of that name are cut at the table's size.
+    const M = 1 << 20;
+    assert.notEqual(CHUNK, M);
+    const table = await putTable(f.store, f.dir, f.data, M);
+    const daemon = await f.start();
     const hex = f.digest.slice('sha256:'.length);
     const path = daemon.pathFor(f.digest, { chunkTable: table });
     assert.equal(path, join(f.mountDir, `${hex}.${table.slice('sha256:'.length)}`));
@@ -317,7 +322,7 @@ describe('blob daemon (FUSE)', { skip }, () => {
     );
 
     // Tables that do not fit: a missing one, one whose bytes do not match its
-    // digest, one of another chunk size.
+    // digest, one whose chunk size no cache can hold.
     await assert.rejects(
       stat(daemon.pathFor(f.digest, { chunkTable: `sha256:${'1'.repeat(64)}` })),
       {
@@ -332,8 +337,8 @@ describe('blob daemon (FUSE)', { skip }, () => {
     await assert.rejects(stat(daemon.pathFor(otherDigest, { chunkTable: otherTable })), {
       code: 'EIO',
     });
-    const smallChunks = await putTable(f.store, f.dir, f.data, CHUNK);
-    await assert.rejects(stat(daemon.pathFor(f.digest, { chunkTable: smallChunks })), {
+    const oddChunks = await putTable(f.store, f.dir, f.data, 100_000);
+    await assert.rejects(stat(daemon.pathFor(f.digest, { chunkTable: oddChunks })), {
       code: 'EIO',
     });
     // A table of another blob: its chunk count does not fit.
@@ -351,7 +356,7 @@ describe('blob daemon (FUSE)', { skip }, () => {
     const log = await readFile(join(f.cacheDir, 'blobd.log'), 'utf8');
     assert.match(log, /chunk 4 of sha256:[0-9a-f]{64} does not match its digest/);
     assert.match(log, /do not match its digest/);
-    assert.match(log, /chunk sizes differ/);
+    assert.match(log, /chunk size 100000 is not a power of two/);
     assert.deepEqual(await mountsUnder(f.dir), []);
   });
 });

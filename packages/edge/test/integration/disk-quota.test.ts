@@ -52,7 +52,9 @@ test(
       });
       const sh = async (id: string, line: string) => edge.runCommand(id, { shell: line });
 
-      const images = (await loopBackingFiles()).filter((f) => f.startsWith(dir));
+      // Only sandboxes' upper images count: with DSEC_EROFS_MOUNT=loop, layers have loop devices too.
+      const sandboxes = join(dir, 'edge', 'sandboxes');
+      const images = (await loopBackingFiles()).filter((f) => f.startsWith(sandboxes));
       assert.equal(images.length, 1, 'one loop device, backed by the sandbox’s image');
 
       // Bytes: a 64 MiB write stops at the 32 MiB quota with ENOSPC.
@@ -85,7 +87,7 @@ test(
       await edge.stopSandbox(quota.id);
       await edge.stopSandbox(other.id);
       assert.deepEqual(
-        (await loopBackingFiles()).filter((f) => f.startsWith(dir)),
+        (await loopBackingFiles()).filter((f) => f.startsWith(sandboxes)),
         [],
         'the loop device detached with the sandbox',
       );

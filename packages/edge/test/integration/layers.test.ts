@@ -45,7 +45,7 @@ function mountDirOf(stateDir: string, layer: LayerInfo): string {
   );
 }
 
-/** Files loop devices are bound to (none may be ours: layers are file-backed mounts). */
+/** Files loop devices are bound to (none is ours unless the edge mounts layers through loop devices). */
 async function loopBackingFiles(): Promise<string[]> {
   const out: string[] = [];
   for (const dev of await readdir('/sys/block').catch(() => [])) {
@@ -264,10 +264,11 @@ void describe('layers: base + workspace + toolkits through a real sandbox', () =
       meta.includes(t3.digest.slice(7)) && meta.includes(layers.ws!.digest.slice(7)),
       meta.join(),
     );
-    const backing = await loopBackingFiles();
-    assert.deepEqual(
-      backing.filter((f) => f.startsWith(stateDir)),
-      [],
-    );
+    const backing = (await loopBackingFiles()).filter((f) => f.startsWith(stateDir));
+    if (process.env.DSEC_EROFS_MOUNT === 'loop') {
+      // Loop mode (older kernels): one device per mounted image or blob, none twice.
+      assert.ok(backing.length > 0);
+      assert.equal(new Set(backing).size, backing.length, backing.join());
+    } else assert.deepEqual(backing, []);
   });
 });

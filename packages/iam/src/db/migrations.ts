@@ -183,6 +183,17 @@ export const MIGRATIONS: readonly Migration[] = [
   ALTER TABLE api_keys ADD COLUMN scopes TEXT;`,
     },
   },
+  {
+    version: 5,
+    name: 'fncall rate quota',
+    // Calls per second the project's subtree may start (issue 14); NULL: no limit of its own.
+    sql: {
+      sqlite: `
+  ALTER TABLE projects ADD COLUMN quota_fncalls_per_second INTEGER;`,
+      postgres: `
+  ALTER TABLE projects ADD COLUMN quota_fncalls_per_second BIGINT;`,
+    },
+  },
 ];
 
 /** The newest layout this release knows. */

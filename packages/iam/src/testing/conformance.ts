@@ -173,6 +173,41 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.equal(denied.length, 3);
     });
 
+    test('calls-per-second quota: stored, bounded by the parent, listed nearest first', async (t) => {
+      const { iam, root } = await fresh(t);
+      const a = await iam.createProject(root, { name: 'a', quota: { fncallsPerSecond: 100 } });
+      const a1 = await iam.createProject(root, {
+        name: 'a1',
+        parentId: a.id,
+        quota: { fncallsPerSecond: 40, sandboxes: 2 },
+      });
+      const a11 = await iam.createProject(root, { name: 'a11', parentId: a1.id });
+      // a11 has no limit of its own, but a1's 40 bounds it.
+      await assert.rejects(
+        iam.createProject(root, { name: 'x', parentId: a11.id, quota: { fncallsPerSecond: 41 } }),
+        (e) =>
+          isDsecError(e, 'permission_denied') &&
+          e.field === 'quota.fncallsPerSecond' &&
+          e.details?.['limit'] === 40,
+      );
+      await assert.rejects(
+        iam.createProject(root, { name: 'y', quota: { fncallsPerSecond: 1.5 } }),
+        (e) => isDsecError(e, 'invalid_argument') && e.field === 'quota.fncallsPerSecond',
+      );
+      assert.deepEqual((await iam.getProject(root, a1.id)).quota, {
+        sandboxes: 2,
+        fncallsPerSecond: 40,
+      });
+      assert.deepEqual(await iam.fncallRateLimits(a11.id), [
+        { projectId: a1.id, name: 'a1', perSecond: 40 },
+        { projectId: a.id, name: 'a', perSecond: 100 },
+      ]);
+      assert.deepEqual(await iam.fncallRateLimits(root.projectId), []);
+      await assert.rejects(iam.fncallRateLimits('prj-nonexistent'), (e) =>
+        isDsecError(e, 'not_found'),
+      );
+    });
+
     test('members cannot create projects or grant admin; keys only in own subtree', async (t) => {
       const { iam, root } = await fresh(t);
       const a = await iam.createProject(root, { name: 'a' });

@@ -24,7 +24,10 @@ export interface paths {
       path?: never;
       cookie?: never;
     };
-    /** Prometheus metrics */
+    /**
+     * Prometheus metrics
+     * @description Needs an admin key of the root project, or a root-project key with the `metrics:read` scope (metrics show every tenant's load). Scrapers without a key use the admin listener (`metricsListen`, docs/observability.md).
+     */
     get: operations['metrics'];
     put?: never;
     post?: never;
@@ -51,6 +54,43 @@ export interface paths {
     patch?: never;
     trace?: never;
   };
+  '/ui': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /** The dashboard (redirects to `/ui/`) */
+    get: operations['dashboardRoot'];
+    put?: never;
+    post?: never;
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/ui/{path}': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /**
+     * The dashboard's static files
+     * @description The web dashboard (packages/ui); it calls this API with the key the user signs in with (`/ui/#key=KEY`: the fragment never reaches the server). Holds no data, so needs no key.
+     */
+    get: operations['dashboard'];
+    put?: never;
+    post?: never;
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
   '/v1/edges': {
     parameters: {
       query?: never;
@@ -62,6 +102,46 @@ export interface paths {
     get: operations['listEdges'];
     put?: never;
     post?: never;
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/v1/fncall': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    /**
+     * Run one stateless function call in a warm pool
+     * @description Runs `code` with the runtime `language` (`python`, `node`, `bash`, …) on an edge with warm capacity for it, and answers how it ended. Nothing the call leaves behind is seen by another. A program that fails is a 200 with its `exitCode` and `outcome`; errors are for the platform (`unavailable` when no edge runs FnCall, `quota_exceeded` past the calls-per-second quota). Calls are stateless: resend them freely (docs/fncall.md).
+     */
+    post: operations['fncall'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/v1/fncall/batch': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    /**
+     * Run many function calls, results streamed as they finish
+     * @description Runs `calls` with at most `concurrency` in flight and streams one NDJSON `FnCallBatchItem` line per call, in completion order. The whole batch is checked (400 names the first bad field, `calls.3.language`) and admitted before the stream starts; afterwards each call succeeds or fails on its own line. A client that disconnects aborts the calls still running.
+     */
+    post: operations['fncallBatch'];
     delete?: never;
     options?: never;
     head?: never;
@@ -677,7 +757,7 @@ export interface paths {
     };
     /**
      * An interactive terminal (HTTP upgrade)
-     * @description Send `Connection: Upgrade` and `Upgrade: dsec-pty`. After `101 Switching Protocols` both directions carry frames `u8 type | u32be length | payload`: the client sends DATA 0 (keystrokes), RESIZE 1 (u16be rows, u16be cols) and EOF 2; the server sends DATA 0 (output) and finally EXIT 3 (i32be exit code). Errors before the upgrade are plain `Error` answers.
+     * @description Send `Connection: Upgrade` and `Upgrade: dsec-pty`. After `101 Switching Protocols` both directions carry frames `u8 type | u32be length | payload`: the client sends DATA 0 (keystrokes), RESIZE 1 (u16be rows, u16be cols) and EOF 2; the server sends DATA 0 (output) and finally EXIT 3 (i32be exit code). Errors before the upgrade are plain `Error` answers. Browsers send `Upgrade: websocket` instead, without a key: the first message is `{"type":"auth","key":"..."}`; then binary messages carry terminal bytes both ways, and text messages JSON control: `{"type":"resize","rows","cols"}` and `{"type":"eof"}` from the client, `{"type":"ready"}`, `{"type":"exit","exitCode"}` or `{"type":"error","error":{...}}` from the server.
      */
     get: operations['openPty'];
     put?: never;
@@ -981,6 +1061,8 @@ export interface components {
         sandboxes: number;
       };
       edgeId: string;
+      /** @description Warm FnCall pools on this edge (absent on edges without FnCall). */
+      fncall?: components['schemas']['FnCallPoolStatus'][];
       healthy: boolean;
       labels: {
         [key: string]: string;
@@ -1061,6 +1143,96 @@ export interface components {
       /** @enum {string} */
       type: 'file' | 'directory' | 'symlink' | 'fifo' | 'socket' | 'char' | 'block' | 'unknown';
       uid: number;
+    };
+    FnCallBatchBody: {
+      calls: {
+        args?: string[];
+        code: string;
+        edgeSelector?: {
+          [key: string]: string;
+        };
+        env?: {
+          [key: string]: string;
+        };
+        files?: {
+          [key: string]: string;
+        };
+        gpu?: {
+          count?: number;
+          /** @enum {string} */
+          mode: 'shared' | 'exclusive';
+          model?: string;
+        };
+        language: string;
+        maxOutputBytes?: number;
+        memoryMb?: number;
+        network?: boolean;
+        stdin?: string;
+        timeoutMs?: number;
+      }[];
+      /** @default 16 */
+      concurrency?: number;
+    };
+    /** @description One finished call of a batch, in completion order: `index` is its place in `calls`. Exactly one line per call; a failed call is a line with its error, not a failed batch. */
+    FnCallBatchItem:
+      | {
+          index: number;
+          result: components['schemas']['FnCallResult'];
+        }
+      | {
+          error: {
+            code: components['schemas']['ErrorCode'];
+            message: string;
+          };
+          index: number;
+        };
+    FnCallBody: {
+      args?: string[];
+      code: string;
+      edgeSelector?: {
+        [key: string]: string;
+      };
+      env?: {
+        [key: string]: string;
+      };
+      files?: {
+        [key: string]: string;
+      };
+      gpu?: {
+        count?: number;
+        /** @enum {string} */
+        mode: 'shared' | 'exclusive';
+        model?: string;
+      };
+      language: string;
+      maxOutputBytes?: number;
+      memoryMb?: number;
+      network?: boolean;
+      stdin?: string;
+      timeoutMs?: number;
+    };
+    FnCallPoolStatus: {
+      busy: number;
+      /** @description Workers started and waiting for a call. */
+      idle: number;
+      language: string;
+      max: number;
+      network: boolean;
+      starting: number;
+    };
+    /** @description How one call ended. `outcome: ok` says only that the program ran to its own exit: read `exitCode`. */
+    FnCallResult: {
+      durationMs: number;
+      edgeId?: string;
+      /** @description The program’s exit code (128 + signal when a signal ended it, -1 when it never ran). */
+      exitCode: number;
+      /** @enum {string} */
+      outcome:
+        'ok' | 'timeout' | 'oom' | 'output_limit' | 'signaled' | 'pids_limit' | 'runtime_error';
+      reason?: string;
+      stderr: string;
+      stdout: string;
+      truncated: boolean;
     };
     ForkBody: {
       count: number;
@@ -1175,6 +1347,7 @@ export interface components {
       parentId: string | null;
       quota: {
         cpuCores?: number;
+        fncallsPerSecond?: number;
         memoryMb?: number;
         sandboxes?: number;
       };
@@ -1184,6 +1357,7 @@ export interface components {
       parentId?: string;
       quota?: {
         cpuCores?: number;
+        fncallsPerSecond?: number;
         memoryMb?: number;
         sandboxes?: number;
       };
@@ -1498,6 +1672,8 @@ export interface operations {
           'text/plain': string;
         };
       };
+      401: components['responses']['Unauthenticated'];
+      403: components['responses']['PermissionDenied'];
     };
   };
   openapi: {
@@ -1520,6 +1696,46 @@ export interface operations {
           };
         };
       };
+    };
+  };
+  dashboardRoot: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description To `/ui/`. */
+      301: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content?: never;
+      };
+    };
+  };
+  dashboard: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description A static file. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'text/html': string;
+        };
+      };
+      404: components['responses']['NotFound'];
+      503: components['responses']['Unavailable'];
     };
   };
   listEdges: {
@@ -1545,6 +1761,66 @@ export interface operations {
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
       403: components['responses']['PermissionDenied'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+    };
+  };
+  fncall: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody: {
+      content: {
+        'application/json': components['schemas']['FnCallBody'];
+      };
+    };
+    responses: {
+      /** @description How the call ended. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['FnCallResult'];
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      429: components['responses']['TooManyRequests'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+      504: components['responses']['DeadlineExceeded'];
+    };
+  };
+  fncallBatch: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody: {
+      content: {
+        'application/json': components['schemas']['FnCallBatchBody'];
+      };
+    };
+    responses: {
+      /** @description One line per call. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/x-ndjson': components['schemas']['FnCallBatchItem'];
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      413: components['responses']['PayloadTooLarge'];
+      429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
