@@ -28,3 +28,8 @@ fi
 
 echo "==> building"
 npm run -s build >/dev/null
+
+# What a microVM boots: Debian's cloud kernel (downloaded, never installed) and
+# an initramfs with the guest agent. Idempotent; rebuilt when the agent changes.
+echo "==> microVM kernel and initramfs"
+sh packages/edge/src/backends/microvm/build-assets.sh /var/cache/dsec/microvm packages/native/src

@@ -21,5 +21,7 @@ echo "==> unit tests (${#unit[@]} files)"
 run_tests --test-concurrency=2 "${unit[@]}"
 echo "==> integration tests (${#integration[@]} files, one at a time: they count host mounts and cgroups)"
 run_tests --test-concurrency=1 "${integration[@]}"
+echo "==> layer tests again with layers through loop devices (kernels before 6.12)"
+DSEC_EROFS_MOUNT=loop run_tests --test-concurrency=1 packages/edge/test/integration/{layers,blobd,crash,lifecycle,snapshot,disk-quota}.test.ts packages/cluster/test/integration/s3-store.test.ts
 echo "==> Python SDK tests (Debian's python3; they start their own dsec up)"
 /usr/bin/python3 -m pytest -q -p no:cacheprovider python/tests
