@@ -120,7 +120,7 @@ void describe('dsec completion', () => {
       assert.equal(lines[2], 'choices=auto file loop');
       const described = lines.slice(3).filter(Boolean);
       assert.ok(
-        described.some((l) => l.startsWith('create:create a container sandbox')),
+        described.some((l) => l.startsWith('create:create a sandbox')),
         stdout,
       );
       // One entry per subcommand: multi-line descriptions are folded.

@@ -188,12 +188,19 @@ void describe('fncall pools (fake workers)', () => {
   });
 
   test('close fails waiting calls and stops every worker', async () => {
-    const never: Behaviour = (call, z) => z.emit({ t: 'started', id: call.id });
+    let startedCall!: () => void;
+    const callStarted = new Promise<void>((resolve) => (startedCall = resolve));
+    const never: Behaviour = (call, z) => {
+      z.emit({ t: 'started', id: call.id });
+      startedCall();
+    };
     const h = fakeHost([never]);
     const p = pools(h.host, 1);
     const running = p.call(req('a'), { projectId: 'p' });
     const waiting = p.call(req('b'), { projectId: 'p' });
-    await new Promise((r) => setTimeout(r, 20));
+    // Close only once the first call runs on the worker (a fixed sleep raced a loaded machine).
+    await callStarted;
+    await new Promise((r) => setImmediate(r));
     await p.close();
     await assert.rejects(waiting, { code: 'unavailable' });
     assert.equal((await running).outcome, 'runtime_error');
