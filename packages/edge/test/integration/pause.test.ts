@@ -122,7 +122,10 @@ const holdMemory = (mib: number) =>
   `awk 'BEGIN { s = sprintf("%${mib * 1048576}s", ""); while (1) system("sleep 1") }'`;
 
 /** A background counter: `/tmp/count` grows while the sandbox runs. */
-const COUNTER = 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done';
+// Written to a new file and renamed: a reader never sees the truncated file between two writes
+// (that made `cat /tmp/count` print nothing now and then on a loaded machine).
+const COUNTER =
+  'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new && mv -f /tmp/count.new /tmp/count; sleep 0.05; done';
 
 test('pause freezes the sandbox and swaps its memory out; resume keeps processes, sessions and memory', async () => {
   await withEdge(async (ctx) => {
