@@ -240,6 +240,83 @@ static void wait_for(const char *dev)
         dief(errno, "no %s", dev);
 }
 
+/* Loads the modules a list of the initramfs names, in order. */
+static void load_modules(const char *list)
+{
+    FILE *f = fopen(list, "re");
+    char name[128];
+    while (f && fgets(name, sizeof name, f)) {
+        name[strcspn(name, "\n")] = 0;
+        char path[200];
+        snprintf(path, sizeof path, "/modules/%s", name);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0 || (syscall(SYS_finit_module, fd, "", 0) < 0 && errno != EEXIST))
+            dief(errno, "load module %s", name);
+        close(fd);
+    }
+    if (f)
+        fclose(f);
+}
+
+/*
+ * The VM's network (ADR 0016), when the edge gave it one: `dsec.net=eth0,
+ * ADDR/PLEN,GATEWAY[,ADDR6/PLEN,GATEWAY6]` and `dsec.dns=RESOLVER` on the
+ * kernel command line. The virtio-net driver is loaded only then (a VM
+ * without a network boots without it), eth0 is configured with the same
+ * netlink messages a container's chronus daemon sends (chronus_net.c), and
+ * the sandbox's /etc/resolv.conf becomes a read-only bind of a file naming
+ * the edge's resolver (kept out of the writable layer, as in a container).
+ * Nothing here is a boundary: the guest's root may change all of it, and
+ * the host's firewall on the tap binds the VM to its address and policy.
+ */
+static void setup_net(const char *root, const char *cmdline)
+{
+    const char *np = strstr(cmdline, "dsec.net=");
+    if (!np)
+        return;
+    char line[256];
+    snprintf(line, sizeof line, "%s", np + strlen("dsec.net="));
+    line[strcspn(line, " \n")] = 0;
+    for (char *c = line; *c; c++)
+        if (*c == ',')
+            *c = ' ';
+    struct chronus_net cfg;
+    if (chronus_net_parse(line, &cfg) < 0)
+        dief(EINVAL, "dsec.net=%s", np + strlen("dsec.net="));
+    load_modules("/modules.net");
+    char dev[64];
+    snprintf(dev, sizeof dev, "/sys/class/net/%s", cfg.ifname);
+    wait_for(dev);
+    char err[160];
+    int r = chronus_net_apply(&cfg, err, sizeof err);
+    if (r < 0)
+        dief(-r, "%s", err);
+    const char *dp = strstr(cmdline, "dsec.dns=");
+    if (!dp)
+        return;
+    char dns[64], conf[128], p[256];
+    snprintf(dns, sizeof dns, "%s", dp + strlen("dsec.dns="));
+    dns[strcspn(dns, " \n")] = 0;
+    int n = snprintf(conf, sizeof conf, "nameserver %s\noptions timeout:2 attempts:2\n", dns);
+    int fd = open("/run/resolv.conf", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || write_all(fd, conf, (size_t)n) < 0)
+        die("write /run/resolv.conf", errno);
+    close(fd);
+    snprintf(p, sizeof p, "%s/etc", root);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/etc/resolv.conf", root);
+    /* A symlink (systemd-resolved images) would lead the bind elsewhere: replace it. */
+    struct stat sb;
+    if (lstat(p, &sb) == 0 && !S_ISREG(sb.st_mode))
+        unlink(p);
+    fd = open(p, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0)
+        close(fd);
+    if (mount("/run/resolv.conf", p, NULL, MS_BIND, NULL) < 0 ||
+        mount(NULL, p, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) < 0)
+        die("bind resolv.conf", errno);
+}
+
 /*
  * What the initramfs's /init script does, without a fork per step (each
  * fork and exec of busybox costs milliseconds under TCG): the modules of
@@ -266,19 +343,7 @@ static void setup_root(const char *root)
     if (nlayers < 1 || nlayers > 24)
         dief(EINVAL, "dsec.layers=%d", nlayers);
 
-    f = fopen("/modules.order", "re");
-    char name[128];
-    while (f && fgets(name, sizeof name, f)) {
-        name[strcspn(name, "\n")] = 0;
-        char path[200];
-        snprintf(path, sizeof path, "/modules/%s", name);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || (syscall(SYS_finit_module, fd, "", 0) < 0 && errno != EEXIST))
-            dief(errno, "load module %s", name);
-        close(fd);
-    }
-    if (f)
-        fclose(f);
+    load_modules("/modules.order");
     fprintf(stderr, "dsec-guest-agent: modules loaded at %.3f s\n", uptime_s());
 
     char lower[24 * 16] = "", dev[16], dir[32];
@@ -324,7 +389,8 @@ static void setup_root(const char *root)
             die("pids cgroup", errno);
     }
     sethostname("sandbox", 7);
-    /* Loopback up: the only interface (no network device yet). */
+    setup_net(root, cmdline);
+    /* Loopback up (again, if setup_net did): the only interface without a network. */
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     struct ifreq ifr = { 0 };
     strcpy(ifr.ifr_name, "lo");
@@ -375,6 +441,16 @@ int main(int argc, char **argv)
     close(listen_fd);
     open_ports();
     fprintf(stderr, "dsec-guest-agent: serving %d ports at %.3f s\n", nports, uptime_s());
+    /*
+     * Modules no command needs first (the memory balloon, whose free-page
+     * reporting gives the host back what the guest frees): a child loads
+     * them while the first commands run. Its failure is only logged (a
+     * child's exit does not power off: power_off checks for PID 1).
+     */
+    if (getpid() == 1 && fork() == 0) {
+        load_modules("/modules.late");
+        _exit(0);
+    }
 
     struct pollfd pfd[1 + 2 * MAX_PORTS];
     for (;;) {

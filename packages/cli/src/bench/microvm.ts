@@ -22,6 +22,10 @@ export interface MicrovmBenchOptions {
   /** Guest memory of both, MiB. Default 256. */
   memoryMb?: number;
   assetsDir?: string;
+  /** Idle microVMs per memory configuration (sharing one base layer). Default 8; 0 skips. */
+  memoryVms?: number;
+  /** Pause/resume cycles of one idle VM. Default 5; 0 skips. */
+  pauseIterations?: number;
   onProgress?: (done: number, total: number) => void;
   signal?: AbortSignal | undefined;
 }
@@ -41,6 +45,27 @@ export interface MicrovmBenchReport {
   /** dsec p50 ÷ qemu p50. */
   ratios: { qemu: number };
   target: { ratioQemu: number; met: boolean };
+  /**
+   * Host memory (the QEMU process's cgroup charge) per idle microVM, `vms`
+   * of them at once sharing one base layer, after each ran a 64 MiB
+   * allocation that exited (what an agent's command leaves behind).
+   */
+  memory?: {
+    vms: number;
+    guestMemoryMb: number;
+    /** virtio-blk layers; balloon free-page reporting on / off. */
+    blkReportingOnMiB: { mean: number; max: number };
+    blkReportingOffMiB: { mean: number; max: number };
+    /** virtio-pmem DAX layers: not measured, and why. */
+    pmem: string;
+  };
+  /** Pause (state to a file, QEMU gone) and resume (restore + first exec) of an idle VM. */
+  pause?: {
+    iterations: number;
+    guestMemoryMb: number;
+    pause: LatencySummary;
+    resumeFirstExec: LatencySummary;
+  };
   kernel: string;
   method: string;
   machine: Record<string, unknown>;
@@ -76,6 +101,16 @@ export async function benchMicrovm(options: MicrovmBenchOptions = {}): Promise<M
     microvm: { assetsDir: options.assetsDir, accel },
     fncall: false,
   });
+  const openEdge = (name: string, freePageReporting: boolean) =>
+    openContainerEdge({
+      edgeId: name,
+      stateDir: join(work, name),
+      store,
+      cgroupParent,
+      network: { mode: 'none' },
+      microvm: { assetsDir: options.assetsDir, accel, freePageReporting },
+      fncall: false,
+    });
   const spec: SandboxSpec = {
     backend: 'microvm',
     image: 'busybox',
@@ -91,6 +126,8 @@ export async function benchMicrovm(options: MicrovmBenchOptions = {}): Promise<M
   };
   const dsec: number[] = [];
   const qemu: number[] = [];
+  let pause: MicrovmBenchReport['pause'];
+  let memory: MicrovmBenchReport['memory'];
   try {
     for (let i = 0; i < iterations; i++) {
       options.signal?.throwIfAborted();
@@ -103,6 +140,67 @@ export async function benchMicrovm(options: MicrovmBenchOptions = {}): Promise<M
       if (r.exitCode !== 0) throw new Error(`first exec exited ${r.exitCode}`);
       await edge.stopSandbox(id);
       options.onProgress?.(i + 1, iterations);
+    }
+    const pauseIterations = options.pauseIterations ?? 5;
+    if (pauseIterations > 0) {
+      const id = randomId('sb');
+      await edge.createSandbox({ id, projectId: 'bench', spec });
+      await edge.runCommand(id, { argv: ['true'] });
+      const pauses: number[] = [];
+      const resumes: number[] = [];
+      for (let i = 0; i < pauseIterations; i++) {
+        options.signal?.throwIfAborted();
+        // Idle: the boot's and the last exec's work settled.
+        await new Promise((r) => setTimeout(r, 1_000));
+        let t0 = performance.now();
+        await edge.pauseSandbox(id);
+        pauses.push(performance.now() - t0);
+        t0 = performance.now();
+        const r = await edge.runCommand(id, { argv: ['true'] });
+        resumes.push(performance.now() - t0);
+        if (r.exitCode !== 0) throw new Error(`exec after resume exited ${r.exitCode}`);
+      }
+      await edge.stopSandbox(id);
+      pause = {
+        iterations: pauseIterations,
+        guestMemoryMb: memoryMb,
+        pause: summarize(pauses),
+        resumeFirstExec: summarize(resumes),
+      };
+    }
+    const vms = options.memoryVms ?? 8;
+    if (vms > 0) {
+      const perVm = async (reporting: boolean) => {
+        const e = await openEdge(reporting ? 'mem-on' : 'mem-off', reporting);
+        try {
+          const ids: string[] = [];
+          for (let i = 0; i < vms; i++) {
+            options.signal?.throwIfAborted();
+            const id = randomId('sb');
+            await e.createSandbox({ id, projectId: 'bench', spec });
+            await e.runCommand(id, { shell: BURST_64MIB });
+            ids.push(id);
+          }
+          // Free-page reporting batches what was freed for 2 s before it tells the host.
+          await new Promise((r) => setTimeout(r, 5_000));
+          const mib: number[] = [];
+          for (const id of ids) mib.push(((await e.getSandbox(id)).memoryBytes ?? 0) / 2 ** 20);
+          for (const id of ids) await e.stopSandbox(id);
+          return {
+            mean: Math.round((mib.reduce((a, b) => a + b, 0) / mib.length) * 10) / 10,
+            max: Math.round(Math.max(...mib) * 10) / 10,
+          };
+        } finally {
+          await e.close();
+        }
+      };
+      memory = {
+        vms,
+        guestMemoryMb: memoryMb,
+        blkReportingOnMiB: await perVm(true),
+        blkReportingOffMiB: await perVm(false),
+        pmem: PMEM_NOTE,
+      };
     }
   } finally {
     for (const sb of await edge.listSandboxes({}))
@@ -123,14 +221,28 @@ export async function benchMicrovm(options: MicrovmBenchOptions = {}): Promise<M
     results: { dsec: d, qemu: q },
     ratios: { qemu: ratio },
     target: { ratioQemu: 1.3, met: ratio <= 1.3 },
+    ...(memory ? { memory } : {}),
+    ...(pause ? { pause } : {}),
     kernel: assets.version,
     method:
       `${iterations} alternating boots, 1 vCPU, ${memoryMb} MiB, ${accel}. dsec: createSandbox(backend microvm, busybox image) → ` +
       'first runCommand(true) returned (EROFS layer + ext4 disk as virtio-blk, modules, overlayfs, guest agent over virtio-serial). ' +
-      'qemu: bare qemu-system-x86_64 -M microvm, same kernel and initramfs with dsec.bare=1, spawn → marker on the serial console.',
+      'qemu: bare qemu-system-x86_64 -M microvm, same kernel and initramfs with dsec.bare=1, spawn → marker on the serial console. ' +
+      'pause: pauseSandbox of an idle VM (QMP stop, migration to a file, QEMU ends); resumeFirstExec: the next runCommand(true) ' +
+      '(QEMU -incoming from the file, cont, agent reconnects, exec). memory: cgroup charge of each QEMU, all VMs alive, ' +
+      '5 s after a 64 MiB allocation in each exited.',
     machine: await describeMachine(),
   };
 }
+
+/** Touches 64 MiB in one process, which then exits (the guest frees the pages). */
+const BURST_64MIB = `awk 'BEGIN { s = sprintf("%67108864s", ""); exit 0 }'`;
+
+const PMEM_NOTE =
+  'not measured: QEMU 7.2 (Debian 12) implements the memory-device interface that maps a virtio-pmem region ' +
+  'into the guest only for virtio-pmem-pci; the microvm machine has no PCI unless pcie=on (with ACPI, virtio_pci ' +
+  'and nd_pmem/virtio_pmem in the guest), and the virtio-mmio virtio-pmem device is accepted but gets no ' +
+  'guest-physical address. docs/adr/0017-microvm-lifecycle.md.';
 
 export function registerMicrovmBench(bench: Command): void {
   bench
@@ -141,9 +253,17 @@ export function registerMicrovmBench(bench: Command): void {
     .option('--iterations <n>', 'boots per system', '5')
     .option('--memory-mb <n>', 'guest memory', '256')
     .option('--assets-dir <dir>', 'kernel and initramfs cache', DEFAULT_MICROVM_ASSETS_DIR)
+    .option('--memory-vms <n>', 'idle VMs per memory configuration (0 skips)', '8')
+    .option('--pause-iterations <n>', 'pause/resume cycles (0 skips)', '5')
     .action(
       async (
-        opts: { iterations: string; memoryMb: string; assetsDir: string },
+        opts: {
+          iterations: string;
+          memoryMb: string;
+          assetsDir: string;
+          memoryVms: string;
+          pauseIterations: string;
+        },
         command: Command,
       ) => {
         const ctx = contextOf(command);
@@ -157,6 +277,8 @@ export function registerMicrovmBench(bench: Command): void {
           iterations,
           memoryMb: Number(opts.memoryMb),
           assetsDir: opts.assetsDir,
+          memoryVms: Number(opts.memoryVms),
+          pauseIterations: Number(opts.pauseIterations),
           onProgress: (done) => progress.update(done),
           ...(ctx.signal ? { signal: ctx.signal } : {}),
         });
@@ -176,6 +298,14 @@ export function registerMicrovmBench(bench: Command): void {
         ctx.out(
           `ratio ${report.ratios.qemu} (target ≤ ${report.target.ratioQemu}: ${report.target.met ? 'met' : 'not met'})`,
         );
+        if (report.pause)
+          ctx.out(
+            `pause p50 ${report.pause.pause.p50Ms.toFixed(0)} ms   resume + first exec p50 ${report.pause.resumeFirstExec.p50Ms.toFixed(0)} ms`,
+          );
+        if (report.memory)
+          ctx.out(
+            `memory per idle VM (${report.memory.vms} VMs): reporting on ${report.memory.blkReportingOnMiB.mean} MiB, off ${report.memory.blkReportingOffMiB.mean} MiB`,
+          );
       },
     );
 }

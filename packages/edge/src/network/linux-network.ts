@@ -5,11 +5,13 @@ import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
 import type { DnsAddressRecord } from './dns-message.js';
 import type {
+  FarEndConfig,
   FarEndConfigurator,
   NetworkEventSink,
   NetworkManager,
   NetworkSandbox,
   SandboxNetwork,
+  TapLink,
 } from './network-manager.js';
 import { MicroBatcher } from './batcher.js';
 import {
@@ -40,6 +42,7 @@ import {
   type Cidr,
   type CompiledPolicy,
 } from './policy.js';
+import { hasNetworkLink } from './network-manager.js';
 import { parseResolvConf, parseUpstream, PlatformResolver } from './resolver.js';
 import { IpSession, nft, nftBatcher, NftSession, runTool, startTool } from './sys.js';
 
@@ -329,29 +332,16 @@ export class LinuxNetwork implements NetworkManager {
       await Promise.all([firewall, this.#slotDrained(sb.slot)]);
       // A leftover of an earlier try: the session may know its name by the old index.
       if (await this.#deleteLink(n.veth)) this.#ip.close();
-      // A batch line takes no `-6`: the family follows from the address.
       await this.#ip.run([
         `link add ${n.veth} type veth peer name eth0 netns ${initPid}`,
-        ...(v6 ? [`addr add ${n.host6}/64 dev ${n.veth} nodad`] : []),
-        `addr add ${n.host4}/30 dev ${n.veth}`,
-        `link set ${n.veth} up`,
+        ...hostEndLines(n),
       ]);
-      const conf = (family: string, key: string, value: string) =>
-        writeFileSync(`/proc/sys/net/${family}/conf/${n.veth}/${key}`, value);
-      conf('ipv4', 'forwarding', '1');
-      // Strict reverse-path check: a sandbox cannot send with another's source address.
-      conf('ipv4', 'rp_filter', '1');
-      if (v6) {
-        conf('ipv6', 'accept_ra', '0');
-        conf('ipv6', 'force_forwarding', '1');
-      }
+      hostEndSysctls(n);
     } catch (err) {
       tool?.kill();
       throw err;
     }
-    const addresses = [{ address: n.sandbox4, prefixLength: 30, gateway: n.host4 }];
-    if (n.sandbox6 !== undefined && n.host6 !== undefined)
-      addresses.push({ address: n.sandbox6, prefixLength: 64, gateway: n.host6 });
+    const addresses = farEndAddresses(n);
     const configured = tool
       ? tool.finish(
           [
@@ -370,9 +360,61 @@ export class LinuxNetwork implements NetworkManager {
     await Promise.all([configured, this.#listen(sb)]);
   }
 
+  /**
+   * A microVM's link (ADR 0016): a tap on the host where a container's veth
+   * host end would be, under the same name, so the table's interface-keyed
+   * elements, the input hook's `dsv*` match and the resolver's socket on its
+   * address apply unchanged. Owned by the hypervisor's uid; QEMU opens it
+   * (as root, before it drops to that uid). Unlike a veth it is not removed
+   * by the kernel when the VM ends: `teardown` deletes it.
+   */
+  attachTap(sb: NetworkSandbox, options: { ownerUid: number }): Promise<TapLink> {
+    const attaching = this.#attachTap(sb, options.ownerUid);
+    const tracked = attaching
+      .then(() => undefined)
+      .catch(() => undefined)
+      .finally(() => {
+        if (this.#attaching.get(sb.id) === tracked) this.#attaching.delete(sb.id);
+      });
+    this.#attaching.set(sb.id, tracked);
+    return attaching;
+  }
+
+  async #attachTap(sb: NetworkSandbox, ownerUid: number): Promise<TapLink> {
+    if (!Number.isInteger(ownerUid) || ownerUid < 0)
+      throw new DsecError('internal', `bad tap owner ${ownerUid}`);
+    const n = this.names(sb);
+    const firewall = this.#prepared.get(sb.id);
+    this.#prepared.delete(sb.id);
+    if (!firewall) throw new DsecError('internal', `sandbox ${sb.id}: network attach before setup`);
+    await Promise.all([firewall, this.#slotDrained(sb.slot)]);
+    // A leftover of an earlier try: the session may know its name by the old index.
+    if (await this.#deleteLink(n.veth)) this.#ip.close();
+    await this.#ip.run([
+      `tuntap add dev ${n.veth} mode tap user ${ownerUid} group ${ownerUid}`,
+      ...hostEndLines(n),
+    ]);
+    hostEndSysctls(n);
+    await this.#listen(sb);
+    return {
+      tap: n.veth,
+      guest: { interface: 'eth0', addresses: farEndAddresses(n) },
+      nameserver: n.host4,
+    };
+  }
+
   async update(sb: NetworkSandbox): Promise<void> {
     const policy = compilePolicy(sb.spec, this.#catalogue);
     const live = this.#live.get(sb.id);
+    if (!live && linkFixedAtBoot(sb.spec)) {
+      // Its network device was fixed at boot: none, so there is nothing to open.
+      if (!hasNetworkLink(sb.spec)) return;
+      throw new DsecError(
+        'invalid_argument',
+        `${sb.spec.backend} sandbox ${sb.id} was created without network rules, so it has no network device; create it with rules to change them later`,
+        { field: 'networkRules' },
+      );
+    }
     if (!live) throw new DsecError('sandbox_not_running', `sandbox ${sb.id} has no network`);
     live.sb = sb;
     live.policy = policy;
@@ -418,8 +460,17 @@ export class LinuxNetwork implements NetworkManager {
     this.#resolver.detach(sb.id);
     const errors: unknown[] = [];
     // The kernel removes the veth with the namespace; nothing here depends on
-    // that, and the slot's next sandbox waits for it.
-    this.#drain(n.veth, sb.slot);
+    // that, and the slot's next sandbox waits for it. A microVM's tap stays
+    // until deleted (its VM has ended by now): deleted meanwhile.
+    const tap = isTap(n.veth)
+      ? this.#deleteLink(n.veth).then(
+          () => undefined,
+          (e: unknown) => {
+            errors.push(e);
+            this.#drain(n.veth, sb.slot);
+          },
+        )
+      : this.#drain(n.veth, sb.slot);
     const live = this.#live.get(sb.id);
     this.#live.delete(sb.id);
     if (live) await live.queue.catch(() => undefined);
@@ -451,6 +502,7 @@ export class LinuxNetwork implements NetworkManager {
     }
     // One unlink: synchronous, as a thread-pool round trip costs more on a busy host.
     rmSync(n.resolvConf, { force: true });
+    await tap;
     if (errors.length > 0) throw errors[0];
   }
 
@@ -459,7 +511,11 @@ export class LinuxNetwork implements NetworkManager {
       await Promise.all([...this.#draining.values()].map((d) => d.gone));
   }
 
-  async reconcile(live: NetworkSandbox[]): Promise<void> {
+  async reconcile(all: NetworkSandbox[]): Promise<void> {
+    // A VM has a link only if it booted with one (its tap is still there).
+    const live = all.filter(
+      (sb) => !linkFixedAtBoot(sb.spec) || existsSync(`/sys/class/net/${this.names(sb).veth}`),
+    );
     for (const sb of live) {
       try {
         this.#track(sb, compilePolicy(sb.spec, this.#catalogue));
@@ -718,7 +774,9 @@ export class LinuxNetwork implements NetworkManager {
     if (this.#draining.has(name) || !existsSync(`/sys/class/net/${name}`)) return;
     let resolve!: () => void;
     const gone = new Promise<void>((r) => (resolve = r));
-    this.#draining.set(name, { slot, deadline: Date.now() + VETH_GONE_WAIT_MS, gone, resolve });
+    // A tap is not the kernel's to remove: deleted at once.
+    const wait = isTap(name) ? 0 : VETH_GONE_WAIT_MS;
+    this.#draining.set(name, { slot, deadline: Date.now() + wait, gone, resolve });
     this.#watchDraining();
   }
 
@@ -773,7 +831,7 @@ export class LinuxNetwork implements NetworkManager {
   }
 
   /**
-   * Veths on this host with a host-end address in this edge's range that no
+   * Veths (and microVM taps) on this host with a host-end address in this edge's range that no
    * live sandbox owns: left by an earlier edge of this state directory
    * (a sandbox stopped while its veth drained, then that edge exited or
    * crashed). Drained like a teardown's, under the slot their address names.
@@ -781,7 +839,7 @@ export class LinuxNetwork implements NetworkManager {
   async #drainLeftovers(live: NetworkSandbox[]): Promise<void> {
     const ours = new Set(live.map((sb) => this.names(sb).veth));
     const links = JSON.parse(
-      await runTool('ip', ['-j', '-4', 'addr', 'show', 'type', 'veth']).catch(() => '[]'),
+      await runTool('ip', ['-j', '-4', 'addr', 'show']).catch(() => '[]'),
     ) as { ifname?: string; addr_info?: { local?: string; prefixlen?: number }[] }[];
     const base = ipToBigInt(this.subnet4.address);
     for (const link of links) {
@@ -878,6 +936,47 @@ export class LinuxNetwork implements NetworkManager {
     }
     return entries;
   }
+}
+
+/** The host end's address and state lines (`ip -batch`), for a veth or a tap named `n.veth`. */
+function hostEndLines(n: ReturnType<LinuxNetwork['names']>): string[] {
+  // A batch line takes no `-6`: the family follows from the address.
+  return [
+    ...(n.host6 !== undefined && n.sandbox6 !== undefined
+      ? [`addr add ${n.host6}/64 dev ${n.veth} nodad`]
+      : []),
+    `addr add ${n.host4}/30 dev ${n.veth}`,
+    `link set ${n.veth} up`,
+  ];
+}
+
+function hostEndSysctls(n: ReturnType<LinuxNetwork['names']>): void {
+  const conf = (family: string, key: string, value: string) =>
+    writeFileSync(`/proc/sys/net/${family}/conf/${n.veth}/${key}`, value);
+  conf('ipv4', 'forwarding', '1');
+  // Strict reverse-path check: a sandbox cannot send with another's source address.
+  conf('ipv4', 'rp_filter', '1');
+  if (n.host6 !== undefined && n.sandbox6 !== undefined) {
+    conf('ipv6', 'accept_ra', '0');
+    conf('ipv6', 'force_forwarding', '1');
+  }
+}
+
+function farEndAddresses(n: ReturnType<LinuxNetwork['names']>): FarEndConfig['addresses'] {
+  const addresses = [{ address: n.sandbox4, prefixLength: 30, gateway: n.host4 }];
+  if (n.sandbox6 !== undefined && n.host6 !== undefined)
+    addresses.push({ address: n.sandbox6, prefixLength: 64, gateway: n.host6 });
+  return addresses;
+}
+
+/** A VM's: its network device (if any, {@link hasNetworkLink}) was fixed when it booted. */
+function linkFixedAtBoot(spec: NetworkSandbox['spec']): boolean {
+  return spec.backend !== undefined && spec.backend !== 'container';
+}
+
+/** A tun/tap device (a microVM's link), which the kernel does not remove by itself. */
+function isTap(name: string): boolean {
+  return existsSync(`/sys/class/net/${name}/tun_flags`);
 }
 
 function script(lines: string[]): string {

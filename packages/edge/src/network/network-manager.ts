@@ -6,7 +6,32 @@ export interface NetworkSandbox {
   id: string;
   /** The sandbox's slot on this edge (unique among live sandboxes); addresses derive from it. */
   slot: number;
-  spec: Pick<SandboxSpec, 'networkRules' | 'networkAllow' | 'networkDeny'>;
+  spec: Pick<SandboxSpec, 'networkRules' | 'networkAllow' | 'networkDeny'> &
+    Partial<Pick<SandboxSpec, 'backend'>>;
+}
+
+/**
+ * Whether the sandbox has a link at all. A container always has its veth (a
+ * policy update may open it later); a VM's network device is fixed when it
+ * boots, so a microVM gets a tap only when its spec opens something, and
+ * none at all otherwise (ADR 0016).
+ */
+export function hasNetworkLink(spec: NetworkSandbox['spec']): boolean {
+  if (spec.backend === undefined || spec.backend === 'container') return true;
+  return Boolean(spec.networkAllow?.length) || Object.values(spec.networkRules).some(Boolean);
+}
+
+/**
+ * A microVM's link: a tap device on the host, configured as a container's
+ * veth host end, and what the guest configures on its `eth0`.
+ */
+export interface TapLink {
+  /** The tap's name on the host (QEMU's `-netdev tap,ifname=`). */
+  tap: string;
+  /** The guest's side, in `FarEndConfig` terms. */
+  guest: FarEndConfig;
+  /** The edge's resolver for this sandbox (the guest's resolv.conf). */
+  nameserver: string;
 }
 
 /** What the OCI config needs to put a sandbox on its network. */
@@ -65,6 +90,13 @@ export interface NetworkManager {
    * network layer runs a process in the sandbox's namespace for it).
    */
   attach(sb: NetworkSandbox, initPid: number, farEnd?: FarEndConfigurator): Promise<void>;
+  /**
+   * A microVM's `attach` (after `setup`): a tap owned by `ownerUid` (the
+   * hypervisor's uid) in place of the veth's host end, under the same
+   * firewall elements and resolver. `teardown` deletes it. Absent: the
+   * manager gives VMs no network.
+   */
+  attachTap?(sb: NetworkSandbox, options: { ownerUid: number }): Promise<TapLink>;
   /** Applies a changed policy to new connections; other sandboxes are untouched. */
   update(sb: NetworkSandbox): Promise<void>;
   teardown(sb: Pick<NetworkSandbox, 'id' | 'slot'>): Promise<void>;

@@ -5,7 +5,8 @@
 #                       `apt-get download` and unpacked here, never installed
 #   OUT/initramfs.cpio  busybox-static, the guest agent (chronus's event loop,
 #                       statically linked) and the few modules the cloud kernel
-#                       does not build in (virtio transport, blk, console, erofs, overlay)
+#                       does not build in (virtio transport, blk, console, erofs, overlay;
+#                       virtio_net apart, in modules.net, loaded only for a networked VM)
 #   OUT/kernel/         the unpacked package (its modules; kept for rebuilds)
 #   OUT/VERSION         the kernel release and the agent's source hash
 # Usage: build-assets.sh OUT NATIVE_SRC_DIR
@@ -27,7 +28,7 @@ fi
 KREL=$(ls kernel/lib/modules | head -1)
 MODDIR=kernel/lib/modules/$KREL/kernel
 
-AGENT_SRCS="guest_agent.c chronus_loop.c reaper.c util.c"
+AGENT_SRCS="guest_agent.c chronus_loop.c chronus_net.c reaper.c util.c"
 HASH=$( (cd "$SRC" && cat $AGENT_SRCS chronus.h util.h; cat "$SELF") | sha256sum | cut -c1-16)
 if [ -s initramfs.cpio ] && [ "$(cat VERSION 2>/dev/null)" = "$KREL $HASH" ]; then exit 0; fi
 
@@ -40,6 +41,9 @@ ln -s busybox root/bin/sh
 
 # Modules in load order: each one's dependencies (modinfo) before it.
 : > root/modules.order
+: > root/modules.net
+: > root/modules.late
+ORDER=modules.order
 # Drops a module's appended signature (struct module_signature, 12 bytes with
 # the signature's length big-endian at its end, then a 28-byte marker). The
 # guest kernel then loads it without an RSA check, which costs a lot under
@@ -61,12 +65,26 @@ add() {
   f=$(find "$MODDIR" -name "$1.ko" -o -name "$1.ko.xz" | head -1)
   [ -n "$f" ] || { echo "build-assets: module $1 not in $KREL" >&2; exit 1; }
   for d in $(modinfo_depends "$f"); do add "$d"; done
-  grep -qx "$1.ko" root/modules.order && return 0
+  grep -qx "$1.ko" root/modules.order root/modules.net root/modules.late && return 0
   case $f in *.xz) xz -dc "$f" > "root/modules/$1.ko" ;; *) cp "$f" "root/modules/$1.ko" ;; esac
   unsign "root/modules/$1.ko"
-  echo "$1.ko" >> root/modules.order
+  echo "$1.ko" >> "root/$ORDER"
 }
 for m in virtio virtio_ring virtio_mmio virtio_blk virtio_console erofs overlay; do
+  if grep -q "CONFIG_$(echo $m | tr a-z A-Z)=y" kernel/boot/config-*; then continue; fi
+  add "$m"
+done
+# The network driver, loaded by the agent only for a VM the edge gave a tap
+# (`dsec.net=`): a VM without a network boots without it (ADR 0016).
+ORDER=modules.net
+for m in virtio_net; do
+  if grep -q "CONFIG_$(echo $m | tr a-z A-Z)=y" kernel/boot/config-*; then continue; fi
+  add "$m"
+done
+# Loaded by a child of the agent once it serves (nothing before the first
+# command needs them): the balloon, for free-page reporting.
+ORDER=modules.late
+for m in virtio_balloon; do
   if grep -q "CONFIG_$(echo $m | tr a-z A-Z)=y" kernel/boot/config-*; then continue; fi
   add "$m"
 done

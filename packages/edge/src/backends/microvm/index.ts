@@ -27,6 +27,8 @@ export interface MicrovmEdgeOptions {
   accel?: Accel | undefined;
   qemuBinary?: string | undefined;
   bootTimeoutMs?: number | undefined;
+  /** virtio-balloon free-page reporting (default on; `dsec bench microvm` measures off). */
+  freePageReporting?: boolean | undefined;
 }
 
 /**
@@ -64,6 +66,7 @@ export function withMicrovm(
       qemuBinary: qemu,
       accel: options.microvm?.accel,
       bootTimeoutMs: options.microvm?.bootTimeoutMs,
+      freePageReporting: options.microvm?.freePageReporting,
       log: options.log,
     }),
   ]);

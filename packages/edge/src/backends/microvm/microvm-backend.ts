@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { chmodSync, closeSync, mkdirSync, openSync, rmSync } from 'node:fs';
+import { chmodSync, chownSync, closeSync, existsSync, mkdirSync, openSync, rmSync } from 'node:fs';
 import { open, readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
@@ -8,9 +8,8 @@ import type { ImageStore } from '@dsec/core';
 import { ChronusConnection } from '@dsec/native';
 import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
 import type { LayerMountCache } from '../../layers/layer-cache.js';
-import type { NetworkManager } from '../../network/network-manager.js';
 import { runTool } from '../../network/sys.js';
-import type { Backend, BackendSandbox, StartedSandbox } from '../backend.js';
+import type { Backend, BackendSandbox, PauseResult, StartedSandbox } from '../backend.js';
 import type { SandboxChannel, SandboxCommand } from '../channel.js';
 import {
   accelArgs,
@@ -20,6 +19,8 @@ import {
   type Accel,
   type MicrovmAssets,
 } from './assets.js';
+import { finishRestore, pausePaths, reclaimCgroup, saveVm } from './pause.js';
+import { connectMicrovm, netCmdline, tapArgs, type MicrovmNetwork } from './network.js';
 
 /** Each sandbox's hypervisor runs as its own host uid/gid (the container backend's range per slot). */
 const ID_BASE = 100_000;
@@ -60,11 +61,11 @@ export interface MicrovmBackendOptions {
   layers: Pick<LayerMountCache, 'acquire' | 'release'>;
   cgroups: CgroupDriver;
   /**
-   * The edge's network manager: a microVM has no network yet, but the edge
-   * hands every adopted sandbox to it after a restart, so `stop` releases
-   * what it may hold for this one (idempotent, like the container's).
+   * The edge's network manager: a VM whose spec opens something gets a tap
+   * under its firewall elements and resolver (network.ts, ADR 0016); `stop`
+   * releases them (idempotent, like the container's).
    */
-  network?: Pick<NetworkManager, 'teardown'> | undefined;
+  network?: MicrovmNetwork | undefined;
   /** Cgroup under which every sandbox's cgroup is created (`/<parent>/<name>`). */
   cgroupParent: string;
   qemuBinary?: string | undefined;
@@ -72,6 +73,8 @@ export interface MicrovmBackendOptions {
   accel?: Accel | undefined;
   /** From QEMU's start to the agent answering. Default: 30 s with KVM, 120 s with TCG. */
   bootTimeoutMs?: number | undefined;
+  /** virtio-balloon free-page reporting (default on; off only to measure it). */
+  freePageReporting?: boolean | undefined;
   log?: ((msg: string, fields?: Record<string, unknown>) => void) | undefined;
 }
 
@@ -87,7 +90,9 @@ export interface MicrovmBackendOptions {
  * The hypervisor is the sandbox's only host process: it runs in the
  * sandbox's cgroup (memory = guest RAM plus QEMU's overhead, CPU quota),
  * as the sandbox's own uid after it opened its files (`-runas`), under
- * QEMU's seccomp sandbox. No network device: the guest has loopback only.
+ * QEMU's seccomp sandbox. A VM whose spec opens egress gets a virtio-net
+ * device on a host tap under the container's firewall and resolver (ADR
+ * 0016); others have no network device, only loopback.
  * Sandboxes outlive the edge: QEMU runs detached, and the next edge adopts
  * it by pid and command line.
  */
@@ -109,8 +114,10 @@ export class MicrovmBackend implements Backend {
   #accel: Promise<Accel> | undefined;
 
   constructor(readonly options: MicrovmBackendOptions) {
-    mkdirSync(options.dir, { recursive: true, mode: 0o700 });
-    chmodSync(options.dir, 0o700);
+    // Traversable (not listable) by the sandboxes' uids: a paused QEMU connects
+    // to its own uid's migrate/ directory inside its sandbox's (pause.ts).
+    mkdirSync(options.dir, { recursive: true, mode: 0o711 });
+    chmodSync(options.dir, 0o711);
   }
 
   /** KVM or TCG (the probe runs once, on the first start). */
@@ -134,31 +141,45 @@ export class MicrovmBackend implements Backend {
       console: join(dir, 'console.log'),
       port: (i: number) => join(dir, `p${i}.sock`),
       cgroupsPath: `/${this.options.cgroupParent}/${name}`,
+      qmp: join(dir, 'qmp.sock'),
+      ...pausePaths(dir),
     };
   }
 
-  async start(rec: BackendSandbox, signal?: AbortSignal): Promise<StartedSandbox> {
-    if (rec.spec.networkAllow?.length || Object.values(rec.spec.networkRules).some(Boolean)) {
-      throw new DsecError(
-        'invalid_argument',
-        'microvm sandboxes have no network yet: egress rules need the container backend',
-        {
-          field: 'networkRules',
-        },
-      );
-    }
+  /**
+   * `restore` (from `resume`, pause.ts): boots the same machine with
+   * `-incoming` from the saved state instead, stopped (`-S`) until the
+   * state is loaded, then continues it; the disk, cgroup and layer
+   * references are the paused sandbox's own.
+   */
+  async start(
+    rec: BackendSandbox,
+    signal?: AbortSignal,
+    restore?: { stateFd: number },
+  ): Promise<StartedSandbox> {
     const p = this.paths(rec);
     const hostId = ID_BASE + rec.slot * ID_COUNT;
-    mkdirSync(p.dir, { recursive: true, mode: 0o700 });
-    for (const layer of rec.layers) await this.options.layers.acquire(layer);
+    mkdirSync(p.dir, { recursive: true, mode: 0o711 });
+    if (!restore) for (const layer of rec.layers) await this.options.layers.acquire(layer);
     // Top layer first (the init stacks them in drive order); identical layers once.
     const digests = [...new Set([...rec.layers].reverse().map((l) => l.digest))];
     const [layerFiles, accel] = await Promise.all([
       Promise.all(digests.map((d) => this.options.store.blobPath(d, { signal }))),
       this.accel(),
-      makeDisk(p.disk, rec.spec.diskLimitMb ?? DEFAULT_DISK_MB),
-      this.#makeCgroup(rec, p.cgroupsPath),
+      restore ? undefined : makeDisk(p.disk, rec.spec.diskLimitMb ?? DEFAULT_DISK_MB),
+      restore && this.options.cgroups.exists(p.cgroupsPath)
+        ? undefined
+        : this.#makeCgroup(rec, p.cgroupsPath),
     ]);
+    // A tap under the sandbox's firewall elements when its spec opens something (network.ts).
+    const link = await connectMicrovm(this.options.network, rec, {
+      ownerUid: hostId,
+      dir: p.dir,
+      restore: Boolean(restore),
+    });
+    // QEMU reopens the disk by path when a migration (pause) hands it over
+    // read-only and when a restore takes it back (as its own uid by then).
+    chownSync(p.disk, hostId, hostId);
     const args = [
       '-name',
       p.name,
@@ -184,6 +205,7 @@ export class MicrovmBackend implements Backend {
         'rdinit=/dsec-agent',
         `dsec.layers=${layerFiles.length}`,
         `dsec.pids=${rec.spec.pidsLimit}`,
+        ...(link ? netCmdline(link) : []),
       ]),
       '-serial',
       `file:${p.console}`,
@@ -197,6 +219,7 @@ export class MicrovmBackend implements Backend {
       `file=${p.disk},if=none,id=rw,format=raw,cache=unsafe,discard=unmap`,
       '-device',
       'virtio-blk-device,drive=rw',
+      ...(link ? tapArgs(link) : []),
       '-device',
       // Port number 0 is reserved for a console.
       `virtio-serial-device,max_ports=${DEDICATED_PORTS + 2}`,
@@ -206,6 +229,17 @@ export class MicrovmBackend implements Backend {
         '-device',
         `virtserialport,chardev=c${i},nr=${i + 1},name=dsec.${i}`,
       ]).flat(),
+      // The edge's control of the machine (pause.ts): a root-only socket.
+      '-chardev',
+      `socket,id=qmp,path=${p.qmp},server=on,wait=off`,
+      '-mon',
+      'chardev=qmp,mode=control',
+      // Pages the guest frees go back to the host (guest_agent.c loads virtio_balloon).
+      ...(this.options.freePageReporting === false
+        ? []
+        : ['-device', 'virtio-balloon-device,free-page-reporting=on']),
+      // The saved machine arrives on fd 3, opened by the edge (QEMU never opens it).
+      ...(restore ? ['-incoming', 'fd:3', '-S'] : []),
       // After opening its files QEMU becomes the sandbox's own uid (real, effective
       // and saved: there is no way back to root), then runs under its seccomp
       // filter: no exec or fork, no obsolete or scheduler/affinity syscalls.
@@ -232,7 +266,7 @@ export class MicrovmBackend implements Backend {
         ],
         {
           detached: true,
-          stdio: ['ignore', log, log],
+          stdio: restore ? ['ignore', log, log, restore.stateFd] : ['ignore', log, log],
           env: { PATH: process.env.PATH ?? '/usr/bin:/bin', DSEC_PROCS: procs.join(' ') },
         },
       );
@@ -255,6 +289,7 @@ export class MicrovmBackend implements Backend {
       );
       exited.catch(() => undefined);
       const timeoutMs = this.options.bootTimeoutMs ?? (accel === 'kvm' ? 30_000 : 120_000);
+      if (restore) await Promise.race([exited, finishRestore(p, timeoutMs)]);
       await Promise.race([exited, this.#waitForAgent(rec, timeoutMs, signal)]);
       return { initPid: pid, chronusPid: pid };
     } catch (err) {
@@ -293,7 +328,8 @@ export class MicrovmBackend implements Backend {
       w.reject(new DsecError('sandbox_not_running', `sandbox ${rec.id} stopped`));
     }
     this.#ports.delete(rec.id);
-    const pids = rec.initPid !== undefined ? [rec.initPid] : await findProcesses(p.name);
+    const pid = await this.#qemuPid(rec);
+    const pids = pid !== undefined ? [pid] : [];
     for (const pid of pids) if (await isQemuOf(pid, p.name)) killQuietly(pid);
     for (const pid of pids) await waitGone(pid, STOP_WAIT_MS);
     await this.options.network?.teardown(rec);
@@ -303,8 +339,104 @@ export class MicrovmBackend implements Backend {
     for (const layer of rec.layers) this.options.layers.release(layer.digest);
   }
 
+  /** Alive: its QEMU runs, or it is paused (its whole state in `vmstate`, no process). */
   async isRunning(rec: BackendSandbox): Promise<boolean> {
-    return rec.initPid !== undefined && isQemuOf(rec.initPid, this.paths(rec).name);
+    if (existsSync(this.paths(rec).state)) return true;
+    return (await this.#qemuPid(rec)) !== undefined;
+  }
+
+  /**
+   * The QEMU of the sandbox: the recorded one (`chronusPid` is the current
+   * one after a resume, `initPid` the first), else found by name (a resume
+   * an edge crash interrupted before it recorded the new process).
+   */
+  async #qemuPid(rec: BackendSandbox): Promise<number | undefined> {
+    const name = this.paths(rec).name;
+    for (const pid of new Set([rec.chronusPid, rec.initPid]))
+      if (pid !== undefined && (await isQemuOf(pid, name))) return pid;
+    return (await findProcesses(name))[0];
+  }
+
+  /**
+   * Pause (ADR 0017): the VM's memory and device state go to a file and
+   * QEMU exits, so a paused microVM holds no host memory. Idempotent: with
+   * a complete state file, only a QEMU left behind by a crash is ended.
+   */
+  async pause(rec: BackendSandbox): Promise<PauseResult> {
+    const p = this.paths(rec);
+    const memoryBeforeBytes = (await this.memoryBytes(rec)) ?? 0;
+    this.#detach(rec.id);
+    const pid = await this.#qemuPid(rec);
+    let freezeMs = 0;
+    let reclaimMs = 0;
+    if (!existsSync(p.state)) {
+      if (pid === undefined)
+        throw new DsecError('sandbox_not_running', `microVM of sandbox ${rec.id} is gone`);
+      const t = await saveVm({
+        paths: p,
+        hostId: ID_BASE + rec.slot * ID_COUNT,
+        pid,
+        timeoutMs: this.options.bootTimeoutMs ?? 120_000,
+      });
+      freezeMs = t.stopMs + t.saveMs;
+      reclaimMs = t.quitMs;
+      this.options.log?.('microvm saved', { id: rec.id, ...t });
+    } else if (pid !== undefined) {
+      killQuietly(pid);
+      await waitGone(pid, STOP_WAIT_MS);
+    }
+    const t0 = performance.now();
+    await reclaimCgroup(this.options.cgroups.dirs(p.cgroupsPath));
+    reclaimMs += performance.now() - t0;
+    return {
+      freezeMs,
+      reclaimMs,
+      memoryBeforeBytes,
+      memoryAfterBytes: (await this.memoryBytes(rec)) ?? 0,
+    };
+  }
+
+  /**
+   * Boots the paused machine from its state (same devices, `-incoming`);
+   * the guest agent sees its ports' host side hang up and come back, and
+   * serves the new connections. Returns the new QEMU as the channel's pid.
+   */
+  async resume(rec: BackendSandbox): Promise<{ chronusPid?: number | undefined }> {
+    const p = this.paths(rec);
+    const pid = await this.#qemuPid(rec);
+    if (!existsSync(p.state)) {
+      if (pid === undefined)
+        throw new DsecError('sandbox_not_running', `microVM of sandbox ${rec.id} is gone`);
+      return {}; // running (or resumed by a resume a crash interrupted after `cont`)
+    }
+    // A restore a crash interrupted before `cont`: start it over.
+    if (pid !== undefined) {
+      killQuietly(pid);
+      await waitGone(pid, STOP_WAIT_MS);
+    }
+    this.#detach(rec.id);
+    const fd = openSync(p.state, 'r');
+    try {
+      const started = await this.start(rec, undefined, { stateFd: fd });
+      return { chronusPid: started.chronusPid };
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  /** Paused for good: a complete state file and no QEMU. */
+  async isFrozen(rec: BackendSandbox): Promise<boolean> {
+    return existsSync(this.paths(rec).state) && (await this.#qemuPid(rec)) === undefined;
+  }
+
+  /** Drops the edge's connections to a VM about to go away (its ports' waiters fail). */
+  #detach(id: string): void {
+    this.#dropShared(id);
+    for (const w of this.#ports.get(id)?.waiting ?? []) {
+      clearTimeout(w.timer);
+      w.reject(new DsecError('sandbox_not_running', `sandbox ${id} was paused`));
+    }
+    this.#ports.delete(id);
   }
 
   /** The agent restarts its own loop in the guest; only a dead VM is an error. */
