@@ -1,4 +1,4 @@
-import { DsecError } from '@dsec/core';
+import { DsecError, gpuModelMatches, gpuUnitMatches, isMigProfile } from '@dsec/core';
 import type { FnCallGpuRequest } from '@dsec/core';
 import type { GpuInventory } from './inventory.js';
 
@@ -49,30 +49,8 @@ export interface GpuAllocatorOptions {
 /** The most units one request may ask for. */
 export const MAX_GPU_COUNT = 64;
 
-/** `1g.10gb`, `3g.40gb`, `1g.10gb+me`, `1c.3g.40gb`, `1g.18gb` (H200): a MIG profile, not a GPU model. */
-const MIG_PROFILE = /^(\d+c\.)?\d+g\.\d+gb(\+[a-z]+)?$/i;
-
-export function isMigProfile(model: string): boolean {
-  return MIG_PROFILE.test(model);
-}
-
-/**
- * Whether a GPU named `name` (`NVIDIA A100-SXM4-80GB`) is a `model` a caller
- * asked for (`A100-80GB`, `a100`, `H200`, the full name): every dash- or
- * space-separated word of the request is a word of the name, ignoring case
- * and a leading `NVIDIA`. So `A100` matches every A100, `A100-80GB` only the
- * 80 GB ones, and `H100` never an `H100 NVL`'s sibling `H200`.
- */
-export function gpuModelMatches(name: string, model: string): boolean {
-  const words = (s: string) =>
-    s
-      .toLowerCase()
-      .split(/[\s-]+/)
-      .filter((w) => w !== '' && w !== 'nvidia');
-  const have = new Set(words(name));
-  const want = words(model);
-  return want.length > 0 && want.every((w) => have.has(w));
-}
+// The model matching is shared with the apiserver's routing (it reads `EdgeStatus.gpus`).
+export { gpuModelMatches, isMigProfile };
 
 /**
  * Hands GPUs to pool workers (issue 14.5). State is in memory and owned by
@@ -230,6 +208,15 @@ export class GpuAllocator {
   }
 }
 
+/** A request checked and with its defaults (`count` 1, `model` trimmed): what pools are keyed by. */
+export function normalizeGpuRequest(r: FnCallGpuRequest): {
+  mode: 'shared' | 'exclusive';
+  count: number;
+  model: string | undefined;
+} {
+  return checkRequest(r);
+}
+
 function checkRequest(r: FnCallGpuRequest): {
   mode: 'shared' | 'exclusive';
   count: number;
@@ -258,10 +245,7 @@ function checkRequest(r: FnCallGpuRequest): {
 }
 
 function unitMatches(u: GpuUnit, model: string | undefined): boolean {
-  if (model === undefined) return u.kind === 'gpu';
-  if (isMigProfile(model))
-    return u.kind === 'mig' && u.profile.toLowerCase() === model.toLowerCase();
-  return u.kind === 'gpu' && gpuModelMatches(u.name, model);
+  return gpuUnitMatches({ kind: u.kind, model: u.kind === 'gpu' ? u.name : u.profile }, model);
 }
 
 function describe(r: FnCallGpuRequest): string {

@@ -103,6 +103,20 @@ export async function discoverGpuInventory(
   // The modeset node is optional (display only, never given by default): absent, it is dropped.
   const modeset = inventory.control.modeset;
   if (modeset && !(await probe.charDevice(modeset.path))) delete inventory.control.modeset;
+  await checkInventoryNodes(inventory, probe);
+  return inventory;
+}
+
+/**
+ * Checks that every device node `inventory` names exists on the host as a
+ * character device with the numbers it records: the runtime bind-mounts
+ * these nodes into a worker's user namespace. Throws `unavailable` naming
+ * the first one that does not.
+ */
+export async function checkInventoryNodes(
+  inventory: GpuInventory,
+  probe: GpuHostProbe = nodeGpuHostProbe(),
+): Promise<void> {
   for (const node of inventoryNodes(inventory)) {
     const found = await probe.charDevice(node.path);
     if (!found) {
@@ -119,7 +133,6 @@ export async function discoverGpuInventory(
       );
     }
   }
-  return inventory;
 }
 
 async function discoverDriverFiles(
