@@ -131,6 +131,30 @@ test('an edge goes down only after failuresBeforeDown failures in a row, and up 
   assert.equal((await w2.refresh()).edges[0]?.healthy, false);
 });
 
+test('with failuresBeforeDown Infinity (an in-process edge) slow probes never mark it down', async () => {
+  let hang = false;
+  let healthy = true;
+  const e1 = stubEdge('e1', () =>
+    hang ? new Promise<EdgeStatus>(() => {}) : Promise.resolve(status('e1', { healthy })),
+  );
+  const w = new Watcher({
+    edges: () => [e1],
+    probeTimeoutMs: 20,
+    failuresBeforeDown: Number.POSITIVE_INFINITY,
+  });
+  await w.refresh();
+  hang = true;
+  for (let i = 0; i < 5; i++) await w.refresh();
+  const e = w.view().edges[0]!;
+  assert.equal(e.healthy, true);
+  assert.equal(e.consecutiveFailures, 5);
+  assert.match(e.lastError ?? '', /timed out/);
+  // Its own report still counts.
+  hang = false;
+  healthy = false;
+  assert.equal((await w.refresh()).edges[0]?.healthy, false);
+});
+
 test('onProbe reports every probe; a throwing or rejecting hook changes nothing', async () => {
   let fail = false;
   const e1 = stubEdge('e1', async () => (fail ? Promise.reject(new Error('boom')) : status('e1')));

@@ -64,7 +64,9 @@ export interface WatcherOptions {
   probeTimeoutMs?: number;
   /**
    * Failed probes in a row before a healthy edge is marked down. Default 1.
-   * One successful probe marks it up again.
+   * One successful probe marks it up again. `Infinity` for an edge in the
+   * watcher's own process (single node): a slow probe there is a busy event
+   * loop, not a lost edge; only the edge's own `healthy: false` turns it down.
    */
   failuresBeforeDown?: number;
   now?: () => number;

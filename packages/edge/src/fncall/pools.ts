@@ -3,6 +3,7 @@ import { DsecError, randomId, toDsecError } from '@dsec/core';
 import type {
   BackendKind,
   CommandResult,
+  FnCallGpuRequest,
   FnCallOptions,
   FnCallPoolStatus,
   FnCallRequest,
@@ -12,6 +13,9 @@ import type {
   SandboxSpec,
 } from '@dsec/core';
 import type { EventLog } from '../events/event-log.js';
+import { normalizeGpuRequest } from '../gpu/allocator.js';
+import type { EdgeGpus } from '../gpu/edge-gpus.js';
+import type { EdgeStartOptions } from '../edge.js';
 import { DEFAULT_NETWORK_CATALOGUE } from '../network/policy.js';
 import { DEFAULT_FNCALL_RUNTIMES, validateRuntimes, type FnCallRuntime } from './runtimes.js';
 import { workersToRetire, workersToStart, type PoolCounts, type PoolSizing } from './sizing.js';
@@ -22,6 +26,8 @@ export const FNCALL_PROJECT = '_fncall';
 /** Labels on worker sandboxes. */
 export const FNCALL_RUNTIME_LABEL = 'dsec.fncall/runtime';
 export const FNCALL_NETWORK_LABEL = 'dsec.fncall/network';
+/** On GPU workers: the pool's GPU request (`exclusivex1`, `sharedx1:H200`). */
+export const FNCALL_GPU_LABEL = 'dsec.fncall/gpu';
 
 export const FNCALL_DEFAULT_TIMEOUT_MS = 10_000;
 export const FNCALL_MAX_TIMEOUT_MS = 300_000;
@@ -53,10 +59,25 @@ export interface FnCallPoolsOptions {
   maxCallsPerWorker?: number | undefined;
 }
 
+/** The edge's side of the pools: `create` also takes what only the edge adds (a worker's GPUs). */
+export interface FnCallPoolsHost extends FnCallHost {
+  create(
+    id: string,
+    spec: SandboxSpec,
+    signal?: AbortSignal,
+    start?: EdgeStartOptions,
+  ): Promise<void>;
+}
+
+/** A GPU request with its defaults: what GPU pools are keyed by. */
+export type PoolGpu = { mode: 'shared' | 'exclusive'; count: number; model?: string | undefined };
+
 export interface FnCallPoolsDeps {
   edgeId: string;
   backendKind: BackendKind;
-  host: FnCallHost;
+  host: FnCallPoolsHost;
+  /** The node's GPUs (docs/gpu.md); absent: calls with `gpu` answer `unavailable`. */
+  gpus?: EdgeGpus | undefined;
   events?: EventLog | undefined;
   /** Names of the edge's network catalogue (the default egress of `network: true` pools). */
   networkCatalogue?: readonly string[] | undefined;
@@ -65,11 +86,13 @@ export interface FnCallPoolsDeps {
 /**
  * A worker runs one call at a time, so more workers than a few per core only
  * add memory and start-up work for CPU-bound calls; calls that wait (sleep,
- * I/O) want more, which `sizing.max` gives.
+ * I/O) want more, which `sizing.max` gives. Two per core keep a core busy
+ * while another worker's answer travels back; at four per core the zygotes
+ * contended (about 25 % more CPU per call, 2 cores, `dsec bench fncall`).
  */
 const DEFAULT_SIZING: PoolSizing = {
   min: 1,
-  max: Math.max(4, 4 * availableParallelism()),
+  max: Math.max(4, 2 * availableParallelism()),
   spare: 1,
   maxStarting: 2,
   idleRetireMs: 60_000,
@@ -99,6 +122,7 @@ class Pool {
     readonly network: boolean,
     readonly sizing: PoolSizing,
     readonly owner: FnCallPools,
+    readonly gpu?: PoolGpu | undefined,
   ) {}
 
   counts(): PoolCounts {
@@ -118,6 +142,7 @@ class Pool {
       busy: this.busy.size,
       starting: this.starting,
       max: this.sizing.max,
+      ...(this.gpu ? { gpu: { ...this.gpu } } : {}),
     };
   }
 
@@ -201,7 +226,7 @@ class Pool {
   #startOne(): void {
     this.starting++;
     const p = this.owner
-      .startWorker(this.runtime, this.network)
+      .startWorker(this.runtime, this.network, this.gpu)
       .then(
         (w) => {
           this.#lastFailure = undefined;
@@ -338,20 +363,30 @@ export class FnCallPools {
           });
       }
     }
+    // GPU pools exist only once asked for.
+    for (const pool of this.#pools.values()) if (pool.gpu) out.push(pool.status());
     return out;
   }
 
-  #pool(language: string, network: boolean): Pool {
-    const key = poolKey(language, network);
+  #pool(language: string, network: boolean, gpu?: PoolGpu): Pool {
+    const key = poolKey(language, network, gpu);
     let pool = this.#pools.get(key);
     if (!pool) {
       const runtime = this.#runtimes.get(language)!;
       const warm = this.#o.warm?.[language];
-      const sizing =
-        warm !== undefined && !network
+      const sizing = gpu
+        ? // An idle GPU worker holds its units: none is kept warm and no spare started.
+          { ...this.#sizing, min: 0, spare: 0 }
+        : warm !== undefined && !network
           ? { ...this.#sizing, min: Math.max(this.#sizing.min, warm) }
           : this.#sizing;
-      pool = new Pool(runtime, network, { ...sizing, max: Math.max(sizing.max, sizing.min) }, this);
+      pool = new Pool(
+        runtime,
+        network,
+        { ...sizing, max: Math.max(sizing.max, sizing.min) },
+        this,
+        gpu,
+      );
       this.#pools.set(key, pool);
       pool.fill();
     }
@@ -369,7 +404,7 @@ export class FnCallPools {
       );
     }
     const call = this.#checked(req, runtime);
-    const pool = this.#pool(runtime.name, req.network === true);
+    const pool = this.#pool(runtime.name, req.network === true, this.#checkedGpu(req.gpu));
     const queueTimeoutMs = this.#o.queueTimeoutMs ?? 60_000;
     for (let attempt = 1; ; attempt++) {
       const w = await pool.acquire(options.signal, queueTimeoutMs);
@@ -470,10 +505,6 @@ export class FnCallPools {
       throw new DsecError('invalid_argument', `${field}: ${msg}`, { field });
     };
     if (typeof req.code !== 'string') bad('code', 'must be a string');
-    if (req.gpu !== undefined)
-      throw new DsecError('unavailable', `edge ${this.#deps.edgeId} has no GPU runtimes`, {
-        field: 'gpu',
-      });
     const timeoutMs = req.timeoutMs ?? FNCALL_DEFAULT_TIMEOUT_MS;
     if (!(Number.isInteger(timeoutMs) && timeoutMs >= 1 && timeoutMs <= FNCALL_MAX_TIMEOUT_MS))
       bad('timeoutMs', `must be an integer in 1..${FNCALL_MAX_TIMEOUT_MS}`);
@@ -520,9 +551,27 @@ export class FnCallPools {
     };
   }
 
-  /** Creates one worker sandbox for a runtime and starts its zygote. */
-  async startWorker(runtime: FnCallRuntime, network: boolean): Promise<Worker> {
+  /** The pool key's GPU part: checked, with defaults; undefined for a call without `gpu`. */
+  #checkedGpu(gpu: FnCallGpuRequest | undefined): PoolGpu | undefined {
+    if (gpu === undefined) return undefined;
+    if (!this.#deps.gpus || this.#deps.backendKind !== 'container')
+      throw new DsecError('unavailable', `edge ${this.#deps.edgeId} has no GPUs for calls`, {
+        field: 'gpu',
+      });
+    const { mode, count, model } = normalizeGpuRequest(gpu);
+    return { mode, count, ...(model !== undefined ? { model } : {}) };
+  }
+
+  /**
+   * Creates one worker sandbox for a runtime and starts its zygote. A GPU
+   * worker's units are assigned first (`capacity_exhausted` when they are
+   * taken: the pool's waiting calls then wait for a busy worker, or fail
+   * when the pool has none) and released when its sandbox is gone.
+   */
+  async startWorker(runtime: FnCallRuntime, network: boolean, gpu?: PoolGpu): Promise<Worker> {
     const id = randomId('fn', 9).replace(/[-_]/g, 'x').toLowerCase();
+    const gpus = this.#deps.gpus;
+    const fragment = gpu && gpus?.assign(id, gpu);
     const nproc = this.#o.nprocPerCall ?? 128;
     const networkRules: NetworkRules = network
       ? (this.#o.network?.networkRules ??
@@ -548,24 +597,42 @@ export class FnCallPools {
         : {}),
       initUser: 'root',
       env: {},
-      labels: { [FNCALL_RUNTIME_LABEL]: runtime.name, [FNCALL_NETWORK_LABEL]: String(network) },
+      labels: {
+        [FNCALL_RUNTIME_LABEL]: runtime.name,
+        [FNCALL_NETWORK_LABEL]: String(network),
+        ...(gpu ? { [FNCALL_GPU_LABEL]: gpusLabel(gpu) } : {}),
+      },
     };
     const config: ZygoteConfig = {
       uid: this.#o.callUid ?? 60_000,
       mode: runtime.mode,
       command: runtime.command ?? [],
       entry: runtime.entry,
-      env: runtime.env ?? {},
+      // Every call's environment starts from this: the GPU's UUIDs and library path included.
+      env: { ...runtime.env, ...fragment?.env },
       memoryMb: runtime.defaultMemoryMb,
       nproc,
       fsizeMb: this.#o.fileSizeLimitMb ?? 256,
       preload: runtime.preload ?? [],
     };
+    const host = this.#deps.host;
+    // The worker's own create passes the GPU fragment to the backend.
+    const workerHost: FnCallHost = fragment
+      ? {
+          create: (i, s, signal) => host.create(i, s, signal, { gpu: fragment }),
+          stop: (i) => host.stop(i),
+          channel: (i) => host.channel(i),
+          oomKilled: (i) => host.oomKilled(i),
+          log: host.log,
+        }
+      : host;
     this.#workers.add(id);
     try {
-      return await Worker.start(this.#deps.host, id, spec, config);
+      return await Worker.start(workerHost, id, spec, config);
     } catch (err) {
       this.#workers.delete(id);
+      // Worker.start stopped the sandbox: nothing uses the units any more.
+      gpus?.release(id);
       throw err;
     }
   }
@@ -582,6 +649,9 @@ export class FnCallPools {
       .finally(() => {
         this.#workers.delete(w.id);
         this.#retiring.delete(w.id);
+        // After the stop (even a failed one: the sandbox is then being torn down
+        // by the edge's own stop path, which a retry of the stop joins).
+        this.#deps.gpus?.release(w.id);
       });
     this.#retiring.set(w.id, p);
     return p;
@@ -596,6 +666,13 @@ export class FnCallPools {
   }
 }
 
-function poolKey(language: string, network: boolean): string {
-  return `${language}/${network ? 'net' : 'nonet'}`;
+/** Pools are keyed by runtime, network, and the GPU request (mode, count, model). */
+export function poolKey(language: string, network: boolean, gpu?: PoolGpu): string {
+  const base = `${language}/${network ? 'net' : 'nonet'}`;
+  return gpu ? `${base}/gpu:${gpusLabel(gpu)}` : base;
+}
+
+/** `exclusive×1`, `shared×2:H200`: a GPU request as pool keys and worker labels name it. */
+function gpusLabel(gpu: PoolGpu): string {
+  return `${gpu.mode}x${gpu.count}${gpu.model !== undefined ? `:${gpu.model}` : ''}`;
 }

@@ -24,7 +24,7 @@
  * No backticks or dollar-brace sequences may appear in the script.
  */
 export const ZYGOTE_PY = String.raw`
-import errno, json, os, resource, select, shutil, signal, stat, sys, time
+import builtins, errno, io, json, linecache, os, resource, select, shutil, signal, stat, sys, time, types
 
 CONFIG = json.loads(sys.argv[1])
 UID = CONFIG["uid"]
@@ -37,13 +37,18 @@ SCRATCH = ["/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue"]
 ALLOWED_WRITABLE = set(SCRATCH) | {"/fncall/work", "/fncall/home"}
 PR_SET_CHILD_SUBREAPER = 36
 
-out = sys.stdout.buffer
 inp = sys.stdin.buffer
 
 
+def write_all(data):
+    # Straight to the fd: the buffered writer's layers cost more than the syscall.
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
+
+
 def send(obj):
-    out.write(json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n")
-    out.flush()
+    write_all(json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n")
 
 
 def libc():
@@ -135,6 +140,24 @@ def fresh_private(path):
         os.chmod(path, 0o700)
 
 
+def ipc_any():
+    """Whether any SysV IPC object exists: one read per table, no parsing (the common answer is no)."""
+    for kind in ("shm", "sem", "msg"):
+        try:
+            fd = os.open("/proc/sysvipc/" + kind, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            # The header line ends at the first newline; anything after it is an object.
+            text = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        nl = text.find(b"\n")
+        if nl != -1 and text[nl + 1:].strip():
+            return True
+    return False
+
+
 def ipc_leftovers():
     found = []
     for kind in ("shm", "sem", "msg"):
@@ -212,7 +235,60 @@ def safe_rel(path):
     return bool(path) and not path.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
-def child(req, stdin_fd, out_w, err_w, status_w, closers):
+class Prep:
+    """What a call's child needs, computed in the zygote before the fork.
+
+    Every page the child writes is copied from the zygote's (copy on write),
+    and Python code touches many (reference counts of the functions and
+    objects it uses): building this here halved the child's page faults.
+    Nothing of the call's code runs here; an error is the child's to report.
+    """
+
+    __slots__ = ("error", "limits", "env", "env_data", "args", "entry", "lines", "std", "main")
+
+
+def prepare(req):
+    p = Prep()
+    p.error = None
+    try:
+        mem = int(req.get("memoryMb") or CONFIG["memoryMb"]) * 1024 * 1024
+        nproc = int(req.get("nproc") or CONFIG["nproc"])
+        cpu = int(req["timeoutMs"] / 1000) + 2
+        fsize = int(req.get("fsizeMb") or CONFIG["fsizeMb"]) * 1024 * 1024
+        p.limits = ((resource.RLIMIT_DATA, (mem, mem)), (resource.RLIMIT_NPROC, (nproc, nproc)),
+                    (resource.RLIMIT_CPU, (cpu, cpu)), (resource.RLIMIT_FSIZE, (fsize, fsize)),
+                    (resource.RLIMIT_CORE, (0, 0)))
+        env = dict(CONFIG["env"])
+        env.update({"HOME": HOME, "PWD": WORK, "TMPDIR": "/tmp"})
+        env.update(req.get("env") or {})
+        p.env = env
+        p.args = [str(a) for a in (req.get("args") or [])]
+        p.entry = os.path.join(WORK, CONFIG["entry"])
+        if MODE == "python":
+            # os.environ's own store, as os.environ would encode it.
+            p.env_data = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+            src = req["code"]
+            p.lines = (len(src), None, src.splitlines(True), p.entry)
+            # Bound to fds 1 and 2 by number: in the child those are the call's pipes (pipes
+            # here too, so nothing they probed differs). Stdin is made in the child: its
+            # memfd is seekable, as a file redirected to python3 is.
+            p.std = (
+                io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8"),
+                io.TextIOWrapper(
+                    io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                    encoding="utf-8", errors="backslashreplace", line_buffering=True,
+                ),
+            )
+            main = types.ModuleType("__main__")
+            main.__file__ = p.entry
+            main.__builtins__ = builtins
+            p.main = main
+    except Exception as e:
+        p.error = e
+    return p
+
+
+def child(req, prep, stdin_fd, out_w, err_w, status_w, closers):
     try:
         os.setsid()
         for fd in closers:
@@ -223,17 +299,13 @@ def child(req, stdin_fd, out_w, err_w, status_w, closers):
         for fd in (stdin_fd, out_w, err_w):
             if fd > 2:
                 os.close(fd)
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
-        mem = int(req.get("memoryMb") or CONFIG["memoryMb"]) * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_DATA, (mem, mem))
-        nproc = int(req.get("nproc") or CONFIG["nproc"])
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        cpu = int(req["timeoutMs"] / 1000) + 2
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        fsize = int(req.get("fsizeMb") or CONFIG["fsizeMb"]) * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if prep.error is not None:
+            raise prep.error
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        os.write(fd, b"1000")
+        os.close(fd)
+        for which, limit in prep.limits:
+            resource.setrlimit(which, limit)
         os.setgroups([])
         os.setresgid(GID, GID, GID)
         os.setresuid(UID, UID, UID)
@@ -247,27 +319,32 @@ def child(req, stdin_fd, out_w, err_w, status_w, closers):
                 os.makedirs(d, exist_ok=True)
             with open(rel, "w", encoding="utf-8") as f:
                 f.write(text)
-        entry = os.path.join(WORK, CONFIG["entry"])
+        entry = prep.entry
         # The python fast path compiles the code from memory (tracebacks get
         # it from linecache): no file to write and delete per call.
         if MODE != "python":
             with open(entry, "w", encoding="utf-8") as f:
                 f.write(req["code"])
-        env = dict(CONFIG["env"])
-        env.update({"HOME": HOME, "PWD": WORK, "TMPDIR": "/tmp"})
-        env.update(req.get("env") or {})
-        args = [str(a) for a in (req.get("args") or [])]
+        else:
+            # The process environment (what subprocesses inherit) and os.environ, without
+            # os.environ's Python-level mapping methods (each touches pages to copy).
+            for k in list(os.environ._data):
+                os.unsetenv(k)
+            for k, v in prep.env_data.items():
+                os.putenv(k, v)
+            os.environ._data = prep.env_data
     except BaseException as e:
         try:
             os.write(2, ("fncall: cannot set the call up: %s\n" % (e,)).encode())
         finally:
             os._exit(126)
     if MODE == "python":
-        run_python(req, entry, env, args, status_w)
+        run_python(req, prep, status_w)
+    env = prep.env
     os.close(status_w)
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
-    argv = [a.replace("{entry}", entry) for a in CONFIG["command"]] + args
+    argv = [a.replace("{entry}", entry) for a in CONFIG["command"]] + prep.args
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as e:
@@ -281,24 +358,17 @@ def print_user_traceback(e):
     traceback.print_exception(type(e), e, e.__traceback__.tb_next)
 
 
-def run_python(req, entry, env, args, status_w):
-    import builtins, io, linecache, random, types
+def run_python(req, prep, status_w):
+    # random needs no seed here: it reseeds itself in every forked child
+    # (os.register_at_fork), and a first import seeds from the OS.
     src = req["code"]
-    linecache.cache[entry] = (len(src), None, src.splitlines(True), entry)
-    os.environ.clear()
-    os.environ.update(env)
-    random.seed()
+    entry = prep.entry
+    linecache.cache[entry] = prep.lines
     sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
-    sys.stderr = io.TextIOWrapper(
-        io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
-        encoding="utf-8", errors="backslashreplace", line_buffering=True,
-    )
-    sys.argv = [entry] + args
+    sys.stdout, sys.stderr = prep.std
+    sys.argv = [entry] + prep.args
     sys.path[0] = WORK
-    main = types.ModuleType("__main__")
-    main.__file__ = entry
-    main.__builtins__ = builtins
+    main = prep.main
     sys.modules["__main__"] = main
     code = 0
     try:
@@ -347,7 +417,7 @@ def run_call(req):
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     status_r, status_w = os.pipe()
-    out.flush()
+    prep = prepare(req)
     started = time.monotonic()
     try:
         pid = os.fork()
@@ -358,8 +428,8 @@ def run_call(req):
                 "stdout": "", "stderr": "", "stdoutBytes": 0, "stderrBytes": 0, "truncated": False,
                 "durationMs": 0, "leftover": 0, "retire": e.errno != errno.EAGAIN, "reason": "fork: " + e.strerror}
     if pid == 0:
-        child(req, stdin_fd, out_w, err_w, status_w, [out_r, err_r, status_r, 0, 1])
-    send({"t": "started", "id": req["id"]})
+        child(req, prep, stdin_fd, out_w, err_w, status_w, [out_r, err_r, status_r, 0, 1])
+    write_all(b'{"t":"started","id":%d}\n' % int(req["id"]))
     for fd in (stdin_fd, out_w, err_w, status_w):
         os.close(fd)
     pidfd = os.pidfd_open(pid)
@@ -423,7 +493,7 @@ def run_call(req):
         more = os.waitpid(-1, os.WNOHANG) is not None
     except ChildProcessError:
         more = False
-    if more or ipc_leftovers():
+    if more or ipc_any():
         leftover = max(leftover, count_call_processes())
         kill_call_uid()
     healthy = reap_all(time.monotonic() + 5)

@@ -131,6 +131,24 @@ void describe('fncall: programs', () => {
     assert.equal(r.outcome, 'ok');
   });
 
+  test('python sees the call environment, as its subprocesses do, and a seekable stdin', async () => {
+    const r = await call({
+      code: [
+        'import os, subprocess, sys',
+        'print(sorted(os.environ))',
+        'print(subprocess.run(["sh", "-c", "echo $X $HOME $PWD"], capture_output=True, text=True).stdout.strip())',
+        'print(sys.stdin.seekable(), sys.stdin.read().strip(), sys.stdin.seek(0), sys.stdin.read().strip())',
+      ].join('\n'),
+      stdin: 'in\n',
+      env: { X: 'y' },
+    });
+    assert.equal(r.outcome, 'ok', r.stderr);
+    const [keys, shell, stdin] = r.stdout.split('\n');
+    assert.ok(keys?.includes("'X'") && keys.includes("'HOME'") && keys.includes("'TMPDIR'"), keys);
+    assert.equal(shell, 'y /fncall/home /fncall/work');
+    assert.equal(stdin, 'True in 0 in');
+  });
+
   test('an exception exits 1 with its traceback, source line included', async () => {
     const r = await call({ code: 'x = 1\ny = x // 0\n' });
     assert.equal(r.exitCode, 1);
