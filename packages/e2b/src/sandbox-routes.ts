@@ -1,5 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import { createContextValues } from '@connectrpc/connect';
+import type { ServiceImpl } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
@@ -11,6 +12,7 @@ import { toDsecSandboxId } from './ids.js';
 import { proxyToPort } from './port-proxy.js';
 import type { SandboxAccess } from './sandbox-access.js';
 import { ENVD_PORT, SANDBOX_ROUTE_PREFIX, sandboxAddressOf } from './sandbox-routing.js';
+import { ConnectStreamServer } from './envd/connect-stream.js';
 import { downloadFile, uploadFiles } from './envd/files-http.js';
 import { filesystemService } from './envd/filesystem-service.js';
 import { processService } from './envd/process-service.js';
@@ -46,9 +48,20 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
   const { access, iam } = deps;
   const targets = new WeakMap<IncomingMessage, EnvdTarget>();
   const fs = filesystemService({ access, watchIntervalMs: deps.watchIntervalMs });
+  const processes: ServiceImpl<typeof Process> = processService({
+    access,
+    processes: deps.processes,
+  });
+  // The streams the SDKs open (a command's output, a directory watch) on a lean path; the rest through Connect's adapter.
+  const streams = new ConnectStreamServer({
+    readMaxBytes: RPC_READ_MAX_BYTES,
+    shutdownSignal: deps.shutdown,
+  })
+    .add(Process, processes)
+    .add(Filesystem, fs.impl);
   const rpc = connectNodeAdapter({
     routes(router) {
-      router.service(Process, processService({ access, processes: deps.processes }));
+      router.service(Process, processes);
       router.service(Filesystem, fs.impl);
     },
     contextValues: (req) =>
@@ -76,10 +89,13 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
       const caller = await authenticateE2b(iam, req.headers);
       const sandboxId = toDsecSandboxId(address.sandboxId);
       if (envd && RPC_SERVICES.some((p) => path.startsWith(p))) {
-        targets.set(req.raw, { caller, sandboxId });
         reply.hijack();
         req.raw.url = address.url;
-        rpc(req.raw, reply.raw);
+        const values = createContextValues().set(envdTargetKey, { caller, sandboxId });
+        if (!streams.serve(path, req.raw, reply.raw, values)) {
+          targets.set(req.raw, values.get(envdTargetKey)!);
+          rpc(req.raw, reply.raw);
+        }
         return reply;
       }
       if (envd && path === '/health' && req.method === 'GET') {

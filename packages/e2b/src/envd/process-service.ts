@@ -27,7 +27,14 @@ type EndInit = Extract<EventInit, { case: 'end' }>['value'];
 export const MAX_COMMAND_TIMEOUT_MS = 86_400_000;
 
 const SHELLS = new Set(['bash', 'sh']);
+
 const SHELL_FLAGS = new Set(['-l', '-i', '--login']);
+
+/**
+ * Why a stream stops watching its command. Nothing reads it; a shared value
+ * spares the `DOMException` (and its stack trace) `abort()` makes per call.
+ */
+const STOP_WATCHING = new ConnectError('the stream stopped following the command', Code.Canceled);
 
 export interface ProcessServiceDeps {
   access: SandboxAccess;
@@ -54,13 +61,22 @@ export function processService({
     commandId: string,
     ctx: HandlerContext,
   ): AsyncGenerator<{ event: { event: EventInit } }> {
+    // Watching stops with the call, or earlier when the stream ends or overflows
+    // (one controller, linked by hand: `AbortSignal.any` costs more than the rest of this).
     const stop = new AbortController();
-    const queue = newQueue(() => stop.abort());
+    const onCallAbort = () => stop.abort(ctx.signal.reason);
+    const stopWatching = () => {
+      ctx.signal.removeEventListener('abort', onCallAbort);
+      stop.abort(STOP_WATCHING);
+    };
+    if (ctx.signal.aborted) onCallAbort();
+    else ctx.signal.addEventListener('abort', onCallAbort, { once: true });
+    const queue = newQueue(stopWatching);
     const data = (stream: 'stdout' | 'stderr') => (chunk: Buffer) =>
       queue.push({ case: 'data', value: { output: { case: stream, value: chunk } } }, chunk.length);
     sb.io
       .watchCommand(sb.id, commandId, {
-        signal: AbortSignal.any([ctx.signal, stop.signal]),
+        signal: stop.signal,
         onStdout: data('stdout'),
         onStderr: data('stderr'),
       })
@@ -71,7 +87,7 @@ export function processService({
         },
         (err: unknown) => queue.end(toConnectError(err)),
       );
-    yield* drain(queue, ctx, () => stop.abort());
+    yield* drain(queue, ctx, stopWatching);
   }
 
   async function* followPty(

@@ -1,0 +1,315 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import Fastify from 'fastify';
+import { Code, ConnectError, createClient } from '@connectrpc/connect';
+import { createConnectTransport } from '@connectrpc/connect-node';
+import { DsecError, SandboxIdCodec } from '@dsec/core';
+import type {
+  CommandInfo,
+  CommandResult,
+  EdgeApi,
+  RunCommandOptions,
+  SandboxIoApi,
+  StartCommandSpec,
+} from '@dsec/core';
+import type { SandboxService } from '@dsec/apiserver';
+import type { Iam, Principal } from '@dsec/iam';
+import { Process } from '../gen/process/process_pb.js';
+import { registerE2bRoutes } from '../register.js';
+import { envelope } from './connect-stream.js';
+import { commandPid } from './process-table.js';
+
+/**
+ * envd's `Process.Start` and `Process.Connect` streams as the SDKs open them
+ * (the lean path) against the same calls through Connect's adapter (taken
+ * when the client accepts gzip: messages this small are not compressed), on
+ * a scripted in-sandbox interface: output, exit codes, signals, errors and
+ * what reaches the edge must be the same either way.
+ */
+
+const KEY = 'dsk_test';
+const principal: Principal = { keyId: 'k1', projectId: 'p1', role: 'admin' };
+const SANDBOX = new SandboxIdCodec('0123456789abcdef0123').mint('edge-a');
+
+/** What a command line does in the scripted sandbox. */
+const SCRIPTS: Record<string, (o: RunCommandOptions) => Promise<Partial<CommandResult>>> = {
+  out: async (o) => {
+    o.onStdout?.(Buffer.from('one\n'));
+    o.onStderr?.(Buffer.from('two\n'));
+    o.onStdout?.(Buffer.from([0xe2, 0x82]));
+    o.onStdout?.(Buffer.from([0xac, 0x0a]));
+    return {};
+  },
+  exit3: async () => ({ exitCode: 3 }),
+  killed: async () => ({ outcome: 'killed', exitCode: 137, signal: 'SIGKILL' }),
+  timeout: async () => ({ outcome: 'timeout', exitCode: 137, signal: 'SIGKILL' }),
+  lost: async () => {
+    throw new DsecError('sandbox_not_found', 'the sandbox is gone');
+  },
+  hang: (o) =>
+    new Promise((_resolve, reject) => {
+      const onAbort = () => reject(new DsecError('aborted', 'stopped watching'));
+      if (o.signal?.aborted) onAbort();
+      o.signal?.addEventListener('abort', onAbort);
+    }),
+};
+
+class ScriptedIo {
+  started: StartCommandSpec[] = [];
+  watches: { commandId: string; signal: AbortSignal | undefined }[] = [];
+  kills: string[] = [];
+
+  killCommand = async (_id: string, commandId: string) => void this.kills.push(commandId);
+  signalCommand = async (_id: string, commandId: string) => void this.kills.push(commandId);
+
+  statFile = async (_id: string, path: string) => {
+    if (path === '/bin/bash') return { type: 'file' };
+    throw new DsecError('not_found', path);
+  };
+
+  startCommand = async (sandboxId: string, spec: StartCommandSpec): Promise<CommandInfo> => {
+    this.started.push(spec);
+    return {
+      commandId: `cmd-${spec.argv?.at(-1) ?? spec.shell}`,
+      sandboxId,
+      background: true,
+      state: 'running',
+      startedAt: new Date(0).toISOString(),
+    };
+  };
+
+  watchCommand = async (
+    _id: string,
+    commandId: string,
+    o: RunCommandOptions,
+  ): Promise<CommandResult> => {
+    this.watches.push({ commandId, signal: o.signal });
+    const script = SCRIPTS[commandId.slice('cmd-'.length)];
+    if (!script) throw new DsecError('command_not_found', commandId);
+    return {
+      commandId,
+      exitCode: 0,
+      outcome: 'exited',
+      stdout: '',
+      stderr: '',
+      truncated: false,
+      stdoutBytes: 0,
+      stderrBytes: 0,
+      durationMs: 1,
+      ...(await script(o)),
+    };
+  };
+
+  listCommands = async (sandboxId: string): Promise<CommandInfo[]> =>
+    Object.keys(SCRIPTS).map((s) => ({
+      commandId: `cmd-${s}`,
+      sandboxId,
+      background: true,
+      state: 'running',
+      startedAt: new Date(0).toISOString(),
+    }));
+}
+
+async function withEnvd(fn: (url: string, io: ScriptedIo) => Promise<void>): Promise<void> {
+  const io = new ScriptedIo();
+  const edge = { edgeId: 'edge-a', io: io as unknown as SandboxIoApi } as unknown as EdgeApi;
+  const service = {
+    authorize: async (_p: Principal, id: string) => {
+      if (id !== SANDBOX) throw new DsecError('sandbox_not_found', `no sandbox ${id}`);
+      return { edge, projectId: 'p1' };
+    },
+  } as unknown as SandboxService;
+  const iam = {
+    authenticate: async (key: string) => {
+      if (key !== KEY) throw new DsecError('unauthenticated', 'bad key');
+      return principal;
+    },
+  } as unknown as Iam;
+  const app = Fastify();
+  registerE2bRoutes(app, { service, iam });
+  await app.listen({ port: 0, host: '127.0.0.1' });
+  try {
+    await fn(`http://127.0.0.1:${(app.server.address() as AddressInfo).port}`, io);
+  } finally {
+    app.server.closeAllConnections();
+    await app.close();
+  }
+}
+
+interface Answer {
+  status: number;
+  events: unknown[];
+}
+
+/** `Start` (or `Connect`) as the JS SDK sends it; `adapter` takes Connect's generic path. */
+async function call(
+  url: string,
+  message: unknown,
+  options: { adapter?: boolean; headers?: Record<string, string>; method?: string } = {},
+): Promise<Answer> {
+  const body = envelope(0, Buffer.from(JSON.stringify(message)));
+  return new Promise((resolve, reject) => {
+    const req = http.request(`${url}/process.Process/${options.method ?? 'Start'}`, {
+      method: 'POST',
+      agent: false,
+      headers: {
+        'content-type': 'application/connect+json',
+        'connect-protocol-version': '1',
+        'connect-timeout-ms': '60000',
+        'e2b-sandbox-id': SANDBOX,
+        'e2b-sandbox-port': '49983',
+        'keepalive-ping-interval': '50',
+        'x-access-token': KEY,
+        ...(options.adapter ? { 'connect-accept-encoding': 'gzip' } : {}),
+        ...options.headers,
+      },
+    });
+    req.on('error', reject);
+    req.on('response', (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (c: Buffer) => chunks.push(c));
+      res.on('end', () => {
+        const all = Buffer.concat(chunks);
+        const events: unknown[] = [];
+        const plain = res.headers['content-type']?.startsWith('application/json') === true;
+        if (plain) events.push(JSON.parse(all.toString()));
+        for (let o = 0; !plain && o < all.length;) {
+          const n = all.readUInt32BE(o + 1);
+          const data = JSON.parse(all.subarray(o + 5, o + 5 + n).toString()) as unknown;
+          events.push(all[o] === 2 ? { endOfStream: data } : data);
+          o += 5 + n;
+        }
+        resolve({ status: res.statusCode ?? 0, events });
+      });
+    });
+    req.end(body);
+  });
+}
+
+const bash = (line: string, extra: Record<string, unknown> = {}) => ({
+  process: { cmd: '/bin/bash', args: ['-l', '-c', line], ...extra },
+  stdin: false,
+});
+
+test('Start: output, exit codes, signals, timeouts and errors read the same on both paths', async () => {
+  await withEnvd(async (url) => {
+    for (const line of ['out', 'exit3', 'killed', 'timeout', 'lost', 'missing']) {
+      const lean = await call(url, bash(line));
+      const adapter = await call(url, bash(line), { adapter: true });
+      assert.deepEqual(lean, adapter, line);
+    }
+    const pid = commandPid('cmd-out');
+    assert.deepEqual((await call(url, bash('out'))).events, [
+      { event: { start: { pid } } },
+      { event: { data: { stdout: Buffer.from('one\n').toString('base64') } } },
+      { event: { data: { stderr: Buffer.from('two\n').toString('base64') } } },
+      { event: { data: { stdout: Buffer.from([0xe2, 0x82]).toString('base64') } } },
+      { event: { data: { stdout: Buffer.from([0xac, 0x0a]).toString('base64') } } },
+      { event: { end: { exited: true, status: 'exit status 0' } } },
+      { endOfStream: {} },
+    ]);
+    assert.deepEqual((await call(url, bash('exit3'))).events.at(-2), {
+      event: { end: { exitCode: 3, exited: true, status: 'exit status 3' } },
+    });
+    assert.deepEqual((await call(url, bash('killed'))).events.at(-2), {
+      event: { end: { exitCode: -1, status: 'signal: killed' } },
+    });
+    assert.deepEqual((await call(url, bash('lost'))).events, [
+      { event: { start: { pid: commandPid('cmd-lost') } } },
+      { endOfStream: { error: { code: 'unavailable', message: 'the sandbox is gone' } } },
+    ]);
+  });
+});
+
+test('Start: what reaches the edge is the same on both paths (argv, env, cwd, user, stdin, timeout)', async () => {
+  await withEnvd(async (url, io) => {
+    const message = {
+      ...bash('exit3', { envs: { A: '1' }, cwd: '/tmp' }),
+      stdin: true,
+    };
+    const headers = {
+      authorization: `Basic ${Buffer.from('app:').toString('base64')}`,
+      'connect-timeout-ms': '5000',
+    };
+    await call(url, message, { headers });
+    await call(url, message, { headers, adapter: true });
+    assert.equal(io.started.length, 2);
+    const [lean, adapter] = io.started as [StartCommandSpec, StartCommandSpec];
+    assert.ok(lean.timeoutMs! > 4000 && lean.timeoutMs! <= 5000, String(lean.timeoutMs));
+    assert.deepEqual({ ...lean, timeoutMs: 0 }, { ...adapter, timeoutMs: 0 });
+    assert.deepEqual(
+      { argv: lean.argv, env: lean.env, cwd: lean.cwd, user: lean.user, stdinOpen: lean.stdinOpen },
+      {
+        argv: ['/bin/bash', '-l', '-c', 'exit3'],
+        env: { A: '1' },
+        cwd: '/tmp',
+        user: 'app',
+        stdinOpen: true,
+      },
+    );
+  });
+});
+
+test('Start and Connect: a refused caller or sandbox, and a process found by pid', async () => {
+  await withEnvd(async (url) => {
+    // A bad key is refused before any RPC runs (envd's HTTP error); another sandbox is not found.
+    const elsewhere = {
+      'e2b-sandbox-id': new SandboxIdCodec('0123456789abcdef0123').mint('edge-a'),
+    };
+    for (const adapter of [false, true]) {
+      const badKey = await call(url, bash('out'), { adapter, headers: { 'x-access-token': 'no' } });
+      assert.equal(badKey.status, 401);
+      const other = await call(url, bash('out'), { adapter, headers: elsewhere });
+      assert.equal(other.status, 200);
+      assert.deepEqual(other.events, [
+        {
+          endOfStream: {
+            error: { code: 'unavailable', message: `no sandbox ${elsewhere['e2b-sandbox-id']}` },
+          },
+        },
+      ]);
+    }
+    const pid = commandPid('cmd-exit3');
+    const byPid = { process: { pid } };
+    const lean = await call(url, byPid, { method: 'Connect' });
+    assert.deepEqual(lean, await call(url, byPid, { method: 'Connect', adapter: true }));
+    assert.deepEqual(lean.events, [
+      { event: { start: { pid } } },
+      { event: { end: { exitCode: 3, exited: true, status: 'exit status 3' } } },
+      { endOfStream: {} },
+    ]);
+    const unknown = await call(url, { process: { pid: 12345 } }, { method: 'Connect' });
+    assert.deepEqual(unknown.events, [
+      {
+        endOfStream: { error: { code: 'not_found', message: 'process with pid 12345 not found' } },
+      },
+    ]);
+  });
+});
+
+test('a client that leaves mid-stream stops the watch; the command is not killed', async () => {
+  await withEnvd(async (url, io) => {
+    const client = createClient(
+      Process,
+      createConnectTransport({ baseUrl: url, httpVersion: '1.1' }),
+    );
+    const ac = new AbortController();
+    const headers = { 'e2b-sandbox-id': SANDBOX, 'x-access-token': KEY };
+    const stream = client.start(bash('hang'), { headers, signal: ac.signal });
+    const it = stream[Symbol.asyncIterator]();
+    const first = await it.next();
+    assert.equal(first.value?.event?.event.case, 'start');
+    await until(() => io.watches.length === 1);
+    ac.abort();
+    await assert.rejects(it.next(), (e) => ConnectError.from(e).code === Code.Canceled);
+    const watch = io.watches[0]!;
+    await until(() => watch.signal?.aborted === true);
+    assert.deepEqual(io.kills, []);
+  });
+});
+
+async function until(cond: () => boolean): Promise<void> {
+  while (!cond()) await new Promise((r) => setImmediate(r));
+}
