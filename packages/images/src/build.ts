@@ -14,7 +14,7 @@ import {
   type LayerInfo,
   type LayerKind,
 } from '@dsec/core';
-import { buildErofs } from './erofs.js';
+import { buildErofs, type ErofsCompression } from './erofs.js';
 import { DirImageStore } from './store/dir-store.js';
 import { assertLayerKind, assertLayerName, assertLayerVersion } from './store/validate.js';
 import { runTool } from './util/run-tool.js';
@@ -41,8 +41,8 @@ export interface BuildLayerOptions {
   config?: ImageConfig | undefined;
   /** Recorded with the layer: the refs a collapsed layer merges, bottom first. */
   parents?: string[] | undefined;
-  /** lz4hc compression for unsplit layers (default true). */
-  compress?: boolean;
+  /** Compression of unsplit layers (default `lz4hc`; `true`/`false`: `lz4hc`/`none`). */
+  compress?: boolean | ErofsCompression;
   /** Scratch space (default: the store's `tmp/` for a DirImageStore, else the OS temp dir). */
   workDir?: string;
   signal?: AbortSignal;

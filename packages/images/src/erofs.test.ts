@@ -3,7 +3,7 @@ import { lstat, readFile, readlink, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { isDsecError } from '@dsec/core';
-import { buildErofs, erofsArgs } from './erofs.js';
+import { buildErofs, erofsArgs, erofsCompression } from './erofs.js';
 import { isRoot, makeTree, sha256File, tempDir } from './testing/fixtures.js';
 import { runTool } from './util/run-tool.js';
 
@@ -104,6 +104,50 @@ void test('the flags that make builds reproducible are always passed', () => {
     'o',
     's',
   ]);
+});
+
+void test('compression: lz4, lz4hc or none; the boolean form still means lz4hc or none', async () => {
+  const z = (compress: Parameters<typeof erofsArgs>[0]['compress']) =>
+    erofsArgs({
+      sourceDir: 's',
+      output: 'o',
+      ...(compress !== undefined ? { compress } : {}),
+    }).filter((a) => a.startsWith('-z'));
+  assert.deepEqual(z(undefined), ['-zlz4hc']);
+  assert.deepEqual(z(true), ['-zlz4hc']);
+  assert.deepEqual(z('lz4hc'), ['-zlz4hc']);
+  assert.deepEqual(z('lz4'), ['-zlz4']);
+  assert.deepEqual(z(false), []);
+  assert.deepEqual(z('none'), []);
+  assert.equal(erofsCompression(undefined, 'lz4'), 'lz4');
+  assert.throws(
+    () => erofsCompression('zstd', 'lz4', 'compress'),
+    (e) =>
+      isDsecError(e, 'invalid_argument') &&
+      e.field === 'compress' &&
+      /lz4, lz4hc, none/.test(e.message),
+  );
+
+  // Each way reads back the same tree; lz4 packs a compressible tree below none.
+  const t = await tempDir();
+  try {
+    const src = join(t.dir, 'src');
+    await makeTree(src);
+    const sizes: Record<string, number> = {};
+    for (const way of ['lz4', 'lz4hc', 'none'] as const) {
+      const img = join(t.dir, `${way}.erofs`);
+      sizes[way] = (await buildErofs({ sourceDir: src, output: img, compress: way })).sizeBytes;
+      const out = join(t.dir, `out-${way}`);
+      await runTool('fsck.erofs', [`--extract=${out}`, img]);
+      assert.equal(
+        await readFile(join(out, 'usr/bin/big'), 'utf8'),
+        await readFile(join(src, 'usr/bin/big'), 'utf8'),
+      );
+    }
+    assert.ok(sizes['lz4']! < sizes['none']!, JSON.stringify(sizes));
+  } finally {
+    await t.cleanup();
+  }
 });
 
 void test('bad options are invalid_argument with the field', async () => {

@@ -23,8 +23,15 @@
  * const image = await store.blobPath(layer.digest); // mount this read-only (EROFS)
  * ```
  */
-export { buildErofs, erofsArgs, DEFAULT_CHUNK_SIZE_BYTES, ZERO_UUID } from './erofs.js';
-export type { BuildErofsOptions, BuildErofsResult } from './erofs.js';
+export {
+  buildErofs,
+  erofsArgs,
+  erofsCompression,
+  DEFAULT_CHUNK_SIZE_BYTES,
+  EROFS_COMPRESSIONS,
+  ZERO_UUID,
+} from './erofs.js';
+export type { BuildErofsOptions, BuildErofsResult, ErofsCompression } from './erofs.js';
 export { buildLayer, extractTar } from './build.js';
 export type { BuildLayerOptions, BuildProgress } from './build.js';
 export { treeStats } from './walk.js';
@@ -36,7 +43,12 @@ export { openImageStore } from './store/open.js';
 export type { OpenImageStoreOptions } from './store/open.js';
 export { importOci } from './oci/import.js';
 export type { ImportOciOptions } from './oci/import.js';
-export { importFromRegistry, OCI_DIFF_LAYER_NAME } from './oci/registry.js';
+export {
+  importFromRegistry,
+  isOciDiffLayer,
+  OCI_DIFF_LAYER_NAME,
+  REGISTRY_DEFAULT_COMPRESSION,
+} from './oci/registry.js';
 export type { ImportRegistryOptions, RegistryImportResult } from './oci/registry.js';
 export { readOciImage } from './oci/read-image.js';
 export type { OciImage } from './oci/read-image.js';

@@ -19,7 +19,7 @@ import {
   type EvalTask,
   type PreparedTask,
 } from '@dsec/eval';
-import { mountErofs, unmount } from '@dsec/native';
+import { hostErofsMounter } from '@dsec/edge';
 import { DSecClient } from '@dsec/sdk';
 import { environmentBuilder, recipesFile } from '../commands/eval.js';
 import { contextOf } from '../context.js';
@@ -264,13 +264,20 @@ async function unpackLayers(
 ): Promise<void> {
   await mkdir(root, { recursive: true });
   await mkdir(mnt, { recursive: true });
+  // File-backed where the kernel has it (6.12+), else loop devices.
+  const mounter = hostErofsMounter();
   for (const ref of refs) {
     const layer = await store.getLayer(ref);
-    await mountErofs(await store.blobPath(layer.digest), mnt);
+    const blobDevice = layer.blobDigest ? await store.blobPath(layer.blobDigest) : undefined;
+    await mounter.mountErofs(
+      await store.blobPath(layer.digest),
+      mnt,
+      blobDevice ? { blobDevice } : {},
+    );
     try {
       await execFileAsync('cp', ['-a', `${mnt}/.`, `${root}/`]);
     } finally {
-      await unmount([mnt], { detach: true });
+      await mounter.unmount([mnt], { detach: true });
     }
   }
 }

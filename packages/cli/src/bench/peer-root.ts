@@ -1,6 +1,10 @@
 import { chown, mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { mountErofs, mountRootfs, unmount } from '@dsec/native';
+import { hostErofsMounter } from '@dsec/edge';
+import { mountRootfs, unmount } from '@dsec/native';
+
+// File-backed where the kernel has it (6.12+), else loop devices; probed once per process.
+const layerMounter = hostErofsMounter();
 
 /** A uid range far above any edge slot's, for the bare-runtime peers. */
 export const PEER_HOST_ID = 100_000 + 60_000 * 65_536;
@@ -21,7 +25,7 @@ export async function mountPeerRoot(
   const work = join(dir, 'work');
   await Promise.all([layerDir, rootfs, upper, work].map((d) => mkdir(d, { recursive: true })));
   await Promise.all([upper, work].map((d) => chown(d, PEER_HOST_ID, PEER_HOST_ID)));
-  await mountErofs(image, layerDir);
+  await layerMounter.mountErofs(image, layerDir);
   await mountRootfs({
     target: rootfs,
     upper,

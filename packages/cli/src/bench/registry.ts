@@ -5,13 +5,20 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { Command } from 'commander';
-import { DirImageStore, importFromRegistry, makeBusyboxRootfs } from '@dsec/images';
+import {
+  DirImageStore,
+  erofsCompression,
+  importFromRegistry,
+  makeBusyboxRootfs,
+  REGISTRY_DEFAULT_COMPRESSION,
+  type ErofsCompression,
+} from '@dsec/images';
 import {
   makeOciLayoutFromDirs,
   pushToRegistry,
   startLocalRegistry,
 } from '@dsec/images/testing/registry';
-import { mountErofs, unmount } from '@dsec/native';
+import { hostErofsMounter } from '@dsec/edge';
 import { contextOf } from '../context.js';
 import { createProgress } from '../progress.js';
 import { describeMachine } from './create.js';
@@ -24,6 +31,8 @@ export interface RegistryBenchOptions {
   imageMb?: number;
   /** Data layers above the busybox base (default 4). */
   layers?: number;
+  /** The `dsec` side's compression (default: the import's, `lz4`); `lz4hc` is what imports used before ADR 0018. */
+  compress?: ErofsCompression;
   onProgress?: (done: number, total: number) => void;
   signal?: AbortSignal;
 }
@@ -45,8 +54,8 @@ export interface RegistryBenchReport {
   benchmark: 'registry';
   image: { layers: number; dataBytes: number; registryBytes: number };
   results: {
-    /** `dsec image import --from-registry` as it runs by default: the merged layer lz4hc-compressed. */
-    dsec: SideResult & { layersReused: number };
+    /** `dsec image import --from-registry` as it runs by default: the merged layer lz4-compressed (or as `compress` says). */
+    dsec: SideResult & { layersReused: number; compress: ErofsCompression };
     /** The same with `--split` (metadata + uncompressed data blob, the form edges read on demand). */
     dsecSplit: SideResult & { layersReused: number };
     podman: (SideResult & { storageDriver: string }) | { available: false; reason: string };
@@ -84,6 +93,7 @@ export async function benchRegistry(
   options: RegistryBenchOptions = {},
 ): Promise<RegistryBenchReport> {
   const layerCount = Math.max(1, options.layers ?? 4);
+  const compress = options.compress ?? REGISTRY_DEFAULT_COMPRESSION;
   const dataBytes = Math.max(1, options.imageMb ?? 192) * 2 ** 20;
   const fileBytes = 4 * 2 ** 20;
   const work = await mkdtemp(join(tmpdir(), 'dsec-bench-registry-'));
@@ -135,6 +145,7 @@ export async function benchRegistry(
     step();
 
     // dsec: a fresh directory store each; its scratch space is left out of the count.
+    const mounter = hostErofsMounter();
     const dsecSide = async (split: boolean) => {
       const storeDir = join(work, split ? 'dsec-store-split' : 'dsec-store');
       const store = new DirImageStore(storeDir);
@@ -149,8 +160,9 @@ export async function benchRegistry(
           kind: 'base',
           insecure: true,
           split,
+          ...(split ? {} : { compress }),
           env: {},
-          mounter: { mountErofs, unmount },
+          mounter,
           ...(options.signal ? { signal: options.signal } : {}),
         });
         return { ms: ms(t0), result: r };
@@ -167,7 +179,7 @@ export async function benchRegistry(
       await rm(storeDir, { recursive: true, force: true });
       return result;
     };
-    const dsec = await dsecSide(false);
+    const dsec = { ...(await dsecSide(false)), compress };
     step();
     const dsecSplit = await dsecSide(true);
     step();
@@ -200,7 +212,7 @@ export async function benchRegistry(
         'of the one below and makes its own opaque), and a second image with the same lower layers and another top. ' +
         'dsec: importFromRegistry (what `dsec image import --from-registry` runs: skopeo copy into an OCI layout, each ' +
         'layer checked against its diff ID and converted to EROFS unless already converted, then merged into one base ' +
-        'layer, lz4hc-compressed) into an empty directory store, then the second image into the same store; ' +
+        `layer, ${compress}-compressed) into an empty directory store, then the second image into the same store; ` +
         'dsecSplit: the same with split: true (metadata image + uncompressed data blob + chunk table). podman: `podman pull ' +
         '--tls-verify=false` into an empty containers-storage (its own --root), then the second image. Time is wall ' +
         'clock per pull; bytesOnDisk is `du -B1` of the store afterwards (dsec without its scratch dir). Page cache ' +
@@ -208,7 +220,7 @@ export async function benchRegistry(
       limitations:
         'One machine, registry on loopback: no network latency or bandwidth limit, so the times are dominated by ' +
         'decompression, unpacking and (dsec) mkfs.erofs, not transfer. The data is incompressible, the worst case for ' +
-        'lz4hc in mkfs.erofs (erofs-utils 1.5 tries every cluster and stores it raw). dsec stores each layer once more ' +
+        'compression in mkfs.erofs (erofs-utils 1.5 tries every cluster and stores it raw). dsec stores each layer once more ' +
         'as its own uncompressed EROFS (the diff-ID cache) besides the merged image, so its bytes on disk include both.',
       machine: await describeMachine(),
     };
@@ -290,34 +302,45 @@ export function registerRegistryBench(bench: Command): void {
     )
     .option('--image-mb <n>', 'size of the data layers together', '192')
     .option('--layers <n>', 'data layers above the busybox base', '4')
-    .action(async (opts: { imageMb: string; layers: string }, command: Command) => {
-      const ctx = contextOf(command);
-      const progress = createProgress({ label: 'bench registry', total: 6, enabled: !ctx.json });
-      const report = await benchRegistry({
-        imageMb: Number(opts.imageMb),
-        layers: Number(opts.layers),
-        onProgress: (done) => progress.update(done),
-        ...(ctx.signal ? { signal: ctx.signal } : {}),
-      });
-      progress.done();
-      if (ctx.json) {
-        ctx.out(JSON.stringify(report, null, 2));
-        return;
-      }
-      const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
-      const { dsec, podman } = report.results;
-      ctx.out(
-        `dsec    cold ${(dsec.cold.ms / 1000).toFixed(2)} s ${mib(dsec.cold.bytesOnDisk)}   shared ${(dsec.shared.ms / 1000).toFixed(2)} s +${mib(dsec.shared.addedBytes)} (${dsec.layersReused} layers reused)`,
-      );
-      const sp = report.results.dsecSplit;
-      ctx.out(
-        `split   cold ${(sp.cold.ms / 1000).toFixed(2)} s ${mib(sp.cold.bytesOnDisk)}   shared ${(sp.shared.ms / 1000).toFixed(2)} s +${mib(sp.shared.addedBytes)} (${sp.layersReused} layers reused)`,
-      );
-      if ('cold' in podman) {
+    .option(
+      '--compress <how>',
+      `the dsec import's compression: lz4, lz4hc or none (default ${REGISTRY_DEFAULT_COMPRESSION})`,
+    )
+    .action(
+      async (opts: { imageMb: string; layers: string; compress?: string }, command: Command) => {
+        const ctx = contextOf(command);
+        const progress = createProgress({ label: 'bench registry', total: 6, enabled: !ctx.json });
+        const report = await benchRegistry({
+          imageMb: Number(opts.imageMb),
+          layers: Number(opts.layers),
+          ...(opts.compress !== undefined
+            ? {
+                compress: erofsCompression(opts.compress, REGISTRY_DEFAULT_COMPRESSION, 'compress'),
+              }
+            : {}),
+          onProgress: (done) => progress.update(done),
+          ...(ctx.signal ? { signal: ctx.signal } : {}),
+        });
+        progress.done();
+        if (ctx.json) {
+          ctx.out(JSON.stringify(report, null, 2));
+          return;
+        }
+        const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+        const { dsec, podman } = report.results;
         ctx.out(
-          `podman  cold ${(podman.cold.ms / 1000).toFixed(2)} s ${mib(podman.cold.bytesOnDisk)}   shared ${(podman.shared.ms / 1000).toFixed(2)} s +${mib(podman.shared.addedBytes)} (${podman.storageDriver})`,
+          `dsec    cold ${(dsec.cold.ms / 1000).toFixed(2)} s ${mib(dsec.cold.bytesOnDisk)}   shared ${(dsec.shared.ms / 1000).toFixed(2)} s +${mib(dsec.shared.addedBytes)} (${dsec.layersReused} layers reused)`,
         );
-        ctx.out(`ratios (dsec ÷ podman): ${JSON.stringify(report.ratios)}`);
-      } else ctx.out(`podman  not measured: ${podman.reason}`);
-    });
+        const sp = report.results.dsecSplit;
+        ctx.out(
+          `split   cold ${(sp.cold.ms / 1000).toFixed(2)} s ${mib(sp.cold.bytesOnDisk)}   shared ${(sp.shared.ms / 1000).toFixed(2)} s +${mib(sp.shared.addedBytes)} (${sp.layersReused} layers reused)`,
+        );
+        if ('cold' in podman) {
+          ctx.out(
+            `podman  cold ${(podman.cold.ms / 1000).toFixed(2)} s ${mib(podman.cold.bytesOnDisk)}   shared ${(podman.shared.ms / 1000).toFixed(2)} s +${mib(podman.shared.addedBytes)} (${podman.storageDriver})`,
+          );
+          ctx.out(`ratios (dsec ÷ podman): ${JSON.stringify(report.ratios)}`);
+        } else ctx.out(`podman  not measured: ${podman.reason}`);
+      },
+    );
 }

@@ -11,14 +11,16 @@ import {
 import {
   collapseLayers,
   DirImageStore,
+  erofsCompression,
   importFromRegistry,
   importOci,
   openImageStore,
+  REGISTRY_DEFAULT_COMPRESSION,
   transferLayer,
   buildLayer,
   type BuildProgress,
 } from '@dsec/images';
-import { mountErofs, unmount } from '@dsec/native';
+import { erofsMountFromEnv, hostErofsMounter } from '@dsec/edge';
 import type { CliContext } from '../context.js';
 import { contextOf } from '../context.js';
 import { formatBytes } from '../format.js';
@@ -94,6 +96,7 @@ interface ImportOptions {
   ref?: string;
   kind: string;
   split?: boolean;
+  compress?: string;
   keepWhiteouts?: boolean;
 }
 
@@ -131,6 +134,10 @@ export function register(program: Command): void {
     .option('--kind <kind>', 'base, workspace or toolkit', 'base')
     .option('--split', 'store metadata and data separately (data read on demand)')
     .option(
+      '--compress <how>',
+      `lz4, lz4hc or none, when not split (default ${REGISTRY_DEFAULT_COMPRESSION} for --from-registry, else lz4hc)`,
+    )
+    .option(
       '--keep-whiteouts',
       'keep OCI whiteouts as overlay whiteouts (default for workspace/toolkit)',
     )
@@ -146,11 +153,16 @@ export function register(program: Command): void {
         );
       }
       const progress = phaseProgress(ctx, `importing ${ref.name}:${ref.version}`);
+      const compress =
+        opts.compress === undefined
+          ? undefined
+          : erofsCompression(opts.compress, REGISTRY_DEFAULT_COMPRESSION, 'compress');
       const common = {
         name: ref.name,
         version: ref.version,
         kind,
         split: opts.split === true,
+        ...(compress !== undefined ? { compress } : {}),
         signal: ctx.signal,
         onProgress: progress.onProgress,
       };
@@ -161,7 +173,7 @@ export function register(program: Command): void {
           ...(opts.insecure ? { insecure: true } : {}),
           ...(opts.authfile !== undefined ? { authFile: opts.authfile } : {}),
           env: ctx.io.env,
-          mounter: { mountErofs, unmount },
+          mounter: layerMounter(ctx),
           ...(opts.keepWhiteouts ? { keepWhiteouts: true } : {}),
         });
         progress.done();
@@ -330,7 +342,7 @@ export function register(program: Command): void {
           ...(opts.kind !== undefined ? { kind: parseKind(opts.kind) } : {}),
           ...(opts.split ? { split: true } : {}),
           ...(maxBytes !== undefined ? { maxContentBytes: maxBytes } : {}),
-          mounter: { mountErofs, unmount },
+          mounter: layerMounter(ctx),
           ...(ctx.signal ? { signal: ctx.signal } : {}),
           onProgress: progress.onProgress,
         });
@@ -338,6 +350,19 @@ export function register(program: Command): void {
         printLayer(ctx, layer);
       },
     );
+}
+
+/**
+ * Mounts stored layers to copy them out (a reused registry layer, a collapse):
+ * file-backed where the kernel has it, else through loop devices, probed on
+ * the state dir's filesystem (where the layers are) unless `DSEC_EROFS_MOUNT`
+ * says which.
+ */
+function layerMounter(ctx: CliContext): ReturnType<typeof hostErofsMounter> {
+  return hostErofsMounter({
+    probeDir: join(ctx.options.stateDir, 'tmp', `erofs-probe-${process.pid}`),
+    setting: erofsMountFromEnv(ctx.io.env),
+  });
 }
 
 /**

@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { isDsecError } from '@dsec/core';
+import { isOciDiffLayer } from '@dsec/images';
 import { contextOf } from '../context.js';
 import { formatBytes, formatRelative, formatTable } from '../format.js';
 import { localStore } from '../stores.js';
@@ -10,16 +11,18 @@ export function register(program: Command): void {
   image
     .command('ls')
     .description('list image layers (base, workspace, toolkit)')
-    .action(async (_opts: unknown, command: Command) => {
+    .option('--all', 'also list the per-layer records registry imports keep (oci-diff:*)')
+    .action(async (opts: { all?: boolean }, command: Command) => {
       const ctx = contextOf(command);
       // No cluster running: the local store is what `dsec up` would serve.
-      const layers = await ctx
+      const all = await ctx
         .client()
         .listImages({ signal: ctx.signal })
         .catch(async (err: unknown) => {
           if (!isDsecError(err, 'unavailable')) throw err;
           return await localStore(ctx).listLayers();
         });
+      const layers = opts.all ? all : all.filter((l) => !isOciDiffLayer(l));
       if (ctx.json) {
         ctx.printJson(layers);
         return;

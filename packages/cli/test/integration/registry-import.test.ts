@@ -168,6 +168,61 @@ void describe('image import --from-registry', { timeout: 10 * 60_000 }, () => {
     );
     assert.deepEqual(rb.parents.slice(0, 2), ra.parents.slice(0, 2));
 
+    // The per-layer records are plumbing: listed with --all only (4 distinct diff IDs).
+    const names = async (args: string[]) =>
+      (
+        JSON.parse(
+          (await dsec(['image', 'ls', '--json', ...args], { DSEC_URL: 'http://127.0.0.1:1' }))
+            .stdout,
+        ) as { name: string }[]
+      )
+        .map((l) => l.name)
+        .sort();
+    assert.deepEqual(await names([]), ['reg-a', 'reg-b']);
+    assert.deepEqual(await names(['--all']), [
+      'oci-diff',
+      'oci-diff',
+      'oci-diff',
+      'oci-diff',
+      'reg-a',
+      'reg-b',
+    ]);
+
+    // --compress: lz4 by default; none stores the same tree larger, lz4hc is still there.
+    const sizes: Record<string, number> = {};
+    for (const how of ['none', 'lz4hc']) {
+      const r = await dsec([
+        'image',
+        'import',
+        `reg-a:${how}`,
+        '--from-registry',
+        `docker://${registry.host}/test/a:v1`,
+        '--insecure',
+        '--compress',
+        how,
+        '--json',
+      ]);
+      assert.equal(r.code, 0, r.stderr);
+      const info = JSON.parse(r.stdout) as typeof ra & { sizeBytes: number; digest: string };
+      assert.ok(info.layers.every((l) => l.reused));
+      sizes[how] = info.sizeBytes;
+    }
+    const dflt = JSON.parse((await dsec(['image', 'inspect', 'reg-a:v1', '--json'])).stdout) as {
+      sizeBytes: number;
+    };
+    assert.ok(dflt.sizeBytes < sizes['none']!, JSON.stringify({ lz4: dflt.sizeBytes, ...sizes }));
+    assert.ok(sizes['lz4hc']! <= dflt.sizeBytes, JSON.stringify({ lz4: dflt.sizeBytes, ...sizes }));
+    const bad = await dsec([
+      'image',
+      'import',
+      'x',
+      '--from-registry',
+      `docker://${registry.host}/test/a:v1`,
+      '--compress',
+      'zstd',
+    ]);
+    assert.match(bad.stderr, /compress: want one of lz4, lz4hc, none.*\[invalid_argument\]/);
+
     node = await startSingleNode({
       stateDir,
       port: 0,

@@ -9,6 +9,7 @@ import {
   type LayerKind,
 } from '@dsec/core';
 import { buildLayer, extractTar, type BuildProgress } from '../build.js';
+import type { ErofsCompression } from '../erofs.js';
 import { mergeLayerTrees, ociLayerToOverlay, type LayerTree } from '../overlay/merge.js';
 import { DirImageStore } from '../store/dir-store.js';
 import { assertLayerKind, assertLayerName } from '../store/validate.js';
@@ -30,7 +31,8 @@ export interface ImportOciOptions {
    */
   keepWhiteouts?: boolean;
   split?: boolean;
-  compress?: boolean;
+  /** Compression of an unsplit layer (default `lz4hc`). */
+  compress?: boolean | ErofsCompression;
   workDir?: string;
   signal?: AbortSignal;
   onProgress?(p: BuildProgress): void;
