@@ -92,11 +92,18 @@ async function midBatch(out: string, exited: Promise<unknown>): Promise<void> {
         .filter((l) => l.includes('"t":"done"'))
         .map((l) => (JSON.parse(l) as { id: string }).id),
     );
-    const stepping = journal
-      .split('\n')
-      .filter((l) => l.includes('"t":"step"'))
-      .some((l) => !done.has((JSON.parse(l) as { id: string }).id));
-    if (done.size >= 1 && stepping) return;
+    // Grading steps per task: a finished task journaled all of them. A task still short of
+    // that count has its slow last step (the test run) ahead or running, so the signal lands
+    // inside a task rather than between a task's last step and its result.
+    const gradingSteps = new Map<string, number>();
+    for (const l of journal.split('\n')) {
+      if (!l.includes('"t":"step"')) continue;
+      const { id, rid } = JSON.parse(l) as { id: string; rid: string };
+      gradingSteps.set(id, (gradingSteps.get(id) ?? 0) + (/:g\d+/.test(rid) ? 1 : 0));
+    }
+    const all = Math.max(0, ...[...done].map((id) => gradingSteps.get(id) ?? 0));
+    const midTask = [...gradingSteps].some(([id, n]) => !done.has(id) && n < all);
+    if (done.size >= 1 && midTask) return;
     await sleep(20);
   }
 }
