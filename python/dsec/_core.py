@@ -30,6 +30,8 @@ DEFAULT_URL = "http://127.0.0.1:7420"
 DEFAULT_TIMEOUT = 30.0
 #: Deadline of ``run_container``, seconds (the paper's ``timeout=120``).
 DEFAULT_CREATE_TIMEOUT = 120.0
+# A full VM boots Debian and X: minutes under TCG (no KVM).
+DEFAULT_VM_CREATE_TIMEOUT = 900.0
 #: The server's default command timeout, seconds (docs/CONVENTIONS.md, ``CommandBody``).
 DEFAULT_COMMAND_TIMEOUT = 60.0
 #: Slack on top of a command's own timeout before the client gives up on the answer.

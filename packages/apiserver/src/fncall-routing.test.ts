@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import type { FnCallPoolStatus } from '@dsec/core';
+import type { FnCallGpuUnitStatus, FnCallPoolStatus } from '@dsec/core';
 import { routeFnCall } from './fncall-routing.js';
 import type { FnCallEdgeCandidate } from './fncall-routing.js';
 
@@ -127,4 +127,63 @@ test('room to grow weighs tier 1; a pool capped at zero cannot grow', () => {
       ['capped', 2],
     ],
   );
+});
+
+test('GPU calls go only to pools of their GPU request and edges with matching free units', () => {
+  const unit = (u: Partial<FnCallGpuUnitStatus>): FnCallGpuUnitStatus => ({
+    kind: 'gpu',
+    uuid: 'GPU-0',
+    model: 'NVIDIA H200',
+    mode: 'free',
+    workers: 0,
+    maxSharedWorkers: 4,
+    ...u,
+  });
+  const exclusive = { mode: 'exclusive' as const };
+  const edges = [
+    // A CPU pool with idle workers: never for a GPU call, and its GPU pool never for a CPU call.
+    edge('cpu-only', { pools: [pool({ idle: 4 })] }),
+    edge('free-h200', { pools: [pool({})], gpus: [unit({})] }),
+    edge('taken', { pools: [pool({})], gpus: [unit({ mode: 'exclusive', workers: 1 })] }),
+    edge('busy-pool', {
+      pools: [pool({ busy: 1, gpu: { mode: 'exclusive', count: 1 } })],
+      gpus: [unit({ mode: 'exclusive', workers: 1 })],
+    }),
+    edge('idle-gpu-worker', {
+      pools: [pool({ idle: 1, gpu: { mode: 'exclusive', count: 1 } })],
+      gpus: [unit({ mode: 'exclusive', workers: 1 })],
+    }),
+    edge('a100', { pools: [pool({})], gpus: [unit({ model: 'NVIDIA A100-SXM4-80GB' })] }),
+    edge('unprobed'),
+  ];
+  const r = routeFnCall(edges, { language: 'python', gpu: exclusive }, { random: () => 0 });
+  assert.deepEqual(
+    r.map((x) => [x.edgeId, x.tier]),
+    [
+      ['idle-gpu-worker', 0],
+      // No pool of this GPU request yet (tier 2, as for any runtime), but free units.
+      ['free-h200', 2],
+      ['busy-pool', 2],
+      ['a100', 2],
+      ['unprobed', 3],
+    ],
+  );
+  const h200 = routeFnCall(edges, { language: 'python', gpu: { ...exclusive, model: 'H200' } });
+  assert.deepEqual(ids(h200).sort(), ['free-h200', 'unprobed']);
+  // Two units: nobody has them.
+  assert.deepEqual(
+    ids(routeFnCall(edges, { language: 'python', gpu: { ...exclusive, count: 2 } })),
+    ['unprobed'],
+  );
+  // Shared: a unit held exclusively is not usable, a shared one with room is.
+  const shared = [
+    edge('held', { pools: [pool({})], gpus: [unit({ mode: 'exclusive', workers: 1 })] }),
+    edge('room', { pools: [pool({})], gpus: [unit({ mode: 'shared', workers: 3 })] }),
+    edge('full', { pools: [pool({})], gpus: [unit({ mode: 'shared', workers: 4 })] }),
+  ];
+  assert.deepEqual(ids(routeFnCall(shared, { language: 'python', gpu: { mode: 'shared' } })), [
+    'room',
+  ]);
+  // A CPU call ignores GPU pools' idle workers.
+  assert.deepEqual(ids(routeFnCall(edges, { language: 'python' })).at(0), 'cpu-only');
 });

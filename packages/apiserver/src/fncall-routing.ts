@@ -1,4 +1,5 @@
-import type { FnCallPoolStatus } from '@dsec/core';
+import { gpuUnitsUsable } from '@dsec/core';
+import type { FnCallGpuRequest, FnCallGpuUnitStatus, FnCallPoolStatus } from '@dsec/core';
 
 /**
  * Where a function call goes (issue 14.4), as a pure function of the
@@ -16,7 +17,10 @@ import type { FnCallPoolStatus } from '@dsec/core';
  *      loop, a slow status) must not turn a single-edge cluster away, and an
  *      edge that is really down refuses at once with `unavailable`.
  * Edges without `fncall`, edges missing a label of `edgeSelector` and edges
- * in `exclude` are left out.
+ * in `exclude` are left out. A call with `gpu` uses only pools of exactly
+ * that GPU request, and a healthy, probed edge takes it only with an idle
+ * worker of that pool, enough matching free units (`EdgeStatus.gpus`), or
+ * (tier 2, to queue) a busy worker of that pool; others are left out.
  *
  * Within a tier the order is a weighted shuffle (by idle workers in tier 0,
  * by room to grow in tier 1, evenly otherwise): the view is a probe old, so
@@ -32,12 +36,15 @@ export interface FnCallEdgeCandidate {
   pools: readonly FnCallPoolStatus[] | undefined;
   /** Whether the apiserver's client of the edge has `fncall` at all. */
   implementsFnCall: boolean;
+  /** The GPU units the edge reported (`EdgeStatus.gpus`); undefined when none. */
+  gpus?: readonly FnCallGpuUnitStatus[] | undefined;
 }
 
 export interface FnCallRouteRequest {
   language: string;
   network?: boolean | undefined;
   edgeSelector?: Record<string, string> | undefined;
+  gpu?: FnCallGpuRequest | undefined;
 }
 
 export interface FnCallRouteOptions {
@@ -72,9 +79,16 @@ export function routeFnCall(
       tiers[3]!.push({ edgeId: e.edgeId, weight: 1 });
       continue;
     }
-    const pool = e.pools.find((p) => p.language === req.language && p.network === network);
+    const pool = e.pools.find(
+      (p) => p.language === req.language && p.network === network && sameGpu(p.gpu, req.gpu),
+    );
     if (pool && pool.idle > 0) {
       tiers[0]!.push({ edgeId: e.edgeId, weight: pool.idle });
+      continue;
+    }
+    // A new GPU worker needs free units; without them only a busy worker's queue is left.
+    if (req.gpu && gpuUnitsUsable(e.gpus ?? [], req.gpu) < (req.gpu.count ?? 1)) {
+      if (pool && pool.busy > 0) tiers[2]!.push({ edgeId: e.edgeId, weight: 1 });
       continue;
     }
     const room = pool ? pool.max - pool.idle - pool.busy - pool.starting : 0;
@@ -84,6 +98,13 @@ export function routeFnCall(
   return tiers.flatMap((tier, i) =>
     weightedShuffle(tier, random).map((edgeId) => ({ edgeId, tier: i as FnCallRoute['tier'] })),
   );
+}
+
+/** Whether a pool's GPU request is the call's (both none, or the same mode, count and model). */
+function sameGpu(a: FnCallGpuRequest | undefined, b: FnCallGpuRequest | undefined): boolean {
+  if (a === undefined || b === undefined) return a === b;
+  const model = (r: FnCallGpuRequest) => r.model?.trim() || undefined;
+  return a.mode === b.mode && (a.count ?? 1) === (b.count ?? 1) && model(a) === model(b);
 }
 
 /** Draws without replacement, each draw proportional to the weights left. */

@@ -1,6 +1,12 @@
 import { setMaxListeners } from 'node:events';
 import { DsecError, toDsecError } from '@dsec/core';
-import type { EdgeApi, FnCallPoolStatus, FnCallRequest, FnCallResult } from '@dsec/core';
+import type {
+  EdgeApi,
+  FnCallGpuUnitStatus,
+  FnCallPoolStatus,
+  FnCallRequest,
+  FnCallResult,
+} from '@dsec/core';
 import type { Principal } from '@dsec/iam';
 import { routeFnCall } from './fncall-routing.js';
 import type { FnCallEdgeCandidate } from './fncall-routing.js';
@@ -13,7 +19,9 @@ export interface FnCallFleetSource {
       edgeId: string;
       healthy: boolean;
       labels: Record<string, string>;
-      status?: { fncall?: FnCallPoolStatus[] | undefined } | undefined;
+      status?:
+        | { fncall?: FnCallPoolStatus[] | undefined; gpus?: FnCallGpuUnitStatus[] | undefined }
+        | undefined;
     }[];
   };
 }
@@ -147,6 +155,7 @@ export class FnCallService {
         healthy: v.healthy,
         labels: v.labels,
         pools: v.status?.fncall,
+        gpus: v.status?.gpus,
         implementsFnCall: typeof this.#edge(v.edgeId)?.fncall === 'function',
       });
     }

@@ -8,6 +8,7 @@ import type {
   ErrorCode,
   FileInfo,
   FnCallPoolStatus,
+  FnCallGpuUnitStatus,
   FnCallResult,
   LayerInfo,
   SandboxEvent,
@@ -258,8 +259,27 @@ export const FnCallPoolStatusSchema = z
     busy: z.number().int(),
     starting: z.number().int(),
     max: z.number().int(),
+    gpu: z
+      .object({
+        mode: z.enum(['shared', 'exclusive']),
+        count: z.number().int().optional(),
+        model: z.string().optional(),
+      })
+      .optional()
+      .openapi({ description: 'The GPU request every worker of this pool was given.' }),
   })
   .openapi('FnCallPoolStatus');
+
+export const FnCallGpuUnitStatusSchema = z
+  .object({
+    kind: z.enum(['gpu', 'mig']),
+    uuid: z.string(),
+    model: z.string().openapi({ description: "A GPU's name, or a MIG instance's profile." }),
+    mode: z.enum(['free', 'shared', 'exclusive']),
+    workers: z.number().int(),
+    maxSharedWorkers: z.number().int(),
+  })
+  .openapi('FnCallGpuUnitStatus');
 
 export const FnCallResultSchema = z
   .object({
@@ -343,6 +363,9 @@ export const EdgeStatusSchema = z
       .optional(),
     fncall: z.array(FnCallPoolStatusSchema).optional().openapi({
       description: 'Warm FnCall pools on this edge (absent on edges without FnCall).',
+    }),
+    gpus: z.array(FnCallGpuUnitStatusSchema).optional().openapi({
+      description: "The edge's GPU units and their assignment (absent on edges without GPUs).",
     }),
   })
   .openapi('EdgeStatus');
@@ -444,6 +467,7 @@ export type ResponseSchemasMatchTypes = [
   Check<Same<z.infer<typeof EdgeStatusSchema>, EdgeStatus>>,
   Check<Same<z.infer<typeof FnCallResultSchema>, FnCallResult>>,
   Check<Same<z.infer<typeof FnCallPoolStatusSchema>, FnCallPoolStatus>>,
+  Check<Same<z.infer<typeof FnCallGpuUnitStatusSchema>, FnCallGpuUnitStatus>>,
   Check<Same<z.infer<typeof ProjectSchema>, Project>>,
   Check<Same<z.infer<typeof CreatedKeySchema>, CreatedKey>>,
 ];

@@ -34,6 +34,7 @@ import {
 import * as requests from './schemas.js';
 import * as ioRequests from './schemas-io.js';
 import * as fncallRequests from './schemas-fncall.js';
+import * as displayRequests from './schemas-display.js';
 /**
  * The OpenAPI 3.1 document of HTTP API v1, built from the zod schemas the
  * routes parse requests with (`schemas.ts`, `schemas-io.ts`) and the answer
@@ -86,6 +87,7 @@ const SignalBody = ioRequests.SignalBody.openapi('SignalBody');
 const MkdirBody = ioRequests.MkdirBody.openapi('MkdirBody');
 const RemoveBody = ioRequests.RemoveBody.openapi('RemoveBody');
 const RenameBody = ioRequests.RenameBody.openapi('RenameBody');
+const DisplayInputBody = displayRequests.DisplayInputBody.openapi('DisplayInputBody');
 const FnCallBody = fncallRequests.FnCallBody.openapi('FnCallBody');
 const FnCallBatchBody = fncallRequests.FnCallBatchBody.openapi('FnCallBatchBody');
 const { CommandParams, SessionParams, WaitQuery, StdinQuery, PathQuery, WriteQuery, PtyQuery } =
@@ -584,6 +586,35 @@ export function operations(): Operation[] {
     },
     {
       method: 'get',
+      route: '/v1/sandboxes/:id/screenshot',
+      operationId: 'screenshot',
+      tag: 'display',
+      summary: 'A PNG of the screen now',
+      description:
+        '503 `unavailable` for a sandbox without a display (only `vm` sandboxes have one).',
+      request: sandbox,
+      responses: {
+        200: {
+          description: 'The screen.',
+          content: { 'image/png': { schema: z.string().openapi({ format: 'binary' }) } },
+        },
+      },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'post',
+      route: '/v1/sandboxes/:id/input',
+      operationId: 'sendInput',
+      tag: 'display',
+      summary: 'Send keys and pointer events to the screen',
+      description:
+        'Events in order, or `text` typed key by key. 503 `unavailable` for a sandbox without a display.',
+      request: { ...sandbox, body: { content: json(DisplayInputBody), required: true } },
+      responses: { 204: noContent },
+      errors: ON_SANDBOX,
+    },
+    {
+      method: 'get',
       route: '/v1/images',
       operationId: 'listImages',
       tag: 'images',
@@ -810,6 +841,7 @@ export function buildOpenApiDocument(version: string): Record<string, unknown> {
       'lifecycle',
       'fncall',
       'network',
+      'display',
       'images',
       'edges',
       'projects',

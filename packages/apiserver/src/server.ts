@@ -15,6 +15,7 @@ import { openApiRoute, recordRoutes } from './openapi.js';
 import { adminRoutes } from './routes/admin.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { networkRoutes } from './routes/network.js';
+import { displayRoutes } from './routes/display.js';
 import { lifecycleRoutes } from './routes/lifecycle.js';
 import { commandRoutes } from './routes/commands.js';
 import { fileRoutes } from './routes/files.js';
@@ -220,6 +221,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   });
   sandboxRoutes(app, service);
   networkRoutes(app, service);
+  displayRoutes(app, service);
   lifecycleRoutes(app, service);
   // Routes with raw (streamed) bodies get their own parsers inside these plugins.
   void app.register(async (scope) => commandRoutes(scope, service));

@@ -38,6 +38,23 @@ test('a config gets its defaults and absolute paths relative to its own director
   assert.equal(pg.database, 'postgres://dsec@db:5432/dsec');
 });
 
+test('GPU settings pass through with the inventory file made absolute', () => {
+  const edge = { id: 'e1', stateDir: '/s', secretFile: '/k' };
+  const config = parseClusterConfig(
+    {
+      edge: { ...edge, gpus: { inventoryFile: 'gpus.json', sharedPlacement: 'pack' } },
+      up: { gpus: 'auto' },
+    },
+    '/etc/dsec',
+  );
+  assert.deepEqual(config.edge?.gpus, {
+    inventoryFile: '/etc/dsec/gpus.json',
+    sharedPlacement: 'pack',
+  });
+  assert.equal(config.up?.gpus, 'auto');
+  assert.throws(() => parseClusterConfig({ edge: { ...edge, gpus: 'on' } }), invalid('edge.gpus'));
+});
+
 test('bad configs name the field and what is wrong', () => {
   assert.throws(() => parseClusterConfig({ edge: { id: 'Edge_1' } }), invalid('edge.id'));
   assert.throws(

@@ -81,6 +81,24 @@ const EdgeSection = z
     pauseSwapMaxMb: z.number().int().nonnegative().optional(),
     /** How layers are mounted: `file` (Linux 6.12+), `loop` (older kernels) or `auto` (probe; default). */
     erofsMount: z.enum(['auto', 'file', 'loop']).optional(),
+    /**
+     * GPUs for FnCall workers (docs/gpu.md): `off` (default), `auto` (use the
+     * NVIDIA driver's devices when there is one), or settings with an
+     * inventory file describing the devices.
+     */
+    gpus: z
+      .union([
+        z.enum(['auto', 'off']),
+        z
+          .object({
+            inventoryFile: z.string().min(1).optional(),
+            maxSharedWorkersPerUnit: z.number().int().min(1).optional(),
+            sharedPlacement: z.enum(['spread', 'pack']).optional(),
+            modeset: z.boolean().optional(),
+          })
+          .strict(),
+      ])
+      .optional(),
     logRequests: z.boolean().default(false),
     /** Serve this edge's metrics without authentication at `HOST:PORT/metrics` (default off). */
     metricsListen: ListenAddress.optional(),
@@ -136,6 +154,7 @@ const UpSection = EdgeSection.pick({
   idlePauseSeconds: true,
   pauseSwapMaxMb: true,
   erofsMount: true,
+  gpus: true,
 })
   .extend({
     /** Everything durable (default /var/lib/dsec; `--state-dir` overrides). */
@@ -204,6 +223,11 @@ export function parseClusterConfig(input: unknown, baseDir = process.cwd()): Clu
   if (config.apiserver?.adminKeyFile)
     config.apiserver.adminKeyFile = abs(config.apiserver.adminKeyFile);
   if (config.up?.stateDir) config.up.stateDir = abs(config.up.stateDir);
+  for (const section of [config.up, config.edge]) {
+    const gpus = section?.gpus;
+    if (typeof gpus === 'object' && gpus.inventoryFile)
+      gpus.inventoryFile = abs(gpus.inventoryFile);
+  }
   if (config.edge) {
     config.edge.stateDir = abs(config.edge.stateDir);
     config.edge.secretFile = abs(config.edge.secretFile);

@@ -29,6 +29,7 @@ import {
   type AdmissionConfig,
   type Edge,
   type EdgeCapacity,
+  type EdgeGpuConfig,
   type EdgeNetworkOptions,
   type ErofsMountSetting,
 } from '@dsec/edge';
@@ -75,6 +76,8 @@ export interface SingleNodeOptions {
   cgroupFavorDynmods?: boolean;
   /** How the edge mounts layers: `file`, `loop` or `auto` (default: `DSEC_EROFS_MOUNT`, else probe). */
   erofsMount?: ErofsMountSetting | undefined;
+  /** GPUs for FnCall workers (docs/gpu.md; default off). */
+  gpus?: EdgeGpuConfig | undefined;
   /** The E2B-compatible API (docs/e2b.md): template names and the wildcard domain. */
   e2b?: E2bOptions;
   /** Pause and idle settings of the edge (ADR 0012). */
@@ -158,6 +161,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       cgroupParent: options.cgroupParent,
       blobCacheBytes: options.blobCacheBytes,
       ...(options.erofsMount ? { erofsMount: options.erofsMount } : {}),
+      ...(options.gpus ? { gpus: options.gpus } : {}),
       ...(options.runtimeBinary ? { runtimeBinary: options.runtimeBinary } : {}),
       ...(options.cgroupFavorDynmods !== undefined
         ? { cgroupFavorDynmods: options.cgroupFavorDynmods }
@@ -174,6 +178,10 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   const watcher = new Watcher({
     edges,
     intervalMs: options.watcherIntervalMs ?? 1000,
+    // The edge runs in this process: a slow probe means a busy event loop, never a lost edge,
+    // and marking the only edge down would refuse every placement. It still goes down when it
+    // reports itself unhealthy.
+    failuresBeforeDown: Number.POSITIVE_INFINITY,
     ...(logger ? { log: edgeLog(logger.child({ component: 'watcher' })) } : {}),
   });
   await watcher.refresh();

@@ -114,6 +114,7 @@ export async function startEdgeServer(
     ...(ec.pauseSwapMaxMb !== undefined ? { pauseSwapMaxBytes: ec.pauseSwapMaxMb * 2 ** 20 } : {}),
     ...(ec.runtime ? { runtimeBinary: ec.runtime } : {}),
     ...(ec.erofsMount ? { erofsMount: ec.erofsMount } : {}),
+    ...(ec.gpus ? { gpus: ec.gpus } : {}),
     ...(log ? { log } : {}),
     metrics,
   });

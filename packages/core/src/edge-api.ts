@@ -11,6 +11,7 @@ import type {
 } from './types.js';
 import { DsecError } from './errors.js';
 import type { SandboxIoApi } from './sandbox-io.js';
+import type { DisplayInput } from './display.js';
 import type { FnCallOptions, FnCallRequest, FnCallResult } from './fncall.js';
 
 /**
@@ -73,6 +74,13 @@ export interface EdgeApi {
     query: { afterId?: number | undefined; limit?: number | undefined },
     signal?: AbortSignal,
   ): Promise<SandboxEvent[]>;
+  /**
+   * The screen of a sandbox that has one (`vm`; issue 15): a PNG of it now,
+   * and keys and pointer events sent to it. Optional; an edge answers
+   * `unavailable` for a sandbox whose backend has no display.
+   */
+  screenshot?(id: string, signal?: AbortSignal): Promise<Buffer>;
+  sendInput?(id: string, input: DisplayInput, signal?: AbortSignal): Promise<void>;
   /**
    * The in-sandbox interface: command log, background commands, sessions,
    * files, ports, terminals. Optional: the apiserver answers `unavailable`

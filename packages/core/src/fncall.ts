@@ -70,6 +70,81 @@ export interface FnCallPoolStatus {
   starting: number;
   /** The most workers this pool may hold (admission may cap it lower). */
   max: number;
+  /** The GPU request every worker of this pool holds (GPU pools only; absent: no GPU). */
+  gpu?: FnCallGpuRequest | undefined;
+}
+
+/** One GPU unit of an edge (a whole GPU or a MIG instance), as it reports it in `EdgeStatus.gpus`. */
+export interface FnCallGpuUnitStatus {
+  kind: 'gpu' | 'mig';
+  uuid: string;
+  /** A whole GPU's name (`NVIDIA H200`); a MIG instance's profile (`1g.10gb`). */
+  model: string;
+  /** `free` when no worker holds it. */
+  mode: 'free' | 'shared' | 'exclusive';
+  /** Workers holding it now. */
+  workers: number;
+  /** Workers one unit takes at most in shared mode. */
+  maxSharedWorkers: number;
+}
+
+/** `1g.10gb`, `3g.40gb`, `1g.10gb+me`, `1c.3g.40gb`, `1g.18gb` (H200): a MIG profile, not a GPU model. */
+const MIG_PROFILE = /^(\d+c\.)?\d+g\.\d+gb(\+[a-z]+)?$/i;
+
+export function isMigProfile(model: string): boolean {
+  return MIG_PROFILE.test(model);
+}
+
+/**
+ * Whether a GPU named `name` (`NVIDIA A100-SXM4-80GB`) is a `model` a caller
+ * asked for (`A100-80GB`, `a100`, `H200`, the full name): every dash- or
+ * space-separated word of the request is a word of the name, ignoring case
+ * and a leading `NVIDIA`. So `A100` matches every A100, `A100-80GB` only the
+ * 80 GB ones.
+ */
+export function gpuModelMatches(name: string, model: string): boolean {
+  const words = (s: string) =>
+    s
+      .toLowerCase()
+      .split(/[\s-]+/)
+      .filter((w) => w !== '' && w !== 'nvidia');
+  const have = new Set(words(name));
+  const want = words(model);
+  return want.length > 0 && want.every((w) => have.has(w));
+}
+
+/**
+ * Whether a unit (`kind`, and `model` as `FnCallGpuUnitStatus` names it) is
+ * one a request's `model` selects: a MIG profile selects MIG instances of
+ * exactly that profile, anything else whole GPUs by `gpuModelMatches`, no
+ * model any whole GPU (never a MIG instance).
+ */
+export function gpuUnitMatches(
+  unit: { kind: 'gpu' | 'mig'; model: string },
+  model: string | undefined,
+): boolean {
+  const m = model?.trim() || undefined;
+  if (m === undefined) return unit.kind === 'gpu';
+  if (isMigProfile(m)) return unit.kind === 'mig' && unit.model.toLowerCase() === m.toLowerCase();
+  return unit.kind === 'gpu' && gpuModelMatches(unit.model, m);
+}
+
+/**
+ * How many of an edge's units (`EdgeStatus.gpus`) a request could be given
+ * now: matching its model, and free (exclusive) or not held exclusively and
+ * with room (shared). The edge's allocator decides; this is for routing.
+ */
+export function gpuUnitsUsable(
+  units: readonly FnCallGpuUnitStatus[],
+  request: FnCallGpuRequest,
+): number {
+  return units.filter(
+    (u) =>
+      gpuUnitMatches(u, request.model) &&
+      (request.mode === 'exclusive'
+        ? u.mode === 'free'
+        : u.mode !== 'exclusive' && u.workers < u.maxSharedWorkers),
+  ).length;
 }
 
 /** Options of an edge's (or the apiserver's) call entry point. */

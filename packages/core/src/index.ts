@@ -20,3 +20,4 @@ export * from './sandbox-io.js';
 export * from './chunk-table.js';
 export * from './fingerprint.js';
 export * from './fncall.js';
+export * from './display.js';

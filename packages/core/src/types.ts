@@ -2,7 +2,7 @@
  * Domain types shared by every component. Units are in the names
  * (`memoryLimitMb`, `ttlSeconds`, `timeoutMs`).
  */
-import type { FnCallPoolStatus } from './fncall.js';
+import type { FnCallGpuUnitStatus, FnCallPoolStatus } from './fncall.js';
 import type { LayerInfo } from './images.js';
 
 /** Which isolation mechanism runs a sandbox (paper 2.2). */
@@ -206,6 +206,8 @@ export interface EdgeStatus {
   pressure?: NodePressure | undefined;
   /** Warm FnCall pools on this edge (absent on edges without FnCall). */
   fncall?: FnCallPoolStatus[] | undefined;
+  /** GPU units FnCall workers may be given, and their use (absent on edges without GPUs). */
+  gpus?: FnCallGpuUnitStatus[] | undefined;
 }
 
 /** An edge's measurement of its node, as admission sees it (ADR 0007). */

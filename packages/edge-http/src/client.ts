@@ -5,6 +5,7 @@ import { Duplex, PassThrough } from 'node:stream';
 import type { Readable } from 'node:stream';
 import { DsecError, toDsecError } from '@dsec/core';
 import type {
+  DisplayInput,
   FnCallOptions,
   FnCallRequest,
   FnCallResult,
@@ -186,6 +187,23 @@ export class RemoteEdge implements EdgeApi {
       quick: true,
       idempotent: true,
     });
+  }
+
+  /** Not `quick`: a screendump of an emulated display takes a moment. */
+  async screenshot(id: string, signal?: AbortSignal): Promise<Buffer> {
+    const res = await this.#link.open({
+      method: 'GET',
+      path: `${sb(id)}/screenshot`,
+      signal,
+      idempotent: true,
+    });
+    const chunks: Buffer[] = [];
+    for await (const chunk of this.#link.bodyStream(res, signal)) chunks.push(chunk as Buffer);
+    return Buffer.concat(chunks);
+  }
+
+  async sendInput(id: string, input: DisplayInput, signal?: AbortSignal): Promise<void> {
+    await this.#link.json({ method: 'POST', path: `${sb(id)}/input`, json: input, signal });
   }
 
   /** Not `quick`: pausing squeezes the sandbox's memory out, which takes a moment. */

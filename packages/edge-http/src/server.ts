@@ -1,12 +1,14 @@
 import http from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { Duplex, Readable } from 'node:stream';
+import { Readable } from 'node:stream';
+import type { Duplex } from 'node:stream';
 import { pino } from 'pino';
 import { DsecError, requireIo, requireLifecycle, toDsecError } from '@dsec/core';
 import type {
   CommandResult,
   CreateSandboxRequest,
+  DisplayInput,
   EdgeApi,
   NetworkPolicyPatch,
   PtyOptions,
@@ -446,6 +448,20 @@ function edgeRoutes(edge: EdgeApi): Route[] {
       }
       const patch = (await c.json()) as NetworkPolicyPatch;
       return edge.updateNetwork(c.p(0), patch, c.signal);
+    }),
+    // ---- display (optional EdgeApi methods: 503 where the edge lacks them) ----
+    route('GET', '/sandboxes/:id/screenshot', async (c) => {
+      if (!edge.screenshot) {
+        throw new DsecError('unavailable', `edge ${edge.edgeId} runs no sandboxes with a display`);
+      }
+      return c.pipe(Readable.from([await edge.screenshot(c.p(0), c.signal)]));
+    }),
+    route('POST', '/sandboxes/:id/input', async (c) => {
+      if (!edge.sendInput) {
+        throw new DsecError('unavailable', `edge ${edge.edgeId} runs no sandboxes with a display`);
+      }
+      await edge.sendInput(c.p(0), (await c.json()) as unknown as DisplayInput, c.signal);
+      return undefined;
     }),
     // ---- lifecycle (optional EdgeApi methods: 503 where the edge lacks them) ----
     route('POST', '/sandboxes/:id/pause', async (c) =>

@@ -1,11 +1,12 @@
 import { join } from 'node:path';
-import { DsecError, formatLayerRef, toDsecError } from '@dsec/core';
+import { DsecError, formatLayerRef, toDsecError, validateDisplayInput } from '@dsec/core';
 import type {
   AdmissionRefusal,
   CommandResult,
   CommandSpec,
   CreateSandboxRequest,
   EdgeApi,
+  DisplayInput,
   EdgeStatus,
   FnCallOptions,
   FnCallRequest,
@@ -21,6 +22,8 @@ import type {
 } from '@dsec/core';
 import type { AdmissionController } from './admission/admission-controller.js';
 import type { Backend } from './backends/backend.js';
+import type { GpuSpecFragment } from './gpu/oci-fragment.js';
+import { EdgeGpus, type EdgeGpuConfig } from './gpu/edge-gpus.js';
 import { CreateGate, type CreateGateOptions } from './create-gate.js';
 import type { EventLog } from './events/event-log.js';
 import type { NetworkManager } from './network/network-manager.js';
@@ -35,6 +38,12 @@ import { containerSnapshotSource, snapshotParents, Snapshotter } from './snapsho
 import { FNCALL_PROJECT, FnCallPools, type FnCallPoolsOptions } from './fncall/pools.js';
 import type { EdgeLogFn } from './observability/log.js';
 import type { EdgeMetrics } from './observability/metrics.js';
+
+/** What only the edge adds to a create (not in the public `SandboxSpec`, not persisted). */
+export interface EdgeStartOptions {
+  /** GPUs assigned to the sandbox (an FnCall worker's), for the container backend's OCI config. */
+  gpu?: GpuSpecFragment | undefined;
+}
 
 /** How long `status()` reuses its listing of the image store's layers. */
 const LAYER_LIST_TTL_MS = 10_000;
@@ -102,6 +111,12 @@ export interface EdgeOptions {
   swap?: SwapArea | undefined;
   /** FnCall warm pools (docs/adr/0014-fncall.md); `false` turns FnCall off. Default: on, pools made on demand. */
   fncall?: FnCallPoolsOptions | false | undefined;
+  /**
+   * GPUs for FnCall workers (docs/gpu.md): `off` (default), `auto`, or
+   * settings (`inventoryFile`, discovery and sharing options). Found once at
+   * `open`; a configured GPU host whose discovery fails does not start.
+   */
+  gpus?: EdgeGpuConfig | undefined;
 }
 
 /**
@@ -128,11 +143,15 @@ export class Edge implements EdgeApi {
   readonly #snapshots: Snapshotter;
   /** FnCall: warm pools of worker sandboxes (fncall/pools.ts). */
   readonly #fncall: FnCallPools | undefined;
+  /** The node's GPUs and their assignment to FnCall workers (gpu/edge-gpus.ts). */
+  readonly #gpus: EdgeGpus | undefined;
 
   private constructor(
     readonly options: EdgeOptions,
     store: EdgeStore,
+    gpus: EdgeGpus | undefined,
   ) {
+    this.#gpus = gpus;
     this.edgeId = options.edgeId;
     this.#store = store;
     this.#gate = new CreateGate(options.createGate);
@@ -150,6 +169,11 @@ export class Edge implements EdgeApi {
       maxCommandsPerSandbox: options.maxCommandsPerSandbox,
       onPidsLimit: (rec, event) =>
         options.events?.recordPidsLimit(rec.id, rec.spec.pidsLimit, event),
+    });
+    // Foreground commands are counted where runCommand returns them (after its OOM check);
+    // background ones only finish here.
+    this.io.registry.onFinish((info, result) => {
+      if (info.background) options.metrics?.commandFinished(result.outcome);
     });
     this.#lifecycle = new Lifecycle({
       store,
@@ -172,9 +196,10 @@ export class Edge implements EdgeApi {
               edgeId: options.edgeId,
               backendKind: options.backend.kind,
               events: options.events,
+              gpus,
               host: {
-                create: async (id, spec, signal) => {
-                  await this.createSandbox({ id, projectId: FNCALL_PROJECT, spec }, signal);
+                create: async (id, spec, signal, start) => {
+                  await this.#create({ id, projectId: FNCALL_PROJECT, spec }, signal, start);
                 },
                 stop: (id) => this.#stop(this.#get(id), 'fncall worker retired'),
                 channel: (id) => options.backend.channel(this.#get(id), { dedicated: true }),
@@ -191,7 +216,9 @@ export class Edge implements EdgeApi {
   static async open(options: EdgeOptions): Promise<Edge> {
     // 0711: a sandbox's mapped root must traverse down to its rootfs; nobody may list.
     ensureDir(options.stateDir, TRAVERSE_DIR_MODE);
-    const edge = new Edge(options, new EdgeStore(join(options.stateDir, 'edge.db')));
+    // Before anything else: a GPU host that was told to use GPUs and cannot does not start.
+    const gpus = await EdgeGpus.open(options.gpus, { log: options.log });
+    const edge = new Edge(options, new EdgeStore(join(options.stateDir, 'edge.db')), gpus);
     // Thaw what a snapshot interrupted by a crash left frozen, before adopting it.
     edge.#snapshots.recover((id) => edge.#store.get(id)?.state);
     await edge.#reconcile();
@@ -226,7 +253,11 @@ export class Edge implements EdgeApi {
   }
 
   async status(): Promise<EdgeStatus> {
-    await this.options.admission.refresh();
+    // Cached pressure: the probe must stay cheap under load. A host read waits on the thread
+    // pool and the event loop behind every call in flight (hundreds of ms, past the watcher's
+    // 1.5 s once), so only the first status waits for one; later ones start the next read.
+    const reading = this.options.admission.refresh();
+    if (!this.options.admission.view().pressure) await reading;
     const live = this.#store.list(['creating', 'running', 'stopping', 'paused']);
     const byProject: Record<string, number> = {};
     for (const r of live) byProject[r.projectId] = (byProject[r.projectId] ?? 0) + 1;
@@ -242,6 +273,7 @@ export class Edge implements EdgeApi {
       labels: { ...this.options.labels },
       ...(pressure ? { pressure } : {}),
       ...(this.#fncall ? { fncall: this.#fncall.status() } : {}),
+      ...(this.#gpus ? { gpus: this.#gpus.status() } : {}),
       ...((this.options.reportLayers ?? this.options.labels?.pool === 'burst')
         ? { layers: await this.#listLayerRefs() }
         : {}),
@@ -261,8 +293,21 @@ export class Edge implements EdgeApi {
     return this.#layerRefs.refs;
   }
 
-  async createSandbox(req: CreateSandboxRequest, signal?: AbortSignal): Promise<SandboxInfo> {
+  createSandbox(req: CreateSandboxRequest, signal?: AbortSignal): Promise<SandboxInfo> {
+    return this.#create(req, signal);
+  }
+
+  /** `createSandbox` with what only the edge adds (an FnCall worker's GPUs). */
+  async #create(
+    req: CreateSandboxRequest,
+    signal?: AbortSignal,
+    start: EdgeStartOptions = {},
+  ): Promise<SandboxInfo> {
     const { spec } = req;
+    if (start.gpu && spec.backend !== 'container')
+      throw new DsecError('unavailable', `GPUs are given to container sandboxes only`, {
+        field: 'gpu',
+      });
     const kinds = this.options.backend.kinds ?? [this.options.backend.kind];
     if (!kinds.includes(spec.backend)) {
       throw new DsecError(
@@ -307,7 +352,7 @@ export class Edge implements EdgeApi {
       admission.release(req.id);
       throw toDsecError(err); // a full disk, most likely: nothing was made
     }
-    const creating = this.#start(record, signal).finally(() => {
+    const creating = this.#start(record, signal, start).finally(() => {
       this.#inflight.delete(record.id);
       admission.settle(record.id);
     });
@@ -366,6 +411,22 @@ export class Edge implements EdgeApi {
   /** The sandbox stops `ttlSeconds` (1 s to 7 days) from now, or from its resume when paused. */
   async setSandboxTimeout(id: string, ttlSeconds: number): Promise<SandboxInfo> {
     return toInfo(this.#lifecycle.setTimeout(id, ttlSeconds), this.edgeId);
+  }
+
+  /** A PNG of the sandbox's screen (`unavailable` for a backend without a display). */
+  async screenshot(id: string): Promise<Buffer> {
+    const b = this.options.backend;
+    if (!b.screenshot)
+      throw new DsecError('unavailable', 'this edge runs no sandboxes with a display');
+    return b.screenshot(await this.#requireRunning(id));
+  }
+
+  /** Keys and pointer events to the sandbox's screen (`unavailable` without a display). */
+  async sendInput(id: string, input: DisplayInput): Promise<void> {
+    const b = this.options.backend;
+    if (!b.input) throw new DsecError('unavailable', 'this edge runs no sandboxes with a display');
+    validateDisplayInput(input);
+    await b.input(await this.#requireRunning(id), input);
   }
 
   async runCommand(
@@ -480,12 +541,19 @@ export class Edge implements EdgeApi {
     return rec;
   }
 
-  async #start(rec: SandboxRecord, signal?: AbortSignal): Promise<SandboxInfo> {
+  async #start(
+    rec: SandboxRecord,
+    signal?: AbortSignal,
+    start: EdgeStartOptions = {},
+  ): Promise<SandboxInfo> {
     const { log, metrics } = this.options;
     const startMs = performance.now();
     try {
       // A bounded number of starts at once; a burst queues (create-gate.ts).
-      const started = await this.#gate.run(() => this.options.backend.start(rec, signal), signal);
+      const started = await this.#gate.run(
+        () => this.options.backend.start(start.gpu ? { ...rec, gpu: start.gpu } : rec, signal),
+        signal,
+      );
       this.#store.update(rec.id, { state: 'running', ...started });
       const ms = performance.now() - startMs;
       metrics?.observePhase('total', ms / 1000);

@@ -21,9 +21,11 @@ import type { ImageStore } from '@dsec/core';
 import { ChronusSupervisor, initPath, mountErofs, unmount } from '@dsec/native';
 import { ContainerBackend } from './backends/container/container-backend.js';
 import { withMicrovm, type MicrovmEdgeOptions } from './backends/microvm/index.js';
+import { withVm, type VmEdgeOptions } from './backends/vm/index.js';
 import { detectCgroupDriver, favorDynamicModifications } from './cgroups/cgroup-driver.js';
 import { Edge, type EdgeCapacity } from './edge.js';
 import type { FnCallPoolsOptions } from './fncall/pools.js';
+import type { EdgeGpuConfig } from './gpu/edge-gpus.js';
 import { AdmissionController } from './admission/admission-controller.js';
 import {
   ADMISSION_DEFAULTS,
@@ -47,11 +49,12 @@ import { SwapArea } from './lifecycle/swap-area.js';
 import type { EdgeLogFn } from './observability/log.js';
 import { blobStatsFile, type EdgeMetrics } from './observability/metrics.js';
 
-export { Edge, type EdgeCapacity, type EdgeOptions } from './edge.js';
+export { Edge, type EdgeCapacity, type EdgeOptions, type EdgeStartOptions } from './edge.js';
 export {
   FNCALL_PROJECT,
   FNCALL_RUNTIME_LABEL,
   FNCALL_NETWORK_LABEL,
+  FNCALL_GPU_LABEL,
   FnCallPools,
   type FnCallPoolsOptions,
 } from './fncall/pools.js';
@@ -96,6 +99,14 @@ export {
   type MicrovmAssets,
   type MicrovmEdgeOptions,
 } from './backends/microvm/index.js';
+export {
+  DEFAULT_VM_IMAGE_DIR,
+  ensureVmImage,
+  findVmImage,
+  VmBackend,
+  type VmEdgeOptions,
+  type VmImage,
+} from './backends/vm/index.js';
 export { detectCgroupDriver, type CgroupDriver } from './cgroups/cgroup-driver.js';
 export { defaultRuntimeBinary, RuncRuntime, type OciRuntime } from './runtime/oci-runtime.js';
 export { LayerMountCache } from './layers/layer-cache.js';
@@ -122,6 +133,12 @@ export type {
   MigInstance,
 } from './gpu/inventory.js';
 export { gpuSpecFragment, withGpu, type GpuSpecFragment } from './gpu/oci-fragment.js';
+export {
+  EdgeGpus,
+  readGpuInventoryFile,
+  type EdgeGpuConfig,
+  type EdgeGpuSettings,
+} from './gpu/edge-gpus.js';
 export { doctorFailed, runDoctor, type DoctorCheck, type DoctorOptions } from './doctor.js';
 export {
   EROFS_MOUNT_ENV,
@@ -254,8 +271,12 @@ export interface ContainerEdgeOptions {
   metrics?: EdgeMetrics | undefined;
   /** FnCall warm pools (docs/adr/0014-fncall.md); `false` turns FnCall off. */
   fncall?: FnCallPoolsOptions | false | undefined;
+  /** GPUs for FnCall workers (docs/gpu.md): `off` (default), `auto`, or `{ inventoryFile, … }`. */
+  gpus?: EdgeGpuConfig | undefined;
   /** MicroVM sandboxes (`backend: 'microvm'`): on where QEMU and the built kernel are; `false`: off. */
   microvm?: MicrovmEdgeOptions | false | undefined;
+  /** Full-VM sandboxes (`backend: 'vm'`): on where QEMU and the built VM image are; `false`: off. */
+  vm?: VmEdgeOptions | false | undefined;
 }
 
 /**
@@ -376,7 +397,13 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     reportLayers: options.reportLayers,
     stateDir: options.stateDir,
     store: options.store,
-    backend: withMicrovm(backend, { ...options, layers, network, cgroups, cgroupParent }),
+    backend: withVm(withMicrovm(backend, { ...options, layers, network, cgroups, cgroupParent }), {
+      ...options,
+      layers,
+      network,
+      cgroups,
+      cgroupParent,
+    }),
     layers,
     admission,
     ttlSweepMs: options.ttlSweepMs,
@@ -388,6 +415,7 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     swap,
     metrics,
     fncall: options.fncall,
+    gpus: options.gpus,
   });
   metrics?.bind({
     sandboxStates: async () =>

@@ -22,6 +22,8 @@ import type {
 export const DEFAULT_URL = 'http://127.0.0.1:7420';
 export const DEFAULT_TIMEOUT_MS = 30_000;
 export const DEFAULT_CREATE_TIMEOUT_MS = 120_000;
+/** A full VM boots Debian and X: minutes under TCG (no KVM). */
+export const VM_CREATE_TIMEOUT_MS = 900_000;
 
 /** An idempotency key (`[A-Za-z0-9._:-]{1,128}`) for a call the SDK may resend. */
 export function newRequestId(): string {
@@ -123,6 +125,20 @@ export class DSecClient {
   runMicroVM(spec: RunContainerOptions, options: CallOptions = {}): Promise<Sandbox> {
     // runContainer spreads the spec after its `backend`, so this one wins.
     return this.runContainer({ ...spec, backend: 'microvm' } as RunContainerOptions, options);
+  }
+
+  /**
+   * A full VM (`backend: 'vm'`): the edge's Debian image with a display,
+   * booted under QEMU; `sandbox.screenshot()` and `sandbox.input(...)` drive
+   * its screen, and commands and files work as everywhere (the image's OS
+   * is the root, so `image` is not mounted). Needs 384 MiB or more of
+   * memory; booting takes minutes without KVM.
+   */
+  runVM(spec: RunContainerOptions, options: CallOptions = {}): Promise<Sandbox> {
+    return this.runContainer({ ...spec, backend: 'vm' } as RunContainerOptions, {
+      ...options,
+      timeoutMs: options.timeoutMs ?? VM_CREATE_TIMEOUT_MS,
+    });
   }
 
   /** A handle for an existing sandbox; makes no request (`refresh()` loads its info). */

@@ -88,3 +88,4 @@ export type {
   FnCallResult,
 } from './fncall.js';
 export type { TerminalOptions } from './terminal.js';
+export type { DisplayInput, DisplayInputEvent } from './display.js';

@@ -10,6 +10,7 @@ import { listEvents, updateNetworkRules, type EventsOptions } from './network.js
 import { forkSandbox, setPaused, setSandboxTimeout, snapshotSandbox } from './lifecycle.js';
 import { CommandEventDecoder } from './ndjson.js';
 import { Commands } from './commands.js';
+import { screenshot, sendInput, type DisplayInput } from './display.js';
 import { Files } from './files.js';
 import { fetchPort, type SandboxFetchInit } from './port-fetch.js';
 import { Session, type SessionOptions } from './session.js';
@@ -122,6 +123,23 @@ export class Sandbox {
       ...options,
       defaultTimeoutMs: this.#defaultTimeoutMs,
     });
+  }
+
+  /**
+   * A PNG of the sandbox's screen now. Only `vm` sandboxes have a display;
+   * others answer `unavailable`.
+   */
+  screenshot(options: CallOptions = {}): Promise<Buffer> {
+    return screenshot(this.#http, this.id, options);
+  }
+
+  /**
+   * Keys and pointer events to the screen, in order (`{ events: [...] }`:
+   * keys by QEMU key code, buttons, pointer moves in pixels), or
+   * `{ text }` typed key by key on a US layout. `unavailable` without a display.
+   */
+  input(input: DisplayInput, options: CallOptions = {}): Promise<void> {
+    return sendInput(this.#http, this.id, input, this.#defaults(options));
   }
 
   /**

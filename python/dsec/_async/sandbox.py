@@ -15,6 +15,9 @@ from .files import Files
 from .session import Session
 from .transport import Transport
 
+# A screendump of an emulated display takes a moment under TCG.
+SCREENSHOT_TIMEOUT = 60.0
+
 
 class Sandbox:
     """One sandbox. Holding the handle costs nothing on the server: the
@@ -171,6 +174,36 @@ class Sandbox:
             "GET", f"{self._path}/events", params=params, timeout=or_default(timeout, self._timeout), retry_safe=True
         )
         return [from_wire(SandboxEvent, e) for e in answer["events"]]
+
+    async def screenshot(self, *, timeout: Optional[float] = None) -> bytes:
+        """A PNG of the sandbox's screen now. Only ``vm`` sandboxes have a
+        display; others raise ``Unavailable``."""
+        async with self._http.stream(
+            "GET", f"{self._path}/screenshot", timeout=or_default(timeout, SCREENSHOT_TIMEOUT), retry_safe=True
+        ) as response:
+            return b"".join([chunk async for chunk in response.aiter_bytes()])
+
+    async def input(
+        self,
+        events: Optional[Sequence[Mapping[str, Any]]] = None,
+        *,
+        text: Optional[str] = None,
+        timeout: Optional[float] = None,
+    ) -> None:
+        """Keys and pointer events to the screen, in order: ``events`` such as
+        ``{"type": "key", "key": "ret"}`` (QEMU key codes; without ``down`` a
+        press and a release), ``{"type": "button", "button": "left"}``,
+        ``{"type": "move", "x": 10, "y": 20}`` (pixels) or ``{"type": "moveBy",
+        "dx": 5, "dy": 0}``; or ``text`` typed key by key on a US layout.
+        Exactly one of the two. ``Unavailable`` for a sandbox without a display."""
+        if (events is None) == (text is None):
+            raise InvalidArgument("pass events or text, not both", field="events")
+        body: Dict[str, Any] = {"text": text} if text is not None else {"events": [dict(e) for e in events or []]}
+        count = len(text) if text is not None else len(body["events"])
+        # Keys go in one by one with a short gap (the guest's queue is short): allow for it.
+        await self._http.json(
+            "POST", f"{self._path}/input", body=body, timeout=or_default(timeout, self._timeout + 0.05 * count)
+        )
 
     async def pause(self, *, timeout: Optional[float] = None) -> SandboxInfo:
         """Pauses the sandbox: its processes stop and its memory goes back to

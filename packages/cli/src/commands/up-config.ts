@@ -1,6 +1,11 @@
 import type { Command } from 'commander';
 import { loadClusterConfig, type ClusterConfig } from '@dsec/cluster';
-import type { AdmissionConfig, EdgeNetworkOptions, ErofsMountSetting } from '@dsec/edge';
+import {
+  parseListenAddress,
+  type AdmissionConfig,
+  type EdgeNetworkOptions,
+  type ErofsMountSetting,
+} from '@dsec/edge';
 import type { CliContext } from '../context.js';
 import { admissionConfig, type AdmissionFlags } from './up-admission.js';
 
@@ -18,6 +23,9 @@ export interface UpFlags extends AdmissionFlags {
   stopSandboxes?: boolean;
   runtime?: string;
   erofsMount?: ErofsMountSetting;
+  gpus?: 'auto' | 'off';
+  /** Parsed by the option itself. */
+  metricsListen?: { host: string; port: number };
   cgroupFavordynmods: boolean;
 }
 
@@ -29,11 +37,14 @@ export interface UpSettings {
   port: number;
   edges: number | undefined;
   logRequests: boolean;
+  /** The admin listener for `/metrics` (with `edges`, the apiserver's; edge i serves on port + i). */
+  metricsListen: { host: string; port: number } | undefined;
   stopSandboxes: boolean;
   admission: AdmissionConfig;
   runtime: string | undefined;
   cgroupFavorDynmods: boolean;
   erofsMount: ErofsMountSetting | undefined;
+  gpus: NonNullable<ClusterConfig['up']>['gpus'];
   network: EdgeNetworkOptions | undefined;
   blobCacheBytes: number | undefined;
   pausedTtlSeconds: number | undefined;
@@ -50,7 +61,7 @@ function defined<T extends object>(o: T): Partial<T> {
 /**
  * Merges `dsec up`'s flags with the config file: the file's `up` section
  * (edge knobs, stateDir, edges, stopSandboxes), `apiserver` (host, port,
- * logRequests), `imageStore` and `e2b`. A flag given on the command line wins;
+ * logRequests, metricsListen), `imageStore` and `e2b`. A flag given on the command line wins;
  * `--state-dir` and `--image-store` too, but their environment variables
  * (DSEC_STATE_DIR, DSEC_IMAGE_STORE) only apply where the file is silent.
  */
@@ -71,6 +82,11 @@ export async function upSettings(
     port: fromCli('port') ? Number(flags.port) : (file.apiserver?.port ?? Number(flags.port)),
     edges: flags.edges ?? up?.edges,
     logRequests: flags.logRequests === true || file.apiserver?.logRequests === true,
+    metricsListen:
+      flags.metricsListen ??
+      (file.apiserver?.metricsListen !== undefined
+        ? parseListenAddress(file.apiserver.metricsListen, 'apiserver.metricsListen')
+        : undefined),
     stopSandboxes: flags.stopSandboxes === true || up?.stopSandboxes === true,
     admission: { ...up?.admission, ...defined(admissionConfig(flags)) },
     runtime: flags.runtime ?? up?.runtime,
@@ -78,6 +94,7 @@ export async function upSettings(
       ? flags.cgroupFavordynmods
       : (up?.cgroupFavorDynmods ?? flags.cgroupFavordynmods),
     erofsMount: flags.erofsMount ?? up?.erofsMount,
+    gpus: flags.gpus ?? up?.gpus,
     network: up?.network,
     blobCacheBytes: up?.blobCacheBytes,
     pausedTtlSeconds: flags.pausedTtlSeconds ?? up?.pausedTtlSeconds,

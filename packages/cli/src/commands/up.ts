@@ -64,6 +64,12 @@ export function register(program: Command): void {
         'how layers are mounted: file (Linux 6.12+), loop (older kernels) or auto (probe; default, or env DSEC_EROFS_MOUNT)',
       ).choices(EROFS_MOUNT_SETTINGS),
     )
+    .addOption(
+      new Option(
+        '--gpus <how>',
+        "GPUs for FnCall workers: off (default) or auto (the NVIDIA driver's devices; docs/gpu.md)",
+      ).choices(['auto', 'off']),
+    )
     .option(
       '--no-cgroup-favordynmods',
       'leave the host cgroup2 mount as it is (by default it is remounted with favordynmods: faster creates)',
@@ -74,7 +80,7 @@ export function register(program: Command): void {
       const { stateDir } = up;
       // JSON lines on stderr: stdout carries the `ready` line scripts wait for.
       const logger = jsonLogger({ name: 'dsec', destination: ctx.io.stderr });
-      const { metricsListen } = opts as { metricsListen?: { host: string; port: number } };
+      const { metricsListen } = up;
       const common = {
         stateDir,
         port: up.port,
@@ -96,6 +102,7 @@ export function register(program: Command): void {
               ...(up.imageStore ? { imageStore: up.imageStore } : {}),
               ...(up.runtime ? { runtimeBinary: up.runtime } : {}),
               ...(up.erofsMount ? { erofsMount: up.erofsMount } : {}),
+              ...(up.gpus ? { gpus: up.gpus } : {}),
               ...(up.network ? { network: up.network } : {}),
               ...(up.blobCacheBytes ? { blobCacheBytes: up.blobCacheBytes } : {}),
               e2b: up.e2b,
@@ -109,6 +116,7 @@ export function register(program: Command): void {
               e2bDomain: up.e2b.sandboxDomain,
               edgeConfig: {
                 ...(up.erofsMount ? { erofsMount: up.erofsMount } : {}),
+                ...(up.gpus ? { gpus: up.gpus } : {}),
                 ...(up.network ? { network: up.network } : {}),
                 ...(up.blobCacheBytes ? { blobCacheBytes: up.blobCacheBytes } : {}),
               },

@@ -1,5 +1,5 @@
 import { DsecError } from '@dsec/core';
-import type { BackendKind } from '@dsec/core';
+import type { BackendKind, DisplayInput } from '@dsec/core';
 import type { Backend, BackendSandbox, PauseResult, StartedSandbox } from './backend.js';
 import type { SandboxChannel } from './channel.js';
 
@@ -76,6 +76,18 @@ export class BackendSet implements Backend {
 
   async memoryBytes(rec: BackendSandbox): Promise<number | undefined> {
     return this.for(rec).memoryBytes?.(rec);
+  }
+
+  screenshot(rec: BackendSandbox): Promise<Buffer> {
+    const b = this.for(rec);
+    if (!b.screenshot) throw new DsecError('unavailable', `${b.kind} sandboxes have no display`);
+    return b.screenshot(rec);
+  }
+
+  input(rec: BackendSandbox, input: DisplayInput): Promise<void> {
+    const b = this.for(rec);
+    if (!b.input) throw new DsecError('unavailable', `${b.kind} sandboxes have no display`);
+    return b.input(rec, input);
   }
 
   async close(): Promise<void> {

@@ -1,6 +1,7 @@
-import type { BackendKind } from '@dsec/core';
+import type { BackendKind, DisplayInput } from '@dsec/core';
 import type { SandboxRecord } from '../state/edge-store.js';
 import type { SandboxChannel } from './channel.js';
+import type { GpuSpecFragment } from '../gpu/oci-fragment.js';
 
 export type { SandboxChannel, SandboxCommand } from './channel.js';
 
@@ -12,7 +13,15 @@ export type { SandboxChannel, SandboxCommand } from './channel.js';
 export type BackendSandbox = Pick<
   SandboxRecord,
   'id' | 'slot' | 'spec' | 'layers' | 'runtimePid' | 'initPid' | 'chronusPid'
->;
+> & {
+  /**
+   * Only on `start`, from the edge itself (never part of the public
+   * `SandboxSpec`, never persisted): GPUs assigned to this sandbox (an
+   * FnCall worker's), merged into its OCI config. Only the container
+   * backend takes them; the edge refuses them for other backends.
+   */
+  gpu?: GpuSpecFragment | undefined;
+};
 
 /** What one pause did (logged; the benchmark reads the memory figures). */
 export interface PauseResult {
@@ -80,6 +89,13 @@ export interface Backend {
   isFrozen?(rec: BackendSandbox): Promise<boolean>;
   /** Host memory charged to the sandbox now; undefined when it has none (gone). */
   memoryBytes?(rec: BackendSandbox): Promise<number | undefined>;
+  /**
+   * The sandbox's screen (the full-VM backend): a PNG of it now, and keys
+   * and pointer events sent to it. Optional: without them the edge answers
+   * `unavailable` (the sandbox has no display).
+   */
+  screenshot?(rec: BackendSandbox): Promise<Buffer>;
+  input?(rec: BackendSandbox, input: DisplayInput): Promise<void>;
   /**
    * The edge is shutting down: release every handle this process holds for
    * its sandboxes (connections to their command daemons, pipes to runtime

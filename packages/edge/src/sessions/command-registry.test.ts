@@ -204,3 +204,39 @@ test('a request ID reused for another command is a conflict, while it runs and a
     store.close();
   });
 });
+
+test('onFinish hears every finished command once, background ones included; a throwing listener changes nothing', async () => {
+  await withStore(async (file) => {
+    const store = new CommandStore(file);
+    const reg = new CommandRegistry(store);
+    const heard: [boolean, string, number | null][] = [];
+    reg.onFinish(() => {
+      throw new Error('a broken metrics hook');
+    });
+    reg.onFinish((info, result) => heard.push([info.background, result.outcome, result.exitCode]));
+    const fg = controllable();
+    const bg = controllable();
+    const a = reg.begin('sb1', { argv: ['fg'], background: false }, 100, fg.runner);
+    const b = reg.begin('sb1', { argv: ['bg'], background: true }, 100, bg.runner);
+    assert.ok('live' in a && 'live' in b);
+    assert.deepEqual(heard, [], 'nothing has finished yet');
+    bg.finish(3);
+    const rb = await b.live.result;
+    assert.equal(rb.exitCode, 3);
+    assert.equal(reg.get('sb1', rb.commandId).state, 'finished');
+    fg.finish(0);
+    await a.live.result;
+    assert.deepEqual(heard, [
+      [true, 'exited', 3],
+      [false, 'exited', 0],
+    ]);
+    // A command that never started is forgotten, not finished: no call.
+    const never = reg.begin('sb1', { argv: ['x'], background: true }, 100, () =>
+      Promise.reject(new Error('spawn failed')),
+    );
+    assert.ok('live' in never);
+    await assert.rejects(never.live.result, /spawn failed/);
+    assert.equal(heard.length, 2);
+    store.close();
+  });
+});

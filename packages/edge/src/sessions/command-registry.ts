@@ -121,6 +121,7 @@ export class CommandRegistry {
   readonly #retentionMs: number;
   readonly #maxPerSandbox: number;
   readonly #maxRunning: number;
+  readonly #finishListeners: ((info: CommandInfo, result: CommandResult) => void)[] = [];
 
   constructor(store: CommandStore, options: CommandRegistryOptions = {}) {
     this.#store = store;
@@ -247,10 +248,26 @@ export class CommandRegistry {
     this.#store.purge(new Date(now - this.#retentionMs).toISOString(), this.#maxPerSandbox);
   }
 
+  /**
+   * Calls `listener` for every command recorded as finished here, foreground
+   * and background alike (`info.background` tells them apart), once each. A
+   * listener that throws is ignored: the command's result stands.
+   */
+  onFinish(listener: (info: CommandInfo, result: CommandResult) => void): void {
+    this.#finishListeners.push(listener);
+  }
+
   #finish(live: LiveCommand, result: CommandResult): void {
     const finishedAt = new Date().toISOString();
     Object.assign(live.info, { state: 'finished', finishedAt, result });
     this.#store.finish({ ...live.info, result, finishedAt });
+    for (const listener of this.#finishListeners) {
+      try {
+        listener({ ...live.info }, result);
+      } catch {
+        // A metrics hook must not turn a finished command into a failed one.
+      }
+    }
     const sb = live.info.sandboxId;
     const n = (this.#finishedSinceTrim.get(sb) ?? 0) + 1;
     if (n >= 32) {

@@ -620,6 +620,26 @@ export interface paths {
     patch?: never;
     trace?: never;
   };
+  '/v1/sandboxes/{id}/input': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    /**
+     * Send keys and pointer events to the screen
+     * @description Events in order, or `text` typed key by key. 503 `unavailable` for a sandbox without a display.
+     */
+    post: operations['sendInput'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
   '/v1/sandboxes/{id}/network': {
     parameters: {
       query?: never;
@@ -779,6 +799,26 @@ export interface paths {
     put?: never;
     /** Resume a paused sandbox */
     post: operations['resumeSandbox'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/v1/sandboxes/{id}/screenshot': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /**
+     * A PNG of the screen now
+     * @description 503 `unavailable` for a sandbox without a display (only `vm` sandboxes have one).
+     */
+    get: operations['screenshot'];
+    put?: never;
+    post?: never;
     delete?: never;
     options?: never;
     head?: never;
@@ -1053,6 +1093,43 @@ export interface components {
       ttlSeconds?: number;
       workspace?: string;
     };
+    DisplayInputBody:
+      | {
+          events: (
+            | {
+                /** @description true: press, false: release; absent: press and release. */
+                down?: boolean;
+                /** @description QEMU's QKeyCode: `a`, `ret`, `shift`, `ctrl`, `f1`, `esc`… */
+                key: string;
+                /** @enum {string} */
+                type: 'key';
+              }
+            | {
+                /** @enum {string} */
+                button: 'left' | 'middle' | 'right' | 'wheel-up' | 'wheel-down' | 'side' | 'extra';
+                /** @description true: press, false: release; absent: press and release. */
+                down?: boolean;
+                /** @enum {string} */
+                type: 'button';
+              }
+            | {
+                /** @enum {string} */
+                type: 'move';
+                x: number;
+                y: number;
+              }
+            | {
+                dx: number;
+                dy: number;
+                /** @enum {string} */
+                type: 'moveBy';
+              }
+          )[];
+        }
+      | {
+          /** @description Typed key by key on a US layout (printable ASCII, tab, newline). */
+          text: string;
+        };
     EdgeStatus: {
       backends: ('container' | 'microvm' | 'vm' | 'fncall')[];
       capacity: {
@@ -1063,6 +1140,8 @@ export interface components {
       edgeId: string;
       /** @description Warm FnCall pools on this edge (absent on edges without FnCall). */
       fncall?: components['schemas']['FnCallPoolStatus'][];
+      /** @description The edge's GPU units and their assignment (absent on edges without GPUs). */
+      gpus?: components['schemas']['FnCallGpuUnitStatus'][];
       healthy: boolean;
       labels: {
         [key: string]: string;
@@ -1211,8 +1290,26 @@ export interface components {
       stdin?: string;
       timeoutMs?: number;
     };
+    FnCallGpuUnitStatus: {
+      /** @enum {string} */
+      kind: 'gpu' | 'mig';
+      maxSharedWorkers: number;
+      /** @enum {string} */
+      mode: 'free' | 'shared' | 'exclusive';
+      /** @description A GPU's name, or a MIG instance's profile. */
+      model: string;
+      uuid: string;
+      workers: number;
+    };
     FnCallPoolStatus: {
       busy: number;
+      /** @description The GPU request every worker of this pool was given. */
+      gpu?: {
+        count?: number;
+        /** @enum {string} */
+        mode: 'shared' | 'exclusive';
+        model?: string;
+      };
       /** @description Workers started and waiting for a call. */
       idle: number;
       language: string;
@@ -2760,6 +2857,37 @@ export interface operations {
       504: components['responses']['DeadlineExceeded'];
     };
   };
+  sendInput: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        id: string;
+      };
+      cookie?: never;
+    };
+    requestBody: {
+      content: {
+        'application/json': components['schemas']['DisplayInputBody'];
+      };
+    };
+    responses: {
+      /** @description Done; no body. */
+      204: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content?: never;
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      409: components['responses']['Conflict'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+      504: components['responses']['DeadlineExceeded'];
+    };
+  };
   updateNetwork: {
     parameters: {
       query?: never;
@@ -3332,6 +3460,35 @@ export interface operations {
         };
         content: {
           'application/json': components['schemas']['SandboxInfo'];
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      409: components['responses']['Conflict'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+      504: components['responses']['DeadlineExceeded'];
+    };
+  };
+  screenshot: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        id: string;
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The screen. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'image/png': string;
         };
       };
       400: components['responses']['BadRequest'];

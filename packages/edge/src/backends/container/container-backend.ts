@@ -19,6 +19,8 @@ import type { LayerMountCache } from '../../layers/layer-cache.js';
 import { mountPoints } from '../../layers/mountinfo.js';
 import type { OciRuntime } from '../../runtime/oci-runtime.js';
 import type { Backend, BackendSandbox, PauseResult, StartedSandbox } from '../backend.js';
+import { applyGpuDeviceModes } from '../../gpu/device-modes.js';
+import { withGpu } from '../../gpu/oci-fragment.js';
 import { phaseClock, type CreatePhase, type EdgeMetrics } from '../../observability/metrics.js';
 import {
   openCgroupPause,
@@ -185,7 +187,7 @@ export class ContainerBackend implements Backend {
     this.#noteSupervisor();
     const network = (networked as PromiseFulfilledResult<SandboxNetwork | undefined>).value;
     try {
-      const config = buildContainerConfig({
+      const base = buildContainerConfig({
         spec: rec.spec,
         hostname: p.name.slice(0, 12),
         rootfs: p.rootfs,
@@ -195,6 +197,8 @@ export class ContainerBackend implements Backend {
         idCount: ID_COUNT,
         network,
       });
+      // GPUs assigned by the edge (an FnCall worker's): their nodes, cgroup rules, driver files.
+      const config = rec.gpu ? withGpu(base, rec.gpu) : base;
       writeFileSync(
         join(p.dir, 'config.json'),
         JSON.stringify(this.#withPrecompiledSeccomp(config)),
@@ -220,6 +224,8 @@ export class ContainerBackend implements Backend {
         }),
       });
       phaseDone('runtime');
+      // The runtime's umask may have narrowed the GPU nodes' modes (device-modes.ts).
+      if (rec.gpu) applyGpuDeviceModes(running.initPid, rec.gpu.devices);
       await Promise.all([
         chronus.attach(running.initPid),
         this.options.network?.attach(rec, running.initPid, chronus.configureNetwork),
