@@ -123,7 +123,7 @@ export async function collapseLayers(
 }
 
 /** Copies a layer's tree out of its EROFS, keeping whiteout devices and xattrs (`cp -a`). */
-async function copyLayer(
+export async function copyLayer(
   store: ImageStore,
   layer: LayerInfo,
   dir: string,

@@ -1,16 +1,6 @@
 import { createHash } from 'node:crypto';
 import { createReadStream, createWriteStream } from 'node:fs';
-import {
-  access,
-  mkdir,
-  mkdtemp,
-  open,
-  readdir,
-  rm,
-  rmdir,
-  stat,
-  writeFile,
-} from 'node:fs/promises';
+import { access, mkdir, mkdtemp, open, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Transform } from 'node:stream';
@@ -27,13 +17,8 @@ import {
 } from '@dsec/core';
 import { buildLayer, extractTar, type BuildProgress } from '../build.js';
 import { erofsCompression, type ErofsCompression } from '../erofs.js';
-import type { ErofsMounter } from '../collapse.js';
-import {
-  mergeLayerTrees,
-  ociLayerToOverlay,
-  overlayLayerTree,
-  type LayerTree,
-} from '../overlay/merge.js';
+import { copyLayer, type ErofsMounter } from '../collapse.js';
+import { mergeLayerTrees, ociLayerToOverlay, type LayerTree } from '../overlay/merge.js';
 import { DirImageStore } from '../store/dir-store.js';
 import { assertLayerKind, assertLayerName } from '../store/validate.js';
 import { runTool } from '../util/run-tool.js';
@@ -200,7 +185,7 @@ export async function importFromRegistry(
         throw err;
       });
       if (existing) {
-        trees.push(await copyLayerOut(store, existing, dir, options.mounter, signal));
+        trees.push(await copyLayer(store, existing, dir, options.mounter, signal));
         layers.push({ diffId, ref, reused: true });
       } else {
         await extractVerified(blob, diffId, dir, join(work, `layer-${i}.tar`), signal);
@@ -449,29 +434,6 @@ async function extractVerified(
   await mkdir(join(dest, '..'), { recursive: true });
   await extractTar(tarFile, dest, signal, 'source');
   await rm(tarFile, { force: true });
-}
-
-/** Copies a stored per-layer EROFS back out, keeping whiteout devices and xattrs (`cp -a`). */
-async function copyLayerOut(
-  store: ImageStore,
-  layer: LayerInfo,
-  dir: string,
-  mounter: ErofsMounter,
-  signal: AbortSignal | undefined,
-): Promise<LayerTree> {
-  const mnt = `${dir}.mnt`;
-  await mkdir(mnt, { recursive: true });
-  await mkdir(dir, { recursive: true });
-  const image = await store.blobPath(layer.digest, signal ? { signal } : {});
-  const blobDevice = layer.blobDigest ? await store.blobPath(layer.blobDigest) : undefined;
-  await mounter.mountErofs(image, mnt, blobDevice ? { blobDevice } : {});
-  try {
-    await runTool('cp', ['-a', '--', `${mnt}/.`, `${dir}/`], { signal });
-  } finally {
-    await mounter.unmount([mnt], { detach: true });
-    await rmdir(mnt);
-  }
-  return await overlayLayerTree(dir, signal);
 }
 
 async function dirBytes(dir: string): Promise<number> {

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { chmodSync, chownSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
-import { open, readdir, readFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
 import {
@@ -29,7 +29,7 @@ import {
 } from '../../lifecycle/cgroup-pause.js';
 import type { SwapArea } from '../../lifecycle/swap-area.js';
 import type { NetworkManager, SandboxNetwork } from '../../network/network-manager.js';
-import { runTool } from '../../network/sys.js';
+import { makeScratchDisk } from '../scratch-disk.js';
 import { seccompLines } from './seccomp.js';
 import { buildContainerConfig, SANDBOX_CAPABILITIES } from './spec.js';
 import { applyQos } from './qos.js';
@@ -175,7 +175,7 @@ export class ContainerBackend implements Backend {
         ),
       ),
       timed('network', Promise.resolve(this.options.network?.setup(rec))),
-      quota !== undefined ? makeUpperImage(p.upperImage, quota) : undefined,
+      quota !== undefined ? makeScratchDisk(p.upperImage, quota, { exclusive: true }) : undefined,
     ]);
     // stop() undoes whatever of these succeeded; only the waiting daemon is ours to end.
     const failed = [prepared, networked, imaged].find((r) => r.status === 'rejected');
@@ -474,32 +474,4 @@ async function isProcessOf(
   } catch {
     return false;
   }
-}
-
-/**
- * A sparse ext4 image of `sizeMb` for a sandbox's writable layer: its size is
- * the disk quota, its inode table (one per 16 KiB) the inode quota. No
- * journal (the layer is scratch space that dies with the sandbox) and no
- * reserved blocks; blocks are only allocated as the sandbox writes.
- */
-async function makeUpperImage(image: string, sizeMb: number): Promise<void> {
-  const fh = await open(image, 'wx', 0o600);
-  try {
-    await fh.truncate(sizeMb * 2 ** 20);
-  } finally {
-    await fh.close();
-  }
-  await runTool('mkfs.ext4', [
-    '-q',
-    '-F',
-    '-O',
-    '^has_journal',
-    '-E',
-    'lazy_itable_init=1,nodiscard',
-    '-m',
-    '0',
-    '-i',
-    '16384',
-    image,
-  ]);
 }

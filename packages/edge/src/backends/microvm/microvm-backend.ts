@@ -1,14 +1,13 @@
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmodSync, chownSync, closeSync, existsSync, mkdirSync, openSync, rmSync } from 'node:fs';
-import { open, readdir, readFile, writeFile } from 'node:fs/promises';
+import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
 import type { ImageStore } from '@dsec/core';
 import { ChronusConnection } from '@dsec/native';
 import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
 import type { LayerMountCache } from '../../layers/layer-cache.js';
-import { runTool } from '../../network/sys.js';
 import type { Backend, BackendSandbox, PauseResult, StartedSandbox } from '../backend.js';
 import type { SandboxChannel, SandboxCommand } from '../channel.js';
 import {
@@ -19,6 +18,7 @@ import {
   type Accel,
   type MicrovmAssets,
 } from './assets.js';
+import { makeScratchDisk } from '../scratch-disk.js';
 import { finishRestore, pausePaths, reclaimCgroup, saveVm } from './pause.js';
 import { connectMicrovm, netCmdline, tapArgs, type MicrovmNetwork } from './network.js';
 
@@ -166,7 +166,9 @@ export class MicrovmBackend implements Backend {
     const [layerFiles, accel] = await Promise.all([
       Promise.all(digests.map((d) => this.options.store.blobPath(d, { signal }))),
       this.accel(),
-      restore ? undefined : makeDisk(p.disk, rec.spec.diskLimitMb ?? DEFAULT_DISK_MB),
+      restore
+        ? undefined
+        : makeScratchDisk(p.disk, rec.spec.diskLimitMb ?? DEFAULT_DISK_MB, { exclusive: false }),
       restore && this.options.cgroups.exists(p.cgroupsPath)
         ? undefined
         : this.#makeCgroup(rec, p.cgroupsPath),
@@ -636,29 +638,6 @@ function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
     const t = setTimeout(() => reject(new Error('timed out')), ms);
     p.then(resolve, reject).finally(() => clearTimeout(t));
   });
-}
-
-/** A sparse ext4 image of the disk limit (the same shape as the container backend's quota image). */
-async function makeDisk(image: string, sizeMb: number): Promise<void> {
-  const fh = await open(image, 'w', 0o600);
-  try {
-    await fh.truncate(sizeMb * 2 ** 20);
-  } finally {
-    await fh.close();
-  }
-  await runTool('mkfs.ext4', [
-    '-q',
-    '-F',
-    '-O',
-    '^has_journal',
-    '-E',
-    'lazy_itable_init=1,nodiscard',
-    '-m',
-    '0',
-    '-i',
-    '16384',
-    image,
-  ]);
 }
 
 async function readTail(...files: string[]): Promise<string> {
