@@ -133,15 +133,7 @@ export class FnCallService {
         refusal = e;
       }
     }
-    throw (
-      refusal ??
-      new DsecError(
-        'unavailable',
-        req.edgeSelector && Object.keys(req.edgeSelector).length > 0
-          ? 'no edge matching edgeSelector runs function calls'
-          : 'no edge runs function calls',
-      )
-    );
+    throw refusal ?? new DsecError('unavailable', noEdgeMessage(req));
   }
 
   /** Every edge the view knows, plus configured edges not probed yet (a fresh apiserver). */
@@ -179,4 +171,13 @@ export class FnCallService {
     const { edges } = this.#d;
     return typeof edges === 'function' ? edges(edgeId) : edges.get(edgeId);
   }
+}
+
+/** Why no edge was tried: what the call asked for that no edge offers. */
+function noEdgeMessage(req: FnCallRequest): string {
+  const selector = req.edgeSelector && Object.keys(req.edgeSelector).length > 0;
+  const where = selector ? 'no edge matching edgeSelector' : 'no edge';
+  if (!req.gpu) return `${where} runs function calls`;
+  const model = req.gpu.model ? ` ${req.gpu.model}` : '';
+  return `${where} has free ${req.gpu.mode} GPU units${model} for this call (docs/gpu.md)`;
 }
