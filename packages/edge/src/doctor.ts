@@ -474,7 +474,10 @@ async function kvmCheck(paths: DoctorPaths): Promise<DoctorCheck> {
     'only for microVM sandboxes: enable virtualization (kvm_intel/kvm_amd), or on a cloud VM without nested virtualization load PVM (kvm_pvm)';
   if (!existsSync(paths.devKvm))
     return { name: 'kvm', ok: false, detail: `${paths.devKvm} is missing`, fix, required: false };
-  const pvm = existsSync(paths.kvmPvmModule) ? ' (PVM)' : '';
+  // Stock guest kernels hang on PVM: the microVM backend's boot probe then picks TCG.
+  const pvm = existsSync(paths.kvmPvmModule)
+    ? ' (PVM: stock guest kernels may hang on it; microVMs boot under TCG when the probe fails)'
+    : '';
   try {
     await (await open(paths.devKvm, 'r+')).close();
     return {
