@@ -312,7 +312,13 @@ test('create a sandbox in the UI, run a command in its terminal, find it in the 
   await page.keyboard.press('Tab');
   const row = `tr[data-id="${sandboxId}"]`;
   await page.waitForSelector(`${row} .state-running`, { timeout: STEP_TIMEOUT_MS });
-  assert.equal(await page.$$eval('table.sandboxes tbody tr', (trs) => trs.length), 1);
+  // The list re-renders as it polls: wait for the filtered table to settle on this one row
+  // (counting once raced a re-render that had not filled the table yet).
+  await page.waitForFunction(
+    `(() => { const trs = document.querySelectorAll('table.sandboxes tbody tr');
+      return trs.length === 1 && trs[0].dataset.id === ${JSON.stringify(sandboxId)}; })()`,
+    { timeout: STEP_TIMEOUT_MS },
+  );
   const screenshot = process.env.DSEC_UI_SCREENSHOT;
   if (screenshot?.endsWith('.png')) await takeScreenshot(page, screenshot as `${string}.png`);
 
