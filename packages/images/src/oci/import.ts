@@ -10,7 +10,7 @@ import {
 } from '@dsec/core';
 import { buildLayer, extractTar, type BuildProgress } from '../build.js';
 import type { ErofsCompression } from '../erofs.js';
-import { mergeLayerTrees, ociLayerToOverlay, type LayerTree } from '../overlay/merge.js';
+import { mergeImageLayers, ociLayerToOverlay, type LayerTree } from '../overlay/merge.js';
 import { DirImageStore } from '../store/dir-store.js';
 import { assertLayerKind, assertLayerName } from '../store/validate.js';
 import { runTool } from '../util/run-tool.js';
@@ -90,14 +90,9 @@ export async function importOci(store: ImageStore, options: ImportOciOptions): P
     }
     progress({ phase: 'extract', done: image.layers.length, total: image.layers.length });
     throwIfAborted(signal);
-    if (trees.length === 0) {
-      const empty = join(work, 'layers', 'empty');
-      await mkdir(empty, { recursive: true, mode: 0o755 });
-      trees.push({ dir: empty, opaque: new Set() });
-    }
     progress({ phase: 'merge' });
-    const topFirst = [...trees].reverse();
-    await mergeLayerTrees(topFirst, {
+    const rootDir = await mergeImageLayers(trees, {
+      emptyDir: join(work, 'layers', 'empty'),
       keepMarks: options.keepWhiteouts ?? options.kind !== 'base',
       signal,
     });
@@ -107,7 +102,7 @@ export async function importOci(store: ImageStore, options: ImportOciOptions): P
       name: options.name,
       ...(options.version !== undefined ? { version: options.version } : {}),
       kind: options.kind,
-      from: { dir: topFirst[0]!.dir },
+      from: { dir: rootDir },
       source: 'oci',
       config: image.config,
       ...(options.split !== undefined ? { split: options.split } : {}),

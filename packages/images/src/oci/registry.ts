@@ -18,7 +18,7 @@ import {
 import { buildLayer, extractTar, type BuildProgress } from '../build.js';
 import { erofsCompression, type ErofsCompression } from '../erofs.js';
 import { copyLayer, type ErofsMounter } from '../collapse.js';
-import { mergeLayerTrees, ociLayerToOverlay, type LayerTree } from '../overlay/merge.js';
+import { mergeImageLayers, ociLayerToOverlay, type LayerTree } from '../overlay/merge.js';
 import { DirImageStore } from '../store/dir-store.js';
 import { assertLayerKind, assertLayerName } from '../store/validate.js';
 import { runTool } from '../util/run-tool.js';
@@ -210,15 +210,9 @@ export async function importFromRegistry(
       await rm(blob, { force: true });
     }
     progress({ phase: 'convert', done: image.layers.length, total: image.layers.length });
-    if (trees.length === 0) {
-      const empty = join(work, 'layers', 'empty');
-      await mkdir(empty, { recursive: true, mode: 0o755 });
-      trees.push({ dir: empty, opaque: new Set() });
-    }
-
     progress({ phase: 'merge' });
-    const topFirst = [...trees].reverse();
-    await mergeLayerTrees(topFirst, {
+    const rootDir = await mergeImageLayers(trees, {
+      emptyDir: join(work, 'layers', 'empty'),
       keepMarks: options.keepWhiteouts ?? options.kind !== 'base',
       signal,
     });
@@ -226,7 +220,7 @@ export async function importFromRegistry(
       name: options.name,
       ...(options.version !== undefined ? { version: options.version } : {}),
       kind: options.kind,
-      from: { dir: topFirst[0]!.dir },
+      from: { dir: rootDir },
       source: 'registry',
       config: image.config,
       ...(layers.length > 0 ? { parents: layers.map((l) => l.ref) } : {}),

@@ -1,4 +1,4 @@
-import { lstat, readdir, rename, rm } from 'node:fs/promises';
+import { lstat, mkdir, readdir, rename, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { throwIfAborted } from '@dsec/core';
 import { listOpaqueDirs, makeWhiteout, setOpaque, stripMarks } from './marks.js';
@@ -70,6 +70,25 @@ export interface MergeOptions {
    */
   keepMarks: boolean;
   signal?: AbortSignal | undefined;
+}
+
+/**
+ * An image's layer trees, lowest first, merged into one directory, which is
+ * returned (the topmost tree's): what an imported image's single layer is
+ * built from. An image without layers is an empty directory, `emptyDir`.
+ * Marks (whiteouts, opaque dirs) are kept where `keepMarks` says so.
+ */
+export async function mergeImageLayers(
+  lowestFirst: LayerTree[],
+  options: MergeOptions & { emptyDir: string },
+): Promise<string> {
+  if (lowestFirst.length === 0) {
+    await mkdir(options.emptyDir, { recursive: true, mode: 0o755 });
+    return options.emptyDir;
+  }
+  const topFirst = [...lowestFirst].reverse();
+  await mergeLayerTrees(topFirst, options);
+  return topFirst[0]!.dir;
 }
 
 /**
