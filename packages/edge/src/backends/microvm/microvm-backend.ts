@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmodSync, chownSync, closeSync, existsSync, mkdirSync, openSync, rmSync } from 'node:fs';
-import { readdir, readFile, writeFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
 import type { ImageStore } from '@dsec/core';
@@ -18,6 +18,7 @@ import {
   type Accel,
   type MicrovmAssets,
 } from './assets.js';
+import { makeQemuCgroup } from './qemu-cgroup.js';
 import { makeScratchDisk } from '../scratch-disk.js';
 import { finishRestore, pausePaths, reclaimCgroup, saveVm } from './pause.js';
 import { connectMicrovm, netCmdline, tapArgs, type MicrovmNetwork } from './network.js';
@@ -171,7 +172,10 @@ export class MicrovmBackend implements Backend {
         : makeScratchDisk(p.disk, rec.spec.diskLimitMb ?? DEFAULT_DISK_MB, { exclusive: false }),
       restore && this.options.cgroups.exists(p.cgroupsPath)
         ? undefined
-        : this.#makeCgroup(rec, p.cgroupsPath),
+        : makeQemuCgroup(this.options.cgroups, p.cgroupsPath, {
+            memoryMb: rec.spec.memoryLimitMb + QEMU_OVERHEAD_MB,
+            cpuCores: rec.spec.cpuCoresLimit,
+          }),
     ]);
     // A tap under the sandbox's firewall elements when its spec opens something (network.ts).
     const link = await connectMicrovm(this.options.network, rec, {
@@ -535,30 +539,6 @@ export class MicrovmBackend implements Backend {
     const all = [...this.#shared.values()];
     this.#shared.clear();
     for (const c of await Promise.allSettled(all)) if (c.status === 'fulfilled') c.value.close();
-  }
-
-  async #makeCgroup(rec: BackendSandbox, path: string): Promise<void> {
-    await this.options.cgroups.create(path);
-    const memory = (rec.spec.memoryLimitMb + QEMU_OVERHEAD_MB) * 2 ** 20;
-    const periodUs = 100_000;
-    const quotaUs = Math.round(rec.spec.cpuCoresLimit * periodUs);
-    // Whichever of v1's or v2's files the hierarchy has.
-    const settings: [string, string][] = [
-      ['memory.limit_in_bytes', String(memory)],
-      ['memory.memsw.limit_in_bytes', String(memory)],
-      ['memory.max', String(memory)],
-      ['memory.swap.max', '0'],
-      ['cpu.cfs_period_us', String(periodUs)],
-      ['cpu.cfs_quota_us', String(quotaUs)],
-      ['cpu.max', `${quotaUs} ${periodUs}`],
-      // QEMU's threads (vCPUs, I/O workers), not the guest's processes (those are the guest kernel's).
-      ['pids.max', '256'],
-    ];
-    for (const dir of this.options.cgroups.dirs(path)) {
-      const present = new Set(await readdir(dir).catch(() => [] as string[]));
-      for (const [file, value] of settings)
-        if (present.has(file)) await writeFile(join(dir, file), value).catch(() => undefined);
-    }
   }
 
   #connection(rec: Pick<BackendSandbox, 'id'>): Promise<ChronusConnection> {

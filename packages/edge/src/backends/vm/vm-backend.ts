@@ -9,7 +9,7 @@ import {
   openSync,
   rmSync,
 } from 'node:fs';
-import { open, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { open, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError, validateDisplayInput } from '@dsec/core';
 import type { DisplayInput, ImageStore } from '@dsec/core';
@@ -25,6 +25,7 @@ import {
   type Accel,
   type MicrovmAssets,
 } from '../microvm/assets.js';
+import { makeQemuCgroup } from '../microvm/qemu-cgroup.js';
 import { MicrovmBackend, type MicrovmBackendOptions } from '../microvm/microvm-backend.js';
 import { QmpClient } from '../microvm/qmp.js';
 import type { VmImage } from './image.js';
@@ -173,7 +174,13 @@ export class VmBackend implements Backend {
       img.disk,
       p.overlay,
     ]);
-    const [accel] = await Promise.all([this.accel(), this.#makeCgroup(rec, p.cgroupsPath)]);
+    const [accel] = await Promise.all([
+      this.accel(),
+      makeQemuCgroup(this.options.cgroups, p.cgroupsPath, {
+        memoryMb: rec.spec.memoryLimitMb + QEMU_OVERHEAD_MB,
+        cpuCores: rec.spec.cpuCoresLimit,
+      }),
+    ]);
     const args = [
       '-name',
       p.name,
@@ -403,28 +410,6 @@ export class VmBackend implements Backend {
       (q) => q.close(),
       () => undefined,
     );
-  }
-
-  async #makeCgroup(rec: BackendSandbox, path: string): Promise<void> {
-    await this.options.cgroups.create(path);
-    const memory = (rec.spec.memoryLimitMb + QEMU_OVERHEAD_MB) * 2 ** 20;
-    const periodUs = 100_000;
-    const quotaUs = Math.round(rec.spec.cpuCoresLimit * periodUs);
-    const settings: [string, string][] = [
-      ['memory.limit_in_bytes', String(memory)],
-      ['memory.memsw.limit_in_bytes', String(memory)],
-      ['memory.max', String(memory)],
-      ['memory.swap.max', '0'],
-      ['cpu.cfs_period_us', String(periodUs)],
-      ['cpu.cfs_quota_us', String(quotaUs)],
-      ['cpu.max', `${quotaUs} ${periodUs}`],
-      ['pids.max', '256'],
-    ];
-    for (const dir of this.options.cgroups.dirs(path)) {
-      const present = new Set(await readdir(dir).catch(() => [] as string[]));
-      for (const [file, value] of settings)
-        if (present.has(file)) await writeFile(join(dir, file), value).catch(() => undefined);
-    }
   }
 }
 
