@@ -31,6 +31,12 @@ export interface CgroupDriver {
    * and removes its directories; missing ones are fine.
    */
   remove(path: string): Promise<void>;
+  /**
+   * Removes the cgroup's directories that hold nothing (no process, no child
+   * cgroup) and leaves the rest: for a node's parent, which outlives the node
+   * while sandboxes it leaves running are still in it.
+   */
+  removeIfEmpty(path: string): void;
   /** Memory usage in bytes, or undefined when the cgroup is gone. */
   memoryUsageBytes(path: string): Promise<number | undefined>;
   /**
@@ -104,6 +110,10 @@ class CgroupV1 implements CgroupDriver {
     await removeDirs(this.dirs(path));
   }
 
+  removeIfEmpty(path: string): void {
+    for (const dir of this.dirs(path)) removeEmptyDir(dir);
+  }
+
   async memoryUsageBytes(path: string): Promise<number | undefined> {
     return readNumber(join(this.root, 'memory', path, 'memory.usage_in_bytes'));
   }
@@ -147,6 +157,10 @@ class CgroupV2 implements CgroupDriver {
     await removeDirs(this.dirs(path));
   }
 
+  removeIfEmpty(path: string): void {
+    for (const dir of this.dirs(path)) removeEmptyDir(dir);
+  }
+
   async memoryUsageBytes(path: string): Promise<number | undefined> {
     return readNumber(join(this.root, path, 'memory.current'));
   }
@@ -188,6 +202,16 @@ async function removeDirs(dirs: string[]): Promise<void> {
       );
     }
     await sleep(attempt < 50 ? 1 : 20);
+  }
+}
+
+/** rmdir(2) refuses a cgroup that still has processes or children, which is the check we want. */
+function removeEmptyDir(dir: string): void {
+  try {
+    rmdirSync(dir);
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code !== 'ENOENT' && code !== 'EBUSY' && code !== 'ENOTEMPTY') throw err;
   }
 }
 

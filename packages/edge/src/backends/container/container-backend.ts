@@ -120,6 +120,8 @@ export class ContainerBackend implements Backend {
     for (const c of await Promise.allSettled(connections))
       if (c.status === 'fulfilled') c.value.close();
     await this.options.chronus.stop();
+    // The node's parent goes with its last sandbox; running ones keep it (and are adopted).
+    this.options.cgroups.removeIfEmpty(`/${this.options.cgroupParent}`);
   }
 
   async start(rec: BackendSandbox, signal?: AbortSignal): Promise<StartedSandbox> {
