@@ -34,6 +34,9 @@ export class RegistryFleet {
   readonly #watcher: Watcher | undefined;
   #records: EdgeRecord[] = [];
   #view: FleetView = viewFromRecords([]);
+  /** Cordoned edge IDs as last read; a new set whenever it changes. */
+  #cordoned: ReadonlySet<string> = new Set();
+  #cordonedView: { from: FleetView; set: ReadonlySet<string>; view: FleetView } | undefined;
   #timer: NodeJS.Timeout | undefined;
   #refreshing: Promise<void> | undefined;
   #closed = false;
@@ -106,6 +109,9 @@ export class RegistryFleet {
       this.#clients.delete(id);
     }
     this.#records = records;
+    const cordoned = records.filter((r) => r.cordoned).map((r) => r.edgeId);
+    if (cordoned.length !== this.#cordoned.size || cordoned.some((id) => !this.#cordoned.has(id)))
+      this.#cordoned = new Set(cordoned);
     this.#view = viewFromRecords(
       records.map((r) => ({
         edgeId: r.edgeId,
@@ -128,7 +134,16 @@ export class RegistryFleet {
   }
 
   view(): FleetView {
-    return this.#watcher ? this.#watcher.view() : this.#view;
+    const view = this.#watcher ? this.#watcher.view() : this.#view;
+    const cordoned = this.#cordoned;
+    if (cordoned.size === 0) return view;
+    // A new view object only when the set or the underlying view changed:
+    // placers index a view once per `edges` array.
+    if (this.#cordonedView?.from !== view || this.#cordonedView.set !== cordoned) {
+      const edges = view.edges.map((e) => (cordoned.has(e.edgeId) ? { ...e, cordoned: true } : e));
+      this.#cordonedView = { from: view, set: cordoned, view: { ...view, edges } };
+    }
+    return this.#cordonedView.view;
   }
 
   close(): void {

@@ -245,8 +245,15 @@ export {
 } from './config.js';
 export { RegistryFleet, type RegistryFleetOptions } from './fleet.js';
 export {
-  joinEdge,
+  cordonEdge,
+  drainEdge,
   leaveEdge,
+  listEdges,
+  type DrainOptions,
+  type EdgeSummary,
+} from './edge-ops.js';
+export {
+  joinEdge,
   startApiserver,
   startEdgeServer,
   startWatcher,

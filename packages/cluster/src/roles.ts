@@ -340,16 +340,3 @@ export async function joinEdge(
     await db.close();
   }
 }
-
-/** `dsec edge leave`: removes an edge from the registry (its sandboxes become unreachable). */
-export async function leaveEdge(config: ClusterConfig, edgeId: string): Promise<boolean> {
-  const db = await openControlDb(requireSection(config, 'database', '`dsec edge leave`'));
-  try {
-    const known = await db.edges.get(edgeId);
-    if (!known) return false;
-    await db.edges.remove(edgeId);
-    return true;
-  } finally {
-    await db.close();
-  }
-}

@@ -41,6 +41,11 @@ export interface EdgeRecord extends EdgeRegistration {
   status: unknown;
   /** When the edge first registered (ISO-8601); kept across re-registrations. */
   registeredAt: string;
+  /**
+   * Placement sends the edge no new sandboxes or function calls; what runs
+   * there keeps running and stays reachable. Kept across re-registrations.
+   */
+  cordoned: boolean;
 }
 
 interface EdgeRow {
@@ -54,6 +59,7 @@ interface EdgeRow {
   last_error: string | null;
   status: string | null;
   registered_at: string;
+  cordoned: number;
 }
 
 /** The edge protocol refuses shorter secrets too (`@dsec/edge-http`'s `MIN_SECRET_LENGTH`). */
@@ -62,7 +68,7 @@ const MIN_EDGE_SECRET_LENGTH = 32;
 export const EDGE_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 
 const COLUMNS =
-  'edge_id, url, secret, labels, backends, healthy, last_probe_at, last_error, status, registered_at';
+  'edge_id, url, secret, labels, backends, healthy, last_probe_at, last_error, status, registered_at, cordoned';
 
 /**
  * The cluster's edges, in the control database beside IAM: edges join
@@ -76,7 +82,8 @@ const COLUMNS =
  * - `recordProbe` ignores a probe older than the one already recorded (two
  *   watchers, or a slow write overtaken by a newer one), and returns whether
  *   it recorded anything; an edge that left meanwhile is not re-created.
- * - Registrations and removals are audited (without the secret); probes,
+ * - `setCordoned` survives re-registration: an edge that restarts stays cordoned.
+ * - Registrations, removals and cordons are audited (without the secret); probes,
  *   which come every few seconds per edge, are not.
  */
 export class EdgeRegistry {
@@ -134,6 +141,31 @@ export class EdgeRegistry {
         await q.run(
           'INSERT INTO audit (at, actor_key_id, action, target, outcome, details) VALUES (?, NULL, ?, ?, ?, NULL)',
           [new Date(this.#now()).toISOString(), 'edge.remove', edgeId.slice(0, 200), 'ok'],
+        );
+      }
+      return r.changes > 0;
+    });
+  }
+
+  /**
+   * Cordons (`true`) or uncordons an edge; returns false for an unknown edge.
+   * Audited like registrations, with the new state in the details.
+   */
+  async setCordoned(edgeId: string, cordoned: boolean): Promise<boolean> {
+    return this.#db.transaction(async (q) => {
+      const r = await q.run('UPDATE edges SET cordoned = ? WHERE edge_id = ?', [
+        cordoned ? 1 : 0,
+        edgeId,
+      ]);
+      if (r.changes > 0) {
+        await q.run(
+          'INSERT INTO audit (at, actor_key_id, action, target, outcome, details) VALUES (?, NULL, ?, ?, ?, NULL)',
+          [
+            new Date(this.#now()).toISOString(),
+            cordoned ? 'edge.cordon' : 'edge.uncordon',
+            edgeId.slice(0, 200),
+            'ok',
+          ],
         );
       }
       return r.changes > 0;
@@ -218,5 +250,6 @@ function toRecord(r: EdgeRow): EdgeRecord {
     lastError: r.last_error ?? undefined,
     status: r.status === null ? undefined : (JSON.parse(r.status) as unknown),
     registeredAt: r.registered_at,
+    cordoned: r.cordoned === 1,
   };
 }

@@ -97,6 +97,18 @@ test('edgeSelector keeps only edges carrying every selected label', () => {
   }
 });
 
+test('a cordoned edge takes nothing, however healthy and empty; the rest of the fleet does', () => {
+  const edges = [edge('busy', { used: used(10) }), edge('cordoned', { cordoned: true })];
+  for (const placer of [
+    new PowerOfKPlacer({ view: () => ({ edges }), random: seeded(3) }),
+    new RandomPlacer({ view: () => ({ edges }), random: seeded(3) }),
+    new LeastLoadedPlacer({ view: () => ({ edges }) }),
+  ]) {
+    assert.deepEqual(tally(placer, 20), { busy: 20 });
+    assert.throws(() => placer.place({ spec, exclude: new Set(['busy']) }), exhausted);
+  }
+});
+
 test('sampling falls back to a full scan: the one edge with room is always found', () => {
   const edges = Array.from({ length: 200 }, (_, i) =>
     edge(`e${i}`, i === 137 ? {} : { used: { memoryMb: 64 * 1024, cpuCores: 0, sandboxes: 0 } }),

@@ -71,7 +71,7 @@ export class FleetIndex {
       this.burst[i] = isBurst ? 1 : 0;
       const onPrem: BackendPool[] = [];
       this.onPremPools.push(onPrem);
-      if (!e.healthy) continue;
+      if (!e.healthy || e.cordoned) continue;
       for (const b of new Set(e.backends)) {
         let pool = this.pools.get(b);
         if (!pool) {

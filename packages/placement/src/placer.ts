@@ -52,6 +52,8 @@ export interface PlacementEdge {
    * A burst edge that reports none is never eligible for burst work.
    */
   layers?: readonly string[] | undefined;
+  /** Cordoned by an operator: never eligible, whatever its health. */
+  cordoned?: boolean | undefined;
 }
 
 /**

@@ -19,6 +19,8 @@ export interface EdgeView {
   lastProbeAt: number;
   consecutiveFailures: number;
   lastError?: string | undefined;
+  /** Cordoned by an operator (`dsec edge cordon`): placement sends it nothing new. */
+  cordoned?: boolean | undefined;
 }
 
 /** What one probe found, as `onProbe` receives it (and a registry may store it). */

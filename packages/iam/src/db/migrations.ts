@@ -194,6 +194,17 @@ export const MIGRATIONS: readonly Migration[] = [
   ALTER TABLE projects ADD COLUMN quota_fncalls_per_second BIGINT;`,
     },
   },
+  {
+    version: 6,
+    name: 'cordoned edges',
+    // 1: placement sends the edge no new sandboxes or function calls (`dsec edge cordon`).
+    sql: {
+      sqlite: `
+  ALTER TABLE edges ADD COLUMN cordoned INTEGER NOT NULL DEFAULT 0;`,
+      postgres: `
+  ALTER TABLE edges ADD COLUMN cordoned INTEGER NOT NULL DEFAULT 0;`,
+    },
+  },
 ];
 
 /** The newest layout this release knows. */

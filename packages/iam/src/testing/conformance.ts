@@ -540,6 +540,7 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
         lastError: undefined,
         status: undefined,
         registeredAt: new Date(now).toISOString(),
+        cordoned: false,
       });
       await db.edges.register(edge('edge-a'));
       assert.deepEqual(
@@ -587,6 +588,13 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.equal(moved.healthy, false);
       assert.equal(moved.lastProbeAt, undefined);
       assert.equal(moved.status, undefined);
+      // A cordon is seen by every reader and outlives re-registration (an edge restarting).
+      assert.equal(await db.edges.setCordoned('edge-b', true), true);
+      assert.equal((await other.edges.get('edge-b'))?.cordoned, true);
+      assert.equal((await db.edges.register(edge('edge-b'))).cordoned, true);
+      assert.equal(await db.edges.setCordoned('edge-b', false), true);
+      assert.equal((await other.edges.get('edge-b'))?.cordoned, false);
+      assert.equal(await db.edges.setCordoned('edge-nope', true), false);
       assert.equal(await db.edges.remove('edge-b'), true);
       assert.equal(await db.edges.remove('edge-b'), false);
       assert.equal(await other.edges.get('edge-b'), undefined);
@@ -595,6 +603,8 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       const audit = await db.iam.listAudit();
       assert.ok(audit.some((e) => e.action === 'edge.register' && e.target === 'edge-a'));
       assert.ok(audit.some((e) => e.action === 'edge.remove' && e.target === 'edge-b'));
+      assert.ok(audit.some((e) => e.action === 'edge.cordon' && e.target === 'edge-b'));
+      assert.ok(audit.some((e) => e.action === 'edge.uncordon' && e.target === 'edge-b'));
       assert.ok(!JSON.stringify(audit).includes(SECRET), 'an edge secret in the audit log');
     });
 
