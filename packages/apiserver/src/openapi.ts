@@ -90,8 +90,16 @@ const RenameBody = ioRequests.RenameBody.openapi('RenameBody');
 const DisplayInputBody = displayRequests.DisplayInputBody.openapi('DisplayInputBody');
 const FnCallBody = fncallRequests.FnCallBody.openapi('FnCallBody');
 const FnCallBatchBody = fncallRequests.FnCallBatchBody.openapi('FnCallBatchBody');
-const { CommandParams, SessionParams, WaitQuery, StdinQuery, PathQuery, WriteQuery, PtyQuery } =
-  ioRequests;
+const {
+  CommandParams,
+  SessionParams,
+  WaitQuery,
+  StdinQuery,
+  PathQuery,
+  WriteQuery,
+  PtyQuery,
+  ListImagesQuery,
+} = ioRequests;
 const { IdParams, EventsQuery, ListSandboxesQuery } = requests;
 
 const PortParams = z.object({
@@ -619,6 +627,9 @@ export function operations(): Operation[] {
       operationId: 'listImages',
       tag: 'images',
       summary: 'Image layers',
+      description:
+        'Bases, workspaces and toolkits; `?all=true` adds the per-OCI-layer records (`oci-diff:*`) registry imports keep to reuse conversions.',
+      request: { query: ListImagesQuery },
       responses: {
         200: {
           description: 'The layers.',

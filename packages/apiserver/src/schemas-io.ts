@@ -51,6 +51,8 @@ export const PortParams = z
 
 export const WaitQuery = z.object({ timeoutMs: intText(0, 86_400_000).optional() }).strict();
 export const StdinQuery = z.object({ eof: flagText.optional() }).strict();
+/** `?all=true`: also the per-OCI-layer records registry imports keep (`oci-diff:*`). */
+export const ListImagesQuery = z.object({ all: flagText.optional() }).strict();
 export const SignalBody = z
   .object({
     signal: z.union([

@@ -42,7 +42,8 @@ export interface ApiServerOptions {
   ids: SandboxIdCodec;
   /** A pino logger, `true` for a default one, or nothing for silence. */
   logger?: FastifyBaseLogger | boolean | undefined;
-  imagesList?: (() => Promise<LayerInfo[]>) | undefined;
+  /** See `AdminRouteDeps.imagesList`. */
+  imagesList?: ((options: { all: boolean }) => Promise<LayerInfo[]>) | undefined;
   /**
    * Time allowed to receive a request's headers, from its first byte
    * (slow-header, "slowloris", defence): past it the client gets 408 and the

@@ -35,7 +35,7 @@ import {
 } from '@dsec/edge';
 import { openControlDb } from '@dsec/iam';
 import type { Iam } from '@dsec/iam';
-import { buildLayer, DirImageStore, openImageStore } from '@dsec/images';
+import { buildLayer, DirImageStore, listImages, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
 import type { Logger } from 'pino';
@@ -201,7 +201,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       ? logger.child({ component: 'apiserver' }, { level: options.logRequests ? 'info' : 'warn' })
       : (options.logRequests ?? false),
     metrics: apiMetrics,
-    imagesList: () => store.listLayers(),
+    imagesList: (o) => listImages(store, o),
     extend: e2bExtension(options.e2b),
   });
   const listening = await listenApi(app, {

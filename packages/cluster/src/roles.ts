@@ -27,7 +27,7 @@ import {
 import type { Logger } from 'pino';
 import { newEdgeSecret, RemoteEdge, serveEdge } from '@dsec/edge-http';
 import { openControlDb, type ControlDb, type EdgeRecord } from '@dsec/iam';
-import { DirImageStore, openImageStore } from '@dsec/images';
+import { DirImageStore, listImages, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import {
   apiserverDefaults,
@@ -235,7 +235,7 @@ export async function startApiserver(
           ? logger
           : logger.child({}, { level: 'warn' })
         : ac.logRequests,
-      imagesList: store ? () => store.listLayers() : undefined,
+      imagesList: store ? (o) => listImages(store, o) : undefined,
       extend: e2bExtension(config.e2b),
       metrics: apiMetrics,
     });

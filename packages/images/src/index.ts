@@ -46,6 +46,7 @@ export type { ImportOciOptions } from './oci/import.js';
 export {
   importFromRegistry,
   isOciDiffLayer,
+  listImages,
   OCI_DIFF_LAYER_NAME,
   REGISTRY_DEFAULT_COMPRESSION,
 } from './oci/registry.js';

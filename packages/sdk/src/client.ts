@@ -199,8 +199,13 @@ export class DSecClient {
     return jobAction(this.#http, 'extend', labels, { ...options, seconds });
   }
 
-  async listImages(options: CallOptions = {}): Promise<LayerInfo[]> {
-    return (await this.#get<{ layers: LayerInfo[] }>('/v1/images', options)).layers;
+  /**
+   * Bases, workspaces and toolkits; `all` adds the per-OCI-layer records
+   * (`oci-diff:*`) registry imports keep to reuse conversions.
+   */
+  async listImages(options: CallOptions & { all?: boolean } = {}): Promise<LayerInfo[]> {
+    const path = options.all ? '/v1/images?all=true' : '/v1/images';
+    return (await this.#get<{ layers: LayerInfo[] }>(path, options)).layers;
   }
 
   async createProject(options: CreateProjectOptions): Promise<Project> {

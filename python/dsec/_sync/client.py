@@ -208,8 +208,10 @@ class DSecClient:
 
     # --- images, projects, keys, edges ------------------------------------
 
-    def list_images(self, *, timeout: Optional[float] = None) -> List[LayerInfo]:
-        return [from_wire(LayerInfo, layer) for layer in (self._get("/v1/images", timeout))["layers"]]
+    def list_images(self, *, all: bool = False, timeout: Optional[float] = None) -> List[LayerInfo]:
+        """Bases, workspaces and toolkits; ``all`` adds registry imports' per-layer ``oci-diff`` records."""
+        path = "/v1/images?all=true" if all else "/v1/images"
+        return [from_wire(LayerInfo, layer) for layer in (self._get(path, timeout))["layers"]]
 
     def create_project(
         self,

@@ -5,11 +5,13 @@ import type { Iam } from '@dsec/iam';
 import type { FleetView } from '@dsec/watcher';
 import { principalOf } from '../auth.js';
 import { IdParams, KeyBody, ProjectBody, parse } from '../schemas.js';
+import { ListImagesQuery } from '../schemas-io.js';
 
 export interface AdminRouteDeps {
   iam: Iam;
   fleet: () => Pick<FleetView, 'edges'> | undefined;
-  imagesList?: (() => Promise<LayerInfo[]>) | undefined;
+  /** The store's layers; without `all`, the plumbing records registry imports keep are left out. */
+  imagesList?: ((options: { all: boolean }) => Promise<LayerInfo[]>) | undefined;
 }
 
 /** Identity, projects, keys, images and the fleet. */
@@ -42,10 +44,11 @@ export function adminRoutes(
     return reply.code(204).send();
   });
 
-  app.get('/v1/images', async () => {
+  app.get('/v1/images', async (req) => {
+    const { all } = parse(ListImagesQuery, req.query, 'query');
     if (!imagesList)
       throw new DsecError('unavailable', 'this apiserver has no image store configured');
-    return { layers: await imagesList() };
+    return { layers: await imagesList({ all: all ?? false }) };
   });
 
   // The fleet shows every tenant's load, so only an admin of the root project may see it.

@@ -17,7 +17,7 @@ export function register(program: Command): void {
       // No cluster running: the local store is what `dsec up` would serve.
       const all = await ctx
         .client()
-        .listImages({ signal: ctx.signal })
+        .listImages({ signal: ctx.signal, all: true })
         .catch(async (err: unknown) => {
           if (!isDsecError(err, 'unavailable')) throw err;
           return await localStore(ctx).listLayers();

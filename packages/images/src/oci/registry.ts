@@ -37,6 +37,15 @@ export function isOciDiffLayer(layer: Pick<LayerInfo, 'name'>): boolean {
   return layer.name === OCI_DIFF_LAYER_NAME;
 }
 
+/** The store's layers as users list them: without the `oci-diff` records unless `all`. */
+export async function listImages(
+  store: Pick<ImageStore, 'listLayers'>,
+  options: { all: boolean },
+): Promise<LayerInfo[]> {
+  const layers = await store.listLayers();
+  return options.all ? layers : layers.filter((l) => !isOciDiffLayer(l));
+}
+
 /**
  * How the merged image of a registry import is compressed unless asked
  * otherwise: `lz4` builds about 5 × faster than `lz4hc` on source trees for

@@ -155,7 +155,10 @@ export interface paths {
       path?: never;
       cookie?: never;
     };
-    /** Image layers */
+    /**
+     * Image layers
+     * @description Bases, workspaces and toolkits; `?all=true` adds the per-OCI-layer records (`oci-diff:*`) registry imports keep to reuse conversions.
+     */
     get: operations['listImages'];
     put?: never;
     post?: never;
@@ -1924,7 +1927,9 @@ export interface operations {
   };
   listImages: {
     parameters: {
-      query?: never;
+      query?: {
+        all?: '1' | '0' | 'true' | 'false';
+      };
       header?: never;
       path?: never;
       cookie?: never;
