@@ -203,8 +203,14 @@ void describe('image import --from-registry', { timeout: 10 * 60_000 }, () => {
         '--json',
       ]);
       assert.equal(r.code, 0, r.stderr);
-      const info = JSON.parse(r.stdout) as typeof ra & { sizeBytes: number; digest: string };
+      const info = JSON.parse(r.stdout) as typeof ra & {
+        sizeBytes: number;
+        digest: string;
+        pulledBytes: number;
+      };
       assert.ok(info.layers.every((l) => l.reused));
+      // Every layer is already converted: only the manifest and config were read.
+      assert.equal(info.pulledBytes, 0);
       sizes[how] = info.sizeBytes;
     }
     const dflt = JSON.parse((await dsec(['image', 'inspect', 'reg-a:v1', '--json'])).stdout) as {
@@ -302,10 +308,10 @@ void describe('image import --from-registry', { timeout: 10 * 60_000 }, () => {
       { DSEC_REGISTRY_USERNAME: AUTH.username, DSEC_REGISTRY_PASSWORD: AUTH.password },
     );
     assert.equal(ok.code, 0, ok.stderr);
-    // Same layers as reg-a: every one reused.
-    assert.ok(
-      (JSON.parse(ok.stdout) as { layers: { reused: boolean }[] }).layers.every((l) => l.reused),
-    );
+    // Same layers as reg-a: every one reused, nothing pulled (the credentials reached the config).
+    const okInfo = JSON.parse(ok.stdout) as { layers: { reused: boolean }[]; pulledBytes: number };
+    assert.ok(okInfo.layers.every((l) => l.reused));
+    assert.equal(okInfo.pulledBytes, 0);
 
     const authFile = join(dir, 'auth.json');
     const token = Buffer.from(`${AUTH.username}:${AUTH.password}`).toString('base64');

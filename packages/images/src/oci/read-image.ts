@@ -186,7 +186,8 @@ async function verifiedBlob(root: string, desc: Descriptor, signal?: AbortSignal
   return path;
 }
 
-function diffIdsOf(config: unknown, layers: number): string[] {
+/** The config's `rootfs.diff_ids` when it lists one valid ID per layer; else empty. */
+export function diffIdsOf(config: unknown, layers: number): string[] {
   const ids = (config as { rootfs?: { diff_ids?: unknown } } | undefined)?.rootfs?.diff_ids;
   if (!Array.isArray(ids) || ids.length !== layers) return [];
   return ids.every((d) => typeof d === 'string' && /^sha256:[0-9a-f]{64}$/.test(d))
@@ -194,7 +195,8 @@ function diffIdsOf(config: unknown, layers: number): string[] {
     : [];
 }
 
-function imageConfig(value: unknown): ImageConfig {
+/** The parts of an OCI/docker image config a sandbox uses. */
+export function imageConfig(value: unknown): ImageConfig {
   const c = (value as { config?: Record<string, unknown> } | undefined)?.config ?? {};
   const strings = (v: unknown): string[] | undefined =>
     Array.isArray(v) && v.every((s) => typeof s === 'string') ? v : undefined;

@@ -22,7 +22,7 @@ import { mergeImageLayers, ociLayerToOverlay, type LayerTree } from '../overlay/
 import { DirImageStore } from '../store/dir-store.js';
 import { assertLayerKind, assertLayerName } from '../store/validate.js';
 import { runTool } from '../util/run-tool.js';
-import { readOciImage } from './read-image.js';
+import { diffIdsOf, imageConfig, readOciImage, type OciImage } from './read-image.js';
 
 /**
  * The name under which one converted OCI layer is kept, versioned by the hex
@@ -100,8 +100,9 @@ export interface RegistryImportResult {
 }
 
 /**
- * Imports an image from a registry: `skopeo copy` pulls it into an OCI
- * layout in scratch space; each layer is converted into an EROFS layer of
+ * Imports an image from a registry: when the image config (`skopeo inspect
+ * --config`) names only layers already converted, nothing is pulled;
+ * otherwise `skopeo copy` pulls it into an OCI layout in scratch space; each layer is converted into an EROFS layer of
  * its own (whiteouts kept as overlay marks), recorded as
  * `oci-diff:<diff-ID hex>` after its uncompressed bytes were checked against
  * the diff ID, or reused when that record exists; the layers are then merged
@@ -144,48 +145,18 @@ export async function importFromRegistry(
     checkMediaTypes(info.mediaTypes, source.ref);
     const totalBytes = info.sizes.reduce((a, b) => a + b, 0);
 
-    progress({ phase: 'pull', done: 0, total: totalBytes });
-    const layout = join(work, 'layout');
-    const poll = setInterval(() => {
-      void dirBytes(layout).then((done) => progress({ phase: 'pull', done, total: totalBytes }));
-    }, 250);
-    try {
-      await skopeo(
-        [
-          'copy',
-          '--quiet',
-          '--retry-times',
-          '0',
-          ...(options.insecure ? ['--src-tls-verify=false'] : []),
-          ...authArgs.map((a) => a.replace(/^--authfile/, '--src-authfile')),
-          source.ref,
-          `oci:${layout}:image`,
-        ],
-        source.ref,
-        signal,
-      );
-    } finally {
-      clearInterval(poll);
-    }
-    const pulledBytes = await dirBytes(layout);
-    progress({ phase: 'pull', done: pulledBytes, total: Math.max(totalBytes, pulledBytes) });
-
-    const image = await readOciImage(layout, { ref: 'image', signal });
-    checkMediaTypes(image.layerMediaTypes, source.ref);
-    if (image.diffIds.length !== image.layers.length) {
-      throw new DsecError(
-        'invalid_argument',
-        `${source.ref}: the image config does not list one diff ID per layer`,
-        { field: 'source', details: { reason: 'unsupported_media_type' } },
-      );
-    }
+    // Every layer already converted (a re-import, a new tag of the same
+    // layers): the config, checked by skopeo against the manifest, says so,
+    // and no blob needs to travel.
+    const known = await knownImage(store, source.ref, [...tlsArgs, ...authArgs], signal);
+    const pulled = known ?? (await pull(work, source.ref, totalBytes, options, authArgs, progress));
+    const { image, pulledBytes } = pulled;
 
     const trees: LayerTree[] = [];
     const layers: RegistryImportResult['layers'] = [];
-    for (const [i, blob] of image.layers.entries()) {
-      progress({ phase: 'convert', done: i, total: image.layers.length });
+    for (const [i, diffId] of image.diffIds.entries()) {
+      progress({ phase: 'convert', done: i, total: image.diffIds.length });
       throwIfAborted(signal);
-      const diffId = image.diffIds[i]!;
       const version = diffId.slice('sha256:'.length);
       const ref = `${OCI_DIFF_LAYER_NAME}:${version}`;
       const dir = join(work, 'layers', String(i));
@@ -197,6 +168,7 @@ export async function importFromRegistry(
         trees.push(await copyLayer(store, existing, dir, options.mounter, signal));
         layers.push({ diffId, ref, reused: true });
       } else {
+        const blob = image.layers[i]!;
         await extractVerified(blob, diffId, dir, join(work, `layer-${i}.tar`), signal);
         const tree = await ociLayerToOverlay(dir, signal);
         await buildLayer(store, {
@@ -216,9 +188,9 @@ export async function importFromRegistry(
         layers.push({ diffId, ref, reused: false });
       }
       // The compressed blob is no longer needed: free its space before the next one.
-      await rm(blob, { force: true });
+      if (image.layers[i] !== undefined) await rm(image.layers[i], { force: true });
     }
-    progress({ phase: 'convert', done: image.layers.length, total: image.layers.length });
+    progress({ phase: 'convert', done: image.diffIds.length, total: image.diffIds.length });
     progress({ phase: 'merge' });
     const rootDir = await mergeImageLayers(trees, {
       emptyDir: join(work, 'layers', 'empty'),
@@ -243,6 +215,103 @@ export async function importFromRegistry(
   } finally {
     await rm(work, { recursive: true, force: true });
   }
+}
+
+/**
+ * The image from its manifest and config alone when every layer's conversion
+ * is already stored; else undefined (and the caller pulls). The manifest's
+ * media types are checked as a pull checks them.
+ */
+async function knownImage(
+  store: ImageStore,
+  ref: string,
+  args: string[],
+  signal: AbortSignal | undefined,
+): Promise<{ image: OciImage; pulledBytes: number } | undefined> {
+  const json = async (flag: string): Promise<unknown> => {
+    const out = await skopeo(['inspect', flag, '--retry-times', '0', ...args, ref], ref, signal);
+    try {
+      return JSON.parse(out.stdout) as unknown;
+    } catch {
+      return undefined; // the pull reads and checks it properly
+    }
+  };
+  // A list of platforms has no layers of its own: the pull resolves it.
+  const manifest = (await json('--raw')) as { layers?: { mediaType?: unknown }[] } | undefined;
+  if (!Array.isArray(manifest?.layers) || manifest.layers.length === 0) return undefined;
+  const mediaTypes = manifest.layers.map((l) =>
+    typeof l.mediaType === 'string' ? l.mediaType : '',
+  );
+  checkMediaTypes(mediaTypes, ref);
+  const config = await json('--config');
+  const diffIds = diffIdsOf(config, mediaTypes.length);
+  if (diffIds.length === 0) return undefined;
+  for (const diffId of diffIds) {
+    const record = `${OCI_DIFF_LAYER_NAME}:${diffId.slice('sha256:'.length)}`;
+    const stored = await store.getLayer(record).catch((err: unknown) => {
+      if (isDsecError(err, 'image_not_found')) return undefined;
+      throw err;
+    });
+    if (!stored) return undefined;
+  }
+  return {
+    image: {
+      format: 'oci-layout',
+      layers: [],
+      config: imageConfig(config),
+      diffIds,
+      layerMediaTypes: mediaTypes,
+    },
+    pulledBytes: 0,
+  };
+}
+
+/** `skopeo copy` into an OCI layout under `work`, with progress; the image read back and checked. */
+async function pull(
+  work: string,
+  ref: string,
+  totalBytes: number,
+  options: ImportRegistryOptions,
+  authArgs: string[],
+  progress: (p: BuildProgress) => void,
+): Promise<{ image: OciImage; pulledBytes: number }> {
+  const { signal } = options;
+  progress({ phase: 'pull', done: 0, total: totalBytes });
+  const layout = join(work, 'layout');
+  const poll = setInterval(() => {
+    void dirBytes(layout).then((done) => progress({ phase: 'pull', done, total: totalBytes }));
+  }, 250);
+  try {
+    await skopeo(
+      [
+        'copy',
+        '--quiet',
+        '--retry-times',
+        '0',
+        ...(options.insecure ? ['--src-tls-verify=false'] : []),
+        ...authArgs.map((a) => a.replace(/^--authfile/, '--src-authfile')),
+        ref,
+        `oci:${layout}:image`,
+      ],
+      ref,
+      signal,
+    );
+  } finally {
+    clearInterval(poll);
+  }
+  const pulledBytes = await dirBytes(layout);
+  progress({ phase: 'pull', done: pulledBytes, total: Math.max(totalBytes, pulledBytes) });
+
+  const image = await readOciImage(layout, { ref: 'image', signal });
+  checkMediaTypes(image.layerMediaTypes, ref);
+  if (image.diffIds.length !== image.layers.length) {
+    throw new DsecError(
+      'invalid_argument',
+      `${ref}: the image config does not list one diff ID per layer`,
+      { field: 'source', details: { reason: 'unsupported_media_type' } },
+    );
+  }
+  return { image, pulledBytes };
 }
 
 interface DockerSource {
