@@ -1,13 +1,16 @@
 """What the asyncio client and its sync twin share and is not I/O.
 
 Settings, default deadlines, the retry policy, request IDs, the mapping of
-``httpx`` failures to DSec errors, and the decoder of the NDJSON command
-stream. The I/O classes live once, in ``dsec/_async``; ``dsec/_sync`` is
-generated from them (``python/tools/gen_sync.py``).
+``httpx`` failures to DSec errors, the decoder of the NDJSON command
+stream, and the two connection pools (asyncio and blocking: httpx
+transports with a lean HTTP/1.1 path for JSON calls). The other I/O
+classes live once, in ``dsec/_async``; ``dsec/_sync`` is generated from
+them (``python/tools/gen_sync.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import codecs
 import importlib
@@ -15,10 +18,13 @@ import json
 import os
 import random
 import socket
+import threading
+import time
 import uuid
+import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -165,12 +171,12 @@ def http_timeout(seconds: float) -> httpx.Timeout:
     return httpx.Timeout(seconds, connect=min(seconds, 10.0))
 
 
-def async_connection_pool(max_connections: int) -> httpx.AsyncHTTPTransport:
+def async_connection_pool(max_connections: int) -> "AsyncLeanTransport":
     """The asyncio client's connection pool (asyncio turns Nagle off by itself)."""
-    return httpx.AsyncHTTPTransport(limits=_limits(max_connections))
+    return AsyncLeanTransport(max_connections)
 
 
-def sync_connection_pool(max_connections: int) -> httpx.HTTPTransport:
+def sync_connection_pool(max_connections: int) -> "SyncLeanTransport":
     """The blocking client's connection pool, with Nagle off.
 
     httpx writes a request's headers and body in two sends; with Nagle on,
@@ -181,7 +187,7 @@ def sync_connection_pool(max_connections: int) -> httpx.HTTPTransport:
     # Passed by keyword from a dict: httpx < 0.24 does not know the option.
     options: Dict[str, Any] = {"socket_options": [nodelay]}
     try:
-        return httpx.HTTPTransport(limits=_limits(max_connections), **options)
+        return SyncLeanTransport(max_connections, **options)
     except TypeError:
         pass
     # httpx < 0.24 (Debian 12's 0.23) has no socket_options: its httpcore
@@ -200,7 +206,7 @@ def sync_connection_pool(max_connections: int) -> httpx.HTTPTransport:
             return getattr(sync_backend, name)
 
     backend: Any = NoDelayBackend()
-    transport = httpx.HTTPTransport(limits=_limits(max_connections))
+    transport = SyncLeanTransport(max_connections)
     transport._pool = httpcore.ConnectionPool(
         max_connections=max_connections,
         max_keepalive_connections=max_connections,
@@ -213,6 +219,448 @@ def sync_connection_pool(max_connections: int) -> httpx.HTTPTransport:
 
 def _limits(max_connections: int) -> httpx.Limits:
     return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+
+
+# --- the lean HTTP/1.1 path of JSON calls --------------------------------------
+#
+# A JSON call (exec, create, get…) through httpx costs about a millisecond of
+# client CPU per call (the request and URL models, httpcore's h11 state
+# machine, anyio's cancel scopes); the exchange itself is one write and one
+# read on a kept-alive connection. The connection pools below carry those
+# calls straight on their own HTTP/1.1 connections (``exchange``) and stay
+# httpx transports for everything streamed (NDJSON output, uploads,
+# downloads). Plain ``http://`` only: an ``https://`` DSec URL goes through
+# httpx for every call.
+
+#: A kept-alive connection idle this long is not reused (the server's
+#: ``Keep-Alive: timeout=`` minus a second wins when shorter).
+LEAN_IDLE_SECONDS = 30.0
+#: Largest response head (status line and headers) the lean path reads.
+LEAN_MAX_HEAD_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class LeanOrigin:
+    """Where lean requests go, and the header lines every request carries."""
+
+    host: str
+    port: int
+    #: The URL's path prefix (``""`` at the root), put before every request path.
+    prefix: str
+    #: ``Host`` and the client's own headers, as request lines.
+    fixed: bytes
+
+
+def lean_origin(base_url: str, headers: Mapping[str, str]) -> Optional[LeanOrigin]:
+    """The lean path's origin for a DSec URL, or None when httpx must carry every call (https)."""
+    url = httpx.URL(base_url)
+    if url.scheme != "http" or not url.host:
+        return None
+    port = url.port or 80
+    host = f"[{url.host}]" if ":" in url.host else url.host
+    lines = [f"host: {host}" if port == 80 else f"host: {host}:{port}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    fixed = ("".join(line + "\r\n" for line in lines)).encode("latin-1")
+    return LeanOrigin(url.host, port, url.raw_path.decode("ascii").rstrip("/"), fixed)
+
+
+def encode_request(
+    origin: LeanOrigin,
+    method: str,
+    path: str,
+    params: Optional[Sequence[Tuple[str, str]]],
+    body: Optional[Mapping[str, Any]],
+) -> bytes:
+    """One HTTP/1.1 request, head and JSON body in one buffer (one write, so Nagle never holds the body)."""
+    target = origin.prefix + path
+    if params:
+        target += "?" + urlencode(list(params), quote_via=quote)
+    head = f"{method} {target} HTTP/1.1\r\n".encode("latin-1") + origin.fixed
+    if body is None:
+        return head + (b"content-length: 0\r\n\r\n" if method in ("POST", "PUT", "PATCH") else b"\r\n")
+    data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return head + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(data) + data
+
+
+@dataclass
+class LeanHead:
+    status: int
+    #: The body's length; None when it is chunked (``chunked``) or runs to the end of the connection.
+    length: Optional[int]
+    chunked: bool
+    #: Seconds the connection may be reused after the answer; 0: close it.
+    keep_alive: float
+    encoding: str
+
+
+def parse_head(head: bytes, method: str) -> LeanHead:
+    """The status line and headers of an answer (``ValueError`` for anything that is not HTTP/1.x)."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
+    status = int(rest[:3])
+    fields: Dict[str, str] = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ValueError(f"malformed header line {line[:80]!r}")
+        key = name.strip().lower()
+        fields[key] = f"{fields[key]}, {value.strip()}" if key in fields else value.strip()
+    chunked = "chunked" in fields.get("transfer-encoding", "").lower()
+    length: Optional[int] = None
+    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        length = 0
+    elif not chunked and "content-length" in fields:
+        length = int(fields["content-length"])
+        if length < 0:
+            raise ValueError("negative content-length")
+    connection = fields.get("connection", "").lower()
+    keep = LEAN_IDLE_SECONDS
+    for part in fields.get("keep-alive", "").split(","):
+        name, _, value = part.strip().partition("=")
+        if name.lower() == "timeout" and value.isdigit():
+            keep = min(keep, float(value) - 1.0)
+    reusable = version == "HTTP/1.1" and "close" not in connection and (chunked or length is not None)
+    return LeanHead(status, length, chunked, keep if reusable and keep > 0 else 0.0, fields.get("content-encoding", ""))
+
+
+def chunk_size(line: bytes) -> int:
+    """The size of a chunk from its size line (extensions ignored)."""
+    return int(line.split(b";", 1)[0].strip(), 16)
+
+
+def decode_content(head: LeanHead, body: bytes) -> bytes:
+    """The body without its content coding (the lean path asks for none; a server may still use one)."""
+    coding = head.encoding.lower()
+    if coding in ("", "identity"):
+        return body
+    if coding in ("gzip", "x-gzip"):
+        return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+    if coding == "deflate":
+        try:
+            return zlib.decompress(body)
+        except zlib.error:
+            return zlib.decompress(body, -zlib.MAX_WBITS)
+    raise ValueError(f"unsupported content-encoding {coding!r}")
+
+
+def lean_unreachable(origin: LeanOrigin, err: BaseException) -> DSecError:
+    return _never_sent(
+        Unavailable(
+            f"cannot reach DSec at {origin.host}:{origin.port}: {err or type(err).__name__} — is `dsec up` running?",
+            details={"errno": type(err).__name__},
+        )
+    )
+
+
+def lean_broken(origin: LeanOrigin, where: str, err: BaseException) -> DSecError:
+    detail = str(err) or type(err).__name__
+    return Unavailable(f"connection to DSec at {origin.host}:{origin.port} failed during {where}: {detail}")
+
+
+def lean_deadline(where: str) -> DSecError:
+    return DeadlineExceeded(f"{where} ran past its deadline")
+
+
+class _AsyncLeanConnection:
+    __slots__ = ("reader", "writer", "idle_until")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_until = 0.0
+
+
+class AsyncLeanTransport(httpx.AsyncHTTPTransport):
+    """httpx's asyncio transport (streams) plus ``exchange``, the lean path of JSON calls."""
+
+    def __init__(self, max_connections: int) -> None:
+        super().__init__(limits=_limits(max_connections))
+        self._lean_max = max_connections
+        self._lean_idle: List[_AsyncLeanConnection] = []
+        # Made in the event loop on first use (Python 3.9 binds a semaphore to the loop current at creation).
+        self._lean_slots: Optional[asyncio.Semaphore] = None
+        self._lean_closed = False
+
+    async def exchange(
+        self, origin: LeanOrigin, request: bytes, method: str, where: str, timeout: float
+    ) -> Tuple[int, bytes]:
+        """Sends one request and reads its whole answer: (status, body)."""
+        if self._lean_closed:
+            raise _never_sent(Unavailable(f"{where}: the client is closed"))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self._lean_slots is None:
+            self._lean_slots = asyncio.Semaphore(self._lean_max)
+        slots = self._lean_slots
+        if slots.locked():
+            try:
+                await asyncio.wait_for(slots.acquire(), timeout)
+            except asyncio.TimeoutError:
+                raise _never_sent(Unavailable(f"{where}: no free connection to DSec in time")) from None
+        else:
+            await slots.acquire()
+        try:
+            conn = self._take_idle(loop.time())
+            if conn is None:
+                try:
+                    reader, writer = await _within(
+                        asyncio.open_connection(origin.host, origin.port, limit=LEAN_MAX_HEAD_BYTES),
+                        min(timeout, 10.0),
+                    )
+                except (OSError, asyncio.TimeoutError) as err:
+                    raise lean_unreachable(origin, err) from err
+                conn = _AsyncLeanConnection(reader, writer)
+            try:
+                conn.writer.write(request)
+                head, body = await _within(_async_read_answer(conn.reader, method), deadline - loop.time())
+            except asyncio.TimeoutError:
+                conn.writer.close()
+                raise lean_deadline(where) from None
+            except (OSError, EOFError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as err:
+                conn.writer.close()
+                raise lean_broken(origin, where, err) from err
+            except BaseException:
+                conn.writer.close()
+                raise
+            if head.keep_alive > 0 and not self._lean_closed:
+                conn.idle_until = loop.time() + head.keep_alive
+                self._lean_idle.append(conn)
+            else:
+                conn.writer.close()
+            try:
+                return head.status, decode_content(head, body)
+            except (ValueError, zlib.error) as err:
+                raise lean_broken(origin, where, err) from err
+        finally:
+            slots.release()
+
+    def _take_idle(self, now: float) -> Optional[_AsyncLeanConnection]:
+        # The most recently used first; one the server closed meanwhile (EOF seen) or idle too long is dropped.
+        while self._lean_idle:
+            conn = self._lean_idle.pop()
+            if conn.idle_until > now and not conn.reader.at_eof() and not conn.writer.is_closing():
+                return conn
+            conn.writer.close()
+        return None
+
+    async def aclose(self) -> None:
+        self._lean_closed = True
+        idle, self._lean_idle = self._lean_idle, []
+        for conn in idle:
+            conn.writer.close()
+        await super().aclose()
+
+
+async def _within(awaitable: Any, seconds: float) -> Any:
+    """``awaitable``'s result, or ``asyncio.TimeoutError`` after ``seconds``.
+
+    ``asyncio.wait_for`` runs the awaitable in a task of its own, a cost the
+    hot path does not need: a timer cancels this task instead, as
+    ``asyncio.timeout`` (Python 3.11 only) does.
+    """
+    if seconds <= 0:
+        if hasattr(awaitable, "close"):
+            awaitable.close()
+        raise asyncio.TimeoutError()
+    current = asyncio.current_task()
+    assert current is not None
+    task: "asyncio.Task[Any]" = current
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(seconds, expire)
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        if not expired:
+            raise
+        uncancel = getattr(task, "uncancel", None)
+        if uncancel is not None:
+            uncancel()
+        raise asyncio.TimeoutError() from None
+    finally:
+        timer.cancel()
+
+
+async def _async_read_answer(reader: asyncio.StreamReader, method: str) -> Tuple[LeanHead, bytes]:
+    while True:
+        head = parse_head(await reader.readuntil(b"\r\n\r\n"), method)
+        if not 100 <= head.status < 200:
+            break
+    if head.length is not None:
+        return head, (await reader.readexactly(head.length) if head.length else b"")
+    if not head.chunked:
+        return head, await reader.read()
+    parts: List[bytes] = []
+    while True:
+        size = chunk_size(await reader.readuntil(b"\r\n"))
+        if size == 0:
+            while await reader.readuntil(b"\r\n") != b"\r\n":
+                pass  # trailers
+            return head, b"".join(parts)
+        parts.append((await reader.readexactly(size + 2))[:-2])
+
+
+class _SyncLeanConnection:
+    __slots__ = ("sock", "buffer", "idle_until")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+        self.idle_until = 0.0
+
+    def fill(self, deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("timed out")
+        self.sock.settimeout(remaining)
+        data = self.sock.recv(65536)
+        if not data:
+            raise EOFError("the server closed the connection")
+        self.buffer += data
+
+    def read_until(self, marker: bytes, deadline: float, limit: int = LEAN_MAX_HEAD_BYTES) -> bytes:
+        start = 0
+        while True:
+            at = self.buffer.find(marker, start)
+            if at >= 0:
+                out = bytes(self.buffer[: at + len(marker)])
+                del self.buffer[: at + len(marker)]
+                return out
+            if len(self.buffer) > limit:
+                raise ValueError("response head too long")
+            start = max(0, len(self.buffer) - len(marker) + 1)
+            self.fill(deadline)
+
+    def read_exactly(self, n: int, deadline: float) -> bytes:
+        while len(self.buffer) < n:
+            self.fill(deadline)
+        out = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return out
+
+    def read_to_end(self, deadline: float) -> bytes:
+        while True:
+            try:
+                self.fill(deadline)
+            except EOFError:
+                out = bytes(self.buffer)
+                self.buffer.clear()
+                return out
+
+    def closed_by_peer(self) -> bool:
+        """Whether the server closed (or wrote to) the idle connection: either way it cannot carry a request."""
+        try:
+            self.sock.setblocking(False)
+            try:
+                return self.sock.recv(1, socket.MSG_PEEK) is not None
+            finally:
+                self.sock.setblocking(True)
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+
+class SyncLeanTransport(httpx.HTTPTransport):
+    """httpx's blocking transport (streams) plus ``exchange``, the lean path of JSON calls."""
+
+    def __init__(self, max_connections: int, **options: Any) -> None:
+        super().__init__(limits=_limits(max_connections), **options)
+        self._lean_idle: List[_SyncLeanConnection] = []
+        self._lean_lock = threading.Lock()
+        self._lean_slots = threading.BoundedSemaphore(max_connections)
+        self._lean_closed = False
+
+    def exchange(
+        self, origin: LeanOrigin, request: bytes, method: str, where: str, timeout: float
+    ) -> Tuple[int, bytes]:
+        """Sends one request and reads its whole answer: (status, body)."""
+        if self._lean_closed:
+            raise _never_sent(Unavailable(f"{where}: the client is closed"))
+        deadline = time.monotonic() + timeout
+        if not self._lean_slots.acquire(timeout=timeout):
+            raise _never_sent(Unavailable(f"{where}: no free connection to DSec in time"))
+        try:
+            conn = self._take_idle(time.monotonic())
+            if conn is None:
+                try:
+                    sock = socket.create_connection((origin.host, origin.port), timeout=min(timeout, 10.0))
+                except OSError as err:
+                    raise lean_unreachable(origin, err) from err
+                # One write per request already; no Nagle wait on anything else either.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn = _SyncLeanConnection(sock)
+            try:
+                conn.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                conn.sock.sendall(request)
+                head, body = _sync_read_answer(conn, method, deadline)
+            except socket.timeout:
+                conn.sock.close()
+                raise lean_deadline(where) from None
+            except (OSError, EOFError, ValueError) as err:
+                conn.sock.close()
+                raise lean_broken(origin, where, err) from err
+            except BaseException:
+                conn.sock.close()
+                raise
+            if head.keep_alive > 0 and not self._lean_closed and not conn.buffer:
+                conn.idle_until = time.monotonic() + head.keep_alive
+                with self._lean_lock:
+                    self._lean_idle.append(conn)
+            else:
+                conn.sock.close()
+            try:
+                return head.status, decode_content(head, body)
+            except (ValueError, zlib.error) as err:
+                raise lean_broken(origin, where, err) from err
+        finally:
+            self._lean_slots.release()
+
+    def _take_idle(self, now: float) -> Optional[_SyncLeanConnection]:
+        while True:
+            with self._lean_lock:
+                if not self._lean_idle:
+                    return None
+                conn = self._lean_idle.pop()
+            if conn.idle_until > now and not conn.closed_by_peer():
+                return conn
+            conn.sock.close()
+
+    def close(self) -> None:
+        self._lean_closed = True
+        with self._lean_lock:
+            idle, self._lean_idle = self._lean_idle, []
+        for conn in idle:
+            conn.sock.close()
+        super().close()
+
+
+def _sync_read_answer(conn: _SyncLeanConnection, method: str, deadline: float) -> Tuple[LeanHead, bytes]:
+    while True:
+        head = parse_head(conn.read_until(b"\r\n\r\n", deadline), method)
+        if not 100 <= head.status < 200:
+            break
+    if head.length is not None:
+        return head, conn.read_exactly(head.length, deadline)
+    if not head.chunked:
+        return head, conn.read_to_end(deadline)
+    parts: List[bytes] = []
+    while True:
+        size = chunk_size(conn.read_until(b"\r\n", deadline))
+        if size == 0:
+            while conn.read_until(b"\r\n", deadline) != b"\r\n":
+                pass  # trailers
+            return head, b"".join(parts)
+        parts.append(conn.read_exactly(size + 2, deadline)[:-2])
 
 
 def decode_json(response_body: bytes, status: int) -> Any:

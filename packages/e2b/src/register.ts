@@ -41,7 +41,7 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
   const access = new SandboxAccess(deps.service);
   const processes = new ProcessTable();
   const shutdown = new AbortController();
-  installSandboxRouting(app.server, deps.sandboxDomain);
+  const routing = installSandboxRouting(app.server, deps.sandboxDomain);
   void app.register(async (scope) => {
     controlPlaneRoutes(scope, {
       service: deps.service,
@@ -59,6 +59,7 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
       processes,
       watchIntervalMs: deps.watchIntervalMs ?? 250,
       shutdown: shutdown.signal,
+      routing,
     });
     scope.addHook('onClose', async () => close());
   });

@@ -1,4 +1,4 @@
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { createContextValues } from '@connectrpc/connect';
 import type { ServiceImpl } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
@@ -6,12 +6,13 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
 import type { SandboxService } from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
-import { authenticateE2b } from './auth.js';
+import { authenticateE2b, credentialOf } from './auth.js';
 import { envdHttpStatus } from './errors.js';
 import { toDsecSandboxId } from './ids.js';
 import { proxyToPort } from './port-proxy.js';
 import type { SandboxAccess } from './sandbox-access.js';
 import { ENVD_PORT, SANDBOX_ROUTE_PREFIX, sandboxAddressOf } from './sandbox-routing.js';
+import type { SandboxRouting } from './sandbox-routing.js';
 import { ConnectStreamServer } from './envd/connect-stream.js';
 import { downloadFile, uploadFiles } from './envd/files-http.js';
 import { filesystemService } from './envd/filesystem-service.js';
@@ -35,6 +36,8 @@ export interface SandboxRouteDeps {
   watchIntervalMs: number;
   /** Aborts running streams when the server closes. */
   shutdown: AbortSignal;
+  /** Where the hot streams take their path around the router (`installSandboxRouting`). */
+  routing?: SandboxRouting | undefined;
 }
 
 /**
@@ -69,6 +72,33 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
     readMaxBytes: RPC_READ_MAX_BYTES,
     shutdownSignal: deps.shutdown,
   });
+
+  // The streams the SDKs open per command (`commands.run` is one `Start`) skip the router:
+  // fastify's request and reply objects, hooks and hijack cost more than the rest of the
+  // E2B layer. Same checks as `handler` below (key, sandbox ID, envd port), in that order;
+  // anything else (no key, a bad ID, another shape or port) goes the routed way.
+  if (deps.routing) {
+    deps.routing.fastPath = (req, res, address) => {
+      if (address.port !== ENVD_PORT || deps.shutdown.aborted) return false;
+      const call = streams.accepts(address.url.split('?')[0] ?? '/', req);
+      const found = call && credentialOf(req.headers);
+      if (!call || !found) return false;
+      let sandboxId: string;
+      try {
+        sandboxId = toDsecSandboxId(address.sandboxId);
+      } catch {
+        return false;
+      }
+      iam.authenticate(found.key).then(
+        (principal) => {
+          const target: EnvdTarget = { caller: { principal, ...found }, sandboxId };
+          streams.start(call, req, res, createContextValues().set(envdTargetKey, target));
+        },
+        (err: unknown) => rawError(req, res, toDsecError(err)),
+      );
+      return true;
+    };
+  }
 
   // Bodies stay unread: the RPC adapter, uploads and forwarded requests stream them.
   scope.removeAllContentTypeParsers();
@@ -134,11 +164,32 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
 /** envd's error answers: `{ code, message }` with the HTTP status; DSec's code alongside. */
 function replyError(reply: FastifyReply, e: DsecError): FastifyReply {
   const status = envdHttpStatus(e);
-  const message = e.code === 'internal' ? 'internal error' : e.message;
   return reply
     .code(status)
     .header('content-type', 'application/json; charset=utf-8')
-    .send({ code: status, message, error_code: e.code });
+    .send(errorBody(status, e));
+}
+
+function errorBody(status: number, e: DsecError) {
+  const message = e.code === 'internal' ? 'internal error' : e.message;
+  return { code: status, message, error_code: e.code };
+}
+
+/** `replyError` for a request the fast path took: the same answer, on the raw response. */
+function rawError(req: IncomingMessage, res: ServerResponse, e: DsecError): void {
+  if (res.headersSent || res.destroyed) {
+    res.destroy();
+    return;
+  }
+  const status = envdHttpStatus(e);
+  const body = JSON.stringify(errorBody(status, e));
+  // The body is left unread: the connection closes with the answer, as the routed way does.
+  res.writeHead(status, {
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+    ...(req.complete ? {} : { connection: 'close' }),
+  });
+  res.end(body);
 }
 
 function clientGone(reply: FastifyReply): AbortSignal {

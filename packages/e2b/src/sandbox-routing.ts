@@ -90,22 +90,45 @@ export function routedUrl(a: SandboxAddress): string {
 }
 
 /**
+ * Serves an addressed request before the router, or returns false to leave
+ * it to the routes. `route` hands a request it took back to the routes (it
+ * may call it later, before reading anything of the request).
+ */
+export type SandboxFastPath = (
+  req: IncomingMessage,
+  res: ServerResponse,
+  address: SandboxAddress,
+  route: () => void,
+) => boolean;
+
+export interface SandboxRouting {
+  /** Set once the routes are built (`sandboxRoutes`): the hot RPCs skip the router. */
+  fastPath: SandboxFastPath | undefined;
+}
+
+/**
  * Puts the address rewrite in front of the server's request listeners (the
  * fastify handler). Fastify's `rewriteUrl` option does the same when the
  * server is built with it; this works on a server already built.
  */
-export function installSandboxRouting(server: Server, domain?: string): void {
+export function installSandboxRouting(server: Server, domain?: string): SandboxRouting {
   type Listener = (req: IncomingMessage, res: ServerResponse) => void;
   const listeners = server.listeners('request') as Listener[];
+  const routing: SandboxRouting = { fastPath: undefined };
   server.removeAllListeners('request');
   server.on('request', (req: AddressedRequest, res: ServerResponse) => {
     const address = addressOf(req, domain);
-    if (address) {
-      req[ADDRESS] = address;
-      req.url = routedUrl(address);
-    } else if (req.url?.startsWith(SANDBOX_ROUTE_PREFIX)) {
-      req.url = '/_e2b/not-a-route';
-    }
-    for (const l of listeners) l.call(server, req, res);
+    const route = () => {
+      if (address) {
+        req[ADDRESS] = address;
+        req.url = routedUrl(address);
+      } else if (req.url?.startsWith(SANDBOX_ROUTE_PREFIX)) {
+        req.url = '/_e2b/not-a-route';
+      }
+      for (const l of listeners) l.call(server, req, res);
+    };
+    if (address && routing.fastPath?.(req, res, address, route)) return;
+    route();
   });
+  return routing;
 }

@@ -17,6 +17,13 @@ export interface SdkBenchOptions {
   iterations: number;
   /** Unmeasured round trips first. Default 20. */
   warmup: number;
+  /**
+   * Times the whole interleaved measurement is repeated (each `iterations`
+   * round trips per client, after its own warm-up). Default 1. Every round's
+   * ratios are reported, and their median: load from elsewhere comes in
+   * bursts, and a burst shifts one round, not the median.
+   */
+  rounds?: number | undefined;
   /** The Python interpreter with httpx (default /usr/bin/python3). */
   python?: string | undefined;
   onProgress?: (done: number, total: number) => void;
@@ -38,11 +45,19 @@ export interface SdkBenchReport {
      */
     e2bServerPath: LatencySummary;
   };
-  /** Each client's p50 ÷ the TypeScript SDK's (target ≤ 1.5 for python and e2b). */
-  ratios: { python: number | null; e2b: number | null; e2bServerPath: number | null };
+  /** Each client's p50 ÷ the TypeScript SDK's (target ≤ 1.5 for python and e2b), over all rounds' samples. */
+  ratios: SdkRatios;
+  /** The same ratios per round, and their median (with one round, the ratios again). */
+  rounds: { ratios: SdkRatios[]; median: SdkRatios };
   targets: { maxRatio: number; met: boolean };
   method: string;
   machine: Record<string, unknown>;
+}
+
+export interface SdkRatios {
+  python: number | null;
+  e2b: number | null;
+  e2bServerPath: number | null;
 }
 
 export const SDK_TARGET_RATIO = 1.5;
@@ -242,41 +257,63 @@ export async function benchSdk(options: SdkBenchOptions): Promise<SdkBenchReport
       e2bServerPath: () => timed(() => rawStart.run()),
     };
     const names = Object.keys(systems) as (keyof typeof systems)[];
-    const samples: Record<string, number[]> = {
-      typescript: [],
-      python: [],
-      e2b: [],
-      e2bServerPath: [],
-    };
-    const total = options.warmup + options.iterations;
-    for (let i = 0; i < total; i++) {
-      if (options.signal?.aborted) throw new Error('benchmark aborted');
-      for (let k = 0; k < names.length; k++) {
-        const name = names[(i + k) % names.length]!;
-        const ms = await systems[name]();
-        if (i >= options.warmup) samples[name]!.push(ms);
+    type Samples = Record<keyof typeof systems, number[]>;
+    const newSamples = (): Samples => ({ typescript: [], python: [], e2b: [], e2bServerPath: [] });
+    const all = newSamples();
+    const perRound: Samples[] = [];
+    const rounds = Math.max(1, Math.floor(options.rounds ?? 1));
+    const perRoundCalls = options.warmup + options.iterations;
+    for (let r = 0; r < rounds; r++) {
+      const samples = newSamples();
+      for (let i = 0; i < perRoundCalls; i++) {
+        if (options.signal?.aborted) throw new Error('benchmark aborted');
+        for (let k = 0; k < names.length; k++) {
+          const name = names[(i + k) % names.length]!;
+          const ms = await systems[name]();
+          if (i >= options.warmup) samples[name].push(ms);
+        }
+        options.onProgress?.(r * perRoundCalls + i + 1, rounds * perRoundCalls);
       }
-      options.onProgress?.(i + 1, total);
+      perRound.push(samples);
+      for (const name of names) all[name].push(...samples[name]);
     }
     await sandbox.stop();
 
-    const results = {
-      typescript: summarize(samples.typescript!),
-      python: summarize(samples.python!),
-      e2b: summarize(samples.e2b!),
-      e2bServerPath: summarize(samples.e2bServerPath!),
-    };
-    const ratios = {
-      python: ratio(results.python, results.typescript),
-      e2b: ratio(results.e2b, results.typescript),
-      e2bServerPath: ratio(results.e2bServerPath, results.typescript),
+    const summaries = (s: Samples) => ({
+      typescript: summarize(s.typescript),
+      python: summarize(s.python),
+      e2b: summarize(s.e2b),
+      e2bServerPath: summarize(s.e2bServerPath),
+    });
+    const ratiosOf = (res: ReturnType<typeof summaries>): SdkRatios => ({
+      python: ratio(res.python, res.typescript),
+      e2b: ratio(res.e2b, res.typescript),
+      e2bServerPath: ratio(res.e2bServerPath, res.typescript),
+    });
+    const results = summaries(all);
+    const ratios = ratiosOf(results);
+    const roundRatios = perRound.map((s) => ratiosOf(summaries(s)));
+    const median = (pick: (r: SdkRatios) => number | null): number | null => {
+      const v = roundRatios.map(pick).filter((x): x is number => x !== null);
+      v.sort((a, b) => a - b);
+      if (v.length === 0) return null;
+      const mid = v.length >> 1;
+      return v.length % 2 ? v[mid]! : Math.round(((v[mid - 1]! + v[mid]!) / 2) * 1000) / 1000;
     };
     return {
       benchmark: 'sdk',
       cycle: 'exec `true` in a running sandbox, one round trip per client',
-      iterations: options.iterations,
+      iterations: options.iterations * rounds,
       results,
       ratios,
+      rounds: {
+        ratios: roundRatios,
+        median: {
+          python: median((r) => r.python),
+          e2b: median((r) => r.e2b),
+          e2bServerPath: median((r) => r.e2bServerPath),
+        },
+      },
       targets: {
         maxRatio: SDK_TARGET_RATIO,
         met:
@@ -290,7 +327,8 @@ export async function benchSdk(options: SdkBenchOptions): Promise<SdkBenchReport
         'Python: dsec asyncio sandbox.exec([true]) in a /usr/bin/python3 child, timed inside it; ' +
         'E2B: the unmodified e2b SDK, Sandbox.connect then commands.run(true); e2bServerPath: the ' +
         'same envd Start RPC (`/bin/bash -l -c true`, as the SDK sends it) from a bare node:http ' +
-        'client. Rounds interleaved.',
+        'client. Calls interleaved, the first client rotating each call; with --rounds N the whole ' +
+        'measurement is repeated N times (each with its own warm-up) and each round reported.',
       machine: await describeMachine(),
     };
   } finally {

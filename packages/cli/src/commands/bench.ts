@@ -117,17 +117,22 @@ export function register(program: Command): void {
     .option('--iterations <n>', 'measured round trips per client', '200')
     .option('--warmup <n>', 'unmeasured round trips first', '20')
     .option('--python <path>', 'Python interpreter with httpx', '/usr/bin/python3')
+    .option('--rounds <n>', 'repeat the whole measurement; each round and the median reported', '1')
     .action(
-      async (opts: { iterations: string; warmup: string; python: string }, command: Command) => {
+      async (
+        opts: { iterations: string; warmup: string; python: string; rounds: string },
+        command: Command,
+      ) => {
         const ctx = contextOf(command);
         const report = await runBench(
           ctx,
           'sdk',
-          Number(opts.iterations) + Number(opts.warmup),
+          (Number(opts.iterations) + Number(opts.warmup)) * Math.max(1, Number(opts.rounds)),
           (onProgress) =>
             benchSdk({
               iterations: Number(opts.iterations),
               warmup: Number(opts.warmup),
+              rounds: Number(opts.rounds),
               python: opts.python,
               onProgress,
               signal: ctx.signal,

@@ -1,4 +1,4 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import { create, isMessage } from '@bufbuild/protobuf';
 import type { DescMessage, DescMethodServerStreaming, DescService } from '@bufbuild/protobuf';
 import { Code, ConnectError } from '@connectrpc/connect';
@@ -53,6 +53,9 @@ const MAX_TIMEOUT_MS = Number.MAX_SAFE_INTEGER;
 const STREAM_DONE = new ConnectError('the stream has ended', Code.Canceled);
 const CLIENT_GONE = new ConnectError('the client closed the connection', Code.Canceled);
 
+/** The end-of-stream metadata of a call that set no trailers (never handed to an implementation). */
+const NO_TRAILERS = new Headers();
+
 // eslint-disable-next-line @typescript-eslint/no-explicit-any -- implementations of any method's shapes
 type StreamImpl = (req: any, ctx: HandlerContext) => AsyncIterable<unknown>;
 
@@ -61,6 +64,13 @@ interface StreamRoute {
   method: DescMethodServerStreaming;
   impl: StreamImpl;
   serialization: MethodSerializationLookup<DescMessage, DescMessage>;
+}
+
+/** A request the lean path takes: its method, and how it is framed. */
+export interface StreamCall {
+  route: StreamRoute;
+  binary: boolean;
+  timeoutMs: number | undefined;
 }
 
 export interface ConnectStreamOptions {
@@ -108,24 +118,45 @@ export class ConnectStreamServer {
     res: ServerResponse,
     contextValues: ContextValues,
   ): boolean {
-    if (req.method !== 'POST') return false;
+    const call = this.accepts(path, req);
+    if (!call) return false;
+    this.start(call, req, res, contextValues);
+    return true;
+  }
+
+  /**
+   * The call when the request is one this path takes (see the class), read
+   * from the method, path and headers only (nothing consumed); undefined
+   * leaves it to the generic adapter.
+   */
+  accepts(path: string, req: IncomingMessage): StreamCall | undefined {
+    if (req.method !== 'POST') return undefined;
     const route = this.#routes.get(path);
-    if (!route) return false;
+    if (!route) return undefined;
     const h = req.headers;
     const type = parseContentType(h[H_CONTENT_TYPE] ?? null);
-    if (!type?.stream) return false;
+    if (!type?.stream) return undefined;
     if (!identityEncoding(h[H_CONTENT_ENCODING]) || !identityEncoding(h[H_ACCEPT_ENCODING])) {
-      return false;
+      return undefined;
     }
     const rawTimeout = h[H_TIMEOUT];
-    if (Array.isArray(rawTimeout)) return false;
+    if (Array.isArray(rawTimeout)) return undefined;
     const timeout = parseTimeout(rawTimeout ?? null, MAX_TIMEOUT_MS);
-    if (timeout.error) return false;
-    // #run answers every failure of the call on the stream; anything past that leaves the response unusable.
-    this.#run(route, type.binary, timeout.timeoutMs, req, res, contextValues).catch(() =>
+    if (timeout.error) return undefined;
+    return { route, binary: type.binary, timeoutMs: timeout.timeoutMs };
+  }
+
+  /** Serves a call `accepts` took: every failure of the call is answered on the stream. */
+  start(
+    call: StreamCall,
+    req: IncomingMessage,
+    res: ServerResponse,
+    contextValues: ContextValues,
+  ): void {
+    // Anything #run cannot answer on the stream leaves the response unusable.
+    this.#run(call.route, call.binary, call.timeoutMs, req, res, contextValues).catch(() =>
       res.destroy(),
     );
-    return true;
   }
 
   async #run(
@@ -139,13 +170,13 @@ export class ConnectStreamServer {
     const ctx = new StreamContext(
       route,
       `http://${req.headers.host ?? 'localhost'}${req.url ?? '/'}`,
-      nodeHeaders(req),
+      req,
       binary ? 'application/connect+proto' : 'application/connect+json',
       contextValues,
       timeoutMs,
       this.#o.shutdownSignal,
     );
-    const writer = new EnvelopeWriter(res, ctx.responseHeader);
+    const writer = new EnvelopeWriter(res, () => ctx.headerFields());
     res.once('close', () => {
       if (!res.writableFinished) ctx.abort(CLIENT_GONE);
       writer.closed();
@@ -169,7 +200,7 @@ export class ConnectStreamServer {
         ? failure
         : new ConnectError('internal error', Code.Internal, undefined, undefined, failure);
     ctx.abort(failure ?? STREAM_DONE);
-    writer.end(this.#endStream.serialize({ metadata: ctx.responseTrailer, error }));
+    writer.end(this.#endStream.serialize({ metadata: ctx.trailerIfSet() ?? NO_TRAILERS, error }));
   }
 }
 
@@ -198,18 +229,21 @@ class StreamContext implements HandlerContext {
   readonly method: DescMethodServerStreaming;
   readonly protocolName = 'connect';
   readonly requestMethod = 'POST';
-  readonly responseHeader: Headers;
-  readonly responseTrailer = new Headers();
+  readonly #contentType: string;
+  #responseHeader: Headers | undefined;
+  #responseTrailer: Headers | undefined;
   readonly signal: AbortSignal;
   readonly timeoutMs: () => number | undefined;
   readonly #abort = new AbortController();
   readonly #shutdown: AbortSignal;
   readonly #timer: NodeJS.Timeout | undefined;
+  readonly #req: IncomingMessage;
+  #requestHeader: Headers | undefined;
 
   constructor(
     route: StreamRoute,
     readonly url: string,
-    readonly requestHeader: Headers,
+    req: IncomingMessage,
     contentType: string,
     readonly values: ContextValues,
     timeoutMs: number | undefined,
@@ -217,7 +251,8 @@ class StreamContext implements HandlerContext {
   ) {
     this.service = route.service;
     this.method = route.method;
-    this.responseHeader = new Headers({ 'content-type': contentType });
+    this.#req = req;
+    this.#contentType = contentType;
     this.signal = this.#abort.signal;
     this.#shutdown = shutdown;
     if (timeoutMs === undefined) {
@@ -230,6 +265,38 @@ class StreamContext implements HandlerContext {
     }
     if (shutdown.aborted) this.#onShutdown();
     else shutdown.addEventListener('abort', this.#onShutdown);
+  }
+
+  /** The response headers; web `Headers` are made only when the implementation reads them. */
+  get responseHeader(): Headers {
+    return (this.#responseHeader ??= new Headers({ 'content-type': this.#contentType }));
+  }
+
+  get responseTrailer(): Headers {
+    return (this.#responseTrailer ??= new Headers());
+  }
+
+  /** The response headers as node:http takes them. */
+  headerFields(): Record<string, string> {
+    if (this.#responseHeader === undefined) return { 'content-type': this.#contentType };
+    const fields: Record<string, string> = {};
+    this.#responseHeader.forEach((value, name) => (fields[name] = value));
+    return fields;
+  }
+
+  /** The trailers, when the implementation set any. */
+  trailerIfSet(): Headers | undefined {
+    return this.#responseTrailer;
+  }
+
+  /** The request headers as web `Headers`, made when first read (the SDKs' calls never do). */
+  get requestHeader(): Headers {
+    return (this.#requestHeader ??= nodeHeaders(this.#req));
+  }
+
+  /** The request headers as node:http has them, for the implementation's own reads. */
+  get nodeRequestHeader(): IncomingHttpHeaders {
+    return this.#req.headers;
   }
 
   /** Ends the call's signal (first reason wins) and what would abort it later. */
@@ -340,7 +407,7 @@ export function envelope(flags: number, data: Uint8Array): Buffer {
  */
 export class EnvelopeWriter {
   readonly #res: ServerResponse;
-  readonly #headers: Headers;
+  readonly #headers: Headers | (() => Record<string, string>);
   #pending: Buffer[] = [];
   #scheduled = false;
   #ending = false;
@@ -349,7 +416,7 @@ export class EnvelopeWriter {
   #wake: (() => void) | undefined;
 
   /** `headers`: the response headers, read at the first write (the implementation may add some). */
-  constructor(res: ServerResponse, headers: Headers) {
+  constructor(res: ServerResponse, headers: Headers | (() => Record<string, string>)) {
     this.#res = res;
     this.#headers = headers;
   }
@@ -390,8 +457,9 @@ export class EnvelopeWriter {
   #writeHead(bodyBytes: number): void {
     const res = this.#res;
     if (res.headersSent) return;
-    const headers: Record<string, string | number> = {};
-    this.#headers.forEach((value, name) => (headers[name] = value));
+    const source = this.#headers;
+    const headers: Record<string, string | number> = typeof source === 'function' ? source() : {};
+    if (typeof source !== 'function') source.forEach((value, name) => (headers[name] = value));
     if (this.#ending) headers['content-length'] = bodyBytes;
     res.writeHead(200, headers);
   }

@@ -19,7 +19,7 @@ import type {
 import { DirPoller } from './dir-poller.js';
 import type { DirChange } from './dir-poller.js';
 import { keepaliveMs } from './event-queue.js';
-import { openTarget } from './rpc-context.js';
+import { openTarget, requestHeaderOf, requestHeadersOf } from './rpc-context.js';
 
 type EntryInit = MessageInitShape<typeof EntryInfoSchema>;
 type EventInit = MessageInitShape<typeof FilesystemEventSchema>;
@@ -63,7 +63,7 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
 
   async function target(ctx: HandlerContext, path: string) {
     const sb = await openTarget(access, ctx);
-    const user = envdUser(ctx.requestHeader);
+    const user = envdUser(requestHeadersOf(ctx));
     return { sb, user, path: await access.resolvePath(sb, path, user, ctx.signal) };
   }
 
@@ -187,7 +187,7 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
       try {
         const { poller } = await watchTarget(ctx, req);
         yield { event: { case: 'start', value: {} } };
-        const keepalive = keepaliveMs(ctx.requestHeader.get('keepalive-ping-interval'));
+        const keepalive = keepaliveMs(requestHeaderOf(ctx, 'keepalive-ping-interval'));
         let quietSince = Date.now();
         while (!ctx.signal.aborted) {
           await sleep(watchIntervalMs, ctx.signal);

@@ -6,6 +6,7 @@ import type { CommandInfo, CommandResult, StartCommandSpec } from '@dsec/core';
 import { schemas } from '@dsec/apiserver';
 import { envdUser } from '../auth.js';
 import { toConnectError } from '../errors.js';
+import { BoundedMap } from '../sandbox-access.js';
 import type { OpenedSandbox, SandboxAccess } from '../sandbox-access.js';
 import { Signal } from '../gen/process/process_pb.js';
 import type {
@@ -18,7 +19,12 @@ import type {
 } from '../gen/process/process_pb.js';
 import { EventQueue, keepaliveMs } from './event-queue.js';
 import type { ProcessTable, PtyEntry } from './process-table.js';
-import { MAX_STREAM_BUFFER_BYTES, openTarget } from './rpc-context.js';
+import {
+  MAX_STREAM_BUFFER_BYTES,
+  openTarget,
+  requestHeaderOf,
+  requestHeadersOf,
+} from './rpc-context.js';
 
 type EventInit = NonNullable<MessageInitShape<typeof ProcessEventSchema>['event']>;
 type EndInit = Extract<EventInit, { case: 'end' }>['value'];
@@ -27,6 +33,10 @@ type EndInit = Extract<EventInit, { case: 'end' }>['value'];
 export const MAX_COMMAND_TIMEOUT_MS = 86_400_000;
 
 const SHELLS = new Set(['bash', 'sh']);
+
+/** Validated command bodies kept (see `commandSpec`), and the longest body (as JSON) kept. */
+const SPEC_CACHE_ENTRIES = 1024;
+const SPEC_CACHE_MAX_KEY_CHARS = 4096;
 
 const SHELL_FLAGS = new Set(['-l', '-i', '--login']);
 
@@ -143,6 +153,10 @@ export function processService({
     return processes.addPty(sb.id, session, shell ?? '/bin/sh', shell ? cfg.args : []);
   }
 
+  const validSpecs = new BoundedMap<string, Omit<StartCommandSpec, 'timeoutMs'>>(
+    SPEC_CACHE_ENTRIES,
+  );
+
   async function commandSpec(
     sb: OpenedSandbox,
     req: StartRequest,
@@ -167,8 +181,28 @@ export function processService({
           : MAX_COMMAND_TIMEOUT_MS,
       stdinOpen: req.stdin ?? true,
     };
-    const { background: _background, ...spec } = schemas.parse(schemas.CommandBody, body);
-    return spec;
+    // The body's validation depends on nothing but the body; the deadline is ours and always
+    // in range. The SDKs send the same few commands over and over (each `commands.run` the same
+    // shape), so a validated body is reused, with this call's deadline.
+    const { timeoutMs, ...rest } = body;
+    const key = JSON.stringify(rest);
+    let spec = key.length <= SPEC_CACHE_MAX_KEY_CHARS ? validSpecs.get(key) : undefined;
+    if (spec === undefined) {
+      const {
+        background: _background,
+        timeoutMs: _t,
+        ...parsed
+      } = schemas.parse(schemas.CommandBody, body);
+      spec = parsed;
+      if (key.length <= SPEC_CACHE_MAX_KEY_CHARS) validSpecs.set(key, spec);
+    }
+    // A copy per call: nothing downstream shares the cached arrays.
+    return {
+      ...spec,
+      ...(spec.argv ? { argv: [...spec.argv] } : {}),
+      ...(spec.env ? { env: { ...spec.env } } : {}),
+      timeoutMs,
+    };
   }
 
   return {
@@ -181,7 +215,7 @@ export function processService({
             field: 'process.cmd',
           });
         }
-        const user = envdUser(ctx.requestHeader);
+        const user = envdUser(requestHeadersOf(ctx));
         if (req.pty) {
           const entry = await startPty(sb, req, cfg, user, ctx);
           yield { event: { event: { case: 'start', value: { pid: entry.pid } } } };
@@ -339,7 +373,7 @@ async function* drain(
   ctx: HandlerContext,
   onExit: () => void,
 ): AsyncGenerator<{ event: { event: EventInit } }> {
-  const interval = keepaliveMs(ctx.requestHeader.get('keepalive-ping-interval'));
+  const interval = keepaliveMs(requestHeaderOf(ctx, 'keepalive-ping-interval'));
   const timer = setInterval(() => {
     if (queue.idleMs >= interval / 2) queue.push({ case: 'keepalive', value: {} });
   }, interval);

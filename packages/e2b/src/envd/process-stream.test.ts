@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import Fastify from 'fastify';
+import type { FastifyInstance } from 'fastify';
 import { Code, ConnectError, createClient } from '@connectrpc/connect';
 import { createConnectTransport } from '@connectrpc/connect-node';
 import { DsecError, SandboxIdCodec } from '@dsec/core';
@@ -112,7 +113,10 @@ class ScriptedIo {
     }));
 }
 
-async function withEnvd(fn: (url: string, io: ScriptedIo) => Promise<void>): Promise<void> {
+async function withEnvd(
+  fn: (url: string, io: ScriptedIo) => Promise<void>,
+  onApp: (app: FastifyInstance) => void = () => undefined,
+): Promise<void> {
   const io = new ScriptedIo();
   const edge = { edgeId: 'edge-a', io: io as unknown as SandboxIoApi } as unknown as EdgeApi;
   const service = {
@@ -128,6 +132,7 @@ async function withEnvd(fn: (url: string, io: ScriptedIo) => Promise<void>): Pro
     },
   } as unknown as Iam;
   const app = Fastify();
+  onApp(app);
   registerE2bRoutes(app, { service, iam });
   await app.listen({ port: 0, host: '127.0.0.1' });
   try {
@@ -249,6 +254,23 @@ test('Start: what reaches the edge is the same on both paths (argv, env, cwd, us
         stdinOpen: true,
       },
     );
+
+    // A body validated once is reused with each call's own deadline, and never shared.
+    await call(url, message, { headers: { ...headers, 'connect-timeout-ms': '2000' } });
+    const again = io.started[2]!;
+    assert.ok(again.timeoutMs! > 1000 && again.timeoutMs! <= 2000, String(again.timeoutMs));
+    assert.deepEqual({ ...again, timeoutMs: 0 }, { ...lean, timeoutMs: 0 });
+    assert.notEqual(again.argv, lean.argv);
+    assert.notEqual(again.env, lean.env);
+    // An invalid body is refused every time: only valid ones are kept.
+    for (let i = 0; i < 2; i++) {
+      const bad = await call(url, bash('exit3', { envs: { 'A-B': '1' } }));
+      const [only] = bad.events as [{ endOfStream: { error: { code: string; message: string } } }];
+      assert.equal(bad.events.length, 1);
+      assert.equal(only.endOfStream.error.code, 'invalid_argument');
+      assert.match(only.endOfStream.error.message, /environment variable name/);
+    }
+    assert.equal(io.started.length, 3);
   });
 });
 
@@ -287,6 +309,41 @@ test('Start and Connect: a refused caller or sandbox, and a process found by pid
       },
     ]);
   });
+});
+
+test('the SDKs’ streams skip the router; what it would refuse reads the same either way', async () => {
+  const routed: string[] = [];
+  await withEnvd(
+    async (url) => {
+      const lean = await call(url, bash('exit3'));
+      assert.equal(lean.status, 200);
+      assert.deepEqual(routed, [], 'a Start as the SDKs send it never reaches the router');
+      assert.deepEqual(lean, await call(url, bash('exit3'), { adapter: true }));
+      assert.deepEqual(routed, ['/process.Process/Start']);
+
+      // A refused key: the fast path answers as the routed handler does (envd's JSON error).
+      routed.length = 0;
+      const bad = { 'x-access-token': 'dsk_wrong' };
+      const fast = await call(url, bash('out'), { headers: bad });
+      assert.deepEqual(routed, []);
+      assert.deepEqual(fast, await call(url, bash('out'), { adapter: true, headers: bad }));
+      assert.deepEqual(fast.events, [
+        { code: 401, message: 'bad key', error_code: 'unauthenticated' },
+      ]);
+
+      // No key, a malformed sandbox ID, another port: left to the router, which answers them.
+      routed.length = 0;
+      const noKey = await call(url, bash('out'), { headers: { 'x-access-token': '' } });
+      assert.equal(noKey.status, 401);
+      const badId = await call(url, bash('out'), { headers: { 'e2b-sandbox-id': 'sb!' } });
+      assert.equal(badId.status, 502); // as E2B's proxy answers an unknown sandbox
+      assert.equal(routed.length, 2);
+    },
+    (app) =>
+      app.addHook('onRequest', async (req) => {
+        routed.push(req.raw.url?.replace(/^\/_e2b\/sandbox\/\d+\/[^/]+/, '') ?? '');
+      }),
+  );
 });
 
 test('a client that leaves mid-stream stops the watch; the command is not killed', async () => {

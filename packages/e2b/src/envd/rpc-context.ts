@@ -1,3 +1,4 @@
+import type { IncomingHttpHeaders } from 'node:http';
 import { createContextKey } from '@connectrpc/connect';
 import type { HandlerContext } from '@connectrpc/connect';
 import { DsecError } from '@dsec/core';
@@ -25,4 +26,23 @@ export async function openTarget(
   const target = ctx.values.get(envdTargetKey);
   if (!target) throw new DsecError('unauthenticated', 'missing API key (X-Access-Token)');
   return access.open(target.caller.principal, target.sandboxId, ctx.signal);
+}
+
+/**
+ * The request headers of a call: node:http's own on the lean stream path
+ * (`connect-stream.ts`, which builds web `Headers` only when asked), the
+ * handler context's otherwise.
+ */
+export function requestHeadersOf(ctx: HandlerContext): Headers | IncomingHttpHeaders {
+  return (
+    (ctx as { nodeRequestHeader?: IncomingHttpHeaders }).nodeRequestHeader ?? ctx.requestHeader
+  );
+}
+
+/** One request header (`Headers.get`'s reading: repeated values joined by `, `), null when absent. */
+export function requestHeaderOf(ctx: HandlerContext, name: string): string | null {
+  const raw = (ctx as { nodeRequestHeader?: IncomingHttpHeaders }).nodeRequestHeader;
+  if (raw === undefined) return ctx.requestHeader.get(name);
+  const value = raw[name];
+  return typeof value === 'string' ? value : Array.isArray(value) ? value.join(', ') : null;
 }
