@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/netlink.h>
 #include <net/if.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -50,9 +51,18 @@
 #define SOCK_PATH "/run/dsec-agent.sock"
 #define MAX_PORTS 32
 #define RELAY_BUF 65536u
-/* How often a port without a host connection is looked at again: poll()
- * reports such a port as hung up at once, so it cannot wait in poll. */
+/*
+ * poll() reports a port without a host connection as hung up at once, so
+ * the loop cannot wait in poll for the host to come. The driver sends SIGIO
+ * instead (O_ASYNC) when the host side opens or closes, and ports that
+ * appear later (hot-plugged by the host, or named after the agent looked)
+ * come as uevents. Only where either is unavailable does the loop look
+ * again this often (IDLE_RECHECK_MS wakes an idle guest: costly under TCG).
+ */
 #define IDLE_RECHECK_MS 5
+#define PORT_RESCAN_MS 500
+/* How long after the agent serves the modules no command needs are loaded. */
+#define LATE_MODULES_DELAY_S 2
 
 struct port {
     int fd;    /* the virtio-serial port */
@@ -64,6 +74,10 @@ struct port {
 
 static struct port ports[MAX_PORTS];
 static int nports;
+/* Kernel uevents (ports added or named since the last look), or -1. */
+static int uevent_fd = -1;
+/* Every open port signals its host's comings and goings (SIGIO). */
+static int ports_async = 1;
 
 #define SANDBOX_CGROUP "/sys/fs/cgroup/sandbox"
 
@@ -109,40 +123,102 @@ static int listen_socket(void)
     return fd;
 }
 
-/* The ports the host named `dsec.N` (vportXpY, whatever X and Y): index N is the host's too. */
+/* Seconds since the guest kernel started, for the boot breakdown on the console. */
+static double uptime_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int open_uevents(void)
+{
+    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, NETLINK_KOBJECT_UEVENT);
+    struct sockaddr_nl sa = { .nl_family = AF_NETLINK, .nl_groups = 1 };
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Reads the pending uevents: only that something changed matters (the caller looks again). */
+static void drain_uevents(void)
+{
+    char buf[8192];
+    while (uevent_fd >= 0) {
+        ssize_t n = recv(uevent_fd, buf, sizeof buf, 0);
+        if (n <= 0 && !(n < 0 && errno == ENOBUFS)) /* ENOBUFS: some were lost, which is no matter */
+            break;
+    }
+}
+
+/*
+ * Opens the ports the host named `dsec.N` (vportXpY, whatever X and Y) that
+ * are not open yet: index N is the host's too. The driver adds ports one at
+ * a time as it handles the host's control messages (at boot, or when the
+ * host hot-plugs one), and each gets its name later still (a uevent
+ * "change"), so one look may find only some: the main loop looks again on
+ * every uevent (a port never opened leaves every host connection to it
+ * unanswered: the full VM's agent starts while udev is still loading
+ * virtio_console).
+ */
+static void scan_ports(void)
+{
+    DIR *d = opendir("/sys/class/virtio-ports");
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], name[64];
+        snprintf(path, sizeof path, "/sys/class/virtio-ports/%s/name", e->d_name);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            continue;
+        int idx = -1;
+        if (fgets(name, sizeof name, f) && sscanf(name, "dsec.%d", &idx) == 1 && idx >= 0 && idx < MAX_PORTS &&
+            ports[idx].fd < 0) {
+            snprintf(path, sizeof path, "/dev/%s", e->d_name);
+            int fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+            if (fd >= 0) {
+                /* SIGIO to the agent when the host side opens or closes (the driver's PORT_OPEN). */
+                int fl = fcntl(fd, F_GETFL);
+                if (fl < 0 || fcntl(fd, F_SETOWN, getpid()) < 0 || fcntl(fd, F_SETFL, fl | O_ASYNC) < 0)
+                    ports_async = 0;
+                ports[idx].fd = fd;
+                if (idx + 1 > nports)
+                    nports = idx + 1;
+            }
+        }
+        fclose(f);
+    }
+    if (d)
+        closedir(d);
+}
+
+/*
+ * Waits for the shared port, dsec.0 (the console driver probes in the
+ * background, and the host names the port after it appeared); the others
+ * come as they come. A boot has many uevents: the wait is bounded in time.
+ */
+#define PORT0_WAIT_S 30
 static void open_ports(void)
 {
-    for (int tries = 0; nports == 0 && tries < 200; tries++) {
-        DIR *d = opendir("/sys/class/virtio-ports");
-        struct dirent *e;
-        while (d && (e = readdir(d))) {
-            if (e->d_name[0] == '.')
-                continue;
-            char path[300], name[64];
-            snprintf(path, sizeof path, "/sys/class/virtio-ports/%s/name", e->d_name);
-            FILE *f = fopen(path, "re");
-            if (!f)
-                continue;
-            int idx = -1;
-            if (fgets(name, sizeof name, f) && sscanf(name, "dsec.%d", &idx) == 1 && idx >= 0 &&
-                idx < MAX_PORTS && ports[idx].fd < 0) {
-                snprintf(path, sizeof path, "/dev/%s", e->d_name);
-                int fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-                if (fd >= 0) {
-                    ports[idx].fd = fd;
-                    if (idx + 1 > nports)
-                        nports = idx + 1;
-                }
-            }
-            fclose(f);
-        }
-        if (d)
-            closedir(d);
-        if (nports == 0)
-            usleep(10000); /* the driver may still be probing */
+    uevent_fd = open_uevents();
+    double deadline = uptime_s() + PORT0_WAIT_S;
+    for (;;) {
+        scan_ports();
+        if (ports[0].fd >= 0)
+            return;
+        if (uptime_s() > deadline)
+            die("no virtio-serial port named dsec.0", ENODEV);
+        struct pollfd q = { .fd = uevent_fd, .events = POLLIN };
+        if (uevent_fd < 0)
+            usleep(10000);
+        else
+            (void)poll(&q, 1, 10);
+        drain_uevents();
     }
-    if (nports == 0)
-        die("no virtio-serial port named dsec.N", ENODEV);
 }
 
 /* PID 1 must not exit (the kernel panics): a fatal error powers the VM off, which the host sees. */
@@ -215,13 +291,6 @@ static _Noreturn void serve_chronus(const char *root, int listen_fd, int shell_m
 
 /* ---- the sandbox root, when the agent is the kernel's rdinit ---- */
 
-/* Seconds since the guest kernel started, for the boot breakdown on the console. */
-static double uptime_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_BOOTTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void must_mount(const char *src, const char *dst, const char *type, unsigned long flags, const char *data)
 {
@@ -250,7 +319,14 @@ static void load_modules(const char *list)
         char path[200];
         snprintf(path, sizeof path, "/modules/%s", name);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0 || (syscall(SYS_finit_module, fd, "", 0) < 0 && errno != EEXIST))
+        /*
+         * The console's ports are set up in the background (its probe and
+         * the host's port messages): the next modules load and the root is
+         * mounted meanwhile, and open_ports waits for the port. Not the
+         * disks: the order they probe in names them (vda… in drive order).
+         */
+        const char *params = strcmp(name, "virtio_console.ko") == 0 ? "async_probe=1" : "";
+        if (fd < 0 || (syscall(SYS_finit_module, fd, params, 0) < 0 && errno != EEXIST))
             dief(errno, "load module %s", name);
         close(fd);
     }
@@ -356,7 +432,12 @@ static void setup_root(const char *root)
     }
     snprintf(dev, sizeof dev, "/dev/vd%c", 'a' + nlayers);
     wait_for(dev);
-    must_mount(dev, "/rw", "ext4", MS_NOATIME, NULL);
+    /*
+     * noinit_itable: the disk is a fresh sparse file (zeros), so the inode
+     * tables mkfs left uninitialised are zero already; without it the guest
+     * spends its first seconds (under TCG) zeroing them in the background.
+     */
+    must_mount(dev, "/rw", "ext4", MS_NOATIME, "noinit_itable");
     mkdir("/rw/upper", 0755);
     mkdir("/rw/work", 0700);
     char opts[600];
@@ -414,6 +495,7 @@ int main(int argc, char **argv)
         shell = "/bin/busybox";
         fprintf(stderr, "dsec-guest-agent: started at %.3f s\n", uptime_s());
         setup_root(root);
+        fprintf(stderr, "dsec-guest-agent: root mounted at %.3f s\n", uptime_s());
     } else if (argc == 3) {
         root = argv[1];
         shell = argv[2];
@@ -423,13 +505,23 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < MAX_PORTS; i++)
         ports[i].fd = ports[i].conn = -1;
-    int shell_memfd = seal_shell(shell);
+    /*
+     * The shell commands run with (`shell: true`): as rdinit, the
+     * initramfs's busybox, outside the sandbox's root and not writable
+     * from it, so it needs no sealed copy (copying 2 MB costs tens of ms
+     * under TCG); given as an argument (the full VM), a sealed copy.
+     */
+    int shell_memfd = argc == 1 ? open(shell, O_RDONLY | O_CLOEXEC) : seal_shell(shell);
+    if (shell_memfd < 0)
+        dief(errno, "open shell %s", shell);
     int listen_fd = listen_socket();
     signal(SIGPIPE, SIG_IGN);
 
+    /* SIGCHLD: orphans to reap; SIGIO: a port's host side opened or closed (scan_ports). */
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
+    sigaddset(&chld, SIGIO);
     sigprocmask(SIG_BLOCK, &chld, NULL);
     int sfd = signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC);
 
@@ -444,24 +536,28 @@ int main(int argc, char **argv)
     /*
      * Modules no command needs first (the memory balloon, whose free-page
      * reporting gives the host back what the guest frees): a child loads
-     * them while the first commands run. Its failure is only logged (a
+     * them a little after the first commands ran. Its failure is only logged (a
      * child's exit does not power off: power_off checks for PID 1).
      */
     if (getpid() == 1 && fork() == 0) {
+        /* After the boot's first commands: under TCG the one vCPU would load them instead of serving. */
+        sleep(LATE_MODULES_DELAY_S);
         load_modules("/modules.late");
         _exit(0);
     }
 
-    struct pollfd pfd[1 + 2 * MAX_PORTS];
+    struct pollfd pfd[2 + 2 * MAX_PORTS];
+    double last_scan = uptime_s();
     for (;;) {
         int n = 0, idle = 0;
         pfd[n++] = (struct pollfd){ .fd = sfd, .events = POLLIN };
+        pfd[n++] = (struct pollfd){ .fd = uevent_fd, .events = POLLIN }; /* ignored while -1 */
         for (int i = 0; i < nports; i++) {
             struct port *p = &ports[i];
             if (p->fd < 0)
                 continue;
             if (!p->up) {
-                idle = 1;
+                idle = !ports_async;
                 continue;
             }
             pfd[n++] = (struct pollfd){
@@ -473,9 +569,15 @@ int main(int argc, char **argv)
                 .events = (p->to_port_len ? 0 : POLLIN) | (p->to_conn_len ? POLLOUT : 0),
             };
         }
-        int r = poll(pfd, (nfds_t)n, idle ? IDLE_RECHECK_MS : -1);
+        int r = poll(pfd, (nfds_t)n, idle ? IDLE_RECHECK_MS : uevent_fd < 0 ? PORT_RESCAN_MS : -1);
         if (r < 0 && errno != EINTR)
             die("poll", errno);
+        /* Ports added or named since (before the loop below looks at them). */
+        if (pfd[1].revents || (uevent_fd < 0 && uptime_s() - last_scan >= PORT_RESCAN_MS / 1000.0)) {
+            drain_uevents();
+            scan_ports();
+            last_scan = uptime_s();
+        }
         if (pfd[0].revents) {
             struct signalfd_siginfo si;
             while (read(sfd, &si, sizeof si) > 0)
@@ -508,7 +610,7 @@ int main(int argc, char **argv)
                 p->up = p->conn >= 0;
             }
         }
-        int k = 1;
+        int k = 2;
         for (int i = 0; i < nports; i++) {
             struct port *p = &ports[i];
             if (p->fd < 0 || !p->up)

@@ -81,6 +81,8 @@ export async function runChronusCommand(
   try {
     exit = await handle.exited;
   } catch (e) {
+    // A backend's own reason keeps its code (a microVM paused under the command).
+    if (e instanceof DsecError) throw e;
     throw new DsecError(
       'unavailable',
       `lost the sandbox's command channel: ${(e as Error).message}`,

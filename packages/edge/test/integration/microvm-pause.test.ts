@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
 import { readFile, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { randomId } from '@dsec/core';
+import { DsecError, randomId } from '@dsec/core';
 import {
   DEFAULT_MICROVM_ASSETS_DIR,
   findMicrovmAssets,
@@ -62,8 +62,8 @@ test(
       });
       // A counter the sandbox runs as a daemon of its own (its state is in
       // guest memory: /tmp is a tmpfs) and a file on the writable disk.
-      // (Commands streaming to the edge end at a pause, as at an edge
-      // restart: their connection goes with QEMU. ADR 0017.)
+      // (Commands streaming to the edge end at a pause: their connection goes
+      // with QEMU; they fail as paused, below. ADR 0017.)
       await edge.runCommand(id, {
         shell:
           "setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1 &",
@@ -78,8 +78,20 @@ test(
         `a running VM uses memory: ${before.memoryBytes}`,
       );
 
+      // A dedicated port hot-plugged before the pause: the restore must have it too.
+      await edge.io.writeFile(id, '/root/before', Buffer.from('before pause'));
+      const streaming = edge.runCommand(id, { shell: 'sleep 60' }).then(
+        (r) => r,
+        (err: unknown) => err,
+      );
+      await new Promise((r) => setTimeout(r, 300));
+
       const paused = await edge.pauseSandbox(id);
       assert.equal(paused.state, 'paused');
+      const err = await streaming;
+      assert.ok(err instanceof DsecError, `the streaming command failed: ${String(err)}`);
+      assert.equal(err.code, 'sandbox_not_running');
+      assert.deepEqual(err.details, { reason: 'paused' });
       assert.deepEqual(await qemus(state.dir), [], 'no QEMU runs while paused');
       const info = await edge.getSandbox(id);
       assert.ok(

@@ -18,6 +18,12 @@ export interface MicrovmAssets {
   initramfs: string;
   /** Kernel release and agent source hash (`VERSION`). */
   version: string;
+  /**
+   * The agent opens virtio-serial ports hot-plugged after boot (`FEATURES`),
+   * so a VM boots with its shared port only; an initramfs built before
+   * that gets every port at boot.
+   */
+  hotplugPorts?: boolean;
 }
 
 /** The kernel and initramfs in `dir`, if both are there (nothing is built). */
@@ -31,7 +37,13 @@ export function findMicrovmAssets(dir = DEFAULT_MICROVM_ASSETS_DIR): MicrovmAsse
   } catch {
     // built by an older script: still bootable
   }
-  return { kernel, initramfs, version };
+  let features: string[] = [];
+  try {
+    features = readFileSync(join(dir, 'FEATURES'), 'utf8').split(/\s+/);
+  } catch {
+    // an initramfs from before FEATURES: none of them
+  }
+  return { kernel, initramfs, version, hotplugPorts: features.includes('hotplug-ports') };
 }
 
 /** The QEMU binary on PATH, or undefined. */
@@ -113,6 +125,12 @@ export function kernelCmdline(extra: string[]): string {
 export interface BareBoot {
   /** Spawn to the marker on the serial console. */
   bootMs: number;
+  /**
+   * CPU time QEMU (all its threads) had used at the marker: under TCG the
+   * boot is CPU-bound, so this varies far less with the host's load than
+   * `bootMs` does (undefined where /proc could not be read).
+   */
+  cpuMs?: number | undefined;
   accel: Accel;
 }
 
@@ -166,7 +184,8 @@ export async function bootBare(
         seen = (seen + chunk.toString('latin1')).slice(-4096);
         if (seen.includes(BARE_MARKER)) {
           clearTimeout(timer);
-          resolveBoot({ bootMs: performance.now() - start, accel: options.accel });
+          const bootMs = performance.now() - start;
+          resolveBoot({ bootMs, cpuMs: processCpuMs(child.pid), accel: options.accel });
         }
       });
       child.stderr.resume();
@@ -181,6 +200,18 @@ export async function bootBare(
     });
   } finally {
     child.kill('SIGKILL');
+  }
+}
+
+/** utime + stime of a process (all threads), from /proc/PID/stat, in ms (USER_HZ is 100 on Linux). */
+export function processCpuMs(pid: number | undefined): number | undefined {
+  if (pid === undefined) return undefined;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(fields[11]) + Number(fields[12])) * 10;
+  } catch {
+    return undefined;
   }
 }
 

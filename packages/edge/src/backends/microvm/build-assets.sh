@@ -9,6 +9,9 @@
 #                       virtio_net apart, in modules.net, loaded only for a networked VM)
 #   OUT/kernel/         the unpacked package (its modules; kept for rebuilds)
 #   OUT/VERSION         the kernel release and the agent's source hash
+#   OUT/FEATURES        what this initramfs's agent supports beyond the first
+#                       version (`hotplug-ports`: it opens ports the host plugs
+#                       after boot, so the edge may boot with one)
 # Usage: build-assets.sh OUT NATIVE_SRC_DIR
 set -eu
 SELF=$(readlink -f "$0")
@@ -107,5 +110,6 @@ INIT
 chmod 755 root/init
 (cd root && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) > initramfs.cpio.tmp
 mv initramfs.cpio.tmp initramfs.cpio
+echo "hotplug-ports" > FEATURES
 echo "$KREL $HASH" > VERSION
 rm -rf root

@@ -9,7 +9,7 @@ import { ChronusConnection } from '@dsec/native';
 import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
 import type { LayerMountCache } from '../../layers/layer-cache.js';
 import type { Backend, BackendSandbox, PauseResult, StartedSandbox } from '../backend.js';
-import type { SandboxChannel, SandboxCommand } from '../channel.js';
+import type { CommandExit, SandboxChannel, SandboxCommand } from '../channel.js';
 import {
   accelArgs,
   kernelCmdline,
@@ -20,7 +20,8 @@ import {
 } from './assets.js';
 import { makeQemuCgroup } from './qemu-cgroup.js';
 import { makeScratchDisk } from '../scratch-disk.js';
-import { finishRestore, pausePaths, reclaimCgroup, saveVm } from './pause.js';
+import { finishRestore, pausePaths, readPlugged, reclaimCgroup, saveVm } from './pause.js';
+import { QmpClient } from './qmp.js';
 import { connectMicrovm, netCmdline, tapArgs, type MicrovmNetwork } from './network.js';
 
 /** Each sandbox's hypervisor runs as its own host uid/gid (the container backend's range per slot). */
@@ -28,12 +29,17 @@ const ID_BASE = 100_000;
 const ID_COUNT = 65_536;
 /**
  * Ports 1… of this many serve dedicated channels (port 0 is the shared
- * one). Each port costs boot time (≈ 30 ms under TCG: 16 ports booted
- * 235 ms slower than 8), so there are few, and a caller waits for one
- * when all are taken (file transfers, port forwards and terminals hold one
- * each while they stream).
+ * one). A port present at boot costs boot time (≈ 30 ms each under TCG:
+ * the guest driver fills its receive queue and registers a device), so a VM
+ * boots with port 0 only and the edge hot-plugs a dedicated port the first
+ * time it needs one (`device_add` over QMP; its chardev socket is there from
+ * the start, so QEMU, jailed, creates nothing); a port stays plugged. A
+ * caller waits for a free one when all are taken (file transfers, port
+ * forwards and terminals hold one each while they stream).
  */
 const DEDICATED_PORTS = 7;
+/** QOM id of a hot-plugged dedicated port (`pause.ts` records them for a restore). */
+const portDeviceId = (port: number) => `dsec-port-${port}`;
 /** How long a caller waits for a dedicated port before `resource_exhausted`. */
 const PORT_WAIT_MS = 30_000;
 /**
@@ -112,6 +118,11 @@ export class MicrovmBackend implements Backend {
       }[];
     }
   >();
+  /**
+   * Dedicated ports known to be plugged, per sandbox, and the plug in
+   * progress (QEMU's monitor takes one client at a time: plugs queue).
+   */
+  readonly #plugged = new Map<string, { ports: Set<number>; queue: Promise<unknown> }>();
   #accel: Promise<Accel> | undefined;
 
   constructor(readonly options: MicrovmBackendOptions) {
@@ -186,6 +197,20 @@ export class MicrovmBackend implements Backend {
     // QEMU reopens the disk by path when a migration (pause) hands it over
     // read-only and when a restore takes it back (as its own uid by then).
     chownSync(p.disk, hostId, hostId);
+    // Guest-visible ports at boot: the shared one; a restore also has those
+    // plugged before the pause (a state saved before hot-plug existed, with
+    // no record, had every port from boot, as has a VM whose initramfs
+    // predates it).
+    const bootPorts = new Set([0]);
+    if (!this.options.assets.hotplugPorts)
+      for (let i = 1; i <= DEDICATED_PORTS; i++) bootPorts.add(i);
+    if (restore) {
+      if (!existsSync(p.plugged)) for (let i = 1; i <= DEDICATED_PORTS; i++) bootPorts.add(i);
+      for (const id of await readPlugged(p)) {
+        const port = Number(/^dsec-port-(\d+)$/.exec(id)?.[1] ?? NaN);
+        if (port >= 1 && port <= DEDICATED_PORTS) bootPorts.add(port);
+      }
+    }
     const args = [
       '-name',
       p.name,
@@ -232,8 +257,7 @@ export class MicrovmBackend implements Backend {
       ...Array.from({ length: DEDICATED_PORTS + 1 }, (_, i) => [
         '-chardev',
         `socket,id=c${i},path=${p.port(i)},server=on,wait=off`,
-        '-device',
-        `virtserialport,chardev=c${i},nr=${i + 1},name=dsec.${i}`,
+        ...(bootPorts.has(i) ? ['-device', portDevice(i)] : []),
       ]).flat(),
       // The edge's control of the machine (pause.ts): a root-only socket.
       '-chardev',
@@ -296,7 +320,12 @@ export class MicrovmBackend implements Backend {
       exited.catch(() => undefined);
       const timeoutMs = this.options.bootTimeoutMs ?? (accel === 'kvm' ? 30_000 : 120_000);
       if (restore) await Promise.race([exited, finishRestore(p, timeoutMs)]);
-      await Promise.race([exited, this.#waitForAgent(rec, timeoutMs, signal)]);
+      await Promise.race([
+        exited,
+        restore
+          ? this.#waitForAgent(rec, timeoutMs, signal)
+          : this.#waitForPortOpen(rec, timeoutMs, signal),
+      ]);
       return { initPid: pid, chronusPid: pid };
     } catch (err) {
       if (pid !== undefined) killQuietly(pid);
@@ -306,7 +335,64 @@ export class MicrovmBackend implements Backend {
     }
   }
 
-  /** The agent answers once the guest booted and mounted the sandbox root. */
+  /**
+   * A fresh boot is up when the guest agent opened the shared port (QEMU's
+   * VSERPORT_CHANGE event, or `frontend-open` of its chardev when that came
+   * first): the agent opens it only after it mounted the sandbox root and
+   * started the chronus loop, whose socket already listens, so a command
+   * sent now is served. (An exec as the probe would cost the boot a fork
+   * and exec in the guest.) The shared connection is made meanwhile.
+   */
+  async #waitForPortOpen(
+    rec: BackendSandbox,
+    timeoutMs: number,
+    signal?: AbortSignal,
+  ): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    const left = () => {
+      signal?.throwIfAborted();
+      const ms = deadline - Date.now();
+      if (ms <= 0)
+        throw new DsecError('deadline_exceeded', `the microVM did not boot in ${timeoutMs} ms`);
+      return ms;
+    };
+    let qmp: QmpClient | undefined;
+    // QEMU creates the socket as it starts.
+    while (!qmp) {
+      try {
+        qmp = await QmpClient.connect(this.paths(rec).qmp, { timeoutMs: left() });
+      } catch (err) {
+        if (err instanceof DsecError && err.code === 'deadline_exceeded') throw err;
+        left();
+        await new Promise((r) => setTimeout(r, 10));
+      }
+    }
+    try {
+      const opened = qmp.waitEvent(
+        'VSERPORT_CHANGE',
+        left(),
+        (e) => e.data?.id === portDeviceId(0) && e.data.open === true,
+      );
+      opened.catch(() => undefined);
+      const [chardevs] = await Promise.all([
+        qmp.execute<{ label: string; 'frontend-open'?: boolean }[]>('query-chardev', undefined, {
+          timeoutMs: left(),
+        }),
+        this.#connection(rec),
+      ]);
+      if (!chardevs.find((c) => c.label === 'c0')?.['frontend-open']) {
+        const aborted = new Promise<never>((_, reject) =>
+          signal?.addEventListener('abort', () => reject(signal.reason as Error), { once: true }),
+        );
+        aborted.catch(() => undefined);
+        await Promise.race([opened, aborted]);
+      }
+    } finally {
+      qmp.close();
+    }
+  }
+
+  /** The agent answers once the guest booted and mounted the sandbox root (a restore). */
   async #waitForAgent(rec: BackendSandbox, timeoutMs: number, signal?: AbortSignal): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
@@ -334,6 +420,8 @@ export class MicrovmBackend implements Backend {
       w.reject(new DsecError('sandbox_not_running', `sandbox ${rec.id} stopped`));
     }
     this.#ports.delete(rec.id);
+    this.#plugged.delete(rec.id);
+    this.#commands.delete(rec.id);
     const pid = await this.#qemuPid(rec);
     const pids = pid !== undefined ? [pid] : [];
     for (const pid of pids) if (await isQemuOf(pid, p.name)) killQuietly(pid);
@@ -435,9 +523,34 @@ export class MicrovmBackend implements Backend {
     return existsSync(this.paths(rec).state) && (await this.#qemuPid(rec)) === undefined;
   }
 
-  /** Drops the edge's connections to a VM about to go away (its ports' waiters fail). */
+  /** Commands the edge runs in a sandbox through its channels, until each settles. */
+  readonly #commands = new Map<string, Set<TrackedCommand>>();
+  #commandsOf(id: string): Set<TrackedCommand> {
+    let set = this.#commands.get(id);
+    if (!set) this.#commands.set(id, (set = new Set()));
+    return set;
+  }
+
+  /**
+   * Drops the edge's connections to a VM about to go away (its ports'
+   * waiters fail). A pause ends every command still streaming to the edge
+   * (its connection is a chardev of the QEMU that exits; the guest kills the
+   * commands of a closed connection, ADR 0017): each fails with
+   * `sandbox_not_running` and `details.reason: 'paused'`, not as a lost
+   * channel (`unavailable`, which a client would retry).
+   */
   #detach(id: string): void {
+    for (const c of this.#commands.get(id) ?? [])
+      c.fail(
+        new DsecError(
+          'sandbox_not_running',
+          `sandbox ${id} was paused while the command ran: a microVM's pause ends the commands streaming to the edge`,
+          { details: { reason: 'paused' } },
+        ),
+      );
+    this.#commands.delete(id);
     this.#dropShared(id);
+    this.#plugged.delete(id);
     for (const w of this.#ports.get(id)?.waiting ?? []) {
       clearTimeout(w.timer);
       w.reject(new DsecError('sandbox_not_running', `sandbox ${id} was paused`));
@@ -456,7 +569,9 @@ export class MicrovmBackend implements Backend {
     rec: BackendSandbox,
     options: { dedicated?: boolean } = {},
   ): Promise<SandboxChannel> {
-    if (!options.dedicated) return this.#connection(rec);
+    const commands = this.#commandsOf(rec.id);
+    if (!options.dedicated)
+      return new VmChannel(await this.#connection(rec), () => undefined, commands);
     const port = await this.#takePort(rec.id);
     let released = false;
     const release = () => {
@@ -465,11 +580,47 @@ export class MicrovmBackend implements Backend {
       setTimeout(() => this.#freePort(rec.id, port), PORT_COOLDOWN_MS).unref();
     };
     try {
-      return new PortChannel(await ChronusConnection.connect(this.paths(rec).port(port)), release);
+      await this.#plug(rec, port);
+      const conn = await ChronusConnection.connect(this.paths(rec).port(port));
+      return new VmChannel(conn, release, commands);
     } catch (err) {
       release();
       throw err;
     }
+  }
+
+  /**
+   * Hot-plugs dedicated port `port` into the guest unless it is already
+   * (QEMU refuses a second `device_add` of an id, "Duplicate device ID":
+   * after an edge restart or a restore the backend does not know which
+   * are, and finds out so). The
+   * guest agent opens it on the uevent; the edge's connection, made right
+   * after, waits in QEMU until the guest side is open.
+   */
+  #plug(rec: BackendSandbox, port: number): Promise<void> {
+    let state = this.#plugged.get(rec.id);
+    if (!state) this.#plugged.set(rec.id, (state = { ports: new Set(), queue: Promise.resolve() }));
+    const s = state;
+    const plugged = s.queue.then(async () => {
+      if (s.ports.has(port)) return;
+      const qmp = await QmpClient.connect(this.paths(rec).qmp);
+      try {
+        await qmp.execute('device_add', {
+          driver: 'virtserialport',
+          chardev: `c${port}`,
+          nr: port + 1,
+          name: `dsec.${port}`,
+          id: portDeviceId(port),
+        });
+      } catch (err) {
+        if (!/Duplicate device ID|already exists/i.test(String(err))) throw err;
+      } finally {
+        qmp.close();
+      }
+      s.ports.add(port);
+    });
+    s.queue = plugged.catch(() => undefined);
+    return plugged;
   }
 
   /** A free dedicated port; when all are taken, the next one freed (in order of asking). */
@@ -571,12 +722,23 @@ export class MicrovmBackend implements Backend {
   }
 }
 
-/** A dedicated port's connection: closing it frees the port (after the cool-down). */
-class PortChannel implements SandboxChannel {
+/** The virtio-serial port `i` (named `dsec.i`, which the guest agent looks for), on chardev `ci`. */
+function portDevice(i: number): string {
+  return `virtserialport,chardev=c${i},nr=${i + 1},name=dsec.${i},id=${portDeviceId(i)}`;
+}
+
+/**
+ * A channel of a VM: a dedicated port's connection (closing it frees the
+ * port, after the cool-down) or the shared one (`release` does nothing:
+ * the shared connection stays); its commands are tracked until they settle
+ * so that a pause can fail them with its own error.
+ */
+class VmChannel implements SandboxChannel {
   #released = false;
   constructor(
     readonly conn: ChronusConnection,
     readonly release: () => void,
+    readonly commands: Set<TrackedCommand>,
   ) {}
   get onPidsLimit() {
     return this.conn.onPidsLimit;
@@ -588,7 +750,13 @@ class PortChannel implements SandboxChannel {
     return this.conn.closed;
   }
   spawn(request: Parameters<ChronusConnection['spawn']>[0]): SandboxCommand {
-    return this.conn.spawn(request);
+    const cmd = new TrackedCommand(this.conn.spawn(request));
+    this.commands.add(cmd);
+    void cmd.exited.then(
+      () => this.commands.delete(cmd),
+      () => this.commands.delete(cmd),
+    );
+    return cmd;
   }
   close(): void {
     this.conn.close();
@@ -605,6 +773,46 @@ class PortChannel implements SandboxChannel {
   }
   drained(): Promise<void> {
     return this.conn.drained();
+  }
+}
+
+/** A command whose `exited` a pause can fail first (with the reason) before its connection closes. */
+class TrackedCommand implements SandboxCommand {
+  readonly exited: Promise<CommandExit>;
+  #fail: (err: Error) => void = () => undefined;
+  constructor(readonly inner: SandboxCommand) {
+    const failed = new Promise<never>((_, reject) => (this.#fail = reject));
+    this.exited = Promise.race([inner.exited, failed]);
+    this.exited.catch(() => undefined);
+  }
+  fail(err: Error): void {
+    this.#fail(err);
+  }
+  get started() {
+    return this.inner.started;
+  }
+  onStdout(cb: (chunk: Buffer) => void): this {
+    this.inner.onStdout(cb);
+    return this;
+  }
+  onStderr(cb: (chunk: Buffer) => void): this {
+    this.inner.onStderr(cb);
+    return this;
+  }
+  write(data: Buffer | string): boolean {
+    return this.inner.write(data);
+  }
+  endStdin(): void {
+    this.inner.endStdin();
+  }
+  signal(sig: NodeJS.Signals | number): void {
+    this.inner.signal(sig);
+  }
+  killTree(): void {
+    this.inner.killTree();
+  }
+  resize(rows: number, cols: number): void {
+    this.inner.resize(rows, cols);
   }
 }
 

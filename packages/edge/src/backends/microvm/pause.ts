@@ -22,7 +22,31 @@ export function pausePaths(dir: string) {
     /** The only place the jailed QEMU may connect to: a directory of its own uid. */
     migrateDir: join(dir, 'migrate'),
     migrateSocket: join(dir, 'migrate', 'm.sock'),
+    /**
+     * The ids of the devices hot-plugged since boot (the dedicated ports),
+     * written before the state: a restore must start with the same devices.
+     */
+    plugged: join(dir, 'plugged.json'),
   };
+}
+
+/** Ids of devices hot-plugged with `device_add … id=ID` (QOM's /machine/peripheral), sorted. */
+export async function pluggedDevices(qmp: QmpClient, timeoutMs: number): Promise<string[]> {
+  const list = await qmp.execute<{ name: string; type: string }[]>(
+    'qom-list',
+    { path: '/machine/peripheral' },
+    { timeoutMs },
+  );
+  return list
+    .filter((e) => e.type.startsWith('child<'))
+    .map((e) => e.name)
+    .sort();
+}
+
+/** What {@link saveVm} recorded (nothing: none were plugged, or a state from before hot-plug). */
+export async function readPlugged(paths: { plugged: string }): Promise<string[]> {
+  const text = await readFile(paths.plugged, 'utf8').catch(() => undefined);
+  return text === undefined ? [] : (JSON.parse(text) as string[]);
 }
 
 type Paths = ReturnType<typeof pausePaths> & { qmp: string; dir: string };
@@ -63,6 +87,10 @@ export async function saveVm(options: {
   try {
     await qmp.execute('stop', undefined, { timeoutMs: left() });
     const t1 = performance.now();
+    // Stopped: no device comes or goes any more (the edge plugs ports while the VM runs).
+    await writeFile(paths.plugged, JSON.stringify(await pluggedDevices(qmp, left())), {
+      mode: 0o600,
+    });
 
     rmSync(paths.migrateDir, { recursive: true, force: true });
     mkdirSync(paths.migrateDir, { mode: 0o700 });
