@@ -18,6 +18,8 @@ export interface FnCallFleetSource {
     edges: readonly {
       edgeId: string;
       healthy: boolean;
+      /** Cordoned by an operator: sent no calls, whatever its pools. */
+      cordoned?: boolean | undefined;
       labels: Record<string, string>;
       status?:
         | { fncall?: FnCallPoolStatus[] | undefined; gpus?: FnCallGpuUnitStatus[] | undefined }
@@ -142,6 +144,7 @@ export class FnCallService {
     const seen = new Set<string>();
     for (const v of this.#d.watcher.view().edges) {
       seen.add(v.edgeId);
+      if (v.cordoned) continue;
       out.push({
         edgeId: v.edgeId,
         healthy: v.healthy,

@@ -1,5 +1,6 @@
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
+import { setTimeout } from 'node:timers/promises';
 import { DsecError } from '@dsec/core';
 import type { FnCallResult } from '@dsec/core';
 import { createTestApi, FakeEdge } from './testing/index.js';
@@ -131,11 +132,25 @@ test('edgeSelector picks labelled edges; no edge with FnCall is `unavailable`', 
 
 test('POST /v1/fncall/batch streams one NDJSON line per call, in completion order', async () => {
   const edge = addFnCall(new FakeEdge({ edgeId: 'edge-a' }));
-  // Earlier calls take longer, so completion order is the reverse of the request order.
+  // Calls finish in the reverse of the request order (call 2 fails at once): each waits for the
+  // one after it, then for a timer, by which time that one's line is written (a microtask).
+  const done = new Map<number, { promise: Promise<void>; resolve: () => void }>();
+  for (const n of [0, 1, 3, 4]) {
+    let resolve = () => {};
+    const promise = new Promise<void>((r) => (resolve = r));
+    done.set(n, { promise, resolve });
+  }
+  const next = new Map([
+    [0, 1],
+    [1, 3],
+    [3, 4],
+  ]);
   edge.fncallDouble.onCall = (req) => {
     const n = Number(req.stdin);
     if (n === 2) return { error: new DsecError('invalid_argument', 'no such runtime') };
-    return { delayMs: (5 - n) * 20, result: { stdout: `out ${n}` } };
+    const before = next.has(n) ? done.get(next.get(n)!)!.promise : Promise.resolve();
+    const after = before.then(() => setTimeout(5)).then(() => done.get(n)!.resolve());
+    return { after, result: { stdout: `out ${n}` } };
   };
   const { post } = await setup([edge]);
   const calls = [0, 1, 2, 3, 4].map((n) => ({ ...call, stdin: String(n) }));
@@ -183,6 +198,52 @@ test('batch concurrency bounds the calls in flight', async () => {
   const res = await post('/v1/fncall/batch', { calls, concurrency: 3 });
   assert.equal(res.body.trim().split('\n').length, 20);
   assert.equal(most, 3);
+});
+
+test('a cordoned edge gets no calls, however warm; with only cordoned edges a call is refused', async () => {
+  const warm = addFnCall(new FakeEdge({ edgeId: 'edge-warm' }));
+  const cold = addFnCall(new FakeEdge({ edgeId: 'edge-cold' }));
+  warm.fncallDouble.pools = [
+    { language: 'python', network: false, idle: 4, busy: 0, starting: 0, max: 4 },
+  ];
+  const api = await createTestApi({ edges: [warm, cold] });
+  apis.push(api);
+  const { buildApiServer } = await import('./server.js');
+  const { PowerOfKPlacer } = await import('@dsec/placement');
+  let cordoned = new Set(['edge-warm']);
+  // What RegistryFleet does with the registry's cordons.
+  const watcher = {
+    view: () => {
+      const view = api.watcher.view();
+      return {
+        ...view,
+        edges: view.edges.map((e) => (cordoned.has(e.edgeId) ? { ...e, cordoned: true } : e)),
+      };
+    },
+  };
+  const app = buildApiServer({
+    iam: api.iam,
+    edges: api.edges,
+    watcher,
+    placer: new PowerOfKPlacer({ view: () => watcher.view() }),
+    ids: api.ids,
+  });
+  try {
+    const post = () =>
+      app.inject({
+        method: 'POST',
+        url: '/v1/fncall',
+        headers: { authorization: `Bearer ${api.rootKey}` },
+        payload: call,
+      });
+    for (let i = 0; i < 3; i++)
+      assert.equal((await post()).json<FnCallResult>().edgeId, 'edge-cold');
+    cordoned = new Set(['edge-warm', 'edge-cold']);
+    assert.equal((await post()).statusCode, 503);
+    assert.equal(warm.fncallDouble.calls.length, 0);
+  } finally {
+    await app.close();
+  }
 });
 
 test('quota admission refuses a batch before its stream starts', async () => {

@@ -21,6 +21,8 @@ export interface FnCallScript {
   error?: DsecError;
   /** Answer after this long (or on abort, with `aborted`). */
   delayMs?: number;
+  /** Answer once this settles (before `delayMs`): orders calls without timing them. */
+  after?: Promise<unknown>;
 }
 
 export class FnCallDouble {
@@ -36,6 +38,7 @@ export class FnCallDouble {
   async run(req: FnCallRequest, options: FnCallOptions): Promise<FnCallResult> {
     this.calls.push({ req, projectId: options.projectId });
     const script = this.onCall?.(req);
+    if (script?.after) await script.after;
     if (script?.delayMs !== undefined) await sleep(script.delayMs, options.signal);
     if (options.signal?.aborted) throw new DsecError('aborted', 'the call was aborted');
     if (script?.error) throw script.error;
