@@ -100,8 +100,10 @@ export class SandboxService {
    * Sandbox ID → project, learnt from the edge's answer once. A sandbox never
    * changes project and its ID is signed, so later calls authorise from here
    * and an exec is one edge call (which checks the project again itself).
+   * The edge ID is kept once the ID was verified, so a warm call does not
+   * recompute the ID's HMAC either.
    */
-  readonly #owners = new Map<string, string>();
+  readonly #owners = new Map<string, { projectId: string; edgeId?: string }>();
 
   constructor(deps: SandboxServiceDeps) {
     this.#d = deps;
@@ -385,12 +387,14 @@ export class SandboxService {
     id: string,
     signal?: AbortSignal,
   ): Promise<{ edge: EdgeApi; projectId: string }> {
-    const owner = this.#owners.get(id);
-    if (owner === undefined) {
+    const known = this.#owners.get(id);
+    if (known === undefined) {
       const { edge, info } = await this.open(principal, id, signal);
       return { edge, projectId: info.projectId };
     }
-    const edge = this.#edge(this.#d.ids.decode(id).edgeId);
+    const owner = known.projectId;
+    known.edgeId ??= this.#d.ids.decode(id).edgeId;
+    const edge = this.#edge(known.edgeId);
     if (!edge) throw notFound(id);
     if (!(await this.#d.iam.canAccess(principal, owner))) {
       await this.#d.iam.audit(principal.keyId, 'sandbox.access', id, 'denied');
@@ -626,7 +630,7 @@ export class SandboxService {
     // Oldest first out: a Map iterates in insertion order.
     if (this.#owners.size >= OWNER_CACHE_ENTRIES)
       this.#owners.delete(this.#owners.keys().next().value!);
-    this.#owners.set(id, projectId);
+    this.#owners.set(id, { projectId });
   }
 
   #edge(edgeId: string): EdgeApi | undefined {

@@ -1,6 +1,7 @@
 import http from 'node:http';
 import https from 'node:https';
 import type { Duplex } from 'node:stream';
+import { urlToHttpOptions } from 'node:url';
 import { DsecError, isDsecError, toDsecError } from '@dsec/core';
 import type { RetryOptions } from './types.js';
 
@@ -88,6 +89,10 @@ export class HttpTransport {
   readonly #agent: http.Agent;
   readonly #request: typeof http.request;
   readonly #retry: Required<RetryOptions>;
+  /** Protocol, host, port (and credentials) of `baseUrl`; `#basePath` is its path without the trailing slash. */
+  readonly #target: http.RequestOptions;
+  readonly #basePath: string;
+  readonly #authorization: string | undefined;
   #closed = false;
 
   constructor(options: TransportOptions) {
@@ -107,6 +112,15 @@ export class HttpTransport {
     }
     this.baseUrl = base;
     this.#apiKey = options.apiKey;
+    this.#authorization = options.apiKey ? `Bearer ${options.apiKey}` : undefined;
+    const { protocol, hostname, port, auth } = urlToHttpOptions(base);
+    this.#target = {
+      protocol,
+      hostname,
+      ...(port !== undefined ? { port } : {}),
+      ...(auth !== undefined ? { auth } : {}),
+    };
+    this.#basePath = base.pathname.replace(/\/+$/, '');
     const agentOptions = {
       keepAlive: true,
       keepAliveMsecs: 10_000,
@@ -218,7 +232,7 @@ export class HttpTransport {
     const headers: http.OutgoingHttpHeaders = {
       accept: stream?.accept ?? 'application/json',
     };
-    if (this.#apiKey) headers.authorization = `Bearer ${this.#apiKey}`;
+    if (this.#authorization) headers.authorization = this.#authorization;
     if (payload) {
       headers['content-type'] = 'application/json';
       headers['content-length'] = payload.length;
@@ -227,7 +241,8 @@ export class HttpTransport {
     return new Promise<unknown>((resolve, reject) => {
       let settled = false;
       // Nothing is sent before end(), so listeners can be attached below.
-      const request = this.#request(this.#url(options.path), {
+      const request = this.#request({
+        ...this.#requestTarget(options.path),
         method: options.method,
         headers,
         agent: this.#agent,
@@ -456,6 +471,20 @@ export class HttpTransport {
     });
   }
 
+  /**
+   * Where a request goes: the base URL's host and port with `path` (and its
+   * query) under the base path. A plain path (see `PLAIN_PATH`, no dot
+   * segments) is used as it is, without building a URL per request; anything
+   * else is normalised through `URL` as before.
+   */
+  #requestTarget(path: string): http.RequestOptions {
+    if (PLAIN_PATH.test(path) && !DOT_SEGMENT.test(path)) {
+      return { ...this.#target, path: this.#basePath + path };
+    }
+    const url = this.#url(path);
+    return { ...this.#target, path: url.pathname + url.search };
+  }
+
   #url(path: string): URL {
     const url = new URL(this.baseUrl.href);
     url.pathname = url.pathname.replace(/\/+$/, '') + path.replace(/\?.*$/, '');
@@ -483,6 +512,13 @@ export class HttpTransport {
     );
   }
 }
+
+/**
+ * A request path `URL` would leave as it is: RFC 3986 path and query characters
+ * that it neither percent-encodes nor rewrites (no quotes, `#`, backslashes).
+ */
+const PLAIN_PATH = /^\/[\w\-.~!$&()*+,;=:@%/?]*$/;
+const DOT_SEGMENT = /\/\.\.?(?:[/?#]|$)/;
 
 /** Errors after which no byte of the request reached the server. */
 const notSent = new WeakSet<DsecError>();

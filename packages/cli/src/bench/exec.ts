@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { startSingleNode } from '@dsec/cluster';
-import { ContainerBackend } from '@dsec/edge';
+import { BackendSet, ContainerBackend } from '@dsec/edge';
 import { makeBusyboxRootfs } from '@dsec/images';
 import { DSecClient } from '@dsec/sdk';
 import { describeMachine } from './create.js';
@@ -76,7 +76,12 @@ export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchRep
     });
     const session = sb.session('bench');
 
-    const backend = node.edge.options.backend;
+    // The node's backend is a set (containers, microVMs) where several kinds run.
+    const configured = node.edge.options.backend;
+    const backend =
+      configured instanceof BackendSet
+        ? configured.backends.find((b) => b instanceof ContainerBackend)
+        : configured;
     if (!(backend instanceof ContainerBackend))
       throw new Error('bench exec needs the container backend');
     const paths = backend.paths({ id: sb.id });

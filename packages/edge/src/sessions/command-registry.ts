@@ -188,7 +188,7 @@ export class CommandRegistry {
     live.result = (async () => {
       try {
         const result = await runner(live);
-        this.#finish(live, result);
+        await this.#finish(live, result);
         return result;
       } catch (err) {
         const error = err instanceof Error ? err : new Error(String(err));
@@ -198,7 +198,7 @@ export class CommandRegistry {
           this.#store.delete(info.commandId);
         } else {
           const now = new Date().toISOString();
-          this.#finish(live, lostResult(info, now, error.message, live));
+          await this.#finish(live, lostResult(info, now, error.message, live));
         }
         throw err;
       } finally {
@@ -257,10 +257,13 @@ export class CommandRegistry {
     this.#finishListeners.push(listener);
   }
 
-  #finish(live: LiveCommand, result: CommandResult): void {
+  /** Records the result; resolves once it is committed (it may be returned then, and not before). */
+  async #finish(live: LiveCommand, result: CommandResult): Promise<void> {
     const finishedAt = new Date().toISOString();
-    Object.assign(live.info, { state: 'finished', finishedAt, result });
-    this.#store.finish({ ...live.info, result, finishedAt });
+    const finished = { state: 'finished' as const, finishedAt, result };
+    await this.#store.finishGrouped({ ...live.info, ...finished });
+    // Readers see it finished only once that is on disk.
+    Object.assign(live.info, finished);
     for (const listener of this.#finishListeners) {
       try {
         listener({ ...live.info }, result);
@@ -339,5 +342,7 @@ function notFound(commandId: string): DsecError {
 }
 
 function stripUndefined<T extends object>(o: T): T {
-  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as T;
+  const out: Record<string, unknown> = {};
+  for (const k in o) if (o[k] !== undefined) out[k] = o[k];
+  return out as T;
 }

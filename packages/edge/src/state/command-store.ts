@@ -3,8 +3,12 @@ import { openPrivateDatabase } from './host-state.js';
 import { statementCache } from './statement-cache.js';
 import type { CommandInfo, CommandResult } from '@dsec/core';
 
-/** Housekeeping writes (trims) wait this long to share one transaction. */
-const FLUSH_DELAY_MS = 5;
+/**
+ * Housekeeping writes (trims) and the starts of foreground commands wait at
+ * most this long for a commit to share (under load one comes every turn of
+ * the event loop: the group commit of results).
+ */
+const FLUSH_DELAY_MS = 250;
 /** On a full disk, queued writes are retried this often, and at most this many are held. */
 const DISK_FULL_RETRY_MS = 1000;
 const MAX_HELD_WRITES = 10_000;
@@ -33,8 +37,10 @@ interface Row {
  * is committed before it is returned, and its start before its ID is handed
  * out (background commands, request IDs), so a killed edge loses nothing it
  * answered for (SECURITY E28) and a retried request ID is never run twice
- * (E29). A foreground command's start shares the commit of its result; trims
- * of old results are batched.
+ * (E29). A foreground command's start shares the commit of its result (the
+ * result's row replaces a start not yet written); results finished in the
+ * same turn of the event loop share one commit (`finishGrouped`), each
+ * returned only after it; trims of old results are batched.
  */
 export class CommandStore {
   readonly #db: Database.Database;
@@ -48,6 +54,11 @@ export class CommandStore {
   readonly #applyAll: (ops: (() => void)[]) => void;
   #pending: (() => void)[] = [];
   #flushTimer: NodeJS.Timeout | undefined;
+  /** Starts queued to share their result's commit (`insert` without `durable`), by command ID. */
+  readonly #deferredStarts = new Set<string>();
+  /** Results waiting for the group commit at the end of this turn of the event loop. */
+  #group:
+    { promise: Promise<void>; resolve: () => void; reject: (err: unknown) => void } | undefined;
 
   constructor(file: string) {
     this.#db = openPrivateDatabase(file);
@@ -110,8 +121,16 @@ export class CommandStore {
         infoJson,
         info.startedAt,
       );
-    if (options.durable === false) this.#defer(op);
-    else this.#write(op);
+    if (options.durable !== false) {
+      this.#write(op);
+      return;
+    }
+    // The result's upsert writes the whole row: a start still queued then is skipped.
+    const id = info.commandId;
+    this.#deferredStarts.add(id);
+    this.#defer(() => {
+      if (this.#deferredStarts.delete(id)) op();
+    });
   }
 
   /**
@@ -121,25 +140,64 @@ export class CommandStore {
    * until then a crash of the edge would lose it and reads do not see it.
    */
   finish(info: CommandInfo & { result: CommandResult; finishedAt: string }): void {
+    this.#write(this.#finishOp(info), { holdIfFull: true });
+  }
+
+  /**
+   * As `finish`, but commits in one transaction with every other result
+   * finished in the same turn of the event loop (a group commit: under load
+   * one commit serves many commands). Resolves once the row is committed (or,
+   * on a full disk, held as `finish` holds it); rejects if the commit failed.
+   */
+  finishGrouped(info: CommandInfo & { result: CommandResult; finishedAt: string }): Promise<void> {
+    this.#pending.push(this.#finishOp(info));
+    if (!this.#group) {
+      let resolve!: () => void;
+      let reject!: (err: unknown) => void;
+      const promise = new Promise<void>((res, rej) => {
+        resolve = res;
+        reject = rej;
+      });
+      this.#group = { promise, resolve, reject };
+      setImmediate(() => this.#commitGroup());
+    }
+    return this.#group.promise;
+  }
+
+  #commitGroup(): void {
+    const group = this.#group;
+    this.#group = undefined;
+    if (!group) return;
+    try {
+      this.flush();
+      group.resolve();
+    } catch (err) {
+      // On a full disk the results stay queued (as `finish` holds them); the callers get them.
+      if (isDiskFull(err)) group.resolve();
+      else group.reject(err);
+    }
+  }
+
+  #finishOp(info: CommandInfo & { result: CommandResult; finishedAt: string }): () => void {
+    this.#deferredStarts.delete(info.commandId);
     const resultJson = JSON.stringify(info.result);
     const infoJson = JSON.stringify({ ...info, result: undefined });
-    this.#write(
-      () =>
-        this.#upsert.run(
-          info.commandId,
-          info.sandboxId,
-          info.requestId ?? null,
-          infoJson,
-          resultJson,
-          info.startedAt,
-          info.finishedAt,
-        ),
-      { holdIfFull: true },
-    );
+    return () =>
+      this.#upsert.run(
+        info.commandId,
+        info.sandboxId,
+        info.requestId ?? null,
+        infoJson,
+        resultJson,
+        info.startedAt,
+        info.finishedAt,
+      );
   }
 
   /** Forgets a command that never started (spawn failed), so a retry may run it. */
   delete(commandId: string): void {
+    // A start still queued is simply never written.
+    if (this.#deferredStarts.delete(commandId)) return;
     this.#write(() => this.#delete.run(commandId), { holdIfFull: true });
   }
 
@@ -253,6 +311,7 @@ export class CommandStore {
 
   close(): void {
     this.flush();
+    this.#commitGroup();
     this.#db.close();
   }
 }

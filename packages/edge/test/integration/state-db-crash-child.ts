@@ -2,6 +2,7 @@
 // can and prints one line per write *after* the write returned (stdout on a
 // pipe is synchronous on Linux), until it is killed with SIGKILL.
 import { readFileSync, writeFileSync } from 'node:fs';
+import type { CommandInfo, CommandResult } from '@dsec/core';
 import { openControlDb } from '@dsec/iam';
 import { CommandStore } from '../../src/state/command-store.js';
 import { EdgeStore } from '../../src/state/edge-store.js';
@@ -51,9 +52,12 @@ for (let i = 0; ; i++) {
     state: 'running' as const,
     startedAt: now,
   };
-  commands.insert(info, { durable: true });
-  say(`C ${info.commandId}`);
-  commands.finish({
+  // Odd rounds take the foreground path: a start that shares its result's
+  // group commit (not acknowledged on its own), then `finishGrouped`.
+  const grouped = i % 2 === 1;
+  commands.insert(info, { durable: !grouped });
+  if (!grouped) say(`C ${info.commandId}`);
+  const finished: CommandInfo & { result: CommandResult; finishedAt: string } = {
     ...info,
     state: 'finished',
     result: {
@@ -68,6 +72,8 @@ for (let i = 0; ; i++) {
       durationMs: 1,
     },
     finishedAt: new Date().toISOString(),
-  });
+  };
+  if (grouped) await commands.finishGrouped(finished);
+  else commands.finish(finished);
   say(`R ${info.commandId}`);
 }
