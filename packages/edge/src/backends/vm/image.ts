@@ -18,14 +18,16 @@ export interface VmImage {
   initrd: string;
   /** The kernel command line. */
   cmdline: string;
-  /** Kernel release and build hash (`VERSION`). */
+  /** Kernel release, build hash and features (`VERSION`). */
   version: string;
 }
 
 /**
  * The kernel command line of a full VM: root on the first virtio disk,
  * messages on the serial console (the sandbox's console.log), no
- * predictable interface names (no network anyway), and no boot splash.
+ * predictable interface names (the image's dsec-root configures `eth0`),
+ * and no boot splash. The backend appends the sandbox's own words
+ * (`dsec.layers=`, `dsec.pids=`, `dsec.net=`, `dsec.dns=`).
  */
 export const VM_CMDLINE = [
   'root=/dev/vda',
@@ -37,7 +39,15 @@ export const VM_CMDLINE = [
   'net.ifnames=0',
 ].join(' ');
 
-/** The built image in `dir`, if complete (nothing is built). */
+/**
+ * What an image must say it does (the last words of `VERSION`): mount the
+ * sandbox's own image as its root. An image built before served the VM's
+ * Debian as the root and ignored the spec's image and disk limit, so it is
+ * not offered until `ensureVmImage` (build-image.sh) rebuilt it.
+ */
+const REQUIRED_FEATURES = ['spec-root'];
+
+/** The built image in `dir`, if complete and of this backend's kind (nothing is built). */
 export function findVmImage(dir = DEFAULT_VM_IMAGE_DIR): VmImage | undefined {
   const disk = join(dir, 'disk.img');
   const kernel = join(dir, 'vmlinuz');
@@ -45,6 +55,8 @@ export function findVmImage(dir = DEFAULT_VM_IMAGE_DIR): VmImage | undefined {
   const versionFile = join(dir, 'VERSION');
   if (![disk, kernel, initrd, versionFile].every((f) => existsSync(f))) return undefined;
   const version = readFileSync(versionFile, 'utf8').trim();
+  const words = version.split(/\s+/);
+  if (!REQUIRED_FEATURES.every((f) => words.slice(2).includes(f))) return undefined;
   return { disk, kernel, initrd, cmdline: VM_CMDLINE, version };
 }
 

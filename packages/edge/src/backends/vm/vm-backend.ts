@@ -9,14 +9,14 @@ import {
   openSync,
   rmSync,
 } from 'node:fs';
-import { open, readFile, rm } from 'node:fs/promises';
+import { open, readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError, validateDisplayInput } from '@dsec/core';
 import type { DisplayInput, ImageStore } from '@dsec/core';
 import type { CgroupDriver } from '../../cgroups/cgroup-driver.js';
 import type { LayerMountCache } from '../../layers/layer-cache.js';
 import { runTool } from '../../network/sys.js';
-import type { Backend, BackendSandbox, StartedSandbox } from '../backend.js';
+import type { Backend, BackendSandbox, PauseResult, StartedSandbox } from '../backend.js';
 import type { SandboxChannel } from '../channel.js';
 import {
   accelArgs,
@@ -27,7 +27,10 @@ import {
 } from '../microvm/assets.js';
 import { makeQemuCgroup } from '../microvm/qemu-cgroup.js';
 import { MicrovmBackend, type MicrovmBackendOptions } from '../microvm/microvm-backend.js';
+import { connectMicrovm, netCmdline, tapArgs } from '../microvm/network.js';
+import { finishRestore } from '../microvm/pause.js';
 import { QmpClient } from '../microvm/qmp.js';
+import { makeScratchDisk } from '../scratch-disk.js';
 import type { VmImage } from './image.js';
 import { pngSize, textToEvents, toQmpEvents, type QmpInputEvent } from './keys.js';
 
@@ -40,6 +43,11 @@ const AGENT_PORTS = 8;
 const QEMU_OVERHEAD_MB = 192;
 /** A whole Debian with X does not come up in less. */
 const MIN_MEMORY_MB = 384;
+/** Writable disk when the spec names no disk limit (sparse: only what is written takes space). */
+const DEFAULT_DISK_MB = 4096;
+/** At most this many layers (drives) per sandbox, as the microVM's agent mounts. */
+const MAX_LAYERS = 24;
+const STOP_WAIT_MS = 5_000;
 /**
  * Pause between typed characters: the guest's virtio keyboard has a short
  * queue and QEMU drops events the guest has not taken yet; under TCG the
@@ -58,7 +66,10 @@ export interface VmBackendOptions {
   store: ImageStore;
   layers: Pick<LayerMountCache, 'acquire' | 'release'>;
   cgroups: CgroupDriver;
-  /** Released at stop like the microVM's (a VM has no network device yet). */
+  /**
+   * The edge's network manager: a VM whose spec opens something gets a tap
+   * under its firewall elements and resolver, as a microVM (microvm/network.ts).
+   */
   network?: MicrovmBackendOptions['network'];
   cgroupParent: string;
   qemuBinary?: string | undefined;
@@ -78,13 +89,19 @@ export interface VmBackendOptions {
  * agent, the same ports and sockets), so commands, sessions and files work
  * exactly as there; this backend adds the machine, the display and input.
  *
- * The image's own OS is the sandbox's root: the spec's image layers are
- * not mounted (they are referenced while the sandbox runs, as for every
- * backend, so the edge's accounting balances).
+ * The sandbox's root is the spec's image, as in a container or microVM:
+ * its EROFS layers are read-only virtio disks and the writable layer an
+ * ext4 disk of the disk limit, which the image's `dsec-root` service joins
+ * under an overlay; the agent and the xterm's shell run chroot'ed in it,
+ * under the spec's pids limit (a guest cgroup). The VM's own Debian only
+ * provides the kernel, X and the agent (docs/vm.md).
  *
  * Jail: QEMU runs in the sandbox's cgroup (memory, CPU, pids), drops to the
  * sandbox's own uid after opening its files (`-runas`), under QEMU's
- * seccomp filter; no network device.
+ * seccomp filter. Network as a microVM's: a tap under the sandbox's
+ * nftables elements and resolver when its spec opens something, else no
+ * network device. Pause saves the machine into a file and ends QEMU (the
+ * microVM's pause.ts); resume boots it from that file.
  */
 export class VmBackend implements Backend {
   readonly kind = 'vm' as const;
@@ -131,22 +148,32 @@ export class VmBackend implements Backend {
       overlay: join(p.dir, 'root.qcow2'),
       qmp: join(p.dir, 'qmp.sock'),
       /**
+       * A second monitor, for screenshots and input only: QEMU's monitor
+       * serves one client at a time, and the microVM code's (pause, port
+       * hot-plug) must never wait behind a long typed text.
+       */
+      displayQmp: join(p.dir, 'display-qmp.sock'),
+      /**
        * The one directory QEMU may write to after dropping to the sandbox's
-       * uid (screendumps): outside the sandbox's own directory, which only
-       * root may enter, in a parent any uid may cross but not list.
+       * uid (screendumps): outside the sandbox's own directory (which QEMU
+       * may cross, not list, to reach its migrate/ directory when paused),
+       * in a parent any uid may cross but not list.
        */
       screen: join(this.#screens, p.name),
     };
   }
 
-  async start(rec: BackendSandbox, signal?: AbortSignal): Promise<StartedSandbox> {
-    if (rec.spec.networkAllow?.length || Object.values(rec.spec.networkRules).some(Boolean)) {
-      throw new DsecError(
-        'invalid_argument',
-        'vm sandboxes have no network yet: egress rules need the container backend',
-        { field: 'networkRules' },
-      );
-    }
+  /**
+   * `restore` (from `resume`): the same machine with `-incoming` from the
+   * saved state, stopped until it is loaded (pause.ts finishRestore); the
+   * overlay, writable disk, cgroup, tap and layer references are the paused
+   * sandbox's own.
+   */
+  async start(
+    rec: BackendSandbox,
+    signal?: AbortSignal,
+    restore?: { stateFd: number },
+  ): Promise<StartedSandbox> {
     if (rec.spec.memoryLimitMb < MIN_MEMORY_MB) {
       throw new DsecError(
         'invalid_argument',
@@ -156,31 +183,66 @@ export class VmBackend implements Backend {
     }
     const p = this.paths(rec);
     const hostId = ID_BASE + rec.slot * ID_COUNT;
-    mkdirSync(p.dir, { recursive: true, mode: 0o700 });
-    rmSync(p.screen, { recursive: true, force: true });
-    mkdirSync(p.screen, { mode: 0o700 });
-    chownSync(p.screen, hostId, hostId);
-    for (const layer of rec.layers) await this.options.layers.acquire(layer);
+    mkdirSync(p.dir, { recursive: true, mode: 0o711 });
+    if (!restore) {
+      rmSync(p.screen, { recursive: true, force: true });
+      mkdirSync(p.screen, { mode: 0o700 });
+      chownSync(p.screen, hostId, hostId);
+      for (const layer of rec.layers) await this.options.layers.acquire(layer);
+    }
+    // Top layer first (dsec-root stacks them in disk order); identical layers once.
+    const digests = [...new Set([...rec.layers].reverse().map((l) => l.digest))];
+    if (digests.length === 0 || digests.length > MAX_LAYERS) {
+      throw new DsecError(
+        'invalid_argument',
+        `a vm sandbox's image has 1 to ${MAX_LAYERS} layers, not ${digests.length}`,
+        { field: 'image' },
+      );
+    }
     const img = this.options.image;
-    // The base stays read-only and shared; the sandbox writes only to its overlay.
-    await runTool('qemu-img', [
-      'create',
-      '-q',
-      '-f',
-      'qcow2',
-      '-F',
-      'raw',
-      '-b',
-      img.disk,
-      p.overlay,
-    ]);
-    const [accel] = await Promise.all([
+    const [layerFiles, accel] = await Promise.all([
+      Promise.all(digests.map((d) => this.options.store.blobPath(d, { signal }))),
       this.accel(),
-      makeQemuCgroup(this.options.cgroups, p.cgroupsPath, {
-        memoryMb: rec.spec.memoryLimitMb + QEMU_OVERHEAD_MB,
-        cpuCores: rec.spec.cpuCoresLimit,
-      }),
+      restore
+        ? undefined
+        : // The base stays read-only and shared; the VM's Debian writes only to its overlay.
+          runTool('qemu-img', [
+            'create',
+            '-q',
+            '-f',
+            'qcow2',
+            '-F',
+            'raw',
+            '-b',
+            img.disk,
+            p.overlay,
+          ]),
+      restore
+        ? undefined
+        : makeScratchDisk(p.disk, rec.spec.diskLimitMb ?? DEFAULT_DISK_MB, { exclusive: false }),
+      restore && this.options.cgroups.exists(p.cgroupsPath)
+        ? undefined
+        : makeQemuCgroup(this.options.cgroups, p.cgroupsPath, {
+            memoryMb: rec.spec.memoryLimitMb + QEMU_OVERHEAD_MB,
+            cpuCores: rec.spec.cpuCoresLimit,
+          }),
     ]);
+    // QEMU reopens its writable disks by path when a migration (pause) hands
+    // them over and when a restore takes them back, as its own uid by then.
+    chownSync(p.overlay, hostId, hostId);
+    chownSync(p.disk, hostId, hostId);
+    // A tap under the sandbox's firewall elements when its spec opens something.
+    const link = await connectMicrovm(this.options.network, rec, {
+      ownerUid: hostId,
+      dir: p.dir,
+      restore: Boolean(restore),
+    });
+    const cmdline = [
+      img.cmdline,
+      `dsec.layers=${layerFiles.length}`,
+      `dsec.pids=${rec.spec.pidsLimit}`,
+      ...(link ? netCmdline(link) : []),
+    ].join(' ');
     const args = [
       '-name',
       p.name,
@@ -201,7 +263,7 @@ export class VmBackend implements Backend {
       '-initrd',
       img.initrd,
       '-append',
-      img.cmdline,
+      cmdline,
       '-serial',
       `file:${p.console}`,
       '-device',
@@ -211,20 +273,43 @@ export class VmBackend implements Backend {
       'virtio-keyboard-pci',
       '-device',
       'virtio-tablet-pci',
+      // The root first: the guest names it vda (root=/dev/vda); the others by serial.
       '-drive',
       `file=${p.overlay},if=none,id=root,format=qcow2,cache=unsafe,discard=unmap`,
       '-device',
       'virtio-blk-pci,drive=root',
+      ...layerFiles.flatMap((file, i) => [
+        '-drive',
+        `file=${file},if=none,id=l${i},format=raw,readonly=on`,
+        '-device',
+        `virtio-blk-pci,drive=l${i},serial=dsec-l${i}`,
+      ]),
+      '-drive',
+      `file=${p.disk},if=none,id=rw,format=raw,cache=unsafe,discard=unmap`,
+      '-device',
+      'virtio-blk-pci,drive=rw,serial=dsec-rw',
+      // The microVM's NIC on q35's PCI bus instead of virtio-mmio.
+      ...(link
+        ? tapArgs(link).map((a) => a.replace(/^virtio-net-device,/, 'virtio-net-pci,'))
+        : []),
       '-device',
       `virtio-serial-pci,max_ports=${AGENT_PORTS + 1}`,
       ...Array.from({ length: AGENT_PORTS }, (_, i) => [
         '-chardev',
         `socket,id=c${i},path=${p.port(i)},server=on,wait=off`,
         '-device',
-        `virtserialport,chardev=c${i},nr=${i + 1},name=dsec.${i}`,
+        // All present at boot, under the ids the microVM backend hot-plugs
+        // (its `device_add` of a present one is answered `Duplicate device ID`).
+        `virtserialport,chardev=c${i},nr=${i + 1},name=dsec.${i},id=dsec-port-${i}`,
       ]).flat(),
       '-qmp',
       `unix:${p.qmp},server=on,wait=off`,
+      '-chardev',
+      `socket,id=display,path=${p.displayQmp},server=on,wait=off`,
+      '-mon',
+      'chardev=display,mode=control',
+      // The saved machine arrives on fd 3, opened by the edge (QEMU never opens it).
+      ...(restore ? ['-incoming', 'fd:3', '-S'] : []),
       // As the microVM: the sandbox's own uid after opening its files, then
       // QEMU's seccomp filter (no exec or fork, no obsolete or scheduler syscalls).
       '-runas',
@@ -247,7 +332,7 @@ export class VmBackend implements Backend {
         ],
         {
           detached: true,
-          stdio: ['ignore', log, log],
+          stdio: restore ? ['ignore', log, log, restore.stateFd] : ['ignore', log, log],
           env: { PATH: process.env.PATH ?? '/usr/bin:/bin', DSEC_PROCS: procs.join(' ') },
         },
       );
@@ -268,6 +353,7 @@ export class VmBackend implements Backend {
       exited.catch(() => undefined);
       const timeoutMs = this.options.bootTimeoutMs ?? (accel === 'kvm' ? 60_000 : 600_000);
       const started = { initPid: pid, chronusPid: pid };
+      if (restore) await Promise.race([exited, finishRestore(p, timeoutMs)]);
       await Promise.race([exited, this.#waitForAgent(rec, started, timeoutMs, signal)]);
       return started;
     } catch (err) {
@@ -322,6 +408,43 @@ export class VmBackend implements Backend {
 
   isRunning(rec: BackendSandbox): Promise<boolean> {
     return this.#vm.isRunning(rec);
+  }
+
+  /**
+   * Pause (paper 6.3): the machine's memory and device state go to a file
+   * and QEMU exits, as a microVM's (the save path is machine-neutral: QMP
+   * `migrate` into the edge's file, pause.ts). Idempotent.
+   */
+  pause(rec: BackendSandbox): Promise<PauseResult> {
+    // The display's monitor goes with the process.
+    this.#dropQmp(rec.id);
+    return this.#vm.pause(rec);
+  }
+
+  /** Boots the paused machine from its state (this backend's q35 machine, `-incoming`). */
+  async resume(rec: BackendSandbox): Promise<{ chronusPid?: number | undefined }> {
+    const p = this.paths(rec);
+    const pid = await qemuPid(rec, p.name);
+    if (!existsSync(p.state)) {
+      if (pid === undefined)
+        throw new DsecError('sandbox_not_running', `the VM of sandbox ${rec.id} is gone`);
+      return {}; // running (or resumed by a resume a crash interrupted after `cont`)
+    }
+    // A restore a crash interrupted before `cont`: start it over.
+    if (pid !== undefined) await killAndWait(pid);
+    // (The edge's channels to the old process went with the pause.)
+    this.#dropQmp(rec.id);
+    const fd = openSync(p.state, 'r');
+    try {
+      const started = await this.start(rec, undefined, { stateFd: fd });
+      return { chronusPid: started.chronusPid };
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  isFrozen(rec: BackendSandbox): Promise<boolean> {
+    return this.#vm.isFrozen(rec);
   }
 
   ensureChronus(rec: BackendSandbox): Promise<number | undefined> {
@@ -391,7 +514,7 @@ export class VmBackend implements Backend {
   }
 
   #connectQmp(rec: BackendSandbox): Promise<QmpClient> {
-    const path = this.paths(rec).qmp;
+    const path = this.paths(rec).displayQmp;
     if (!existsSync(path)) {
       return Promise.reject(
         new DsecError('sandbox_not_running', `the VM of sandbox ${rec.id} is gone`),
@@ -410,6 +533,36 @@ export class VmBackend implements Backend {
       (q) => q.close(),
       () => undefined,
     );
+  }
+}
+
+/** The sandbox's QEMU: the recorded one, else found by its `-name` (a resume a crash interrupted). */
+async function qemuPid(rec: BackendSandbox, name: string): Promise<number | undefined> {
+  for (const pid of new Set([rec.chronusPid, rec.initPid]))
+    if (pid !== undefined && (await isQemuOf(pid, name))) return pid;
+  for (const entry of await readdir('/proc')) {
+    if (/^\d+$/.test(entry) && (await isQemuOf(Number(entry), name))) return Number(entry);
+  }
+  return undefined;
+}
+
+/** Whether `pid` is the QEMU of the sandbox named `name` (guards against PID reuse). */
+async function isQemuOf(pid: number, name: string): Promise<boolean> {
+  const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
+  return cmdline.includes('qemu-system') && cmdline.split('\0').includes(name);
+}
+
+async function killAndWait(pid: number): Promise<void> {
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    return; // already gone
+  }
+  const deadline = Date.now() + STOP_WAIT_MS;
+  while (Date.now() < deadline) {
+    const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+    if (!stat || / Z /.test(stat)) return;
+    await new Promise((r) => setTimeout(r, 20));
   }
 }
 
