@@ -36,7 +36,8 @@ export interface PrepareReport {
 
 /**
  * Makes sure every layer the tasks need is in the store: each environment
- * layer (image and toolkits, built from its recipe when missing) and each
+ * layer (image and toolkits, built from its recipe when missing or built
+ * from another recipe or builder revision) and each
  * workspace layer (the repository at `base_commit`, once per repository and
  * commit). Idempotent: a second call finds everything present and builds
  * nothing.
@@ -58,10 +59,9 @@ export async function prepareTasks(
 
   for (const layer of envLayers) {
     report(layer, 'check');
-    if (await hasLayer(options.store, layer)) {
-      present.push(layer);
-    } else {
-      if (!options.buildEnvironment) {
+    const before = await layerDigest(options.store, layer);
+    if (!options.buildEnvironment) {
+      if (before === undefined) {
         throw new DsecError(
           'image_not_found',
           `layer ${layer} is missing and no recipe builds it`,
@@ -70,15 +70,23 @@ export async function prepareTasks(
           },
         );
       }
-      report(layer, 'build');
-      await options.buildEnvironment(layer, { signal: options.signal });
-      if (!(await hasLayer(options.store, layer))) {
-        throw new DsecError('image_not_found', `the recipe for ${layer} did not produce it`, {
-          details: { layer },
-        });
-      }
-      built.push(layer);
+    } else {
+      // Also when the layer exists: the builder rebuilds one its recipe (or builder) no longer
+      // matches, and only checks a record otherwise. A layer no recipe names (built by hand) stays.
+      await options.buildEnvironment(layer, { signal: options.signal }).catch((err: unknown) => {
+        const noRecipe =
+          isDsecError(err, 'image_not_found') &&
+          (err.details as { layer?: unknown } | undefined)?.layer === layer;
+        if (!(noRecipe && before !== undefined)) throw err;
+      });
     }
+    const after = await layerDigest(options.store, layer);
+    if (after === undefined) {
+      throw new DsecError('image_not_found', `the recipe for ${layer} did not produce it`, {
+        details: { layer },
+      });
+    }
+    (after === before ? present : built).push(layer);
     done++;
     report(layer, built.includes(layer) ? 'built' : 'present');
   }
@@ -102,12 +110,11 @@ export async function prepareTasks(
   };
 }
 
-async function hasLayer(store: ImageStore, ref: string): Promise<boolean> {
+async function layerDigest(store: ImageStore, ref: string): Promise<string | undefined> {
   try {
-    await store.getLayer(ref);
-    return true;
+    return (await store.getLayer(ref)).digest;
   } catch (err) {
-    if (isDsecError(err) && err.code === 'image_not_found') return false;
+    if (isDsecError(err) && err.code === 'image_not_found') return undefined;
     throw err;
   }
 }

@@ -34,6 +34,7 @@ import {
 } from './debs-resolve.js';
 import { DEFAULT_DEBIAN_MIRROR, hostAptMirror } from './rootfs/debian.js';
 import { assertLayerKind, assertLayerName, assertLayerVersion } from './store/validate.js';
+import { compilePythonBytecode } from './python-bytecode.js';
 import { withLockFile } from './util/lock-file.js';
 import { runTool } from './util/run-tool.js';
 
@@ -223,6 +224,9 @@ export async function buildFromDebs(
     progress({ phase: 'unpack', done: debs.length, total: debs.length });
     for (const dir of MERGED_USR_DIRS) await foldIntoUsr(tree, dir);
     if (options.keepDocs !== true) await dropDocs(tree);
+    // What the packages' postinst would do (py3compile): else every sandbox compiles them again.
+    progress({ phase: 'bytecode' });
+    await compilePythonBytecode(tree, { signal });
     await writeStatusDir(tree, closure.install);
     const manifestDir = join(tree, DEBS_MANIFEST_DIR);
     await mkdir(manifestDir, { recursive: true, mode: 0o755 });

@@ -81,6 +81,12 @@ interface EnvironmentRecord {
   manifest?: DebsManifest | undefined;
 }
 
+/**
+ * Bumped when the same debs recipe builds different content (2: Python
+ * bytecode compiled, unchecked; 3: checked-hash bytecode).
+ */
+const DEBS_BUILDER_REVISION = 3;
+
 const PACKAGE_PATTERN = /^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?$/;
 
 /**
@@ -200,7 +206,12 @@ function canonical(v: unknown): string {
  * resolved against (a new base means new exclusions).
  */
 export function recipeDigest(recipe: EnvironmentRecipe, baseLayerDigest?: string): string {
-  const input = canonical({ recipe, base: baseLayerDigest });
+  // A debs layer built by an older builder (one without bytecode) is rebuilt once.
+  const input = canonical({
+    recipe,
+    base: baseLayerDigest,
+    builder: recipe.kind === 'base' ? undefined : DEBS_BUILDER_REVISION,
+  });
   return `sha256:${createHash('sha256').update(input).digest('hex')}`;
 }
 

@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readFile, readdir, rm, rmdir, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -56,6 +56,14 @@ export interface EvalSystemResult {
   errors: number;
   /** Bytes the runs wrote to disk (every device involved, synced). */
   bytesWritten: number;
+  /**
+   * CPU per run, in ms: `sandboxes` is what the sandboxes' (containers')
+   * cgroups used: the tests, the commands around them, the in-sandbox
+   * daemon (DSec's chronus, podman's conmon and cleanup); `platform` is this
+   * process and the children it waited for (DSec: driver, apiserver, edge,
+   * OCI runtime; podman: the podman CLI). Undefined where a cgroup could not be read.
+   */
+  cpuMsPerRun: { sandboxes: number | undefined; platform: number };
 }
 
 export interface EvalBenchReport {
@@ -110,10 +118,18 @@ export async function benchEval(options: EvalBenchOptions): Promise<EvalBenchRep
       signal: options.signal,
     });
     const byId = new Map(prepared.map((p) => [p.instance_id, p]));
+    // Own parent cgroups: their CPU counters hold every sandbox's (container's) use, removed ones too.
+    const dsecCgroup = `dsec-bench-eval-${process.pid}`;
+    const podmanCgroup = `dsec-bench-eval-podman-${process.pid}`;
+    cleanups.push(
+      () => removeCgroup(dsecCgroup),
+      () => removeCgroup(podmanCgroup),
+    );
     const node = await startSingleNode({
       stateDir: join(work, 'state'),
       port: 0,
       imageStore: options.store.location,
+      cgroupParent: dsecCgroup,
       capacity: { sandboxes: concurrency * 2 + 8, cpuCores: concurrency * 2 },
     });
     cleanups.unshift(() => node.close({ stopSandboxes: true }));
@@ -121,6 +137,11 @@ export async function benchEval(options: EvalBenchOptions): Promise<EvalBenchRep
       await execFileAsync('podman', ['info', '--format', '{{.Store.GraphRoot}}'])
     ).stdout.trim();
     await mkdir(podmanRoot, { recursive: true });
+    // A cgroup path as parent needs podman's cgroupfs manager (systemd wants a slice): else no split.
+    const podmanCgroupfs =
+      (
+        await execFileAsync('podman', ['info', '--format', '{{.Host.CgroupManager}}'])
+      ).stdout.trim() === 'cgroupfs';
     const counters = [
       ...new Map(
         (await Promise.all([work, podmanRoot].map((p) => blockDeviceOf(p)))).map((d) => [
@@ -152,6 +173,7 @@ export async function benchEval(options: EvalBenchOptions): Promise<EvalBenchRep
     cleanups.unshift(async () => client.close());
     await dropCaches();
     const dsecBefore = await written();
+    const dsecCpu0 = await cpuSnapshot(dsecCgroup);
     const t0 = performance.now();
     const summary = await runEval({
       client,
@@ -167,6 +189,7 @@ export async function benchEval(options: EvalBenchOptions): Promise<EvalBenchRep
       onResult: tick,
     });
     const dsecMs = performance.now() - t0;
+    const dsecCpu = cpuPerRun(dsecCpu0, await cpuSnapshot(dsecCgroup), runs);
     const dsecBytes = (await written()) - dsecBefore;
 
     // podman: each task's layers unpacked once into a root filesystem (the image a harness pulls).
@@ -194,6 +217,7 @@ export async function benchEval(options: EvalBenchOptions): Promise<EvalBenchRep
 
     await dropCaches();
     const podmanBefore = await written();
+    const podmanCpu0 = await cpuSnapshot(podmanCgroup);
     const p0 = performance.now();
     const podman = await pool(
       Array.from({ length: runs }, (_, i) => tasks[i % tasks.length]!),
@@ -203,12 +227,15 @@ export async function benchEval(options: EvalBenchOptions): Promise<EvalBenchRep
           t,
           roots.get(t.instance_id)!,
           roots.get(`${t.instance_id}/patches`)!,
+          podmanCgroupfs ? `/${podmanCgroup}` : undefined,
         );
         tick();
         return reward;
       },
     );
     const podmanMs = performance.now() - p0;
+    const podmanCpu = cpuPerRun(podmanCpu0, await cpuSnapshot(podmanCgroup), runs);
+    if (!podmanCgroupfs) podmanCpu.sandboxes = undefined;
     const podmanBytes = (await written()) - podmanBefore;
 
     const perMinute = (n: number, ms: number) => round((n * 60_000) / ms);
@@ -218,6 +245,7 @@ export async function benchEval(options: EvalBenchOptions): Promise<EvalBenchRep
       solved: summary.solved,
       errors: summary.errors,
       bytesWritten: dsecBytes,
+      cpuMsPerRun: dsecCpu,
     };
     const peer = {
       tasksPerMinute: perMinute(runs, podmanMs),
@@ -225,6 +253,7 @@ export async function benchEval(options: EvalBenchOptions): Promise<EvalBenchRep
       solved: podman.filter((r) => r === 1).length,
       errors: podman.filter((r) => r === null).length,
       bytesWritten: podmanBytes,
+      cpuMsPerRun: podmanCpu,
       unpackBytes,
       unpackMs: Math.round(unpackMs),
     };
@@ -247,7 +276,8 @@ export async function benchEval(options: EvalBenchOptions): Promise<EvalBenchRep
         `${tasks.length} tasks × ${copies} with the gold patch, ${concurrency} at a time, per system in turn (caches dropped before each). ` +
         'dsec: `dsec eval run --agent gold` in-process against a single node (sandbox from image+toolkit+workspace layers, patch applied by tool calls with request IDs, test_patch, tests, parse, stop). ' +
         'podman: `podman run --rm --network none --rootfs <dir>:O` per run on the layers unpacked once per task (unpack time and bytes reported apart, not in the run numbers), `patch -p1` of the gold and test patches, the same test command and reward parser. ' +
-        'Bytes: sectors written on the devices of the node state and podman storage, synced.',
+        'Bytes: sectors written on the devices of the node state and podman storage, synced. ' +
+        "CPU per run: each system's sandboxes under a parent cgroup of their own (cpuacct), the platform as this process's CPU plus its reaped children's.",
       machine: await describeMachine(),
     };
   } finally {
@@ -282,8 +312,69 @@ async function unpackLayers(
   }
 }
 
+interface CpuSnapshot {
+  /** The parent cgroup's CPU counter, ns; undefined where it cannot be read. */
+  cgroupNs: number | undefined;
+  /** This process's CPU and its reaped children's, ms. */
+  processMs: number;
+}
+
+/** CPU counters of a parent cgroup (v1 cpuacct, else v2 cpu.stat) and of this process. */
+async function cpuSnapshot(cgroup: string): Promise<CpuSnapshot> {
+  let cgroupNs: number | undefined;
+  for (const file of [
+    `/sys/fs/cgroup/cpuacct/${cgroup}/cpuacct.usage`,
+    `/sys/fs/cgroup/cpu,cpuacct/${cgroup}/cpuacct.usage`,
+  ]) {
+    const text = await readFile(file, 'utf8').catch(() => undefined);
+    if (text !== undefined) {
+      cgroupNs = Number(text.trim());
+      break;
+    }
+  }
+  if (cgroupNs === undefined) {
+    const stat = await readFile(`/sys/fs/cgroup/${cgroup}/cpu.stat`, 'utf8').catch(() => '');
+    const usec = /^usage_usec (\d+)$/m.exec(stat)?.[1];
+    // Not created yet (nothing has run under it): nothing used.
+    cgroupNs = usec !== undefined ? Number(usec) * 1000 : 0;
+  }
+  // utime, stime, cutime, cstime: fields 14-17 of /proc/self/stat, in clock ticks (100 Hz on Linux).
+  const fields = (await readFile('/proc/self/stat', 'utf8')).split(') ')[1]!.split(' ');
+  const ticks = [11, 12, 13, 14].reduce((sum, i) => sum + Number(fields[i]), 0);
+  return { cgroupNs, processMs: ticks * 10 };
+}
+
+function cpuPerRun(
+  before: CpuSnapshot,
+  after: CpuSnapshot,
+  runs: number,
+): EvalSystemResult['cpuMsPerRun'] {
+  return {
+    sandboxes:
+      before.cgroupNs !== undefined && after.cgroupNs !== undefined
+        ? round((after.cgroupNs - before.cgroupNs) / 1e6 / runs, 1)
+        : undefined,
+    platform: round((after.processMs - before.processMs) / runs, 1),
+  };
+}
+
+/** Removes a parent cgroup the bench made (empty by now) from every v1 hierarchy, or v2. */
+async function removeCgroup(name: string): Promise<void> {
+  const hierarchies = await readdir('/sys/fs/cgroup').catch(() => [] as string[]);
+  for (const h of ['', ...hierarchies.map((d) => `${d}/`)]) {
+    // Podman leaves its conmon cgroup inside.
+    await rmdir(`/sys/fs/cgroup/${h}${name}/conmon`).catch(() => undefined);
+    await rmdir(`/sys/fs/cgroup/${h}${name}`).catch(() => undefined);
+  }
+}
+
 /** One run in podman: the reward, or null when the container did not run the tests. */
-async function podmanRun(task: EvalTask, root: string, patches: string): Promise<0 | 1 | null> {
+async function podmanRun(
+  task: EvalTask,
+  root: string,
+  patches: string,
+  cgroupParent: string | undefined,
+): Promise<0 | 1 | null> {
   const script =
     'patch -p1 -i /dsec-patches/gold.diff >/dev/null || exit 97; ' +
     (task.test_patch ? 'patch -p1 -i /dsec-patches/test.diff >/dev/null || exit 98; ' : '') +
@@ -298,6 +389,8 @@ async function podmanRun(task: EvalTask, root: string, patches: string): Promise
         'runc',
         '--network',
         'none',
+        // Its containers' (and conmon's) CPU is counted there.
+        ...(cgroupParent ? ['--cgroup-parent', cgroupParent] : []),
         // Root here lacks CAP_SYS_RESOURCE: podman's default rlimits (above the hard limits) would fail.
         '--ulimit',
         'nofile=1024:1024',
