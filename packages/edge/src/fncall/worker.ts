@@ -175,9 +175,13 @@ export class Worker {
     let start = 0;
     let nl = chunk.indexOf(10);
     while (nl !== -1) {
-      this.#out.push(chunk.subarray(start, nl));
-      const line = Buffer.concat(this.#out).toString('utf8');
-      this.#out = [];
+      let line: string;
+      if (this.#out.length === 0) line = chunk.toString('utf8', start, nl);
+      else {
+        this.#out.push(chunk.subarray(start, nl));
+        line = Buffer.concat(this.#out).toString('utf8');
+        this.#out = [];
+      }
       yield line;
       start = nl + 1;
       nl = chunk.indexOf(10, start);

@@ -24,7 +24,7 @@
  * No backticks or dollar-brace sequences may appear in the script.
  */
 export const ZYGOTE_PY = String.raw`
-import builtins, errno, io, json, linecache, os, resource, select, shutil, signal, stat, sys, time, types
+import builtins, errno, io, json, linecache, os, resource, select, shutil, signal, stat, sys, time, types, warnings
 
 CONFIG = json.loads(sys.argv[1])
 UID = CONFIG["uid"]
@@ -36,8 +36,21 @@ HOME = "/fncall/home"
 SCRATCH = ["/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue"]
 ALLOWED_WRITABLE = set(SCRATCH) | {"/fncall/work", "/fncall/home"}
 PR_SET_CHILD_SUBREAPER = 36
+# Every call's environment before its own; the zygote's own (set_base_env), which a call
+# without env of its own inherits as it is.
+BASE_ENV = dict(CONFIG["env"], HOME=HOME, PWD=WORK, TMPDIR="/tmp")
+# Programs up to this many characters are compiled before the fork (prepare).
+PRECOMPILE_MAX_CHARS = 65536
 
-inp = sys.stdin.buffer
+# The call channel, moved off fd 0 in main() (fd 0 then is what a call's stdin is: a memfd).
+inp = None
+CHANNEL_IN = -1
+# Made once (main) and never used by the zygote itself, so every child finds them as new:
+# the python fast path's sys.stdin, sys.stdout, sys.stderr and __main__ module.
+STD = None
+MAIN = None
+# One JSON string as json.dumps(ensure_ascii=False) writes it (the C encoder, no Python layers).
+json_str = json.encoder.encode_basestring
 
 
 def write_all(data):
@@ -244,7 +257,7 @@ class Prep:
     Nothing of the call's code runs here; an error is the child's to report.
     """
 
-    __slots__ = ("error", "limits", "env", "env_data", "args", "entry", "lines", "std", "main")
+    __slots__ = ("error", "limits", "env", "env_data", "args", "entry", "lines", "code", "started")
 
 
 def prepare(req):
@@ -258,31 +271,34 @@ def prepare(req):
         p.limits = ((resource.RLIMIT_DATA, (mem, mem)), (resource.RLIMIT_NPROC, (nproc, nproc)),
                     (resource.RLIMIT_CPU, (cpu, cpu)), (resource.RLIMIT_FSIZE, (fsize, fsize)),
                     (resource.RLIMIT_CORE, (0, 0)))
-        env = dict(CONFIG["env"])
-        env.update({"HOME": HOME, "PWD": WORK, "TMPDIR": "/tmp"})
-        env.update(req.get("env") or {})
+        p.started = b'{"t":"started","id":%d}\n' % int(req["id"])
+        call_env = req.get("env")
+        env = dict(BASE_ENV)
+        if call_env:
+            env.update(call_env)
         p.env = env
         p.args = [str(a) for a in (req.get("args") or [])]
         p.entry = os.path.join(WORK, CONFIG["entry"])
         if MODE == "python":
-            # os.environ's own store, as os.environ would encode it.
-            p.env_data = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+            # os.environ's own store, as os.environ would encode it; None when the call adds
+            # nothing: the zygote's own environment is then the call's (set_base_env).
+            p.env_data = {os.fsencode(k): os.fsencode(v) for k, v in env.items()} if call_env else None
             src = req["code"]
             p.lines = (len(src), None, src.splitlines(True), p.entry)
-            # Bound to fds 1 and 2 by number: in the child those are the call's pipes (pipes
-            # here too, so nothing they probed differs). Stdin is made in the child: its
-            # memfd is seekable, as a file redirected to python3 is.
-            p.std = (
-                io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8"),
-                io.TextIOWrapper(
-                    io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
-                    encoding="utf-8", errors="backslashreplace", line_buffering=True,
-                ),
-            )
-            main = types.ModuleType("__main__")
-            main.__file__ = p.entry
-            main.__builtins__ = builtins
-            p.main = main
+            # A short program is compiled here too (compiling only parses: nothing of the call
+            # runs), which spares the child the compiler's copy-on-write faults (about 50 of
+            # its 370). A long one is compiled in the child: what the compiler allocates here
+            # stays in the zygote's heap, and every later fork would copy it. So is one that
+            # does not compile cleanly: its errors and warnings (made errors here) are the
+            # child's to print, as python prints them, on the call's stderr.
+            # (The compiler's warnings name the program's file: the filter main() puts first
+            # makes those errors here, and the child takes it away again.)
+            p.code = None
+            if len(src) <= PRECOMPILE_MAX_CHARS:
+                try:
+                    p.code = compile(src, p.entry, "exec")
+                except Exception:
+                    p.code = None
     except Exception as e:
         p.error = e
     return p
@@ -325,7 +341,7 @@ def child(req, prep, stdin_fd, out_w, err_w, status_w, closers):
         if MODE != "python":
             with open(entry, "w", encoding="utf-8") as f:
                 f.write(req["code"])
-        else:
+        elif prep.env_data is not None:
             # The process environment (what subprocesses inherit) and os.environ, without
             # os.environ's Python-level mapping methods (each touches pages to copy).
             for k in list(os.environ._data):
@@ -364,15 +380,20 @@ def run_python(req, prep, status_w):
     src = req["code"]
     entry = prep.entry
     linecache.cache[entry] = prep.lines
-    sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
-    sys.stdout, sys.stderr = prep.std
+    sys.stdin, sys.stdout, sys.stderr = STD
     sys.argv = [entry] + prep.args
     sys.path[0] = WORK
-    main = prep.main
+    main = MAIN
     sys.modules["__main__"] = main
     code = 0
     try:
-        exec(compile(src, entry, "exec"), main.__dict__)
+        # The zygote's own first warnings filter (main) is not the program's.
+        del warnings.filters[0]
+        warnings._filters_mutated()
+        code_obj = prep.code
+        if code_obj is None:
+            code_obj = compile(src, entry, "exec")
+        exec(code_obj, main.__dict__)
     except SystemExit as e:
         if e.code is None:
             code = 0
@@ -405,6 +426,14 @@ def run_python(req, prep, status_w):
     os._exit(code)
 
 
+def failed(req, outcome, retire, reason):
+    """The done line of a call the zygote could not run."""
+    return (json.dumps({"t": "done", "id": req["id"], "exitCode": -1, "signal": None, "outcome": outcome,
+                        "stdout": "", "stderr": "", "stdoutBytes": 0, "stderrBytes": 0, "truncated": False,
+                        "durationMs": 0, "leftover": 0, "retire": retire, "reason": reason},
+                       ensure_ascii=False) + "\n").encode("utf-8", "surrogateescape")
+
+
 def run_call(req):
     cap = int(req.get("maxOutputBytes") or 1048576)
     timeout_s = req["timeoutMs"] / 1000.0
@@ -418,32 +447,19 @@ def run_call(req):
     err_r, err_w = os.pipe()
     status_r, status_w = os.pipe()
     prep = prepare(req)
-    started = time.monotonic()
-    try:
-        pid = os.fork()
-    except OSError as e:
-        for fd in (stdin_fd, out_r, out_w, err_r, err_w, status_r, status_w):
-            os.close(fd)
-        return {"exitCode": -1, "signal": None, "outcome": "pids_limit" if e.errno == errno.EAGAIN else "runtime_error",
-                "stdout": "", "stderr": "", "stdoutBytes": 0, "stderrBytes": 0, "truncated": False,
-                "durationMs": 0, "leftover": 0, "retire": e.errno != errno.EAGAIN, "reason": "fork: " + e.strerror}
-    if pid == 0:
-        child(req, prep, stdin_fd, out_w, err_w, status_w, [out_r, err_r, status_r, 0, 1])
-    write_all(b'{"t":"started","id":%d}\n' % int(req["id"]))
-    for fd in (stdin_fd, out_w, err_w, status_w):
-        os.close(fd)
-    pidfd = os.pidfd_open(pid)
+    # Everything the parent needs while the call runs is made before the fork: each page
+    # it writes while the child lives is copied (a fault), each written before is not.
     bufs = {out_r: [], err_r: []}
     totals = {out_r: 0, err_r: 0}
     kept = {out_r: 0, err_r: 0}
+    open_fds = [out_r, err_r]
+    # The status pipe's write end lives on in whatever the program forked: never block on it.
+    for fd in (out_r, err_r, status_r):
+        os.set_blocking(fd, False)
+    started_line = prep.started if prep.error is None else b'{"t":"started","id":%d}\n' % int(req["id"])
     ended = None
     status = None
     leftover = 0
-    deadline = started + timeout_s
-    open_fds = [out_r, err_r]
-    # The status pipe's write end lives on in whatever the program forked: never block on it.
-    for fd in open_fds + [status_r]:
-        os.set_blocking(fd, False)
 
     def take(fd):
         nonlocal ended
@@ -462,6 +478,23 @@ def run_call(req):
             if totals[fd] > cap and ended is None:
                 ended = "output_limit"
 
+    wait_fds = [out_r, err_r, 0]
+    started = time.monotonic()
+    deadline = started + timeout_s
+    try:
+        pid = os.fork()
+    except OSError as e:
+        for fd in (stdin_fd, out_r, out_w, err_r, err_w, status_r, status_w):
+            os.close(fd)
+        return failed(req, "pids_limit" if e.errno == errno.EAGAIN else "runtime_error",
+                      e.errno != errno.EAGAIN, "fork: " + e.strerror)
+    if pid == 0:
+        child(req, prep, stdin_fd, out_w, err_w, status_w, [out_r, err_r, status_r, CHANNEL_IN, 1])
+    write_all(started_line)
+    for fd in (stdin_fd, out_w, err_w, status_w):
+        os.close(fd)
+    pidfd = os.pidfd_open(pid)
+    wait_fds[2] = pidfd
     while status is None:
         now = time.monotonic()
         if ended is None and now >= deadline:
@@ -472,12 +505,13 @@ def run_call(req):
             kill_call_uid()
             _, status = os.waitpid(pid, 0)
             break
-        ready, _, _ = select.select(open_fds + [pidfd], [], [], max(0.0, deadline - now))
+        ready, _, _ = select.select(wait_fds, [], [], max(0.0, deadline - now))
         for fd in ready:
             if fd == pidfd:
                 _, status = os.waitpid(pid, 0)
             elif not take(fd):
                 open_fds.remove(fd)
+                wait_fds.remove(fd)
     duration_ms = (time.monotonic() - started) * 1000.0
     os.close(pidfd)
     # What the program wrote before it ended is in the pipes; whatever holds them open now is a leftover.
@@ -518,14 +552,27 @@ def run_call(req):
     # The uid's process count stood at (or near) its NPROC limit: a fork bomb, however it ended.
     if leftover * 4 >= nproc * 3 and outcome in ("ok", "timeout", "signaled"):
         outcome = "pids_limit"
-    return {
-        "exitCode": code, "signal": sig, "outcome": outcome,
-        "stdout": b"".join(bufs[out_r]).decode("utf-8", "replace"),
-        "stderr": b"".join(bufs[err_r]).decode("utf-8", "replace"),
-        "stdoutBytes": totals[out_r], "stderrBytes": totals[err_r],
-        "truncated": totals[out_r] > cap or totals[err_r] > cap,
-        "durationMs": round(duration_ms, 3), "leftover": leftover, "retire": not healthy,
-    }
+    # The done line, written out here: json.dumps's Python layers (a new encoder per call)
+    # touched about a hundred pages of the zygote per call, each a page fault after a fork.
+    return ('{"t":"done","id":%d,"exitCode":%d,"signal":%s,"outcome":"%s","stdout":%s,"stderr":%s,'
+            '"stdoutBytes":%d,"stderrBytes":%d,"truncated":%s,"durationMs":%.3f,"leftover":%d,"retire":%s}\n' % (
+                int(req["id"]), code, "null" if sig is None else json_str(sig), outcome,
+                json_str(b"".join(bufs[out_r]).decode("utf-8", "replace")),
+                json_str(b"".join(bufs[err_r]).decode("utf-8", "replace")),
+                totals[out_r], totals[err_r],
+                "true" if totals[out_r] > cap or totals[err_r] > cap else "false",
+                duration_ms, leftover, "false" if healthy else "true",
+            )).encode("utf-8", "surrogateescape")
+
+
+def set_base_env():
+    """The zygote's environment becomes every call's base: a call without env of its own keeps it."""
+    for k in list(os.environ._data):
+        os.unsetenv(k)
+    data = {os.fsencode(k): os.fsencode(v) for k, v in BASE_ENV.items()}
+    for k, v in data.items():
+        os.putenv(k, v)
+    os.environ._data = data
 
 
 def main():
@@ -539,7 +586,36 @@ def main():
     # Made fresh here and again after every call, so each call starts with empty ones.
     fresh_private(WORK)
     fresh_private(HOME)
+    set_base_env()
+    global inp
+    # The channel moves to another fd; fd 0 becomes an empty memfd, the kind of file a
+    # call's stdin is (the stdin stream prepare makes for the child probes it).
+    global CHANNEL_IN
+    CHANNEL_IN = os.dup(0)
+    inp = os.fdopen(CHANNEL_IN, "rb")
+    blank = os.memfd_create("fncall-blank", os.MFD_CLOEXEC)
+    os.dup2(blank, 0)
+    os.close(blank)
     if MODE == "python":
+        global STD, MAIN
+        # Bound to fds 0, 1 and 2 by number: in a child those are the call's stdin memfd and
+        # output pipes, here an empty memfd and pipes, so nothing they probed differs (stdin
+        # is seekable, as a file redirected to python3 is).
+        STD = (
+            io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8"),
+            io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8"),
+            io.TextIOWrapper(
+                io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                encoding="utf-8", errors="backslashreplace", line_buffering=True,
+            ),
+        )
+        MAIN = types.ModuleType("__main__")
+        MAIN.__file__ = os.path.join(WORK, CONFIG["entry"])
+        MAIN.__builtins__ = builtins
+        # Warnings about the program's file (the compiler's, when prepare compiles it) are
+        # errors in the zygote: the child then compiles it again and prints them itself.
+        import re
+        warnings.filterwarnings("error", module=re.escape(MAIN.__file__[:-3] if MAIN.__file__.endswith(".py") else MAIN.__file__) + r"\Z")
         # What calls commonly import, loaded once here instead of once per call.
         for name in CONFIG.get("preload") or []:
             try:
@@ -550,6 +626,10 @@ def main():
     # a call does not walk (and so copy) the zygote's pages.
     import gc
     gc.collect()
+    # Every page the zygote has mapped is copied into each call's page table at the fork and
+    # torn down at its exit: give the heap's free pages (the set-up's garbage, about a
+    # quarter of it) back first.
+    libc().malloc_trim(0)
     gc.freeze()
     send({"t": "ready", "pid": os.getpid()})
     while True:
@@ -558,14 +638,10 @@ def main():
             return
         req = json.loads(line)
         try:
-            result = run_call(req)
+            done = run_call(req)
         except Exception as e:
-            result = {"exitCode": -1, "signal": None, "outcome": "runtime_error", "stdout": "", "stderr": "",
-                      "stdoutBytes": 0, "stderrBytes": 0, "truncated": False, "durationMs": 0,
-                      "leftover": 0, "retire": True, "reason": "zygote: %r" % (e,)}
-        result["t"] = "done"
-        result["id"] = req["id"]
-        send(result)
+            done = failed(req, "runtime_error", True, "zygote: %r" % (e,))
+        write_all(done)
 
 
 main()

@@ -149,6 +149,34 @@ void describe('fncall: programs', () => {
     assert.equal(stdin, 'True in 0 in');
   });
 
+  test('a call without env of its own sees the base environment, not an earlier call’s', async () => {
+    const withEnv = await call({ code: 'import os; print(os.environ["X"])', env: { X: 'y' } });
+    assert.equal(withEnv.stdout, 'y\n');
+    const r = await call({
+      code: [
+        'import os, subprocess',
+        'print(os.environ.get("X"), os.environ["HOME"], os.environ["PWD"], os.environ["TMPDIR"])',
+        'print(subprocess.run(["sh", "-c", "echo ${X:-none} $HOME"], capture_output=True, text=True).stdout.strip())',
+      ].join('\n'),
+    });
+    assert.equal(r.outcome, 'ok', r.stderr);
+    assert.equal(r.stdout, 'None /fncall/home /fncall/work /tmp\nnone /fncall/home\n');
+  });
+
+  test('syntax errors and warnings reach the call’s stderr as python prints them', async () => {
+    const r = await call({ code: 'print(1)\nif True print(2)\n' });
+    assert.equal(r.exitCode, 1);
+    assert.match(r.stderr, /^ {2}File "\/fncall\/work\/main.py", line 2\n/);
+    assert.match(r.stderr, /SyntaxError: /);
+    assert.doesNotMatch(r.stderr, /zygote|prepare|run_python|<string>/);
+    assert.equal(r.stdout, '');
+    // A warning of the compiler (the zygote compiles short programs before the fork).
+    const w = await call({ code: 'x = 1\nprint(x is 1)\n' });
+    assert.equal(w.outcome, 'ok', w.stderr);
+    assert.equal(w.stdout, 'True\n');
+    assert.match(w.stderr, /main\.py:2: SyntaxWarning: "is" with a literal/);
+  });
+
   test('an exception exits 1 with its traceback, source line included', async () => {
     const r = await call({ code: 'x = 1\ny = x // 0\n' });
     assert.equal(r.exitCode, 1);
