@@ -128,11 +128,12 @@ export class DSecClient {
   }
 
   /**
-   * A full VM (`backend: 'vm'`): the edge's Debian image with a display,
-   * booted under QEMU; `sandbox.screenshot()` and `sandbox.input(...)` drive
-   * its screen, and commands and files work as everywhere (the image's OS
-   * is the root, so `image` is not mounted). Needs 384 MiB or more of
-   * memory; booting takes minutes without KVM.
+   * A full VM (`backend: 'vm'`): a Debian guest with a display, booted under
+   * QEMU; `sandbox.screenshot()` and `sandbox.input(...)` drive its screen,
+   * and commands, files and the xterm's shell run in `image`'s layers (the
+   * guest's own system only provides the kernel, X and the agent), under the
+   * spec's disk, pids and network rules. Needs 384 MiB or more of memory;
+   * booting takes minutes without KVM.
    */
   runVM(spec: RunContainerOptions, options: CallOptions = {}): Promise<Sandbox> {
     return this.runContainer({ ...spec, backend: 'vm' } as RunContainerOptions, {

@@ -106,13 +106,7 @@ class DSecClient:
         Raises ``InvalidArgument`` (with ``field``), ``ImageNotFound``,
         ``PermissionDenied``, ``QuotaExceeded``, ``CapacityExhausted``.
         """
-        if not isinstance(args, DSecContainerRunArgs):
-            raise InvalidArgument("run_container takes a DSecContainerRunArgs", field="args")
-        body = args.to_body()
-        body.setdefault("requestId", new_request_id())
-        answer = self._http.json("POST", "/v1/sandboxes", body=body, timeout=timeout, retry_safe=True)
-        info = from_wire(SandboxInfo, answer)
-        return Sandbox(self._http, info.id, info, self._timeout)
+        return self._run(args, "container", "run_container", timeout)
 
     def run_micro_vm(self, args: DSecContainerRunArgs, *, timeout: float = DEFAULT_CREATE_TIMEOUT) -> Sandbox:
         """Like ``run_container``, in a microVM (``backend: 'microvm'``): the
@@ -121,25 +115,22 @@ class DSecClient:
         sessions, files, ports, terminals, pause) works the same. Edges
         without QEMU and the microVM kernel refuse it (``CapacityExhausted``
         when none has it)."""
-        if not isinstance(args, DSecContainerRunArgs):
-            raise InvalidArgument("run_micro_vm takes a DSecContainerRunArgs", field="args")
-        body = {**args.to_body(), "backend": "microvm"}
-        body.setdefault("requestId", new_request_id())
-        answer = self._http.json("POST", "/v1/sandboxes", body=body, timeout=timeout, retry_safe=True)
-        info = from_wire(SandboxInfo, answer)
-        return Sandbox(self._http, info.id, info, self._timeout)
+        return self._run(args, "microvm", "run_micro_vm", timeout)
 
     def run_vm(self, args: DSecContainerRunArgs, *, timeout: float = DEFAULT_VM_CREATE_TIMEOUT) -> Sandbox:
-        """Like ``run_container``, as a full VM (``backend: 'vm'``): the edge's
-        Debian image with a display, driven by ``sandbox.screenshot()`` and
-        ``sandbox.input(...)``; commands and files work as everywhere (the
-        image's OS is the root, ``container_image`` is not mounted). Needs
-        384 MiB of memory or more; booting takes minutes without KVM
-        (deadline ``timeout`` seconds, default 900). Edges without the VM
-        image refuse it."""
+        """Like ``run_container``, as a full VM (``backend: 'vm'``): a Debian
+        guest with a display, driven by ``sandbox.screenshot()`` and
+        ``sandbox.input(...)``, whose commands, files and terminal run in
+        ``container_image``'s layers (the guest's own system only provides
+        the kernel, X and the agent). Needs 384 MiB of memory or more;
+        booting takes minutes without KVM (deadline ``timeout`` seconds,
+        default 900). Edges without the VM image refuse it."""
+        return self._run(args, "vm", "run_vm", timeout)
+
+    def _run(self, args: DSecContainerRunArgs, backend: str, method: str, timeout: float) -> Sandbox:
         if not isinstance(args, DSecContainerRunArgs):
-            raise InvalidArgument("run_vm takes a DSecContainerRunArgs", field="args")
-        body = {**args.to_body(), "backend": "vm"}
+            raise InvalidArgument(f"{method} takes a DSecContainerRunArgs", field="args")
+        body = args.to_body() if backend == "container" else {**args.to_body(), "backend": backend}
         body.setdefault("requestId", new_request_id())
         answer = self._http.json("POST", "/v1/sandboxes", body=body, timeout=timeout, retry_safe=True)
         info = from_wire(SandboxInfo, answer)

@@ -7,7 +7,7 @@
  */
 import { after } from 'node:test';
 import { join } from 'node:path';
-import { readdir, readFile } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import {
   DEFAULT_MICROVM_ASSETS_DIR,
   findMicrovmAssets,
@@ -15,7 +15,7 @@ import {
   openContainerEdge,
 } from '@dsec/edge';
 import { backendConformance } from '../../src/backends/testing/conformance.js';
-import { hostResources, makeStateDir, spec } from './fixture.js';
+import { hostResources, killQemusUnder, makeStateDir, qemusUnder, spec } from './fixture.js';
 
 const state = await makeStateDir();
 after(async () => {
@@ -57,25 +57,4 @@ if (findQemu() && findMicrovmAssets(DEFAULT_MICROVM_ASSETS_DIR)) {
       return [...r.cgroups, ...vms, ...qemus, ...r.mounts];
     },
   });
-}
-
-/** QEMU processes whose command line names a file under `dir`. */
-async function qemusUnder(dir: string): Promise<number[]> {
-  const found: number[] = [];
-  for (const e of await readdir('/proc')) {
-    if (!/^\d+$/.test(e)) continue;
-    const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
-    if (cmd.includes('qemu-system') && cmd.includes(dir)) found.push(Number(e));
-  }
-  return found;
-}
-
-async function killQemusUnder(dir: string): Promise<void> {
-  for (const pid of await qemusUnder(dir)) {
-    try {
-      process.kill(pid, 'SIGKILL');
-    } catch {
-      // gone
-    }
-  }
 }

@@ -98,3 +98,25 @@ export async function hostResources(stateDir: string): Promise<HostResources> {
   );
   return { mounts, cgroups: cgroups.sort(), containers, processes, sandboxDirs };
 }
+
+/** QEMU processes whose command line names a file under `dir` (a test's state dir). */
+export async function qemusUnder(dir: string): Promise<number[]> {
+  const found: number[] = [];
+  for (const e of await readdir('/proc')) {
+    if (!/^\d+$/.test(e)) continue;
+    const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
+    if (cmd.includes('qemu-system') && cmd.includes(dir)) found.push(Number(e));
+  }
+  return found;
+}
+
+/** Kills what `qemusUnder` finds: a failed test must not leave a VM running. */
+export async function killQemusUnder(dir: string): Promise<void> {
+  for (const pid of await qemusUnder(dir)) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // gone
+    }
+  }
+}

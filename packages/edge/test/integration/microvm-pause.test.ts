@@ -6,7 +6,6 @@
  */
 import assert from 'node:assert/strict';
 import { after, test } from 'node:test';
-import { readFile, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError, randomId } from '@dsec/core';
 import {
@@ -15,20 +14,9 @@ import {
   findQemu,
   openContainerEdge,
 } from '@dsec/edge';
-import { makeStateDir, spec } from './fixture.js';
+import { makeStateDir, qemusUnder, spec } from './fixture.js';
 
 const available = Boolean(findQemu() && findMicrovmAssets(DEFAULT_MICROVM_ASSETS_DIR));
-
-/** PIDs of this test's QEMUs (their command lines name its state dir). */
-async function qemus(stateDir: string): Promise<number[]> {
-  const found: number[] = [];
-  for (const e of await readdir('/proc')) {
-    if (!/^\d+$/.test(e)) continue;
-    const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
-    if (cmd.includes('qemu-system') && cmd.includes(stateDir)) found.push(Number(e));
-  }
-  return found;
-}
 
 async function setup(t: { after: typeof after }) {
   const state = await makeStateDir();
@@ -41,7 +29,7 @@ async function setup(t: { after: typeof after }) {
       fncall: false,
     });
   t.after(async () => {
-    for (const pid of await qemus(state.dir)) process.kill(pid, 'SIGKILL');
+    for (const pid of await qemusUnder(state.dir)) process.kill(pid, 'SIGKILL');
     await state.cleanup();
   });
   return { state, open };
@@ -70,7 +58,7 @@ test(
       });
       await edge.runCommand(id, { shell: 'echo kept > /root/file; sync' });
       await new Promise((r) => setTimeout(r, 500));
-      const [qemu] = await qemus(state.dir);
+      const [qemu] = await qemusUnder(state.dir);
       assert.ok(qemu, 'the sandbox has a QEMU process');
       const before = await edge.getSandbox(id);
       assert.ok(
@@ -92,7 +80,7 @@ test(
       assert.ok(err instanceof DsecError, `the streaming command failed: ${String(err)}`);
       assert.equal(err.code, 'sandbox_not_running');
       assert.deepEqual(err.details, { reason: 'paused' });
-      assert.deepEqual(await qemus(state.dir), [], 'no QEMU runs while paused');
+      assert.deepEqual(await qemusUnder(state.dir), [], 'no QEMU runs while paused');
       const info = await edge.getSandbox(id);
       assert.ok(
         (info.memoryBytes ?? 0) < 8 * 2 ** 20,
@@ -106,7 +94,7 @@ test(
 
       const resumed = await edge.resumeSandbox(id);
       assert.equal(resumed.state, 'running');
-      assert.equal((await qemus(state.dir)).length, 1, 'one QEMU again');
+      assert.equal((await qemusUnder(state.dir)).length, 1, 'one QEMU again');
       const c1 = Number((await edge.runCommand(id, { argv: ['cat', '/tmp/count'] })).stdout);
       await new Promise((r) => setTimeout(r, 600));
       const r = await edge.runCommand(id, { shell: 'cat /tmp/count; cat /root/file' });
@@ -122,7 +110,7 @@ test(
       await edge.stopSandbox(id).catch(() => undefined);
       await edge.close();
     }
-    assert.deepEqual(await qemus(state.dir), [], 'stop ends the QEMU');
+    assert.deepEqual(await qemusUnder(state.dir), [], 'stop ends the QEMU');
   },
 );
 
@@ -144,18 +132,18 @@ test(
       await edge.runCommand(a, { shell: 'echo 41 > /tmp/n' });
       await edge.pauseSandbox(a);
       await edge.pauseSandbox(b);
-      assert.deepEqual(await qemus(state.dir), []);
+      assert.deepEqual(await qemusUnder(state.dir), []);
       const r = await edge.runCommand(a, { shell: 'echo $(( $(cat /tmp/n) + 1 ))' });
       assert.equal(r.stdout.trim(), '42');
       assert.equal((await edge.getSandbox(a)).state, 'running');
       // Stopping a paused VM removes its state without restoring it.
       await edge.stopSandbox(b);
-      assert.equal((await qemus(state.dir)).length, 1, 'only the resumed VM runs');
+      assert.equal((await qemusUnder(state.dir)).length, 1, 'only the resumed VM runs');
     } finally {
       await edge.stopSandbox(a).catch(() => undefined);
       await edge.stopSandbox(b).catch(() => undefined);
       await edge.close();
     }
-    assert.deepEqual(await qemus(state.dir), []);
+    assert.deepEqual(await qemusUnder(state.dir), []);
   },
 );

@@ -9,10 +9,10 @@
  */
 import { after, test } from 'node:test';
 import { join } from 'node:path';
-import { readdir, readFile } from 'node:fs/promises';
+import { readdir } from 'node:fs/promises';
 import { DEFAULT_VM_IMAGE_DIR, findQemu, findVmImage, openContainerEdge } from '@dsec/edge';
 import { backendConformance } from '../../src/backends/testing/conformance.js';
-import { hostResources, makeStateDir, spec } from './fixture.js';
+import { hostResources, killQemusUnder, makeStateDir, qemusUnder, spec } from './fixture.js';
 
 const imageDir = process.env.DSEC_VM_IMAGE_DIR || DEFAULT_VM_IMAGE_DIR;
 const MIN_VM_MEMORY_MB = 512;
@@ -22,13 +22,7 @@ if (process.env.DSEC_TEST_VM !== 'all' || !findQemu() || !findVmImage(imageDir))
 } else {
   const state = await makeStateDir();
   after(async () => {
-    for (const pid of await qemusUnder(state.dir)) {
-      try {
-        process.kill(pid, 'SIGKILL');
-      } catch {
-        // gone
-      }
-    }
+    await killQemusUnder(state.dir);
     await state.cleanup();
   });
   backendConformance({
@@ -57,15 +51,4 @@ if (process.env.DSEC_TEST_VM !== 'all' || !findQemu() || !findVmImage(imageDir))
       return [...r.cgroups, ...vms, ...qemus, ...r.mounts];
     },
   });
-}
-
-/** QEMU processes whose command line names a file under `dir`. */
-async function qemusUnder(dir: string): Promise<number[]> {
-  const found: number[] = [];
-  for (const e of await readdir('/proc')) {
-    if (!/^\d+$/.test(e)) continue;
-    const cmd = await readFile(`/proc/${e}/cmdline`, 'utf8').catch(() => '');
-    if (cmd.includes('qemu-system') && cmd.includes(dir)) found.push(Number(e));
-  }
-  return found;
 }
