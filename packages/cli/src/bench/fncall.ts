@@ -52,7 +52,12 @@ export interface FnCallBenchOptions {
   concurrency: number;
   /** Calls of the sandbox-per-call phase (default min(calls, 200)). */
   sandboxCalls?: number | undefined;
-  /** Unmeasured fncall calls first, so pools are warm. Default 100. */
+  /**
+   * Unmeasured fncall calls first, so pools are warm and V8 has compiled the
+   * hot path (its compiler threads would otherwise compete with the zygotes
+   * for the cores in the measured phase): the state of a FnCall service that
+   * has been up a while. Default 1,000.
+   */
   warmup?: number | undefined;
   /** The interpreter of the bare phase (default /usr/bin/python3 where present, else python3 on PATH). */
   python?: string | undefined;
@@ -181,7 +186,7 @@ function bareCall(python: string, stdin: string): Promise<string> {
 
 export async function benchFnCall(options: FnCallBenchOptions): Promise<FnCallBenchReport> {
   const { calls, concurrency, signal } = options;
-  const warmup = options.warmup ?? 100;
+  const warmup = options.warmup ?? 1000;
   const sandboxCalls = options.sandboxCalls ?? Math.min(calls, 200);
   const python =
     options.python ?? (existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3');
@@ -363,7 +368,7 @@ export function registerFnCallBench(bench: Command): void {
       'calls of the sandbox-per-call phase (default min(calls, 200))',
       parseInteger,
     )
-    .option('--warmup <n>', 'unmeasured fncall calls first', parseInteger, 100)
+    .option('--warmup <n>', 'unmeasured fncall calls first', parseInteger, 1000)
     .option(
       '--cache-dir <dir>',
       'runtime images and their downloads, kept between runs (default <state-dir>/fncall-bench)',

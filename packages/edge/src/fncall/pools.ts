@@ -474,8 +474,11 @@ export class FnCallPools {
   ): void {
     const events = this.#deps.events;
     if (!events) return;
+    const truncatedOrLimit = r.truncated || r.outcome === 'oom' || r.outcome === 'timeout';
+    // Most calls record nothing: the id (random bytes) is drawn only for an event.
+    if (!truncatedOrLimit && r.outcome !== 'pids_limit') return;
     const commandId = randomId('fncall', 8);
-    if (r.truncated || r.outcome === 'oom' || r.outcome === 'timeout') {
+    if (truncatedOrLimit) {
       const asCommand: CommandResult = {
         commandId,
         exitCode: r.exitCode,

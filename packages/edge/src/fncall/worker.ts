@@ -146,16 +146,15 @@ export class Worker {
       this.handle.onStderr((chunk) => {
         this.#stderrTail = (this.#stderrTail + chunk.toString('utf8')).slice(-2000);
       });
-      this.handle.onStdout((chunk) => {
-        for (const line of this.#lines(chunk)) {
-          const msg = JSON.parse(line) as { t: string; id?: number } & Partial<ZygoteDone>;
-          if (msg.t === 'ready' && !ready) {
-            ready = true;
-            clearTimeout(timer);
-            resolve();
-          } else this.#onMessage(msg);
-        }
-      });
+      const onLine = (line: string) => {
+        const msg = JSON.parse(line) as { t: string; id?: number } & Partial<ZygoteDone>;
+        if (msg.t === 'ready' && !ready) {
+          ready = true;
+          clearTimeout(timer);
+          resolve();
+        } else this.#onMessage(msg);
+      };
+      this.handle.onStdout((chunk) => this.#lines(chunk, onLine));
       this.handle.started.catch((e: unknown) => fail(`cannot start the zygote: ${String(e)}`));
       this.handle.exited.then(
         (exit) => {
@@ -170,8 +169,8 @@ export class Worker {
     });
   }
 
-  /** Complete lines out of the stdout stream. */
-  *#lines(chunk: Buffer): Generator<string> {
+  /** Hands each complete line of the stdout stream to `onLine` (a loop, not a generator: it runs per answer). */
+  #lines(chunk: Buffer, onLine: (line: string) => void): void {
     let start = 0;
     let nl = chunk.indexOf(10);
     while (nl !== -1) {
@@ -182,7 +181,7 @@ export class Worker {
         line = Buffer.concat(this.#out).toString('utf8');
         this.#out = [];
       }
-      yield line;
+      onLine(line);
       start = nl + 1;
       nl = chunk.indexOf(10, start);
     }
