@@ -1,4 +1,3 @@
-import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { chmodSync, chownSync, closeSync, existsSync, mkdirSync, openSync, rmSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
@@ -18,7 +17,7 @@ import {
   type Accel,
   type MicrovmAssets,
 } from './assets.js';
-import { makeQemuCgroup } from './qemu-cgroup.js';
+import { isQemuOf, killQuietly, makeQemuCgroup, spawnQemu } from './qemu-cgroup.js';
 import { makeScratchDisk } from '../scratch-disk.js';
 import { finishRestore, pausePaths, readPlugged, reclaimCgroup, saveVm } from './pause.js';
 import { QmpClient } from './qmp.js';
@@ -279,45 +278,16 @@ export class MicrovmBackend implements Backend {
       '-sandbox',
       'on,obsolete=deny,spawn=deny,resourcecontrol=deny',
     ];
-    // The shell joins the sandbox's cgroups, then becomes QEMU (same pid): the
-    // guest's memory is charged to the sandbox from its first page.
-    const procs = this.options.cgroups.dirs(p.cgroupsPath).map((d) => join(d, 'cgroup.procs'));
-    const log = openSync(join(p.dir, 'qemu.log'), 'a', 0o600);
-    let pid: number | undefined;
+    const { pid, exited } = spawnQemu({
+      binary: this.options.qemuBinary ?? QEMU_BINARY,
+      args,
+      cgroupDirs: this.options.cgroups.dirs(p.cgroupsPath),
+      logFile: join(p.dir, 'qemu.log'),
+      consoleFile: p.console,
+      stateFd: restore?.stateFd,
+      what: 'microVM',
+    });
     try {
-      const child = spawn(
-        '/bin/sh',
-        [
-          '-c',
-          'for f in $DSEC_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"',
-          'dsec-vm',
-          this.options.qemuBinary ?? QEMU_BINARY,
-          ...args,
-        ],
-        {
-          detached: true,
-          stdio: restore ? ['ignore', log, log, restore.stateFd] : ['ignore', log, log],
-          env: { PATH: process.env.PATH ?? '/usr/bin:/bin', DSEC_PROCS: procs.join(' ') },
-        },
-      );
-      child.unref();
-      pid = child.pid;
-      if (pid === undefined) throw new DsecError('unavailable', 'cannot start qemu');
-      const exited = new Promise<never>((_, reject) =>
-        child.once(
-          'exit',
-          (code, sig) =>
-            void readTail(join(p.dir, 'qemu.log'), p.console).then((tail) =>
-              reject(
-                new DsecError(
-                  'unavailable',
-                  `the microVM exited while booting (${code ?? sig}): ${tail}`,
-                ),
-              ),
-            ),
-        ),
-      );
-      exited.catch(() => undefined);
       const timeoutMs = this.options.bootTimeoutMs ?? (accel === 'kvm' ? 30_000 : 120_000);
       if (restore) await Promise.race([exited, finishRestore(p, timeoutMs)]);
       await Promise.race([
@@ -328,10 +298,8 @@ export class MicrovmBackend implements Backend {
       ]);
       return { initPid: pid, chronusPid: pid };
     } catch (err) {
-      if (pid !== undefined) killQuietly(pid);
+      killQuietly(pid);
       throw err;
-    } finally {
-      closeSync(log);
     }
   }
 
@@ -828,24 +796,6 @@ function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
   });
 }
 
-async function readTail(...files: string[]): Promise<string> {
-  const parts: string[] = [];
-  for (const f of files) {
-    const text = await readFile(f, 'utf8').catch(() => '');
-    const tail = text.trim().split('\n').slice(-3).join(' | ');
-    if (tail) parts.push(tail);
-  }
-  return parts.join(' || ').slice(-600) || 'no output';
-}
-
-function killQuietly(pid: number): void {
-  try {
-    process.kill(pid, 'SIGKILL');
-  } catch {
-    // already gone
-  }
-}
-
 async function waitGone(pid: number, ms: number): Promise<void> {
   const deadline = Date.now() + ms;
   while (Date.now() < deadline) {
@@ -854,12 +804,6 @@ async function waitGone(pid: number, ms: number): Promise<void> {
     if (!stat || / Z /.test(stat)) return;
     await new Promise((r) => setTimeout(r, 20));
   }
-}
-
-/** Whether `pid` is the QEMU of the sandbox named `name` (guards against PID reuse). */
-async function isQemuOf(pid: number, name: string): Promise<boolean> {
-  const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
-  return cmdline.includes('qemu-system') && cmdline.split('\0').includes(name);
 }
 
 async function findProcesses(name: string): Promise<number[]> {

@@ -1,4 +1,3 @@
-import { spawn } from 'node:child_process';
 import {
   chmodSync,
   chownSync,
@@ -25,7 +24,7 @@ import {
   type Accel,
   type MicrovmAssets,
 } from '../microvm/assets.js';
-import { makeQemuCgroup } from '../microvm/qemu-cgroup.js';
+import { isQemuOf, killQuietly, makeQemuCgroup, spawnQemu } from '../microvm/qemu-cgroup.js';
 import { MicrovmBackend, type MicrovmBackendOptions } from '../microvm/microvm-backend.js';
 import { connectMicrovm, netCmdline, tapArgs } from '../microvm/network.js';
 import { finishRestore } from '../microvm/pause.js';
@@ -317,56 +316,24 @@ export class VmBackend implements Backend {
       '-sandbox',
       'on,obsolete=deny,spawn=deny,resourcecontrol=deny',
     ];
-    const procs = this.options.cgroups.dirs(p.cgroupsPath).map((d) => join(d, 'cgroup.procs'));
-    const log = openSync(join(p.dir, 'qemu.log'), 'a', 0o600);
-    let pid: number | undefined;
+    const { pid, exited } = spawnQemu({
+      binary: this.options.qemuBinary ?? QEMU_BINARY,
+      args,
+      cgroupDirs: this.options.cgroups.dirs(p.cgroupsPath),
+      logFile: join(p.dir, 'qemu.log'),
+      consoleFile: p.console,
+      stateFd: restore?.stateFd,
+      what: 'VM',
+    });
     try {
-      const child = spawn(
-        '/bin/sh',
-        [
-          '-c',
-          'for f in $DSEC_PROCS; do echo $$ > "$f" || exit 97; done; exec "$@"',
-          'dsec-vm',
-          this.options.qemuBinary ?? QEMU_BINARY,
-          ...args,
-        ],
-        {
-          detached: true,
-          stdio: restore ? ['ignore', log, log, restore.stateFd] : ['ignore', log, log],
-          env: { PATH: process.env.PATH ?? '/usr/bin:/bin', DSEC_PROCS: procs.join(' ') },
-        },
-      );
-      child.unref();
-      pid = child.pid;
-      if (pid === undefined) throw new DsecError('unavailable', 'cannot start qemu');
-      const exited = new Promise<never>((_, reject) =>
-        child.once(
-          'exit',
-          (code, sig) =>
-            void tail(join(p.dir, 'qemu.log'), p.console).then((t) =>
-              reject(
-                new DsecError('unavailable', `the VM exited while booting (${code ?? sig}): ${t}`),
-              ),
-            ),
-        ),
-      );
-      exited.catch(() => undefined);
       const timeoutMs = this.options.bootTimeoutMs ?? (accel === 'kvm' ? 60_000 : 600_000);
       const started = { initPid: pid, chronusPid: pid };
       if (restore) await Promise.race([exited, finishRestore(p, timeoutMs)]);
       await Promise.race([exited, this.#waitForAgent(rec, started, timeoutMs, signal)]);
       return started;
     } catch (err) {
-      if (pid !== undefined) {
-        try {
-          process.kill(pid, 'SIGKILL');
-        } catch {
-          // already gone
-        }
-      }
+      killQuietly(pid);
       throw err;
-    } finally {
-      closeSync(log);
     }
   }
 
@@ -546,12 +513,6 @@ async function qemuPid(rec: BackendSandbox, name: string): Promise<number | unde
   return undefined;
 }
 
-/** Whether `pid` is the QEMU of the sandbox named `name` (guards against PID reuse). */
-async function isQemuOf(pid: number, name: string): Promise<boolean> {
-  const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
-  return cmdline.includes('qemu-system') && cmdline.split('\0').includes(name);
-}
-
 async function killAndWait(pid: number): Promise<void> {
   try {
     process.kill(pid, 'SIGKILL');
@@ -582,14 +543,4 @@ async function readOwnFile(file: string, uid: number): Promise<Buffer> {
   } finally {
     await fh.close();
   }
-}
-
-async function tail(...files: string[]): Promise<string> {
-  const parts: string[] = [];
-  for (const f of files) {
-    const text = await readFile(f, 'utf8').catch(() => '');
-    const t = text.trim().split('\n').slice(-3).join(' | ');
-    if (t) parts.push(t);
-  }
-  return parts.join(' || ').slice(-600) || 'no output';
 }
