@@ -85,13 +85,13 @@ const CONNECT_ERRORS = new Set([
 
 export class HttpTransport {
   readonly baseUrl: URL;
-  readonly #apiKey: string | undefined;
   readonly #agent: http.Agent;
   readonly #request: typeof http.request;
   readonly #retry: Required<RetryOptions>;
   /** Protocol, host, port (and credentials) of `baseUrl`; `#basePath` is its path without the trailing slash. */
   readonly #target: http.RequestOptions;
   readonly #basePath: string;
+  /** `Bearer <key>`, made once. */
   readonly #authorization: string | undefined;
   #closed = false;
 
@@ -111,7 +111,6 @@ export class HttpTransport {
       });
     }
     this.baseUrl = base;
-    this.#apiKey = options.apiKey;
     this.#authorization = options.apiKey ? `Bearer ${options.apiKey}` : undefined;
     const { protocol, hostname, port, auth } = urlToHttpOptions(base);
     this.#target = {
@@ -361,7 +360,7 @@ export class HttpTransport {
       return Promise.reject(new DsecError('unavailable', 'the DSec client is closed'));
     if (signal?.aborted) return Promise.reject(abortedError(signal));
     const headers: http.OutgoingHttpHeaders = { ...options.headers };
-    if (this.#apiKey) headers.authorization = `Bearer ${this.#apiKey}`;
+    if (this.#authorization) headers.authorization = this.#authorization;
     const body = options.body;
     if (Buffer.isBuffer(body)) headers['content-length'] = body.length;
     return new Promise((resolve, reject) => {
@@ -432,7 +431,7 @@ export class HttpTransport {
       return Promise.reject(new DsecError('unavailable', 'the DSec client is closed'));
     if (options.signal?.aborted) return Promise.reject(abortedError(options.signal));
     const headers: http.OutgoingHttpHeaders = { connection: 'Upgrade', upgrade: protocol };
-    if (this.#apiKey) headers.authorization = `Bearer ${this.#apiKey}`;
+    if (this.#authorization) headers.authorization = this.#authorization;
     return new Promise((resolve, reject) => {
       // Not pooled: the socket becomes the caller's.
       const request = this.#request(this.#url(path), { method: 'GET', headers, agent: false });

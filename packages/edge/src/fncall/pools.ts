@@ -474,11 +474,12 @@ export class FnCallPools {
   ): void {
     const events = this.#deps.events;
     if (!events) return;
-    const truncatedOrLimit = r.truncated || r.outcome === 'oom' || r.outcome === 'timeout';
-    // Most calls record nothing: the id (random bytes) is drawn only for an event.
-    if (!truncatedOrLimit && r.outcome !== 'pids_limit') return;
+    const commandEvent = r.truncated || r.outcome === 'oom' || r.outcome === 'timeout';
+    const pidsEvent = r.outcome === 'pids_limit';
+    // Most calls record nothing: the ID (random bytes) is drawn only for an event.
+    if (!commandEvent && !pidsEvent) return;
     const commandId = randomId('fncall', 8);
-    if (truncatedOrLimit) {
+    if (commandEvent) {
       const asCommand: CommandResult = {
         commandId,
         exitCode: r.exitCode,
@@ -492,7 +493,7 @@ export class FnCallPools {
       };
       events.recordCommand(workerId, asCommand);
     }
-    if (r.outcome === 'pids_limit') {
+    if (pidsEvent) {
       events.record(
         workerId,
         'pids_limit',
