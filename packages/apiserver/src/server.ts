@@ -2,13 +2,13 @@ import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import Fastify from 'fastify';
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
+import { randomId } from '@dsec/core';
 import type { LayerInfo, SandboxIdCodec } from '@dsec/core';
 import { FnCallRateLimiter } from '@dsec/iam';
 import type { Iam } from '@dsec/iam';
 import type { Placer } from '@dsec/placement';
 import type { FleetView } from '@dsec/watcher';
 import { authenticateRequest, principalOf, requireMetricsReader } from './auth.js';
-import { requestId } from './request-id.js';
 import { toHttpError } from './errors.js';
 import { ApiMetrics } from './metrics.js';
 import { openApiRoute, recordRoutes } from './openapi.js';
@@ -158,7 +158,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     clientErrorHandler,
     // Sandbox IDs run past fastify's default limit of 100 characters.
     routerOptions: { maxParamLength: 256 },
-    genReqId: requestId,
+    genReqId: () => randomId('req', 9),
     return503OnClosing: true,
   }) as unknown as FastifyInstance;
   app.server.maxConnections = options.maxConnections ?? TRANSPORT_DEFAULTS.maxConnections;

@@ -64,5 +64,25 @@ export class SandboxIdCodec {
 
 /** Random URL-safe identifier with a readable prefix (`cmd-…`, `key-…`). */
 export function randomId(prefix: string, bytes = 12): string {
-  return `${prefix}-${randomBytes(bytes).toString('base64url')}`;
+  return `${prefix}-${pooledRandomBytes(bytes).toString('base64url')}`;
+}
+
+let pool = Buffer.alloc(0);
+let poolOffset = 0;
+
+/**
+ * `n` random bytes from a pooled buffer: one `randomBytes` call per 4 KiB
+ * instead of one per ID (the synchronous call costs more than the rest of a
+ * warm exec's routing). Same CSPRNG, same unpredictability. The answer is a
+ * view of the pool: use it at once (`toString`), never keep it.
+ */
+export function pooledRandomBytes(n: number): Buffer {
+  if (n > 4096) return randomBytes(n);
+  if (poolOffset + n > pool.length) {
+    pool = randomBytes(4096);
+    poolOffset = 0;
+  }
+  const out = pool.subarray(poolOffset, poolOffset + n);
+  poolOffset += n;
+  return out;
 }

@@ -1,7 +1,6 @@
-import { DsecError } from '@dsec/core';
+import { DsecError, randomId } from '@dsec/core';
 import type { CommandInfo, CommandResult, RunCommandOptions } from '@dsec/core';
 import type { CommandStore } from '../state/command-store.js';
-import { fastId } from './fast-random.js';
 import { OutputCapture } from './output-capture.js';
 
 /** What a running command lets the registry do to it. */
@@ -171,7 +170,7 @@ export class CommandRegistry {
       );
     }
     const info: CommandInfo = {
-      commandId: fastId('cmd'),
+      commandId: randomId('cmd'),
       sandboxId,
       ...stripUndefined(descriptor),
       state: 'running',

@@ -1,9 +1,8 @@
-import { DsecError } from '@dsec/core';
+import { DsecError, pooledRandomBytes } from '@dsec/core';
 import type { CommandOutcome, SessionInfo, SessionResult, SessionRunSpec } from '@dsec/core';
 import type { CommandExit, SandboxChannel, SandboxCommand } from '../backends/channel.js';
 import type { LiveCommand } from './command-registry.js';
 import { DEFAULT_PATH, resultOf } from './command-runner.js';
-import { nonce as newNonce } from './fast-random.js';
 import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
 import { MarkerScanner } from './marker-scanner.js';
 import { DEFAULT_TIMEOUT_MS } from './command-defaults.js';
@@ -118,8 +117,8 @@ export class ShellSession {
     try {
       const restarted = await this.#ensure();
       this.calls++;
-      const nonce = newNonce();
-      const tag = newNonce();
+      const nonce = pooledRandomBytes(16).toString('hex');
+      const tag = pooledRandomBytes(16).toString('hex');
       const call: ActiveCall = {
         live,
         tag,
