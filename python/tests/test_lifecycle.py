@@ -20,6 +20,12 @@ from .conftest import unique
 _T = TypeVar("_T")
 
 
+def _now_ms() -> datetime:
+    """Now, cut to the millisecond precision the server keeps timestamps in."""
+    now = datetime.now(timezone.utc)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
 async def lifecycle_call(call: Awaitable[_T]) -> _T:
     try:
         return await call
@@ -49,7 +55,7 @@ async def test_pause_keeps_state_and_resume_or_the_next_command_wakes_it(sandbox
 
 
 async def test_set_timeout_moves_the_deadline_both_ways(sandbox: dsec.Sandbox) -> None:
-    before = datetime.now(timezone.utc)
+    before = _now_ms()
     later = await sandbox.set_timeout(5000)
     assert later.expires_at >= before + timedelta(seconds=5000)
     sooner = await sandbox.set_timeout(100.2)  # rounded up to whole seconds
@@ -117,7 +123,7 @@ async def test_whole_job_operations_by_label(client: dsec.DSecClient, job_label:
         resumed = await client.resume_job(labels)
         assert {s.state for s in resumed.sandboxes} == {"running"}
 
-        before = datetime.now(timezone.utc)
+        before = _now_ms()
         await client.extend_job(labels, 7200)
         for box in boxes:
             assert (await box.refresh()).expires_at >= before + timedelta(seconds=7200)
