@@ -11,6 +11,7 @@ import { makeBusyboxRootfs } from '@dsec/images';
 import { DSecClient } from '@dsec/sdk';
 import { describeMachine } from './create.js';
 import type { ExecLoadJob } from './exec-load-client.js';
+import { startPeerRunner } from './peer-runner.js';
 import { interleave, ratio, type LatencySummary } from './stats.js';
 
 const execFileAsync = promisify(execFile);
@@ -18,6 +19,8 @@ const execFileAsync = promisify(execFile);
 export interface ExecBenchOptions {
   iterations: number;
   warmup: number;
+  /** Consecutive calls of one system per turn (see `interleave`). */
+  block: number;
   /** Bytes of stdout streamed for the throughput run. */
   streamBytes: number;
   /** `echo` commands run in the load phase, `loadConcurrency` at once over `loadSandboxes`. */
@@ -32,18 +35,13 @@ export interface ExecBenchReport {
   benchmark: 'exec';
   cycle: string;
   iterations: number;
+  block: number;
   results: Record<string, LatencySummary> & { load: LoadResult };
   ratios: { 'runtime exec': number | null; nsenter: number | null };
   throughput: { bytes: number; seconds: number; mbPerSecond: number; ndjsonMbPerSecond: number };
   machine: Record<string, unknown>;
 }
 
-/**
- * Round trip of `true` in a warm shell session through the full path (SDK →
- * apiserver → edge → chronus → the session's shell), interleaved with
- * `runc exec` and `nsenter` of `true` into the same sandbox; then stdout
- * throughput of one command streamed through the full path.
- */
 /** Latencies of the load run's successful commands, and its rate and failures. */
 export interface LoadResult extends LatencySummary {
   execs: number;
@@ -55,6 +53,13 @@ export interface LoadResult extends LatencySummary {
   firstError?: string;
 }
 
+/**
+ * Round trip of `true` in a warm shell session through the full path (SDK →
+ * apiserver → edge → chronus → the session's shell), interleaved with
+ * `runc exec` and `nsenter` of `true` into the same sandbox; then stdout
+ * throughput of one command streamed through the full path. Each system
+ * runs in blocks of `block` calls (`interleave`).
+ */
 export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchReport> {
   const work = await mkdtemp(join(tmpdir(), 'dsec-bench-exec-'));
   await chmod(work, 0o711);
@@ -90,18 +95,19 @@ export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchRep
     const runtimeBinary = runtime.binary ?? runtime.name;
     const runtimeRoot = runtime.root ?? join(stateDir, 'edge', 'runtime');
 
-    const systems: Record<string, () => Promise<void>> = {
+    // The peers run from a process of their own (see startPeerRunner).
+    const peers = startPeerRunner();
+    cleanups.unshift(async () => peers.close());
+    const systems: Record<string, () => Promise<void | number>> = {
       dsec: async () => {
         const r = await session.run('true');
         if (r.exitCode !== 0) throw new Error(`true exited ${r.exitCode}`);
       },
       // The runtime the edge runs (crun where installed): its own exec path.
-      'runtime exec': async () => {
-        await execFileAsync(runtimeBinary, ['--root', runtimeRoot, 'exec', paths.name, 'true']);
-      },
-      nsenter: async () => {
-        await execFileAsync('nsenter', ['-t', initPid, '-U', '-m', '-p', '-n', '-i', '-u', 'true']);
-      },
+      'runtime exec': () =>
+        peers.time([runtimeBinary, '--root', runtimeRoot, 'exec', paths.name, 'true']),
+      nsenter: () =>
+        peers.time(['nsenter', '-t', initPid, '-U', '-m', '-p', '-n', '-i', '-u', 'true']),
     };
     const results = await interleave(systems, options);
 
@@ -134,6 +140,7 @@ export async function benchExec(options: ExecBenchOptions): Promise<ExecBenchRep
       benchmark: 'exec',
       cycle: '`true` in a warm session: SDK → apiserver → edge → sandbox',
       iterations: options.iterations,
+      block: options.block,
       results: { ...results, load },
       ratios: {
         'runtime exec': ratio(results.dsec!, results['runtime exec']),

@@ -30,31 +30,43 @@ export function ratio(ours: LatencySummary, peer: LatencySummary | undefined): n
 }
 
 /**
- * Times every system once per round, rotating which goes first so none always
- * runs with warm (or cold) caches, and summarizes the rounds after `warmup`.
+ * Times every system in turns, rotating which goes first so none always runs
+ * with warm (or cold) caches, and summarizes the calls after `warmup`. A turn
+ * is `block` consecutive calls of one system (default 1): a call that follows
+ * another system's process spawns pays for that system's cache and TLB
+ * churn, so "warm" latencies are measured in blocks, where each system
+ * follows itself as back-to-back calls do, and machine noise still spreads
+ * over all systems by turns. A system that times itself (a peer run from
+ * another process) returns its own milliseconds.
  */
 export async function interleave(
-  systems: Record<string, (round: number) => Promise<void>>,
+  systems: Record<string, (round: number) => Promise<void | number>>,
   options: {
     iterations: number;
     warmup: number;
+    block?: number | undefined;
     signal?: AbortSignal | undefined;
     onProgress?: ((done: number, total: number) => void) | undefined;
   },
 ): Promise<Record<string, LatencySummary>> {
   const names = Object.keys(systems);
   const samples: Record<string, number[]> = Object.fromEntries(names.map((n) => [n, []]));
+  const block = Math.max(1, Math.floor(options.block ?? 1));
   const total = options.warmup + options.iterations;
-  for (let i = 0; i < total; i++) {
+  for (let done = 0, round = 0; done < total; round++) {
     if (options.signal?.aborted) throw new Error('benchmark aborted');
+    const calls = Math.min(block, total - done);
     for (let k = 0; k < names.length; k++) {
-      const name = names[(i + k) % names.length]!;
-      const t0 = process.hrtime.bigint();
-      await systems[name]!(i);
-      const ms = Number(process.hrtime.bigint() - t0) / 1e6;
-      if (i >= options.warmup) samples[name]!.push(ms);
+      const name = names[(round + k) % names.length]!;
+      for (let c = 0; c < calls; c++) {
+        const t0 = process.hrtime.bigint();
+        const own = await systems[name]!(done + c);
+        const ms = own ?? Number(process.hrtime.bigint() - t0) / 1e6;
+        if (done + c >= options.warmup) samples[name]!.push(ms);
+      }
     }
-    options.onProgress?.(i + 1, total);
+    done += calls;
+    options.onProgress?.(done, total);
   }
   return Object.fromEntries(names.map((n) => [n, summarize(samples[n]!)]));
 }

@@ -37,7 +37,16 @@ export function register(program: Command): void {
       "`true` in a warm session through the full path vs the runtime's exec and `nsenter` into the same sandbox; stdout throughput; `echo` throughput under load",
     )
     .option('--iterations <n>', 'measured round trips per system', '200')
-    .option('--warmup <n>', 'unmeasured round trips first', '20')
+    .option(
+      '--warmup <n>',
+      'unmeasured round trips first (a long-running server has compiled its hot paths)',
+      '1000',
+    )
+    .option(
+      '--block <n>',
+      'consecutive round trips of one system per turn (1: every call follows another system)',
+      '10',
+    )
     .option('--stream-mib <n>', 'MiB of stdout streamed for the throughput run', '512')
     .option('--load-execs <n>', '`echo` commands in the load run', '5000')
     .option('--load-concurrency <n>', 'commands in flight at once in the load run', '64')
@@ -47,6 +56,7 @@ export function register(program: Command): void {
         opts: {
           iterations: string;
           warmup: string;
+          block: string;
           streamMib: string;
           loadExecs: string;
           loadConcurrency: string;
@@ -63,6 +73,7 @@ export function register(program: Command): void {
             benchExec({
               iterations: Number(opts.iterations),
               warmup: Number(opts.warmup),
+              block: Number(opts.block),
               streamBytes: Number(opts.streamMib) * 1024 * 1024,
               loadExecs: Number(opts.loadExecs),
               loadConcurrency: Number(opts.loadConcurrency),

@@ -99,3 +99,33 @@ test('a queued start that is deleted (its spawn failed) is never written; a comm
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('trim keeps the newest results of one sandbox, ties broken by insertion, and no other sandbox', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'dsec-command-store-'));
+  const file = join(dir, 'edge.db');
+  const store = new CommandStore(file);
+  try {
+    const at = (n: number) => new Date(1_700_000_000_000 + Math.floor(n / 2)).toISOString();
+    for (let n = 0; n < 10; n++) {
+      // Two results per millisecond: the tie on finishedAt is broken by insertion order.
+      store.finish({ ...finished(started(n)), finishedAt: at(n) });
+      store.finish({ ...finished({ ...started(n), sandboxId: 'sb-2', commandId: `other-${n}` }) });
+    }
+    store.insert(started(99));
+    store.trim('sb-1', 3);
+    store.flush();
+    const ids = (sb: string) =>
+      store
+        .list(sb, 100)
+        .map((c) => c.commandId)
+        .sort();
+    assert.deepEqual(ids('sb-1'), ['cmd-7', 'cmd-8', 'cmd-9', 'cmd-99'], 'a running command stays');
+    assert.equal(ids('sb-2').length, 10);
+    store.trim('sb-1', 0);
+    store.flush();
+    assert.deepEqual(ids('sb-1'), ['cmd-99']);
+  } finally {
+    store.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

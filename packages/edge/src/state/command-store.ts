@@ -80,7 +80,10 @@ export class CommandStore {
       CREATE UNIQUE INDEX IF NOT EXISTS commands_request ON commands(sandbox_id, request_id)
         WHERE request_id IS NOT NULL;
       CREATE INDEX IF NOT EXISTS commands_sandbox ON commands(sandbox_id, started_at);
-      CREATE INDEX IF NOT EXISTS commands_finished ON commands(state, finished_at);
+      -- Trims walk one sandbox's finished results newest first. (The index on (state,
+      -- finished_at) this replaces made every trim scan every sandbox's results.)
+      DROP INDEX IF EXISTS commands_finished;
+      CREATE INDEX IF NOT EXISTS commands_trim ON commands(sandbox_id, state, finished_at);
     `);
     this.#insert = this.#sql(
       `INSERT INTO commands (command_id, sandbox_id, request_id, state, info, started_at)
@@ -92,10 +95,11 @@ export class CommandStore {
        ON CONFLICT(command_id) DO UPDATE SET state = 'finished', result = excluded.result,
          finished_at = excluded.finished_at, info = excluded.info`,
     );
+    // Everything older than the sandbox's keep-th newest result: two range scans of commands_trim.
     this.#trim = this.#sql(
-      `DELETE FROM commands WHERE sandbox_id = ? AND state = 'finished' AND command_id NOT IN (
-         SELECT command_id FROM commands WHERE sandbox_id = ? AND state = 'finished'
-         ORDER BY finished_at DESC, rowid DESC LIMIT ?
+      `DELETE FROM commands WHERE sandbox_id = ? AND state = 'finished' AND (finished_at, rowid) < (
+         SELECT finished_at, rowid FROM commands WHERE sandbox_id = ? AND state = 'finished'
+         ORDER BY finished_at DESC, rowid DESC LIMIT 1 OFFSET ?
        )`,
     );
     this.#delete = this.#sql('DELETE FROM commands WHERE command_id = ?');
@@ -306,7 +310,11 @@ export class CommandStore {
 
   /** Keeps at most `keep` finished commands of one sandbox (called as they finish). */
   trim(sandboxId: string, keep: number): void {
-    this.#defer(() => this.#trim.run(sandboxId, sandboxId, keep));
+    // The cutoff is the keep-th newest result; with none to keep, there is no cutoff.
+    if (keep <= 0) {
+      const all = this.#sql("DELETE FROM commands WHERE sandbox_id = ? AND state = 'finished'");
+      this.#defer(() => all.run(sandboxId));
+    } else this.#defer(() => this.#trim.run(sandboxId, sandboxId, keep - 1));
   }
 
   close(): void {
