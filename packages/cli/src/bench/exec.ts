@@ -25,6 +25,8 @@ export interface ExecBenchOptions {
   streamBytes: number;
   /** `echo` commands run in the load phase, `loadConcurrency` at once over `loadSandboxes`. */
   loadExecs: number;
+  /** Unmeasured `echo` commands before the load run's. */
+  loadWarmup: number;
   loadConcurrency: number;
   loadSandboxes: number;
   onProgress?: (done: number, total: number) => void;
@@ -182,6 +184,7 @@ async function execLoad(
       apiKey: node.adminKey,
       sandboxIds: sandboxes.map((sb) => sb.id),
       execs: options.loadExecs,
+      warmup: options.loadWarmup,
       concurrency: options.loadConcurrency,
     };
     const { stdout } = await execFileAsync(

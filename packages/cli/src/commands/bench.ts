@@ -49,6 +49,7 @@ export function register(program: Command): void {
     )
     .option('--stream-mib <n>', 'MiB of stdout streamed for the throughput run', '512')
     .option('--load-execs <n>', '`echo` commands in the load run', '5000')
+    .option('--load-warmup <n>', 'unmeasured `echo` commands before the load run', '2000')
     .option('--load-concurrency <n>', 'commands in flight at once in the load run', '64')
     .option('--load-sandboxes <n>', 'sandboxes the load run spreads over', '16')
     .action(
@@ -59,6 +60,7 @@ export function register(program: Command): void {
           block: string;
           streamMib: string;
           loadExecs: string;
+          loadWarmup: string;
           loadConcurrency: string;
           loadSandboxes: string;
         },
@@ -76,6 +78,7 @@ export function register(program: Command): void {
               block: Number(opts.block),
               streamBytes: Number(opts.streamMib) * 1024 * 1024,
               loadExecs: Number(opts.loadExecs),
+              loadWarmup: Number(opts.loadWarmup),
               loadConcurrency: Number(opts.loadConcurrency),
               loadSandboxes: Number(opts.loadSandboxes),
               onProgress,
