@@ -117,6 +117,20 @@ describe('chronus supervisor', { skip }, () => {
     }
   });
 
+  test('a command starts with no signal ignored or blocked (its daemon ignores SIGPIPE and SIGCHLD)', async () => {
+    const d = await startDaemon({ supervisor });
+    const conn = await ChronusConnection.connect(d.socketPath);
+    try {
+      const r = await runCollect(conn, { argv: ['cat', '/proc/self/status'] });
+      const status = r.stdout.toString();
+      assert.match(status, /^SigIgn:\s+0+$/m);
+      assert.match(status, /^SigBlk:\s+0+$/m);
+    } finally {
+      conn.close();
+      await d.stop();
+    }
+  });
+
   test('isChronus and findChronus tell a sandbox daemon from everything else', async () => {
     const a = await startDaemon({ supervisor });
     const b = await startDaemon({ supervisor });

@@ -85,6 +85,15 @@ pid_t fork_reclaiming(struct reclaim_stats *stats);
 /* Runs in the forked reaper (inside the sandbox pid namespace); never returns. */
 _Noreturn void reaper_main(const struct spawn_request *req, const struct reaper_fds *fds);
 
+/*
+ * Every signal back to its default disposition. A daemon whose reapers run
+ * commands calls it once at start, before it ignores SIGPIPE and SIGCHLD:
+ * those two are then the only dispositions a command could inherit (exec
+ * resets handled signals, not ignored ones), and each command resets just
+ * them instead of every signal.
+ */
+void reaper_default_signals(void);
+
 struct chronus_state {
     int listen_fd;
     int init_pidfd;

@@ -360,7 +360,9 @@ int cmd_chronusd(int argc, char **argv)
     if (!dir || !sup.shell || argc % 2)
         dief(EINVAL, "usage: chronusd --dir DIR --shell SHELLBIN");
     /* Daemons inherit both: a vanished edge must not kill them with SIGPIPE,
-     * and their reapers are reaped by the kernel (each reports its own status). */
+     * and their reapers are reaped by the kernel (each reports its own status).
+     * Nothing else the edge's own parent ignored lives on (reaper_default_signals). */
+    reaper_default_signals();
     signal(SIGPIPE, SIG_IGN);
     signal(SIGCHLD, SIG_IGN);
 

@@ -515,6 +515,7 @@ int main(int argc, char **argv)
     if (shell_memfd < 0)
         dief(errno, "open shell %s", shell);
     int listen_fd = listen_socket();
+    reaper_default_signals(); /* a service manager may have ignored some (chronus.h) */
     signal(SIGPIPE, SIG_IGN);
 
     /* SIGCHLD: orphans to reap; SIGIO: a port's host side opened or closed (scan_ports). */

@@ -262,11 +262,18 @@ static _Noreturn void exec_path(char **argv, char **env)
     child_fail(err, "exec %s", file);
 }
 
-static _Noreturn void run_command(const struct spawn_request *req)
+void reaper_default_signals(void)
 {
-    /* Undo what the daemon set for itself: ignored signals survive exec. */
     for (int sig = 1; sig < NSIG; sig++)
         signal(sig, SIG_DFL);
+}
+
+static _Noreturn void run_command(const struct spawn_request *req)
+{
+    /* Undo what the daemon set for itself: ignored signals survive exec, and the daemon
+       ignores only these two (reaper_default_signals). */
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
