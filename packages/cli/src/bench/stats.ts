@@ -32,12 +32,12 @@ export function ratio(ours: LatencySummary, peer: LatencySummary | undefined): n
 /**
  * Times every system in turns, rotating which goes first so none always runs
  * with warm (or cold) caches, and summarizes the calls after `warmup`. A turn
- * is `block` consecutive calls of one system (default 1): a call that follows
- * another system's process spawns pays for that system's cache and TLB
- * churn, so "warm" latencies are measured in blocks, where each system
- * follows itself as back-to-back calls do, and machine noise still spreads
- * over all systems by turns. A system that times itself (a peer run from
- * another process) returns its own milliseconds.
+ * is `block` consecutive calls of one system (default 1): a call right after
+ * another system's pays for what that one did to the caches and for waking
+ * CPUs it left idle, so "warm" latencies are measured in blocks, where each
+ * system follows itself as back-to-back calls do, and machine noise still
+ * spreads over all systems by turns. A system that times itself (a peer run
+ * from another process) returns its own milliseconds.
  */
 export async function interleave(
   systems: Record<string, (round: number) => Promise<void | number>>,
