@@ -404,6 +404,8 @@ class EdgeStatus:
     used: Dict[str, float] = field(default_factory=dict)
     sandboxes_by_project: Dict[str, int] = field(default_factory=dict)
     labels: Dict[str, str] = field(default_factory=dict)
+    #: Set by ``dsec edge cordon``: placement sends this edge nothing new.
+    cordoned: bool = False
 
 
 @dataclass(frozen=True)

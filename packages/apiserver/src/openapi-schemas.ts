@@ -367,6 +367,10 @@ export const EdgeStatusSchema = z
     gpus: z.array(FnCallGpuUnitStatusSchema).optional().openapi({
       description: "The edge's GPU units and their assignment (absent on edges without GPUs).",
     }),
+    cordoned: z.boolean().optional().openapi({
+      description:
+        'Set by `dsec edge cordon`: placement sends this edge nothing new (absent when not).',
+    }),
   })
   .openapi('EdgeStatus');
 

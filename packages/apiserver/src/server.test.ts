@@ -358,6 +358,27 @@ test('tenant A cannot see, delete or exec in tenant B (404), nor create in B', a
   );
 });
 
+test('GET /v1/edges says which edges are cordoned', async (t) => {
+  const a = await api(t, {
+    edges: [new FakeEdge({ edgeId: 'edge-a' }), new FakeEdge({ edgeId: 'edge-b' })],
+    fleet: (watcher) => ({
+      view: () => {
+        const view = watcher.view();
+        const edges = view.edges.map((e) => (e.edgeId === 'edge-b' ? { ...e, cordoned: true } : e));
+        return { ...view, edges };
+      },
+    }),
+  });
+  const r = await call(a.app, 'GET', '/v1/edges', a.rootKey);
+  assert.deepEqual(
+    (r.body.edges as { edgeId: string; cordoned?: boolean }[]).map((e) => [e.edgeId, e.cordoned]),
+    [
+      ['edge-a', undefined],
+      ['edge-b', true],
+    ],
+  );
+});
+
 test('missing, malformed, unknown and revoked keys are 401', async (t) => {
   const a = await api(t);
   const team = await tenant(a, 'team', undefined, 'member');

@@ -208,6 +208,11 @@ export interface EdgeStatus {
   fncall?: FnCallPoolStatus[] | undefined;
   /** GPU units FnCall workers may be given, and their use (absent on edges without GPUs). */
   gpus?: FnCallGpuUnitStatus[] | undefined;
+  /**
+   * Set by `dsec edge cordon`: placement sends this edge nothing new. The
+   * apiserver's view (`GET /v1/edges`), never an edge's own report.
+   */
+  cordoned?: boolean | undefined;
 }
 
 /** An edge's measurement of its node, as admission sees it (ADR 0007). */

@@ -106,6 +106,8 @@ export interface EdgeStatus {
     diskFreeMb: number;
     refusing?: { resource: string; measure: string; current: number; limit: number };
   };
+  /** `dsec edge cordon`: placement sends it nothing new. */
+  cordoned?: boolean;
 }
 export interface LayerInfo {
   name: string;

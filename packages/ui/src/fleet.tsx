@@ -49,6 +49,11 @@ export function NodesPage() {
                 <span class={`badge ${e.healthy ? 'state-running' : 'state-failed'}`}>
                   {e.healthy ? 'healthy' : 'unhealthy'}
                 </span>
+                {e.cordoned && (
+                  <span class="badge state-paused" title="dsec edge uncordon to take new sandboxes">
+                    cordoned
+                  </span>
+                )}
                 {e.pressure?.refusing && (
                   <div class="error">
                     refusing: {e.pressure.refusing.resource} ({e.pressure.refusing.measure})

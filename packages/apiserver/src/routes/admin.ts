@@ -73,6 +73,8 @@ export function adminRoutes(
       labels: { ...(e.status?.labels ?? {}) },
       ...(e.status?.pressure ? { pressure: e.status.pressure } : {}),
       ...(e.status?.fncall ? { fncall: e.status.fncall.map((p) => ({ ...p })) } : {}),
+      ...(e.status?.gpus ? { gpus: e.status.gpus.map((g) => ({ ...g })) } : {}),
+      ...(e.cordoned ? { cordoned: true } : {}),
     }));
     return { edges };
   });

@@ -39,6 +39,8 @@ export async function createTestApi(
     /** The control database: a SQLite file, a `postgres://` URL, or (default) `:memory:`. */
     iamPath?: string;
     placer?: (watcher: Watcher) => Placer;
+    /** The fleet view the apiserver reads (default the watcher's own). */
+    fleet?: (watcher: Watcher) => ApiServerOptions['watcher'];
     logger?: boolean;
     /** Transport limits (timeouts, connection cap) passed to `buildApiServer`. */
     transport?: Partial<Pick<ApiServerOptions, TransportOption>>;
@@ -58,7 +60,7 @@ export async function createTestApi(
   const app = buildApiServer({
     iam,
     edges,
-    watcher,
+    watcher: options.fleet?.(watcher) ?? watcher,
     placer,
     ids,
     logger: options.logger,

@@ -1140,6 +1140,8 @@ export interface components {
         memoryMb: number;
         sandboxes: number;
       };
+      /** @description Set by `dsec edge cordon`: placement sends this edge nothing new (absent when not). */
+      cordoned?: boolean;
       edgeId: string;
       /** @description Warm FnCall pools on this edge (absent on edges without FnCall). */
       fncall?: components['schemas']['FnCallPoolStatus'][];
