@@ -37,6 +37,11 @@ export class ApiMetrics {
     buckets: [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
     registers: [this.registry],
   });
+  /** One answered request: its count by status and its latency, under its route pattern. */
+  record(method: string, route: string, status: number, seconds: number): void {
+    this.requests.inc({ method, route, status: String(status) });
+    this.latency.observe({ method, route }, seconds);
+  }
   readonly sandboxesCreated = new Counter({
     name: 'dsec_sandboxes_created_total',
     help: 'Sandboxes created, by backend.',

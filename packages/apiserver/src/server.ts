@@ -73,7 +73,12 @@ export interface ApiServerOptions {
    * Mounts more routes on the same service before the server listens (the
    * E2B-compatible API, `@dsec/e2b`), so they share its metrics and state.
    */
-  extend?: ((app: FastifyInstance, ctx: { service: SandboxService; iam: Iam }) => void) | undefined;
+  extend?:
+    | ((
+        app: FastifyInstance,
+        ctx: { service: SandboxService; iam: Iam; metrics: ApiMetrics },
+      ) => void)
+    | undefined;
   /** The server's metrics (default new ones); pass them to also serve them on an admin listener. */
   metrics?: ApiMetrics | undefined;
   /**
@@ -186,8 +191,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   });
   app.addHook('onResponse', async (req, reply) => {
     const route = req.routeOptions.url ?? 'unmatched';
-    metrics.requests.inc({ method: req.method, route, status: String(reply.statusCode) });
-    metrics.latency.observe({ method: req.method, route }, reply.elapsedTime / 1000);
+    metrics.record(req.method, route, reply.statusCode, reply.elapsedTime / 1000);
   });
 
   app.setErrorHandler((err, req, reply) => {
@@ -243,6 +247,6 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   ptyWebSocket(app, service, iam);
   uiRoutes(app);
   adminRoutes(app, { iam, fleet: () => watcher.view(), imagesList: options.imagesList });
-  options.extend?.(app, { service, iam });
+  options.extend?.(app, { service, iam, metrics });
   return app;
 }

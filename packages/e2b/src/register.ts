@@ -1,5 +1,5 @@
 import type { FastifyInstance } from 'fastify';
-import type { SandboxService } from '@dsec/apiserver';
+import type { ApiMetrics, SandboxService } from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
 import { controlPlaneRoutes } from './control-plane.js';
 import { ProcessTable } from './envd/process-table.js';
@@ -13,6 +13,8 @@ export interface E2bRoutesDeps {
   service: SandboxService;
   /** Authenticates the E2B credentials (`X-API-Key`, `X-Access-Token`): DSec API keys. */
   iam: Iam;
+  /** The apiserver's request metrics: the streams that skip the router are counted there too. */
+  metrics?: ApiMetrics | undefined;
   /**
    * Template names an operator defines (`{ base: 'busybox', big: { image: 'python', memoryLimitMb: 4096 } }`);
    * any other template is read as `image[/workspace][+toolkit]…` (docs/e2b.md).
@@ -60,6 +62,7 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
       watchIntervalMs: deps.watchIntervalMs ?? 250,
       shutdown: shutdown.signal,
       routing,
+      metrics: deps.metrics,
     });
     scope.addHook('onClose', async () => close());
   });

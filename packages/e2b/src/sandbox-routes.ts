@@ -4,7 +4,7 @@ import type { ServiceImpl } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
-import type { SandboxService } from '@dsec/apiserver';
+import type { ApiMetrics, SandboxService } from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
 import { authenticateE2b, credentialOf } from './auth.js';
 import { envdHttpStatus } from './errors.js';
@@ -27,6 +27,8 @@ import { Process } from './gen/process/process_pb.js';
 const RPC_READ_MAX_BYTES = 16 * 1024 * 1024;
 
 const RPC_SERVICES = ['/process.Process/', '/filesystem.Filesystem/'];
+/** The route of a request to a path in a sandbox; the fast path's streams are counted under it. */
+const ROUTED = `${SANDBOX_ROUTE_PREFIX}/:port/:id/*`;
 
 export interface SandboxRouteDeps {
   service: SandboxService;
@@ -38,6 +40,8 @@ export interface SandboxRouteDeps {
   shutdown: AbortSignal;
   /** Where the hot streams take their path around the router (`installSandboxRouting`). */
   routing?: SandboxRouting | undefined;
+  /** Where the streams that skip the router are counted, under the route that would have served them. */
+  metrics?: ApiMetrics | undefined;
 }
 
 /**
@@ -88,6 +92,18 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
         sandboxId = toDsecSandboxId(address.sandboxId);
       } catch {
         return false;
+      }
+      const { metrics } = deps;
+      if (metrics) {
+        const started = performance.now();
+        res.once('close', () =>
+          metrics.record(
+            req.method ?? 'POST',
+            ROUTED,
+            res.statusCode,
+            (performance.now() - started) / 1000,
+          ),
+        );
       }
       iam.authenticate(found.key).then(
         (principal) => {
@@ -157,7 +173,7 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
     }
   };
   scope.all(`${SANDBOX_ROUTE_PREFIX}/:port/:id`, handler);
-  scope.all(`${SANDBOX_ROUTE_PREFIX}/:port/:id/*`, handler);
+  scope.all(ROUTED, handler);
   return () => fs.close();
 }
 

@@ -15,6 +15,7 @@ import type {
   SandboxIoApi,
   StartCommandSpec,
 } from '@dsec/core';
+import { ApiMetrics } from '@dsec/apiserver';
 import type { SandboxService } from '@dsec/apiserver';
 import type { Iam, Principal } from '@dsec/iam';
 import { Process } from '../gen/process/process_pb.js';
@@ -116,6 +117,7 @@ class ScriptedIo {
 async function withEnvd(
   fn: (url: string, io: ScriptedIo) => Promise<void>,
   onApp: (app: FastifyInstance) => void = () => undefined,
+  metrics?: ApiMetrics,
 ): Promise<void> {
   const io = new ScriptedIo();
   const edge = { edgeId: 'edge-a', io: io as unknown as SandboxIoApi } as unknown as EdgeApi;
@@ -133,7 +135,7 @@ async function withEnvd(
   } as unknown as Iam;
   const app = Fastify();
   onApp(app);
-  registerE2bRoutes(app, { service, iam });
+  registerE2bRoutes(app, { service, iam, metrics });
   await app.listen({ port: 0, host: '127.0.0.1' });
   try {
     await fn(`http://127.0.0.1:${(app.server.address() as AddressInfo).port}`, io);
@@ -344,6 +346,24 @@ test('the SDKs’ streams skip the router; what it would refuse reads the same e
         routed.push(req.raw.url?.replace(/^\/_e2b\/sandbox\/\d+\/[^/]+/, '') ?? '');
       }),
   );
+});
+
+test('the streams that skip the router count in the request metrics as the router counted them', async () => {
+  const metrics = new ApiMetrics();
+  const routed: string[] = [];
+  await withEnvd(
+    async (url) => {
+      assert.equal((await call(url, bash('exit3'))).status, 200);
+      assert.equal((await call(url, bash('out'))).status, 200);
+    },
+    (app) => app.addHook('onRequest', async (req) => void routed.push(req.url)),
+    metrics,
+  );
+  assert.deepEqual(routed, [], 'both took the fast path');
+  const text = await metrics.text();
+  const route = 'route="/_e2b/sandbox/:port/:id/*"';
+  assert.ok(text.includes(`dsec_http_requests_total{method="POST",${route},status="200"} 2`), text);
+  assert.ok(text.includes(`dsec_http_request_duration_seconds_count{method="POST",${route}} 2`));
 });
 
 test('a client that leaves mid-stream stops the watch; the command is not killed', async () => {
