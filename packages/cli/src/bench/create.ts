@@ -8,6 +8,7 @@ import { buildContainerConfig } from '@dsec/edge';
 import { makeBusyboxRootfs } from '@dsec/images';
 import { DSecClient } from '@dsec/sdk';
 import type { SandboxSpec } from '@dsec/core';
+import { removeCgroupParent } from './host-leftovers.js';
 import { mountPeerRoot, PEER_HOST_ID, PEER_ID_COUNT } from './peer-root.js';
 import { interleave, ratio, type LatencySummary } from './stats.js';
 
@@ -163,12 +164,13 @@ async function preparePeerBundle(work: string, image: string) {
   const bundle = join(dir, 'bundle');
   const rootfs = join(bundle, 'rootfs');
   const root = await mountPeerRoot(dir, rootfs, image);
+  const cgroupPath = `dsec-bench/${process.pid}`;
   const config = buildContainerConfig({
     spec: SPEC,
     hostname: 'bench',
     rootfs,
     initBinary: '/bin/true',
-    cgroupsPath: `/dsec-bench/${process.pid}`,
+    cgroupsPath: `/${cgroupPath}`,
     hostIdBase: PEER_HOST_ID,
     idCount: PEER_ID_COUNT,
   }) as { process: { args: string[] }; mounts: { destination: string }[] };
@@ -177,7 +179,11 @@ async function preparePeerBundle(work: string, image: string) {
   config.mounts = config.mounts.filter((m) => m.destination !== '/dev/.dsec-init');
   await writeFile(join(bundle, 'config.json'), JSON.stringify(config));
   const runtimeRoot = join(dir, 'runtime');
-  return { bundle, runtimeRoot, cleanup: root.unmount };
+  const cleanup = async () => {
+    await root.unmount();
+    await removeCgroupParent(cgroupPath);
+  };
+  return { bundle, runtimeRoot, cleanup };
 }
 
 export async function describeMachine(): Promise<Record<string, unknown>> {

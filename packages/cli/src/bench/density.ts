@@ -1,5 +1,4 @@
-import { readdir, readFile, rmdir } from 'node:fs/promises';
-import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { chmod, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -9,6 +8,7 @@ import { detectCgroupDriver, type AdmissionConfig } from '@dsec/edge';
 import { makeBusyboxRootfs } from '@dsec/images';
 import { DSecClient } from '@dsec/sdk';
 import { describeMachine } from './create.js';
+import { removeCgroupParent } from './host-leftovers.js';
 
 export interface DensityBenchOptions {
   /** Stop after this many sandboxes even if admission would take more. */
@@ -276,12 +276,4 @@ async function forEachLimit<T>(
       while (next < items.length) await fn(items[next++]!);
     }),
   );
-}
-
-/** Removes the benchmark's (empty) cgroup parent in every hierarchy. */
-async function removeCgroupParent(parent: string): Promise<void> {
-  const controllers = await readdir('/sys/fs/cgroup').catch(() => [] as string[]);
-  for (const c of controllers)
-    await rmdir(join('/sys/fs/cgroup', c, parent)).catch(() => undefined);
-  await rmdir(join('/sys/fs/cgroup', parent)).catch(() => undefined);
 }

@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { chmod, mkdtemp, readdir, rm, rmdir } from 'node:fs/promises';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import type { Command } from 'commander';
@@ -12,6 +12,7 @@ import { contextOf } from '../context.js';
 import { parseInteger } from '../parse.js';
 import { createProgress } from '../progress.js';
 import { describeMachine } from './create.js';
+import { removeCgroupParent } from './host-leftovers.js';
 import { summarize } from './stats.js';
 
 /**
@@ -217,9 +218,7 @@ export async function benchFnCall(options: FnCallBenchOptions): Promise<FnCallBe
     });
     cleanups.unshift(async () => {
       await node.close({ stopSandboxes: true });
-      for (const ctrl of await readdir('/sys/fs/cgroup').catch(() => [])) {
-        await rmdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent}`).catch(() => undefined);
-      }
+      await removeCgroupParent(cgroupParent);
     });
 
     const client = new DSecClient({ url: node.url, apiKey: node.adminKey, maxSockets: 512 });

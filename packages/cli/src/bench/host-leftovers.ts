@@ -1,7 +1,7 @@
 import { execFile } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
 import { readdir, readFile, rmdir } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { LinuxNetwork } from '@dsec/edge';
 
@@ -138,9 +138,16 @@ function unescapeMountPath(p: string): string {
   return p.replace(/\\(\d{3})/g, (_, o: string) => String.fromCharCode(parseInt(o, 8)));
 }
 
-/** Removes the (empty) cgroup parent directories a bench node made. */
+/**
+ * Removes a bench's cgroup parent (`a`, or `a/b` for a peer's own) in every
+ * hierarchy, then its ancestors while they are empty (a runtime removes a
+ * container's cgroup, never the parent it was put in). rmdir refuses a cgroup
+ * that holds tasks or children, so nothing in use goes.
+ */
 export async function removeCgroupParent(parent: string): Promise<void> {
-  for (const dir of cgroupParentDirs(parent)) await rmdir(dir).catch(() => undefined);
+  for (let p = parent; p !== '.' && p !== '/' && p !== ''; p = dirname(p)) {
+    for (const dir of cgroupParentDirs(p)) await rmdir(dir).catch(() => undefined);
+  }
 }
 
 async function countNftElements(table: string): Promise<number> {

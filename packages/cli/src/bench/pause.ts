@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { chmod, mkdtemp, readdir, readFile, rm, rmdir, writeFile } from 'node:fs/promises';
+import { chmod, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -7,6 +7,7 @@ import { randomId, type SandboxSpec } from '@dsec/core';
 import { buildContainerConfig, openContainerEdge } from '@dsec/edge';
 import { buildLayer, DirImageStore, makeBusyboxRootfs } from '@dsec/images';
 import { describeMachine } from './create.js';
+import { removeCgroupParent } from './host-leftovers.js';
 import { mountPeerRoot, PEER_HOST_ID, PEER_ID_COUNT } from './peer-root.js';
 import { summarize, type LatencySummary } from './stats.js';
 
@@ -335,11 +336,4 @@ async function memAvailableBytes(): Promise<number> {
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.floor((s.length - 1) / 2)] ?? 0;
-}
-
-async function removeCgroupParent(parent: string): Promise<void> {
-  const controllers = await readdir('/sys/fs/cgroup').catch(() => [] as string[]);
-  for (const c of controllers)
-    await rmdir(join('/sys/fs/cgroup', c, parent)).catch(() => undefined);
-  await rmdir(join('/sys/fs/cgroup', parent)).catch(() => undefined);
 }

@@ -1,4 +1,3 @@
-import { readdir, rmdir } from 'node:fs/promises';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { cpus, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,6 +7,7 @@ import type { QosClass } from '@dsec/core';
 import { makeBusyboxRootfs } from '@dsec/images';
 import { DSecClient, type Sandbox } from '@dsec/sdk';
 import { describeMachine } from './create.js';
+import { removeCgroupParent } from './host-leftovers.js';
 import { summarize, type LatencySummary } from './stats.js';
 
 export interface QosBenchOptions {
@@ -180,11 +180,4 @@ async function startLoad(sb: Sandbox, threads: number): Promise<() => Promise<vo
     await sb.runShell('touch /tmp/stop');
     await running;
   };
-}
-
-async function removeCgroupParent(parent: string): Promise<void> {
-  const controllers = await readdir('/sys/fs/cgroup').catch(() => [] as string[]);
-  for (const c of controllers)
-    await rmdir(join('/sys/fs/cgroup', c, parent)).catch(() => undefined);
-  await rmdir(join('/sys/fs/cgroup', parent)).catch(() => undefined);
 }
