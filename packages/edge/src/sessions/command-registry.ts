@@ -242,9 +242,16 @@ export class CommandRegistry {
     for (const live of this.#live.values()) if (live.info.sandboxId === sandboxId) live.kill();
   }
 
-  /** Drops results past their retention or beyond the per-sandbox bound. */
+  /**
+   * Drops results past their retention, and trims to the per-sandbox bound
+   * every sandbox that finished commands since it was last trimmed (between
+   * sweeps a sandbox holds at most 31 results over the bound).
+   */
   sweep(now = Date.now()): void {
-    this.#store.purge(new Date(now - this.#retentionMs).toISOString(), this.#maxPerSandbox);
+    this.#store.purge(new Date(now - this.#retentionMs).toISOString());
+    for (const sandboxId of this.#finishedSinceTrim.keys())
+      this.#store.trim(sandboxId, this.#maxPerSandbox);
+    this.#finishedSinceTrim.clear();
   }
 
   /**
