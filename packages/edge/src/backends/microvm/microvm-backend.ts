@@ -17,7 +17,7 @@ import {
   type Accel,
   type MicrovmAssets,
 } from './assets.js';
-import { isQemuOf, killQuietly, makeQemuCgroup, spawnQemu } from './qemu-cgroup.js';
+import { isQemuOf, killQuietly, makeQemuCgroup, qemuJailArgs, spawnQemu } from './qemu-cgroup.js';
 import { makeScratchDisk } from '../scratch-disk.js';
 import { finishRestore, pausePaths, readPlugged, reclaimCgroup, saveVm } from './pause.js';
 import { QmpClient } from './qmp.js';
@@ -269,14 +269,7 @@ export class MicrovmBackend implements Backend {
         : ['-device', 'virtio-balloon-device,free-page-reporting=on']),
       // The saved machine arrives on fd 3, opened by the edge (QEMU never opens it).
       ...(restore ? ['-incoming', 'fd:3', '-S'] : []),
-      // After opening its files QEMU becomes the sandbox's own uid (real, effective
-      // and saved: there is no way back to root), then runs under its seccomp
-      // filter: no exec or fork, no obsolete or scheduler/affinity syscalls.
-      // (`elevateprivileges=deny` would also forbid the setuid that -runas makes.)
-      '-runas',
-      `${hostId}:${hostId}`,
-      '-sandbox',
-      'on,obsolete=deny,spawn=deny,resourcecontrol=deny',
+      ...qemuJailArgs(hostId),
     ];
     const { pid, exited } = spawnQemu({
       binary: this.options.qemuBinary ?? QEMU_BINARY,

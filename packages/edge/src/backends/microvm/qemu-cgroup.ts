@@ -42,6 +42,22 @@ export async function makeQemuCgroup(
   }
 }
 
+/**
+ * QEMU's jail, for every machine the edge runs: after opening its files it
+ * becomes the sandbox's own uid (real, effective and saved: there is no way
+ * back to root), then runs under its seccomp filter: no exec or fork, no
+ * obsolete or scheduler/affinity syscalls. (`elevateprivileges=deny` would
+ * also forbid the setuid that -runas makes.)
+ */
+export function qemuJailArgs(hostId: number): string[] {
+  return [
+    '-runas',
+    `${hostId}:${hostId}`,
+    '-sandbox',
+    'on,obsolete=deny,spawn=deny,resourcecontrol=deny',
+  ];
+}
+
 export interface QemuLaunch {
   binary: string;
   args: string[];

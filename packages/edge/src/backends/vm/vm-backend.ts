@@ -24,7 +24,13 @@ import {
   type Accel,
   type MicrovmAssets,
 } from '../microvm/assets.js';
-import { isQemuOf, killQuietly, makeQemuCgroup, spawnQemu } from '../microvm/qemu-cgroup.js';
+import {
+  isQemuOf,
+  killQuietly,
+  makeQemuCgroup,
+  qemuJailArgs,
+  spawnQemu,
+} from '../microvm/qemu-cgroup.js';
 import { MicrovmBackend, type MicrovmBackendOptions } from '../microvm/microvm-backend.js';
 import { connectMicrovm, netCmdline, tapArgs } from '../microvm/network.js';
 import { finishRestore } from '../microvm/pause.js';
@@ -309,12 +315,7 @@ export class VmBackend implements Backend {
       'chardev=display,mode=control',
       // The saved machine arrives on fd 3, opened by the edge (QEMU never opens it).
       ...(restore ? ['-incoming', 'fd:3', '-S'] : []),
-      // As the microVM: the sandbox's own uid after opening its files, then
-      // QEMU's seccomp filter (no exec or fork, no obsolete or scheduler syscalls).
-      '-runas',
-      `${hostId}:${hostId}`,
-      '-sandbox',
-      'on,obsolete=deny,spawn=deny,resourcecontrol=deny',
+      ...qemuJailArgs(hostId),
     ];
     const { pid, exited } = spawnQemu({
       binary: this.options.qemuBinary ?? QEMU_BINARY,
