@@ -94,7 +94,8 @@ describe('chronus supervisor', { skip }, () => {
         (await readFile(`/proc/${pid}/cmdline`, 'utf8')).split('\0')[0],
         'dsec-chronusd',
       );
-      // Nothing of the supervisor's (its control socket, its log) or of the edge's lives on in a daemon.
+      // Nothing of the supervisor's (its control socket, its log) or of the edge's lives on in a
+      // daemon. Beyond its own fds it holds the idle reaper of the echo: a pidfd and a socket.
       const held = await Promise.all(
         (await readdir(`/proc/${a.pid}/fd`)).map((fd) => readlink(`/proc/${a.pid}/fd/${fd}`)),
       );
@@ -107,6 +108,8 @@ describe('chronus supervisor', { skip }, () => {
           '/memfd:dsec-shell (deleted)',
           'DIR',
           'anon_inode:[eventpoll]',
+          'anon_inode:[pidfd]',
+          'socket:',
           'anon_inode:[pidfd]',
           'socket:',
         ].sort(),

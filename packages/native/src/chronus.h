@@ -54,6 +54,22 @@ struct spawn_request {
     char **envp; /* NULL-terminated */
 };
 
+/*
+ * Parses a SPAWN payload; req's strings point into p (which must outlive
+ * it). 0, or -1 when malformed. spawn_request_free frees the arrays.
+ */
+int spawn_request_parse(unsigned char *p, size_t len, struct spawn_request *req);
+void spawn_request_free(struct spawn_request *req);
+
+/*
+ * Daemon → idle reaper: run this command ([REAPER_RUN][SPAWN payload], the
+ * command's pipes attached as SCM_RIGHTS). Only commands without a pty or
+ * SPAWN_DETACHED, and payloads up to REAPER_RUN_MAX bytes (a socket
+ * buffer's worth), go to an idle reaper; others get a new one.
+ */
+#define REAPER_RUN 0x10
+#define REAPER_RUN_MAX (64u << 10)
+
 /* The reaper's end of each channel; -1 where absent. */
 struct reaper_fds {
     int ctl;        /* SOCK_SEQPACKET to the daemon */

@@ -190,6 +190,62 @@ describe('chronus against a runc sandbox', { skip }, () => {
     await runCollect(conn, { argv: ['kill', '-9', String(pd)] });
   });
 
+  describe('idle reapers', () => {
+    /** The pid (in the sandbox) of the reaper that ran the command: the shell's parent. */
+    const reaperOf = async (script = ''): Promise<number> => {
+      const r = await runCollect(conn, { argv: ['sh', '-c', `${script}echo $PPID`], shell: true });
+      assert.equal(r.exit.exitCode, 0, r.stderr.toString());
+      return Number(r.stdout.toString().trim());
+    };
+    /** Host pids of the daemon's children: its reapers. */
+    const reapers = async (): Promise<number[]> =>
+      (await readFile(`/proc/${d.pid}/task/${d.pid}/children`, 'utf8'))
+        .trim()
+        .split(/\s+/)
+        .filter(Boolean)
+        .map(Number);
+
+    test('a clean command leaves its reaper to run the next one, with fresh stdio', async () => {
+      const first = await reaperOf();
+      assert.equal(await reaperOf(), first);
+      const fds = await runCollect(conn, { argv: ['sh', '-c', 'ls /proc/$$/fd; echo $PPID'], shell: true });
+      assert.deepEqual(fds.stdout.toString().trim().split(/\s+/).sort(), ['0', '1', '2', String(first)].sort());
+      const input = await runCollect(conn, { argv: ['cat'] }, 'through a reused reaper\n');
+      assert.equal(input.stdout.toString(), 'through a reused reaper\n');
+      assert.equal(await reaperOf(), first);
+    });
+
+    test('a command that leaves a process behind retires its reaper', async () => {
+      const first = await reaperOf('sleep 1004 >/dev/null 2>&1 & ');
+      const next = await reaperOf();
+      assert.notEqual(next, first);
+      await runCollect(conn, { argv: ['sh', '-c', 'pkill -f "sleep 1004"; true'], shell: true });
+    });
+
+    test('a reaper changed from outside (reniced) is not reused', async () => {
+      const first = await reaperOf('renice -n 5 -p $PPID >/dev/null; ');
+      assert.notEqual(await reaperOf(), first);
+    });
+
+    test('a stopped idle reaper is continued; a killed one is replaced', async () => {
+      const first = await reaperOf();
+      const [host] = await reapers();
+      assert.ok(host, 'one idle reaper');
+      process.kill(host, 'SIGSTOP');
+      assert.equal(await reaperOf(), first);
+      const [again] = await reapers();
+      process.kill(again!, 'SIGKILL');
+      await waitFor(async () => (await reapers()).length === 0, 'the killed reaper to go');
+      assert.notEqual(await reaperOf(), first);
+    });
+
+    test('idle reapers exit after five seconds', async () => {
+      await reaperOf();
+      assert.equal((await reapers()).length, 1);
+      await waitFor(async () => (await reapers()).length === 0, 'idle reapers to exit', 10_000);
+    });
+  });
+
   test('throughput: 200 MiB of yes arrives complete', async (t) => {
     const size = 200 * 1024 * 1024;
     const h = conn.spawn({

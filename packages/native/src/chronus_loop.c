@@ -1,9 +1,11 @@
 /*
  * The chronus event loop: one thread, one epoll set, non-blocking fds.
  *
- * Objects: connections (client sockets) and commands (one per SPAWN, each
+ * Objects: connections (client sockets), commands (one per SPAWN, each
  * with a reaper process and up to four fds: control socket, stdin, stdout,
- * stderr). Command output is read straight into the owning connection's
+ * stderr) and idle reapers (a reaper whose command ended cleanly, kept for
+ * REAPER_IDLE_MS to run the next one instead of forking another: reaper.c).
+ * Command output is read straight into the owning connection's
  * outbound buffer; once that buffer holds OUT_HIGH bytes the command's
  * output fds are paused, so a slow client back-pressures the command
  * instead of growing our memory.
@@ -17,6 +19,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,8 +32,12 @@
 #define STDIN_HIGH (1u << 20)  /* stop reading a client whose command's stdin backs up */
 #define PTY_GRACE_MS 50        /* pty output can trail the exit (tty flush is asynchronous) */
 #define STDOUT_PIPE_SIZE (256u << 10)
+/* Idle reapers: at most this many, each kept this long. Each holds a pid of the sandbox's
+   pids limit and its few private pages (charged to the sandbox) while it waits. */
+#define REAPER_POOL_MAX 8
+#define REAPER_IDLE_MS 5000
 
-enum wkind { W_LISTEN, W_INIT, W_CONN, W_CTL, W_STDIN, W_STDOUT, W_STDERR };
+enum wkind { W_LISTEN, W_INIT, W_CONN, W_CTL, W_STDIN, W_STDOUT, W_STDERR, W_IDLE };
 
 struct watch {
     enum wkind kind;
@@ -68,7 +75,16 @@ struct cmd {
     long drain_deadline_ms; /* pty: when to stop waiting for trailing output */
     long drain_left;        /* bytes still read after the exit, -1 before it */
     struct reclaim_stats reclaimed; /* by the daemon's fork of the reaper; added to STARTED's */
+    int reaper_pidfd;               /* -1 if pidfd_open failed: the reaper is then not kept */
     unsigned char exit_msg[EXIT_PAYLOAD];
+};
+
+/* A reaper waiting for its next command (its EXIT offered it); W_IDLE fires if it dies. */
+struct idle_reaper {
+    struct watch ctl;
+    int pidfd;
+    long since_ms;
+    struct idle_reaper *newer, *older;
 };
 
 static int epfd;
@@ -77,6 +93,8 @@ static struct cmd *cmds;
 static struct conn *dirty_conns;
 static struct cmd *garbage_cmds;   /* freed at the end of each loop round */
 static struct conn *garbage_conns; /* (pending epoll events may still point at them) */
+static struct idle_reaper *idle_newest, *idle_oldest, *garbage_idle;
+static int idle_count;
 
 static long now_ms(void)
 {
@@ -249,7 +267,10 @@ static void close_stdin(struct cmd *m)
 static void cmd_free_later(struct cmd *m)
 {
     close_stdin(m);
-    watch_close(&m->ctl);
+    watch_close(&m->ctl); /* a reaper waiting for another command sees EOF and exits */
+    if (m->reaper_pidfd >= 0)
+        close(m->reaper_pidfd);
+    m->reaper_pidfd = -1;
     watch_close(&m->out);
     watch_close(&m->err);
     if (m->prev)
@@ -328,6 +349,69 @@ static void maybe_finish(struct cmd *m)
     cmd_free_later(m);
 }
 
+/* ---- idle reapers ---- */
+
+static void idle_unlink(struct idle_reaper *r)
+{
+    if (r->newer)
+        r->newer->older = r->older;
+    else
+        idle_newest = r->older;
+    if (r->older)
+        r->older->newer = r->newer;
+    else
+        idle_oldest = r->newer;
+    idle_count--;
+}
+
+/* Drops an idle reaper: its channel closes, so it exits. */
+static void idle_drop(struct idle_reaper *r)
+{
+    idle_unlink(r);
+    watch_close(&r->ctl);
+    close(r->pidfd);
+    r->newer = garbage_idle; /* a pending epoll event may still point at it */
+    garbage_idle = r;
+}
+
+/*
+ * The command's reaper offered to run another: its channel moves from the
+ * command to the idle list (newest first), unless the list is full.
+ */
+static void keep_reaper(struct cmd *m)
+{
+    if (idle_count >= REAPER_POOL_MAX || m->reaper_pidfd < 0)
+        return;
+    struct idle_reaper *r = calloc(1, sizeof *r);
+    if (!r)
+        return;
+    int fd = m->ctl.fd;
+    watch_set(&m->ctl, 0);
+    m->ctl.fd = -1;
+    if (watch_add(&r->ctl, W_IDLE, fd, EPOLLIN, r) < 0) {
+        close(fd);
+        free(r);
+        return;
+    }
+    r->pidfd = m->reaper_pidfd;
+    m->reaper_pidfd = -1;
+    r->since_ms = now_ms();
+    r->older = idle_newest;
+    if (idle_newest)
+        idle_newest->newer = r;
+    else
+        idle_oldest = r;
+    idle_newest = r;
+    idle_count++;
+}
+
+/* Drops idle reapers kept longer than REAPER_IDLE_MS. */
+static void expire_idle(long now)
+{
+    while (idle_oldest && now - idle_oldest->since_ms >= REAPER_IDLE_MS)
+        idle_drop(idle_oldest);
+}
+
 /* A reaper message: [type][payload], forwarded to the client with the command's stream. */
 static void on_ctl(struct cmd *m)
 {
@@ -359,9 +443,11 @@ static void on_ctl(struct cmd *m)
         m->reported = 2;
         m->finished = 1;
         send_frame(m->conn, F_SPAWN_ERROR, m->stream, msg + 1, (size_t)n - 1);
-    } else if (msg[0] == F_EXIT && n == 1 + EXIT_PAYLOAD && m->reported == 1) {
+    } else if (msg[0] == F_EXIT && (n == 1 + EXIT_PAYLOAD || n == 2 + EXIT_PAYLOAD) && m->reported == 1) {
         memcpy(m->exit_msg, msg + 1, EXIT_PAYLOAD);
         m->finished = 1;
+        if (n == 2 + EXIT_PAYLOAD && msg[1 + EXIT_PAYLOAD] == 1)
+            keep_reaper(m);
     } else {
         return;
     }
@@ -449,10 +535,11 @@ static void close_channels(struct channels *ch)
     close_ends(ch, 1);
 }
 
-static int open_channels(const struct spawn_request *req, struct channels *ch)
+/* The command's channels; the control socket only with `ctl` (an idle reaper has its own). */
+static int open_channels(const struct spawn_request *req, struct channels *ch, int ctl)
 {
     memset(ch, -1, sizeof *ch);
-    int r = socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ch->ctl) < 0 ? -errno : 0;
+    int r = ctl && socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ch->ctl) < 0 ? -errno : 0;
     if (!r && (req->flags & SPAWN_PTY)) {
         /* The slave is all three of the command's stdio; STDIN frames go to the master. */
         if (!(r = open_pty(req->rows, req->cols, &ch->out[0], &ch->out[1]))) {
@@ -474,30 +561,91 @@ static int open_channels(const struct spawn_request *req, struct channels *ch)
     return r;
 }
 
-static void spawn(struct conn *c, uint32_t stream, const struct spawn_request *req)
+/*
+ * Hands a command to the newest idle reaper: REAPER_RUN with the SPAWN
+ * payload and the reaper's ends of its pipes. Returns the reaper's channel
+ * (now the command's), or -1 when no idle reaper took it.
+ */
+static int run_on_idle_reaper(const unsigned char *payload, size_t len, const struct channels *ch, int *pidfd)
 {
+    while (idle_newest) {
+        struct idle_reaper *r = idle_newest;
+        /* Continued first: a process of the sandbox may have stopped it while it waited. */
+        syscall(SYS_pidfd_send_signal, r->pidfd, SIGCONT, NULL, 0);
+        unsigned char type = REAPER_RUN;
+        struct iovec iov[2] = { { .iov_base = &type, .iov_len = 1 }, { .iov_base = (void *)payload, .iov_len = len } };
+        int fds[3], nfds = 0;
+        if (ch->in[1] >= 0)
+            fds[nfds++] = ch->in[1];
+        fds[nfds++] = ch->out[1];
+        fds[nfds++] = ch->err[1];
+        union {
+            struct cmsghdr h;
+            char space[CMSG_SPACE(3 * sizeof(int))];
+        } control;
+        memset(&control, 0, sizeof control);
+        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = 2, .msg_control = &control,
+                             .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int)) };
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+        memcpy(CMSG_DATA(c), fds, (size_t)nfds * sizeof(int));
+        if (sendmsg(r->ctl.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+            idle_drop(r); /* it died meanwhile (or its buffer is full): try the next one */
+            continue;
+        }
+        int fd = r->ctl.fd;
+        watch_set(&r->ctl, 0);
+        r->ctl.fd = -1;
+        *pidfd = r->pidfd;
+        idle_unlink(r);
+        free(r);
+        return fd;
+    }
+    return -1;
+}
+
+static void spawn(struct conn *c, uint32_t stream, const struct spawn_request *req, const unsigned char *payload,
+                  size_t len)
+{
+    /* A plain command goes to an idle reaper when there is one: no fork. */
+    int reuse = idle_newest && !(req->flags & (SPAWN_PTY | SPAWN_DETACHED)) && len <= REAPER_RUN_MAX;
     struct channels ch;
-    int r = open_channels(req, &ch);
+    int r = open_channels(req, &ch, !reuse);
     if (r < 0) {
         send_spawn_error(c, stream, -r, "cannot set up command channels");
         return;
     }
-    /* At the sandbox's pids limit this kills leftovers (blocking the loop for at most
-       its bounded budget): the platform's command must not be the one that fails. */
     struct reclaim_stats reclaimed = { 0 };
-    pid_t pid = fork_reclaiming(&reclaimed);
-    if (pid == 0) {
-        struct reaper_fds fds = { .ctl = ch.ctl[1], .stdin_r = ch.in[1], .stdout_w = ch.out[1],
-                                  .stderr_w = ch.err[1], .shell_memfd = state->shell_memfd };
-        reaper_main(req, &fds);
+    int pidfd = -1;
+    if (reuse && (ch.ctl[0] = run_on_idle_reaper(payload, len, &ch, &pidfd)) < 0) {
+        reuse = 0; /* every idle reaper had gone: a new one after all */
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ch.ctl) < 0) {
+            int err = errno;
+            close_channels(&ch);
+            send_spawn_error(c, stream, err, "cannot set up command channels");
+            return;
+        }
     }
-    int err = errno;
+    if (!reuse) {
+        /* At the sandbox's pids limit this kills leftovers (blocking the loop for at most
+           its bounded budget): the platform's command must not be the one that fails. */
+        pid_t pid = fork_reclaiming(&reclaimed);
+        if (pid == 0) {
+            struct reaper_fds fds = { .ctl = ch.ctl[1], .stdin_r = ch.in[1], .stdout_w = ch.out[1],
+                                      .stderr_w = ch.err[1], .shell_memfd = state->shell_memfd };
+            reaper_main(req, &fds);
+        }
+        int err = errno;
+        if (pid < 0) {
+            close_channels(&ch);
+            send_spawn_error(c, stream, err, err == EAGAIN ? "fork: the sandbox's process limit is reached" : "fork");
+            return;
+        }
+        pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    }
     close_ends(&ch, 0);
-    if (pid < 0) {
-        close_channels(&ch);
-        send_spawn_error(c, stream, err, err == EAGAIN ? "fork: the sandbox's process limit is reached" : "fork");
-        return;
-    }
     struct cmd *m = calloc(1, sizeof *m);
     if (!m)
         abort(); /* the reaper would be orphaned; nothing sensible left to do */
@@ -507,6 +655,7 @@ static void spawn(struct conn *c, uint32_t stream, const struct spawn_request *r
     m->in.fd = m->err.fd = -1;
     m->drain_left = -1;
     m->reclaimed = reclaimed;
+    m->reaper_pidfd = pidfd;
     fcntl(ch.out[0], F_SETFL, O_NONBLOCK);
     watch_add(&m->ctl, W_CTL, ch.ctl[0], EPOLLIN, m);
     watch_add(&m->out, W_STDOUT, ch.out[0], 0, m); /* enabled by STARTED */
@@ -535,53 +684,19 @@ static struct cmd *find_cmd(struct conn *c, uint32_t stream)
     return NULL;
 }
 
-/* Splits `n` NUL-terminated strings off *p; returns NULL if the payload ends first. */
-static char **take_strings(char **p, char *end, uint32_t n)
-{
-    char **v = calloc((size_t)n + 1, sizeof *v);
-    if (!v)
-        return NULL;
-    for (uint32_t i = 0; i < n; i++) {
-        char *nul = memchr(*p, 0, (size_t)(end - *p));
-        if (!nul) {
-            free(v);
-            return NULL;
-        }
-        v[i] = *p;
-        *p = nul + 1;
-    }
-    return v;
-}
-
 static void on_spawn(struct conn *c, uint32_t stream, unsigned char *p, size_t len)
 {
     if (find_cmd(c, stream)) {
         send_spawn_error(c, stream, EEXIST, "stream id already in use");
         return;
     }
-    struct spawn_request req = { 0 };
-    char *s = (char *)p + 24, *end = (char *)p + len;
-    char **head = NULL;
-    uint32_t argc = len >= 24 ? get_u32(p + 16) : 0, envc = len >= 24 ? get_u32(p + 20) : 0;
-    /* Each string takes at least its NUL, which bounds argc + envc by the payload size. */
-    if (len < 24 || argc == 0 || argc > len || envc > len || !(head = take_strings(&s, end, 2)) ||
-        !(req.argv = take_strings(&s, end, argc)) || !(req.envp = take_strings(&s, end, envc))) {
-        free(head);
-        free(req.argv);
+    struct spawn_request req;
+    if (spawn_request_parse(p, len, &req) < 0) {
         send_spawn_error(c, stream, EINVAL, "malformed SPAWN frame");
         return;
     }
-    req.flags = get_u32(p);
-    req.uid = get_u32(p + 4);
-    req.gid = get_u32(p + 8);
-    req.rows = get_u16(p + 12);
-    req.cols = get_u16(p + 14);
-    req.cwd = head[0];
-    req.user = head[1];
-    spawn(c, stream, &req);
-    free(head);
-    free(req.argv);
-    free(req.envp);
+    spawn(c, stream, &req, p, len);
+    spawn_request_free(&req);
 }
 
 static void on_frame(struct conn *c, uint8_t type, uint32_t stream, unsigned char *p, size_t len)
@@ -773,6 +888,9 @@ static void dispatch(struct watch *w, uint32_t events)
     case W_CTL:
         on_ctl(m);
         break;
+    case W_IDLE:
+        idle_drop(w->owner); /* it died, or said something out of turn */
+        break;
     case W_STDIN:
         if (events & EPOLLERR)
             close_stdin(m); /* the command closed its stdin */
@@ -796,7 +914,7 @@ static void dispatch(struct watch *w, uint32_t events)
 
 static int next_timeout(void)
 {
-    long soonest = -1, now = now_ms();
+    long soonest = idle_oldest ? idle_oldest->since_ms + REAPER_IDLE_MS : -1, now = now_ms();
     for (struct cmd *m = cmds; m; m = m->next)
         if (m->drain_deadline_ms && (soonest < 0 || m->drain_deadline_ms < soonest))
             soonest = m->drain_deadline_ms;
@@ -805,6 +923,11 @@ static int next_timeout(void)
 
 static void collect_garbage(void)
 {
+    while (garbage_idle) {
+        struct idle_reaper *r = garbage_idle;
+        garbage_idle = r->newer;
+        free(r);
+    }
     while (garbage_cmds) {
         struct cmd *m = garbage_cmds;
         garbage_cmds = m->next;
@@ -837,6 +960,7 @@ _Noreturn void chronus_serve(const struct chronus_state *st)
             if (m->drain_deadline_ms && now_ms() >= m->drain_deadline_ms)
                 maybe_finish(m);
         }
+        expire_idle(now_ms());
         while (dirty_conns) {
             struct conn *c = dirty_conns;
             dirty_conns = c->next_dirty;

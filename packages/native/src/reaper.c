@@ -7,12 +7,19 @@
  * double-forked. It reports STARTED / SPAWN_ERROR / EXIT to the daemon over
  * a SOCK_SEQPACKET pair; those messages are already in the client's frame
  * payload format (prefixed by the frame type byte).
+ *
+ * A reaper whose command ended cleanly (no process of its tree left, not
+ * killed, nothing about the reaper changed from outside) offers, with its
+ * EXIT, to run another: the daemon keeps it idle for a while and sends it
+ * the next command (REAPER_RUN, with the command's pipes attached) instead
+ * of forking a new reaper, which is most of what a short command costs.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +39,7 @@
 #include "util.h"
 
 /* Fixed fd layout inside the reaper; 0-2 are the command's stdio. */
-enum { FD_CTL = 3, FD_SHELL = 4 };
+enum { FD_CTL = 3, FD_SHELL = 4, FD_SIGNAL = 5 };
 
 /* Write end of the CLOEXEC pipe that carries a failure from before exec. */
 static int err_pipe_w = -1;
@@ -56,19 +63,72 @@ static void send_spawn_error(int err, const char *text)
     send_msg(m, 5 + n);
 }
 
-static void send_exit(int status, const struct rusage *ru)
+/* EXIT, with one more byte (1) when this reaper offers to run another command. */
+static void send_exit(int status, const struct rusage *ru, int reusable)
 {
-    unsigned char m[1 + EXIT_PAYLOAD] = { F_EXIT };
+    unsigned char m[1 + EXIT_PAYLOAD + 1] = { F_EXIT };
     put_u32(m + 1, (uint32_t)status);
     put_u64(m + 5, (uint64_t)ru->ru_utime.tv_sec * 1000000 + (uint64_t)ru->ru_utime.tv_usec);
     put_u64(m + 13, (uint64_t)ru->ru_stime.tv_sec * 1000000 + (uint64_t)ru->ru_stime.tv_usec);
     put_u64(m + 21, (uint64_t)ru->ru_maxrss);
-    send_msg(m, sizeof m);
+    m[1 + EXIT_PAYLOAD] = 1;
+    send_msg(m, reusable ? sizeof m : sizeof m - 1);
 }
 
-/* ---- the command (runs in the reaper's child until exec) ---- */
+/* ---- SPAWN payloads (PROTOCOL.md), parsed by the daemon and by a reused reaper ---- */
 
-/* Reports a setup failure through the CLOEXEC error pipe and exits. */
+/* Splits `n` NUL-terminated strings off *p; returns NULL if the payload ends first. */
+static char **take_strings(char **p, char *end, uint32_t n)
+{
+    char **v = calloc((size_t)n + 1, sizeof *v);
+    if (!v)
+        return NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        char *nul = memchr(*p, 0, (size_t)(end - *p));
+        if (!nul) {
+            free(v);
+            return NULL;
+        }
+        v[i] = *p;
+        *p = nul + 1;
+    }
+    return v;
+}
+
+int spawn_request_parse(unsigned char *p, size_t len, struct spawn_request *req)
+{
+    *req = (struct spawn_request){ 0 };
+    char *s = (char *)p + 24, *end = (char *)p + len;
+    char **head = NULL;
+    uint32_t argc = len >= 24 ? get_u32(p + 16) : 0, envc = len >= 24 ? get_u32(p + 20) : 0;
+    /* Each string takes at least its NUL, which bounds argc + envc by the payload size. */
+    if (len < 24 || argc == 0 || argc > len || envc > len || !(head = take_strings(&s, end, 2)) ||
+        !(req->argv = take_strings(&s, end, argc)) || !(req->envp = take_strings(&s, end, envc))) {
+        free(head);
+        spawn_request_free(req);
+        return -1;
+    }
+    req->flags = get_u32(p);
+    req->uid = get_u32(p + 4);
+    req->gid = get_u32(p + 8);
+    req->rows = get_u16(p + 12);
+    req->cols = get_u16(p + 14);
+    req->cwd = head[0];
+    req->user = head[1];
+    free(head);
+    return 0;
+}
+
+void spawn_request_free(struct spawn_request *req)
+{
+    free(req->argv);
+    free(req->envp);
+    req->argv = req->envp = NULL;
+}
+
+/* ---- the command: resolved by the reaper, set up by its child until exec ---- */
+
+/* Reports a setup failure of the child through the CLOEXEC error pipe and exits. */
 static _Noreturn void child_fail(int err, const char *fmt, const char *arg)
 {
     struct {
@@ -128,13 +188,26 @@ struct identity {
     int ngroups;
 };
 
-/* Finds the passwd entry by name (or by uid when name is NULL); fills id. */
-static int lookup_passwd(const char *name, uid_t uid, struct identity *id)
+/*
+ * One command, ready to start: everything that allocates or reads the
+ * sandbox's files is done by the reaper before the (v)fork, so the child
+ * writes nothing to the reaper's memory that the reaper would have to free.
+ */
+struct command {
+    const struct spawn_request *req;
+    struct identity id;
+    char *passwd; /* the /etc/passwd text id.name and id.home point into */
+    char **env;   /* the client's environment plus HOME and USER where missing */
+    char *home_var, *user_var;
+};
+
+/* Finds the passwd entry by name (or by uid when name is NULL); fills id, keeps the text in *text. */
+static int lookup_passwd(const char *name, uid_t uid, struct identity *id, char **text)
 {
-    char *text = read_small_file("/etc/passwd"), *save = NULL;
-    if (!text)
+    char *all = read_small_file("/etc/passwd"), *save = NULL;
+    if (!all)
         return 0;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    for (char *line = strtok_r(all, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char *f[7];
         uint64_t u, g;
         if (split_fields(line, f, 7) < 7 || parse_u64(f[2], UINT32_MAX - 1, &u) ||
@@ -145,10 +218,11 @@ static int lookup_passwd(const char *name, uid_t uid, struct identity *id)
             id->gid = (gid_t)g;
             id->name = f[0];
             id->home = f[5];
-            return 1; /* `text` stays allocated: id points into it */
+            *text = all;
+            return 1;
         }
     }
-    free(text);
+    free(all);
     return 0;
 }
 
@@ -175,34 +249,26 @@ static void lookup_groups(struct identity *id)
     free(text);
 }
 
-static void resolve_identity(const struct spawn_request *req, struct identity *id)
+/* 0, or -1 for an unknown user name. */
+static int resolve_identity(const struct spawn_request *req, struct command *cmd)
 {
+    struct identity *id = &cmd->id;
     *id = (struct identity){ .uid = req->uid, .gid = req->gid };
     uint64_t num;
     if (!req->user[0]) {
         struct identity found = *id;
-        if (lookup_passwd(NULL, req->uid, &found)) { /* only for HOME/USER/cwd defaults */
+        if (lookup_passwd(NULL, req->uid, &found, &cmd->passwd)) { /* only for HOME/USER/cwd defaults */
             id->name = found.name;
             id->home = found.home;
         }
     } else if (!parse_u64(req->user, UINT32_MAX - 1, &num)) {
         id->uid = id->gid = (uid_t)num;
-        lookup_passwd(NULL, id->uid, id);
-    } else if (!lookup_passwd(req->user, 0, id)) {
-        child_fail(ENOENT, "unknown user %s", req->user);
+        lookup_passwd(NULL, id->uid, id, &cmd->passwd);
+    } else if (!lookup_passwd(req->user, 0, id, &cmd->passwd)) {
+        return -1;
     }
     lookup_groups(id);
-}
-
-static void switch_identity(const struct identity *id)
-{
-    /* setgroups is refused where the sandbox's user namespace denies it; then groups stay empty. */
-    if (setgroups((size_t)id->ngroups, id->groups) < 0 && errno != EPERM)
-        child_fail(errno, "setgroups%s", "");
-    if (setresgid(id->gid, id->gid, id->gid) < 0)
-        child_fail(errno, "setgid %s", id->name ? id->name : "");
-    if (setresuid(id->uid, id->uid, id->uid) < 0)
-        child_fail(errno, "setuid %s", id->name ? id->name : "");
+    return 0;
 }
 
 static int env_has(char **envp, const char *key)
@@ -214,21 +280,47 @@ static int env_has(char **envp, const char *key)
     return 0;
 }
 
-/* The client's environment plus HOME and USER from passwd where missing. */
-static char **build_env(char **envp, const struct identity *id)
+/* Resolves the user and builds the environment; 0, or -errno with `why` filled in. */
+static int prepare_command(const struct spawn_request *req, struct command *cmd, char *why, size_t whylen)
 {
+    *cmd = (struct command){ .req = req };
+    if (resolve_identity(req, cmd) < 0) {
+        snprintf(why, whylen, "unknown user %s", req->user);
+        return -ENOENT;
+    }
     size_t n = 0;
-    while (envp[n])
+    while (req->envp[n])
         n++;
-    char **env = calloc(n + 3, sizeof *env);
-    if (!env)
-        child_fail(ENOMEM, "environment%s", "");
-    memcpy(env, envp, n * sizeof *env);
-    if (id->home && !env_has(envp, "HOME") && asprintf(&env[n], "HOME=%s", id->home) > 0)
-        n++;
-    if (id->name && !env_has(envp, "USER") && asprintf(&env[n], "USER=%s", id->name) > 0)
-        n++;
-    return env;
+    if (!(cmd->env = calloc(n + 3, sizeof *cmd->env))) {
+        snprintf(why, whylen, "environment");
+        return -ENOMEM;
+    }
+    memcpy(cmd->env, req->envp, n * sizeof *cmd->env);
+    const struct identity *id = &cmd->id;
+    if (id->home && !env_has(req->envp, "HOME") && asprintf(&cmd->home_var, "HOME=%s", id->home) > 0)
+        cmd->env[n++] = cmd->home_var;
+    if (id->name && !env_has(req->envp, "USER") && asprintf(&cmd->user_var, "USER=%s", id->name) > 0)
+        cmd->env[n++] = cmd->user_var;
+    return 0;
+}
+
+static void free_command(struct command *cmd)
+{
+    free(cmd->passwd);
+    free(cmd->env);
+    free(cmd->home_var);
+    free(cmd->user_var);
+}
+
+static void switch_identity(const struct identity *id)
+{
+    /* setgroups is refused where the sandbox's user namespace denies it; then groups stay empty. */
+    if (setgroups((size_t)id->ngroups, id->groups) < 0 && errno != EPERM)
+        child_fail(errno, "setgroups%s", "");
+    if (setresgid(id->gid, id->gid, id->gid) < 0)
+        child_fail(errno, "setgid %s", id->name ? id->name : "");
+    if (setresuid(id->uid, id->uid, id->uid) < 0)
+        child_fail(errno, "setuid %s", id->name ? id->name : "");
 }
 
 /* execvpe() with the PATH taken from the command's environment, not ours. */
@@ -268,8 +360,10 @@ void reaper_default_signals(void)
         signal(sig, SIG_DFL);
 }
 
-static _Noreturn void run_command(const struct spawn_request *req)
+/* The reaper's child: allocates nothing (under vfork it runs on the reaper's memory). */
+static _Noreturn void run_command(const struct command *cmd)
 {
+    const struct spawn_request *req = cmd->req;
     /* Undo what the daemon set for itself: ignored signals survive exec, and the daemon
        ignores only these two (reaper_default_signals). */
     signal(SIGPIPE, SIG_DFL);
@@ -286,19 +380,17 @@ static _Noreturn void run_command(const struct spawn_request *req)
         child_fail(errno, "setpgid%s", "");
     }
 
-    struct identity id;
-    resolve_identity(req, &id);
-    switch_identity(&id);
+    const struct identity *id = &cmd->id;
+    switch_identity(id);
     /* An explicit cwd must exist; a home that does not falls back to "/", as login does. */
-    const char *cwd = req->cwd[0] ? req->cwd : id.home && id.home[0] ? id.home : "/";
+    const char *cwd = req->cwd[0] ? req->cwd : id->home && id->home[0] ? id->home : "/";
     if (chdir(cwd) < 0 && (req->cwd[0] || chdir("/") < 0))
         child_fail(errno, "chdir %s", cwd);
-    char **env = build_env(req->envp, &id);
     if (req->flags & SPAWN_SHELL) {
-        fexecve(FD_SHELL, req->argv, env);
+        fexecve(FD_SHELL, req->argv, cmd->env);
         child_fail(errno, "exec platform shell%s", "");
     }
-    exec_path(req->argv, env);
+    exec_path(req->argv, cmd->env);
 }
 
 /* ---- reclaiming processes at the sandbox's pids limit ---- */
@@ -574,25 +666,29 @@ pid_t fork_reclaiming(struct reclaim_stats *stats)
 
 /* ---- the reaper ---- */
 
-/* Moves the channels to the fixed layout and closes every other inherited fd. */
-static void arrange_fds(const struct spawn_request *req, const struct reaper_fds *f)
+/*
+ * Moves the channels to the fixed layout and closes every other fd from
+ * `first_closed` up: a new reaper closes what it inherited from the daemon
+ * (FD_SIGNAL included, made after), a reused one keeps its signalfd.
+ */
+static void arrange_fds(const struct reaper_fds *f, int first_closed)
 {
     int empty[2] = { -1, -1 };
     if (f->stdin_r < 0 && pipe2(empty, O_CLOEXEC) < 0) /* stdin at EOF, without trusting the sandbox's /dev/null */
         _exit(1);
-    int src[5] = { f->stdin_r >= 0 ? f->stdin_r : empty[0], f->stdout_w, f->stderr_w, f->ctl,
-                   req->flags & SPAWN_SHELL ? f->shell_memfd : -1 };
+    /* The shell stays at FD_SHELL for every command (CLOEXEC: only fexecve uses it). */
+    int src[5] = { f->stdin_r >= 0 ? f->stdin_r : empty[0], f->stdout_w, f->stderr_w, f->ctl, f->shell_memfd };
     int tmp[5];
     for (int i = 0; i < 5; i++) /* above the targets first, so no dup2 below clobbers a source */
         if ((tmp[i] = src[i] < 0 ? -1 : fcntl(src[i], F_DUPFD_CLOEXEC, 10)) < 0 && src[i] >= 0)
             _exit(1);
     for (int i = 0; i < 5; i++) {
         if (tmp[i] < 0)
-            close(i); /* e.g. fd 4 without SHELL: whatever was there must not stay */
+            close(i); /* whatever was there must not stay */
         else if (dup3(tmp[i], i, i <= 2 ? 0 : O_CLOEXEC) < 0)
             _exit(1);
     }
-    syscall(SYS_close_range, FD_SHELL + 1, ~0u, 0);
+    syscall(SYS_close_range, first_closed, ~0u, 0);
 }
 
 /* SIGKILLs the command's group, then every child (orphans land here) until none is left. */
@@ -620,13 +716,22 @@ static void kill_tree(pid_t main, int *main_status, struct rusage *main_ru)
     }
 }
 
-/* Starts the command; returns its pid, or exits after reporting SPAWN_ERROR. */
+/* Starts the command; returns its pid, or -1 after reporting SPAWN_ERROR. */
 static pid_t start_command(const struct spawn_request *req)
 {
+    char why[REAPER_MSG_MAX - 8];
+    struct command cmd;
+    int r = prepare_command(req, &cmd, why, sizeof why);
+    if (r < 0) {
+        free_command(&cmd);
+        send_spawn_error(-r, why);
+        return -1;
+    }
     int ep[2];
     if (pipe2(ep, O_CLOEXEC) < 0) {
+        free_command(&cmd);
         send_spawn_error(errno, "error pipe");
-        _exit(1);
+        return -1;
     }
     err_pipe_w = ep[1];
     struct reclaim_stats stats = { 0 };
@@ -634,27 +739,28 @@ static pid_t start_command(const struct spawn_request *req)
      * vfork: the command borrows our memory until its exec instead of copying
      * our page tables, then faulting on and tearing down the copy (about a
      * sixth of the sandbox's CPU per short command). We stay suspended until it
-     * execs or exits; run_command never returns, no signal handler of ours can
-     * run in it (SIGCHLD is blocked, the rest are default), and what it
-     * allocates before exec is only leaked here. A refused vfork (the pids
-     * limit, or a filter without vfork) falls back to the fork that reclaims
-     * processes first.
+     * execs or exits; run_command never returns, allocates nothing, and no
+     * signal handler of ours can run in it (SIGCHLD is blocked, the rest are
+     * default). A refused vfork (the pids limit, or a filter without vfork)
+     * falls back to the fork that reclaims processes first.
      */
     pid_t pid = vfork();
     if (pid == 0)
-        run_command(req);
+        run_command(&cmd);
     if (pid < 0) {
         pid = fork_reclaiming(&stats);
         if (pid == 0)
-            run_command(req);
+            run_command(&cmd);
     }
     int fork_err = errno;
+    free_command(&cmd);
     close(ep[1]);
     /* Only the command holds its stdio now, so the daemon sees EOF when it is done. */
     syscall(SYS_close_range, 0, 2, 0);
     if (pid < 0) {
+        close(ep[0]);
         send_spawn_error(fork_err, fork_err == EAGAIN ? "fork: the sandbox's process limit is reached" : "fork");
-        _exit(1);
+        return -1;
     }
     struct {
         int err;
@@ -665,7 +771,7 @@ static pid_t start_command(const struct spawn_request *req)
     if (n > 0) { /* exec did not happen: report the errno, not an exit code */
         waitpid(pid, NULL, 0);
         send_spawn_error(msg.err, msg.text);
-        _exit(0);
+        return -1;
     }
     unsigned char started[1 + STARTED_PAYLOAD] = { F_STARTED };
     put_u32(started + 1, (uint32_t)pid);
@@ -675,32 +781,66 @@ static pid_t start_command(const struct spawn_request *req)
     return pid;
 }
 
-_Noreturn void reaper_main(const struct spawn_request *req, const struct reaper_fds *fds)
+/*
+ * What a command inherits from its reaper and a process of the sandbox's
+ * user could change from outside (prlimit, renice, chrt, taskset, ionice):
+ * taken when the reaper starts, compared before it offers to run another.
+ */
+struct posture {
+    struct rlimit limits[RLIM_NLIMITS];
+    int nice, policy, ioprio;
+    cpu_set_t cpus;
+};
+
+static void take_posture(struct posture *p)
 {
-    signal(SIGCHLD, SIG_DFL); /* the daemon ignores it; we need wait statuses */
-    /* Visible inside the sandbox: show no host paths. */
-    set_process_title("dsec-reaper");
-    prctl(PR_SET_NAME, "dsec-reaper", 0, 0, 0);
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-    setsid();
-    arrange_fds(req, fds);
+    memset(p, 0, sizeof *p);
+    for (int i = 0; i < RLIM_NLIMITS; i++)
+        getrlimit(i, &p->limits[i]);
+    errno = 0;
+    p->nice = getpriority(PRIO_PROCESS, 0);
+    p->policy = sched_getscheduler(0);
+    p->ioprio = (int)syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, 0);
+    sched_getaffinity(0, sizeof p->cpus, &p->cpus);
+}
 
-    sigset_t chld;
-    sigemptyset(&chld);
-    sigaddset(&chld, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &chld, NULL);
+/* Whether nothing a command inherits from this reaper changed since it started. */
+static int posture_unchanged(const struct posture *first)
+{
+    struct posture now;
+    take_posture(&now);
+    return memcmp(&now, first, sizeof now) == 0;
+}
+
+/* Whether the command's tree left nothing behind (zombies of it are reaped here). */
+static int no_children(void)
+{
+    for (;;) {
+        pid_t w = waitpid(-1, NULL, WNOHANG);
+        if (w > 0)
+            continue;
+        return w < 0 && errno == ECHILD;
+    }
+}
+
+/*
+ * Runs one command to its end and reports it; returns whether this reaper
+ * offered to run another (it did if the command ended by itself, left no
+ * process behind, and the daemon is still there).
+ */
+static int run_one(const struct spawn_request *req, const struct posture *posture)
+{
     pid_t main = start_command(req);
-    int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
-
+    if (main < 0)
+        return 0;
     int status = 0, done = 0, killing = 0;
     struct rusage ru = { 0 };
-    struct pollfd p[2] = { { .fd = sfd, .events = POLLIN }, { .fd = FD_CTL, .events = POLLIN } };
+    struct pollfd p[2] = { { .fd = FD_SIGNAL, .events = POLLIN }, { .fd = FD_CTL, .events = POLLIN } };
     while (!done && !killing) {
         if (poll(p, 2, -1) < 0 && errno != EINTR)
             break;
         struct signalfd_siginfo si;
-        while (read(sfd, &si, sizeof si) > 0)
+        while (read(FD_SIGNAL, &si, sizeof si) > 0)
             ;
         int st;
         struct rusage r;
@@ -730,6 +870,99 @@ _Noreturn void reaper_main(const struct spawn_request *req, const struct reaper_
     }
     if (killing)
         kill_tree(main, &status, &ru);
-    send_exit(status, &ru);
-    _exit(0);
+    int reusable = done && !killing && p[1].fd >= 0 && !(req->flags & (SPAWN_PTY | SPAWN_DETACHED)) &&
+                   no_children() && posture_unchanged(posture);
+    send_exit(status, &ru, reusable);
+    return reusable;
+}
+
+/*
+ * Waits, idle, for the daemon's next command: REAPER_RUN with the SPAWN
+ * payload, and the command's pipes attached (stdin's read end first when
+ * SPAWN_STDIN, then stdout's and stderr's write ends). Stale SIGNAL and
+ * KILL_TREE messages for the last command are skipped. Exits when the
+ * daemon closes the channel (it no longer wants this reaper).
+ */
+static struct spawn_request *next_command(struct reaper_fds *f)
+{
+    static unsigned char *buf;
+    if (!buf && !(buf = malloc(1 + REAPER_RUN_MAX + 1)))
+        _exit(1);
+    for (;;) {
+        union {
+            struct cmsghdr h;
+            char space[CMSG_SPACE(3 * sizeof(int))];
+        } control;
+        struct iovec iov = { .iov_base = buf, .iov_len = 1 + REAPER_RUN_MAX + 1 };
+        struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control, .msg_controllen = sizeof control };
+        ssize_t n = recvmsg(FD_CTL, &mh, MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            _exit(0);
+        int fds[3], nfds = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < k; i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                if (nfds < 3)
+                    fds[nfds++] = fd;
+                else
+                    close(fd);
+            }
+        }
+        struct spawn_request *req = NULL;
+        if (buf[0] == REAPER_RUN && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) && (req = malloc(sizeof *req)) &&
+            spawn_request_parse(buf + 1, (size_t)n - 1, req) == 0) {
+            int want = req->flags & SPAWN_STDIN ? 3 : 2;
+            if (nfds == want && !(req->flags & (SPAWN_PTY | SPAWN_DETACHED))) {
+                *f = (struct reaper_fds){ .ctl = FD_CTL, .stdin_r = want == 3 ? fds[0] : -1,
+                                          .stdout_w = fds[want - 2], .stderr_w = fds[want - 1],
+                                          .shell_memfd = FD_SHELL };
+                return req;
+            }
+            spawn_request_free(req);
+        }
+        free(req);
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+        if (buf[0] == REAPER_RUN)
+            _exit(1); /* a command we cannot run: the daemon reports the reaper gone */
+    }
+}
+
+_Noreturn void reaper_main(const struct spawn_request *req, const struct reaper_fds *fds)
+{
+    signal(SIGCHLD, SIG_DFL); /* the daemon ignores it; we need wait statuses */
+    /* Visible inside the sandbox: show no host paths. */
+    set_process_title("dsec-reaper");
+    prctl(PR_SET_NAME, "dsec-reaper", 0, 0, 0);
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    setsid();
+    arrange_fds(fds, FD_SIGNAL);
+    struct posture posture;
+    take_posture(&posture);
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0 || (sfd != FD_SIGNAL && (dup3(sfd, FD_SIGNAL, O_CLOEXEC) < 0 || close(sfd) < 0)))
+        _exit(1);
+    if (!run_one(req, &posture))
+        _exit(0);
+    for (;;) {
+        struct reaper_fds next_fds;
+        struct spawn_request *next = next_command(&next_fds);
+        arrange_fds(&next_fds, FD_SIGNAL + 1);
+        int again = run_one(next, &posture);
+        spawn_request_free(next);
+        free(next);
+        if (!again)
+            _exit(0);
+    }
 }
