@@ -41,7 +41,16 @@
 /* Fixed fd layout inside the reaper; 0-2 are the command's stdio. */
 enum { FD_CTL = 3, FD_SHELL = 4, FD_SIGNAL = 5 };
 
-/* Write end of the CLOEXEC pipe that carries a failure from before exec. */
+/*
+ * Why the child could not exec. A vfork'd child runs on our memory and we
+ * resume only once it exec'd or exited, so it leaves the reason here; a
+ * forked one (the fallback) writes it to the CLOEXEC pipe err_pipe_w.
+ */
+struct spawn_failure {
+    int err;
+    char text[REAPER_MSG_MAX - 8];
+};
+static struct spawn_failure vfork_failure;
 static int err_pipe_w = -1;
 
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -128,13 +137,15 @@ void spawn_request_free(struct spawn_request *req)
 
 /* ---- the command: resolved by the reaper, set up by its child until exec ---- */
 
-/* Reports a setup failure of the child through the CLOEXEC error pipe and exits. */
+/* Reports a setup failure of the child (see struct spawn_failure) and exits. */
 static _Noreturn void child_fail(int err, const char *fmt, const char *arg)
 {
-    struct {
-        int err;
-        char text[REAPER_MSG_MAX - 8];
-    } msg = { .err = err };
+    if (err_pipe_w < 0) {
+        snprintf(vfork_failure.text, sizeof vfork_failure.text, fmt, arg);
+        vfork_failure.err = err ? err : EINVAL;
+        _exit(127);
+    }
+    struct spawn_failure msg = { .err = err ? err : EINVAL };
     snprintf(msg.text, sizeof msg.text, fmt, arg);
     (void)!write(err_pipe_w, &msg, sizeof msg.err + strlen(msg.text));
     _exit(127);
@@ -727,14 +738,8 @@ static pid_t start_command(const struct spawn_request *req)
         send_spawn_error(-r, why);
         return -1;
     }
-    int ep[2];
-    if (pipe2(ep, O_CLOEXEC) < 0) {
-        free_command(&cmd);
-        send_spawn_error(errno, "error pipe");
-        return -1;
-    }
-    err_pipe_w = ep[1];
     struct reclaim_stats stats = { 0 };
+    struct spawn_failure failure = { 0 };
     /*
      * vfork: the command borrows our memory until its exec instead of copying
      * our page tables, then faulting on and tearing down the copy (about a
@@ -744,33 +749,43 @@ static pid_t start_command(const struct spawn_request *req)
      * default). A refused vfork (the pids limit, or a filter without vfork)
      * falls back to the fork that reclaims processes first.
      */
+    vfork_failure.err = 0;
+    err_pipe_w = -1;
     pid_t pid = vfork();
     if (pid == 0)
         run_command(&cmd);
-    if (pid < 0) {
+    int fork_err = errno;
+    __asm__ volatile("" ::: "memory"); /* the child may have written vfork_failure: read it anew */
+    if (pid > 0 && vfork_failure.err) {
+        failure = vfork_failure;
+    } else if (pid < 0) {
+        int ep[2];
+        if (pipe2(ep, O_CLOEXEC) < 0) {
+            free_command(&cmd);
+            send_spawn_error(errno, "error pipe");
+            return -1;
+        }
+        err_pipe_w = ep[1];
         pid = fork_reclaiming(&stats);
         if (pid == 0)
             run_command(&cmd);
+        fork_err = errno;
+        close(ep[1]);
+        err_pipe_w = -1;
+        if (pid > 0 && read(ep[0], &failure, sizeof failure - 1) <= 0)
+            failure.err = 0; /* EOF: it exec'd */
+        close(ep[0]);
     }
-    int fork_err = errno;
     free_command(&cmd);
-    close(ep[1]);
     /* Only the command holds its stdio now, so the daemon sees EOF when it is done. */
     syscall(SYS_close_range, 0, 2, 0);
     if (pid < 0) {
-        close(ep[0]);
         send_spawn_error(fork_err, fork_err == EAGAIN ? "fork: the sandbox's process limit is reached" : "fork");
         return -1;
     }
-    struct {
-        int err;
-        char text[REAPER_MSG_MAX - 8];
-    } msg = { 0 };
-    ssize_t n = read(ep[0], &msg, sizeof msg - 1);
-    close(ep[0]);
-    if (n > 0) { /* exec did not happen: report the errno, not an exit code */
+    if (failure.err) { /* exec did not happen: report the errno, not an exit code */
         waitpid(pid, NULL, 0);
-        send_spawn_error(msg.err, msg.text);
+        send_spawn_error(failure.err, failure.text);
         return -1;
     }
     unsigned char started[1 + STARTED_PAYLOAD] = { F_STARTED };
