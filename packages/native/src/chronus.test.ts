@@ -208,8 +208,14 @@ describe('chronus against a runc sandbox', { skip }, () => {
     test('a clean command leaves its reaper to run the next one, with fresh stdio', async () => {
       const first = await reaperOf();
       assert.equal(await reaperOf(), first);
-      const fds = await runCollect(conn, { argv: ['sh', '-c', 'ls /proc/$$/fd; echo $PPID'], shell: true });
-      assert.deepEqual(fds.stdout.toString().trim().split(/\s+/).sort(), ['0', '1', '2', String(first)].sort());
+      const fds = await runCollect(conn, {
+        argv: ['sh', '-c', 'ls /proc/$$/fd; echo $PPID'],
+        shell: true,
+      });
+      assert.deepEqual(
+        fds.stdout.toString().trim().split(/\s+/).sort(),
+        ['0', '1', '2', String(first)].sort(),
+      );
       const input = await runCollect(conn, { argv: ['cat'] }, 'through a reused reaper\n');
       assert.equal(input.stdout.toString(), 'through a reused reaper\n');
       assert.equal(await reaperOf(), first);
