@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { appendFileSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -37,6 +37,11 @@ function finished(info: CommandInfo): CommandInfo & { result: CommandResult; fin
   };
 }
 
+/** The results journal beside the database. */
+function journal(file: string): string {
+  return readFileSync(`${file}-results`, 'utf8');
+}
+
 /** Rows as another connection sees them: only what was committed. */
 function committed(file: string): { command_id: string; state: string; result: string | null }[] {
   const db = new Database(file, { readonly: true });
@@ -49,7 +54,7 @@ function committed(file: string): { command_id: string; state: string; result: s
   }
 }
 
-test('grouped results are committed when their promises resolve, with starts that were still queued', async () => {
+test('grouped results are journalled when their promises resolve and reach the table in a batch', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'dsec-command-store-'));
   const file = join(dir, 'edge.db');
   const store = new CommandStore(file);
@@ -58,23 +63,56 @@ test('grouped results are committed when their promises resolve, with starts tha
     for (const info of infos) store.insert(info, { durable: false });
     assert.deepEqual(committed(file), [], 'foreground starts wait for their results');
     const done = infos.map((info) => store.finishGrouped(finished(info)));
-    assert.deepEqual(committed(file), [], 'nothing is committed before the turn ends');
+    assert.equal(journal(file), '', 'nothing is journalled before the turn ends');
     await Promise.all(done);
+    assert.deepEqual(
+      journal(file)
+        .trim()
+        .split('\n')
+        .map((l) => (JSON.parse(l) as string[])[0]),
+      infos.map((i) => i.commandId),
+      'one line per result, written when the promises resolve',
+    );
+    assert.deepEqual(committed(file), [], 'the table gets them in a batch');
+    // A read commits the batch first, and the journal is emptied.
+    assert.equal(store.get('sb-1', 'cmd-2')?.result?.stdout, 'out cmd-2');
     const rows = committed(file);
     assert.deepEqual(
       rows.map((r) => [r.command_id, r.state]),
       infos.map((i) => [i.commandId, 'finished']),
     );
     assert.equal((JSON.parse(rows[0]!.result!) as CommandResult).stdout, 'out cmd-1');
-    // The queued starts, written now, leave the results as they are.
-    store.flush();
-    assert.deepEqual(
-      committed(file).map((r) => r.state),
-      ['finished', 'finished', 'finished'],
-    );
-    assert.equal(store.get('sb-1', 'cmd-2')?.result?.stdout, 'out cmd-2');
+    assert.equal(journal(file), '');
   } finally {
     store.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('results journalled before a crash are in the table when the store opens again', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'dsec-command-store-'));
+  const file = join(dir, 'edge.db');
+  const crashed = new CommandStore(file); // never closed: as after kill -9
+  const infos = [1, 2].map(started);
+  await Promise.all(infos.map((info) => crashed.finishGrouped(finished(info))));
+  assert.deepEqual(committed(file), []);
+  // The crash cut a third line short: it was never acknowledged, and is skipped.
+  appendFileSync(`${file}-results`, '["cmd-3","sb-1",null,"{');
+  assert.equal(statSync(`${file}-results`).mode & 0o777, 0o600);
+  const reopened = new CommandStore(file);
+  try {
+    assert.deepEqual(
+      committed(file).map((r) => [r.command_id, r.state]),
+      [
+        ['cmd-1', 'finished'],
+        ['cmd-2', 'finished'],
+      ],
+    );
+    assert.equal(reopened.get('sb-1', 'cmd-1')?.result?.stdout, 'out cmd-1');
+    assert.equal(journal(file), '');
+  } finally {
+    reopened.close();
+    crashed.close();
     rmSync(dir, { recursive: true, force: true });
   }
 });

@@ -1,5 +1,6 @@
+import { closeSync, constants, ftruncateSync, openSync, readFileSync, writeSync } from 'node:fs';
 import type Database from 'better-sqlite3';
-import { openPrivateDatabase } from './host-state.js';
+import { ensurePrivateFile, openPrivateDatabase, PRIVATE_FILE_MODE } from './host-state.js';
 import { statementCache } from './statement-cache.js';
 import type { CommandInfo, CommandResult } from '@dsec/core';
 
@@ -12,6 +13,12 @@ const FLUSH_DELAY_MS = 250;
 /** On a full disk, queued writes are retried this often, and at most this many are held. */
 const DISK_FULL_RETRY_MS = 1000;
 const MAX_HELD_WRITES = 10_000;
+/**
+ * Results journalled but not yet in the table are committed to it at once past
+ * this many: a batch holds the event loop for ~10 ms, not the ~16 ms of
+ * FLUSH_DELAY_MS's worth at 1,600 results a second.
+ */
+const MAX_JOURNALLED = 256;
 
 /** SQLite's and the kernel's ways of saying the disk is full. */
 function isDiskFull(err: unknown): boolean {
@@ -38,9 +45,20 @@ interface Row {
  * out (background commands, request IDs), so a killed edge loses nothing it
  * answered for (SECURITY E28) and a retried request ID is never run twice
  * (E29). A foreground command's start shares the commit of its result (the
- * result's row replaces a start not yet written); results finished in the
- * same turn of the event loop share one commit (`finishGrouped`), each
- * returned only after it; trims of old results are batched.
+ * result's row replaces a start not yet written); trims of old results are
+ * batched.
+ *
+ * Foreground results (`finishGrouped`) are the exec hot path: each one costs
+ * a row in three B-trees, ~60 µs of CPU committed alone. They are made
+ * durable by one `write` to an append-only journal beside the database
+ * (`<file>-results`, one JSON line per result, all results of a turn of the
+ * event loop in one write; as durable as a WAL commit with `synchronous =
+ * NORMAL`: in the kernel's page cache, so an edge crash keeps them), and
+ * reach the table in batches: at the next read, write or within
+ * FLUSH_DELAY_MS. The journal is emptied after each batch commits and
+ * replayed into the table when the store opens (an upsert by command ID, so
+ * a line whose batch committed just before a crash is applied twice, to the
+ * same row).
  */
 export class CommandStore {
   readonly #db: Database.Database;
@@ -52,6 +70,11 @@ export class CommandStore {
   readonly #trim: Database.Statement;
   readonly #delete: Database.Statement;
   readonly #applyAll: (ops: (() => void)[]) => void;
+  /** The results journal (append-only); `#journalled`: lines in it since the last batch. */
+  readonly #journal: number;
+  #journalled = 0;
+  /** Lines of this turn's results, written to the journal together at its end. */
+  #journalLines: string[] = [];
   #pending: (() => void)[] = [];
   #flushTimer: NodeJS.Timeout | undefined;
   /** Starts queued to share their result's commit (`insert` without `durable`), by command ID. */
@@ -115,6 +138,29 @@ export class CommandStore {
     });
     this.#get = this.#sql('SELECT * FROM commands WHERE command_id = ? AND sandbox_id = ?');
     this.#byRequest = this.#sql('SELECT * FROM commands WHERE sandbox_id = ? AND request_id = ?');
+    const journal = `${file}-results`;
+    ensurePrivateFile(journal);
+    this.#journal = openSync(journal, constants.O_RDWR | constants.O_APPEND, PRIVATE_FILE_MODE);
+    this.#replayJournal(journal);
+  }
+
+  /** Results journalled before a crash (or a close that could not commit them) into the table. */
+  #replayJournal(journal: string): void {
+    const text = readFileSync(journal, 'utf8');
+    if (text === '') return;
+    const ops: (() => void)[] = [];
+    // A line cut short by the crash was never acknowledged: everything after the last newline.
+    for (const line of text.slice(0, text.lastIndexOf('\n') + 1).split('\n')) {
+      let row: unknown;
+      try {
+        row = JSON.parse(line);
+      } catch {
+        continue;
+      }
+      if (Array.isArray(row) && row.length === 7) ops.push(() => this.#upsert.run(...row));
+    }
+    this.#applyAll(ops);
+    ftruncateSync(this.#journal, 0);
   }
 
   /**
@@ -161,7 +207,9 @@ export class CommandStore {
    * on a full disk, held as `finish` holds it); rejects if the commit failed.
    */
   finishGrouped(info: CommandInfo & { result: CommandResult; finishedAt: string }): Promise<void> {
-    this.#pending.push(this.#finishOp(info));
+    const row = this.#finishRow(info);
+    this.#pending.push(() => this.#upsert.run(...row));
+    this.#journalLines.push(JSON.stringify(row));
     if (!this.#group) {
       let resolve!: () => void;
       let reject!: (err: unknown) => void;
@@ -175,12 +223,25 @@ export class CommandStore {
     return this.#group.promise;
   }
 
+  /** Writes this turn's results to the journal (or, if it cannot, commits them to the table). */
   #commitGroup(): void {
     const group = this.#group;
     this.#group = undefined;
     if (!group) return;
+    const lines = this.#journalLines;
+    this.#journalLines = [];
     try {
-      this.flush();
+      if (lines.length > 0 && this.#db.open) {
+        try {
+          writeSync(this.#journal, lines.join('\n') + '\n');
+          this.#journalled += lines.length;
+        } catch (err) {
+          if (!isDiskFull(err)) throw err;
+          this.flush(); // the table may still take them (SQLite keeps free pages)
+        }
+      }
+      if (this.#journalled >= MAX_JOURNALLED) this.flush();
+      else this.#scheduleFlush();
       group.resolve();
     } catch (err) {
       // On a full disk the results stay queued (as `finish` holds them); the callers get them.
@@ -189,20 +250,23 @@ export class CommandStore {
     }
   }
 
-  #finishOp(info: CommandInfo & { result: CommandResult; finishedAt: string }): () => void {
+  /** A result's row: the upsert's parameters (and a journal line). */
+  #finishRow(info: CommandInfo & { result: CommandResult; finishedAt: string }): unknown[] {
     this.#deferredStarts.delete(info.commandId);
-    const resultJson = JSON.stringify(info.result);
-    const infoJson = JSON.stringify({ ...info, result: undefined });
-    return () =>
-      this.#upsert.run(
-        info.commandId,
-        info.sandboxId,
-        info.requestId ?? null,
-        infoJson,
-        resultJson,
-        info.startedAt,
-        info.finishedAt,
-      );
+    return [
+      info.commandId,
+      info.sandboxId,
+      info.requestId ?? null,
+      JSON.stringify({ ...info, result: undefined }),
+      JSON.stringify(info.result),
+      info.startedAt,
+      info.finishedAt,
+    ];
+  }
+
+  #finishOp(info: CommandInfo & { result: CommandResult; finishedAt: string }): () => void {
+    const row = this.#finishRow(info);
+    return () => this.#upsert.run(...row);
   }
 
   /** Forgets a command that never started (spawn failed), so a retry may run it. */
@@ -230,6 +294,11 @@ export class CommandStore {
       this.#flushTimer = setTimeout(() => this.#flushQuietly(), DISK_FULL_RETRY_MS);
       this.#flushTimer.unref();
       throw err;
+    }
+    // Every journalled result is in the table now (this turn's lines, not yet written, too).
+    if (this.#journalled > 0) {
+      ftruncateSync(this.#journal, 0);
+      this.#journalled = 0;
     }
   }
 
@@ -261,6 +330,10 @@ export class CommandStore {
 
   #defer(op: () => void): void {
     this.#pending.push(op);
+    this.#scheduleFlush();
+  }
+
+  #scheduleFlush(): void {
     if (this.#flushTimer) return;
     this.#flushTimer = setTimeout(() => this.#flushQuietly(), FLUSH_DELAY_MS);
     this.#flushTimer.unref();
@@ -317,9 +390,10 @@ export class CommandStore {
   }
 
   close(): void {
-    this.flush();
     this.#commitGroup();
+    this.flush();
     this.#db.close();
+    closeSync(this.#journal);
   }
 }
 
