@@ -1,5 +1,5 @@
 /**
- * Client of the chronus command daemon (see `dsec-helper chronus`).
+ * Client of a sandbox's chronus command daemon (the protocol: packages/native/PROTOCOL.md).
  *
  * Wire format, both directions: `u32le len | u8 type | u32le stream | payload`
  * where len counts the bytes after itself (so payload = len − 5, at most 1 MiB).

@@ -1,7 +1,9 @@
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
+import { createConnection } from 'node:net';
 import { join } from 'node:path';
+import fc from 'fast-check';
 import { after, before, describe, test } from 'node:test';
 
 import { ChronusConnection } from './chronus-client.js';
@@ -274,6 +276,86 @@ describe('chronus against a runc sandbox', { skip }, () => {
     t.diagnostic(
       `spawn round trip of true: ${(Number(process.hrtime.bigint() - t0) / 1e6 / 200).toFixed(2)} ms`,
     );
+  });
+});
+
+/** One frame as the wire carries it (PROTOCOL.md), with whatever `len` and payload it is given. */
+function rawFrame(len: number, type: number, stream: number, payload: Uint8Array): Buffer {
+  const head = Buffer.alloc(9);
+  head.writeUInt32LE(len >>> 0, 0);
+  head.writeUInt8(type, 4);
+  head.writeUInt32LE(stream >>> 0, 5);
+  return Buffer.concat([head, payload]);
+}
+
+/** A SPAWN payload whose counts and strings need not agree (argc, envc, NULs, truncation). */
+const spawnPayload = fc
+  .record({
+    flags: fc.integer({ min: 0, max: 31 }),
+    rows: fc.integer({ min: 0, max: 0xffff }),
+    argc: fc.oneof(fc.integer({ min: 0, max: 4 }), fc.nat()),
+    envc: fc.oneof(fc.integer({ min: 0, max: 4 }), fc.nat()),
+    strings: fc.array(fc.stringMatching(/^[a-z]{0,6}$/), { maxLength: 8 }),
+    cut: fc.nat(),
+  })
+  .map(({ flags, rows, argc, envc, strings, cut }) => {
+    const head = Buffer.alloc(24);
+    head.writeUInt32LE(flags, 0);
+    head.writeUInt16LE(rows, 12);
+    head.writeUInt16LE(rows, 14);
+    head.writeUInt32LE(argc >>> 0, 16);
+    head.writeUInt32LE(envc >>> 0, 20);
+    // Program names that exist nowhere: a well-formed SPAWN among these fails with ENOENT.
+    const body = Buffer.from(strings.map((t) => `no-such-${t}\0`).join(''));
+    const whole = Buffer.concat([head, body]);
+    return whole.subarray(0, cut % (whole.length + 1));
+  });
+
+const anyFrame = fc.oneof(
+  spawnPayload.map((p) => rawFrame(p.length + 5, 0x01, 1, p)),
+  fc
+    .record({
+      type: fc.integer({ min: 0, max: 255 }),
+      stream: fc.integer({ min: 0, max: 3 }),
+      payload: fc.uint8Array({ maxLength: 64 }),
+    })
+    .map(({ type, stream, payload }) => rawFrame(payload.length + 5, type, stream, payload)),
+  // A length field out of bounds (below 5, or past 1 MiB) ends the connection.
+  fc
+    .oneof(fc.integer({ min: 0, max: 4 }), fc.integer({ min: (1 << 20) + 6, max: 0xffffffff }))
+    .map((len) => rawFrame(len, 0x01, 1, new Uint8Array(0))),
+  fc.uint8Array({ minLength: 1, maxLength: 32 }).map((b) => Buffer.from(b)),
+);
+
+describe('chronus against malformed frames', { skip }, () => {
+  test('no sequence of frames takes the daemon down; it serves the next connection', async () => {
+    const d = await startDaemon();
+    try {
+      await fc.assert(
+        fc.asyncProperty(fc.array(anyFrame, { minLength: 1, maxLength: 12 }), async (frames) => {
+          await new Promise<void>((resolve, reject) => {
+            const sock = createConnection(d.socketPath, () => {
+              sock.end(Buffer.concat(frames));
+            });
+            sock.on('data', () => undefined);
+            sock.on('error', (err: NodeJS.ErrnoException) =>
+              err.code === 'ECONNRESET' || err.code === 'EPIPE' ? resolve() : reject(err),
+            );
+            sock.on('close', () => resolve());
+          });
+          const conn = await ChronusConnection.connect(d.socketPath);
+          try {
+            const r = await runCollect(conn, { argv: ['true'] });
+            assert.equal(r.exit.exitCode, 0);
+          } finally {
+            conn.close();
+          }
+        }),
+        { numRuns: 60 },
+      );
+    } finally {
+      await d.stop();
+    }
   });
 });
 
