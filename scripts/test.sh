@@ -19,6 +19,14 @@ run_tests() { node --conditions=dsec-source --import tsx --test --test-reporter=
 
 echo "==> unit tests (${#unit[@]} files)"
 run_tests --test-concurrency=2 "${unit[@]}"
+# The C that parses what clients and sandboxes send (chronus frames, SPAWN payloads, the reaper's
+# messages) again, built with ASan and UBSan: a memory error or undefined behaviour aborts it.
+echo "==> native sanitizers (chronus tests against an ASan/UBSan dsec-helper)"
+make -s -C packages/native asan
+DSEC_NATIVE_DIR="$PWD/packages/native/build-asan" \
+  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:quarantine_size_mb=8 \
+  UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1 \
+  run_tests --test-concurrency=1 packages/native/src/chronus.test.ts packages/native/src/chronus-supervisor.test.ts
 # The full-VM test (vm-display.test.ts) boots a Debian disk image with X and an xterm built
 # from Debian's packages (about 4 minutes the first time, then a hash check). DSEC_TEST_VM=0
 # leaves it out; DSEC_TEST_VM=all adds the VM network test and the backend conformance suite
