@@ -201,10 +201,10 @@ export class CommandStore {
   }
 
   /**
-   * As `finish`, but commits in one transaction with every other result
-   * finished in the same turn of the event loop (a group commit: under load
-   * one commit serves many commands). Resolves once the row is committed (or,
-   * on a full disk, held as `finish` holds it); rejects if the commit failed.
+   * As `finish`, but durable by the journal: with every other result
+   * finished in the same turn of the event loop, one write to it (the table
+   * gets the row in a later batch). Resolves once written (or, on a full
+   * disk, held as `finish` holds it); rejects if the write failed.
    */
   finishGrouped(info: CommandInfo & { result: CommandResult; finishedAt: string }): Promise<void> {
     const row = this.#finishRow(info);
@@ -281,7 +281,11 @@ export class CommandStore {
    * stay queued (retried every second) and the error is thrown.
    */
   flush(): void {
-    if (this.#pending.length === 0 || !this.#db.open) return;
+    if (!this.#db.open) return;
+    if (this.#pending.length === 0) {
+      this.#emptyJournal(); // what it holds was committed by an earlier flush
+      return;
+    }
     const ops = this.#pending;
     this.#pending = [];
     clearTimeout(this.#flushTimer);
@@ -295,11 +299,14 @@ export class CommandStore {
       this.#flushTimer.unref();
       throw err;
     }
-    // Every journalled result is in the table now (this turn's lines, not yet written, too).
-    if (this.#journalled > 0) {
-      ftruncateSync(this.#journal, 0);
-      this.#journalled = 0;
-    }
+    this.#emptyJournal();
+  }
+
+  /** After a commit: every journalled result is in the table (this turn's lines, not yet written, too). */
+  #emptyJournal(): void {
+    if (this.#journalled === 0) return;
+    ftruncateSync(this.#journal, 0);
+    this.#journalled = 0;
   }
 
   /** For timers and reads: a full disk must neither crash the edge nor fail a read. */
