@@ -363,16 +363,23 @@ describe('chronus lifetime', { skip }, () => {
   test('the daemon exits (and removes its socket) when the sandbox init dies', async () => {
     const d = await startDaemon();
     const conn = await ChronusConnection.connect(d.socketPath);
-    const h = conn.spawn({ argv: ['sleep', '1000'] });
-    await h.started;
-    await d.stop(); // kills the container's init and waits for the daemon pid to vanish
-    // Either the reaper's report of the SIGKILL made it out first, or the connection dropped.
-    const outcome = await h.exited.then(
-      (e) => e.signal,
-      (e: ChronusError) => e.code,
-    );
-    assert.ok(outcome === 'SIGKILL' || outcome === 'ECONNRESET', String(outcome));
-    assert.equal(existsSync(d.socketPath), false);
-    conn.close();
+    let stopped = false;
+    try {
+      const h = conn.spawn({ argv: ['sleep', '1000'] });
+      await h.started;
+      stopped = true;
+      await d.stop(); // kills the container's init and waits for the daemon pid to vanish
+      // Either the reaper's report of the SIGKILL made it out first, or the connection dropped.
+      const outcome = await h.exited.then(
+        (e) => e.signal,
+        (e: ChronusError) => e.code,
+      );
+      assert.ok(outcome === 'SIGKILL' || outcome === 'ECONNRESET', String(outcome));
+      assert.equal(existsSync(d.socketPath), false);
+    } finally {
+      conn.close();
+      // A failure before the stop under test must not leave the sandbox running.
+      if (!stopped) await d.stop();
+    }
   });
 });
