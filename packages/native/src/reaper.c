@@ -593,7 +593,8 @@ static int key_in(pid_t key, const pid_t *keys, size_t n)
  * One round: picks the groups of `kind` to kill (leftovers: sessions biggest
  * first until half the leftovers; running: the biggest tree), kills them,
  * then rescans and kills their members born meanwhile. Returns how many
- * processes it signalled (0: nothing of that kind to take).
+ * processes it signalled, plus the chosen groups' zombies (pids on their way
+ * back); 0: nothing of that kind to take.
  */
 static uint32_t reclaim_round(int kind, struct reclaim_stats *stats)
 {
@@ -601,12 +602,20 @@ static uint32_t reclaim_round(int kind, struct reclaim_stats *stats)
     struct proc_entry *v = scan_procs(&n);
     if (!v)
         return 0;
-    /* Group sizes: candidates' keys sorted, counted in runs, biggest run first. */
+    /*
+     * Group sizes: candidates' keys sorted, counted in runs, biggest run first.
+     * A leftover zombie counts: a group killed in an earlier round holds its
+     * pids until init reaps them (promptly), and a round that left them out
+     * would take the next group (a lone background process) while the bomb's
+     * pids are on their way back. (A running tree's zombies wait for their own
+     * parent, which may never reap them: they do not count.) Only live members
+     * are signalled.
+     */
     size_t nc = 0, nkeys = 0, taken = 0;
     struct proc_group *g = malloc((n + 1) * sizeof *g);
     pid_t *keys = malloc((n + 1) * sizeof *keys);
     for (size_t i = 0; g && keys && i < n; i++)
-        if (v[i].kind == kind && v[i].state != 'Z')
+        if (v[i].kind == kind && (v[i].state != 'Z' || kind == K_LEFTOVER))
             keys[nc++] = v[i].key;
     if (g && keys) {
         qsort(keys, nc, sizeof *keys, by_key);
@@ -625,7 +634,9 @@ static uint32_t reclaim_round(int kind, struct reclaim_stats *stats)
         }
         qsort(keys, nkeys, sizeof *keys, by_key);
     }
-    uint32_t killed = 0;
+    uint32_t killed = 0, dying = 0;
+    for (size_t i = 0; i < n; i++)
+        dying += kind == K_LEFTOVER && v[i].kind == kind && v[i].state == 'Z' && key_in(v[i].key, keys, nkeys);
     for (int pass = 0; nkeys && pass < RECLAIM_PASSES; pass++) {
         uint32_t round = 0;
         for (size_t i = 0; i < n; i++)
@@ -644,7 +655,8 @@ static uint32_t reclaim_round(int kind, struct reclaim_stats *stats)
     free(v);
     free(g);
     free(keys);
-    return killed;
+    /* Zombies of the chosen groups free their pids once reaped: progress to wait for. */
+    return killed + dying;
 }
 
 pid_t fork_reclaiming(struct reclaim_stats *stats)
