@@ -322,7 +322,12 @@ test('create a sandbox in the UI, run a command in its terminal, find it in the 
   const screenshot = process.env.DSEC_UI_SCREENSHOT;
   if (screenshot?.endsWith('.png')) await takeScreenshot(page, screenshot as `${string}.png`);
 
-  await page.click(`${row} button.danger`);
+  // Found and clicked in one step inside the page: the list re-renders as it polls, and a
+  // button found first and clicked afterwards may already have been replaced.
+  await page.waitForFunction(
+    `(() => { const b = document.querySelector('${row} button.danger'); if (b) b.click(); return !!b; })()`,
+    { timeout: STEP_TIMEOUT_MS },
+  );
   // The list shows live sandboxes only: a stopped one leaves it.
   await page.waitForFunction(`!document.querySelector('${row}')`, { timeout: STEP_TIMEOUT_MS });
   const info = await api<{ state: string; spec: { labels: Record<string, string> } }>(
