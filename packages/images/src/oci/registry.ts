@@ -408,7 +408,8 @@ export function classifySkopeoError(err: unknown, ref: string): unknown {
       'permission_denied',
       'registry_auth',
     ],
-    [/manifest unknown|not found|name unknown|404/i, 'image_not_found', 'unknown_tag'],
+    // `\b404\b`, not `404`: a registry on port 40461 is not a missing tag.
+    [/manifest unknown|not found|name unknown|\b404\b/i, 'image_not_found', 'unknown_tag'],
     [
       /unsupported (MIME|manifest|media|image|layer)|unknown media ?type|unsupported schema|unsupported image-specific operation/i,
       'invalid_argument',
