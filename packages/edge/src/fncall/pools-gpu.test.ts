@@ -116,8 +116,8 @@ function fakeHost(options: { holdMs?: number; failCreate?: Error } = {}) {
         onPidsLimit: undefined,
         closed: false,
         spawn: (spec) => {
-          // argv: python3 -c ZYGOTE CONFIG
-          const config = JSON.parse(spec.argv[3]!) as { env: Record<string, string> };
+          // argv: python3 -c ZYGOTE_BOOT ZYGOTE_PY CONFIG
+          const config = JSON.parse(spec.argv.at(-1)!) as { env: Record<string, string> };
           const z = new FakeZygote(config.env, () => options.holdMs ?? 0);
           zygotes.set(id, z);
           return z;

@@ -2,7 +2,7 @@ import { DsecError } from '@dsec/core';
 import type { FnCallOutcome, SandboxSpec } from '@dsec/core';
 import type { SandboxChannel, SandboxCommand } from '../backends/channel.js';
 import type { FnCallRuntime } from './runtimes.js';
-import { ZYGOTE_PY } from './zygote.js';
+import { ZYGOTE_BOOT, ZYGOTE_PY } from './zygote.js';
 
 /** What the pools need of the edge: its own create and stop paths and the sandbox's command channel. */
 export interface FnCallHost {
@@ -115,7 +115,7 @@ export class Worker {
     try {
       conn = await host.channel(id);
       const handle = conn.spawn({
-        argv: ['python3', '-c', ZYGOTE_PY, JSON.stringify(config)],
+        argv: ['python3', '-c', ZYGOTE_BOOT, ZYGOTE_PY, JSON.stringify(config)],
         env: { PATH: config.env['PATH'] ?? '/usr/bin:/bin', LANG: 'C.UTF-8' },
         user: 'root',
         cwd: '/',

@@ -1,7 +1,7 @@
 /**
  * The worker's zygote (docs/adr/0014-fncall.md): a Python script the edge
  * starts once per worker sandbox, as the sandbox's root, through chronus
- * (`python3 -c ZYGOTE_PY CONFIG`). Its stdin and stdout are the call channel,
+ * (`python3 -c ZYGOTE_BOOT ZYGOTE_PY CONFIG`). Its stdin and stdout are the call channel,
  * one JSON object per line each way:
  *
  *   edge → zygote   {"id", "code", "stdin", "files", "args", "env", "timeoutMs",
@@ -23,6 +23,16 @@
  *
  * No backticks or dollar-brace sequences may appear in the script.
  */
+/**
+ * What `python3 -c` runs: compiles the zygote (its first argument, taken off
+ * `sys.argv`) and runs it. Given to `-c` itself, the script would run while
+ * the parser's syntax tree of it, about 1.3 MB of the heap, stayed allocated
+ * (python frees it when the `-c` code returns, and the zygote never does):
+ * memory every call's fork copies into its page table and its exit tears
+ * down. `compile` frees the tree before the zygote starts.
+ */
+export const ZYGOTE_BOOT = "import sys; exec(compile(sys.argv.pop(1), '<fncall-zygote>', 'exec'))";
+
 export const ZYGOTE_PY = String.raw`
 import builtins, errno, io, json, linecache, os, resource, select, shutil, signal, stat, sys, time, types, warnings
 
@@ -35,6 +45,11 @@ HOME = "/fncall/home"
 # The only places the call uid may write; each is emptied after every call.
 SCRATCH = ["/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue"]
 ALLOWED_WRITABLE = set(SCRATCH) | {"/fncall/work", "/fncall/home"}
+# What a watch on each of those reports (inotify(7)): an entry made, moved in or written, the
+# directory's own mode or owner changed, the directory itself removed or moved.
+IN_MODIFY, IN_ATTRIB, IN_MOVED_TO, IN_CREATE, IN_DELETE_SELF, IN_MOVE_SELF = 0x2, 0x4, 0x80, 0x100, 0x400, 0x800
+WATCH_MASK = IN_MODIFY | IN_ATTRIB | IN_MOVED_TO | IN_CREATE | IN_DELETE_SELF | IN_MOVE_SELF
+IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 PR_SET_CHILD_SUBREAPER = 36
 # Every call's environment before its own; the zygote's own (set_base_env), which a call
 # without env of its own inherits as it is.
@@ -42,6 +57,11 @@ BASE_ENV = dict(CONFIG["env"], HOME=HOME, PWD=WORK, TMPDIR="/tmp")
 # Programs up to this many characters are compiled before the fork (prepare).
 PRECOMPILE_MAX_CHARS = 65536
 
+# random's after-fork reseed, done by the zygote before each fork instead (preload); None: none.
+RESEED = None
+RANDOM_HOOK = None
+# The inotify instance watching the scratch places (watch_scratch); -1: none, clean after every call.
+WATCH = -1
 # The call channel, moved off fd 0 in main() (fd 0 then is what a call's stdin is: a memfd).
 inp = None
 CHANNEL_IN = -1
@@ -151,6 +171,53 @@ def fresh_private(path):
     if stat.S_IMODE(st.st_mode) != 0o700 or st.st_uid != UID or st.st_gid != GID:
         os.chown(path, UID, GID)
         os.chmod(path, 0o700)
+
+
+def clean_scratch():
+    """Empties every place the call uid may write and watches them again (watch_scratch)."""
+    for d in SCRATCH:
+        empty_dir(d)
+    fresh_private(WORK)
+    fresh_private(HOME)
+    watch_scratch()
+
+
+def watch_scratch():
+    """Watches the emptied scratch places, so a call that left them alone skips clean_scratch.
+
+    A call can leave something there only by making an entry in one of them
+    (nothing else is writable by its uid, and each starts empty), or by
+    changing the mode of its own work dir or HOME: each is an event on the
+    watched directory, queued before the call's system call returns, so it
+    is there to read once the call's processes are gone. A full queue
+    reports an overflow, which reads as a change too. Without inotify (or a
+    watch that fails) every call is followed by a clean-up, as before.
+    """
+    global WATCH
+    c = libc()
+    if WATCH < 0:
+        WATCH = c.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if WATCH < 0:
+            return
+    for d in SCRATCH + [WORK, HOME]:
+        # Again after a clean-up: a directory made anew needs a watch of its own.
+        if c.inotify_add_watch(WATCH, os.fsencode(d), WATCH_MASK) < 0:
+            os.close(WATCH)
+            WATCH = -1
+            return
+    # What the clean-up itself caused (a directory's mode put back) is not the next call's doing.
+    while scratch_touched():
+        pass
+
+
+def scratch_touched():
+    """Whether any watched place changed since the last read (always true without a watch)."""
+    if WATCH < 0:
+        return True
+    try:
+        return bool(os.read(WATCH, 4096))
+    except BlockingIOError:
+        return False
 
 
 def ipc_any():
@@ -375,8 +442,9 @@ def print_user_traceback(e):
 
 
 def run_python(req, prep, status_w):
-    # random needs no seed here: it reseeds itself in every forked child
-    # (os.register_at_fork), and a first import seeds from the OS.
+    # random was reseeded before the fork (preload); a process the program forks reseeds it again.
+    if RANDOM_HOOK is not None:
+        os.register_at_fork(after_in_child=RANDOM_HOOK)
     src = req["code"]
     entry = prep.entry
     linecache.cache[entry] = prep.lines
@@ -479,6 +547,8 @@ def run_call(req):
                 ended = "output_limit"
 
     wait_fds = [out_r, err_r, 0]
+    if RESEED is not None:
+        RESEED()
     started = time.monotonic()
     deadline = started + timeout_s
     try:
@@ -489,7 +559,7 @@ def run_call(req):
         return failed(req, "pids_limit" if e.errno == errno.EAGAIN else "runtime_error",
                       e.errno != errno.EAGAIN, "fork: " + e.strerror)
     if pid == 0:
-        child(req, prep, stdin_fd, out_w, err_w, status_w, [out_r, err_r, status_r, CHANNEL_IN, 1])
+        child(req, prep, stdin_fd, out_w, err_w, status_w, [out_r, err_r, status_r, CHANNEL_IN, 1] + ([WATCH] if WATCH >= 0 else []))
     write_all(started_line)
     for fd in (stdin_fd, out_w, err_w, status_w):
         os.close(fd)
@@ -533,10 +603,8 @@ def run_call(req):
     healthy = reap_all(time.monotonic() + 5)
     for fd in (out_r, err_r, status_r):
         os.close(fd)
-    for d in SCRATCH:
-        empty_dir(d)
-    fresh_private(WORK)
-    fresh_private(HOME)
+    if scratch_touched():
+        clean_scratch()
     sig = None
     if os.WIFSIGNALED(status):
         num = os.WTERMSIG(status)
@@ -565,6 +633,41 @@ def run_call(req):
             )).encode("utf-8", "surrogateescape")
 
 
+def preload(names):
+    """Imports what calls commonly import, once here instead of once per call.
+
+    random reseeds itself in every forked child (an os.register_at_fork
+    hook): Python code that touched about 40 of the zygote's pages in each
+    call's child, each a copy-on-write fault. Its hook is held back while
+    the preloads are imported (every other module's is registered as it
+    asked); instead the zygote reseeds it, in C, before each fork (RESEED),
+    and the call's child registers the hook again (run_python), so a process
+    the program forks reseeds as it would under python3.
+    """
+    global RESEED, RANDOM_HOOK
+    hooks = []
+    register = os.register_at_fork
+    os.register_at_fork = lambda **kw: hooks.append(kw)
+    try:
+        for name in names:
+            try:
+                __import__(name)
+            except Exception:
+                pass
+    finally:
+        os.register_at_fork = register
+    rnd = sys.modules.get("random")
+    inst = getattr(rnd, "_inst", None)
+    for kw in hooks:
+        if inst is not None and RANDOM_HOOK is None and kw == {"after_in_child": inst.seed}:
+            import _random
+            RANDOM_HOOK = inst.seed
+            # The C seed (from the OS's random source), without Random.seed's Python frame.
+            RESEED = _random.Random.seed.__get__(inst)
+        else:
+            register(**kw)
+
+
 def set_base_env():
     """The zygote's environment becomes every call's base: a call without env of its own keeps it."""
     for k in list(os.environ._data):
@@ -581,11 +684,9 @@ def main():
     seal_root()
     os.makedirs("/fncall", exist_ok=True)
     os.chmod("/fncall", 0o755)
-    for d in SCRATCH:
-        empty_dir(d)
-    # Made fresh here and again after every call, so each call starts with empty ones.
-    fresh_private(WORK)
-    fresh_private(HOME)
+    # Made fresh here and again after every call that touched them, so each call starts with
+    # empty ones.
+    clean_scratch()
     set_base_env()
     global inp
     # The channel moves to another fd; fd 0 becomes an empty memfd, the kind of file a
@@ -616,12 +717,7 @@ def main():
         # errors in the zygote: the child then compiles it again and prints them itself.
         import re
         warnings.filterwarnings("error", module=re.escape(MAIN.__file__[:-3] if MAIN.__file__.endswith(".py") else MAIN.__file__) + r"\Z")
-        # What calls commonly import, loaded once here instead of once per call.
-        for name in CONFIG.get("preload") or []:
-            try:
-                __import__(name)
-            except Exception:
-                pass
+        preload(CONFIG.get("preload") or [])
     # What the zygote holds now is never collected: the garbage collector of
     # a call does not walk (and so copy) the zygote's pages.
     import gc

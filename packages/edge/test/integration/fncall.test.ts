@@ -110,10 +110,50 @@ print(json.dumps({
     assert.equal((await workerIds()).length, 1);
   });
 
-  test('the random generator is reseeded per call', async () => {
-    const a = await call({ code: 'import random; print(random.random())' });
-    const b = await call({ code: 'import random; print(random.random())' });
-    assert.notEqual(a.stdout, b.stdout);
+  // The zygote cleans the scratch places only after a call that changed one of them (an
+  // inotify watch on each): every way of leaving something there, one place at a time.
+  test('each scratch place is cleaned after a call that changed only it', async () => {
+    const check = `
+import json, os
+print(json.dumps({d: sorted(os.listdir(d)) for d in ('/tmp', '/var/tmp', '/dev/shm', '/dev/mqueue', '.', os.path.expanduser('~'))}),
+      oct(os.stat('.').st_mode & 0o777), oct(os.stat(os.path.expanduser('~')).st_mode & 0o777))
+`;
+    const empty = await call({ code: check });
+    assert.equal(empty.outcome, 'ok', empty.stderr);
+    const ways = {
+      'a file in /tmp': "open('/tmp/a', 'w').close()",
+      'a directory in /var/tmp': "os.mkdir('/var/tmp/d')",
+      'shared memory in /dev/shm': "open('/dev/shm/s', 'w').close()",
+      'a POSIX message queue':
+        "import ctypes\nassert ctypes.CDLL(None).mq_open(b'/q', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0",
+      'a hard link made in the work dir':
+        "open('/tmp/x', 'w').close()\nos.link('/tmp/x', 'x')\nos.unlink('/tmp/x')",
+      'a file moved from /var/tmp into HOME':
+        "open('/var/tmp/m', 'w').close()\nos.rename('/var/tmp/m', os.path.expanduser('~/m'))",
+      'the work dir made world-writable': "os.chmod('.', 0o777)",
+      'HOME made world-readable': "os.chmod(os.path.expanduser('~'), 0o755)",
+    };
+    for (const [way, code] of Object.entries(ways)) {
+      const dirty = await call({ code: `import os\n${code}\nprint(sorted(os.listdir('.')))` });
+      assert.equal(dirty.outcome, 'ok', `${way}: ${dirty.stderr}`);
+      const after = await call({ code: check });
+      assert.equal(after.stdout, empty.stdout, `${way} was left for the next call`);
+    }
+  });
+
+  test('the random generator is reseeded per call, and in a process the call forks', async () => {
+    const code = `
+import os, random
+r, w = os.pipe()
+if os.fork() == 0:
+    os.write(w, str(random.random()).encode())
+    os._exit(0)
+os.wait()
+print(random.random(), os.read(r, 100).decode())
+`;
+    const a = (await call({ code })).stdout.trim().split(' ');
+    const b = (await call({ code })).stdout.trim().split(' ');
+    assert.equal(new Set([...a, ...b]).size, 4, `${a} ${b}`);
   });
 });
 
