@@ -88,6 +88,7 @@ void describe(
         'overlayfs',
         'idmapped-mounts',
         'cgroups',
+        'inotify',
         'nftables',
         'runc',
         'swap-for-pause',

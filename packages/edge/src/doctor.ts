@@ -50,6 +50,7 @@ export interface DoctorPaths {
   cgroupRoot: string;
   devKvm: string;
   kvmPvmModule: string;
+  inotifyInstances: string;
 }
 
 const DEFAULT_PATHS: DoctorPaths = {
@@ -58,6 +59,7 @@ const DEFAULT_PATHS: DoctorPaths = {
   cgroupRoot: '/sys/fs/cgroup',
   devKvm: '/dev/kvm',
   kvmPvmModule: '/sys/module/kvm_pvm',
+  inotifyInstances: '/proc/sys/fs/inotify/max_user_instances',
 };
 
 /** True when some required check failed (`dsec doctor` exits 1). */
@@ -116,6 +118,7 @@ export async function runDoctor(options: DoctorOptions): Promise<DoctorCheck[]> 
     await rm(work, { recursive: true, force: true });
   }
   add(await cgroupCheck(paths.cgroupRoot));
+  add(await inotifyCheck(paths.inotifyInstances));
   add(await nftablesCheck(isRoot));
   add(await runtimeCheck());
   add(await swapCheck(options.stateDir, isRoot, paths.meminfo));
@@ -356,6 +359,30 @@ async function cgroupCheck(root: string): Promise<DoctorCheck> {
         : `v1${hybrid}: ${v1.join(', ')}${missing.length ? `; missing ${missing.join(', ')} (freezer: pause)` : ''}`,
     fix,
     required: true,
+  };
+}
+
+/** Below this, a node of many sandboxes runs short of inotify instances. */
+const MIN_INOTIFY_INSTANCES = 1024;
+
+/**
+ * Sandboxes' user namespaces are created by the host's root, so every inotify
+ * instance made in any sandbox (an agent's file watcher, a FnCall worker's
+ * zygote) also counts against root's `fs.inotify.max_user_instances`, 128 by
+ * default: a handful of watching sandboxes exhaust it for all of them and for
+ * root's own daemons.
+ */
+async function inotifyCheck(path: string): Promise<DoctorCheck> {
+  const text = await readFile(path, 'utf8').catch(() => undefined);
+  const max = text === undefined ? Number.NaN : Number.parseInt(text, 10);
+  return {
+    name: 'inotify',
+    ok: max >= MIN_INOTIFY_INSTANCES,
+    detail: Number.isNaN(max)
+      ? `${path} cannot be read`
+      : `fs.inotify.max_user_instances = ${max}, shared by every sandbox and the host's root`,
+    fix: `sysctl -w fs.inotify.max_user_instances=8192 (and a file in /etc/sysctl.d to keep it); below ${MIN_INOTIFY_INSTANCES}, file watchers in sandboxes fail once a few hold instances, and FnCall workers past a quarter of it clean up after every call`,
+    required: false,
   };
 }
 

@@ -2,7 +2,10 @@ import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { DsecError } from '@dsec/core';
 import type { CommandExit, SandboxChannel, SandboxCommand } from '../backends/channel.js';
-import { FnCallPools } from './pools.js';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { FnCallPools, inotifyBudget } from './pools.js';
 import type { FnCallHost } from './worker.js';
 
 /** How a fake worker answers a call line: as a zygote would, or by dying. */
@@ -79,6 +82,8 @@ function fakeHost(behaviours: Behaviour[], options: { failCreate?: Error; oom?: 
   const created: string[] = [];
   const stopped: string[] = [];
   const zygotes = new Map<string, FakeZygote>();
+  /** Each worker's zygote configuration (the last argument of its command). */
+  const configs = new Map<string, { watchScratch: boolean }>();
   const host: FnCallHost = {
     create: async (id) => {
       if (options.failCreate) throw options.failCreate;
@@ -92,7 +97,8 @@ function fakeHost(behaviours: Behaviour[], options: { failCreate?: Error; oom?: 
       const channel: SandboxChannel = {
         onPidsLimit: undefined,
         closed: false,
-        spawn: () => {
+        spawn: (spec) => {
+          configs.set(id, JSON.parse(spec.argv.at(-1)!) as { watchScratch: boolean });
           const z = new FakeZygote(
             behaviours[Math.min(created.indexOf(id), behaviours.length - 1)]!,
           );
@@ -108,7 +114,7 @@ function fakeHost(behaviours: Behaviour[], options: { failCreate?: Error; oom?: 
     },
     oomKilled: async () => options.oom === true,
   };
-  return { host, created, stopped };
+  return { host, created, stopped, configs };
 }
 
 function pools(host: FnCallHost, max = 2) {
@@ -222,5 +228,38 @@ void describe('fncall pools (fake workers)', () => {
     });
     assert.equal(h.created.length, 0);
     await p.close();
+  });
+
+  test('at most inotifyWorkers workers watch their scratch places; a retired one frees its place', async () => {
+    const h = fakeHost([answer]);
+    const p = new FnCallPools(
+      { edgeId: 'e1', backendKind: 'container', host: h.host },
+      {
+        sizing: { min: 0, max: 2, spare: 0, maxStarting: 2 },
+        inotifyWorkers: 1,
+        maxCallsPerWorker: 1,
+      },
+    );
+    await Promise.all([p.call(req('a'), { projectId: 'p' }), p.call(req('b'), { projectId: 'p' })]);
+    assert.deepEqual(
+      h.created.map((id) => h.configs.get(id)?.watchScratch),
+      [true, false],
+    );
+    // Each worker retires after its one call; the next worker may watch again.
+    while (h.stopped.length < 2) await new Promise((r) => setImmediate(r));
+    await p.call(req('c'), { projectId: 'p' });
+    assert.equal(h.configs.get(h.created[2]!)?.watchScratch, true);
+    await p.close();
+  });
+
+  test('the inotify budget is a quarter of the host limit, none when it cannot be read', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'dsec-inotify-'));
+    try {
+      writeFileSync(join(dir, 'max'), '128\n');
+      assert.equal(inotifyBudget(join(dir, 'max')), 32);
+      assert.equal(inotifyBudget(join(dir, 'missing')), 0);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { DsecError, randomId, toDsecError } from '@dsec/core';
 import type {
@@ -57,6 +58,12 @@ export interface FnCallPoolsOptions {
   queueTimeoutMs?: number | undefined;
   /** A worker is replaced after this many calls (default 10,000). */
   maxCallsPerWorker?: number | undefined;
+  /**
+   * Workers whose zygote may watch its scratch places with inotify (and so
+   * skip the clean-up after a call that left them alone). Default: a quarter
+   * of the host's `fs.inotify.max_user_instances` (inotifyBudget).
+   */
+  inotifyWorkers?: number | undefined;
 }
 
 /** The edge's side of the pools: `create` also takes what only the edge adds (a worker's GPUs). */
@@ -308,6 +315,9 @@ export class FnCallPools {
   readonly #workers = new Set<string>();
   readonly #retiring = new Map<string, Promise<void>>();
   readonly #sweeper: NodeJS.Timeout;
+  /** Workers started with an inotify watch, and how many may be. */
+  readonly #watching = new Set<string>();
+  readonly #inotifyWorkers: number;
   readonly maxCallsPerWorker: number;
   #closed = false;
 
@@ -319,6 +329,7 @@ export class FnCallPools {
     this.#runtimes = validateRuntimes([...byName.values()]);
     this.#sizing = { ...DEFAULT_SIZING, ...options.sizing };
     this.maxCallsPerWorker = options.maxCallsPerWorker ?? 10_000;
+    this.#inotifyWorkers = options.inotifyWorkers ?? inotifyBudget();
     const uid = options.callUid ?? 60_000;
     if (!(Number.isInteger(uid) && uid > 0 && uid < 65_534)) {
       throw new DsecError('invalid_argument', 'fncall.callUid must be in 1..65533', {
@@ -618,7 +629,9 @@ export class FnCallPools {
       nproc,
       fsizeMb: this.#o.fileSizeLimitMb ?? 256,
       preload: runtime.preload ?? [],
+      watchScratch: this.#watching.size < this.#inotifyWorkers,
     };
+    if (config.watchScratch) this.#watching.add(id);
     const host = this.#deps.host;
     // The worker's own create passes the GPU fragment to the backend.
     const workerHost: FnCallHost = fragment
@@ -635,6 +648,7 @@ export class FnCallPools {
       return await Worker.start(workerHost, id, spec, config);
     } catch (err) {
       this.#workers.delete(id);
+      this.#watching.delete(id);
       // Worker.start stopped the sandbox: nothing uses the units any more.
       gpus?.release(id);
       throw err;
@@ -652,6 +666,7 @@ export class FnCallPools {
       )
       .finally(() => {
         this.#workers.delete(w.id);
+        this.#watching.delete(w.id);
         this.#retiring.delete(w.id);
         // After the stop (even a failed one: the sandbox is then being torn down
         // by the edge's own stop path, which a retry of the stop joins).
@@ -667,6 +682,22 @@ export class FnCallPools {
     clearInterval(this.#sweeper);
     await Promise.allSettled([...this.#pools.values()].map((p) => p.close()));
     await Promise.allSettled([...this.#retiring.values()]);
+  }
+}
+
+/**
+ * How many workers may hold an inotify instance. Sandboxes' user namespaces
+ * are created by the host's root, so every inotify instance made in any
+ * sandbox also counts against root's `fs.inotify.max_user_instances` (128 by
+ * default), which root's own daemons and users' sandboxes (file watchers)
+ * share: workers take at most a quarter of it. `dsec doctor` says when the
+ * limit is low for a sandbox node.
+ */
+export function inotifyBudget(path = '/proc/sys/fs/inotify/max_user_instances'): number {
+  try {
+    return Math.floor(Number.parseInt(readFileSync(path, 'utf8'), 10) / 4) || 0;
+  } catch {
+    return 0;
   }
 }
 

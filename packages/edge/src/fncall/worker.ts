@@ -63,6 +63,8 @@ export interface ZygoteConfig {
   nproc: number;
   fsizeMb: number;
   preload: string[];
+  /** Whether the zygote watches its scratch places with inotify (FnCallPools' budget). */
+  watchScratch: boolean;
 }
 
 /** How long a worker may take from its sandbox's start to the zygote's `ready`. */

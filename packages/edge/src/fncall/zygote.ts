@@ -190,10 +190,13 @@ def watch_scratch():
     changing the mode of its own work dir or HOME: each is an event on the
     watched directory, queued before the call's system call returns, so it
     is there to read once the call's processes are gone. A full queue
-    reports an overflow, which reads as a change too. Without inotify (or a
-    watch that fails) every call is followed by a clean-up, as before.
+    reports an overflow, which reads as a change too. Without a watch (the
+    edge's budget of inotify instances gave none: CONFIG watchScratch; or
+    one that fails) every call is followed by a clean-up.
     """
     global WATCH
+    if not CONFIG.get("watchScratch"):
+        return
     c = libc()
     if WATCH < 0:
         WATCH = c.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
