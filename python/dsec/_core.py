@@ -695,16 +695,8 @@ FNCALL_MAP_TIMEOUT = 6 * 3600.0
 #: A batch body stays under the API's 1 MiB request limit.
 FNCALL_MAX_BATCH_BYTES = 900 * 1024
 FNCALL_MAX_BATCH_CALLS = 10_000
-#: Times ``map`` sends a call again: after the platform refused it for now
-#: (``RETRY_CODES``), or when its batch's stream broke before it finished.
-FNCALL_MAP_RESENDS = 3
-FNCALL_BACKOFF = 0.25
-FNCALL_MAX_BACKOFF = 4.0
-
-
-def fncall_backoff(attempt: int) -> float:
-    """Seconds ``map`` waits before sending refused calls again (0-based ``attempt``)."""
-    return min(FNCALL_MAX_BACKOFF, FNCALL_BACKOFF * 2.0**attempt)
+#: The longest ``details.retryAfterMs`` of a ``QuotaExceeded`` that ``map`` waits for, seconds.
+FNCALL_MAX_RETRY_AFTER = 4.0
 
 
 def fncall_retry_after(error: DSecError) -> float:
@@ -714,7 +706,7 @@ def fncall_retry_after(error: DSecError) -> float:
         ms = float(details.get("retryAfterMs", 0))
     except (TypeError, ValueError):
         return 0.0
-    return min(ms / 1000, FNCALL_MAX_BACKOFF) if ms > 0 else 0.0
+    return min(ms / 1000, FNCALL_MAX_RETRY_AFTER) if ms > 0 else 0.0
 
 
 def fncall_body(call: Mapping[str, Any]) -> Dict[str, Any]:

@@ -21,6 +21,7 @@ import pytest
 import dsec
 import dsec.sync
 from dsec import FnCallItem, FnCallResult
+from dsec._core import RetryPolicy
 
 from .conftest import REPO, Cluster, _cgroup_parents, _dsec_command
 
@@ -71,10 +72,16 @@ class FakeApi:
         return httpx.Response(200, content=content, headers={"content-type": "application/x-ndjson"})
 
 
+def scripted_client(api: FakeApi, max_retries: int) -> dsec.DSecClient:
+    client = dsec.DSecClient(url="http://dsec.test", api_key="k", max_retries=max_retries)
+    client._http.retry = RetryPolicy(max_retries=max_retries, base_delay=0.001, max_delay=0.002)
+    return client
+
+
 @pytest.fixture
 async def scripted() -> Any:
     api = FakeApi()
-    client = dsec.DSecClient(url="http://dsec.test", api_key="k", max_retries=0)
+    client = scripted_client(api, 3)
     await client._http.close()
     client._http._client = httpx.AsyncClient(base_url="http://dsec.test", transport=httpx.MockTransport(api))
     yield client, api
@@ -122,6 +129,19 @@ async def test_map_sends_again_calls_refused_for_now(scripted: Any) -> None:
     # Refused every time: after 3 resends the last refusal is the item's error.
     assert isinstance(items[1].error, dsec.CapacityExhausted)
     assert [[c["stdin"] for c in r["body"]["calls"]] for r in api.requests] == [["0", "fail"]] + [["fail"]] * 3
+
+
+async def test_map_with_max_retries_0_sends_each_call_once() -> None:
+    api = FakeApi()
+    client = scripted_client(api, 0)
+    await client._http.close()
+    client._http._client = httpx.AsyncClient(base_url="http://dsec.test", transport=httpx.MockTransport(api))
+    try:
+        items = [item async for item in client.fncall.map([{"language": "python", "code": SUM, "stdin": "fail"}])]
+        assert isinstance(items[0].error, dsec.CapacityExhausted)
+        assert len(api.requests) == 1
+    finally:
+        await client.close()
 
 
 async def test_map_splits_calls_over_1_mib_into_batches(scripted: Any) -> None:

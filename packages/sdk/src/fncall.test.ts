@@ -158,7 +158,11 @@ test('map sends again the calls of a batch whose stream broke before they finish
   });
   await new Promise<void>((r) => raw.listen(0, '127.0.0.1', r));
   const { port } = raw.address() as AddressInfo;
-  const direct = new DSecClient({ url: `http://127.0.0.1:${port}`, apiKey: 'k', retry: false });
+  const direct = new DSecClient({
+    url: `http://127.0.0.1:${port}`,
+    apiKey: 'k',
+    retry: { baseDelayMs: 1, maxDelayMs: 2 },
+  });
   try {
     const calls = ['a', 'b', 'c', 'd'].map((s) => call(s));
     const got: [number, string | undefined][] = [];
@@ -208,4 +212,20 @@ test('map sends again calls the platform refused for now; other errors are final
   const sent = server.edge.fncallDouble.calls.map((c) => c.req.stdin);
   assert.equal(sent.filter((s) => s === '2').length, 4);
   assert.equal(sent.filter((s) => s === '3').length, 1);
+});
+
+test('with retry: false map sends each call once: a refusal is the item’s error', async () => {
+  const once = new DSecClient({ url: server.url, apiKey: server.key, retry: false });
+  try {
+    server.edge.fncallDouble.onCall = (req) =>
+      req.stdin === '1' ? { error: new DsecError('capacity_exhausted', 'pool full') } : undefined;
+    const items = new Map<number, FnCallMapItem>();
+    for await (const item of once.fncall.map(['0', '1'].map((s) => call(s))))
+      items.set(item.index, item);
+    assert.equal(items.get(0)?.result?.stdout, '0');
+    assert.ok(isDsecError(items.get(1)?.error, 'capacity_exhausted'));
+    assert.deepEqual(server.edge.fncallDouble.calls.map((c) => c.req.stdin).sort(), ['0', '1']);
+  } finally {
+    once.close();
+  }
 });

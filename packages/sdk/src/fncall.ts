@@ -33,23 +33,13 @@ const DEFAULT_CONCURRENCY = 16;
 /** A batch body stays under the API's 1 MiB request limit (with room for the envelope). */
 const MAX_BATCH_BODY_BYTES = 900 * 1024;
 const MAX_BATCH_CALLS = 10_000;
-/**
- * Times `map` sends a call again: after the platform refused it for now
- * (`unavailable`, `capacity_exhausted`, `quota_exceeded`), or when its
- * batch's stream broke before it finished.
- */
-const MAP_RESENDS = 3;
-const MAP_BACKOFF_MS = 250;
-const MAP_MAX_BACKOFF_MS = 4000;
-
-function backoffMs(attempt: number): number {
-  return Math.min(MAP_MAX_BACKOFF_MS, MAP_BACKOFF_MS * 2 ** attempt);
-}
+/** The longest `details.retryAfterMs` of a `quota_exceeded` that `map` waits for. */
+const MAX_RETRY_AFTER_MS = 4000;
 
 /** The wait a `quota_exceeded` names (`details.retryAfterMs`), capped; 0 when it names none. */
 function retryAfterMs(e: DsecError): number {
   const ms = Number(e.details?.retryAfterMs);
-  return Number.isFinite(ms) && ms > 0 ? Math.min(ms, MAP_MAX_BACKOFF_MS) : 0;
+  return Number.isFinite(ms) && ms > 0 ? Math.min(ms, MAX_RETRY_AFTER_MS) : 0;
 }
 
 function sleep(ms: number, signal: AbortSignal): Promise<void> {
@@ -112,8 +102,9 @@ export class FnCalls {
    * one request body (1 MiB) go in further batches, one after the other.
    * Calls refused for now (`unavailable`, `capacity_exhausted`,
    * `quota_exceeded`) and those of a batch whose stream broke are sent again
-   * after a backoff, up to 3 times; an item's error is the last one. Breaking
-   * out of the loop aborts the calls still running.
+   * as the client's `retry` policy says (default up to 3 times, with
+   * backoff; `retry: false`: never); an item's error is the last one.
+   * Breaking out of the loop aborts the calls still running.
    */
   map(
     calls: readonly FnCallRequest[],
@@ -136,11 +127,12 @@ export class FnCalls {
           const done = new Set<number>();
           // Calls the platform refused for now (full, down, over quota): sent again after a wait.
           const again: typeof pending = [];
-          let waitMs = backoffMs(attempt);
+          const resend = attempt < this.#http.maxRetries;
+          let waitMs = this.#http.retryDelayMs(attempt);
           try {
             for await (const item of this.#batch(pending, options, signal)) {
               done.add(item.index);
-              if (item.error && RETRY_CODES.has(item.error.code) && attempt < MAP_RESENDS) {
+              if (item.error && RETRY_CODES.has(item.error.code) && resend) {
                 again.push(byIndex.get(item.index)!);
                 waitMs = Math.max(waitMs, retryAfterMs(item.error));
                 continue;
@@ -151,7 +143,7 @@ export class FnCalls {
           } catch (err) {
             const e = toDsecError(err);
             pending = [...again, ...pending.filter((c) => !done.has(c.index))];
-            if (signal.aborted || attempt >= MAP_RESENDS || !RETRY_CODES.has(e.code)) throw e;
+            if (signal.aborted || !resend || !RETRY_CODES.has(e.code)) throw e;
           }
           if (pending.length > 0) await sleep(waitMs, signal);
         }

@@ -140,6 +140,16 @@ export class HttpTransport {
           };
   }
 
+  /** Resends the client's retry policy allows (0 with `retry: false`). */
+  get maxRetries(): number {
+    return this.#retry.maxRetries;
+  }
+
+  /** The policy's wait before resend number `retry` (0-based), jittered. */
+  retryDelayMs(retry: number): number {
+    return backoffMs(this.#retry, retry);
+  }
+
   /** Destroys pooled sockets; later requests reject with `unavailable`. */
   close(): void {
     this.#closed = true;

@@ -7,13 +7,11 @@ from typing import Any, AsyncGenerator, Dict, List, Mapping, Optional, Sequence,
 
 from .._core import (
     FNCALL_DEFAULT_LIMIT,
-    FNCALL_MAP_RESENDS,
     FNCALL_MAP_TIMEOUT,
     FNCALL_SLACK,
     RETRY_CODES,
     NdjsonLines,
     compact,
-    fncall_backoff,
     fncall_batches,
     fncall_body,
     fncall_retry_after,
@@ -102,8 +100,9 @@ class FnCalls:
         Calls that do not fit one request (1 MiB) go in further batches, one
         after the other. Calls refused for now (``Unavailable``,
         ``CapacityExhausted``, ``QuotaExceeded``) and those of a batch whose
-        stream broke are sent again after a backoff, up to 3 times; an item's
-        error is the last one. Leaving the loop early aborts the calls still
+        stream broke are sent again as the client's retry policy says (up to
+        ``max_retries`` times, default 3, with backoff; ``max_retries=0``:
+        never); an item's error is the last one. Leaving the loop early aborts the calls still
         running. ``timeout`` is the deadline of each batch request in seconds.
         """
         bodies = [fncall_body(c) for c in calls]
@@ -115,12 +114,13 @@ class FnCalls:
                 done: Set[int] = set()
                 # Calls the platform refused for now (full, down, over quota): sent again after a wait.
                 again: List[Tuple[int, Dict[str, Any]]] = []
-                wait = fncall_backoff(attempt)
+                resend = attempt < self._http.retry.max_retries
+                wait = self._http.retry.delay(attempt + 1)
                 try:
                     async for item in self._batch(pending, concurrency, timeout):
                         done.add(item.index)
                         error = item.error
-                        if isinstance(error, DSecError) and error.code in RETRY_CODES and attempt < FNCALL_MAP_RESENDS:
+                        if isinstance(error, DSecError) and error.code in RETRY_CODES and resend:
                             again.append((item.index, by_index[item.index]))
                             wait = max(wait, fncall_retry_after(error))
                             continue
@@ -128,7 +128,7 @@ class FnCalls:
                     pending = again
                 except DSecError as err:
                     pending = again + [(i, b) for i, b in pending if i not in done]
-                    if attempt >= FNCALL_MAP_RESENDS or err.code not in RETRY_CODES:
+                    if not resend or err.code not in RETRY_CODES:
                         raise
                 attempt += 1
                 if pending:
