@@ -305,6 +305,40 @@ test("by default a project's fncallsPerSecond quota admits calls, batches includ
   assert.equal(edge.fncallDouble.calls.length, 4);
 });
 
+test('with fncallQuotaShares an apiserver admits its share of the quota', async () => {
+  const edge = addFnCall(new FakeEdge({ edgeId: 'edge-a' }));
+  const { api, post } = await setup([edge]);
+  const project = await post('/v1/projects', { name: 'shared', quota: { fncallsPerSecond: 6 } });
+  const key = await post('/v1/keys', { projectId: project.json<{ id: string }>().id });
+  const secret = key.json<{ key: string }>().key;
+  const { buildApiServer } = await import('./server.js');
+  const { PowerOfKPlacer } = await import('@dsec/placement');
+  // One of three apiservers: 6 / 3 = 2 calls per second, a burst of 2.
+  const app = buildApiServer({
+    iam: api.iam,
+    edges: api.edges,
+    watcher: api.watcher,
+    placer: new PowerOfKPlacer({ view: () => api.watcher.view() }),
+    ids: api.ids,
+    fncallQuotaShares: 3,
+  });
+  try {
+    const codes: number[] = [];
+    for (let i = 0; i < 3; i++) {
+      const r = await app.inject({
+        method: 'POST',
+        url: '/v1/fncall',
+        headers: { authorization: `Bearer ${secret}` },
+        payload: call,
+      });
+      codes.push(r.statusCode);
+    }
+    assert.deepEqual(codes, [200, 200, 429]);
+  } finally {
+    await app.close();
+  }
+});
+
 test('an edge the watcher marks down is still tried, after the healthy ones', async () => {
   const only = addFnCall(new FakeEdge({ edgeId: 'edge-a' }));
   const { api, post } = await setup([only]);

@@ -86,6 +86,12 @@ export interface ApiServerOptions {
    * quota (`FnCallRateLimiter`) with this apiserver's own buckets.
    */
   admitFnCalls?: FnCallServiceDeps['admitCalls'];
+  /**
+   * How many apiservers serve the cluster: each admits `1 / shares` of every
+   * project's `fncallsPerSecond`, so together they stay within it without
+   * talking to each other. Default 1.
+   */
+  fncallQuotaShares?: number | undefined;
 }
 
 export const TRANSPORT_DEFAULTS = {
@@ -234,7 +240,10 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   void app.register(async (scope) => portRoutes(scope, service));
   ptyUpgrade(app, service, iam);
   // Calls per second per project (IAM quota `fncallsPerSecond`), counted by this apiserver.
-  const fncallLimiter = new FnCallRateLimiter({ limits: (p) => iam.fncallRateLimits(p) });
+  const fncallLimiter = new FnCallRateLimiter({
+    limits: (p) => iam.fncallRateLimits(p),
+    shares: options.fncallQuotaShares,
+  });
   fncallRoutes(
     app,
     new FnCallService({

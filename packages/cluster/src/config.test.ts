@@ -76,6 +76,10 @@ test('bad configs name the field and what is wrong', () => {
       }),
     invalid('edge.admission.maxSandboxes'),
   );
+  assert.throws(
+    () => parseClusterConfig({ apiserver: { fncallQuotaShares: 0 } }),
+    invalid('apiserver.fncallQuotaShares'),
+  );
 });
 
 test('loading names the file, and says when it is not JSON or missing', async () => {

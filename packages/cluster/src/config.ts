@@ -127,6 +127,12 @@ const ApiserverSection = z
     logRequests: z.boolean().default(false),
     /** Serve the apiserver's metrics without authentication at `HOST:PORT/metrics` (default off). */
     metricsListen: ListenAddress.optional(),
+    /**
+     * How many apiservers serve the cluster: each admits this share of every
+     * project's calls-per-second quota (`fncallsPerSecond`), so that together
+     * they stay within it (docs/fncall.md). Default 1.
+     */
+    fncallQuotaShares: z.number().int().min(1).max(1000).optional(),
   })
   .strict();
 

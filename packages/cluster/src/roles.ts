@@ -238,6 +238,7 @@ export async function startApiserver(
       imagesList: store ? (o) => listImages(store, o) : undefined,
       extend: e2bExtension(config.e2b),
       metrics: apiMetrics,
+      fncallQuotaShares: ac.fncallQuotaShares,
     });
     const listening = await listenApi(app, {
       host: options.host ?? ac.host,
