@@ -9,6 +9,7 @@ import type {
   DisplayInput,
   EdgeStatus,
   FnCallOptions,
+  FnCallPoolStatus,
   FnCallRequest,
   FnCallResult,
   ImageStore,
@@ -391,9 +392,23 @@ export class Edge implements EdgeApi {
 
   /** Runs one stateless call in a warm pool (issue 14, docs/adr/0014-fncall.md). */
   async fncall(req: FnCallRequest, options: FnCallOptions): Promise<FnCallResult> {
-    if (!this.#fncall)
-      throw new DsecError('unavailable', `edge ${this.edgeId} runs no function calls`);
-    return this.#fncall.call(req, options);
+    const metrics = this.options.metrics;
+    const start = performance.now();
+    try {
+      if (!this.#fncall)
+        throw new DsecError('unavailable', `edge ${this.edgeId} runs no function calls`);
+      const result = await this.#fncall.call(req, options);
+      metrics?.fncallFinished(req.language, result.outcome, (performance.now() - start) / 1000);
+      return result;
+    } catch (err) {
+      metrics?.fncallFailed(toDsecError(err).code);
+      throw err;
+    }
+  }
+
+  /** The FnCall pools' sizes (none on an edge that runs no function calls). */
+  fncallPools(): FnCallPoolStatus[] {
+    return this.#fncall?.status() ?? [];
   }
 
   // ---- pause, resume, TTL (issue 11; lifecycle/lifecycle.ts, docs/adr/0012-pause-and-resume.md) ----

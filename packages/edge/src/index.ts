@@ -422,6 +422,7 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
       (await edge.listSandboxes({ includeEnded: true })).map((s) => s.state),
     admission: () => admission.view(),
     layerCache: () => ({ ...layers.stats(), ...layers.counters }),
+    fncallPools: () => edge.fncallPools(),
     ...(options.store.local
       ? {}
       : { blobStats: blobStatsFile(join(options.stateDir, 'blobs', '.stats')) }),

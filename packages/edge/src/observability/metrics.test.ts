@@ -60,6 +60,32 @@ test('create phases: a succeeded step is observed, a failed one is not', async (
   assert.equal(sample(text, 'dsec_create_phase_seconds_bucket{le="60",phase="network"}'), 1);
 });
 
+test('function calls: answers by runtime and outcome, their time, errors by code, workers by state', async () => {
+  const m = new EdgeMetrics();
+  m.fncallFinished('python', 'ok', 0.004);
+  m.fncallFinished('python', 'ok', 0.006);
+  m.fncallFinished('node', 'timeout', 2);
+  m.fncallFailed('capacity_exhausted');
+  const pool = { network: false, max: 4 };
+  m.bind({
+    fncallPools: () => [
+      { ...pool, language: 'python', idle: 2, busy: 1, starting: 0 },
+      { ...pool, language: 'python', network: true, idle: 1, busy: 0, starting: 1 },
+      { ...pool, language: 'node', idle: 0, busy: 1, starting: 0 },
+    ],
+  });
+  const text = await m.registry.metrics();
+  assert.equal(sample(text, 'dsec_fncall_calls_total{runtime="python",outcome="ok"}'), 2);
+  assert.equal(sample(text, 'dsec_fncall_calls_total{runtime="node",outcome="timeout"}'), 1);
+  assert.equal(sample(text, 'dsec_fncall_call_seconds_count{runtime="python"}'), 2);
+  assert.equal(sample(text, 'dsec_fncall_call_seconds_bucket{le="0.005",runtime="python"}'), 1);
+  assert.equal(sample(text, 'dsec_fncall_errors_total{code="capacity_exhausted"}'), 1);
+  // Pools of one runtime (with and without network) add up.
+  assert.equal(sample(text, 'dsec_fncall_workers{runtime="python",state="idle"}'), 3);
+  assert.equal(sample(text, 'dsec_fncall_workers{runtime="python",state="starting"}'), 1);
+  assert.equal(sample(text, 'dsec_fncall_workers{runtime="node",state="busy"}'), 1);
+});
+
 test('refusals, command outcomes, events and DNS denials are counted with their labels', async () => {
   const m = new EdgeMetrics();
   m.admissionRefused({ resource: 'memory', measure: 'available_mb' });

@@ -3,6 +3,8 @@ import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type {
   AdmissionRefusal,
   CommandOutcome,
+  FnCallOutcome,
+  FnCallPoolStatus,
   NodePressure,
   SandboxEventKind,
   SandboxState,
@@ -58,6 +60,8 @@ export interface EdgeMetricsSources {
   };
   /** The blob daemon's `.stats` (undefined while no daemon serves). */
   blobStats?: () => Promise<BlobDaemonStats | undefined>;
+  /** The FnCall pools (absent on an edge that runs no function calls). */
+  fncallPools?: () => readonly FnCallPoolStatus[];
 }
 
 export interface EdgeMetricsOptions {
@@ -105,6 +109,9 @@ export class EdgeMetrics {
   readonly sandboxEvents: Counter<'kind'>;
   readonly dnsDenials: Counter;
   readonly sandboxStarts: Counter<'result'>;
+  readonly fncallCalls: Counter<'runtime' | 'outcome'>;
+  readonly fncallSeconds: Histogram<'runtime'>;
+  readonly fncallErrors: Counter<'code'>;
 
   constructor(options: EdgeMetricsOptions = {}) {
     const registry = options.registry ?? new Registry();
@@ -149,6 +156,48 @@ export class EdgeMetrics {
       help: 'Sandbox starts on the edge after admission, by result (ok, failed).',
       labelNames: ['result'] as const,
       registers,
+    });
+
+    this.fncallCalls = new Counter({
+      name: 'dsec_fncall_calls_total',
+      help: 'Function calls the edge answered, by runtime and outcome (ok, timeout, oom, output_limit, signaled, pids_limit, runtime_error).',
+      labelNames: ['runtime', 'outcome'] as const,
+      registers,
+    });
+    this.fncallSeconds = new Histogram({
+      name: 'dsec_fncall_call_seconds',
+      help: 'Time from a function call reaching the edge to its answer (waiting for a worker included), by runtime.',
+      labelNames: ['runtime'] as const,
+      buckets: PHASE_BUCKETS_S,
+      registers,
+    });
+    this.fncallErrors = new Counter({
+      name: 'dsec_fncall_errors_total',
+      help: 'Function calls the edge answered with an error instead of a result, by error code.',
+      labelNames: ['code'] as const,
+      registers,
+    });
+    new Gauge({
+      name: 'dsec_fncall_workers',
+      help: 'FnCall worker sandboxes on the edge, by runtime and state (idle, busy, starting).',
+      labelNames: ['runtime', 'state'] as const,
+      registers,
+      collect() {
+        const pools = sources().fncallPools?.();
+        if (!pools) return;
+        this.reset();
+        const sums = new Map<string, { idle: number; busy: number; starting: number }>();
+        for (const p of pools) {
+          const s = sums.get(p.language) ?? { idle: 0, busy: 0, starting: 0 };
+          s.idle += p.idle;
+          s.busy += p.busy;
+          s.starting += p.starting;
+          sums.set(p.language, s);
+        }
+        for (const [runtime, s] of sums)
+          for (const state of ['idle', 'busy', 'starting'] as const)
+            this.set({ runtime, state }, s[state]);
+      },
     });
 
     new Gauge({
@@ -351,6 +400,17 @@ export class EdgeMetrics {
 
   commandFinished(outcome: CommandOutcome): void {
     this.commandOutcomes.inc({ outcome });
+  }
+
+  /** A function call answered with a result (its runtime is one the edge knows). */
+  fncallFinished(runtime: string, outcome: FnCallOutcome, seconds: number): void {
+    this.fncallCalls.inc({ runtime, outcome });
+    this.fncallSeconds.observe({ runtime }, seconds);
+  }
+
+  /** A function call answered with an error (labelled by code only: its language may be anything). */
+  fncallFailed(code: string): void {
+    this.fncallErrors.inc({ code });
   }
 
   /** One misbehaviour event (each occurrence, folded repeats included). */

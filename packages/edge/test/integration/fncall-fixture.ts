@@ -6,6 +6,7 @@ import {
   openContainerEdge,
   prepareFnCallImages,
   type Edge,
+  type EdgeMetrics,
   type FnCallPoolsOptions,
 } from '@dsec/edge';
 
@@ -26,7 +27,10 @@ export async function fncallImages(): Promise<DirImageStore> {
 }
 
 /** An edge over the FnCall images in a private state dir and cgroup parent. */
-export async function openFnCallEdge(fncall: FnCallPoolsOptions = {}): Promise<{
+export async function openFnCallEdge(
+  fncall: FnCallPoolsOptions = {},
+  metrics?: EdgeMetrics,
+): Promise<{
   edge: Edge;
   stateDir: string;
   cgroupParent: string;
@@ -43,6 +47,7 @@ export async function openFnCallEdge(fncall: FnCallPoolsOptions = {}): Promise<{
     store,
     cgroupParent,
     fncall,
+    ...(metrics ? { metrics } : {}),
   });
   let closed = false;
   return {

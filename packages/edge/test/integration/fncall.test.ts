@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { FNCALL_RUNTIME_LABEL, type Edge } from '@dsec/edge';
+import { EdgeMetrics, FNCALL_RUNTIME_LABEL, type Edge } from '@dsec/edge';
 import type { FnCallRequest, FnCallResult } from '@dsec/core';
 import { openFnCallEdge, removeStateDir } from './fncall-fixture.js';
 
@@ -8,9 +8,10 @@ import { openFnCallEdge, removeStateDir } from './fncall-fixture.js';
 // sandbox, so what one call leaves behind is exactly what the next would see.
 let edge: Edge;
 let close: () => Promise<void>;
+const metrics = new EdgeMetrics();
 
 before(async () => {
-  const f = await openFnCallEdge({ sizing: { min: 1, max: 1, spare: 0 } });
+  const f = await openFnCallEdge({ sizing: { min: 1, max: 1, spare: 0 } }, metrics);
   edge = f.edge;
   close = async () => {
     await f.close();
@@ -139,6 +140,22 @@ print(json.dumps({d: sorted(os.listdir(d)) for d in ('/tmp', '/var/tmp', '/dev/s
       const after = await call({ code: check });
       assert.equal(after.stdout, empty.stdout, `${way} was left for the next call`);
     }
+  });
+
+  test('the edge counts calls by runtime and outcome, and reports its worker', async () => {
+    const sample = async (series: string) => {
+      const line = (await metrics.registry.metrics())
+        .split('\n')
+        .find((l) => l.startsWith(`${series} `));
+      return line === undefined ? 0 : Number(line.split(' ')[1]);
+    };
+    const ok = await sample('dsec_fncall_calls_total{runtime="python",outcome="ok"}');
+    const refused = await sample('dsec_fncall_errors_total{code="invalid_argument"}');
+    assert.equal((await call({ code: 'print(1)' })).outcome, 'ok');
+    await assert.rejects(call({ code: 'print(1)', language: 'cobol' }));
+    assert.equal(await sample('dsec_fncall_calls_total{runtime="python",outcome="ok"}'), ok + 1);
+    assert.equal(await sample('dsec_fncall_errors_total{code="invalid_argument"}'), refused + 1);
+    assert.equal(await sample('dsec_fncall_workers{runtime="python",state="idle"}'), 1);
   });
 
   test('the random generator is reseeded per call, and in a process the call forks', async () => {
