@@ -5,7 +5,7 @@ import type { CommandExit, SandboxChannel, SandboxCommand } from '../backends/ch
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { FnCallPools, inotifyBudget } from './pools.js';
+import { FnCallPools, inotifyBudget, ranOutOfMemory } from './pools.js';
 import type { FnCallHost } from './worker.js';
 
 /** How a fake worker answers a call line: as a zygote would, or by dying. */
@@ -261,5 +261,17 @@ void describe('fncall pools (fake workers)', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+
+  test('a failed call whose stderr says its runtime ran out of memory is oom; nothing else is', () => {
+    const node = { oomMessages: ['JavaScript heap out of memory'] };
+    const said =
+      'FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory';
+    assert.equal(ranOutOfMemory(node, 'signaled', 134, said), true);
+    assert.equal(ranOutOfMemory(node, 'ok', 1, said), true);
+    assert.equal(ranOutOfMemory(node, 'ok', 0, said), false, 'a program that exits 0 ran fine');
+    assert.equal(ranOutOfMemory(node, 'timeout', 137, said), false);
+    assert.equal(ranOutOfMemory(node, 'ok', 1, 'Error: no'), false);
+    assert.equal(ranOutOfMemory({}, 'signaled', 134, said), false);
   });
 });

@@ -459,6 +459,8 @@ export class FnCallPools {
         (await this.#deps.host.oomKilled(w.id).catch(() => false))
       )
         outcome = 'oom';
+      // A runtime that reports running out of memory in words (node aborts, or throws).
+      if (ranOutOfMemory(pool.runtime, outcome, d.exitCode, d.stderr)) outcome = 'oom';
       const result: FnCallResult = {
         exitCode: d.exitCode,
         stdout: d.stdout,
@@ -683,6 +685,23 @@ export class FnCallPools {
     await Promise.allSettled([...this.#pools.values()].map((p) => p.close()));
     await Promise.allSettled([...this.#retiring.values()]);
   }
+}
+
+/**
+ * Whether a call that failed (a non-zero exit, or a signal) said on stderr
+ * that it ran out of memory in one of its runtime's `oomMessages`: the
+ * python fast path reports a `MemoryError` itself, an exec runtime only in
+ * words (node aborts on a full heap, throws when a buffer cannot be had).
+ */
+export function ranOutOfMemory(
+  runtime: Pick<FnCallRuntime, 'oomMessages'>,
+  outcome: FnCallResult['outcome'],
+  exitCode: number,
+  stderr: string,
+): boolean {
+  if (!runtime.oomMessages || exitCode === 0) return false;
+  if (outcome !== 'ok' && outcome !== 'signaled') return false;
+  return runtime.oomMessages.some((m) => stderr.includes(m));
 }
 
 /**

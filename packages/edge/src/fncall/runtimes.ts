@@ -28,6 +28,12 @@ export interface FnCallRuntime {
   preload?: string[] | undefined;
   /** Environment of every call before the call's own (PATH, LANG). */
   env?: Record<string, string> | undefined;
+  /**
+   * What the runtime writes on stderr when a program runs out of memory: a
+   * failed call (non-zero exit or a signal) whose stderr holds one ends as
+   * `oom` (the python fast path reports a `MemoryError` by itself).
+   */
+  oomMessages?: string[] | undefined;
 }
 
 const BASE_ENV = {
@@ -79,6 +85,12 @@ export const DEFAULT_FNCALL_RUNTIMES: readonly FnCallRuntime[] = [
     defaultMemoryMb: 512,
     maxMemoryMb: 2048,
     env: BASE_ENV,
+    // V8 aborts on a full heap (SIGABRT) or fails a large allocation with a RangeError.
+    oomMessages: [
+      'JavaScript heap out of memory',
+      'Fatal process out of memory',
+      'Array buffer allocation failed',
+    ],
   },
   {
     name: 'bash',

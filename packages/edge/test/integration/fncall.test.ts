@@ -297,6 +297,27 @@ void describe('fncall: limits', () => {
     assert.match(r.stderr, /MemoryError/);
   });
 
+  test('memory: node past memoryMb ends with oom, whether V8 aborts or throws', async () => {
+    const full = await call({
+      language: 'node',
+      code: 'const a = []; while (true) a.push(new Array(1e6).fill(1.5));',
+      memoryMb: 256,
+    });
+    assert.equal(full.outcome, 'oom', full.stderr.slice(-300));
+    assert.equal(full.exitCode, 134);
+    const buffer = await call({
+      language: 'node',
+      code: 'const a = []; while (true) a.push(Buffer.alloc(1 << 24, 1));',
+      memoryMb: 256,
+    });
+    assert.equal(buffer.outcome, 'oom', buffer.stderr.slice(-300));
+    assert.equal(buffer.exitCode, 1);
+    // A program that fails otherwise is not oom.
+    const thrown = await call({ language: 'node', code: 'throw new Error("no")' });
+    assert.equal(thrown.outcome, 'ok');
+    assert.equal(thrown.exitCode, 1);
+  });
+
   test('output past maxOutputBytes ends the call with output_limit, truncated', async () => {
     const r = await call({
       code: 'import sys\nwhile True: sys.stdout.write("x" * 65536)',
