@@ -185,8 +185,34 @@ def fncall_cluster() -> Iterator[Cluster]:
     if prepared.returncode != 0:
         shutil.rmtree(work, ignore_errors=True)
         pytest.fail(f"dsec fncall prepare failed:\n{prepared.stderr}")
+    # An operator's runtime from the config file (docs/fncall.md "Runtimes"), beside the defaults.
+    config = work / "cluster.json"
+    config.write_text(
+        json.dumps(
+            {
+                "up": {
+                    "fncall": {
+                        "runtimes": [
+                            {
+                                "name": "sh",
+                                "image": "fncall-base",
+                                "mode": "exec",
+                                "command": ["sh", "{entry}"],
+                                "entry": "main.sh",
+                                "defaultMemoryMb": 128,
+                                "maxMemoryMb": 256,
+                            }
+                        ],
+                        "warm": {"python": 1},
+                    }
+                }
+            }
+        )
+    )
     up = subprocess.Popen(
-        _dsec_command(state_dir, *store, "up", "--port", "0", "--stop-sandboxes", "--no-cgroup-favordynmods"),
+        _dsec_command(
+            state_dir, *store, "up", "--config", str(config), "--port", "0", "--stop-sandboxes", "--no-cgroup-favordynmods"
+        ),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     try:
@@ -230,5 +256,8 @@ async def test_the_full_path(fncall_cluster: Cluster) -> None:
             assert item.result.stdout == f"{2 * item.index}\n"
         failing = await client.fncall.run("python", "import sys; sys.exit(3)")
         assert (failing.exit_code, failing.outcome) == (3, "ok")
+        # The config file's runtime.
+        shell = await client.fncall.run("sh", 'echo "$((6 * 7))" "$(id -u)"')
+        assert (shell.outcome, shell.stdout) == ("ok", "42 60000\n"), shell.stderr
     with dsec.sync.DSecClient(fncall_cluster.url, fncall_cluster.admin_key) as sync_client:
         assert sync_client.fncall.run("bash", 'read x; echo "$((x * 2))"', stdin="21\n").stdout == "42\n"

@@ -4,7 +4,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isDsecError } from '@dsec/core';
-import { loadClusterConfig, parseClusterConfig } from './config.js';
+import { fncallOptions, loadClusterConfig, parseClusterConfig } from './config.js';
 
 const invalid = (field: string) => (err: unknown) =>
   isDsecError(err) && err.code === 'invalid_argument' && err.field === field;
@@ -53,6 +53,40 @@ test('GPU settings pass through with the inventory file made absolute', () => {
   });
   assert.equal(config.up?.gpus, 'auto');
   assert.throws(() => parseClusterConfig({ edge: { ...edge, gpus: 'on' } }), invalid('edge.gpus'));
+});
+
+test('FnCall settings pass through for edges and dsec up; enabled: false runs no calls', () => {
+  const sh = {
+    name: 'sh',
+    image: 'fncall-base',
+    mode: 'exec' as const,
+    command: ['sh', '{entry}'],
+    entry: 'main.sh',
+    defaultMemoryMb: 128,
+    maxMemoryMb: 256,
+    oomMessages: ['out of memory'],
+  };
+  const fncall = { runtimes: [sh], warm: { python: 2 }, sizing: { max: 8 }, nprocPerCall: 64 };
+  const config = parseClusterConfig({
+    edge: { id: 'e1', stateDir: '/s', secretFile: '/k', fncall },
+    up: { fncall },
+  });
+  assert.deepEqual(config.edge?.fncall, fncall);
+  assert.deepEqual(config.up?.fncall, fncall);
+  assert.deepEqual(fncallOptions(config.up?.fncall), fncall);
+  assert.equal(
+    fncallOptions(parseClusterConfig({ up: { fncall: { enabled: false } } }).up?.fncall),
+    false,
+  );
+  assert.equal(fncallOptions(undefined), undefined);
+  assert.throws(
+    () => parseClusterConfig({ up: { fncall: { runtimes: [{ ...sh, mode: 'jit' }] } } }),
+    invalid('up.fncall.runtimes.0.mode'),
+  );
+  assert.throws(
+    () => parseClusterConfig({ up: { fncall: { sizing: { maximum: 8 } } } }),
+    invalid('up.fncall.sizing'),
+  );
 });
 
 test('bad configs name the field and what is wrong', () => {

@@ -52,6 +52,53 @@ const Network = z
   .partial()
   .strict();
 
+/** An operator's FnCall runtime (docs/fncall.md "Runtimes"; `FnCallRuntime` in @dsec/edge). */
+const FnCallRuntimeSchema = z
+  .object({
+    name: z.string().min(1),
+    image: z.string().min(1),
+    toolkits: z.array(z.string().min(1)).optional(),
+    mode: z.enum(['python', 'exec']),
+    command: z.array(z.string().min(1)).min(1).optional(),
+    entry: z.string().min(1),
+    defaultMemoryMb: z.number().int().positive(),
+    maxMemoryMb: z.number().int().positive(),
+    preload: z.array(z.string().min(1)).optional(),
+    env: z.record(z.string(), z.string()).optional(),
+    oomMessages: z.array(z.string().min(1)).optional(),
+  })
+  .strict();
+
+/** The edge's FnCall pools (`FnCallPoolsOptions` in @dsec/edge; `fncallOptions`). */
+const FnCallSection = z
+  .object({
+    /** `false`: the edge runs no function calls (default true). */
+    enabled: z.boolean().optional(),
+    /** Runtimes beside (or, by name, instead of) python, node and bash. */
+    runtimes: z.array(FnCallRuntimeSchema).optional(),
+    /** Warm workers per runtime, started with the edge (`{ "python": 4 }`). */
+    warm: z.record(z.string(), z.number().int().min(0).max(1024)).optional(),
+    sizing: z
+      .object({
+        min: z.number().int().min(0),
+        max: z.number().int().min(1),
+        spare: z.number().int().min(0),
+        maxStarting: z.number().int().min(1),
+        idleRetireMs: z.number().int().min(1000),
+      })
+      .partial()
+      .strict()
+      .optional(),
+    cpuCoresPerWorker: z.number().positive().optional(),
+    nprocPerCall: z.number().int().min(1).max(65_536).optional(),
+    fileSizeLimitMb: z.number().int().positive().optional(),
+    callUid: z.number().int().min(1).max(65_533).optional(),
+    queueTimeoutMs: z.number().int().positive().optional(),
+    maxCallsPerWorker: z.number().int().positive().optional(),
+    inotifyWorkers: z.number().int().min(0).optional(),
+  })
+  .strict();
+
 const EdgeSection = z
   .object({
     /** Unique in the cluster; encoded in every sandbox ID of this edge. */
@@ -99,6 +146,8 @@ const EdgeSection = z
           .strict(),
       ])
       .optional(),
+    /** Function calls (docs/fncall.md): runtimes, warm pools, limits; `false` runs none. */
+    fncall: FnCallSection.optional(),
     logRequests: z.boolean().default(false),
     /** Serve this edge's metrics without authentication at `HOST:PORT/metrics` (default off). */
     metricsListen: ListenAddress.optional(),
@@ -161,6 +210,7 @@ const UpSection = EdgeSection.pick({
   pauseSwapMaxMb: true,
   erofsMount: true,
   gpus: true,
+  fncall: true,
 })
   .extend({
     /** Everything durable (default /var/lib/dsec; `--state-dir` overrides). */
@@ -190,6 +240,16 @@ export const ClusterConfigSchema = z
   .strict();
 
 export type ClusterConfig = z.infer<typeof ClusterConfigSchema>;
+export type FnCallConfig = z.infer<typeof FnCallSection>;
+
+/** What an edge gets of a config's `fncall` section: `false` when it is disabled. */
+export function fncallOptions(
+  section: FnCallConfig | undefined,
+): Omit<FnCallConfig, 'enabled'> | false | undefined {
+  if (section === undefined) return undefined;
+  const { enabled, ...options } = section;
+  return enabled === false ? false : options;
+}
 export type EdgeConfig = z.infer<typeof EdgeSection>;
 export type ApiserverConfig = z.infer<typeof ApiserverSection>;
 export type WatcherConfig = z.infer<typeof WatcherSection>;

@@ -32,6 +32,7 @@ import {
   type EdgeGpuConfig,
   type EdgeNetworkOptions,
   type ErofsMountSetting,
+  type FnCallPoolsOptions,
 } from '@dsec/edge';
 import { openControlDb } from '@dsec/iam';
 import type { Iam } from '@dsec/iam';
@@ -78,6 +79,8 @@ export interface SingleNodeOptions {
   erofsMount?: ErofsMountSetting | undefined;
   /** GPUs for FnCall workers (docs/gpu.md; default off). */
   gpus?: EdgeGpuConfig | undefined;
+  /** Function calls: runtimes, warm pools, limits; `false` runs none (docs/fncall.md). */
+  fncall?: FnCallPoolsOptions | false | undefined;
   /** The E2B-compatible API (docs/e2b.md): template names and the wildcard domain. */
   e2b?: E2bOptions;
   /** Pause and idle settings of the edge (ADR 0012). */
@@ -162,6 +165,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       blobCacheBytes: options.blobCacheBytes,
       ...(options.erofsMount ? { erofsMount: options.erofsMount } : {}),
       ...(options.gpus ? { gpus: options.gpus } : {}),
+      ...(options.fncall !== undefined ? { fncall: options.fncall } : {}),
       ...(options.runtimeBinary ? { runtimeBinary: options.runtimeBinary } : {}),
       ...(options.cgroupFavorDynmods !== undefined
         ? { cgroupFavorDynmods: options.cgroupFavorDynmods }
@@ -235,11 +239,13 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
 
 export {
   ClusterConfigSchema,
+  fncallOptions,
   loadClusterConfig,
   parseClusterConfig,
   type ApiserverConfig,
   type ClusterConfig,
   type EdgeConfig,
+  type FnCallConfig,
   type UpConfig,
   type WatcherConfig,
 } from './config.js';

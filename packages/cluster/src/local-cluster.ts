@@ -32,7 +32,7 @@ export interface LocalClusterOptions {
   runtime?: string | undefined;
   cgroupFavorDynmods?: boolean;
   /** Each edge's `erofsMount`, `network` and `blobCacheBytes` (config.ts EdgeSection). */
-  edgeConfig?: Pick<EdgeConfig, 'erofsMount' | 'gpus' | 'network' | 'blobCacheBytes'>;
+  edgeConfig?: Pick<EdgeConfig, 'erofsMount' | 'gpus' | 'network' | 'blobCacheBytes' | 'fncall'>;
   lifecycle?: LifecycleOptions;
   /** Serve E2B host names `<port>-<sandboxId>.<domain>` (docs/e2b.md). */
   e2bDomain?: string | undefined;

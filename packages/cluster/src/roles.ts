@@ -31,6 +31,7 @@ import { DirImageStore, listImages, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import {
   apiserverDefaults,
+  fncallOptions,
   requireSection,
   watcherDefaults,
   type ClusterConfig,
@@ -115,6 +116,7 @@ export async function startEdgeServer(
     ...(ec.runtime ? { runtimeBinary: ec.runtime } : {}),
     ...(ec.erofsMount ? { erofsMount: ec.erofsMount } : {}),
     ...(ec.gpus ? { gpus: ec.gpus } : {}),
+    ...(ec.fncall !== undefined ? { fncall: fncallOptions(ec.fncall) } : {}),
     ...(log ? { log } : {}),
     metrics,
   });

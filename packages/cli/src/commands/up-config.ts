@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { loadClusterConfig, type ClusterConfig } from '@dsec/cluster';
+import { loadClusterConfig, type ClusterConfig, type FnCallConfig } from '@dsec/cluster';
 import {
   parseListenAddress,
   type AdmissionConfig,
@@ -45,6 +45,7 @@ export interface UpSettings {
   cgroupFavorDynmods: boolean;
   erofsMount: ErofsMountSetting | undefined;
   gpus: NonNullable<ClusterConfig['up']>['gpus'];
+  fncall: FnCallConfig | undefined;
   network: EdgeNetworkOptions | undefined;
   blobCacheBytes: number | undefined;
   pausedTtlSeconds: number | undefined;
@@ -95,6 +96,7 @@ export async function upSettings(
       : (up?.cgroupFavorDynmods ?? flags.cgroupFavordynmods),
     erofsMount: flags.erofsMount ?? up?.erofsMount,
     gpus: flags.gpus ?? up?.gpus,
+    fncall: up?.fncall,
     network: up?.network,
     blobCacheBytes: up?.blobCacheBytes,
     pausedTtlSeconds: flags.pausedTtlSeconds ?? up?.pausedTtlSeconds,

@@ -1,5 +1,5 @@
 import { Option, type Command } from 'commander';
-import { startLocalCluster, startSingleNode } from '@dsec/cluster';
+import { fncallOptions, startLocalCluster, startSingleNode } from '@dsec/cluster';
 import { EROFS_MOUNT_SETTINGS, jsonLogger, parseListenAddress } from '@dsec/edge';
 import { contextOf } from '../context.js';
 import { parseInteger } from '../parse.js';
@@ -103,6 +103,7 @@ export function register(program: Command): void {
               ...(up.runtime ? { runtimeBinary: up.runtime } : {}),
               ...(up.erofsMount ? { erofsMount: up.erofsMount } : {}),
               ...(up.gpus ? { gpus: up.gpus } : {}),
+              ...(up.fncall !== undefined ? { fncall: fncallOptions(up.fncall) } : {}),
               ...(up.network ? { network: up.network } : {}),
               ...(up.blobCacheBytes ? { blobCacheBytes: up.blobCacheBytes } : {}),
               e2b: up.e2b,
@@ -117,6 +118,7 @@ export function register(program: Command): void {
               edgeConfig: {
                 ...(up.erofsMount ? { erofsMount: up.erofsMount } : {}),
                 ...(up.gpus ? { gpus: up.gpus } : {}),
+                ...(up.fncall !== undefined ? { fncall: up.fncall } : {}),
                 ...(up.network ? { network: up.network } : {}),
                 ...(up.blobCacheBytes ? { blobCacheBytes: up.blobCacheBytes } : {}),
               },
