@@ -6,6 +6,7 @@ import type { FnCallResult } from '@dsec/core';
 import { createTestApi, FakeEdge } from './testing/index.js';
 import { addFnCall } from './testing/fncall-double.js';
 import type { TestApi } from './testing/index.js';
+import type { ApiServerOptions } from './server.js';
 
 /** HTTP API of FnCall (issue 14) over in-process edges with a FnCall double. */
 
@@ -28,6 +29,21 @@ async function setup(edges: FakeEdge[]) {
 }
 
 const call = { language: 'python', code: 'print(sum(map(int, input().split())))', stdin: '1 2\n' };
+
+/** A second server over a test API's IAM and edges, with options createTestApi has no hook for. */
+async function serverOver(api: TestApi, options: Partial<ApiServerOptions> = {}) {
+  const { buildApiServer } = await import('./server.js');
+  const { PowerOfKPlacer } = await import('@dsec/placement');
+  const watcher = options.watcher ?? api.watcher;
+  return buildApiServer({
+    iam: api.iam,
+    edges: api.edges,
+    watcher,
+    placer: new PowerOfKPlacer({ view: () => watcher.view() }),
+    ids: api.ids,
+    ...options,
+  });
+}
 
 test('POST /v1/fncall answers the result and names the edge', async () => {
   const edge = addFnCall(new FakeEdge({ edgeId: 'edge-a' }));
@@ -208,8 +224,6 @@ test('a cordoned edge gets no calls, however warm; with only cordoned edges a ca
   ];
   const api = await createTestApi({ edges: [warm, cold] });
   apis.push(api);
-  const { buildApiServer } = await import('./server.js');
-  const { PowerOfKPlacer } = await import('@dsec/placement');
   let cordoned = new Set(['edge-warm']);
   // What RegistryFleet does with the registry's cordons.
   const watcher = {
@@ -221,13 +235,7 @@ test('a cordoned edge gets no calls, however warm; with only cordoned edges a ca
       };
     },
   };
-  const app = buildApiServer({
-    iam: api.iam,
-    edges: api.edges,
-    watcher,
-    placer: new PowerOfKPlacer({ view: () => watcher.view() }),
-    ids: api.ids,
-  });
+  const app = await serverOver(api, { watcher });
   try {
     const post = () =>
       app.inject({
@@ -250,16 +258,8 @@ test('quota admission refuses a batch before its stream starts', async () => {
   const edge = addFnCall(new FakeEdge({ edgeId: 'edge-a' }));
   const api = await createTestApi({ edges: [edge] });
   apis.push(api);
-  // createTestApi has no hook for admitFnCalls: build a second server over its IAM and edges.
-  const { buildApiServer } = await import('./server.js');
-  const { PowerOfKPlacer } = await import('@dsec/placement');
   const admitted: number[] = [];
-  const app = buildApiServer({
-    iam: api.iam,
-    edges: api.edges,
-    watcher: api.watcher,
-    placer: new PowerOfKPlacer({ view: () => api.watcher.view() }),
-    ids: api.ids,
+  const app = await serverOver(api, {
     admitFnCalls: async (_principal, _projectId, calls) => {
       admitted.push(calls);
       if (calls > 2) throw new DsecError('quota_exceeded', 'calls per second quota');
@@ -311,17 +311,8 @@ test('with fncallQuotaShares an apiserver admits its share of the quota', async 
   const project = await post('/v1/projects', { name: 'shared', quota: { fncallsPerSecond: 6 } });
   const key = await post('/v1/keys', { projectId: project.json<{ id: string }>().id });
   const secret = key.json<{ key: string }>().key;
-  const { buildApiServer } = await import('./server.js');
-  const { PowerOfKPlacer } = await import('@dsec/placement');
   // One of three apiservers: 6 / 3 = 2 calls per second, a burst of 2.
-  const app = buildApiServer({
-    iam: api.iam,
-    edges: api.edges,
-    watcher: api.watcher,
-    placer: new PowerOfKPlacer({ view: () => api.watcher.view() }),
-    ids: api.ids,
-    fncallQuotaShares: 3,
-  });
+  const app = await serverOver(api, { fncallQuotaShares: 3 });
   try {
     const codes: number[] = [];
     for (let i = 0; i < 3; i++) {
