@@ -52,7 +52,7 @@ const Network = z
   .partial()
   .strict();
 
-/** An operator's FnCall runtime (docs/fncall.md "Runtimes"; `FnCallRuntime` in @dsec/edge). */
+/** An operator's FnCall runtime (docs/fncall.md "Runtimes and pools"; `FnCallRuntime` in @dsec/edge). */
 const FnCallRuntimeSchema = z
   .object({
     name: z.string().min(1),
@@ -146,7 +146,7 @@ const EdgeSection = z
           .strict(),
       ])
       .optional(),
-    /** Function calls (docs/fncall.md): runtimes, warm pools, limits; `false` runs none. */
+    /** Function calls (docs/fncall.md): runtimes, warm pools, limits; `enabled: false` runs none. */
     fncall: FnCallSection.optional(),
     logRequests: z.boolean().default(false),
     /** Serve this edge's metrics without authentication at `HOST:PORT/metrics` (default off). */
@@ -241,6 +241,10 @@ export const ClusterConfigSchema = z
 
 export type ClusterConfig = z.infer<typeof ClusterConfigSchema>;
 export type FnCallConfig = z.infer<typeof FnCallSection>;
+export type EdgeConfig = z.infer<typeof EdgeSection>;
+export type ApiserverConfig = z.infer<typeof ApiserverSection>;
+export type WatcherConfig = z.infer<typeof WatcherSection>;
+export type UpConfig = z.infer<typeof UpSection>;
 
 /** What an edge gets of a config's `fncall` section: `false` when it is disabled. */
 export function fncallOptions(
@@ -250,10 +254,6 @@ export function fncallOptions(
   const { enabled, ...options } = section;
   return enabled === false ? false : options;
 }
-export type EdgeConfig = z.infer<typeof EdgeSection>;
-export type ApiserverConfig = z.infer<typeof ApiserverSection>;
-export type WatcherConfig = z.infer<typeof WatcherSection>;
-export type UpConfig = z.infer<typeof UpSection>;
 
 /** The parsed apiserver section with its defaults, for a config without one. */
 export function apiserverDefaults(config: ClusterConfig): ApiserverConfig {
