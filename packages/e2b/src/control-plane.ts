@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError } from '@dsec/core';
 import type { NetworkTarget, SandboxInfo, SnapshotInfo, SnapshotRequest } from '@dsec/core';
-import { schemas, toHttpError } from '@dsec/apiserver';
+import { clientGone, schemas, toHttpError } from '@dsec/apiserver';
 import type { SandboxService } from '@dsec/apiserver';
 import type { Iam, Principal } from '@dsec/iam';
 import { authenticateE2b } from './auth.js';
@@ -100,14 +100,6 @@ function bodyOf(req: FastifyRequest): Body {
 function idParam(req: FastifyRequest): string {
   const { sandboxID } = req.params as { sandboxID: string };
   return toDsecSandboxId(sandboxID);
-}
-
-function clientGone(reply: FastifyReply): AbortSignal {
-  const ac = new AbortController();
-  reply.raw.once('close', () => {
-    if (!reply.raw.writableFinished) ac.abort(new Error('client closed the connection'));
-  });
-  return ac.signal;
 }
 
 /** A whole number of seconds within DSec's TTL bounds, or undefined when absent. */

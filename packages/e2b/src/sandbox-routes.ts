@@ -4,6 +4,7 @@ import type { ServiceImpl } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
+import { clientGone } from '@dsec/apiserver';
 import type { ApiMetrics, SandboxService } from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
 import { authenticateE2b, credentialOf } from './auth.js';
@@ -206,12 +207,4 @@ function rawError(req: IncomingMessage, res: ServerResponse, e: DsecError): void
     ...(req.complete ? {} : { connection: 'close' }),
   });
   res.end(body);
-}
-
-function clientGone(reply: FastifyReply): AbortSignal {
-  const ac = new AbortController();
-  reply.raw.once('close', () => {
-    if (!reply.raw.writableFinished) ac.abort(new Error('client closed the connection'));
-  });
-  return ac.signal;
 }

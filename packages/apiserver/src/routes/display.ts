@@ -1,9 +1,10 @@
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyInstance } from 'fastify';
 import { DsecError } from '@dsec/core';
 import { principalOf } from '../auth.js';
 import { IdParams, parse } from '../schemas.js';
 import { DisplayInputBody } from '../schemas-display.js';
 import type { SandboxService } from '../sandbox-service.js';
+import { clientGone } from './io-common.js';
 
 /**
  * The screen of a sandbox with a display (the `vm` backend, issue 15):
@@ -35,12 +36,4 @@ export function displayRoutes(app: FastifyInstance, service: SandboxService): vo
 
 function noDisplay(edgeId: string): DsecError {
   return new DsecError('unavailable', `edge ${edgeId} runs no sandboxes with a display`);
-}
-
-function clientGone(reply: FastifyReply): AbortSignal {
-  const ac = new AbortController();
-  reply.raw.once('close', () => {
-    if (!reply.raw.writableFinished) ac.abort(new Error('client closed the connection'));
-  });
-  return ac.signal;
 }

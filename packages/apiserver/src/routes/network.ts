@@ -1,8 +1,9 @@
-import type { FastifyInstance, FastifyReply } from 'fastify';
+import type { FastifyInstance } from 'fastify';
 import { DsecError } from '@dsec/core';
 import { principalOf } from '../auth.js';
 import { EventsQuery, IdParams, NetworkPatchBody, parse } from '../schemas.js';
 import type { SandboxService } from '../sandbox-service.js';
+import { clientGone } from './io-common.js';
 
 /**
  * Live egress policy and audit events of a sandbox (issue 5):
@@ -31,12 +32,4 @@ export function networkRoutes(app: FastifyInstance, service: SandboxService): vo
 
 function unsupported(edgeId: string, what: string): DsecError {
   return new DsecError('unavailable', `edge ${edgeId} does not support ${what}`);
-}
-
-function clientGone(reply: FastifyReply): AbortSignal {
-  const ac = new AbortController();
-  reply.raw.once('close', () => {
-    if (!reply.raw.writableFinished) ac.abort(new Error('client closed the connection'));
-  });
-  return ac.signal;
 }
