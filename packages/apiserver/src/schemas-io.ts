@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { DEFAULT_COMMAND_TIMEOUT_MS } from '@dsec/core';
 import { requestIdString } from './schemas.js';
 
 /**
@@ -66,7 +67,7 @@ export const SessionRunBody = z
   .object({
     line: text(MIB),
     stdin: z.string().max(MIB).optional(),
-    timeoutMs: int(1, 86_400_000).default(60_000),
+    timeoutMs: int(1, 86_400_000).default(DEFAULT_COMMAND_TIMEOUT_MS),
     maxOutputBytes: int(0, 67_108_864).default(1_048_576),
     requestId: requestIdString.optional(),
     shell: path.optional(),

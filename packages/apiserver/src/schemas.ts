@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { DsecError, parseLayerRef } from '@dsec/core';
+import { DsecError, parseLayerRef, DEFAULT_COMMAND_TIMEOUT_MS } from '@dsec/core';
 import type { SandboxSpec } from '@dsec/core';
 
 /**
@@ -152,7 +152,7 @@ export const CommandBody = z
       .optional(),
     user: userName.optional(),
     stdin: z.string().max(MIB).optional(),
-    timeoutMs: int(1, 86_400_000).default(60_000),
+    timeoutMs: int(1, 86_400_000).default(DEFAULT_COMMAND_TIMEOUT_MS),
     maxOutputBytes: int(0, 67_108_864).default(1_048_576),
     /** Idempotency key: the command runs at most once per sandbox (issue 4). */
     requestId: requestIdString.optional(),

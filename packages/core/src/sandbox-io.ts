@@ -41,6 +41,11 @@ export interface StartCommandSpec extends CommandSpec {
   stdinOpen?: boolean | undefined;
 }
 
+/** How long a command (or a session line) may run when it names no `timeoutMs`: the server's default. */
+export const DEFAULT_COMMAND_TIMEOUT_MS = 60_000;
+/** Output kept per stream when a command names no `maxOutputBytes` (head and tail; the middle is dropped). */
+export const DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024;
+
 /** One line run in a shell session. */
 export interface SessionRunSpec {
   line: string;

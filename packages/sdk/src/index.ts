@@ -35,7 +35,8 @@ export {
   DEFAULT_TIMEOUT_MS,
   DEFAULT_CREATE_TIMEOUT_MS,
 } from './client.js';
-export { Sandbox, DEFAULT_COMMAND_TIMEOUT_MS, COMMAND_DEADLINE_SLACK_MS } from './sandbox.js';
+export { Sandbox } from './sandbox.js';
+export { DEFAULT_COMMAND_TIMEOUT_MS, COMMAND_DEADLINE_SLACK_MS } from './deadlines.js';
 export type * from './types.js';
 export { DsecError, isDsecError } from '@dsec/core';
 export type {

@@ -11,17 +11,13 @@ import { forkSandbox, setPaused, setSandboxTimeout, snapshotSandbox } from './li
 import { CommandEventDecoder } from './ndjson.js';
 import { Commands } from './commands.js';
 import { screenshot, sendInput, type DisplayInput } from './display.js';
+import { COMMAND_DEADLINE_SLACK_MS, DEFAULT_COMMAND_TIMEOUT_MS } from './deadlines.js';
 import { Files } from './files.js';
 import { fetchPort, type SandboxFetchInit } from './port-fetch.js';
 import { Session, type SessionOptions } from './session.js';
 import { openTerminal, type Terminal, type TerminalOptions } from './terminal.js';
 import type { HttpTransport } from './transport.js';
 import type { CallOptions, RunCommandOptions, SnapshotOptions } from './types.js';
-
-/** The server's default command timeout (docs/CONVENTIONS.md, `CommandBody`). */
-export const DEFAULT_COMMAND_TIMEOUT_MS = 60_000;
-/** Slack on top of the command timeout before the client gives up on the answer. */
-export const COMMAND_DEADLINE_SLACK_MS = 30_000;
 
 /**
  * A handle on one sandbox. Holding it costs nothing on the server: the

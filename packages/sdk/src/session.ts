@@ -1,6 +1,7 @@
 import type { SessionResult } from './wire.js';
 import { CommandRun, type OutputCallbacks } from './command-run.js';
 import { commandRequest } from './commands.js';
+import { COMMAND_DEADLINE_SLACK_MS, DEFAULT_COMMAND_TIMEOUT_MS } from './deadlines.js';
 import type { HttpTransport } from './transport.js';
 import type { CallOptions } from './types.js';
 
@@ -68,7 +69,8 @@ export class Session {
             path: `${this.#path}/run`,
             body,
             signal: options.signal,
-            timeoutMs: (options.timeoutMs ?? 60_000) + 30_000,
+            timeoutMs:
+              (options.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS) + COMMAND_DEADLINE_SLACK_MS,
             idempotent: options.requestId !== undefined,
           },
           callbacks,

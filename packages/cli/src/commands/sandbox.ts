@@ -1,5 +1,6 @@
 import { constants } from 'node:os';
 import { Option, type Command } from 'commander';
+import { DEFAULT_COMMAND_TIMEOUT_MS } from '@dsec/sdk';
 import type { CommandResult, QosClass, SandboxInfo } from '@dsec/sdk';
 import { contextOf } from '../context.js';
 import type { CliContext } from '../context.js';
@@ -83,7 +84,11 @@ export function register(program: Command): void {
     )
     .argument('<id>', 'sandbox ID')
     .argument('<cmd...>', 'command, after --')
-    .option('--timeout-ms <n>', 'command timeout (default 60000)', parseInteger)
+    .option(
+      '--timeout-ms <n>',
+      `command timeout (default ${DEFAULT_COMMAND_TIMEOUT_MS})`,
+      parseInteger,
+    )
     .option('--cwd <dir>', 'working directory')
     .option('--user <user>', 'user to run as')
     .option('--env <K=V>', 'environment variable (repeatable)', collectKeyValue)
@@ -269,7 +274,7 @@ export function exitCodeOf(result: CommandResult): number {
 function outcomeNote(result: CommandResult, timeoutMs: number | undefined): string | undefined {
   switch (result.outcome) {
     case 'timeout':
-      return `command timed out after ${timeoutMs ?? 60_000} ms`;
+      return `command timed out after ${timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS} ms`;
     case 'oom':
       return 'command was killed: out of memory (raise --memory-mb at create)';
     case 'killed':

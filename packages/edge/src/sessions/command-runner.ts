@@ -1,11 +1,10 @@
 import { constants } from 'node:os';
-import { DsecError } from '@dsec/core';
+import { DsecError, DEFAULT_COMMAND_TIMEOUT_MS } from '@dsec/core';
 import type { CommandOutcome, CommandResult, StartCommandSpec } from '@dsec/core';
 import type { CommandExit, SandboxChannel } from '../backends/channel.js';
 import type { SandboxRecord } from '../state/edge-store.js';
 import type { LiveCommand } from './command-registry.js';
 import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
-import { DEFAULT_TIMEOUT_MS } from './command-defaults.js';
 
 export const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
@@ -76,7 +75,7 @@ export async function runChronusCommand(
     drained: () => conn.drained(),
   });
 
-  const timer = setTimeout(() => stop('timeout'), spec.timeoutMs ?? DEFAULT_TIMEOUT_MS);
+  const timer = setTimeout(() => stop('timeout'), spec.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS);
   let exit: CommandExit;
   try {
     exit = await handle.exited;

@@ -1,5 +1,5 @@
 import type { Duplex, Readable } from 'node:stream';
-import { DsecError, requestFingerprint } from '@dsec/core';
+import { DsecError, requestFingerprint, DEFAULT_MAX_OUTPUT_BYTES } from '@dsec/core';
 import type {
   CommandInfo,
   CommandResult,
@@ -22,7 +22,6 @@ import { attach, CommandRegistry, type Begun, type LiveCommand } from './command
 import { runChronusCommand } from './command-runner.js';
 import * as files from './files.js';
 import { connectPort, openPty } from './port-and-pty.js';
-import { DEFAULT_MAX_OUTPUT_BYTES } from './command-defaults.js';
 import { ShellSession } from './shell-session.js';
 
 export interface SandboxIoOptions {

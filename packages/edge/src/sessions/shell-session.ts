@@ -1,11 +1,10 @@
-import { DsecError, pooledRandomBytes } from '@dsec/core';
+import { DsecError, pooledRandomBytes, DEFAULT_COMMAND_TIMEOUT_MS } from '@dsec/core';
 import type { CommandOutcome, SessionInfo, SessionResult, SessionRunSpec } from '@dsec/core';
 import type { CommandExit, SandboxChannel, SandboxCommand } from '../backends/channel.js';
 import type { LiveCommand } from './command-registry.js';
 import { DEFAULT_PATH, resultOf } from './command-runner.js';
 import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
 import { MarkerScanner } from './marker-scanner.js';
-import { DEFAULT_TIMEOUT_MS } from './command-defaults.js';
 
 /** After a timeout or kill, how long the shell has to report the end of the call before it is killed itself. */
 const INTERRUPT_GRACE_MS = 1500;
@@ -137,7 +136,7 @@ export class ShellSession {
       });
       const timer = setTimeout(
         () => void this.#interrupt(call, 'timeout', 'KILL'),
-        spec.timeoutMs ?? DEFAULT_TIMEOUT_MS,
+        spec.timeoutMs ?? DEFAULT_COMMAND_TIMEOUT_MS,
       );
       let end: CallEnd;
       try {
