@@ -84,9 +84,17 @@ def send(obj):
     write_all(json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n")
 
 
+LIBC = None
+
+
 def libc():
-    import ctypes
-    return ctypes.CDLL(None, use_errno=True)
+    """The C library, loaded once (the clean-up re-arms its inotify watches through it after every
+    call that touched a scratch place: each exec runtime's call, which writes its program file)."""
+    global LIBC
+    if LIBC is None:
+        import ctypes
+        LIBC = ctypes.CDLL(None, use_errno=True)
+    return LIBC
 
 
 def seal_root():
