@@ -42,8 +42,8 @@ export const METRICS_SCOPE = 'metrics:read';
 /** Scopes on one key at most. */
 export const MAX_SCOPES = 32;
 /**
- * `*` in one run pattern at most. Matching is linear without it; the cap
- * keeps patterns legible and their cost small and fixed (issue 24).
+ * `*` in one run pattern at most. Matching costs O(n·m) however many there
+ * are; the cap keeps patterns legible and their cost small and fixed (issue 24).
  */
 export const MAX_PATTERN_WILDCARDS = 8;
 
@@ -89,17 +89,20 @@ export function checkScopes(scopes: readonly unknown[]): string[] {
   const out: string[] = [];
   scopes.forEach((scope, i) => {
     const field = `scopes.${i}`;
-    const ok =
-      typeof scope === 'string' &&
-      (scope === SNAPSHOT_SCOPE ||
-        scope === METRICS_SCOPE ||
-        (scope.startsWith(RUN_SCOPE_PREFIX) &&
-          RUN_PATTERN.test(scope.slice(RUN_SCOPE_PREFIX.length))));
-    if (!ok) {
+    const spec = typeof scope === 'string' ? scopeSpec(scope) : undefined;
+    // The one family, images:run:, takes a run pattern.
+    if (
+      typeof scope !== 'string' ||
+      !spec ||
+      (spec.family && !RUN_PATTERN.test(scope.slice(spec.name.length)))
+    ) {
+      const forms = SCOPES.map((f) => (f.family ? `${f.name}<image pattern>` : f.name));
       throw new DsecError(
         'invalid_argument',
-        `scope ${shown(scope)} is none of ${SNAPSHOT_SCOPE}, ${METRICS_SCOPE}, ${RUN_SCOPE_PREFIX}<image pattern>`,
-        { field },
+        `scope ${shown(scope)} is none of ${forms.join(', ')}`,
+        {
+          field,
+        },
       );
     }
     const stars = wildcardCount(scope);
