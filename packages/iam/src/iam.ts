@@ -2,7 +2,7 @@ import { DsecError, randomId } from '@dsec/core';
 import { isUniqueViolation, lockSuffix } from './db/sql.js';
 import type { SqlDb, SqlQuery } from './db/sql.js';
 import { API_KEY_PATTERN, hashApiKey, newApiKey } from './keys.js';
-import { checkScopes, scopesCover } from './scopes.js';
+import { checkScopes, mayRevokeScopes, scopesCover, ungrantableScopes } from './scopes.js';
 import { ROLE_RANK } from './types.js';
 import type {
   ApiKeyInfo,
@@ -114,8 +114,10 @@ const SWEEP_INTERVAL_MS = 10_000;
  * changes and projects are never deleted, so a chain, once read, stays true.
  *
  * Authorisation rules (paper 3.2): a key acts on its project and every
- * descendant; it may grant only roles at or below its own; only admins create
- * projects, and a child's quota never exceeds its parent's effective quota.
+ * descendant; it may grant only roles at or below its own and only rights it
+ * holds (`ungrantableScopes`: no key mints an additive scope it lacks); only
+ * admins create projects, and a child's quota never exceeds its parent's
+ * effective quota.
  * Every mutation and every denial is written to the audit log. Raw keys are
  * never stored or logged; only their SHA-256.
  */
@@ -345,9 +347,14 @@ export class Iam {
   /**
    * Creates a key for `projectId` (the caller's project or a descendant) with
    * a role at or below the caller's, and with `scopes` (`scopes.ts`; absent:
-   * unscoped) that the caller's own cover. Foreign or unknown projects are
-   * `not_found`; a higher role or wider scopes are `permission_denied`;
-   * malformed scopes `invalid_argument` naming the entry.
+   * unscoped) whose rights the caller holds (`ungrantableScopes`): restrictive
+   * scopes its own cover, additive ones (`metrics:read`) only if it carries
+   * them or is an admin key of the root project; a scoped caller never mints
+   * an unscoped key. Foreign or unknown projects are `not_found`; a higher
+   * role or a right not held is `permission_denied` (field `role` or
+   * `scopes`, details `scopes` listing what it may not grant), audited;
+   * malformed scopes, or a run pattern with too many wildcards, are
+   * `invalid_argument` naming the entry.
    */
   async createKey(
     caller: Principal,
@@ -359,6 +366,9 @@ export class Iam {
     },
   ): Promise<CreatedKey> {
     const role = input.role ?? 'member';
+    if (!Object.hasOwn(ROLE_RANK, role)) {
+      throw new DsecError('invalid_argument', 'role must be admin or member', { field: 'role' });
+    }
     const scopes = input.scopes === undefined ? undefined : checkScopes(input.scopes);
     return this.#tx(async (q, deny) => {
       if (!(await this.#chain(q, input.projectId))?.has(caller.projectId)) {
@@ -378,17 +388,27 @@ export class Iam {
           field: 'role',
         });
       }
-      if (!scopesCover(caller.scopes, scopes)) {
+      if (scopes === undefined && !scopesCover(caller.scopes, undefined)) {
+        deny(caller.keyId, 'key.create', input.projectId, 'denied', {
+          reason: 'unscoped from scoped',
+          scopes: null,
+        });
+        throw new DsecError('permission_denied', 'a scoped key can only create scoped keys', {
+          field: 'scopes',
+        });
+      }
+      const rootAdmin = caller.role === 'admin' && (await this.#isRoot(q, caller.projectId));
+      const beyond = ungrantableScopes({ scopes: caller.scopes, rootAdmin }, scopes ?? []);
+      if (beyond.length > 0) {
         deny(caller.keyId, 'key.create', input.projectId, 'denied', {
           reason: 'scopes beyond own',
           scopes: scopes ?? null,
+          ungrantable: beyond,
         });
         throw new DsecError(
           'permission_denied',
-          scopes === undefined
-            ? 'a scoped key can only create scoped keys'
-            : 'a key can only grant scopes its own cover',
-          { field: 'scopes' },
+          `a key can only grant rights it holds: not ${beyond.map((b) => JSON.stringify(b)).join(', ')}`,
+          { field: 'scopes', details: { scopes: beyond } },
         );
       }
       const { id, key } = await this.#insertKey(
@@ -410,7 +430,9 @@ export class Iam {
 
   /**
    * Revokes a key in the caller's subtree whose role is at or below the
-   * caller's. Unknown or foreign keys are `not_found`. Revoking twice is a
+   * caller's and, for a scoped caller, whose restrictive scopes the caller's
+   * cover (`mayRevokeScopes`; a key may always revoke itself): else
+   * `permission_denied`, audited. Unknown or foreign keys are `not_found`. Revoking twice is a
    * no-op. This instance refuses the key from now on; other instances within
    * their `authCacheTtlMs`.
    */
@@ -429,6 +451,13 @@ export class Iam {
         throw new DsecError(
           'permission_denied',
           `a ${caller.role} key cannot revoke an ${row.role} key`,
+        );
+      }
+      if (row.id !== caller.keyId && !mayRevokeScopes(caller.scopes, parseScopes(row.scopes))) {
+        deny(caller.keyId, 'key.revoke', keyId, 'denied', { reason: 'scopes beyond own' });
+        throw new DsecError(
+          'permission_denied',
+          'a scoped key can only revoke keys whose scopes its own cover',
         );
       }
       if (row.revoked_at === null) {
@@ -839,6 +868,11 @@ export class Iam {
       ],
     );
     return { id, key };
+  }
+
+  /** Whether `projectId` is the root project (it has no parent). */
+  async #isRoot(q: SqlQuery, projectId: string): Promise<boolean> {
+    return (await this.#chain(q, projectId))?.size === 1;
   }
 
   async #root(q: SqlQuery): Promise<string | undefined> {

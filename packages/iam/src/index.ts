@@ -34,16 +34,23 @@ export { API_KEY_PATTERN, hashApiKey } from './keys.js';
 export {
   checkScopes,
   isScoped,
+  MAX_PATTERN_WILDCARDS,
   MAX_SCOPES,
+  mayRevokeScopes,
   mayRunImage,
   mayReadMetrics,
   maySnapshot,
   METRICS_SCOPE,
   RUN_SCOPE_PREFIX,
+  SCOPES,
+  scopeSpec,
   scopesCover,
   SNAPSHOT_SCOPE,
+  ungrantableScopes,
   unrunnableImages,
 } from './scopes.js';
+export type { Grantor, ScopeKind, ScopeSpec } from './scopes.js';
+export { globCovers, globMatch } from './glob.js';
 export { ROLE_RANK } from './types.js';
 export type {
   ApiKeyInfo,

@@ -1,7 +1,19 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import fc from 'fast-check';
 import { isDsecError } from '@dsec/core';
-import { checkScopes, mayRunImage, maySnapshot, scopesCover, unrunnableImages } from './scopes.js';
+import {
+  checkScopes,
+  MAX_PATTERN_WILDCARDS,
+  mayRevokeScopes,
+  mayRunImage,
+  maySnapshot,
+  SCOPES,
+  scopeSpec,
+  scopesCover,
+  ungrantableScopes,
+  unrunnableImages,
+} from './scopes.js';
 import type { Principal } from './types.js';
 
 const key = (scopes?: string[]): Principal => ({
@@ -79,4 +91,130 @@ test('scopesCover: held scopes and narrower run patterns only; never unscoped fr
   assert.ok(!scopesCover(['images:run:task-*'], ['sandboxes:snapshot']));
   assert.ok(scopesCover(['sandboxes:snapshot'], ['sandboxes:snapshot']));
   assert.ok(scopesCover(['sandboxes:snapshot'], []));
+});
+
+// Issue 24: run patterns were compiled to backtracking RegExps; this pair took hours.
+const REDOS = 'images:run:a*a*a*a*a*a*a*a*b';
+const LONG_NAME = 'a'.repeat(120);
+
+test('a pattern with many stars against a long name answers at once (no backtracking)', () => {
+  const k = key([REDOS]);
+  assert.equal(mayRunImage(k, LONG_NAME), false);
+  assert.equal(mayRunImage(k, `${LONG_NAME}:${'a'.repeat(120)}`), false);
+  assert.equal(mayRunImage(k, `${'a'.repeat(119)}b`), true);
+  assert.deepEqual(unrunnableImages(k, [LONG_NAME, `${LONG_NAME}b`]), [LONG_NAME]);
+});
+
+test('scopesCover against a held pattern with many stars answers at once', () => {
+  assert.equal(scopesCover([REDOS], [`images:run:${LONG_NAME}`]), false);
+  assert.equal(scopesCover([REDOS], [`images:run:${LONG_NAME}*`]), false);
+  assert.equal(scopesCover([REDOS], [`images:run:${LONG_NAME}b`]), true);
+});
+
+test('checkScopes caps wildcards per run pattern and names the entry', () => {
+  const at = `images:run:${'a*'.repeat(MAX_PATTERN_WILDCARDS)}`;
+  assert.deepEqual(checkScopes([at]), [at]);
+  for (const over of [
+    `${at}b*`,
+    `images:run:${'*'.repeat(MAX_PATTERN_WILDCARDS + 1)}`,
+    `images:run:a*:${'*'.repeat(MAX_PATTERN_WILDCARDS)}`,
+  ]) {
+    assert.throws(
+      () => checkScopes(['sandboxes:snapshot', over]),
+      (e) =>
+        isDsecError(e, 'invalid_argument') &&
+        e.field === 'scopes.1' &&
+        e.details?.['max'] === MAX_PATTERN_WILDCARDS,
+      over,
+    );
+  }
+  // A long bad entry is not echoed whole.
+  assert.throws(
+    () => checkScopes([`x${'y'.repeat(290)}`]),
+    (e) => isDsecError(e, 'invalid_argument') && e.message.length < 200,
+  );
+});
+
+test('every scope has a kind: the run and snapshot scopes restrict, metrics:read adds', () => {
+  assert.equal(scopeSpec('sandboxes:snapshot')?.kind, 'restrictive');
+  assert.equal(scopeSpec('images:run:task-*')?.kind, 'restrictive');
+  assert.equal(scopeSpec('metrics:read')?.kind, 'additive');
+  assert.equal(scopeSpec('metrics:write'), undefined);
+  // Every form checkScopes accepts is in the table (a new scope must say which kind it is).
+  for (const scope of ['sandboxes:snapshot', 'metrics:read', 'images:run:*']) {
+    assert.deepEqual(checkScopes([scope]), [scope]);
+    assert.ok(SCOPES.includes(scopeSpec(scope)!));
+  }
+});
+
+test('an unscoped key holds every restrictive right and no additive one', () => {
+  assert.ok(scopesCover(undefined, ['sandboxes:snapshot', 'images:run:*']));
+  assert.ok(!scopesCover(undefined, ['metrics:read']));
+  assert.ok(!scopesCover(undefined, ['images:run:*', 'metrics:read']));
+  assert.ok(scopesCover(['metrics:read'], ['metrics:read']));
+  assert.ok(!scopesCover(['images:run:*'], ['metrics:read']));
+});
+
+test('ungrantableScopes: additive scopes only from a holder or a root admin', () => {
+  const wanted = ['metrics:read', 'images:run:task-*', 'sandboxes:snapshot'];
+  // An unscoped root-project member (or any non-root admin) lacks metrics:read.
+  assert.deepEqual(ungrantableScopes({ rootAdmin: false }, wanted), ['metrics:read']);
+  assert.deepEqual(ungrantableScopes({ rootAdmin: true }, wanted), []);
+  // A scoped root admin reads metrics by role: it may grant it; its run patterns still bound it.
+  assert.deepEqual(ungrantableScopes({ rootAdmin: true, scopes: ['images:run:task-*'] }, wanted), [
+    'sandboxes:snapshot',
+  ]);
+  assert.deepEqual(
+    ungrantableScopes({ rootAdmin: false, scopes: ['metrics:read'] }, ['metrics:read']),
+    [],
+  );
+  assert.deepEqual(
+    ungrantableScopes({ rootAdmin: false, scopes: ['images:run:*'] }, ['metrics:read']),
+    ['metrics:read'],
+  );
+});
+
+test('mayRevokeScopes: a scoped key revokes only keys its scopes cover, or itself', () => {
+  assert.ok(mayRevokeScopes(undefined, undefined));
+  assert.ok(mayRevokeScopes(undefined, ['metrics:read']));
+  assert.ok(!mayRevokeScopes(['images:run:task-*'], undefined));
+  assert.ok(!mayRevokeScopes(['images:run:task-*'], ['images:run:*']));
+  assert.ok(mayRevokeScopes(['images:run:task-*'], ['images:run:task-1']));
+  // Additive scopes are not weighed: revoking only takes them away.
+  assert.ok(mayRevokeScopes(['images:run:task-*'], ['metrics:read', 'images:run:task-1']));
+});
+
+// Run patterns over few characters, with and without a version, against every reference
+// made of those characters and one more (`c`, which no pattern uses).
+const namePattern = fc
+  .array(fc.constantFrom('a', 'b', '*'), { minLength: 1, maxLength: 4 })
+  .map((cs) => cs.join(''));
+const versionPattern = fc
+  .array(fc.constantFrom('v', '1', '*'), { minLength: 1, maxLength: 2 })
+  .map((cs) => cs.join(''));
+const runScope = fc
+  .tuple(namePattern, fc.option(versionPattern, { nil: undefined }))
+  .map(([n, v]) => `images:run:${n}${v === undefined ? '' : `:${v}`}`);
+function words(alphabet: string, maxLength: number): string[] {
+  let layer = [''];
+  const out: string[] = [];
+  for (let n = 1; n <= maxLength; n++) {
+    layer = layer.flatMap((s) => [...alphabet].map((c) => s + c));
+    out.push(...layer);
+  }
+  return out;
+}
+const REFS = words('abc', 4).flatMap((n) => [n, ...words('v1c', 2).map((v) => `${n}:${v}`)]);
+
+test('scopesCover agrees with what the keys may run, over every small reference', () => {
+  fc.assert(
+    fc.property(fc.array(runScope, { minLength: 1, maxLength: 2 }), runScope, (held, wanted) => {
+      const covers = scopesCover(held, [wanted]);
+      const included = REFS.every(
+        (r) => !mayRunImage(key([wanted]), r) || mayRunImage(key(held), r),
+      );
+      assert.equal(covers, included, `${held.join(' ')} ⊇ ${wanted}`);
+    }),
+    { numRuns: 1500 },
+  );
 });

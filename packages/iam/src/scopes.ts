@@ -1,4 +1,5 @@
 import { DsecError, formatLayerRef, parseLayerRef } from '@dsec/core';
+import { globCovers, globMatch, wildcardCount } from './glob.js';
 import type { Principal } from './types.js';
 
 /**
@@ -14,28 +15,72 @@ import type { Principal } from './types.js';
  *   patterns. A pattern is a layer reference where `*` matches any run of
  *   characters; a pattern without `:version` matches every version
  *   (`images:run:task-*` runs `task-7:latest` and `task-7:v2`, not `base`).
+ *   At most `MAX_PATTERN_WILDCARDS` stars per pattern; patterns are matched
+ *   by hand in O(n·m) (`glob.ts`), never compiled to a RegExp.
+ *
+ * Those two are *restrictive* (`SCOPES`): they give back, on a scoped key, a
+ * right every unscoped key has. Other scopes are *additive*: they add a right
+ * the role alone does not give, so no key holds them unless it carries them:
  *
  * - `metrics:read` lets a member key of the root project read `/metrics`
  *   (admins of the root project may without it): a monitoring key.
  *
  * So `['sandboxes:snapshot', 'images:run:base*']` builds task images from
  * `base` without being able to run what it built, and `['images:run:task-*']`
- * runs them without being able to make new ones. A key creates keys only
- * with scopes its own cover (a scoped key cannot mint an unscoped one).
+ * runs them without being able to make new ones.
+ *
+ * Granting (`ungrantableScopes`): a key grants only rights it holds. A
+ * restrictive scope is grantable by an unscoped key, or by a scoped key whose
+ * own scopes cover it (a held scope, or a wider run pattern); a scoped key
+ * never mints an unscoped one. An additive scope is grantable only by a key
+ * that carries it or by an admin key of the root project (issue 24: a
+ * root-project member minted itself `metrics:read`).
  */
 export const SNAPSHOT_SCOPE = 'sandboxes:snapshot';
 export const RUN_SCOPE_PREFIX = 'images:run:';
 export const METRICS_SCOPE = 'metrics:read';
 /** Scopes on one key at most. */
 export const MAX_SCOPES = 32;
+/**
+ * `*` in one run pattern at most. Matching costs O(n·m) however many there
+ * are; the cap keeps patterns legible and their cost small and fixed (issue 24).
+ */
+export const MAX_PATTERN_WILDCARDS = 8;
 
-/** A run pattern: a layer reference that may hold `*`. */
+/**
+ * Restrictive: a scoped key lacks the right unless it carries the scope; an
+ * unscoped key has it. Additive: only a key that carries the scope has the
+ * right (beyond what its role gives).
+ */
+export type ScopeKind = 'restrictive' | 'additive';
+
+export interface ScopeSpec {
+  /** The scope itself, or the prefix of a family (`images:run:`). */
+  name: string;
+  /** True for a family: the name is a prefix followed by a run pattern. */
+  family: boolean;
+  kind: ScopeKind;
+}
+
+/** Every scope a key may carry. A new scope must say here which kind it is. */
+export const SCOPES: readonly ScopeSpec[] = Object.freeze([
+  { name: SNAPSHOT_SCOPE, family: false, kind: 'restrictive' },
+  { name: RUN_SCOPE_PREFIX, family: true, kind: 'restrictive' },
+  { name: METRICS_SCOPE, family: false, kind: 'additive' },
+]);
+
+/** The entry of `SCOPES` a scope belongs to; undefined for an unknown scope. */
+export function scopeSpec(scope: string): ScopeSpec | undefined {
+  return SCOPES.find((s) => (s.family ? scope.startsWith(s.name) : scope === s.name));
+}
+
+/** A run pattern: a layer reference that may hold `*` (bounded, no nested quantifiers). */
 const RUN_PATTERN = /^[a-z0-9*][a-z0-9._*-]{0,127}(?::[A-Za-z0-9*][A-Za-z0-9._*-]{0,127})?$/;
 
 /**
- * Checks and normalises a key's scopes: known forms only, no duplicates,
- * at most `MAX_SCOPES`. Throws `invalid_argument` naming the entry
- * (`scopes.2`).
+ * Checks and normalises a key's scopes: known forms only (`SCOPES`), at most
+ * `MAX_PATTERN_WILDCARDS` stars in a run pattern, no duplicates, at most
+ * `MAX_SCOPES`. Throws `invalid_argument` naming the entry (`scopes.2`).
  */
 export function checkScopes(scopes: readonly unknown[]): string[] {
   if (scopes.length > MAX_SCOPES) {
@@ -43,22 +88,40 @@ export function checkScopes(scopes: readonly unknown[]): string[] {
   }
   const out: string[] = [];
   scopes.forEach((scope, i) => {
-    const ok =
-      typeof scope === 'string' &&
-      (scope === SNAPSHOT_SCOPE ||
-        scope === METRICS_SCOPE ||
-        (scope.startsWith(RUN_SCOPE_PREFIX) &&
-          RUN_PATTERN.test(scope.slice(RUN_SCOPE_PREFIX.length))));
-    if (!ok) {
+    const field = `scopes.${i}`;
+    const spec = typeof scope === 'string' ? scopeSpec(scope) : undefined;
+    // The one family, images:run:, takes a run pattern.
+    if (
+      typeof scope !== 'string' ||
+      !spec ||
+      (spec.family && !RUN_PATTERN.test(scope.slice(spec.name.length)))
+    ) {
+      const forms = SCOPES.map((f) => (f.family ? `${f.name}<image pattern>` : f.name));
       throw new DsecError(
         'invalid_argument',
-        `scope ${JSON.stringify(scope)} is none of ${SNAPSHOT_SCOPE}, ${METRICS_SCOPE}, ${RUN_SCOPE_PREFIX}<image pattern>`,
-        { field: `scopes.${i}` },
+        `scope ${shown(scope)} is none of ${forms.join(', ')}`,
+        {
+          field,
+        },
+      );
+    }
+    const stars = wildcardCount(scope);
+    if (stars > MAX_PATTERN_WILDCARDS) {
+      throw new DsecError(
+        'invalid_argument',
+        `scope ${shown(scope)} has ${stars} wildcards; a run pattern may have at most ${MAX_PATTERN_WILDCARDS}`,
+        { field, details: { wildcards: stars, max: MAX_PATTERN_WILDCARDS } },
       );
     }
     if (!out.includes(scope)) out.push(scope);
   });
   return out;
+}
+
+/** A caller's value in an error message, cut short (scopes may be 300 characters). */
+function shown(value: unknown): string {
+  const s = JSON.stringify(value) ?? String(value);
+  return s.length > 80 ? `${s.slice(0, 77)}...` : s;
 }
 
 /** True for a key limited by scopes. */
@@ -98,25 +161,69 @@ export function unrunnableImages(principal: Principal, refs: readonly string[]):
 }
 
 /**
- * Whether a key holding `held` may grant `wanted`: each wanted scope must be
- * held, or (a run scope) fall inside a held run pattern. Unscoped holders
- * grant anything; scoped ones never grant "unscoped".
+ * Whether a key carrying `held` has every right `wanted` names, by scopes
+ * alone: each wanted scope is held, or (a run scope) falls inside a held run
+ * pattern (`globCovers`). An unscoped key (`held` undefined) has every
+ * restrictive right and no additive one; a scoped key never covers
+ * "unscoped" (`wanted` undefined). Rights a role gives (a root admin's
+ * metrics) are `ungrantableScopes`' business.
  */
 export function scopesCover(
   held: readonly string[] | undefined,
   wanted: readonly string[] | undefined,
 ): boolean {
-  if (held === undefined) return true;
-  if (wanted === undefined) return false;
+  if (wanted === undefined) return held === undefined;
+  if (held === undefined) return wanted.every((w) => scopeSpec(w)?.kind === 'restrictive');
   const patterns = runPatterns(held);
   return wanted.every((w) => {
     if (held.includes(w)) return true;
     if (!w.startsWith(RUN_SCOPE_PREFIX)) return false;
-    // A held pattern that matches the wanted pattern as literal text matches every
-    // name the wanted one does: each `*` of the wanted one lies inside a held `*`.
-    const literal = withVersion(w.slice(RUN_SCOPE_PREFIX.length));
-    return patterns.some((p) => globMatch(p, literal));
+    const wantedPattern = withVersion(w.slice(RUN_SCOPE_PREFIX.length));
+    return patterns.some((p) => globCovers(p, wantedPattern));
   });
+}
+
+/** Who creates a key: its scopes, and whether it is an admin key of the root project. */
+export interface Grantor {
+  scopes?: readonly string[] | undefined;
+  rootAdmin: boolean;
+}
+
+/**
+ * The scopes of `wanted` that `grantor` may not put on a new key, in order;
+ * empty when it may grant them all. A key grants only what it holds: a
+ * restrictive scope it covers (`scopesCover`), an additive scope it carries
+ * itself; an admin key of the root project holds every additive right (it
+ * reads metrics by role). Whether it may mint an unscoped key
+ * (`wanted` undefined) is `scopesCover(grantor.scopes, undefined)`.
+ */
+export function ungrantableScopes(grantor: Grantor, wanted: readonly string[]): string[] {
+  return wanted.filter(
+    (w) =>
+      !(
+        scopesCover(grantor.scopes, [w]) ||
+        (grantor.rootAdmin && scopeSpec(w)?.kind === 'additive')
+      ),
+  );
+}
+
+/**
+ * Whether `revoker` may revoke a key carrying `target` (its role aside):
+ * an unscoped key may revoke any key; a scoped key only keys whose
+ * restrictive scopes its own cover, so a narrow runtime key cannot take
+ * away the wider keys of its project. Additive scopes only take rights away
+ * when revoked and are not weighed.
+ */
+export function mayRevokeScopes(
+  revoker: readonly string[] | undefined,
+  target: readonly string[] | undefined,
+): boolean {
+  if (revoker === undefined) return true;
+  if (target === undefined) return false;
+  return scopesCover(
+    revoker,
+    target.filter((t) => scopeSpec(t)?.kind !== 'additive'),
+  );
 }
 
 /** Run patterns of a scope list, each with an explicit version part. */
@@ -128,15 +235,4 @@ function runPatterns(scopes: readonly string[]): string[] {
 
 function withVersion(pattern: string): string {
   return pattern.includes(':') ? pattern : `${pattern}:*`;
-}
-
-function globMatch(pattern: string, text: string): boolean {
-  const re = new RegExp(
-    `^${pattern
-      .split('*')
-      .map((part) => part.replace(/[.+?^${}()|[\]\\-]/g, '\\$&'))
-      .join('.*')}$`,
-    's',
-  );
-  return re.test(text);
 }

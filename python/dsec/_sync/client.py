@@ -246,8 +246,9 @@ class DSecClient:
         timeout: Optional[float] = None,
     ) -> CreatedKey:
         """Creates an API key (``role`` ``"admin"`` or ``"member"``, the default).
-        ``scopes`` limit it (``sandboxes:snapshot``, ``images:run:<pattern>``);
-        the secret in ``key`` is returned only this once."""
+        ``scopes`` limit it (``sandboxes:snapshot``, ``images:run:<pattern>``) or add
+        ``metrics:read``; a key grants only rights it holds. The secret in ``key`` is
+        returned only this once."""
         body = compact(
             {
                 "projectId": project_id,

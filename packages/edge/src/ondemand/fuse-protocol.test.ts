@@ -1,24 +1,31 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
+import fc from 'fast-check';
 import {
   ATTR_OUT_BYTES,
   ENTRY_OUT_BYTES,
   FOPEN_KEEP_CACHE,
   FUSE_ASYNC_READ,
   FUSE_MAX_PAGES,
+  FuseProtocolError,
+  IN_HEADER_BYTES,
   INIT_OUT_BYTES,
   KSTATFS_BYTES,
   OPEN_OUT_BYTES,
   OUT_HEADER_BYTES,
   S_IFREG,
   decodeDirents,
+  decodeFh,
   decodeInHeader,
   decodeInitIn,
   decodeInitOut,
   decodeName,
+  decodeOpenFlags,
   decodeOutHeader,
   decodeReadIn,
+  decodeRequest,
   decodeStatfsOut,
+  direntBytes,
   encodeAttrOut,
   encodeDirents,
   encodeEntryOut,
@@ -32,6 +39,7 @@ import {
   encodeStatfsOut,
   negotiateInit,
   readAttr,
+  type InHeader,
 } from './fuse-protocol.js';
 
 // Offsets below are those of /usr/include/linux/fuse.h (checked with offsetof).
@@ -154,6 +162,190 @@ describe('fuse protocol', () => {
 
   test('names end at the NUL', () => {
     assert.equal(decodeName(Buffer.from('abc\0')), 'abc');
-    assert.equal(decodeName(Buffer.from('abc')), 'abc');
+  });
+});
+
+// Issue 24 point 10(b): every decoder over arbitrary and mutated bytes either answers or throws
+// FuseProtocolError; nothing reads past a buffer's end (Node's own RangeError would say so, and
+// toString/subarray would silently cut a name short, which the dirent checks catch).
+describe('fuse protocol: untrusted bytes', () => {
+  const bytes = (maxLength = 160) =>
+    fc.uint8Array({ maxLength, size: 'max' }).map((a) => Buffer.from(a));
+  const decoders: [string, (b: Buffer) => unknown][] = [
+    ['decodeInHeader', decodeInHeader],
+    ['decodeRequest', decodeRequest],
+    ['decodeOutHeader', decodeOutHeader],
+    ['decodeInitIn', decodeInitIn],
+    ['decodeInitOut', decodeInitOut],
+    ['decodeReadIn', decodeReadIn],
+    ['decodeOpenFlags', decodeOpenFlags],
+    ['decodeFh', decodeFh],
+    ['decodeName', decodeName],
+    ['decodeDirents', decodeDirents],
+    ['decodeStatfsOut', decodeStatfsOut],
+    ['readAttr@0', (b) => readAttr(b, 0)],
+    ['readAttr@40', (b) => readAttr(b, 40)],
+  ];
+  const onlyOwnErrors = (name: string, f: (b: Buffer) => unknown, b: Buffer) => {
+    try {
+      f(b);
+    } catch (err) {
+      assert.ok(err instanceof FuseProtocolError, `${name}(${b.toString('hex')}): ${String(err)}`);
+    }
+  };
+
+  test('arbitrary bytes: every decoder answers or throws FuseProtocolError', () => {
+    for (const [name, f] of decoders) {
+      for (let n = 0; n <= 96; n++) onlyOwnErrors(name, f, Buffer.alloc(n, 0xff));
+      fc.assert(
+        fc.property(bytes(), (b) => onlyOwnErrors(name, f, b)),
+        { numRuns: 500 },
+      );
+    }
+  });
+
+  const header = fc.record({
+    opcode: fc.integer({ min: 0, max: 60 }),
+    unique: fc.bigInt({ min: 0n, max: (1n << 64n) - 1n }),
+    nodeid: fc.bigInt({ min: 0n, max: (1n << 64n) - 1n }),
+    uid: fc.nat({ max: 0xffffffff }),
+    gid: fc.nat({ max: 0xffffffff }),
+    pid: fc.nat({ max: 0xffffffff }),
+  });
+  const frameOf = (h: Omit<InHeader, 'len' | 'totalExtlen'>, body: Buffer, ext: Buffer) =>
+    Buffer.concat([
+      encodeInHeader({
+        ...h,
+        len: IN_HEADER_BYTES + body.length + ext.length,
+        totalExtlen: ext.length / 8,
+      }),
+      body,
+      ext,
+    ]);
+
+  test('requests: a well-formed frame splits back into its header and body', () => {
+    fc.assert(
+      fc.property(header, bytes(), fc.nat({ max: 4 }), (h, body, extWords) => {
+        const ext = Buffer.alloc(extWords * 8, 0xee);
+        const got = decodeRequest(frameOf(h, body, ext));
+        assert.deepEqual(
+          { ...got.header },
+          {
+            ...h,
+            len: IN_HEADER_BYTES + body.length + ext.length,
+            totalExtlen: extWords,
+          },
+        );
+        assert.ok(
+          got.body.equals(body),
+          'extensions follow the arguments and are not part of them',
+        );
+      }),
+    );
+  });
+
+  test('requests: a frame whose lengths disagree is refused, never read past', () => {
+    fc.assert(
+      fc.property(
+        header,
+        bytes(),
+        fc.oneof(
+          fc.record({ kind: fc.constant('len' as const), len: fc.nat({ max: 0xffffffff }) }),
+          fc.record({ kind: fc.constant('ext' as const), ext: fc.nat({ max: 0xffff }) }),
+          fc.record({ kind: fc.constant('cut' as const), keep: fc.nat({ max: 200 }) }),
+        ),
+        (h, body, m) => {
+          let frame = frameOf(h, body, Buffer.alloc(0));
+          if (m.kind === 'len') frame.writeUInt32LE(m.len, 0);
+          if (m.kind === 'ext') frame.writeUInt16LE(m.ext, 36);
+          if (m.kind === 'cut') frame = frame.subarray(0, m.keep);
+          const len = frame.length >= 4 ? frame.readUInt32LE(0) : -1;
+          const ext = frame.length >= 38 ? frame.readUInt16LE(36) * 8 : 0;
+          const valid =
+            frame.length >= IN_HEADER_BYTES && len === frame.length && len - ext >= IN_HEADER_BYTES;
+          try {
+            const r = decodeRequest(frame);
+            assert.ok(valid, 'accepted a frame whose lengths disagree');
+            assert.ok(r.body.length <= frame.length - IN_HEADER_BYTES);
+          } catch (err) {
+            assert.ok(err instanceof FuseProtocolError, String(err));
+            assert.ok(!valid, `refused a good frame: ${String(err)}`);
+          }
+        },
+      ),
+      { numRuns: 2000 },
+    );
+  });
+
+  const name = fc.oneof(
+    fc.string({ minLength: 1, maxLength: 80, unit: 'grapheme' }),
+    fc.uint8Array({ minLength: 1, maxLength: 40 }).map((a) => Buffer.from(a).toString('latin1')),
+  );
+  const dirent = fc
+    .record({
+      ino: fc.bigInt({ min: 0n, max: (1n << 64n) - 1n }),
+      off: fc.bigInt({ min: 0n, max: (1n << 64n) - 1n }),
+      type: fc.nat({ max: 15 }),
+      name,
+    })
+    .map((e) => ({ ...e })); // plain objects, as the decoder makes
+
+  test('dirents: round-trip any names, and a cut or lying reply is refused', () => {
+    fc.assert(
+      fc.property(
+        fc.array(dirent, { maxLength: 12, size: 'max' }),
+        fc.nat({ max: 8192 }),
+        (entries, max) => {
+          const { buf, count } = encodeDirents(entries, max);
+          assert.ok(buf.length <= max);
+          assert.deepEqual(decodeDirents(buf), entries.slice(0, count));
+        },
+      ),
+      { numRuns: 500 },
+    );
+    fc.assert(
+      fc.property(
+        fc.array(dirent, { minLength: 1, maxLength: 6, size: 'max' }),
+        fc.nat(),
+        fc.nat({ max: 0xffffffff }),
+        (entries, pick, namelen) => {
+          const { buf } = encodeDirents(entries, 1 << 20);
+          // Cut anywhere inside the last entry's header or name: refused.
+          const lastAt = buf.length - direntBytes(entries.at(-1)!.name);
+          const nameEnd = lastAt + 24 + Buffer.byteLength(entries.at(-1)!.name);
+          const cut = lastAt + 1 + (pick % (nameEnd - lastAt));
+          if (cut < nameEnd)
+            assert.throws(() => decodeDirents(buf.subarray(0, cut)), FuseProtocolError);
+          // A namelen that runs past the end: refused; one that fits: parsed within bounds.
+          const lied = Buffer.from(buf);
+          lied.writeUInt32LE(namelen, lastAt + 16);
+          if (lastAt + 24 + namelen > lied.length)
+            assert.throws(() => decodeDirents(lied), FuseProtocolError);
+          else onlyOwnErrors('decodeDirents', decodeDirents, lied);
+        },
+      ),
+      { numRuns: 500 },
+    );
+  });
+
+  test('a name that is not UTF-8 does not shift the dirents after it', () => {
+    const entries = [
+      { ino: 5n, off: 1n, type: 8, name: 'x' },
+      { ino: 6n, off: 2n, type: 8, name: 'after' },
+    ];
+    const { buf } = encodeDirents(entries, 4096);
+    buf[24] = 0xff; // the first name's only byte: invalid UTF-8, decoded as 3 bytes of U+FFFD
+    const got = decodeDirents(buf);
+    assert.equal(got.length, 2);
+    assert.deepEqual(got[1], entries[1]);
+  });
+
+  test('names must carry their NUL; a short open or release body is malformed', () => {
+    assert.throws(() => decodeName(Buffer.from('abc')), FuseProtocolError);
+    assert.equal(decodeName(Buffer.from('abc\0junk')), 'abc');
+    assert.throws(() => decodeOpenFlags(Buffer.alloc(3)), FuseProtocolError);
+    assert.throws(() => decodeFh(Buffer.alloc(7)), FuseProtocolError);
+    assert.throws(() => decodeReadIn(Buffer.alloc(23)), FuseProtocolError);
+    assert.throws(() => readAttr(Buffer.alloc(200), -1), FuseProtocolError);
   });
 });

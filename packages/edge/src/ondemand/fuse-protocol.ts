@@ -3,7 +3,22 @@
  * protocol 7.31) a read-only file server needs: request headers in, replies
  * out. Every structure is little-endian and laid out exactly as the UAPI
  * header declares it; sizes are checked by the unit tests.
+ *
+ * Decoders trust nothing in the bytes: each checks that the fields it reads
+ * lie inside the buffer, and every malformed input throws `FuseProtocolError`
+ * and nothing else (no Node `ERR_OUT_OF_RANGE`, no silent truncation), which
+ * the property tests check on arbitrary and mutated frames.
  */
+
+/** A frame or structure that does not hold what its lengths claim. The server answers EINVAL. */
+export class FuseProtocolError extends Error {
+  override readonly name = 'FuseProtocolError';
+}
+
+function need(buf: Buffer, bytes: number, what: string): void {
+  if (buf.length < bytes)
+    throw new FuseProtocolError(`short ${what}: ${buf.length} of ${bytes} bytes`);
+}
 
 export const FUSE_KERNEL_VERSION = 7;
 /** The minor version we speak; the reply carries min(kernel, this). */
@@ -79,6 +94,11 @@ export const NO_REPLY_OPCODES: ReadonlySet<number> = new Set([
 // fuse_init_in / fuse_init_out flags
 export const FUSE_ASYNC_READ = 1 << 0;
 export const FUSE_MAX_PAGES = 1 << 22;
+/**
+ * The `max_pages` our INIT reply asks for: no READ or READDIR the kernel
+ * sends is larger than this many pages (the server refuses larger ones).
+ */
+export const MAX_PAGES = 256;
 // fuse_open_out.open_flags
 export const FOPEN_DIRECT_IO = 1 << 0;
 export const FOPEN_KEEP_CACHE = 1 << 1;
@@ -91,6 +111,7 @@ export const Errno = {
   ENOTDIR: 20,
   EISDIR: 21,
   EINVAL: 22,
+  EMFILE: 24,
   EROFS: 30,
   ERANGE: 34,
   ENOSYS: 38,
@@ -128,7 +149,7 @@ export interface InHeader {
 }
 
 export function decodeInHeader(buf: Buffer): InHeader {
-  if (buf.length < IN_HEADER_BYTES) throw new RangeError('short fuse_in_header');
+  need(buf, IN_HEADER_BYTES, 'fuse_in_header');
   return {
     len: buf.readUInt32LE(0),
     opcode: buf.readUInt32LE(4),
@@ -139,6 +160,32 @@ export function decodeInHeader(buf: Buffer): InHeader {
     pid: buf.readUInt32LE(32),
     totalExtlen: buf.readUInt16LE(36),
   };
+}
+
+/** One request from the device: its header and its body (the opcode's arguments). */
+export interface Request {
+  header: InHeader;
+  body: Buffer;
+}
+
+/**
+ * Splits one frame as read(2) returned it: the header's `len` must be the
+ * frame's length, and the extensions it announces (`total_extlen`, appended
+ * after the arguments since 7.38; never sent to us, as we negotiate 7.31)
+ * must fit between the header and the end. The body is a view of the frame.
+ */
+export function decodeRequest(frame: Buffer): Request {
+  const header = decodeInHeader(frame);
+  if (header.len !== frame.length)
+    throw new FuseProtocolError(
+      `fuse_in_header.len ${header.len} but the frame has ${frame.length} bytes`,
+    );
+  const end = header.len - header.totalExtlen * 8;
+  if (end < IN_HEADER_BYTES)
+    throw new FuseProtocolError(
+      `${header.totalExtlen * 8} bytes of extensions in a ${header.len}-byte frame`,
+    );
+  return { header, body: frame.subarray(IN_HEADER_BYTES, end) };
 }
 
 /** Encodes a fuse_in_header (tests and fakes build requests with it). */
@@ -188,6 +235,7 @@ export interface OutHeader {
 }
 
 export function decodeOutHeader(buf: Buffer): OutHeader {
+  need(buf, OUT_HEADER_BYTES, 'fuse_out_header');
   return { len: buf.readUInt32LE(0), error: buf.readInt32LE(4), unique: buf.readBigUInt64LE(8) };
 }
 
@@ -200,7 +248,7 @@ export interface InitIn {
 }
 
 export function decodeInitIn(body: Buffer): InitIn {
-  if (body.length < 16) throw new RangeError('short fuse_init_in');
+  need(body, 16, 'fuse_init_in');
   return {
     major: body.readUInt32LE(0),
     minor: body.readUInt32LE(4),
@@ -247,6 +295,7 @@ export function encodeInitOut(out: InitOut): Buffer {
 }
 
 export function decodeInitOut(buf: Buffer): InitOut {
+  need(buf, 30, 'fuse_init_out');
   return {
     major: buf.readUInt32LE(0),
     minor: buf.readUInt32LE(4),
@@ -280,7 +329,7 @@ export function negotiateInit(offer: InitIn, options: InitOptions): InitOut {
     congestionThreshold: 12,
     maxWrite: 4096,
     timeGran: 1,
-    maxPages: 256,
+    maxPages: MAX_PAGES,
   };
 }
 
@@ -316,6 +365,8 @@ export function writeAttr(buf: Buffer, at: number, a: Attr): void {
 }
 
 export function readAttr(buf: Buffer, at: number): Required<Attr> {
+  if (!(Number.isSafeInteger(at) && at >= 0)) throw new FuseProtocolError(`fuse_attr at ${at}`);
+  need(buf, at + ATTR_BYTES, 'fuse_attr');
   return {
     ino: buf.readBigUInt64LE(at),
     size: Number(buf.readBigUInt64LE(at + 8)),
@@ -369,7 +420,7 @@ export interface ReadIn {
 }
 
 export function decodeReadIn(body: Buffer): ReadIn {
-  if (body.length < 24) throw new RangeError('short fuse_read_in');
+  need(body, 24, 'fuse_read_in');
   return {
     fh: body.readBigUInt64LE(0),
     offset: body.readBigUInt64LE(8),
@@ -385,19 +436,26 @@ export function encodeReadIn(r: ReadIn): Buffer {
   return buf;
 }
 
-/** fuse_open_in.flags / fuse_release_in.fh: the first fields of their bodies. */
+/**
+ * fuse_open_in.flags / fuse_release_in.fh: the first fields of their bodies.
+ * A body too short for them is malformed (reading it as 0 would turn a
+ * truncated open for writing into a read-only one).
+ */
 export function decodeOpenFlags(body: Buffer): number {
-  return body.length >= 4 ? body.readUInt32LE(0) : 0;
+  need(body, 4, 'fuse_open_in');
+  return body.readUInt32LE(0);
 }
 
 export function decodeFh(body: Buffer): bigint {
-  return body.length >= 8 ? body.readBigUInt64LE(0) : 0n;
+  need(body, 8, 'fuse_release_in');
+  return body.readBigUInt64LE(0);
 }
 
-/** The NUL-terminated name of a LOOKUP request. */
+/** The NUL-terminated name of a LOOKUP request; the kernel always sends the NUL. */
 export function decodeName(body: Buffer): string {
   const end = body.indexOf(0);
-  return body.toString('utf8', 0, end < 0 ? body.length : end);
+  if (end < 0) throw new FuseProtocolError('name without its NUL');
+  return body.toString('utf8', 0, end);
 }
 
 export interface Dirent {
@@ -410,7 +468,11 @@ export interface Dirent {
 
 /** Bytes of a fuse_dirent carrying `name`, padded to 8. */
 export function direntBytes(name: string): number {
-  return (DIRENT_HEADER_BYTES + Buffer.byteLength(name) + 7) & ~7;
+  return paddedDirentBytes(Buffer.byteLength(name));
+}
+
+function paddedDirentBytes(nameBytes: number): number {
+  return Math.ceil((DIRENT_HEADER_BYTES + nameBytes) / 8) * 8;
 }
 
 /**
@@ -440,19 +502,28 @@ export function encodeDirents(entries: Dirent[], maxBytes: number): { buf: Buffe
   return { buf, count };
 }
 
+/**
+ * The dirents of a READDIR reply. Each must lie wholly inside the buffer
+ * (its name included; the padding of the last may be cut), and the walk
+ * advances by the recorded name length, so a name that is not valid UTF-8
+ * cannot shift the entries after it.
+ */
 export function decodeDirents(buf: Buffer): Dirent[] {
   const out: Dirent[] = [];
   let at = 0;
-  while (at + DIRENT_HEADER_BYTES <= buf.length) {
+  while (at < buf.length) {
+    if (at + DIRENT_HEADER_BYTES > buf.length) throw new FuseProtocolError('truncated fuse_dirent');
     const namelen = buf.readUInt32LE(at + 16);
-    const name = buf.toString('utf8', at + DIRENT_HEADER_BYTES, at + DIRENT_HEADER_BYTES + namelen);
+    const nameEnd = at + DIRENT_HEADER_BYTES + namelen;
+    if (nameEnd > buf.length)
+      throw new FuseProtocolError(`fuse_dirent name of ${namelen} bytes past the end`);
     out.push({
       ino: buf.readBigUInt64LE(at),
       off: buf.readBigUInt64LE(at + 8),
       type: buf.readUInt32LE(at + 20),
-      name,
+      name: buf.toString('utf8', at + DIRENT_HEADER_BYTES, nameEnd),
     });
-    at += direntBytes(name);
+    at += paddedDirentBytes(namelen);
   }
   return out;
 }
@@ -483,6 +554,7 @@ export function encodeStatfsOut(s: Kstatfs): Buffer {
 }
 
 export function decodeStatfsOut(buf: Buffer): Kstatfs {
+  need(buf, KSTATFS_BYTES, 'fuse_kstatfs');
   return {
     blocks: Number(buf.readBigUInt64LE(0)),
     bfree: Number(buf.readBigUInt64LE(8)),

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { read, writevSync } from 'node:fs';
+import { read, readFileSync, writevSync } from 'node:fs';
 import { DsecError, parseChunkTable } from '@dsec/core';
 import { isValidChunkBytes, type ChunkCache, type RangeSource } from './chunk-cache.js';
 import {
@@ -8,7 +8,9 @@ import {
   Errno,
   FOPEN_DIRECT_IO,
   FOPEN_KEEP_CACHE,
+  FuseProtocolError,
   IN_HEADER_BYTES,
+  MAX_PAGES,
   NO_REPLY_OPCODES,
   Opcode,
   S_IFDIR,
@@ -18,6 +20,7 @@ import {
   decodeFh,
   decodeInHeader,
   decodeInitIn,
+  decodeRequest,
   decodeName,
   decodeOpenFlags,
   decodeReadIn,
@@ -47,6 +50,12 @@ export interface BlobFuseServerOptions {
   readers?: number;
   /** One line per unexpected failure. Default: stderr. */
   log?: (line: string) => void;
+  /**
+   * The host's page size, which with `MAX_PAGES` bounds the READ and
+   * READDIR sizes the kernel may ask for. Default: the auxiliary vector's
+   * (`AT_PAGESZ`), 4096 if unreadable.
+   */
+  pageBytes?: number;
 }
 
 /** Counters of the server itself (the `daemon` part of `.stats`). */
@@ -59,6 +68,8 @@ export interface BlobFuseCounters {
   readBytes: number;
   /** Requests answered EIO (fetch or disk failures). */
   ioErrors: number;
+  /** Frames refused as malformed (EINVAL): short bodies, wrong lengths, sizes past the limits. */
+  malformed: number;
   /** Names looked up so far (the files READDIR lists), verified or not. */
   knownBlobs: number;
 }
@@ -73,6 +84,8 @@ const READ_BUFFER_BYTES = (128 << 10) + 4096;
 const O_ACCMODE = 3;
 /** A chunk table larger than this is refused (it covers 2 PiB at 1 MiB chunks). */
 const MAX_CHUNK_TABLE_BYTES = 64 << 20;
+/** `.stats` snapshots open at once at most (each is held until its RELEASE); past it EMFILE. */
+const MAX_STATS_HANDLES = 64;
 const BLOB_NAME = /^([0-9a-f]{64})(?:\.([0-9a-f]{64}))?$/;
 
 interface Blob {
@@ -108,6 +121,12 @@ type Outcome = Buffer | { errno: number } | 'none';
  * The kernel hands out one request per read(2) of the device and takes one
  * reply per write(2), so several reads run at once (each blocks a libuv pool
  * thread) while replies are written synchronously from the event loop.
+ *
+ * Frames are parsed as untrusted (`respond`): lengths must agree, bodies must
+ * hold the fields read, READ and READDIR sizes are at most `MAX_PAGES` pages
+ * (what our INIT reply allows the kernel), `.stats` handles are capped;
+ * anything else is EINVAL and counted (`malformed`), never a throw, a log
+ * line per frame or an allocation the frame's size does not justify.
  */
 export class BlobFuseServer {
   private readonly fd: number;
@@ -125,7 +144,15 @@ export class BlobFuseServer {
   private nextFh = 1n;
   private stopped = false;
   private readonly startedMs = Date.now();
-  private counters = { requests: 0, lookups: 0, reads: 0, readBytes: 0, ioErrors: 0 };
+  private readonly maxReadBytes: number;
+  private counters = {
+    requests: 0,
+    lookups: 0,
+    reads: 0,
+    readBytes: 0,
+    ioErrors: 0,
+    malformed: 0,
+  };
 
   constructor(options: BlobFuseServerOptions) {
     this.fd = options.fd;
@@ -134,6 +161,7 @@ export class BlobFuseServer {
     this.maxReadaheadBytes = options.maxReadaheadBytes ?? 128 << 10;
     this.readers = Math.max(1, options.readers ?? 4);
     this.log = options.log ?? ((line) => process.stderr.write(`${line}\n`));
+    this.maxReadBytes = MAX_PAGES * (options.pageBytes ?? hostPageBytes());
   }
 
   counterValues(): BlobFuseCounters {
@@ -165,27 +193,40 @@ export class BlobFuseServer {
         break;
       }
       if (n < IN_HEADER_BYTES) continue;
-      void this.handle(Buffer.from(buf.subarray(0, n)));
+      void this.respond(Buffer.from(buf.subarray(0, n))).then(
+        (parts) => parts && this.reply(parts),
+        (err: unknown) => this.log(`blobd: ${String(err)}`), // respond never rejects; a bug if so
+      );
     }
   }
 
-  private async handle(req: Buffer): Promise<void> {
-    const header = decodeInHeader(req);
-    const body = req.subarray(IN_HEADER_BYTES + header.totalExtlen * 8, header.len);
+  /**
+   * The reply to one frame from the device, as the parts of one write(2), or
+   * undefined for none (FORGET and the like, or a frame too short to carry
+   * a `unique` to answer). Never rejects, whatever the bytes: a malformed
+   * frame (`FuseProtocolError`) is EINVAL; every reply is at most the
+   * header plus the larger of the fixed structures and the READ/READDIR
+   * size asked, which is itself at most `MAX_PAGES` pages.
+   */
+  async respond(frame: Buffer): Promise<Buffer[] | undefined> {
+    if (frame.length < IN_HEADER_BYTES) return undefined;
+    const { unique, opcode } = decodeInHeader(frame);
     this.counters.requests++;
     let outcome: Outcome;
     try {
+      const { header, body } = decodeRequest(frame);
       outcome = await this.dispatch(header.opcode, header.nodeid, body);
     } catch (err) {
+      // A malformed FORGET is still a FORGET: the kernel waits for no answer.
+      if (NO_REPLY_OPCODES.has(opcode)) return undefined;
       outcome = { errno: this.errnoOf(err) };
     }
-    if (outcome === 'none') return;
+    if (outcome === 'none') return undefined;
     if (Buffer.isBuffer(outcome)) {
-      const head = encodeReplyHeader(header.unique, outcome.length);
-      this.reply(outcome.length > 0 ? [head, outcome] : [head]);
-    } else {
-      this.reply([encodeReply(header.unique, outcome.errno)]);
+      const head = encodeReplyHeader(unique, outcome.length);
+      return outcome.length > 0 ? [head, outcome] : [head];
     }
+    return [encodeReply(unique, outcome.errno)];
   }
 
   private reply(parts: Buffer[]): void {
@@ -204,6 +245,11 @@ export class BlobFuseServer {
   }
 
   private errnoOf(err: unknown): number {
+    if (err instanceof FuseProtocolError) {
+      // Only a broken kernel or a test sends these; counted, not logged per frame.
+      this.counters.malformed++;
+      return Errno.EINVAL;
+    }
     if (err instanceof DsecError && err.code === 'image_not_found') return Errno.ENOENT;
     this.counters.ioErrors++;
     // Fetch failures and corrupt chunks were logged by the chunk cache, bad
@@ -360,6 +406,7 @@ export class BlobFuseServer {
     if ((flags & O_ACCMODE) !== 0) return { errno: Errno.EROFS };
     if (nodeid === ROOT_INO) return { errno: Errno.EISDIR };
     if (nodeid === STATS_INO) {
+      if (this.snapshots.size >= MAX_STATS_HANDLES) return { errno: Errno.EMFILE };
       const fh = this.nextFh++;
       const stats = { cache: this.cache.stats(), daemon: this.counterValues() };
       this.snapshots.set(fh, Buffer.from(`${JSON.stringify(stats, null, 2)}\n`));
@@ -369,8 +416,17 @@ export class BlobFuseServer {
     return encodeOpenOut(0n, FOPEN_KEEP_CACHE);
   }
 
+  /** A READ or READDIR's arguments, its size within what the kernel may ask. */
+  private readArgs(body: Buffer): { fh: bigint; offset: bigint; size: number } {
+    const args = decodeReadIn(body);
+    if (args.size > this.maxReadBytes)
+      throw new FuseProtocolError(`read of ${args.size} bytes, over ${this.maxReadBytes}`);
+    return args;
+  }
+
   private async read(nodeid: bigint, body: Buffer): Promise<Outcome> {
-    const { fh, offset, size } = decodeReadIn(body);
+    const { fh, offset, size } = this.readArgs(body);
+    // Past 2^53 a Number loses precision, but every such offset lies past any blob's end.
     const at = Number(offset);
     if (nodeid === STATS_INO) {
       const snapshot = this.snapshots.get(fh) ?? Buffer.alloc(0);
@@ -393,7 +449,7 @@ export class BlobFuseServer {
 
   private readdir(nodeid: bigint, body: Buffer): Outcome {
     if (nodeid !== ROOT_INO) return { errno: Errno.ENOTDIR };
-    const { offset, size } = decodeReadIn(body);
+    const { offset, size } = this.readArgs(body);
     const names: [bigint, number, string][] = [
       [ROOT_INO, DT_DIR, '.'],
       [ROOT_INO, DT_DIR, '..'],
@@ -423,6 +479,24 @@ export class BlobFuseServer {
       frsize: bsize,
     });
   }
+}
+
+/** AT_PAGESZ from /proc/self/auxv (pairs of 64-bit words, type 0 ends), else 4096. */
+function hostPageBytes(): number {
+  try {
+    const auxv = readFileSync('/proc/self/auxv');
+    for (let at = 0; at + 16 <= auxv.length; at += 16) {
+      const type = auxv.readBigUInt64LE(at);
+      if (type === 0n) break;
+      if (type === 6n) {
+        const bytes = Number(auxv.readBigUInt64LE(at + 8));
+        if (bytes >= 4096 && bytes <= 1 << 16 && (bytes & (bytes - 1)) === 0) return bytes;
+      }
+    }
+  } catch {
+    // No procfs: the common page size.
+  }
+  return 4096;
 }
 
 function readOnce(fd: number, buf: Buffer): Promise<number> {
