@@ -1,6 +1,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { createTestApi } from './testing/index.js';
 import type { TestApi } from './testing/index.js';
 
@@ -9,8 +12,11 @@ import type { TestApi } from './testing/index.js';
 
 type T = { after: (fn: () => Promise<void> | void) => void };
 
-async function listening(t: T): Promise<{ a: TestApi; call: Call }> {
-  const a = await createTestApi();
+async function listening(
+  t: T,
+  options: Parameters<typeof createTestApi>[0] = {},
+): Promise<{ a: TestApi; call: Call }> {
+  const a = await createTestApi(options);
   t.after(() => a.close());
   await a.app.listen({ host: '127.0.0.1', port: 0 });
   const { port } = a.app.server.address() as AddressInfo;
@@ -130,4 +136,34 @@ test('a root-project member cannot grant itself metrics:read (403, audited)', as
     scopes: ['metrics:read', 'images:run:*'],
   });
   assert.equal(wider.status, 403, wider.text);
+});
+
+test('a key revoked on one apiserver mints no key on another that still trusts it', async (t) => {
+  // Two apiservers over one control database; b has seen the key and trusts it from memory
+  // (`authCacheTtlMs`, long here so the test does not race the clock; 1 s by default). A key
+  // it mints in that window would outlive the revocation for good.
+  const dir = mkdtempSync(join(tmpdir(), 'dsec-rev1-keys-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const iamPath = join(dir, 'control.db');
+  const { a, call } = await listening(t, { iamPath });
+  const { call: callB } = await listening(t, { iamPath, authCacheTtlMs: 600_000 });
+  const tenant = await call('POST', '/v1/projects', a.rootKey, { name: 'leaky' });
+  const leaked = await call('POST', '/v1/keys', a.rootKey, {
+    projectId: tenant.body.id,
+    role: 'admin',
+  });
+  assert.equal(leaked.status, 201, leaked.text);
+  assert.equal((await callB('GET', '/v1/whoami', leaked.body.key)).status, 200);
+  assert.equal((await call('DELETE', `/v1/keys/${leaked.body.id}`, a.rootKey)).status, 204);
+  assert.equal((await call('GET', '/v1/whoami', leaked.body.key)).status, 401);
+  for (const body of [
+    { projectId: tenant.body.id, role: 'admin' },
+    { projectId: tenant.body.id, scopes: ['images:run:*'] },
+  ]) {
+    const minted = await callB('POST', '/v1/keys', leaked.body.key, body);
+    assert.equal(minted.status, 401, minted.text);
+    assert.equal(minted.body.error.code, 'unauthenticated');
+  }
+  const keys = await a.iam.listKeys(await a.iam.authenticate(a.rootKey));
+  assert.ok(!keys.some((k) => k.projectId === tenant.body.id && k.revokedAt === null));
 });
