@@ -167,3 +167,32 @@ test('a key revoked on one apiserver mints no key on another that still trusts i
   const keys = await a.iam.listKeys(await a.iam.authenticate(a.rootKey));
   assert.ok(!keys.some((k) => k.projectId === tenant.body.id && k.revokedAt === null));
 });
+
+test('a narrow key cannot revoke the monitoring key, whose metrics:read it lacks', async (t) => {
+  // The scoped-revocation rule keeps a runtime key handed to a trainer from taking its project's
+  // wider keys away; a monitoring key is wider by the right it adds. Revoking what it could not
+  // have granted is refused, as granting it is.
+  const { a, call } = await listening(t);
+  const monitor = await call('POST', '/v1/keys', a.rootKey, {
+    projectId: a.rootProjectId,
+    scopes: ['metrics:read'],
+  });
+  const runtime = await call('POST', '/v1/keys', a.rootKey, {
+    projectId: a.rootProjectId,
+    scopes: ['images:run:task-*'],
+  });
+  assert.equal(runtime.status, 201, runtime.text);
+  const revoke = await call('DELETE', `/v1/keys/${monitor.body.id}`, runtime.body.key);
+  assert.equal(revoke.status, 403, revoke.text);
+  assert.equal(revoke.body.error.code, 'permission_denied');
+  assert.equal((await call('GET', '/metrics', monitor.body.key)).status, 200);
+  // A scoped admin of the root project grants it (it reads metrics by role), so it may revoke it.
+  const scopedAdmin = await call('POST', '/v1/keys', a.rootKey, {
+    projectId: a.rootProjectId,
+    role: 'admin',
+    scopes: ['images:run:task-*'],
+  });
+  const byAdmin = await call('DELETE', `/v1/keys/${monitor.body.id}`, scopedAdmin.body.key);
+  assert.equal(byAdmin.status, 204, byAdmin.text);
+  assert.equal((await call('GET', '/metrics', monitor.body.key)).status, 401);
+});

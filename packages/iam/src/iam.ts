@@ -431,8 +431,9 @@ export class Iam {
 
   /**
    * Revokes a key in the caller's subtree whose role is at or below the
-   * caller's and, for a scoped caller, whose restrictive scopes the caller's
-   * cover (`mayRevokeScopes`; a key may always revoke itself): else
+   * caller's and, for a scoped caller, whose scopes it could have granted
+   * (`mayRevokeScopes`: restrictive ones its own cover, additive ones it
+   * holds; a key may always revoke itself): else
    * `permission_denied`, audited. Unknown or foreign keys are `not_found`. Revoking twice is a
    * no-op. This instance refuses the key from now on; other instances within
    * their `authCacheTtlMs`.
@@ -455,7 +456,14 @@ export class Iam {
           `a ${caller.role} key cannot revoke an ${row.role} key`,
         );
       }
-      if (row.id !== caller.keyId && !mayRevokeScopes(caller.scopes, parseScopes(row.scopes))) {
+      const rootAdmin =
+        caller.scopes !== undefined &&
+        caller.role === 'admin' &&
+        (await this.#isRoot(q, caller.projectId));
+      if (
+        row.id !== caller.keyId &&
+        !mayRevokeScopes({ scopes: caller.scopes, rootAdmin }, parseScopes(row.scopes))
+      ) {
         deny(caller.keyId, 'key.revoke', keyId, 'denied', { reason: 'scopes beyond own' });
         throw new DsecError(
           'permission_denied',
