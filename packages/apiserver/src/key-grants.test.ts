@@ -1,6 +1,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
 import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { createTestApi } from './testing/index.js';
 import type { TestApi } from './testing/index.js';
 
@@ -9,8 +12,11 @@ import type { TestApi } from './testing/index.js';
 
 type T = { after: (fn: () => Promise<void> | void) => void };
 
-async function listening(t: T): Promise<{ a: TestApi; call: Call }> {
-  const a = await createTestApi();
+async function listening(
+  t: T,
+  options: Parameters<typeof createTestApi>[0] = {},
+): Promise<{ a: TestApi; call: Call }> {
+  const a = await createTestApi(options);
   t.after(() => a.close());
   await a.app.listen({ host: '127.0.0.1', port: 0 });
   const { port } = a.app.server.address() as AddressInfo;
@@ -130,4 +136,63 @@ test('a root-project member cannot grant itself metrics:read (403, audited)', as
     scopes: ['metrics:read', 'images:run:*'],
   });
   assert.equal(wider.status, 403, wider.text);
+});
+
+test('a key revoked on one apiserver mints no key on another that still trusts it', async (t) => {
+  // Two apiservers over one control database; b has seen the key and trusts it from memory
+  // (`authCacheTtlMs`, long here so the test does not race the clock; 1 s by default). A key
+  // it mints in that window would outlive the revocation for good.
+  const dir = mkdtempSync(join(tmpdir(), 'dsec-rev1-keys-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const iamPath = join(dir, 'control.db');
+  const { a, call } = await listening(t, { iamPath });
+  const { call: callB } = await listening(t, { iamPath, authCacheTtlMs: 600_000 });
+  const tenant = await call('POST', '/v1/projects', a.rootKey, { name: 'leaky' });
+  const leaked = await call('POST', '/v1/keys', a.rootKey, {
+    projectId: tenant.body.id,
+    role: 'admin',
+  });
+  assert.equal(leaked.status, 201, leaked.text);
+  assert.equal((await callB('GET', '/v1/whoami', leaked.body.key)).status, 200);
+  assert.equal((await call('DELETE', `/v1/keys/${leaked.body.id}`, a.rootKey)).status, 204);
+  assert.equal((await call('GET', '/v1/whoami', leaked.body.key)).status, 401);
+  for (const body of [
+    { projectId: tenant.body.id, role: 'admin' },
+    { projectId: tenant.body.id, scopes: ['images:run:*'] },
+  ]) {
+    const minted = await callB('POST', '/v1/keys', leaked.body.key, body);
+    assert.equal(minted.status, 401, minted.text);
+    assert.equal(minted.body.error.code, 'unauthenticated');
+  }
+  const keys = await a.iam.listKeys(await a.iam.authenticate(a.rootKey));
+  assert.ok(!keys.some((k) => k.projectId === tenant.body.id && k.revokedAt === null));
+});
+
+test('a narrow key cannot revoke the monitoring key, whose metrics:read it lacks', async (t) => {
+  // The scoped-revocation rule keeps a runtime key handed to a trainer from taking its project's
+  // wider keys away; a monitoring key is wider by the right it adds. Revoking what it could not
+  // have granted is refused, as granting it is.
+  const { a, call } = await listening(t);
+  const monitor = await call('POST', '/v1/keys', a.rootKey, {
+    projectId: a.rootProjectId,
+    scopes: ['metrics:read'],
+  });
+  const runtime = await call('POST', '/v1/keys', a.rootKey, {
+    projectId: a.rootProjectId,
+    scopes: ['images:run:task-*'],
+  });
+  assert.equal(runtime.status, 201, runtime.text);
+  const revoke = await call('DELETE', `/v1/keys/${monitor.body.id}`, runtime.body.key);
+  assert.equal(revoke.status, 403, revoke.text);
+  assert.equal(revoke.body.error.code, 'permission_denied');
+  assert.equal((await call('GET', '/metrics', monitor.body.key)).status, 200);
+  // A scoped admin of the root project grants it (it reads metrics by role), so it may revoke it.
+  const scopedAdmin = await call('POST', '/v1/keys', a.rootKey, {
+    projectId: a.rootProjectId,
+    role: 'admin',
+    scopes: ['images:run:task-*'],
+  });
+  const byAdmin = await call('DELETE', `/v1/keys/${monitor.body.id}`, scopedAdmin.body.key);
+  assert.equal(byAdmin.status, 204, byAdmin.text);
+  assert.equal((await call('GET', '/metrics', monitor.body.key)).status, 401);
 });

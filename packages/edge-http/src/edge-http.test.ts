@@ -619,3 +619,33 @@ test('a callback that throws ends the call with its own error and aborts the edg
     );
   });
 });
+
+test('a command result of many MiB crosses the wire copied a bounded number of times', async () => {
+  // The result frame carries both streams' kept output (up to 64 MiB each, the sandbox's to
+  // fill) and reaches the apiserver in socket reads of at most 64 KiB. Gathering it used to
+  // copy everything so far on each read: 16 MiB cost 2 GiB of copying (12 s of the
+  // apiserver's event loop), 128 MiB would have been minutes.
+  const stdout = 'x'.repeat(16 << 20);
+  const edge = scripted({
+    runCommand: async () => result(stdout, { stderr: 'y'.repeat(1 << 20) }),
+  });
+  await withServed(edge, async (remote) => {
+    const concat = Buffer.concat;
+    let copied = 0;
+    Buffer.concat = (list: readonly Uint8Array[], totalLength?: number) => {
+      const out = concat(list, totalLength);
+      copied += out.length;
+      return out;
+    };
+    let r: CommandResult;
+    try {
+      r = await remote.io.runCommand('sb', { argv: ['x'] });
+    } finally {
+      Buffer.concat = concat;
+    }
+    assert.equal(r.stdout.length, stdout.length);
+    assert.equal(r.stderr.length, 1 << 20);
+    // What the client must copy at least once, with room for the HTTP layers' own copies.
+    assert.ok(copied <= 4 * (17 << 20), `${copied} bytes copied for a 17 MiB result`);
+  });
+});

@@ -244,3 +244,48 @@ test('wildcards are capped at creation; a stored key with more still matches at 
     denied('scopes'),
   );
 });
+
+test('a revoked key mints no key: not while another instance still trusts it, nor racing its revocation', async (t) => {
+  // Two instances (two apiservers) over one database. Instance b has looked the key up and trusts
+  // it for `authCacheTtlMs` (here long, so the test does not race the clock); on a single
+  // instance the same holds for a request that authenticated just before the revocation
+  // committed. A key minted then would outlive the revocation for good.
+  const dir = mkdtempSync(join(tmpdir(), 'dsec-rev1-revoked-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const file = join(dir, 'control.db');
+  const { iam: a, root } = await setup(t, file);
+  const other = await openControlDb(file, { authCacheTtlMs: 600_000 });
+  t.after(() => other.close());
+  const b = other.iam;
+  const tenant = await a.createProject(root, { name: 'tenant' });
+  const leaked = await a.createKey(root, { projectId: tenant.id, role: 'admin' });
+  const onB = await b.authenticate(leaked.key); // cached on b from now on
+  const onA = await a.authenticate(leaked.key); // a request in flight on a
+  await a.revokeKey(root, leaked.id);
+  await assert.rejects(a.authenticate(leaked.key), (e) => isDsecError(e, 'unauthenticated'));
+  assert.deepEqual(await b.authenticate(leaked.key), onB, 'b still trusts it (its cache)');
+  const before = (await a.listKeys(root)).length;
+  for (const [iam, caller] of [
+    [b, onB],
+    [a, onA],
+  ] as const) {
+    await assert.rejects(iam.createKey(caller, { projectId: tenant.id, role: 'admin' }), (e) =>
+      isDsecError(e, 'unauthenticated'),
+    );
+    await assert.rejects(
+      iam.createKey(caller, { projectId: tenant.id, scopes: ['images:run:x'] }),
+      (e) => isDsecError(e, 'unauthenticated'),
+    );
+  }
+  assert.equal((await a.listKeys(root)).length, before, 'no key came of it');
+  // Nor does it revoke the keys its revoker left (the tenant's other admin).
+  const other2 = await a.createKey(root, { projectId: tenant.id, role: 'admin' });
+  await assert.rejects(b.revokeKey(onB, other2.id), (e) => isDsecError(e, 'unauthenticated'));
+  assert.equal((await a.listKeys(root)).find((k) => k.id === other2.id)?.revokedAt, null);
+  assert.ok(
+    (await a.listAudit({ limit: 1000 })).some(
+      (e) => e.actorKeyId === leaked.id && e.action === 'key.create' && e.outcome === 'denied',
+    ),
+    'the attempt is audited',
+  );
+});

@@ -371,6 +371,7 @@ export class Iam {
     }
     const scopes = input.scopes === undefined ? undefined : checkScopes(input.scopes);
     return this.#tx(async (q, deny) => {
+      await this.#requireLive(q, deny, caller, 'key.create');
       if (!(await this.#chain(q, input.projectId))?.has(caller.projectId)) {
         deny(caller.keyId, 'key.create', input.projectId, 'denied', {
           reason: 'project not found',
@@ -430,14 +431,16 @@ export class Iam {
 
   /**
    * Revokes a key in the caller's subtree whose role is at or below the
-   * caller's and, for a scoped caller, whose restrictive scopes the caller's
-   * cover (`mayRevokeScopes`; a key may always revoke itself): else
+   * caller's and, for a scoped caller, whose scopes it could have granted
+   * (`mayRevokeScopes`: restrictive ones its own cover, additive ones it
+   * holds; a key may always revoke itself): else
    * `permission_denied`, audited. Unknown or foreign keys are `not_found`. Revoking twice is a
    * no-op. This instance refuses the key from now on; other instances within
    * their `authCacheTtlMs`.
    */
   async revokeKey(caller: Principal, keyId: string): Promise<void> {
     await this.#tx(async (q, deny) => {
+      await this.#requireLive(q, deny, caller, 'key.revoke');
       const row = await q.get<KeyRow>(
         'SELECT id, project_id, role, name, created_at, revoked_at, scopes FROM api_keys WHERE id = ?',
         [keyId],
@@ -453,7 +456,14 @@ export class Iam {
           `a ${caller.role} key cannot revoke an ${row.role} key`,
         );
       }
-      if (row.id !== caller.keyId && !mayRevokeScopes(caller.scopes, parseScopes(row.scopes))) {
+      const rootAdmin =
+        caller.scopes !== undefined &&
+        caller.role === 'admin' &&
+        (await this.#isRoot(q, caller.projectId));
+      if (
+        row.id !== caller.keyId &&
+        !mayRevokeScopes({ scopes: caller.scopes, rootAdmin }, parseScopes(row.scopes))
+      ) {
         deny(caller.keyId, 'key.revoke', keyId, 'denied', { reason: 'scopes beyond own' });
         throw new DsecError(
           'permission_denied',
@@ -868,6 +878,26 @@ export class Iam {
       ],
     );
     return { id, key };
+  }
+
+  /**
+   * Throws `unauthenticated` (audited) when the caller's own key has been
+   * revoked. `authenticate` may answer from memory for `authCacheTtlMs`, and
+   * a request may have authenticated just before a revocation committed;
+   * for most calls that window is the documented one, but a key or a
+   * revocation made in it would outlive it for good. Read in the
+   * transaction, the key row locked on PostgreSQL (SQLite's write lock
+   * already orders it), so a concurrent revocation either commits first and
+   * is seen here, or waits for this transaction.
+   */
+  async #requireLive(q: SqlQuery, deny: Deny, caller: Principal, action: string): Promise<void> {
+    const row = await q.get<Pick<KeyRow, 'revoked_at'>>(
+      `SELECT k.revoked_at FROM api_keys k WHERE k.id = ?${lockSuffix(q, 'k')}`,
+      [caller.keyId],
+    );
+    if (row && row.revoked_at === null) return;
+    deny(caller.keyId, action, caller.keyId, 'denied', { reason: row ? 'revoked' : 'unknown' });
+    throw new DsecError('unauthenticated', row ? 'API key revoked' : 'unknown API key');
   }
 
   /** Whether `projectId` is the root project (it has no parent). */

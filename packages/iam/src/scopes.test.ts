@@ -174,14 +174,22 @@ test('ungrantableScopes: additive scopes only from a holder or a root admin', ()
   );
 });
 
-test('mayRevokeScopes: a scoped key revokes only keys its scopes cover, or itself', () => {
-  assert.ok(mayRevokeScopes(undefined, undefined));
-  assert.ok(mayRevokeScopes(undefined, ['metrics:read']));
-  assert.ok(!mayRevokeScopes(['images:run:task-*'], undefined));
-  assert.ok(!mayRevokeScopes(['images:run:task-*'], ['images:run:*']));
-  assert.ok(mayRevokeScopes(['images:run:task-*'], ['images:run:task-1']));
-  // Additive scopes are not weighed: revoking only takes them away.
-  assert.ok(mayRevokeScopes(['images:run:task-*'], ['metrics:read', 'images:run:task-1']));
+test('mayRevokeScopes: a scoped key revokes only keys it could have granted, or itself', () => {
+  const unscoped = { rootAdmin: false };
+  const runtime = { rootAdmin: false, scopes: ['images:run:task-*'] };
+  assert.ok(mayRevokeScopes(unscoped, undefined));
+  assert.ok(mayRevokeScopes(unscoped, ['metrics:read']));
+  assert.ok(!mayRevokeScopes(runtime, undefined));
+  assert.ok(!mayRevokeScopes(runtime, ['images:run:*']));
+  assert.ok(mayRevokeScopes(runtime, ['images:run:task-1']));
+  // An additive scope it lacks makes the key wider than it: the monitoring key stays.
+  assert.ok(!mayRevokeScopes(runtime, ['metrics:read']));
+  assert.ok(!mayRevokeScopes(runtime, ['metrics:read', 'images:run:task-1']));
+  assert.ok(mayRevokeScopes({ ...runtime, scopes: ['metrics:read'] }, ['metrics:read']));
+  // A root admin holds metrics:read by role, scoped or not.
+  assert.ok(
+    mayRevokeScopes({ ...runtime, rootAdmin: true }, ['metrics:read', 'images:run:task-1']),
+  );
 });
 
 // Run patterns over few characters, with and without a version, against every reference

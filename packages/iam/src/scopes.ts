@@ -209,21 +209,15 @@ export function ungrantableScopes(grantor: Grantor, wanted: readonly string[]): 
 
 /**
  * Whether `revoker` may revoke a key carrying `target` (its role aside):
- * an unscoped key may revoke any key; a scoped key only keys whose
- * restrictive scopes its own cover, so a narrow runtime key cannot take
- * away the wider keys of its project. Additive scopes only take rights away
- * when revoked and are not weighed.
+ * an unscoped key may revoke any key; a scoped key only keys it could have
+ * granted (`ungrantableScopes`): restrictive scopes its own cover and
+ * additive ones it holds, so a narrow runtime key cannot take away the
+ * wider keys of its project, the monitoring key (`metrics:read`) among them.
  */
-export function mayRevokeScopes(
-  revoker: readonly string[] | undefined,
-  target: readonly string[] | undefined,
-): boolean {
-  if (revoker === undefined) return true;
+export function mayRevokeScopes(revoker: Grantor, target: readonly string[] | undefined): boolean {
+  if (revoker.scopes === undefined) return true;
   if (target === undefined) return false;
-  return scopesCover(
-    revoker,
-    target.filter((t) => scopeSpec(t)?.kind !== 'additive'),
-  );
+  return ungrantableScopes(revoker, target).length === 0;
 }
 
 /** Run patterns of a scope list, each with an explicit version part. */

@@ -2,6 +2,7 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { EventEmitter } from 'node:events';
 import { request } from 'node:http';
+import type { Socket } from 'node:net';
 import { WebSocket } from 'ws';
 import type { PtySession } from '@dsec/core';
 import { startTestServer } from '../testing/index.js';
@@ -164,4 +165,59 @@ test('the dsec-pty upgrade is still answered by its own handler', async () => {
     req.end();
   });
   assert.equal(status, 404);
+});
+
+test('dsec-pty: a large frame in small pieces arrives whole and is copied a bounded number of times', async () => {
+  // A client decides how its bytes are cut. The frame reader used to join everything gathered
+  // so far on every piece: a 1 MiB frame sent 16 bytes at a time cost 48 s of the apiserver's
+  // event loop, and a client trickling at a few hundred KB/s kept the loop busy for good.
+  const got: Buffer[] = [];
+  const opens = server.edge.io.openPty;
+  server.edge.io.openPty = async () => ({
+    ...fakePty(),
+    write: (d) => void got.push(Buffer.from(d)),
+  });
+  const { socket, head } = await new Promise<{ socket: Socket; head: Buffer }>(
+    (resolve, reject) => {
+      const req = request(`${server.url}/v1/sandboxes/${encodeURIComponent(sandboxId)}/pty`, {
+        headers: {
+          connection: 'Upgrade',
+          upgrade: 'dsec-pty',
+          authorization: `Bearer ${server.key}`,
+        },
+      });
+      req.on('upgrade', (_res, s, h) => resolve({ socket: s, head: h }));
+      req.on('response', (res) => reject(new Error(`HTTP ${res.statusCode}`)));
+      req.on('error', reject);
+      req.end();
+    },
+  );
+  assert.equal(head.length, 0);
+  socket.on('data', () => undefined);
+  socket.setNoDelay(true);
+  const payload = Buffer.alloc(1 << 20, 0x61);
+  const whole = Buffer.alloc(5 + payload.length);
+  whole.writeUInt32BE(payload.length, 1); // type 0: data
+  payload.copy(whole, 5);
+  const concat = Buffer.concat;
+  let copied = 0;
+  Buffer.concat = (list: readonly Uint8Array[], totalLength?: number) => {
+    const out = concat(list, totalLength);
+    copied += out.length;
+    return out;
+  };
+  try {
+    for (let at = 0; at < whole.length; at += 4096) {
+      if (!socket.write(whole.subarray(at, at + 4096)))
+        await new Promise((r) => socket.once('drain', r));
+    }
+    while (got.length === 0) await new Promise((r) => setTimeout(r, 10));
+  } finally {
+    Buffer.concat = concat;
+    server.edge.io.openPty = opens;
+    socket.destroy();
+  }
+  assert.equal(got.length, 1);
+  assert.ok(got[0]!.equals(payload), 'the frame arrives whole, as one write');
+  assert.ok(copied <= 4 * whole.length, `${copied} bytes copied for a ${whole.length}-byte frame`);
 });

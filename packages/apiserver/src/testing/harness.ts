@@ -38,6 +38,8 @@ export async function createTestApi(
     edges?: FakeEdge[];
     /** The control database: a SQLite file, a `postgres://` URL, or (default) `:memory:`. */
     iamPath?: string;
+    /** How long IAM trusts a key it looked up (`IamOptions.authCacheTtlMs`; default 1000). */
+    authCacheTtlMs?: number;
     placer?: (watcher: Watcher) => Placer;
     /** The fleet view the apiserver reads (default the watcher's own). */
     fleet?: (watcher: Watcher) => ApiServerOptions['watcher'];
@@ -47,7 +49,10 @@ export async function createTestApi(
     imagesList?: ApiServerOptions['imagesList'];
   } = {},
 ): Promise<TestApi> {
-  const db = await openControlDb(options.iamPath ?? ':memory:');
+  const db = await openControlDb(
+    options.iamPath ?? ':memory:',
+    options.authCacheTtlMs === undefined ? {} : { authCacheTtlMs: options.authCacheTtlMs },
+  );
   const { iam } = db;
   const boot = await iam.bootstrap();
   const edges = new Map(

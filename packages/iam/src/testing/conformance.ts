@@ -119,7 +119,13 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       await assert.rejects(uncached.authenticate(k.key), unauth);
       // b looked the key up before the revocation and may serve it until its TTL runs out...
       now += 999;
-      assert.equal((await b.authenticate(k.key)).keyId, k.id);
+      const stale = await b.authenticate(k.key);
+      assert.equal(stale.keyId, k.id);
+      // ...but not to mint a key that would outlive the revocation, nor to revoke another.
+      await assert.rejects(b.createKey(stale, { projectId: root.projectId }), unauth);
+      const other = await a.createKey(root, { projectId: root.projectId });
+      await assert.rejects(b.revokeKey(stale, other.id), unauth);
+      assert.equal((await a.listKeys(root)).find((x) => x.id === other.id)?.revokedAt, null);
       // ...and not one millisecond longer.
       now += 1;
       await assert.rejects(b.authenticate(k.key), unauth);
