@@ -30,6 +30,9 @@ export const TYPE_A6 = 38;
 export const TYPE_DNAME = 39;
 export const TYPE_OPT = 41;
 export const TYPE_APL = 42;
+export const TYPE_IPSECKEY = 45;
+export const TYPE_L32 = 105;
+export const TYPE_AMTRELAY = 260;
 export const TYPE_SVCB = 64;
 export const TYPE_HTTPS = 65;
 export const CLASS_IN = 1;
@@ -37,6 +40,21 @@ export const RCODE_FORMERR = 1;
 export const RCODE_SERVFAIL = 2;
 export const RCODE_NXDOMAIN = 3;
 export const RCODE_REFUSED = 5;
+
+/**
+ * Types whose RDATA carries IPv4 or IPv6 addresses other than A, AAAA and
+ * SVCB/HTTPS hints: WKS (RFC 1035), A6 (RFC 2874, historic), APL (RFC 3123),
+ * IPSECKEY gateways (RFC 4025), L32 locators (RFC 6742), AMTRELAY relays
+ * (RFC 8777). No stub connects by them; the resolver does not vet them.
+ */
+export const UNVETTED_ADDRESS_TYPES: ReadonlySet<number> = new Set([
+  TYPE_WKS,
+  TYPE_A6,
+  TYPE_APL,
+  TYPE_IPSECKEY,
+  TYPE_L32,
+  TYPE_AMTRELAY,
+]);
 
 /** Flag bits of the header's second word. */
 export const FLAG_QR = 0x8000;
@@ -139,6 +157,10 @@ const COMPRESSIBLE = new Set([2, 3, 4, 5, 6, 7, 8, 9, 12, 14, 15]);
 
 /** ASCII lower case (DNS names compare case-insensitively in ASCII only, RFC 4343). */
 function asciiLower(s: string): string {
+  // Below 0x80 toLowerCase is exactly ASCII's; above, latin1 letters (À…) must stay as they are.
+  let ascii = true;
+  for (let i = 0; i < s.length && ascii; i++) ascii = s.charCodeAt(i) < 0x80;
+  if (ascii) return s.toLowerCase();
   let out = '';
   for (let i = 0; i < s.length; i++) {
     const c = s.charCodeAt(i);
@@ -188,7 +210,7 @@ export function readName(msg: Buffer, start: number): { labels: DnsName; end: nu
     if (off + 1 + len > msg.length) throw new DnsFormatError('label runs past the message');
     wire += len + 1;
     if (wire > 255) throw new DnsFormatError('name too long');
-    labels.push(msg.subarray(off + 1, off + 1 + len).toString('latin1'));
+    labels.push(msg.toString('latin1', off + 1, off + 1 + len));
     off += 1 + len;
   }
   return { labels, end };
@@ -413,10 +435,10 @@ class Writer {
     const starts: number[] = [];
     for (let i = 0; i < known; i++) {
       starts.push(this.length);
-      const label = Buffer.from(labels[i]!, 'latin1');
+      const label = labels[i]!;
       this.#room(1 + label.length);
       this.buf[this.length++] = label.length;
-      this.bytes(label);
+      this.length += this.buf.write(label, this.length, 'latin1');
     }
     if (known < labels.length) this.u16(0xc000 | rest);
     else {

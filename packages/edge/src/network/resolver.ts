@@ -20,16 +20,14 @@ import {
   RCODE_NXDOMAIN,
   RCODE_REFUSED,
   RCODE_SERVFAIL,
-  TYPE_A6,
-  TYPE_APL,
   TYPE_CNAME,
   TYPE_OPT,
-  TYPE_WKS,
   type DnsAddressRecord,
   type DnsMessage,
   type DnsName,
   type DnsQuestion,
   type DnsRecord,
+  UNVETTED_ADDRESS_TYPES,
 } from './dns-message.js';
 import type { AddressVerdict } from './special-ranges.js';
 
@@ -92,7 +90,8 @@ interface Pending {
  *   opened (`open`, for the sandbox's allow sets);
  * - SVCB/HTTPS: dropped if any `ipv4hint`/`ipv6hint` address is dropped
  *   (clients may connect to hints before they resolve A/AAAA);
- * - A6, WKS, APL (addresses the screen does not vet; no client connects by them)
+ * - the {@link UNVETTED_ADDRESS_TYPES} (A6, WKS, APL, IPSECKEY…: addresses the
+ *   screen does not vet; no stub connects by them)
  *   and every record of a class other than IN (the question is IN; musl
  *   reads an A record whatever its class) except the one OPT.
  * Malformed address records throw `DnsFormatError`: the whole answer is refused.
@@ -137,7 +136,7 @@ export function screenAnswer(
       return true;
     }
     if (r.class !== CLASS_IN) return drop(`class ${r.class} in an IN answer`);
-    if (r.type === TYPE_A6 || r.type === TYPE_WKS || r.type === TYPE_APL)
+    if (UNVETTED_ADDRESS_TYPES.has(r.type))
       return drop('an address type the resolver does not vet');
     const a = recordAddress(r);
     if (a) {

@@ -85,6 +85,26 @@ export function reservedCidrs(family: 4 | 6): string[] {
   return PARSED.filter((r) => r.reserved && r.parsed.family === family).map((r) => r.cidr);
 }
 
+/** An address parsed once, for the many range checks of one classification. */
+interface Bits {
+  family: 4 | 6;
+  n: bigint;
+}
+
+/** Each range's network bits and shift, computed once per `Cidr` object. */
+const SHIFTED = new WeakMap<Cidr, { top: bigint; shift: bigint }>();
+
+function contains(c: Cidr, b: Bits): boolean {
+  if (c.family !== b.family) return false;
+  let s = SHIFTED.get(c);
+  if (!s) {
+    const shift = BigInt((c.family === 4 ? 32 : 128) - c.prefix);
+    s = { top: ipToBigInt(c.address) >> shift, shift };
+    SHIFTED.set(c, s);
+  }
+  return b.n >> s.shift === s.top;
+}
+
 /** Whether `outer` contains `inner` (same family, shorter or equal prefix). */
 function within(outer: Cidr, inner: Cidr): boolean {
   return (
@@ -134,26 +154,29 @@ export function classifyAddress(
 ): AddressClass | undefined {
   const family = isIP(address);
   if (family === 0) return { range: 'invalid', what: 'not an address', reserved: true };
+  return classifyBits({ family, n: ipToBigInt(address) }, ranges);
+}
+
+function classifyBits(b: Bits, ranges: NodeRanges): AddressClass | undefined {
   for (const c of ranges.reserved)
-    if (cidrContains(c, address))
-      return { range: formatCidr(c), what: 'sandbox network', reserved: true };
+    if (contains(c, b)) return { range: formatCidr(c), what: 'sandbox network', reserved: true };
   for (const r of PARSED)
-    if (r.reserved && cidrContains(r.parsed, address))
+    if (r.reserved && contains(r.parsed, b))
       return { range: r.cidr, what: `${r.what} (${r.rfc})`, reserved: true };
   for (const c of ranges.node)
-    if (cidrContains(c, address))
+    if (contains(c, b))
       return { range: formatCidr(c), what: "the node's own network", reserved: false, node: true };
-  if (ranges.public.some((c) => cidrContains(c, address))) return undefined;
+  if (ranges.public.some((c) => contains(c, b))) return undefined;
   for (const r of PARSED)
-    if (!r.reserved && cidrContains(r.parsed, address))
+    if (!r.reserved && contains(r.parsed, b))
       return { range: r.cidr, what: `${r.what} (${r.rfc})`, reserved: false };
-  if (family === 6 && cidrContains(SIX_TO_FOUR, address)) {
-    const v4 = bigIntToIp((ipToBigInt(address) >> 80n) & 0xffffffffn, 4);
-    const inner = classifyAddress(v4, ranges);
+  if (contains(SIX_TO_FOUR, b)) {
+    const v4 = (b.n >> 80n) & 0xffffffffn;
+    const inner = classifyBits({ family: 4, n: v4 }, ranges);
     if (inner)
       return {
         range: '2002::/16',
-        what: `6to4 of ${v4}: ${inner.what} (RFC 3056)`,
+        what: `6to4 of ${bigIntToIp(v4, 4)}: ${inner.what} (RFC 3056)`,
         reserved: inner.reserved,
       };
   }
