@@ -179,7 +179,13 @@ export function nameText(name: DnsName): string {
  * never confuses a dot inside a label with a label boundary.
  */
 export function nameKey(name: DnsName): string {
-  return name.map((l) => asciiLower(l).replaceAll('\\', '\\\\').replaceAll('.', '\\.')).join('.');
+  return name.map(keyLabel).join('.');
+}
+
+function keyLabel(label: string): string {
+  const l = asciiLower(label);
+  if (!l.includes('.') && !l.includes('\\')) return l;
+  return l.replaceAll('\\', '\\\\').replaceAll('.', '\\.');
 }
 
 /** Reads a name at `start`; `end` is the offset just past it where it started. */

@@ -125,9 +125,8 @@ export function screenAnswer(
   const dropped: DroppedRecord[] = [];
   let opt = false;
   const keep = (r: DnsRecord, section: 'answer' | 'authority' | 'additional'): boolean => {
-    const name = nameText(r.name);
     const drop = (why: string, address?: string, range?: string) => {
-      dropped.push({ name, type: r.type, why, address, range });
+      dropped.push({ name: nameText(r.name), type: r.type, why, address, range });
       return false;
     };
     if (r.type === TYPE_OPT) {
@@ -145,7 +144,12 @@ export function screenAnswer(
       const v = screen(a.address);
       if (v.verdict === 'drop') return drop(v.why, a.address, v.range);
       if (v.verdict === 'open' && section === 'answer')
-        open.push({ name, family: a.family, address: a.address, ttlSeconds: r.ttl });
+        open.push({
+          name: nameText(r.name),
+          family: a.family,
+          address: a.address,
+          ttlSeconds: r.ttl,
+        });
       return true;
     }
     for (const h of svcbHints(r)) {

@@ -85,24 +85,39 @@ export function reservedCidrs(family: 4 | 6): string[] {
   return PARSED.filter((r) => r.reserved && r.parsed.family === family).map((r) => r.cidr);
 }
 
-/** An address parsed once, for the many range checks of one classification. */
-interface Bits {
-  family: 4 | 6;
-  n: bigint;
-}
+/**
+ * An address parsed once, for the many range checks of one classification:
+ * IPv4 as a plain number (no BigInt on the common path), IPv6 as a BigInt.
+ */
+type Bits = { family: 4; n: number } | { family: 6; n: bigint };
 
-/** Each range's network bits and shift, computed once per `Cidr` object. */
-const SHIFTED = new WeakMap<Cidr, { top: bigint; shift: bigint }>();
+/** Each range's network and mask, computed once per `Cidr` object. */
+const MASKS = new WeakMap<Cidr, { net: number; mask: number } | { top: bigint; shift: bigint }>();
 
 function contains(c: Cidr, b: Bits): boolean {
   if (c.family !== b.family) return false;
-  let s = SHIFTED.get(c);
-  if (!s) {
-    const shift = BigInt((c.family === 4 ? 32 : 128) - c.prefix);
-    s = { top: ipToBigInt(c.address) >> shift, shift };
-    SHIFTED.set(c, s);
+  let m = MASKS.get(c);
+  if (!m) {
+    if (c.family === 4) {
+      const mask = c.prefix === 0 ? 0 : (0xffffffff << (32 - c.prefix)) >>> 0;
+      m = { net: (Number(ipToBigInt(c.address)) & mask) >>> 0, mask };
+    } else {
+      const shift = BigInt(128 - c.prefix);
+      m = { top: ipToBigInt(c.address) >> shift, shift };
+    }
+    MASKS.set(c, m);
   }
-  return b.n >> s.shift === s.top;
+  if (b.family === 4) return 'mask' in m && (b.n & m.mask) >>> 0 === m.net;
+  return 'shift' in m && b.n >> m.shift === m.top;
+}
+
+function bitsOf(address: string): Bits | undefined {
+  const family = isIP(address);
+  if (family === 4) {
+    const o = address.split('.');
+    return { family, n: ((+o[0]! << 24) | (+o[1]! << 16) | (+o[2]! << 8) | +o[3]!) >>> 0 };
+  }
+  return family === 6 ? { family, n: ipToBigInt(address) } : undefined;
 }
 
 /** Whether `outer` contains `inner` (same family, shorter or equal prefix). */
@@ -152,9 +167,9 @@ export function classifyAddress(
   address: string,
   ranges: NodeRanges = NO_NODE_RANGES,
 ): AddressClass | undefined {
-  const family = isIP(address);
-  if (family === 0) return { range: 'invalid', what: 'not an address', reserved: true };
-  return classifyBits({ family, n: ipToBigInt(address) }, ranges);
+  const bits = bitsOf(address);
+  if (!bits) return { range: 'invalid', what: 'not an address', reserved: true };
+  return classifyBits(bits, ranges);
 }
 
 function classifyBits(b: Bits, ranges: NodeRanges): AddressClass | undefined {
@@ -170,13 +185,13 @@ function classifyBits(b: Bits, ranges: NodeRanges): AddressClass | undefined {
   for (const r of PARSED)
     if (!r.reserved && contains(r.parsed, b))
       return { range: r.cidr, what: `${r.what} (${r.rfc})`, reserved: false };
-  if (contains(SIX_TO_FOUR, b)) {
-    const v4 = (b.n >> 80n) & 0xffffffffn;
+  if (b.family === 6 && contains(SIX_TO_FOUR, b)) {
+    const v4 = Number((b.n >> 80n) & 0xffffffffn);
     const inner = classifyBits({ family: 4, n: v4 }, ranges);
     if (inner)
       return {
         range: '2002::/16',
-        what: `6to4 of ${bigIntToIp(v4, 4)}: ${inner.what} (RFC 3056)`,
+        what: `6to4 of ${bigIntToIp(BigInt(v4), 4)}: ${inner.what} (RFC 3056)`,
         reserved: inner.reserved,
       };
   }
