@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
-import { networkInterfaces } from 'node:os';
 import { describe, it } from 'node:test';
+import { hostInterfaceCidrs } from './linux-network.js';
 import { bigIntToIp, compilePolicy, formatCidr, ipToBigInt, parseCidr } from './policy.js';
 import {
   classifyAddress,
@@ -135,28 +135,42 @@ describe('special ranges', () => {
   });
 
   it("reads the node's networks from its interfaces, less what is covered already", () => {
+    const listing = [
+      '1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever',
+      '1: lo    inet6 ::1/128 scope host \\       valid_lft forever preferred_lft forever',
+      '2: eth0    inet 203.0.114.5/24 brd 203.0.114.255 scope global eth0\\       valid_lft forever',
+      '2: eth0    inet6 2a01:4f8:1:2::5/64 scope global \\       valid_lft forever',
+      '2: eth0    inet6 fe80::1/64 scope link \\       valid_lft forever preferred_lft forever',
+      '3: wlan0    inet 192.168.1.5/24 brd 192.168.1.255 scope global wlan0\\       valid_lft 1s',
+      '4: up0    inet 198.18.0.1/30 scope global up0\\       valid_lft forever preferred_lft forever',
+      '5: dsv0123456789ab    inet 10.213.0.1/30 scope global dsv0123456789ab\\       valid_lft forever',
+      '6: dsvfedcba987654    inet 203.0.115.1/30 scope global dsvfedcba987654\\       valid_lft forever',
+      '',
+    ].join('\n');
+    const cidrs = hostInterfaceCidrs(listing);
+    // Loopback and every sandbox link (this edge's or another's) are skipped.
+    assert.deepEqual(cidrs, [
+      '203.0.114.5/24',
+      '2a01:4f8:1:2::5/64',
+      'fe80::1/64',
+      '192.168.1.5/24',
+      '198.18.0.1/30',
+    ]);
     const nets = nodeNetworks(
-      [
-        { cidr: '127.0.0.1/8', internal: true },
-        { cidr: '203.0.114.5/24', internal: false },
-        { cidr: '10.213.0.1/30', internal: false }, // a sandbox veth's host end
-        { cidr: '192.168.1.5/24', internal: false }, // covered by RFC 1918
-        { cidr: '198.18.0.1/30', internal: false }, // benchmarking, but declared public below
-        { cidr: '2a01:4f8:1:2::5/64', internal: false },
-        { cidr: 'fe80::1/64', internal: false },
-        { cidr: null, internal: false },
-      ],
+      cidrs,
       [parseCidr('10.213.0.0/16', 's')],
       [parseCidr('198.18.0.0/15', 'p')],
     );
+    // RFC 1918 and link-local are covered by the table; 198.18.0.0/30 is not, being declared public.
     assert.deepEqual(nets.map(formatCidr).sort(), [
       '198.18.0.0/30',
       '203.0.114.0/24',
       '2a01:4f8:1:2::/64',
     ]);
-    // This host's own interfaces parse.
-    const own = Object.values(networkInterfaces()).flatMap((l) => l ?? []);
-    assert.doesNotThrow(() => nodeNetworks(own, []));
+    assert.deepEqual(
+      nodeNetworks(['not an address', '10.213.5.1/30'], [parseCidr('10.213.0.0/16', 's')]),
+      [],
+    );
   });
 
   it('gives the verdicts of L40: deny and reserved drop, a CIDR rule releases, public opens', () => {

@@ -122,11 +122,8 @@ function bitsOf(address: string): Bits | undefined {
 
 /** Whether `outer` contains `inner` (same family, shorter or equal prefix). */
 function within(outer: Cidr, inner: Cidr): boolean {
-  return (
-    outer.family === inner.family &&
-    outer.prefix <= inner.prefix &&
-    cidrContains(outer, inner.address)
-  );
+  const b = outer.family === inner.family && outer.prefix <= inner.prefix && bitsOf(inner.address);
+  return b ? contains(outer, b) : false;
 }
 
 /** The reserved range of the table that `c` overlaps, if any. */
@@ -199,23 +196,21 @@ function classifyBits(b: Bits, ranges: NodeRanges): AddressClass | undefined {
 }
 
 /**
- * The networks of the host's interface addresses (`os.networkInterfaces()`
- * entries), less those `exclude` (the edge's own sandbox subnets, whose /30
- * and /64 host ends are on every veth) or a table range nobody declared
- * public already covers: what is left is short, the operator's LAN or a
- * public prefix on an uplink.
+ * The node's own networks from its interface addresses (`10.1.2.3/24`, as
+ * `ip addr` lists them), less those `exclude` (the edge's own sandbox
+ * subnets) or a table range nobody declared public already covers: what is
+ * left is short, the operator's LAN or a public prefix on an uplink.
  */
 export function nodeNetworks(
-  interfaces: Iterable<{ cidr: string | null; internal: boolean }>,
+  cidrs: Iterable<string>,
   exclude: Cidr[],
   publicRanges: Cidr[] = [],
 ): Cidr[] {
   const out = new Map<string, Cidr>();
-  for (const i of interfaces) {
-    if (i.internal || !i.cidr) continue;
+  for (const cidr of cidrs) {
     let c: Cidr;
     try {
-      c = parseCidr(i.cidr, 'interface');
+      c = parseCidr(cidr, 'interface');
     } catch {
       continue;
     }
