@@ -48,6 +48,8 @@ const Network = z
     subnet6: z.union([z.string(), z.literal(false)]),
     upstream: z.array(z.string()),
     uplinks: z.array(z.string()),
+    /** Special-use ranges this node treats as public in DNS answers (ADR 0005, SECURITY.md L40). */
+    publicRanges: z.array(z.string()),
   })
   .partial()
   .strict();

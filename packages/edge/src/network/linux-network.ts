@@ -43,7 +43,13 @@ import {
   type CompiledPolicy,
 } from './policy.js';
 import { hasNetworkLink } from './network-manager.js';
-import { parseResolvConf, parseUpstream, PlatformResolver } from './resolver.js';
+import {
+  parseResolvConf,
+  parseUpstream,
+  PlatformResolver,
+  type DroppedRecord,
+} from './resolver.js';
+import { nodeNetworks, reservedOverlap, screenAddress, type NodeRanges } from './special-ranges.js';
 import { IpSession, nft, nftBatcher, NftSession, runTool, startTool } from './sys.js';
 
 export interface NetworkOptions {
@@ -68,6 +74,14 @@ export interface NetworkOptions {
   uplinks?: string[];
   /** Floor on how long a resolved address stays allowed (TTL 0 answers must still connect). */
   minDnsTtlSeconds?: number;
+  /**
+   * Special-use ranges (of `SPECIAL_RANGES`, special-ranges.ts) this node
+   * treats as public, for a lab whose "internet" is, say, a benchmarking or
+   * CGNAT range: DNS answers in them are not filtered. Never a reserved
+   * range (loopback, link-local, multicast, IPv4-mapped…) or the sandbox
+   * subnets, and the node's own networks stay filtered. Default none.
+   */
+  publicRanges?: string[];
   onEvent?: NetworkEventSink;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
 }
@@ -77,6 +91,14 @@ const CANDIDATE_SECOND_OCTETS = Array.from({ length: 38 }, (_, i) => 213 + i);
 const DENIED_WINDOW_SECONDS = 60;
 const MAX_CACHED_NAMES = 2048;
 const MAX_DNS_TTL_SECONDS = 86_400;
+/**
+ * How often the node's own networks (its interfaces' prefixes, filtered out
+ * of DNS answers) are read again: an address added to the host is filtered
+ * at most this long after.
+ */
+const NODE_NETWORKS_REFRESH_MS = 5000;
+/** Records listed in one answer-filtered event (the count says how many there were). */
+const MAX_EVENT_RECORDS = 16;
 
 interface Live {
   sb: NetworkSandbox;
@@ -162,6 +184,10 @@ export class LinuxNetwork implements NetworkManager {
   /** Sandboxes using each CIDR policy chain (`pol_<hash>`); a chain goes with its last user. */
   readonly #chainUsers = new Map<string, Set<string>>();
   #poller: NodeJS.Timeout | undefined;
+  /** What DNS answers are screened against besides the policy (see `special-ranges.ts`). */
+  #ranges: NodeRanges;
+  #rangesTimer: NodeJS.Timeout | undefined;
+  #rangesReading = false;
   /**
    * Host ends of torn-down sandboxes' veths that the kernel has yet to
    * remove, by name (see {@link #drain}). Their slot's addresses are not
@@ -183,6 +209,11 @@ export class LinuxNetwork implements NetworkManager {
     this.table = `dsec_${subnet4.address.split('.').slice(0, 2).join('_')}`;
     this.#catalogue = { ...(o.catalogue ?? DEFAULT_NETWORK_CATALOGUE) };
     this.#resolver = resolver;
+    this.#ranges = {
+      reserved: [subnet4, ...(subnet6 ? [subnet6] : [])],
+      node: [],
+      public: (o.publicRanges ?? []).map((r, i) => parseCidr(r, `publicRanges.${i}`)),
+    };
   }
 
   /** Firewall installs started by `setup`, awaited by `attach`. */
@@ -192,6 +223,7 @@ export class LinuxNetwork implements NetworkManager {
 
   /** Probes nftables and netns support, claims an address range, installs the table. */
   static async open(o: NetworkOptions): Promise<LinuxNetwork> {
+    checkPublicRanges(o.publicRanges ?? []);
     const dir = join(o.stateDir, 'network');
     await mkdir(join(dir, 'resolv'), { recursive: true });
     await chmod(dir, 0o711);
@@ -220,6 +252,10 @@ export class LinuxNetwork implements NetworkManager {
     for (const dev of uplinks) await enableForwarding(dev, subnet6 !== undefined);
     net.#poller = setInterval(() => void net.collectEvents(), 2000);
     net.#poller.unref();
+    // Before the first answer is screened; then again and again.
+    await net.#refreshNodeNetworks();
+    net.#rangesTimer = setInterval(() => void net.#refreshNodeNetworks(), NODE_NETWORKS_REFRESH_MS);
+    net.#rangesTimer.unref();
     return net;
   }
 
@@ -614,6 +650,7 @@ export class LinuxNetwork implements NetworkManager {
     // Before the range can be given back: no veth of ours may still route it.
     await this.drained();
     clearInterval(this.#poller);
+    clearInterval(this.#rangesTimer);
     await this.#denied.idle();
     await this.#nft.idle();
     this.#resolver.close();
@@ -693,16 +730,72 @@ export class LinuxNetwork implements NetworkManager {
       listenAddress: n.host4,
       sourceAddresses: [n.sandbox4],
       decide: (name) => matchDomain(live.policy, name),
+      screen: (address) => screenAddress(live.policy, address, this.#ranges),
       allowAddresses: (name, ports, records) => this.#allow(live, name, ports, records),
       blocked: (name, qtype) =>
         this.#o.onEvent?.(
           sb.id,
           'dns_blocked',
           `DNS name not allowed: ${name}`,
-          { name, qtype },
+          { name, qtype, reason: 'name' },
           `dns:${name}`,
         ),
+      filtered: (name, qtype, dropped) => this.#filtered(sb.id, name, qtype, dropped),
     });
+  }
+
+  /** An allowed name's answer lost records to the screen (SECURITY.md L40): one event per name and window. */
+  #filtered(id: string, name: string, qtype: number, dropped: DroppedRecord[]): void {
+    const listed = dropped.slice(0, MAX_EVENT_RECORDS).map((d) => ({
+      name: d.name,
+      type: d.type,
+      why: d.why,
+      ...(d.address !== undefined ? { address: d.address } : {}),
+      ...(d.range !== undefined ? { range: d.range } : {}),
+    }));
+    const what = listed.map((d) => d.address ?? `a type ${d.type} record`).join(', ');
+    this.#o.onEvent?.(
+      id,
+      'dns_blocked',
+      `DNS answer for ${name}: left out ${what}${dropped.length > listed.length ? ', …' : ''}`,
+      { name, qtype, reason: 'address', dropped: listed, droppedCount: dropped.length },
+      `dns-answer:${name}`,
+    );
+  }
+
+  /**
+   * Reads the host's interface networks again, so the operator's LAN and any
+   * public prefix of an uplink are filtered out of DNS answers like private
+   * ranges. Off the event loop and independent of the number of sandboxes:
+   * the links of `/sys/class/net` but loopback and sandbox links (`dsv*`,
+   * veths and taps of any edge) are asked for by name, in one `ip -batch`
+   * (`os.networkInterfaces()` and a full `ip addr` listing cost ≈ 200 ms and
+   * ≈ 40 ms of the event loop with 1,000 sandbox veths).
+   */
+  async #refreshNodeNetworks(): Promise<void> {
+    if (this.#rangesReading) return;
+    this.#rangesReading = true;
+    try {
+      const links = (await readdir('/sys/class/net')).filter(
+        (l) => l !== 'lo' && !l.startsWith('dsv') && /^[A-Za-z0-9_.@-]{1,15}$/.test(l),
+      );
+      const text =
+        links.length === 0
+          ? ''
+          : await runTool('ip', ['-o', '-batch', '-'], {
+              stdin: links.map((l) => `addr show dev ${l}\n`).join(''),
+            });
+      this.#ranges = {
+        ...this.#ranges,
+        node: nodeNetworks(hostInterfaceCidrs(text), this.#ranges.reserved, this.#ranges.public),
+      };
+    } catch (err) {
+      // Keep the last good list (a link that went away meanwhile fails the batch; the next read
+      // comes in NODE_NETWORKS_REFRESH_MS): a failed read must not open anything.
+      this.#o.log?.('reading the node networks failed', { err: String(err) });
+    } finally {
+      this.#rangesReading = false;
+    }
   }
 
   async #allow(
@@ -938,6 +1031,22 @@ export class LinuxNetwork implements NetworkManager {
   }
 }
 
+/**
+ * The addresses (with prefix length) of the host's interfaces from `ip -o
+ * addr show` lines (`4: eth0    inet 192.0.2.2/24 brd … scope global eth0\ …`),
+ * less loopback and sandbox links (`dsv*`, veths and microVM taps of any edge).
+ */
+export function hostInterfaceCidrs(text: string): string[] {
+  const out: string[] = [];
+  for (const line of text.split('\n')) {
+    const [, ifname = '', family, cidr] = line.split(/\s+/, 4);
+    const name = ifname.split('@')[0]!;
+    if (name === 'lo' || name.startsWith('dsv') || !cidr) continue;
+    if (family === 'inet' || family === 'inet6') out.push(cidr);
+  }
+  return out;
+}
+
 /** The host end's address and state lines (`ip -batch`), for a veth or a tap named `n.veth`. */
 function hostEndLines(n: ReturnType<LinuxNetwork['names']>): string[] {
   // A batch line takes no `-6`: the family follows from the address.
@@ -1022,7 +1131,8 @@ export function elementFromJson(
   const fields = elementConcat(e);
   if (!fields || fields.length === 0) return undefined;
   // Interface names are strings in nft's syntax; addresses, ports and protocols are not.
-  const quoteFirst = set === 'ifaces' || set === 'src4' || set === 'src6' || set === 'cidr_policy';
+  const quoteFirst =
+    set === 'ifaces' || set === 'src4' || set === 'src6' || set === 'cidr_policy' || set === 'dns4';
   const text = (v: unknown, quoted = false): string | undefined => {
     if (typeof v === 'number') return String(v);
     if (typeof v === 'string') return quoted ? JSON.stringify(v) : v;
@@ -1128,6 +1238,21 @@ async function claimSubnets(
     { mode: 0o600 },
   );
   return { subnet4, subnet6 };
+}
+
+/**
+ * `publicRanges` must be CIDRs outside the reserved ranges (a sandbox never
+ * reaches those, so declaring them public would only mislead).
+ */
+function checkPublicRanges(ranges: string[]): void {
+  for (const [i, r] of ranges.entries()) {
+    const field = `publicRanges.${i}`;
+    const hit = reservedOverlap(parseCidr(r, field));
+    if (hit)
+      throw new DsecError('invalid_argument', `${field}: ${r} overlaps ${hit.cidr} (${hit.what})`, {
+        field,
+      });
+  }
 }
 
 function overlaps(a: Cidr, b: Cidr): boolean {

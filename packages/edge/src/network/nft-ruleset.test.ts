@@ -12,7 +12,12 @@ import {
 } from './nft-ruleset.js';
 import { compilePolicy, DEFAULT_NETWORK_CATALOGUE, parseCidr } from './policy.js';
 
-const sb = { veth: 'dsv0123456789ab', sandbox4: '10.213.0.6', sandbox6: 'fd5e:c0de:d5:1::2' };
+const sb = {
+  veth: 'dsv0123456789ab',
+  host4: '10.213.0.5',
+  sandbox4: '10.213.0.6',
+  sandbox6: 'fd5e:c0de:d5:1::2',
+};
 const policy = (allow: { cidr: string; ports?: number[] }[], deny: { cidr: string }[] = []) =>
   compilePolicy(
     { networkRules: {}, networkAllow: allow, networkDeny: deny },
@@ -31,7 +36,7 @@ describe('nft ruleset', () => {
     const base = baseElements(sb, undefined);
     assert.deepEqual(
       base.map((r) => r.set),
-      ['ifaces', 'src4', 'src6'],
+      ['ifaces', 'src4', 'src6', 'dns4'],
     );
     for (const r of base) assert.ok(r.key.startsWith(`"${sb.veth}"`), r.key);
     const dns = addressElements(sb, [
@@ -44,6 +49,36 @@ describe('nft ruleset', () => {
         ['a4', '10.213.0.6 . 198.18.1.10'],
         ['p6', 'fd5e:c0de:d5:1::2 . fdff:5ec:1::10 . 443'],
       ],
+    );
+  });
+
+  it("lets DNS reach only the sandbox's own resolver address, and reserves the table's reserved ranges", () => {
+    const table = tableScript({
+      table: 't',
+      subnet4: parseCidr('10.213.0.0/16', 's'),
+      subnet6: parseCidr('fd5e:c0de:d5::/48', 's'),
+      deniedWindowSeconds: 60,
+    });
+    const toHost = table.split('\n').filter((l) => l.includes(' from_sandbox_to_host '));
+    // No "any local address" accept (SECURITY.md L40): only the (veth, host end) pair.
+    assert.ok(!toHost.some((l) => /fib daddr/.test(l)), toHost.join('\n'));
+    const accepts = toHost.filter((l) => l.endsWith(' accept'));
+    assert.deepEqual(accepts, [
+      'add rule inet t from_sandbox_to_host ct state established,related accept',
+      'add rule inet t from_sandbox_to_host udp dport 53 iifname . ip daddr @dns4 accept',
+      'add rule inet t from_sandbox_to_host icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } accept',
+    ]);
+    assert.deepEqual(
+      baseElements(sb, undefined).find((r) => r.set === 'dns4'),
+      { set: 'dns4', key: `"${sb.veth}" . ${sb.host4}` },
+    );
+    assert.match(
+      table,
+      /egress4 ip daddr \{ 10\.213\.0\.0\/16, 0\.0\.0\.0\/8, 127\.0\.0\.0\/8, 169\.254\.0\.0\/16, 224\.0\.0\.0\/4, 240\.0\.0\.0\/4 \} goto deny/,
+    );
+    assert.match(
+      table,
+      /egress6 ip6 daddr \{ fd5e:c0de:d5::\/48, ::\/128, ::1\/128, ::ffff:0:0\/96, fe80::\/10, ff00::\/8 \} goto deny/,
     );
   });
 
@@ -115,6 +150,10 @@ describe('nft ruleset', () => {
       elementFromJson('cidr_policy', [sb.veth, { jump: { target: 'pol_0123456789abcdef' } }]),
       { key: `"${sb.veth}"`, owner: sb.veth, value: 'jump pol_0123456789abcdef' },
     );
+    assert.deepEqual(elementFromJson('dns4', { concat: [sb.veth, sb.host4] }), {
+      key: `"${sb.veth}" . ${sb.host4}`,
+      owner: sb.veth,
+    });
     assert.deepEqual(
       elementFromJson('denied4', {
         concat: ['10.213.0.6', '198.18.1.20', 'tcp', 443],

@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { Cidr, CompiledPolicy } from './policy.js';
 import { formatCidr } from './policy.js';
+import { reservedCidrs } from './special-ranges.js';
 
 /**
  * nftables text for the edge's one table (`inet <table>`). Its chains and
@@ -18,7 +19,8 @@ import { formatCidr } from './policy.js';
  *   sandbox's own (`src4/src6`), else the packet is dropped: a sandbox can
  *   neither spoof another's address nor use one of a torn-down sandbox.
  * - `egress4/egress6`: replies pass; platform-reserved destinations (the
- *   sandbox subnet, loopback, link-local/metadata, multicast) are rejected;
+ *   sandbox subnet and the reserved ranges of `special-ranges.ts`: loopback,
+ *   link-local/metadata, multicast, IPv4-mapped…) are rejected;
  *   a sandbox with CIDR rules jumps (map `cidr_policy`, by veth) to the chain of
  *   its CIDR policy, `pol_<hash>`, which rejects its deny CIDRs and accepts
  *   its allowed CIDRs (any port / some ports). One such chain serves every
@@ -26,12 +28,15 @@ import { formatCidr } from './policy.js';
  *   make each removal cost time in proportion to all sandboxes' entries
  *   (nft's concatenated-interval sets delete in O(n)). Then the addresses
  *   of allowed DNS answers, keyed by `source . destination`: `a4/a6` (with
- *   their TTL) and `p4/p6` (the same bound to ports). Everything else goes
+ *   their TTL) and `p4/p6` (the same bound to ports), which only ever hold
+ *   public addresses (the resolver screens answers, SECURITY.md L40). Everything else goes
  *   to `deny`: recorded (`denied4/6` dynamic sets, read by the edge for
  *   audit events) and rejected, TCP reset or ICMP admin-prohibited, so a
  *   denied connect fails at once instead of timing out.
- * - `input_hook`: from any sandbox veth only DNS (UDP 53, the platform
- *   resolver) and IPv6 neighbour discovery reach the host.
+ * - `input_hook`: from any sandbox veth only DNS to that sandbox's own
+ *   resolver (UDP 53 to the veth's host-end address, `dns4`: no other
+ *   address of the host, no other port, not TCP, not IPv6) and IPv6
+ *   neighbour discovery reach the host.
  * - `postrouting_hook`: sandbox addresses are masqueraded on the way out.
  */
 
@@ -49,6 +54,7 @@ export const SANDBOX_SET_NAMES = [
   'a6',
   'p6',
   'cidr_policy',
+  'dns4',
 ] as const;
 export type SandboxSetName = (typeof SANDBOX_SET_NAMES)[number];
 
@@ -61,10 +67,11 @@ const SET_TYPES: Record<SandboxSetName, string> = {
   a6: 'type ipv6_addr . ipv6_addr; flags timeout;',
   p6: 'type ipv6_addr . ipv6_addr . inet_service; flags timeout;',
   cidr_policy: 'type ifname : verdict;',
+  dns4: 'type ifname . ipv4_addr;',
 };
 
-const RESERVED4 = ['0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/3'];
-const RESERVED6 = ['::/127', '::ffff:0:0/96', 'fe80::/10', 'ff00::/8'];
+const RESERVED4 = reservedCidrs(4);
+const RESERVED6 = reservedCidrs(6);
 
 export interface TableInput {
   table: string;
@@ -145,7 +152,8 @@ export function tableScript(t: TableInput): string {
     `add rule ${T} input_hook ip saddr ${s4} jump from_sandbox_to_host`,
     ...(s6 ? [`add rule ${T} input_hook ip6 saddr ${s6} jump from_sandbox_to_host`] : []),
     `add rule ${T} from_sandbox_to_host ct state established,related accept`,
-    `add rule ${T} from_sandbox_to_host udp dport 53 fib daddr type local accept`,
+    // Only its own resolver: the veth's host-end address, not any local one.
+    `add rule ${T} from_sandbox_to_host udp dport 53 iifname . ip daddr @dns4 accept`,
     `add rule ${T} from_sandbox_to_host icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } accept`,
     `add rule ${T} from_sandbox_to_host meta l4proto tcp reject with tcp reset`,
     `add rule ${T} from_sandbox_to_host reject with icmpx admin-prohibited`,
@@ -172,13 +180,15 @@ export interface ElementRef {
 /** A sandbox's identity in the firewall: its veth and its addresses. */
 export interface SandboxAddresses {
   veth: string;
+  /** The veth's host end: the sandbox's gateway and resolver. */
+  host4: string;
   sandbox4: string;
   sandbox6?: string | undefined;
 }
 
 /**
  * The elements a sandbox has from the moment it is set up: its interface
- * binding and, with CIDR rules, its entry in the `cidr_policy` map (whose chain,
+ * binding, its resolver's address and, with CIDR rules, its entry in the `cidr_policy` map (whose chain,
  * {@link policyChain}, must exist first).
  */
 export function baseElements(s: SandboxAddresses, chain: PolicyChain | undefined): ElementRef[] {
@@ -187,6 +197,7 @@ export function baseElements(s: SandboxAddresses, chain: PolicyChain | undefined
     { set: 'src4', key: `"${s.veth}" . ${s.sandbox4}` },
   ];
   if (s.sandbox6) out.push({ set: 'src6', key: `"${s.veth}" . ${s.sandbox6}` });
+  out.push({ set: 'dns4', key: `"${s.veth}" . ${s.host4}` });
   if (chain) out.push({ set: 'cidr_policy', key: `"${s.veth}"`, value: `jump ${chain.name}` });
   return out;
 }

@@ -2,20 +2,48 @@ import { createSocket, type Socket } from 'node:dgram';
 import { randomInt } from 'node:crypto';
 import { isIP } from 'node:net';
 import {
+  CLASS_IN,
+  CLASSIC_UDP_BYTES,
+  clampUdp,
+  encodeForwardQuery,
+  encodeMessage,
   errorResponse,
-  parseAnswers,
+  MAX_UDP_BYTES,
+  nameKey,
+  nameText,
+  parseMessage,
   parseQuery,
+  recordAddress,
+  svcbHints,
   DnsFormatError,
   RCODE_FORMERR,
   RCODE_NXDOMAIN,
   RCODE_REFUSED,
   RCODE_SERVFAIL,
+  TYPE_CNAME,
+  TYPE_OPT,
   type DnsAddressRecord,
+  type DnsMessage,
+  type DnsName,
+  type DnsQuestion,
+  type DnsRecord,
+  UNVETTED_ADDRESS_TYPES,
 } from './dns-message.js';
+import type { AddressVerdict } from './special-ranges.js';
 
 export interface UpstreamServer {
   address: string;
   port: number;
+}
+
+/** A record the screen took out of an answer (reported as a sandbox event). */
+export interface DroppedRecord {
+  /** Owner name, as the policy reads names. */
+  name: string;
+  type: number;
+  address?: string | undefined;
+  range?: string | undefined;
+  why: string;
 }
 
 /** What the resolver needs to know about one sandbox. */
@@ -26,10 +54,14 @@ export interface ResolverClient {
   sourceAddresses: string[];
   /** Whether a name may be resolved (and on which ports its addresses are allowed). */
   decide(name: string): { allowed: false } | { allowed: true; ports: number[] };
-  /** Called with an allowed answer's addresses before the answer is released to the sandbox. */
+  /** What an address in an allowed name's answer may become (see {@link AddressVerdict}). */
+  screen(address: string): AddressVerdict;
+  /** Called with an answer's opened addresses before the answer is released to the sandbox. */
   allowAddresses(name: string, ports: number[], records: DnsAddressRecord[]): Promise<void>;
   /** Called when a name is refused (rate-limiting is the caller's business). */
   blocked(name: string, qtype: number): void;
+  /** Called when records were taken out of an allowed name's answer. */
+  filtered(name: string, qtype: number, dropped: DroppedRecord[]): void;
 }
 
 export interface PlatformResolverOptions {
@@ -48,14 +80,106 @@ interface Pending {
 }
 
 /**
+ * Screens an upstream answer to a sandbox's question (SECURITY.md L40):
+ * every address a client could use, in any section, is put to `screen`, and
+ * the records carrying one it drops are left out, as are the records no
+ * client should be handed:
+ * - A and AAAA: kept only if their address is kept; in the answer section,
+ *   only on the question's CNAME chain (musl uses every A/AAAA of the answer
+ *   section whatever its owner), and only those of the answer section are
+ *   opened (`open`, for the sandbox's allow sets);
+ * - SVCB/HTTPS: dropped if any `ipv4hint`/`ipv6hint` address is dropped
+ *   (clients may connect to hints before they resolve A/AAAA);
+ * - the {@link UNVETTED_ADDRESS_TYPES} (A6, WKS, APL, IPSECKEY…: addresses the
+ *   screen does not vet; no stub connects by them)
+ *   and every record of a class other than IN (the question is IN; musl
+ *   reads an A record whatever its class) except the one OPT.
+ * Malformed address records throw `DnsFormatError`: the whole answer is refused.
+ */
+export function screenAnswer(
+  answer: DnsMessage,
+  question: DnsName,
+  screen: (address: string) => AddressVerdict,
+): { message: DnsMessage; open: DnsAddressRecord[]; dropped: DroppedRecord[] } {
+  // The question's chain of aliases (CNAME; a DNAME's answer carries its synthesized CNAME).
+  const targets = new Map<string, DnsName[]>();
+  for (const r of answer.answers) {
+    const target = r.data[0];
+    if (r.type !== TYPE_CNAME || r.class !== CLASS_IN || !target || Buffer.isBuffer(target))
+      continue;
+    const k = nameKey(r.name);
+    targets.set(k, [...(targets.get(k) ?? []), target.name]);
+  }
+  const chain = new Set([nameKey(question)]);
+  const todo = [nameKey(question)];
+  while (todo.length > 0) {
+    for (const t of targets.get(todo.pop()!) ?? []) {
+      const k = nameKey(t);
+      if (!chain.has(k)) {
+        chain.add(k);
+        todo.push(k);
+      }
+    }
+  }
+  const open: DnsAddressRecord[] = [];
+  const dropped: DroppedRecord[] = [];
+  let opt = false;
+  const keep = (r: DnsRecord, section: 'answer' | 'authority' | 'additional'): boolean => {
+    const drop = (why: string, address?: string, range?: string) => {
+      dropped.push({ name: nameText(r.name), type: r.type, why, address, range });
+      return false;
+    };
+    if (r.type === TYPE_OPT) {
+      if (opt || section !== 'additional') return drop('OPT out of place');
+      opt = true;
+      return true;
+    }
+    if (r.class !== CLASS_IN) return drop(`class ${r.class} in an IN answer`);
+    if (UNVETTED_ADDRESS_TYPES.has(r.type))
+      return drop('an address type the resolver does not vet');
+    const a = recordAddress(r);
+    if (a) {
+      if (section === 'answer' && !chain.has(nameKey(r.name)))
+        return drop("not on the question's CNAME chain", a.address);
+      const v = screen(a.address);
+      if (v.verdict === 'drop') return drop(v.why, a.address, v.range);
+      if (v.verdict === 'open' && section === 'answer')
+        open.push({
+          name: nameText(r.name),
+          family: a.family,
+          address: a.address,
+          ttlSeconds: r.ttl,
+        });
+      return true;
+    }
+    for (const h of svcbHints(r)) {
+      const v = screen(h.address);
+      if (v.verdict === 'drop') return drop(`address hint: ${v.why}`, h.address, v.range);
+    }
+    return true;
+  };
+  const message: DnsMessage = {
+    ...answer,
+    answers: answer.answers.filter((r) => keep(r, 'answer')),
+    authority: answer.authority.filter((r) => keep(r, 'authority')),
+    additional: answer.additional.filter((r) => keep(r, 'additional')),
+  };
+  return { message, open, dropped };
+}
+
+/**
  * The platform DNS resolver (issue 5): the only resolver a sandbox can reach
- * (nftables lets UDP 53 through to the host and nothing else). One UDP socket
- * per sandbox, bound to the host end of its veth, so the socket a query
- * arrives on says whose policy applies. A name the policy allows is forwarded
- * to the node's upstream resolver and its A/AAAA answers are added to the
- * sandbox's allow set (for their TTL) before the answer is released; any
- * other name gets NXDOMAIN. No caching: upstream does that, and a policy
- * change must apply to the very next query.
+ * (nftables lets DNS through to this socket's address on the sandbox's own
+ * veth, and nothing else on the host). One UDP socket per sandbox, bound to
+ * the host end of its veth, so the socket a query arrives on says whose
+ * policy applies. A name the policy allows is forwarded to the node's
+ * upstream resolver as a query written afresh; the answer is parsed whole,
+ * screened ({@link screenAnswer}: no private or special-use address reaches
+ * the sandbox unless a CIDR rule of its policy covers it), its public A/AAAA
+ * addresses are added to the sandbox's allow set (for their TTL), and the
+ * answer written anew from what was kept is released; any other name gets
+ * NXDOMAIN. No caching: upstream does that, and a policy change must apply
+ * to the very next query.
  */
 export class PlatformResolver {
   readonly #options: Required<Omit<PlatformResolverOptions, 'log'>> &
@@ -128,7 +252,7 @@ export class PlatformResolver {
         // socket closed while we were resolving (sandbox stopped)
       }
     };
-    let q;
+    let q: DnsQuestion;
     try {
       q = parseQuery(msg);
     } catch (err) {
@@ -136,8 +260,12 @@ export class PlatformResolver {
         reply(errorResponse(msg, RCODE_FORMERR));
       return;
     }
-    if (q.class !== 1) return reply(errorResponse(msg, RCODE_REFUSED));
-    const decision = client.decide(q.name);
+    if (q.class !== CLASS_IN) return reply(errorResponse(msg, RCODE_REFUSED));
+    // A dot inside a label would read as two labels to the policy and as one to
+    // upstream ("x" under a TLD "allowed.com"): such a name is never allowed.
+    const decision = q.labels.some((l) => l.includes('.'))
+      ? ({ allowed: false } as const)
+      : client.decide(q.name);
     if (!decision.allowed) {
       client.blocked(q.name, q.type);
       return reply(errorResponse(msg, RCODE_NXDOMAIN));
@@ -146,12 +274,12 @@ export class PlatformResolver {
       return reply(errorResponse(msg, RCODE_SERVFAIL));
     entry.pending++;
     try {
-      const answer = await this.#forward(msg, q.name, q.type);
+      const answer = await this.#forward(q);
       if (!answer) return reply(errorResponse(msg, RCODE_SERVFAIL));
-      await client.allowAddresses(q.name, decision.ports, answer.records);
-      const out = Buffer.from(answer.raw);
-      out.writeUInt16BE(q.id, 0);
-      reply(out);
+      const screened = screenAnswer(answer, q.labels, (a) => client.screen(a));
+      await client.allowAddresses(q.name, decision.ports, screened.open);
+      if (screened.dropped.length > 0) client.filtered(q.name, q.type, screened.dropped);
+      reply(encodeAnswer(q, screened.message));
     } catch (err) {
       this.#options.log?.('resolving failed', { name: q.name, err: String(err) });
       reply(errorResponse(msg, RCODE_SERVFAIL));
@@ -161,11 +289,7 @@ export class PlatformResolver {
   }
 
   /** Sends the query upstream under a fresh ID, trying each server in turn. */
-  async #forward(
-    query: Buffer,
-    name: string,
-    type: number,
-  ): Promise<{ raw: Buffer; records: DnsAddressRecord[] } | undefined> {
+  async #forward(q: DnsQuestion): Promise<DnsMessage | undefined> {
     for (const server of this.#options.upstream) {
       const family = isIP(server.address) === 6 ? 6 : 4;
       const sock = this.#upstreamSocket(family);
@@ -174,8 +298,7 @@ export class PlatformResolver {
         id = randomInt(0, 0x10000);
       const key = `${family}:${id}`;
       if (this.#pending.has(key)) continue;
-      const out = Buffer.from(query);
-      out.writeUInt16BE(id, 0);
+      const out = encodeForwardQuery(id, q);
       const raw = await new Promise<Buffer | undefined>((resolve) => {
         const timer = setTimeout(() => {
           this.#pending.delete(key);
@@ -192,9 +315,11 @@ export class PlatformResolver {
       });
       if (!raw) continue;
       try {
-        const parsed = parseAnswers(raw);
-        if (parsed.question.name !== name || parsed.question.type !== type) continue;
-        return { raw, records: parsed.rcode === 0 ? parsed.records : [] };
+        const parsed = parseMessage(raw);
+        const pq = parsed.question;
+        if (nameKey(pq.labels) !== nameKey(q.labels) || pq.type !== q.type || pq.class !== q.class)
+          continue;
+        return parsed;
       } catch {
         continue;
       }
@@ -221,6 +346,37 @@ export class PlatformResolver {
     this.#upstream.set(family, sock);
     return sock;
   }
+}
+
+/**
+ * The sandbox's answer, written from a screened upstream answer: the
+ * sandbox's own ID and question (its letter case, for clients that check
+ * it), upstream's flags, the kept records within the payload size the
+ * sandbox offered (TC past it), and EDNS only if the sandbox used it, as
+ * this resolver's own OPT (its payload size, upstream's extended RCODE and
+ * DO bit, no options: upstream's cookies and padding stay upstream).
+ */
+export function encodeAnswer(q: DnsQuestion, m: DnsMessage): Buffer {
+  const upstreamOpt = m.additional.find((r) => r.type === TYPE_OPT);
+  const additional = m.additional.filter((r) => r.type !== TYPE_OPT);
+  if (q.edns) {
+    additional.push({
+      name: [],
+      type: TYPE_OPT,
+      class: MAX_UDP_BYTES,
+      ttl: (upstreamOpt?.ttl ?? 0) & 0xff008000,
+      data: [],
+    });
+  }
+  return encodeMessage(
+    {
+      ...m,
+      id: q.id,
+      question: { labels: q.labels, type: q.type, class: q.class },
+      additional,
+    },
+    q.edns ? clampUdp(q.edns.udpBytes) : CLASSIC_UDP_BYTES,
+  );
 }
 
 /** Nameservers of /etc/resolv.conf-style text, as upstream servers on port 53. */

@@ -1,5 +1,7 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { createSocket, type Socket } from 'node:dgram';
 import { request } from 'node:http';
+import { createServer, isIP, type Server } from 'node:net';
 import { fileURLToPath } from 'node:url';
 
 /**
@@ -10,6 +12,13 @@ import { fileURLToPath } from 'node:url';
  * from the host through that veth only. A guard table drops any forwarded
  * packet from the sandbox ranges that would leave by another interface, so
  * even a wrong rule cannot send a sandbox's packet off this machine.
+ *
+ * Both ranges are special-use, so the edge must be told to treat the public
+ * part as public (`network.publicRanges: fake.publicRanges`). The "operator's
+ * network" the platform must keep sandboxes out of (SECURITY.md L40) is a
+ * private host (`privateIp`, 10.199.53.0/24; `privateIp6`, a ULA outside the
+ * public part; `nat64Ip6`, the NAT64 form of `privateIp`) in the same
+ * namespace, and names of the zone answer with it.
  */
 export interface FakeInternet {
   /** Host end of the veth (the uplink the edge forwards through). */
@@ -21,7 +30,12 @@ export interface FakeInternet {
   laterIp: string;
   deniedIp: string;
   deniedIp6: string;
-  zone: Record<string, { a?: string[]; aaaa?: string[]; ttl?: number }>;
+  privateIp: string;
+  privateIp6: string;
+  nat64Ip6: string;
+  /** The part of the fake internet the edge treats as public (`network.publicRanges`). */
+  publicRanges: string[];
+  zone: Record<string, { a?: string[]; aaaa?: string[]; cname?: string; ttl?: number }>;
   /** What reached the fake internet since the last `clear()`. */
   log(): Promise<FakeLogEntry[]>;
   clear(): Promise<void>;
@@ -59,6 +73,13 @@ export async function startFakeInternet(): Promise<FakeInternet> {
     laterIp: '198.18.1.11',
     deniedIp: '198.18.1.20',
     deniedIp6: 'fdff:5ec:1::20',
+    privateIp: '10.199.53.10',
+    privateIp6: 'fdff:5ec:2::10',
+    // 64:ff9b::10.199.53.10 (RFC 6052 well-known prefix).
+    nat64Ip6: '64:ff9b::ac7:350a',
+    // The uplink's own /30 and /64 (198.18.0.0/30, fdff:5ec::/64) are the node's
+    // networks: the edge must filter them even inside a public range.
+    publicRanges: ['198.18.0.0/15', 'fdff:5ec:1::/64'],
   };
   const zone = {
     'allowed.test': { a: [fake.allowedIp], aaaa: [fake.allowedIp6], ttl: 60 },
@@ -66,6 +87,13 @@ export async function startFakeInternet(): Promise<FakeInternet> {
     'later.test': { a: [fake.laterIp], ttl: 60 },
     'denied.test': { a: [fake.deniedIp], aaaa: [fake.deniedIp6], ttl: 60 },
     'zero-ttl.test': { a: [fake.laterIp], ttl: 0 },
+    // Answers an operator's private network would give (SECURITY.md L40).
+    'private.test': { a: [fake.privateIp], aaaa: [fake.privateIp6], ttl: 60 },
+    'mixed.test': { a: [fake.allowedIp, fake.privateIp], ttl: 60 },
+    'mapped.test': { aaaa: ['::ffff:ac7:350a'], ttl: 60 }, // ::ffff:10.199.53.10
+    'nat64.test': { aaaa: [fake.nat64Ip6], ttl: 60 },
+    'cname.test': { cname: 'private.test', ttl: 60 },
+    'node.test': { a: ['198.18.0.1'], aaaa: ['fdff:5ec::1'], ttl: 60 },
   };
   let servers: ChildProcess | undefined;
   const close = async () => {
@@ -78,6 +106,9 @@ export async function startFakeInternet(): Promise<FakeInternet> {
     sh('ip', ['link', 'del', uplink], true);
     sh('ip', ['route', 'del', '198.18.1.0/24'], true);
     sh('ip', ['-6', 'route', 'del', 'fdff:5ec:1::/64'], true);
+    sh('ip', ['route', 'del', '10.199.53.0/24'], true);
+    sh('ip', ['-6', 'route', 'del', 'fdff:5ec:2::/64'], true);
+    sh('ip', ['-6', 'route', 'del', `${fake.nat64Ip6}/128`], true);
   };
   await close();
   try {
@@ -91,21 +122,41 @@ export async function startFakeInternet(): Promise<FakeInternet> {
     inNs('addr', 'add', '198.18.0.2/30', 'dev', 'eth0');
     inNs('-6', 'addr', 'add', 'fdff:5ec::2/64', 'dev', 'eth0', 'nodad');
     inNs('link', 'set', 'eth0', 'up');
-    for (const ip of [fake.dns, fake.rogueDns, fake.allowedIp, fake.laterIp, fake.deniedIp])
-      inNs('addr', 'add', `${ip}/32`, 'dev', 'lo');
-    for (const ip of [fake.allowedIp6, fake.deniedIp6])
+    const v4 = [
+      fake.dns,
+      fake.rogueDns,
+      fake.allowedIp,
+      fake.laterIp,
+      fake.deniedIp,
+      fake.privateIp,
+    ];
+    for (const ip of v4) inNs('addr', 'add', `${ip}/32`, 'dev', 'lo');
+    for (const ip of [fake.allowedIp6, fake.deniedIp6, fake.privateIp6, fake.nat64Ip6])
       inNs('-6', 'addr', 'add', `${ip}/128`, 'dev', 'lo', 'nodad');
     inNs('route', 'add', 'default', 'via', '198.18.0.1');
     inNs('-6', 'route', 'add', 'default', 'via', 'fdff:5ec::1');
     sh('ip', ['route', 'add', '198.18.1.0/24', 'via', '198.18.0.2', 'dev', uplink]);
     sh('ip', ['-6', 'route', 'add', 'fdff:5ec:1::/64', 'via', 'fdff:5ec::2', 'dev', uplink]);
+    // The private host: routed like the rest, so only the edge's policy stands in the way.
+    sh('ip', ['route', 'add', '10.199.53.0/24', 'via', '198.18.0.2', 'dev', uplink]);
+    sh('ip', ['-6', 'route', 'add', 'fdff:5ec:2::/64', 'via', 'fdff:5ec::2', 'dev', uplink]);
+    sh('ip', ['-6', 'route', 'add', `${fake.nat64Ip6}/128`, 'via', 'fdff:5ec::2', 'dev', uplink]);
 
     const script = fileURLToPath(new URL('./fixtures/fake-internet-servers.mjs', import.meta.url));
     const config = {
       zone,
       dns: [fake.dns],
       rogueDns: [fake.rogueDns],
-      web: [fake.allowedIp, fake.laterIp, fake.deniedIp, fake.allowedIp6, fake.deniedIp6],
+      web: [
+        fake.allowedIp,
+        fake.laterIp,
+        fake.deniedIp,
+        fake.allowedIp6,
+        fake.deniedIp6,
+        fake.privateIp,
+        fake.privateIp6,
+        fake.nat64Ip6,
+      ],
       proxy: [fake.allowedIp],
       udpEcho: [fake.allowedIp, fake.deniedIp],
       control: '198.18.0.2',
@@ -172,4 +223,63 @@ export async function startFakeInternet(): Promise<FakeInternet> {
     },
     close,
   };
+}
+
+/** What reached a {@link HostServices} listener. */
+export interface HostServiceHit {
+  protocol: 'udp' | 'tcp';
+  address: string;
+  port: number;
+  from: string;
+}
+
+/**
+ * Services on the host's own addresses (SECURITY.md C18, L40): a UDP socket
+ * that answers every datagram (echoes it) and a TCP listener, on each address
+ * and port given. They stand for a DNS server, or anything else, that the
+ * operator runs on another address of the node. Only addresses this test made
+ * (the fake internet's uplink, a sandbox's gateway) are ever used.
+ */
+export interface HostServices {
+  hits: HostServiceHit[];
+  close(): Promise<void>;
+}
+
+export async function startHostServices(
+  endpoints: { address: string; port: number }[],
+): Promise<HostServices> {
+  const hits: HostServiceHit[] = [];
+  const sockets: Socket[] = [];
+  const servers: Server[] = [];
+  const close = async () => {
+    for (const s of sockets) s.close();
+    await Promise.all(servers.map((s) => new Promise((r) => s.close(r))));
+  };
+  try {
+    for (const { address, port } of endpoints) {
+      const udp = createSocket(isIP(address) === 6 ? 'udp6' : 'udp4');
+      sockets.push(udp);
+      udp.on('message', (msg, rinfo) => {
+        hits.push({ protocol: 'udp', address, port, from: rinfo.address });
+        udp.send(msg, rinfo.port, rinfo.address);
+      });
+      await new Promise<void>((resolve, reject) => {
+        udp.once('error', reject);
+        udp.bind({ address, port, exclusive: true }, () => resolve());
+      });
+      const tcp = createServer((sock) => {
+        hits.push({ protocol: 'tcp', address, port, from: sock.remoteAddress ?? '' });
+        sock.end('hello\n');
+      });
+      servers.push(tcp);
+      await new Promise<void>((resolve, reject) => {
+        tcp.once('error', reject);
+        tcp.listen({ host: address, port, exclusive: true }, () => resolve());
+      });
+    }
+  } catch (err) {
+    await close();
+    throw err;
+  }
+  return { hits, close };
 }

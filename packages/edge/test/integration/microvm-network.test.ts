@@ -62,7 +62,12 @@ function openEdge(microvm?: { bootTimeoutMs: number }): Promise<Edge> {
     store: state.store,
     cgroupParent: state.cgroupParent,
     fncall: false,
-    network: { mode: 'isolated', upstream: [fake.dns], uplinks: [fake.uplink] },
+    network: {
+      mode: 'isolated',
+      upstream: [fake.dns],
+      uplinks: [fake.uplink],
+      publicRanges: fake.publicRanges,
+    },
     ...(microvm ? { microvm } : {}),
   });
 }

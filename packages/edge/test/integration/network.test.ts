@@ -1,5 +1,6 @@
 /**
- * Egress policy against a fake internet (SECURITY.md C17–C21, issue 5). Every
+ * Egress policy against a fake internet (SECURITY.md C17–C21 and L40, issues 5
+ * and 24). Every
  * packet goes to loopback, the host's own addresses, or hosts this test
  * creates in a network namespace it creates; that namespace is the edge's
  * only uplink and upstream resolver, and a guard table drops anything else a
@@ -15,7 +16,7 @@ import { startSingleNode, type SingleNode } from '@dsec/cluster';
 import { DSecClient, type Sandbox } from '@dsec/sdk';
 import type { LinuxNetwork } from '../../src/network/linux-network.js';
 import type { NetworkSandbox } from '../../src/network/network-manager.js';
-import { startFakeInternet, type FakeInternet } from './fake-internet.js';
+import { startFakeInternet, startHostServices, type FakeInternet } from './fake-internet.js';
 import { buildTestLayers, hasGcc, workDir } from './network-helpers.js';
 
 const root = process.getuid?.() === 0;
@@ -36,7 +37,12 @@ describe('sandbox egress policy (fake internet)', { skip, timeout: 300_000 }, ()
     node = await startSingleNode({
       stateDir: join(work, 'state'),
       port: 0,
-      network: { mode: 'isolated', upstream: [fake.dns], uplinks: [fake.uplink] },
+      network: {
+        mode: 'isolated',
+        upstream: [fake.dns],
+        uplinks: [fake.uplink],
+        publicRanges: fake.publicRanges,
+      },
     });
     net = node.edge.options.network as LinuxNetwork;
     fake.guard({
@@ -321,6 +327,134 @@ describe('sandbox egress policy (fake internet)', { skip, timeout: 300_000 }, ()
         await net.teardown(f.sb).catch(() => undefined);
       }
       await net.drained();
+    }
+  });
+
+  // L40: an allowed name's answer must not open what the policy refuses as an address.
+  it('an allowed name whose answer is a private address does not open it (L40)', async () => {
+    await fake.clear();
+    const sb = await create({
+      image: 'busybox',
+      networkAllow: [{ domain: 'private.test' }, { domain: 'mixed.test' }, { domain: 'node.test' }],
+    });
+    // Refused as an address, before and after the name is looked up.
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp} 80 3000`), /^error ECONNREFUSED/);
+    const lookup = await sh(sb, 'nslookup private.test');
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp} 80 3000`), /^error ECONNREFUSED/);
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp6} 80 3000`), /^error ECONNREFUSED/);
+    // The answer itself no longer carries the addresses (the name resolves to nothing).
+    assert.doesNotMatch(lookup, /10\.199\.53\.10|fdff:5ec:2::10/, lookup);
+    // One public and one private address: the public one is kept and works.
+    const mixed = await sh(sb, 'nslookup mixed.test');
+    assert.match(mixed, /198\.18\.1\.10/, mixed);
+    assert.doesNotMatch(mixed, /10\.199\.53\.10/, mixed);
+    assert.match(await sh(sb, `probe tcp ${fake.allowedIp} 80 3000`), /^connected/);
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp} 80 3000`), /^error ECONNREFUSED/);
+    // The node's own networks (the uplink's /30 and /64), even inside a range declared public.
+    const node = await sh(sb, 'nslookup node.test');
+    assert.doesNotMatch(node, /198\.18\.0\.1\b|fdff:5ec::1\b/, node);
+    const reached = await hits(
+      (e) => e.kind === 'http' && (e.server === fake.privateIp || e.server === fake.privateIp6),
+    );
+    assert.deepEqual(reached, []);
+    const events = await sb.events();
+    const filtered = events.filter(
+      (e) => e.kind === 'dns_blocked' && e.details.reason === 'address',
+    );
+    assert.ok(
+      filtered.some(
+        (e) =>
+          e.details.name === 'private.test' &&
+          JSON.stringify(e.details.dropped).includes(fake.privateIp),
+      ),
+      JSON.stringify(events),
+    );
+    assert.ok(
+      filtered.some((e) => e.details.name === 'node.test'),
+      JSON.stringify(events),
+    );
+  });
+
+  it('filters private addresses in every form: ULA, IPv4-mapped, NAT64, behind a CNAME (L40)', async () => {
+    const sb = await create({
+      image: 'busybox',
+      networkAllow: [
+        { domain: 'cname.test' },
+        { domain: 'nat64.test' },
+        { domain: 'mapped.test' },
+        { domain: 'private.test', ports: [80] },
+      ],
+    });
+    // A CNAME to a name the policy does not name, whose A is private.
+    const cname = await sh(sb, 'nslookup cname.test');
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp} 80 3000`), /^error ECONNREFUSED/);
+    assert.doesNotMatch(cname, /10\.199\.53\.10/, cname);
+    // NAT64 (64:ff9b::/96) embedding the private address, routed to the private host.
+    const nat64 = await sh(sb, 'nslookup -type=aaaa nat64.test');
+    assert.match(await sh(sb, `probe tcp ${fake.nat64Ip6} 80 3000`), /^error ECONNREFUSED/);
+    assert.doesNotMatch(nat64, /64:ff9b/i, nat64);
+    // IPv4-mapped (::ffff:10.199.53.10).
+    const mapped = await sh(sb, 'nslookup -type=aaaa mapped.test');
+    assert.doesNotMatch(mapped, /ffff/i, mapped);
+    // A ULA answer (fc00::/7).
+    const ula = await sh(sb, 'nslookup -type=aaaa private.test');
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp6} 80 3000`), /^error ECONNREFUSED/);
+    assert.doesNotMatch(ula, /fdff:5ec:2/, ula);
+  });
+
+  it('an explicit CIDR rule opens a private range, on its own ports, and follows live updates (L40, C19)', async () => {
+    const cidr = { cidr: '10.199.53.0/24', ports: [80] };
+    const sb = await create({
+      image: 'busybox',
+      networkAllow: [{ domain: 'private.test' }, cidr],
+    });
+    const lookup = await sh(sb, 'nslookup private.test');
+    assert.match(lookup, /10\.199\.53\.10/, lookup);
+    // No IPv6 CIDR rule: the ULA answer is still dropped.
+    assert.doesNotMatch(lookup, /fdff:5ec:2::10/, lookup);
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp} 80 3000`), /^connected/);
+    // The name's rule (every port) does not widen the CIDR rule's ports.
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp} 8080 3000`), /^error ECONNREFUSED/);
+    // Removing the CIDR rule closes the address and the answer at once.
+    await sb.updateNetworkRules({ allow: [{ domain: 'private.test' }] });
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp} 80 3000`), /^error ECONNREFUSED/);
+    assert.doesNotMatch(await sh(sb, 'nslookup private.test'), /10\.199\.53\.10/);
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp} 80 3000`), /^error ECONNREFUSED/);
+    // And adding it back opens them again.
+    await sb.updateNetworkRules({ allow: [{ domain: 'private.test' }, cidr] });
+    assert.match(await sh(sb, 'nslookup private.test'), /10\.199\.53\.10/);
+    assert.match(await sh(sb, `probe tcp ${fake.privateIp} 80 3000`), /^connected/);
+  });
+
+  it('reaches no DNS but its own resolver: other host addresses, other ports, TCP, IPv6 (C18, L40)', async () => {
+    const sb = await create();
+    const n = addr(sb);
+    assert.ok(n.host6, 'the edge has IPv6');
+    // Services on other host-local addresses (the uplink's host end) and on the
+    // sandbox's own gateway on other ports or the other family.
+    const services = await startHostServices([
+      { address: '198.18.0.1', port: 53 },
+      { address: 'fdff:5ec::1', port: 53 },
+      { address: n.host4, port: 5353 },
+      { address: n.host6, port: 53 },
+    ]);
+    try {
+      for (const [host, port] of [
+        ['198.18.0.1', 53],
+        ['fdff:5ec::1', 53],
+        [n.host4, 5353],
+        [n.host6, 53],
+      ] as const) {
+        const udp = await sh(sb, `probe udp ${host} ${port} EXFIL 2000`);
+        assert.match(udp, /^error /, `udp ${host}:${port}: ${udp}`);
+        const tcp = await sh(sb, `probe tcp ${host} ${port} 2000`);
+        assert.match(tcp, /^error /, `tcp ${host}:${port}: ${tcp}`);
+      }
+      assert.deepEqual(services.hits, []);
+      // Its own resolver still answers (a refusal: the sandbox allows nothing).
+      assert.match(await sh(sb, 'nslookup allowed.test'), /NXDOMAIN/);
+    } finally {
+      await services.close();
     }
   });
 

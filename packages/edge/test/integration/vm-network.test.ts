@@ -65,7 +65,12 @@ function openEdge(): Promise<Edge> {
     fncall: false,
     microvm: false,
     vm: { imageDir },
-    network: { mode: 'isolated', upstream: [fake.dns], uplinks: [fake.uplink] },
+    network: {
+      mode: 'isolated',
+      upstream: [fake.dns],
+      uplinks: [fake.uplink],
+      publicRanges: fake.publicRanges,
+    },
   });
 }
 
