@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { DsecError } from '@dsec/core';
-import { ChunkCache, type RangeSource } from './chunk-cache.js';
+import { ChunkCache, isValidChunkBytes, MAX_CHUNK_BYTES, type RangeSource } from './chunk-cache.js';
 
 const CHUNK = 64 << 10;
 const HEX = 'ab'.repeat(32);
@@ -56,6 +56,27 @@ async function setup(
   t.after(() => rm(dir, { recursive: true, force: true }));
   return { dir, source: new FakeSource(randomBytes(blobBytes)) };
 }
+
+test('isValidChunkBytes: powers of two from 64 KiB to the cap, nothing a 32-bit test lets through', () => {
+  for (const ok of [65536, 262144, 1 << 20, MAX_CHUNK_BYTES])
+    assert.equal(isValidChunkBytes(ok), true, String(ok));
+  for (const bad of [
+    0,
+    4096,
+    65535,
+    65537,
+    3 * 65536,
+    2 * MAX_CHUNK_BYTES,
+    2 ** 32,
+    2 ** 32 + 65536,
+    2 ** 40,
+    -65536,
+    65536.5,
+    NaN,
+    Infinity,
+  ])
+    assert.equal(isValidChunkBytes(bad), false, String(bad));
+});
 
 describe('ChunkCache', () => {
   test('assembles ranges across chunks and fetches each chunk once', async (t) => {

@@ -94,9 +94,23 @@ interface Stream {
   reads: number;
 }
 
-/** A chunk size a cache can hold: a power of two ≥ 64 KiB. */
+/**
+ * The largest chunk a cache holds (each is fetched and checked whole in memory): far above the
+ * 256 KiB tables are written with, far below what a tampered table could ask for.
+ */
+export const MAX_CHUNK_BYTES = 64 * 1024 * 1024;
+
+/**
+ * A chunk size a cache can hold: a power of two from 64 KiB to `MAX_CHUNK_BYTES`. (A bare
+ * `n & (n - 1)` works on 32 bits: 2^32 + 2^16 would pass it.)
+ */
 export function isValidChunkBytes(n: number): boolean {
-  return Number.isSafeInteger(n) && n >= MIN_CHUNK_BYTES && (n & (n - 1)) === 0;
+  return (
+    Number.isSafeInteger(n) &&
+    n >= MIN_CHUNK_BYTES &&
+    n <= MAX_CHUNK_BYTES &&
+    Number.isInteger(Math.log2(n))
+  );
 }
 
 /**
