@@ -45,6 +45,7 @@ export async function createTestApi(
     /** Transport limits (timeouts, connection cap) passed to `buildApiServer`. */
     transport?: Partial<Pick<ApiServerOptions, TransportOption>>;
     imagesList?: ApiServerOptions['imagesList'];
+    imagesRemove?: ApiServerOptions['imagesRemove'];
   } = {},
 ): Promise<TestApi> {
   const db = await openControlDb(options.iamPath ?? ':memory:');
@@ -65,6 +66,7 @@ export async function createTestApi(
     ids,
     logger: options.logger,
     imagesList: options.imagesList,
+    imagesRemove: options.imagesRemove,
     ...options.transport,
   });
   return {

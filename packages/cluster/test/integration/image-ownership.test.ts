@@ -235,6 +235,13 @@ test('a child project sees its ancestors’ layers but not its siblings’; the 
   const taken = await snapshot(a1, id, 'team-env');
   assert.equal(taken.status, 409, JSON.stringify(taken.body));
   assert.equal(taken.body.error?.code, 'conflict');
+  // A's layer cannot go while A1's stands on it; once A1's is gone, it can.
+  const busy = await call(a, 'DELETE', '/v1/images/team-env');
+  assert.equal(busy.status, 409, JSON.stringify(busy.body));
+  assert.deepEqual(busy.body.error?.details?.layers, [`${projects.a1}/a1-only:latest`]);
+  assert.equal((await call(a1, 'DELETE', '/v1/images/a1-only')).status, 204);
+  assert.equal((await call(a, 'DELETE', '/v1/images/team-env')).status, 204);
+  notFound(await create(a1, 'team-env'), 'image');
 });
 
 test('the platform building a name a tenant snapshotted first succeeds and wins for every tenant', async () => {
@@ -282,8 +289,7 @@ test("a project's image bytes count against its quota, children's within the par
     await call(admin, 'POST', '/v1/projects', { name: 'q-child', parentId: parent.id }),
     201,
   );
-  const key = ok(await call(admin, 'POST', '/v1/keys', { projectId: child.id }), 201)
-    .key as string;
+  const key = ok(await call(admin, 'POST', '/v1/keys', { projectId: child.id }), 201).key as string;
 
   const id = await sandbox(key, 'busybox');
   // 3 MiB of incompressible bytes: past the parent's 2 MiB, refused, nothing stored.
