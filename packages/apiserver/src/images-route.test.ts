@@ -30,7 +30,6 @@ test('GET /v1/images asks the store for plumbing records only with ?all, and ref
  * attacks against a real node: cluster/test/integration/image-ownership.test.ts.
  */
 
-type Api = Awaited<ReturnType<typeof createTestApi>>;
 interface Reply {
   status: number;
   body: {
@@ -54,7 +53,7 @@ async function owned(t: { after: (fn: () => Promise<void>) => void }) {
       headers: { authorization: `Bearer ${key}` },
       ...(body === undefined ? {} : { payload: body as object }),
     });
-    return { status: res.statusCode, body: res.body ? (res.json() as Reply['body']) : {} };
+    return { status: res.statusCode, body: res.body ? res.json<Reply['body']>() : {} };
   };
   const project = async (name: string, parentId?: string, quota?: Record<string, number>) => {
     const p = await call(api.rootKey, 'POST', '/v1/projects', {

@@ -3,7 +3,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { DsecError, isDsecError, type ImageStore, type LayerInfo } from '@dsec/core';
+import { DsecError, isDsecError, type LayerInfo } from '@dsec/core';
 import { DirImageStore } from '@dsec/images';
 import { prepareTasks } from './prepare.js';
 import type { EvalTask } from './task.js';
@@ -155,7 +155,7 @@ void test('prepare refuses, loudly and without deleting, a platform layer that i
     await put({ name, kind });
     await assert.rejects(
       prepareTasks([TASK], {
-        store: store as ImageStore,
+        store,
         repos: new RepoCache('/nonexistent'),
         buildEnvironment: noRecipe,
       }),
