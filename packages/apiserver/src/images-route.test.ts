@@ -206,6 +206,34 @@ test('images: the imageBytes quota refuses a snapshot past it, children within p
   assert.equal((await snapshot(child.key, id, 'fits-again')).status, 201);
 });
 
+test('images: no caller can hand the edge a view or a byte limit of its choosing', async (t) => {
+  const { edge, call, project, create, sandbox } = await owned(t);
+  const a = await project('a');
+  const b = await project('b');
+  const id = await sandbox(b.key);
+  // The internal fields are not part of any public body: strict schemas refuse them.
+  const smuggled = await create(b.key, 'base', { layerView: [a.id] });
+  assert.deepEqual([smuggled.status, smuggled.body.error?.field], [400, 'layerView']);
+  for (const extra of [{ layerView: [a.id] }, { maxBytes: 1e12 }]) {
+    const r = await call(b.key, 'POST', `/v1/sandboxes/${id}/snapshot`, { name: 'x', ...extra });
+    assert.deepEqual(
+      [r.status, r.body.error?.code],
+      [400, 'invalid_argument'],
+      JSON.stringify(extra),
+    );
+  }
+  // Query and path tricks: a project ID that is no project, a ref that is no layer name.
+  for (const q of ['?projectId=..', `?projectId=${a.id}%2F..`, '?projectId=*']) {
+    const r = await call(b.key, 'GET', `/v1/images${q}`);
+    assert.ok(r.status === 404 || r.status === 400, `${q}: ${r.status}`);
+  }
+  for (const ref of ['..%2F..%2Fetc%2Fpasswd', `${a.id}%2Fa-secret`, 'A-SECRET']) {
+    const r = await call(b.key, 'DELETE', `/v1/images/${ref}`);
+    assert.deepEqual([r.status, r.body.error?.field], [400, 'ref'], ref);
+  }
+  assert.deepEqual(edge.creates.at(-1)?.layerView?.at(-1), b.id, 'B’s own view, always');
+});
+
 test('images: deleting needs sandboxes:snapshot on a scoped key', async (t) => {
   const { call, project, sandbox, snapshot } = await owned(t);
   const a = await project('a');
