@@ -323,6 +323,9 @@ class LayerInfo:
     file_count: int = 0
     created_at: Optional[datetime] = _wire(_time, default=None)
     source: str = ""
+    #: The project that owns it (its snapshots and forks); ``None`` for the platform's.
+    project: Optional[str] = None
+    #: Layer keys, bottom first: ``name:version``, or ``project/name:version`` for a project's.
     parents: Optional[List[str]] = None
     scrub: Optional[List[str]] = None
 
@@ -371,6 +374,10 @@ class Quota:
     sandboxes: Optional[int] = None
     memory_mb: Optional[int] = None
     cpu_cores: Optional[float] = None
+    #: Function calls the subtree may start per second.
+    fncalls_per_second: Optional[int] = None
+    #: Bytes of layers (snapshots, forks) the subtree may own.
+    image_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)

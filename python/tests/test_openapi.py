@@ -138,6 +138,8 @@ async def test_every_call_of_the_client_is_a_documented_route(tmp_path: Path) ->
         await client.stop_job({"job": "j"})
         await client.extend_job({"job": "j"}, 60)
         await client.list_images()
+        await client.list_images(all=True, project_id="p")
+        await client.delete_image("snap:v1", project_id="p")
         await client.create_project("p2", parent_id="p")
         await client.list_projects()
         await client.create_key("p", role="member")

@@ -209,13 +209,13 @@ test('snapshot: an image create accepts, scrub recorded; bad requests name the f
   assert.equal(snap.image, 'task-1:v1');
   assert.deepEqual(snap.parents, ['base', 'ws', 'tk']);
   assert.deepEqual(snap.scrub, ['/srv/answer.txt', '/build/**']);
-  assert.deepEqual(edge.images.get('task-1:v1')?.scrub, snap.scrub);
+  assert.deepEqual(edge.images.get(`${a.rootProjectId}/task-1:v1`)?.scrub, snap.scrub);
   const child = await create(a, a.rootKey, { image: snap.image });
   assert.equal(child.spec.image, 'task-1:v1');
   const again = await call(a.app, 'POST', `/v1/sandboxes/${sb.id}/snapshot`, a.rootKey, {
     name: 'task-1:v1',
   });
-  assert.deepEqual([again.status, ...code(again)], [409, 'conflict', undefined]);
+  assert.deepEqual([again.status, ...code(again)], [409, 'conflict', 'name']);
   for (const [body, field] of [
     [{}, 'name'],
     [{ name: 'Bad Name' }, 'name'],
@@ -249,7 +249,7 @@ test('fork: K sandboxes from one snapshot with the source spec; a failure rolls 
   assert.equal(ids.length, 3);
   assert.equal(new Set(ids).size, 3);
   assert.equal(edge.images.size, 1, 'one snapshot for all the forks');
-  assert.ok(edge.images.has(image));
+  assert.ok(edge.images.has(`${team.projectId}/${image}`));
   for (const id of ids) {
     const f = (await call(a.app, 'GET', `/v1/sandboxes/${id}`, team.key)).body as SandboxInfo;
     assert.equal(f.state, 'running');

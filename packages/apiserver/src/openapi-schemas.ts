@@ -195,6 +195,10 @@ export const LayerInfoSchema = z
     fileCount: z.number().int(),
     createdAt: isoTime,
     source: z.string(),
+    project: z.string().optional().openapi({
+      description:
+        'The project that owns the layer (its snapshots and forks); absent for the platform’s.',
+    }),
     config: z
       .object({
         env: z.array(z.string()).optional(),
@@ -204,7 +208,10 @@ export const LayerInfoSchema = z
         user: z.string().optional(),
       })
       .optional(),
-    parents: z.array(z.string()).optional(),
+    parents: z.array(z.string()).optional().openapi({
+      description:
+        'Layer keys, bottom first: `name:version` for the platform’s, `project/name:version` for a project’s.',
+    }),
     parentDigests: z.array(z.string()).optional(),
     scrub: z.array(z.string()).optional(),
   })
@@ -379,6 +386,7 @@ const quota = z.object({
   memoryMb: z.number().int().optional(),
   cpuCores: z.number().optional(),
   fncallsPerSecond: z.number().int().optional(),
+  imageBytes: z.number().int().optional(),
 });
 
 export const ProjectSchema = z

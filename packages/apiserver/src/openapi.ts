@@ -99,6 +99,8 @@ const {
   WriteQuery,
   PtyQuery,
   ListImagesQuery,
+  ImageParams,
+  ImageQuery,
 } = ioRequests;
 const { IdParams, EventsQuery, ListSandboxesQuery } = requests;
 
@@ -626,9 +628,9 @@ export function operations(): Operation[] {
       route: '/v1/images',
       operationId: 'listImages',
       tag: 'images',
-      summary: 'Image layers',
+      summary: 'Image layers the key’s project sees',
       description:
-        'Bases, workspaces and toolkits; `?all=true` adds the per-OCI-layer records (`oci-diff:*`) registry imports keep to reuse conversions.',
+        'The platform’s bases, workspaces and toolkits, and the snapshots and forks of the project and its ancestors (`project` names the owner; absent: the platform’s). Where several of these hold one `name:version`, they are listed in the order a create resolves the name: the platform’s first, then the root-most project’s. `?projectId=` lists what that project (the key’s own or a descendant) sees; `?all=true` adds the per-OCI-layer records (`oci-diff:*`) registry imports keep to reuse conversions. 404 `not_found` for a project the key cannot reach.',
       request: { query: ListImagesQuery },
       responses: {
         200: {
@@ -636,6 +638,19 @@ export function operations(): Operation[] {
           content: json(z.object({ layers: z.array(LayerInfoSchema) })),
         },
       },
+      errors: [...AUTHED, 404],
+    },
+    {
+      method: 'delete',
+      route: '/v1/images/:ref',
+      operationId: 'deleteImage',
+      tag: 'images',
+      summary: 'Delete a layer the project owns',
+      description:
+        'Removes a snapshot or fork of the key’s project (or of `?projectId=`, a descendant) and gives its bytes back to the project’s `imageBytes` quota. Never the platform’s layers or an ancestor’s: 404 `image_not_found` for any layer the project does not own itself. 409 `conflict` while another layer was snapshotted on top of it (`details.layers`). A scoped key needs `sandboxes:snapshot`.',
+      request: { params: ImageParams, query: ImageQuery },
+      responses: { 204: noContent },
+      errors: [...AUTHED, 403, 404, 409],
     },
     {
       method: 'get',

@@ -1,10 +1,11 @@
 import { randomBytes } from 'node:crypto';
-import { DsecError, randomId, requireLifecycle, toDsecError } from '@dsec/core';
+import { DsecError, formatLayerKey, randomId, requireLifecycle, toDsecError } from '@dsec/core';
 import type {
   CommandResult,
   CommandSpec,
   EdgeApi,
   ErrorCode,
+  LayerView,
   RunCommandOptions,
   SandboxIdCodec,
   SandboxInfo,
@@ -13,7 +14,13 @@ import type {
   SnapshotInfo,
   SnapshotRequest,
 } from '@dsec/core';
-import { maySnapshot, requestFingerprint, SNAPSHOT_SCOPE, unrunnableImages } from '@dsec/iam';
+import {
+  isScoped,
+  maySnapshot,
+  requestFingerprint,
+  SNAPSHOT_SCOPE,
+  unrunnableImages,
+} from '@dsec/iam';
 import type { Iam, Principal } from '@dsec/iam';
 import type { Placer } from '@dsec/placement';
 import type { ApiMetrics } from './metrics.js';
@@ -35,6 +42,8 @@ export interface SandboxServiceDeps {
   metrics: ApiMetrics;
   /** Called when a best-effort rollback or a list fan-out fails (never with secrets). */
   onWarning?: (message: string, context: Record<string, unknown>) => void;
+  /** Removes a project's layer from the image store: a snapshot its quota cannot hold after all. */
+  imagesRemove?: ((ref: string, project: string) => Promise<void>) | undefined;
 }
 
 /** A sandbox the caller may operate on, and the edge that owns it. */
@@ -51,6 +60,14 @@ const DOWN_EDGE_LIST_DEADLINE_MS = 1000;
 
 /** Sandbox owners remembered per apiserver (about 100 bytes each). */
 const OWNER_CACHE_ENTRIES = 100_000;
+
+/**
+ * What a snapshot of a sandbox with a disk limit reserves of its project's
+ * `imageBytes` quota beyond that limit: room for the layer's own metadata
+ * (inodes, directories, whiteouts; at most one inode per 16 KiB of the
+ * limit). Without a disk limit a snapshot reserves all the room left.
+ */
+const SNAPSHOT_METADATA_BYTES = (diskLimitMb: number) => diskLimitMb * 1024 * 64 + 1024 * 1024;
 
 /** Edge calls a whole-job operation keeps in flight at once. */
 const JOB_CONCURRENCY = 16;
@@ -117,9 +134,18 @@ export class SandboxService {
     const projectId = input.projectId ?? principal.projectId;
     await this.#requireProject(principal, projectId);
     await this.#requireRunnable(principal, input.spec);
+    const view = await this.#createView(principal, projectId);
     const { requestId } = input;
     if (requestId === undefined) {
-      return this.#place(principal, projectId, input.spec, randomId('rsv'), undefined, signal);
+      return this.#place(
+        principal,
+        projectId,
+        input.spec,
+        view,
+        randomId('rsv'),
+        undefined,
+        signal,
+      );
     }
     // Binds the requestId to this request: the same ID with another body is `conflict` (IAM).
     const fingerprint = requestFingerprint({ projectId, spec: input.spec });
@@ -130,6 +156,7 @@ export class SandboxService {
       principal,
       projectId,
       input.spec,
+      view,
       requestId,
       fingerprint,
       signal,
@@ -238,10 +265,13 @@ export class SandboxService {
   }
 
   /**
-   * Captures a sandbox's writable layer as an image `create` accepts.
+   * Captures a sandbox's writable layer as an image `create` accepts. The
+   * layer is the sandbox's project's, named in that project's namespace, and
+   * weighs on its `imageBytes` quota (and every ancestor's).
    * `permission_denied` for a scoped key without `sandboxes:snapshot`;
-   * `sandbox_not_running` for a stopped sandbox; `conflict` when the name
-   * is taken (the edge decides).
+   * `sandbox_not_running` for a stopped sandbox; `conflict` when the project
+   * already sees a layer of that name (the edge decides); `quota_exceeded`
+   * when the layer would not fit the quota (nothing is stored).
    */
   async snapshot(
     principal: Principal,
@@ -250,8 +280,8 @@ export class SandboxService {
     signal?: AbortSignal,
   ): Promise<SnapshotInfo> {
     await this.#requireSnapshot(principal, id);
-    const { edge } = await this.authorize(principal, id, signal);
-    const snap = await requireLifecycle(edge, 'snapshotSandbox').call(edge, id, req, signal);
+    const sandbox = await this.open(principal, id, signal);
+    const snap = await this.#snapshotCharged(principal, sandbox, req, signal);
     await this.#d.iam.audit(principal.keyId, 'sandbox.snapshot', id, 'ok', {
       image: snap.image,
       scrub: snap.scrub,
@@ -276,16 +306,20 @@ export class SandboxService {
     signal?: AbortSignal,
   ): Promise<ForkResult> {
     await this.#requireSnapshot(principal, id);
-    const { edge, info } = await this.open(principal, id, signal);
+    const sandbox = await this.open(principal, id, signal);
+    const { info } = sandbox;
     await this.#requireRunnable(principal, info.spec);
     // Layer names are lower case; base64url IDs are not.
     const name = `fork-${randomBytes(8).toString('hex')}`;
-    const snap = await requireLifecycle(edge, 'snapshotSandbox').call(edge, id, { name }, signal);
+    const snap = await this.#snapshotCharged(principal, sandbox, { name }, signal);
     const { workspace: _workspace, ...rest } = info.spec;
     const spec: SandboxSpec = { ...rest, image: snap.image, toolkits: [] };
+    // The fork layer is the source's project's: the forks see through its view (its layers are
+    // pinned by digest, so no name of anyone else's can stand in for them).
+    const view = await this.#d.iam.lineage(info.projectId);
     const made = await Promise.allSettled(
       Array.from({ length: count }, () =>
-        this.#place(principal, info.projectId, spec, randomId('rsv'), undefined, signal),
+        this.#place(principal, info.projectId, spec, view, randomId('rsv'), undefined, signal),
       ),
     );
     const failure = made.find((r) => r.status === 'rejected');
@@ -432,6 +466,7 @@ export class SandboxService {
     principal: Principal,
     projectId: string,
     spec: SandboxSpec,
+    view: LayerView,
     requestId: string,
     fingerprint: string,
     signal?: AbortSignal,
@@ -452,7 +487,7 @@ export class SandboxService {
       );
     }
     try {
-      return await this.#place(principal, projectId, spec, holder, requestId, signal);
+      return await this.#place(principal, projectId, spec, view, holder, requestId, signal);
     } catch (err) {
       await iam.abandonRequest(projectId, requestId, holder);
       throw err;
@@ -463,6 +498,7 @@ export class SandboxService {
     principal: Principal,
     projectId: string,
     spec: SandboxSpec,
+    view: LayerView,
     holder: string,
     requestId: string | undefined,
     signal?: AbortSignal,
@@ -499,7 +535,10 @@ export class SandboxService {
         const id = ids.mint(edgeId);
         let info: SandboxInfo;
         try {
-          info = await edge.createSandbox({ id, projectId, spec, requestId }, signal);
+          info = await edge.createSandbox(
+            { id, projectId, spec, requestId, layerView: [...view] },
+            signal,
+          );
         } catch (err) {
           const e = toDsecError(err);
           // Only a clean refusal is known to have created nothing; otherwise undo whatever exists.
@@ -570,6 +609,77 @@ export class SandboxService {
     });
     this.#owners.delete(info.id);
     await this.#d.iam.release(info.id);
+  }
+
+  /**
+   * The layers a create may stack (docs/adr/0019-layer-ownership.md): those
+   * `projectId` sees, or for a scoped key those its own project sees (a
+   * runtime principal runs only layers of its own view, whichever
+   * descendant's sandbox it starts).
+   */
+  async #createView(principal: Principal, projectId: string): Promise<LayerView> {
+    return this.#d.iam.lineage(isScoped(principal) ? principal.projectId : projectId);
+  }
+
+  /**
+   * One snapshot through the project's `imageBytes` quota: reserve before
+   * (the sandbox's disk limit and room for metadata, or everything left
+   * without one), let the edge refuse a bigger layer, then charge the
+   * layer what it weighs (the rest goes back). A layer the quota cannot hold
+   * after all (an edge that ignores the limit) is deleted again.
+   */
+  async #snapshotCharged(
+    principal: Principal,
+    { edge, info }: OpenSandbox,
+    req: SnapshotRequest,
+    signal?: AbortSignal,
+  ): Promise<SnapshotInfo> {
+    const { iam } = this.#d;
+    const holder = randomId('img');
+    const disk = info.spec.diskLimitMb;
+    const want =
+      disk === undefined ? undefined : disk * 1024 * 1024 + SNAPSHOT_METADATA_BYTES(disk);
+    const { maxBytes } = await iam.reserveImageBytes(info.projectId, holder, want, {
+      actorKeyId: principal.keyId,
+    });
+    let snap: SnapshotInfo;
+    try {
+      const layerView = await iam.lineage(info.projectId);
+      snap = await requireLifecycle(edge, 'snapshotSandbox').call(
+        edge,
+        info.id,
+        { ...req, layerView, ...(maxBytes !== undefined ? { maxBytes } : {}) },
+        signal,
+      );
+    } catch (err) {
+      await iam.releaseImageBytes(holder);
+      throw err;
+    }
+    if (snap.layer.project !== info.projectId) {
+      this.#warn('an edge stored a snapshot without its owner (upgrade the edge)', {
+        sandboxId: info.id,
+        edgeId: edge.edgeId,
+      });
+    }
+    try {
+      await iam.bindImageBytes(
+        holder,
+        info.projectId,
+        formatLayerKey(snap.layer),
+        snap.layer.sizeBytes,
+        { actorKeyId: principal.keyId },
+      );
+    } catch (err) {
+      await iam.releaseImageBytes(holder);
+      await this.#d.imagesRemove?.(snap.image, info.projectId).catch((e: unknown) => {
+        this.#warn('removing a snapshot over quota failed', {
+          image: snap.image,
+          error: String(e),
+        });
+      });
+      throw err;
+    }
+    return snap;
   }
 
   async #requireSnapshot(principal: Principal, id: string): Promise<void> {

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { DEFAULT_COMMAND_TIMEOUT_MS } from '@dsec/core';
+import { DEFAULT_COMMAND_TIMEOUT_MS, parseLayerRef } from '@dsec/core';
 import { requestIdString } from './schemas.js';
 
 /**
@@ -52,8 +52,32 @@ export const PortParams = z
 
 export const WaitQuery = z.object({ timeoutMs: intText(0, 86_400_000).optional() }).strict();
 export const StdinQuery = z.object({ eof: flagText.optional() }).strict();
-/** `?all=true`: also the per-OCI-layer records registry imports keep (`oci-diff:*`). */
-export const ListImagesQuery = z.object({ all: flagText.optional() }).strict();
+/** A project named in a query (IAM decides whether the caller sees it). */
+const projectIdText = z
+  .string()
+  .min(1)
+  .max(128)
+  .regex(/^[A-Za-z0-9._:-]+$/, 'must be an ID');
+/**
+ * `?all=true`: also the per-OCI-layer records registry imports keep (`oci-diff:*`);
+ * `?projectId=`: the layers that project sees (default: the key's own project).
+ */
+export const ListImagesQuery = z
+  .object({ all: flagText.optional(), projectId: projectIdText.optional() })
+  .strict();
+/** `DELETE /v1/images/:ref`: a layer of the key's project, or of `?projectId=` (a descendant). */
+export const ImageParams = z
+  .object({
+    ref: z
+      .string()
+      .max(300)
+      .refine(
+        (s) => parseLayerRef(s) !== undefined,
+        'must be a layer reference `name` or `name:version`',
+      ),
+  })
+  .strict();
+export const ImageQuery = z.object({ projectId: projectIdText.optional() }).strict();
 export const SignalBody = z
   .object({
     signal: z.union([

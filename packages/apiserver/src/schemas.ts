@@ -185,6 +185,8 @@ export const ProjectBody = z
         memoryMb: int(0, 1_000_000_000_000).optional(),
         cpuCores: z.number().min(0).max(1_000_000).optional(),
         fncallsPerSecond: int(0, 1_000_000_000).optional(),
+        /** Bytes of layers (snapshots, forks) the subtree may own. */
+        imageBytes: int(0, Number.MAX_SAFE_INTEGER).optional(),
       })
       .strict()
       .optional(),

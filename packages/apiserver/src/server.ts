@@ -23,6 +23,7 @@ import { portRoutes, ptyUpgrade } from './routes/ports.js';
 import { ptyWebSocket } from './routes/pty-ws.js';
 import { uiRoutes } from './routes/ui.js';
 import { streamingBodySockets } from './routes/io-common.js';
+import { ImageService } from './image-service.js';
 import { SandboxService } from './sandbox-service.js';
 import { fncallRoutes } from './routes/fncall.js';
 import { FnCallService } from './fncall-service.js';
@@ -42,8 +43,14 @@ export interface ApiServerOptions {
   ids: SandboxIdCodec;
   /** A pino logger, `true` for a default one, or nothing for silence. */
   logger?: FastifyBaseLogger | boolean | undefined;
-  /** See `AdminRouteDeps.imagesList`. */
+  /**
+   * The image store's layers of every owner; without `all`, the plumbing
+   * records registry imports keep are left out. Callers see what their
+   * project's view holds (`ImageService`).
+   */
   imagesList?: ((options: { all: boolean }) => Promise<LayerInfo[]>) | undefined;
+  /** Removes a project's layer from the image store (`DELETE /v1/images/:ref`, fork clean-up). */
+  imagesRemove?: ((ref: string, project: string) => Promise<void>) | undefined;
   /**
    * Time allowed to receive a request's headers, from its first byte
    * (slow-header, "slowloris", defence): past it the client gets 408 and the
@@ -176,6 +183,13 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   recordRoutes(app);
 
   const metrics = options.metrics ?? new ApiMetrics();
+  const images = new ImageService({
+    iam,
+    catalog: options.imagesList && {
+      list: options.imagesList,
+      ...(options.imagesRemove ? { remove: options.imagesRemove } : {}),
+    },
+  });
   const service = new SandboxService({
     ...options,
     metrics,
@@ -255,7 +269,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   );
   ptyWebSocket(app, service, iam);
   uiRoutes(app);
-  adminRoutes(app, { iam, fleet: () => watcher.view(), imagesList: options.imagesList });
+  adminRoutes(app, { iam, fleet: () => watcher.view(), images });
   options.extend?.(app, { service, iam, metrics });
   return app;
 }

@@ -278,7 +278,7 @@ void describe('images, projects, keys', () => {
     assert.equal(r.code, 0);
     assert.match(
       r.stdout,
-      /^IMAGE\s+KIND\s+SIZE\s+FILES\s+CREATED\s+DIGEST\nbusybox:latest\s+base\s+1\.1 MiB\s+420\s/,
+      /^IMAGE\s+KIND\s+SIZE\s+FILES\s+CREATED\s+DIGEST\s+OWNER\nbusybox:latest\s+base\s+1\.1 MiB\s+420\s.*\splatform\n/,
     );
     const json = await dsec(['image', 'ls', '--json']);
     assert.equal((JSON.parse(json.stdout) as Array<{ name: string }>)[0]?.name, 'busybox');
@@ -297,19 +297,21 @@ void describe('images, projects, keys', () => {
       '2.5',
       '--max-fncalls-per-second',
       '50',
+      '--max-image-bytes',
+      '1073741824',
     ]);
     assert.equal(r.code, 0, r.stderr);
     assert.deepEqual(server.requests.at(-1)?.body, {
       name: 'team-a',
       parentId: server.api.rootProjectId,
-      quota: { sandboxes: 10, cpuCores: 2.5, fncallsPerSecond: 50 },
+      quota: { sandboxes: 10, cpuCores: 2.5, fncallsPerSecond: 50, imageBytes: 1073741824 },
     });
     const id = r.stdout.trim();
     const ls = await dsec(['project', 'ls']);
     assert.match(
       ls.stdout,
       new RegExp(
-        `^${id}\\s+team-a\\s+${server.api.rootProjectId}\\s+10\\s+-\\s+2\\.5\\s+50/s$`,
+        `^${id}\\s+team-a\\s+${server.api.rootProjectId}\\s+10\\s+-\\s+2\\.5\\s+50/s\\s+1\\.0 GiB$`,
         'm',
       ),
     );

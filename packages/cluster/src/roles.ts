@@ -238,6 +238,7 @@ export async function startApiserver(
           : logger.child({}, { level: 'warn' })
         : ac.logRequests,
       imagesList: store ? (o) => listImages(store, o) : undefined,
+      imagesRemove: store ? (ref, project) => store.removeLayer(ref, { project }) : undefined,
       extend: e2bExtension(config.e2b),
       metrics: apiMetrics,
       fncallQuotaShares: ac.fncallQuotaShares,

@@ -206,6 +206,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       : (options.logRequests ?? false),
     metrics: apiMetrics,
     imagesList: (o) => listImages(store, o),
+    imagesRemove: (ref, project) => store.removeLayer(ref, { project }),
     extend: e2bExtension(options.e2b),
   });
   const listening = await listenApi(app, {

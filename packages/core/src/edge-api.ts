@@ -67,7 +67,11 @@ export interface EdgeApi {
    * scrubbing `scrub` first, and names the result as an image `create`
    * accepts. `failed_precondition`-like refusals use `sandbox_not_running`.
    */
-  snapshotSandbox?(id: string, req: SnapshotRequest, signal?: AbortSignal): Promise<SnapshotInfo>;
+  snapshotSandbox?(
+    id: string,
+    req: EdgeSnapshotRequest,
+    signal?: AbortSignal,
+  ): Promise<SnapshotInfo>;
   /** Audit events of a sandbox, oldest first, after `afterId`. Optional like `updateNetwork`. */
   listEvents?(
     id: string,
@@ -100,6 +104,33 @@ export interface CreateSandboxRequest {
   projectId: string;
   spec: SandboxSpec;
   requestId?: string | undefined;
+  /**
+   * The projects whose layers the sandbox may stack besides the platform's,
+   * root first (`LayerView`, docs/adr/0019-layer-ownership.md): the
+   * apiserver sends the view of the project, or of a scoped key's own
+   * project. Absent: the sandbox's own project only.
+   */
+  layerView?: string[] | undefined;
+}
+
+/**
+ * A snapshot as the apiserver asks an edge for it: the caller's request plus
+ * what only the control plane knows. The snapshot layer always belongs to
+ * the sandbox's project.
+ */
+export interface EdgeSnapshotRequest extends SnapshotRequest {
+  /**
+   * The sandbox's project's view (as `CreateSandboxRequest.layerView`): a
+   * name it already sees is taken, since that layer would shadow the new
+   * one. Absent: the sandbox's own project only.
+   */
+  layerView?: string[] | undefined;
+  /**
+   * The most bytes the layer may weigh: what the project's `imageBytes`
+   * quota reserved for it. A bigger layer is `quota_exceeded` and is not
+   * stored. Absent: no limit of the control plane's.
+   */
+  maxBytes?: number | undefined;
 }
 
 export interface RunCommandOptions {

@@ -1,3 +1,5 @@
+import { DsecError, isDsecError } from './errors.js';
+
 /**
  * Image vocabulary. A *layer* is an immutable, read-only filesystem (EROFS)
  * named `name:version` and addressed by the digest of its bytes. A sandbox's
@@ -11,6 +13,17 @@
  * Blobs are content-addressed (`sha256:<hex>`) and never change once stored;
  * the name index maps `name:version` to a layer record. Storing the same input
  * twice yields the same digest.
+ *
+ * Every layer has an owner (docs/adr/0019-layer-ownership.md): the platform
+ * (`project` absent: what operators build and import, eval workspaces, FnCall
+ * runtimes, and every record written before owners existed) or one project
+ * (`project` set: a snapshot or fork of one of its sandboxes). A store keeps
+ * one namespace per owner, so one `name:version` may exist for the platform
+ * and for any number of projects without a clash. A project sees the
+ * platform's layers, its ancestors' and its own (its `LayerView`), and a name
+ * resolves to the first namespace holding it in the order platform, root
+ * project, …, the project itself (`resolveLayer`): a name held higher up is
+ * never shadowed from below, and nothing a tenant names blocks the platform.
  */
 export type LayerKind = 'base' | 'workspace' | 'toolkit' | 'snapshot';
 
@@ -18,6 +31,8 @@ export const DEFAULT_LAYER_VERSION = 'latest';
 export const LAYER_NAME_PATTERN = /^[a-z0-9][a-z0-9._-]{0,127}$/;
 export const LAYER_VERSION_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 export const DIGEST_PATTERN = /^sha256:[0-9a-f]{64}$/;
+/** A project ID as a layer owner (IAM's `prj-<base64url>`): one safe path and key component. */
+export const LAYER_PROJECT_PATTERN = /^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$/;
 
 export interface LayerInfo {
   name: string;
@@ -38,14 +53,20 @@ export interface LayerInfo {
   contentBytes: number;
   fileCount: number;
   createdAt: string;
-  /** Where it came from: `dir`, `tar`, `oci`, `busybox`, `debootstrap`, `collapse`. */
+  /** Where it came from: `dir`, `tar`, `oci`, `busybox`, `debootstrap`, `collapse`, `snapshot`. */
   source: string;
+  /**
+   * The project that owns the layer (its snapshots and forks); absent for the
+   * platform's (operator builds and imports, and records older than owners).
+   */
+  project?: string | undefined;
   /** The runtime defaults of an imported OCI image (its config), when it came from one. */
   config?: ImageConfig | undefined;
   /**
    * For a collapsed layer: the `name:version` refs it merges, bottom first.
    * For a snapshot: the whole stack below it, bottom first (base, workspace,
-   * toolkits, earlier snapshots), each pinned by `parentDigests`.
+   * toolkits, earlier snapshots), each pinned by `parentDigests`, as layer
+   * keys (`formatLayerKey`: `project/name:version` for a project's layer).
    */
   parents?: string[] | undefined;
   /** For a snapshot: the digest each of `parents` had when it was taken (same order). */
@@ -79,6 +100,76 @@ export function parseLayerRef(ref: string): LayerRef | undefined {
 
 export function formatLayerRef(ref: LayerRef): string {
   return `${ref.name}:${ref.version}`;
+}
+
+/** Where a record lives in a store: its owner's namespace (absent: the platform's) and its ref. */
+export interface LayerKey extends LayerRef {
+  project?: string | undefined;
+}
+
+/** `name:version` for a platform layer, `project/name:version` for a project's. */
+export function formatLayerKey(key: LayerKey): string {
+  const ref = formatLayerRef(key);
+  return key.project === undefined ? ref : `${key.project}/${ref}`;
+}
+
+/** Parses what `formatLayerKey` writes (a bare ref is the platform's); undefined when malformed. */
+export function parseLayerKey(text: string): LayerKey | undefined {
+  const slash = text.indexOf('/');
+  const ref = parseLayerRef(slash < 0 ? text : text.slice(slash + 1));
+  if (!ref) return undefined;
+  if (slash < 0) return ref;
+  const project = text.slice(0, slash);
+  return LAYER_PROJECT_PATTERN.test(project) ? { ...ref, project } : undefined;
+}
+
+/**
+ * The projects whose layers a sandbox may stack besides the platform's,
+ * root first and ending with the sandbox's own (IAM's `lineage`). Empty: the
+ * platform's layers only.
+ */
+export type LayerView = readonly string[];
+
+/** Whether `view` sees the layer: the platform's always, a project's when the project is in it. */
+export function layerVisible(layer: Pick<LayerInfo, 'project'>, view: LayerView): boolean {
+  return layer.project === undefined || view.includes(layer.project);
+}
+
+/**
+ * The records of `layers` that `view` sees, by name and version, and for one
+ * `name:version` in resolution order (the one `resolveLayer` picks first).
+ */
+export function visibleLayers(layers: readonly LayerInfo[], view: LayerView): LayerInfo[] {
+  const rank = (l: LayerInfo) => (l.project === undefined ? -1 : view.indexOf(l.project));
+  return layers
+    .filter((l) => layerVisible(l, view))
+    .sort((a, b) => cmp(a.name, b.name) || cmp(a.version, b.version) || rank(a) - rank(b));
+}
+
+function cmp(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/**
+ * The layer `ref` names for a sandbox whose project sees `view`: the
+ * platform's if it has one, else the first of `view` (root first) that does.
+ * Throws `image_not_found` (naming only `ref`, never where it looked) when
+ * none does or `ref` is malformed, so a caller learns nothing of layers
+ * outside its view.
+ */
+export async function resolveLayer(
+  store: Pick<ImageStore, 'getLayer'>,
+  ref: string,
+  view: LayerView,
+): Promise<LayerInfo> {
+  for (const project of [undefined, ...view]) {
+    try {
+      return await store.getLayer(ref, project === undefined ? {} : { project });
+    } catch (err) {
+      if (!isDsecError(err, 'image_not_found')) throw err;
+    }
+  }
+  throw new DsecError('image_not_found', `no layer ${JSON.stringify(ref.slice(0, 300))}`);
 }
 
 /**
@@ -134,11 +225,20 @@ export interface ImageStore {
     length: number,
     options?: { signal?: AbortSignal },
   ): Promise<Buffer>;
-  /** Records a layer. `conflict` if `name:version` exists with another digest. */
+  /**
+   * Records a layer in its owner's namespace (`layer.project`; the
+   * platform's when absent). `conflict` if that namespace holds
+   * `name:version` with another digest; namespaces never clash.
+   */
   putLayer(layer: LayerInfo): Promise<void>;
-  /** Throws `image_not_found` for an unknown or malformed reference. */
-  getLayer(ref: string): Promise<LayerInfo>;
+  /**
+   * The record of `ref` in the platform's namespace, or in `project`'s: never
+   * another one (resolution across a view is `resolveLayer`'s). Throws
+   * `image_not_found` for an unknown or malformed reference or project.
+   */
+  getLayer(ref: string, options?: { project?: string | undefined }): Promise<LayerInfo>;
+  /** Every record of every namespace, by name, version, then owner (the platform first). */
   listLayers(): Promise<LayerInfo[]>;
-  /** Removes the record and any blob no other record uses. */
-  removeLayer(ref: string): Promise<void>;
+  /** Removes the record (of `project`'s namespace, else the platform's) and any blob no other record uses. */
+  removeLayer(ref: string, options?: { project?: string | undefined }): Promise<void>;
 }

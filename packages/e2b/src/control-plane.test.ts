@@ -15,12 +15,14 @@ async function withApi(
     api: TestApi,
     call: (method: string, url: string, body?: unknown, key?: string) => Promise<Res>,
   ) => Promise<void>,
+  edge: { platformImages?: string[] } = {},
 ): Promise<void> {
   const api = await createTestApi({
     edges: [
       new FakeEdge({
         edgeId: 'edge-a',
         capacity: { memoryMb: 1 << 20, cpuCores: 1000, sandboxes: 100 },
+        ...edge,
       }),
     ],
   });
@@ -212,6 +214,31 @@ test('get, timeout, connect, kill and metrics; unknown IDs are 404, missing keys
     assert.equal((await call('DELETE', `/sandboxes/${id}`)).status, 404);
     assert.equal((await call('POST', `/v2/sandboxes/${id}/connect`, {})).status, 404);
   });
+});
+
+test("an E2B template naming another tenant's snapshot is not found; its own is", async () => {
+  await withApi(
+    async (api, call) => {
+      const admin = await api.iam.authenticate(api.rootKey);
+      const keys: string[] = [];
+      for (const name of ['a', 'b']) {
+        const p = await api.iam.createProject(admin, { name });
+        keys.push((await api.iam.createKey(admin, { projectId: p.id })).key);
+      }
+      const [a, b] = keys as [string, string];
+      const src = (await call('POST', '/v2/sandboxes', { templateID: 'busybox' }, a)).json!
+        .sandboxID as string;
+      const snap = await call('POST', `/sandboxes/${src}/snapshots`, { name: 'a-snap' }, a);
+      assert.equal(snap.status, 201, JSON.stringify(snap.json));
+      const own = await call('POST', '/v2/sandboxes', { templateID: 'a-snap' }, a);
+      assert.equal(own.status, 201, JSON.stringify(own.json));
+      for (const templateID of ['a-snap', 'busybox/a-snap', 'busybox+a-snap']) {
+        const theirs = await call('POST', '/v2/sandboxes', { templateID }, b);
+        assert.equal(theirs.status, 404, `${templateID}: ${JSON.stringify(theirs.json)}`);
+      }
+    },
+    { platformImages: ['busybox'] },
+  );
 });
 
 test('pause answers 204, then 409 while paused; connect resumes (201)', async (t) => {

@@ -28,7 +28,7 @@ import type {
   SessionResult,
   SessionRunSpec,
   SnapshotInfo,
-  SnapshotRequest,
+  EdgeSnapshotRequest,
   StartCommandSpec,
 } from '@dsec/core';
 import { checkSecret, signRequest, validProof } from './auth.js';
@@ -227,7 +227,11 @@ export class RemoteEdge implements EdgeApi {
   }
 
   /** Never resent: a second attempt would find the name taken by the first. */
-  snapshotSandbox(id: string, req: SnapshotRequest, signal?: AbortSignal): Promise<SnapshotInfo> {
+  snapshotSandbox(
+    id: string,
+    req: EdgeSnapshotRequest,
+    signal?: AbortSignal,
+  ): Promise<SnapshotInfo> {
     return this.#link.json({ method: 'POST', path: `${sb(id)}/snapshot`, json: req, signal });
   }
 

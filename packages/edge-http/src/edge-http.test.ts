@@ -231,10 +231,16 @@ test('lifecycle calls carry their arguments and answers unchanged', async () => 
     const timed = await remote.setSandboxTimeout(id, 90);
     assert.equal(timed.expiresAt, (await fake.getSandbox(id)).expiresAt);
     const snap = await remote.snapshotSandbox(id, { name: 'snap:v1', scrub: ['/a', '/b/**'] });
-    assert.deepEqual(snap, fake.images.get('snap:v1'));
+    assert.deepEqual(snap, fake.images.get('p/snap:v1'));
     assert.deepEqual(snap.parents, ['base', 'ws', 'tk']);
     await assert.rejects(remote.snapshotSandbox(id, { name: 'snap:v1' }), (e) =>
       isDsecError(e, 'conflict'),
+    );
+    // What the apiserver adds (the sandbox's layer view, its image-quota reservation) crosses too.
+    fake.snapshotBytes = 100;
+    await assert.rejects(
+      remote.snapshotSandbox(id, { name: 'snap:v2', layerView: ['root', 'p'], maxBytes: 10 }),
+      (e) => isDsecError(e, 'quota_exceeded'),
     );
     assert.deepEqual(calls, [
       ['pause', id, true],
@@ -242,6 +248,7 @@ test('lifecycle calls carry their arguments and answers unchanged', async () => 
       ['timeout', id, 90],
       ['snapshot', id, { name: 'snap:v1', scrub: ['/a', '/b/**'] }],
       ['snapshot', id, { name: 'snap:v1' }],
+      ['snapshot', id, { name: 'snap:v2', layerView: ['root', 'p'], maxBytes: 10 }],
     ]);
     // Malformed bodies are refused before the edge is asked.
     await assert.rejects(
@@ -252,7 +259,19 @@ test('lifecycle calls carry their arguments and answers unchanged', async () => 
       remote.snapshotSandbox(id, { name: 'x', scrub: [1] as unknown as string[] }),
       (e) => isDsecError(e, 'invalid_argument') && e.field === 'scrub',
     );
-    assert.equal(calls.length, 5);
+    for (const [bad, field] of [
+      [{ maxBytes: -1 }, 'maxBytes'],
+      [{ maxBytes: 1.5 }, 'maxBytes'],
+      [{ layerView: 'p' }, 'layerView'],
+      [{ layerView: [1] }, 'layerView'],
+    ] as const) {
+      await assert.rejects(
+        remote.snapshotSandbox(id, { name: 'x', ...(bad as object) }),
+        (e) => isDsecError(e, 'invalid_argument') && e.field === field,
+        JSON.stringify(bad),
+      );
+    }
+    assert.equal(calls.length, 6);
   });
 });
 

@@ -14,7 +14,7 @@ import type {
   PtyOptions,
   PtySession,
   SandboxIoApi,
-  SnapshotRequest,
+  EdgeSnapshotRequest,
 } from '@dsec/core';
 import { checkSecret, HEADER_PROOF, RequestVerifier, responseProof } from './auth.js';
 import {
@@ -483,7 +483,7 @@ function edgeRoutes(edge: EdgeApi): Route[] {
     route('POST', '/sandboxes/:id/snapshot', async (c) => {
       const snapshot = requireLifecycle(edge, 'snapshotSandbox');
       const b = await c.json();
-      const req: SnapshotRequest = { name: text(b.name, 'name') };
+      const req: EdgeSnapshotRequest = { name: text(b.name, 'name') };
       if (b.scrub !== undefined && b.scrub !== null) {
         if (!Array.isArray(b.scrub) || b.scrub.some((p) => typeof p !== 'string')) {
           throw new DsecError('invalid_argument', 'scrub must be an array of paths', {
@@ -491,6 +491,23 @@ function edgeRoutes(edge: EdgeApi): Route[] {
           });
         }
         req.scrub = b.scrub as string[];
+      }
+      // What the apiserver adds: the sandbox's layer view and its image-quota reservation.
+      if (b.layerView !== undefined && b.layerView !== null) {
+        if (!Array.isArray(b.layerView) || b.layerView.some((p) => typeof p !== 'string')) {
+          throw new DsecError('invalid_argument', 'layerView must be an array of project IDs', {
+            field: 'layerView',
+          });
+        }
+        req.layerView = b.layerView as string[];
+      }
+      if (b.maxBytes !== undefined && b.maxBytes !== null) {
+        if (!Number.isSafeInteger(b.maxBytes) || (b.maxBytes as number) < 0) {
+          throw new DsecError('invalid_argument', 'maxBytes must be an integer ≥ 0', {
+            field: 'maxBytes',
+          });
+        }
+        req.maxBytes = b.maxBytes as number;
       }
       return snapshot.call(edge, c.p(0), req, c.signal);
     }),

@@ -1,5 +1,12 @@
 import { join } from 'node:path';
-import { DsecError, formatLayerRef, toDsecError, validateDisplayInput } from '@dsec/core';
+import {
+  DsecError,
+  formatLayerRef,
+  LAYER_PROJECT_PATTERN,
+  resolveLayer,
+  toDsecError,
+  validateDisplayInput,
+} from '@dsec/core';
 import type {
   AdmissionRefusal,
   CommandResult,
@@ -18,8 +25,9 @@ import type {
   RunCommandOptions,
   SandboxEvent,
   SandboxInfo,
+  EdgeSnapshotRequest,
+  LayerView,
   SnapshotInfo,
-  SnapshotRequest,
 } from '@dsec/core';
 import type { AdmissionController } from './admission/admission-controller.js';
 import type { Backend } from './backends/backend.js';
@@ -200,7 +208,9 @@ export class Edge implements EdgeApi {
               gpus,
               host: {
                 create: async (id, spec, signal, start) => {
-                  await this.#create({ id, projectId: FNCALL_PROJECT, spec }, signal, start);
+                  // Workers run the platform's runtime images only.
+                  const req = { id, projectId: FNCALL_PROJECT, spec, layerView: [] };
+                  await this.#create(req, signal, start);
                 },
                 stop: (id) => this.#stop(this.#get(id), 'fncall worker retired'),
                 channel: (id) => options.backend.channel(this.#get(id), { dedicated: true }),
@@ -321,7 +331,7 @@ export class Edge implements EdgeApi {
     }
     // Pressure is read at most every sampleIntervalMs, shared by concurrent creates.
     const [layers] = await Promise.all([
-      this.#resolveLayers(spec.image, spec.workspace, spec.toolkits),
+      this.#resolveLayers(spec.image, spec.workspace, spec.toolkits, layerViewOf(req)),
       this.options.admission.refresh(),
     ]);
     // From here to the insert nothing awaits: the check and the insert are one step.
@@ -501,7 +511,7 @@ export class Edge implements EdgeApi {
    */
   async snapshotSandbox(
     id: string,
-    req: SnapshotRequest,
+    req: EdgeSnapshotRequest,
     signal?: AbortSignal,
   ): Promise<SnapshotInfo> {
     const rec = this.#get(id);
@@ -701,13 +711,15 @@ export class Edge implements EdgeApi {
     );
   }
 
+  /** The stack a create names, each layer as `view` resolves it (docs/adr/0019-layer-ownership.md). */
   async #resolveLayers(
     image: string,
     workspace: string | undefined,
     toolkits: string[],
+    view: LayerView,
   ): Promise<LayerInfo[]> {
     const resolve = async (ref: string, field: string, kind: LayerInfo['kind']) => {
-      const layer = await this.options.store.getLayer(ref).catch((err: unknown) => {
+      const layer = await resolveLayer(this.options.store, ref, view).catch((err: unknown) => {
         throw new DsecError('image_not_found', toDsecError(err).message, { field, cause: err });
       });
       if (kind !== 'base' && (layer.kind === 'base' || layer.kind === 'snapshot')) {
@@ -721,7 +733,9 @@ export class Edge implements EdgeApi {
     // A snapshot image is its whole stack (base, workspace, toolkits, earlier
     // snapshots) plus the snapshot layer; more toolkits may go on top.
     const layers =
-      top.kind === 'snapshot' ? [...(await snapshotParents(this.options.store, top)), top] : [top];
+      top.kind === 'snapshot'
+        ? [...(await snapshotParents(this.options.store, top, view)), top]
+        : [top];
     if (workspace && top.kind === 'snapshot') {
       throw new DsecError('invalid_argument', `${image} is a snapshot: it has its workspace`, {
         field: 'workspace',
@@ -732,6 +746,26 @@ export class Edge implements EdgeApi {
       layers.push(await resolve(t, `toolkits.${i}`, 'toolkit'));
     return layers;
   }
+}
+
+/**
+ * The layer view a create names; the sandbox's own project alone without
+ * one (a caller that is not the apiserver: tests, benches). `invalid_argument`
+ * for anything but a list of project IDs.
+ */
+function layerViewOf(req: CreateSandboxRequest): LayerView {
+  const view = req.layerView as unknown;
+  if (view === undefined) return [req.projectId];
+  if (
+    !Array.isArray(view) ||
+    view.length > 64 ||
+    view.some((p) => typeof p !== 'string' || !LAYER_PROJECT_PATTERN.test(p))
+  ) {
+    throw new DsecError('invalid_argument', 'layerView must be a list of project IDs', {
+      field: 'layerView',
+    });
+  }
+  return view as string[];
 }
 
 function toInfo(rec: SandboxRecord, edgeId: string): SandboxInfo {

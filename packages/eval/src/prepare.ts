@@ -1,7 +1,7 @@
-import { DsecError, isDsecError, type ImageStore } from '@dsec/core';
+import { DsecError, isDsecError, type ImageStore, type LayerInfo } from '@dsec/core';
 import type { PreparedTask } from './runner.js';
 import type { EvalTask } from './task.js';
-import { ensureWorkspace, workspaceLayerName, type RepoCache } from './workspace.js';
+import { ensureWorkspace, foreignLayer, workspaceLayerName, type RepoCache } from './workspace.js';
 
 /** Builds a missing environment layer (base image or toolkit) by name; from `@dsec/images`' recipes. */
 export type EnvironmentBuilder = (
@@ -41,6 +41,16 @@ export interface PrepareReport {
  * workspace layer (the repository at `base_commit`, once per repository and
  * commit). Idempotent: a second call finds everything present and builds
  * nothing.
+ *
+ * Only the platform's layers count (docs/adr/0019-layer-ownership.md): a
+ * tenant's snapshot under a task's public names is in its own namespace and
+ * never seen here, and a create resolves the platform's layer first. A
+ * platform layer is accepted only as what prepare would make there: the
+ * image a `base`, toolkits `toolkit`s (their recipes check the rest), a
+ * workspace a `workspace` built from the task's repository and commit. Any
+ * other layer under one of those names is refused, `conflict` with
+ * `details.reason: 'foreign_layer'` (`foreignLayer`), never run and never
+ * deleted.
  */
 export async function prepareTasks(
   tasks: EvalTask[],
@@ -57,6 +67,7 @@ export async function prepareTasks(
   const report = (layer: string, phase: PrepareProgress['phase']) =>
     options.onProgress?.({ done, total, layer, phase });
 
+  const images = new Set(tasks.map((t) => t.environment.image));
   for (const layer of envLayers) {
     report(layer, 'check');
     const before = await layerDigest(options.store, layer);
@@ -80,12 +91,16 @@ export async function prepareTasks(
         if (!(noRecipe && before !== undefined)) throw err;
       });
     }
-    const after = await layerDigest(options.store, layer);
-    if (after === undefined) {
+    const found = await platformLayer(options.store, layer);
+    const after = found?.digest;
+    if (found === undefined) {
       throw new DsecError('image_not_found', `the recipe for ${layer} did not produce it`, {
         details: { layer },
       });
     }
+    // A name may be a task's image and another task's toolkit: then it must be a base.
+    const kind = images.has(layer) ? 'base' : 'toolkit';
+    if (found.kind !== kind) throw foreignLayer(found, { kind });
     (after === before ? present : built).push(layer);
     done++;
     report(layer, built.includes(layer) ? 'built' : 'present');
@@ -111,8 +126,13 @@ export async function prepareTasks(
 }
 
 async function layerDigest(store: ImageStore, ref: string): Promise<string | undefined> {
+  return (await platformLayer(store, ref))?.digest;
+}
+
+/** The platform's record of `ref` (a store's default namespace), if any. */
+async function platformLayer(store: ImageStore, ref: string): Promise<LayerInfo | undefined> {
   try {
-    return (await store.getLayer(ref)).digest;
+    return await store.getLayer(ref);
   } catch (err) {
     if (isDsecError(err) && err.code === 'image_not_found') return undefined;
     throw err;

@@ -3,7 +3,13 @@ import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
-import { DsecError, isDsecError, type ImageStore } from '@dsec/core';
+import {
+  DsecError,
+  formatLayerKey,
+  isDsecError,
+  type ImageStore,
+  type LayerInfo,
+} from '@dsec/core';
 import { buildLayer } from '@dsec/images';
 import { DEFAULT_WORKDIR, type EvalTask } from './task.js';
 
@@ -171,10 +177,46 @@ export function workspaceLayerName(task: EvalTask): string {
   return `ws-${slug || 'repo'}-${commit}${where}`;
 }
 
+/** The `source` a task's workspace layer is built with: what proves a present one is it. */
+export function workspaceSource(task: EvalTask): string {
+  return `eval:${task.repo}@${task.base_commit}`;
+}
+
+/**
+ * The refusal for a layer that holds a name eval would use but is not what
+ * eval would put there (another kind, another source, not the platform's):
+ * `conflict`, `details.reason: 'foreign_layer'`, naming what was found and
+ * what was expected. Eval never runs a task on it, and never deletes it
+ * (it may be an operator's): the operator removes or renames it.
+ */
+export function foreignLayer(
+  layer: LayerInfo,
+  expected: { kind: LayerInfo['kind']; source?: string | undefined },
+): DsecError {
+  const key = formatLayerKey(layer);
+  return new DsecError(
+    'conflict',
+    `layer ${key} is a ${layer.kind} from ${JSON.stringify(layer.source)}, not the ${expected.kind}${expected.source ? ` from ${JSON.stringify(expected.source)}` : ''} eval needs there; check it and remove it (dsec image rm ${key}) to let eval build its own`,
+    {
+      details: {
+        reason: 'foreign_layer',
+        layer: key,
+        kind: layer.kind,
+        source: layer.source,
+        ...(layer.project !== undefined ? { project: layer.project } : {}),
+        expected,
+      },
+    },
+  );
+}
+
 /**
  * Makes sure the task's workspace layer (the repository at `base_commit`
  * under `workdir`) is in the store: built once per repository and commit,
- * skipped when present. Returns its name and whether it was built now.
+ * skipped when the platform's layer of that name is exactly that (kind
+ * `workspace`, `source` from `workspaceSource`). Any other layer under the
+ * name (snapshots from before layers had owners were the platform's too) is
+ * `foreignLayer`'s `conflict`. Returns its name and whether it was built now.
  */
 export async function ensureWorkspace(
   store: ImageStore,
@@ -183,11 +225,16 @@ export async function ensureWorkspace(
   options: { signal?: AbortSignal | undefined } = {},
 ): Promise<{ name: string; built: boolean }> {
   const name = workspaceLayerName(task);
-  try {
-    await store.getLayer(name);
-    return { name, built: false };
-  } catch (err) {
-    if (!isDsecError(err) || err.code !== 'image_not_found') throw err;
+  const source = workspaceSource(task);
+  // The platform's namespace only: no tenant's layer of the name is ever looked at.
+  const present = await store.getLayer(name).catch((err: unknown) => {
+    if (isDsecError(err, 'image_not_found')) return undefined;
+    throw err;
+  });
+  if (present) {
+    if (present.kind === 'workspace' && present.source === source && present.project === undefined)
+      return { name, built: false };
+    throw foreignLayer(present, { kind: 'workspace', source });
   }
   await mkdir(repos.cacheDir, { recursive: true });
   const tree = await mkdtemp(join(repos.cacheDir, 'ws-'));
@@ -197,7 +244,7 @@ export async function ensureWorkspace(
       name,
       kind: 'workspace',
       from: { dir: tree },
-      source: `eval:${task.repo}@${task.base_commit}`,
+      source,
       signal: options.signal,
     });
   } finally {

@@ -109,7 +109,12 @@ test('a database written by the release before versioned migrations opens and up
   const admin = await db.iam.authenticate(key);
   assert.deepEqual(admin, { keyId: 'key-admin', projectId: 'prj-root', role: 'admin' });
   assert.equal((await db.iam.bootstrap()).created, false);
-  assert.deepEqual(await db.iam.usage('prj-team'), { sandboxes: 1, memoryMb: 256, cpuCores: 0.5 });
+  assert.deepEqual(await db.iam.usage('prj-team'), {
+    sandboxes: 1,
+    memoryMb: 256,
+    cpuCores: 0.5,
+    imageBytes: 0,
+  });
   await db.iam.reserve('prj-team', { memoryMb: 1, cpuCores: 0 }, 'sb-new');
   await assert.rejects(db.iam.reserve('prj-team', { memoryMb: 1, cpuCores: 0 }, 'sb-3'), (e) =>
     isDsecError(e, 'quota_exceeded'),

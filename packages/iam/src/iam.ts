@@ -50,6 +50,7 @@ interface ProjectRow {
   quota_memory_mb: number | null;
   quota_cpu_millis: number | null;
   quota_fncalls_per_second: number | null;
+  quota_image_bytes: number | null;
   created_at: string;
 }
 
@@ -74,12 +75,18 @@ const ANCESTORS_CTE = `WITH RECURSIVE anc(id, parent_id, depth) AS (
   SELECT id, parent_id, 0 FROM projects WHERE id = ?
   UNION ALL SELECT p.id, p.parent_id, anc.depth + 1 FROM projects p JOIN anc ON p.id = anc.parent_id)`;
 const PROJECT_COLUMNS =
-  'p.id, p.name, p.parent_id, p.quota_sandboxes, p.quota_memory_mb, p.quota_cpu_millis, p.quota_fncalls_per_second, p.created_at';
+  'p.id, p.name, p.parent_id, p.quota_sandboxes, p.quota_memory_mb, p.quota_cpu_millis, p.quota_fncalls_per_second, p.quota_image_bytes, p.created_at';
 const HAS_QUOTA =
   '(p.quota_sandboxes IS NOT NULL OR p.quota_memory_mb IS NOT NULL OR p.quota_cpu_millis IS NOT NULL)';
 
 /** Quota fields a child may not set above its parent's effective limit. */
-const QUOTA_FIELDS = ['sandboxes', 'memoryMb', 'cpuCores', 'fncallsPerSecond'] as const;
+const QUOTA_FIELDS = [
+  'sandboxes',
+  'memoryMb',
+  'cpuCores',
+  'fncallsPerSecond',
+  'imageBytes',
+] as const;
 
 /** Keys and ancestor chains held in memory at most; past it the cache starts over. */
 const CACHE_MAX_ENTRIES = 10_000;
@@ -131,6 +138,8 @@ export class Iam {
   readonly #keys = new Map<string, { principal: Principal; untilMs: number }>();
   /** Project → its ancestors and itself. */
   readonly #ancestors = new Map<string, ReadonlySet<string>>();
+  /** Project → its ancestors and itself, root first. */
+  readonly #lineages = new Map<string, readonly string[]>();
   #lastSweepMs = 0;
 
   /** @internal Use `openControlDb`, which migrates the database first. */
@@ -289,7 +298,7 @@ export class Iam {
         const at = this.#iso();
         await q.run(
           `INSERT INTO projects (id, name, parent_id, quota_sandboxes, quota_memory_mb, quota_cpu_millis,
-             quota_fncalls_per_second, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+             quota_fncalls_per_second, quota_image_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
           [
             id,
             input.name,
@@ -298,6 +307,7 @@ export class Iam {
             quota.memoryMb ?? null,
             toMillis(quota.cpuCores),
             quota.fncallsPerSecond ?? null,
+            quota.imageBytes ?? null,
             at,
           ],
         );
@@ -332,6 +342,27 @@ export class Iam {
       [caller.projectId],
     );
     return rows.map(toProject);
+  }
+
+  /**
+   * `projectId` and its ancestors, root first: the projects whose layers a
+   * sandbox of `projectId` may stack besides the platform's (`LayerView`,
+   * docs/adr/0019-layer-ownership.md). Empty for an unknown project.
+   */
+  async lineage(projectId: string): Promise<string[]> {
+    const cached = this.#lineages.get(projectId);
+    if (cached) return [...cached];
+    const rows = await this.#db.all<{ id: string }>(
+      `${ANCESTORS_CTE} SELECT id FROM anc ORDER BY depth DESC`,
+      [projectId],
+    );
+    const ids = rows.map((r) => r.id);
+    // Projects are never deleted and never move, so a lineage once read stays true.
+    if (ids.length > 0) {
+      if (this.#lineages.size >= CACHE_MAX_ENTRIES) this.#lineages.clear();
+      this.#lineages.set(projectId, Object.freeze(ids));
+    }
+    return ids;
   }
 
   /** IDs of `projectId` and every descendant. */
@@ -681,8 +712,140 @@ export class Iam {
 
   /** Live usage summed over the project's subtree. */
   async usage(projectId: string): Promise<Usage> {
-    const u = await this.#usageRaw(this.#db, projectId, this.#now());
-    return { sandboxes: u.n, memoryMb: u.mem, cpuCores: u.cpu / 1000 };
+    const now = this.#now();
+    const u = await this.#usageRaw(this.#db, projectId, now);
+    const imageBytes = await this.#imageBytesUsed(this.#db, projectId, now);
+    return { sandboxes: u.n, memoryMb: u.mem, cpuCores: u.cpu / 1000, imageBytes };
+  }
+
+  // ---- image bytes ----------------------------------------------------------------
+
+  /**
+   * Reserves image storage for a snapshot about to be taken in `projectId`:
+   * `wantBytes` (the most the layer can weigh; undefined: as much as the
+   * quota has room for), or less when the tightest `imageBytes` quota over
+   * the project and its ancestors has less room left. Answers `maxBytes`,
+   * the bytes reserved, which the layer must not exceed; undefined when no
+   * ancestor limits image bytes (nothing is reserved then). Pending until
+   * `bindImageBytes`, it lapses after `pendingTtlMs`. `quota_exceeded`
+   * (details `resource: 'imageBytes'`, the limiting project) when a limit has
+   * no room left; `conflict` if `holderId` is taken.
+   */
+  async reserveImageBytes(
+    projectId: string,
+    holderId: string,
+    wantBytes: number | undefined,
+    options: { actorKeyId?: string } = {},
+  ): Promise<{ maxBytes: number | undefined }> {
+    if (wantBytes !== undefined && !(Number.isSafeInteger(wantBytes) && wantBytes >= 0))
+      throw new DsecError('invalid_argument', 'wantBytes must be an integer ≥ 0');
+    await this.#sweep();
+    const taken = () => new DsecError('conflict', `reservation ${holderId} exists`);
+    try {
+      return await this.#tx(async (q, deny) => {
+        const now = this.#now();
+        const room = await this.#imageRoom(q, projectId, now, undefined);
+        if (room === undefined) return { maxBytes: undefined };
+        if (room.left <= 0) {
+          const details = {
+            projectId: room.project.id,
+            resource: 'imageBytes',
+            limit: room.project.quota_image_bytes,
+            used: room.used,
+            requested: wantBytes ?? 1,
+          };
+          deny(options.actorKeyId ?? null, 'quota.reserve', projectId, 'denied', details);
+          throw new DsecError(
+            'quota_exceeded',
+            `project ${room.project.name} has no room left in its imageBytes quota`,
+            { details },
+          );
+        }
+        const bytes = Math.min(room.left, wantBytes ?? room.left);
+        await q.run('DELETE FROM image_reservations WHERE id = ? AND expires_at <= ?', [
+          holderId,
+          now,
+        ]);
+        if (await q.get('SELECT 1 AS x FROM image_reservations WHERE id = ?', [holderId]))
+          throw taken();
+        await q.run(
+          'INSERT INTO image_reservations (id, project_id, bytes, created_at, expires_at) VALUES (?, ?, ?, ?, ?)',
+          [holderId, projectId, bytes, now, now + this.#pendingTtlMs],
+        );
+        return { maxBytes: bytes };
+      });
+    } catch (err) {
+      if (isUniqueViolation(err)) throw taken();
+      throw err;
+    }
+  }
+
+  /**
+   * Charges a finished layer: the pending reservation `holderId` becomes
+   * `layerKey`'s (the layer's `formatLayerKey`), holding `bytes` until
+   * `releaseImageBytes(layerKey)`. Bytes above what was reserved are checked
+   * against every limiting ancestor first (`quota_exceeded` then, and the
+   * caller deletes the layer). Without a live reservation (it lapsed, or the
+   * chain has no limit) the bytes are charged as a new one, checked the same.
+   */
+  async bindImageBytes(
+    holderId: string,
+    projectId: string,
+    layerKey: string,
+    bytes: number,
+    options: { actorKeyId?: string } = {},
+  ): Promise<void> {
+    if (!(Number.isSafeInteger(bytes) && bytes >= 0))
+      throw new DsecError('invalid_argument', 'bytes must be an integer ≥ 0');
+    await this.#tx(async (q, deny) => {
+      const now = this.#now();
+      const held = await q.get<{ bytes: number }>(
+        'SELECT bytes FROM image_reservations WHERE id = ? AND (expires_at IS NULL OR expires_at > ?)',
+        [holderId, now],
+      );
+      const reserved = held ? Number(held.bytes) : 0;
+      if (bytes > reserved) {
+        const room = await this.#imageRoom(q, projectId, now, holderId);
+        if (room !== undefined && bytes > room.left) {
+          const details = {
+            projectId: room.project.id,
+            resource: 'imageBytes',
+            limit: room.project.quota_image_bytes,
+            used: room.used,
+            requested: bytes,
+          };
+          deny(options.actorKeyId ?? null, 'quota.reserve', projectId, 'denied', details);
+          throw new DsecError(
+            'quota_exceeded',
+            `project ${room.project.name} would exceed its imageBytes quota`,
+            { details },
+          );
+        }
+      }
+      // A record of the same key left by a layer removed outside the API holds nothing now.
+      await q.run('DELETE FROM image_reservations WHERE id = ? OR id = ?', [layerKey, holderId]);
+      await q.run(
+        'INSERT INTO image_reservations (id, project_id, bytes, created_at, expires_at) VALUES (?, ?, ?, ?, NULL)',
+        [layerKey, projectId, bytes, now],
+      );
+      await this.#writeAudit(q, options.actorKeyId ?? null, 'image.charge', layerKey, 'ok', {
+        projectId,
+        bytes,
+      });
+    });
+  }
+
+  /** Frees a pending image reservation or a layer's bytes (by holder or layer key). */
+  async releaseImageBytes(
+    id: string,
+    options: { actorKeyId?: string; action?: string } = {},
+  ): Promise<boolean> {
+    return this.#tx(async (q) => {
+      const r = await q.run('DELETE FROM image_reservations WHERE id = ?', [id]);
+      if (options.action)
+        await this.#writeAudit(q, options.actorKeyId ?? null, options.action, id, 'ok');
+      return r.changes > 0;
+    });
   }
 
   // ---- idempotency ----------------------------------------------------------------
@@ -946,6 +1109,50 @@ export class Iam {
     return out;
   }
 
+  /**
+   * The tightest room left in an `imageBytes` quota over `projectId` and its
+   * ancestors (their subtrees' live image rows, `except` one of them), with
+   * the rows of every limiting ancestor locked, root first; undefined when
+   * none limits image bytes. `not_found` for an unknown project.
+   */
+  async #imageRoom(
+    q: SqlQuery,
+    projectId: string,
+    now: number,
+    except: string | undefined,
+  ): Promise<{ project: ProjectRow; used: number; left: number } | undefined> {
+    if (!(await q.get('SELECT 1 AS x FROM projects WHERE id = ?', [projectId])))
+      throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`);
+    const limited = await q.all<ProjectRow>(
+      `${ANCESTORS_CTE} SELECT ${PROJECT_COLUMNS} FROM anc JOIN projects p ON p.id = anc.id
+         WHERE p.quota_image_bytes IS NOT NULL ORDER BY anc.depth DESC${lockSuffix(q, 'p')}`,
+      [projectId],
+    );
+    let tightest: { project: ProjectRow; used: number; left: number } | undefined;
+    // Nearest first, so that of equally full limits the nearest is the one named.
+    for (const p of limited.reverse()) {
+      const used = await this.#imageBytesUsed(q, p.id, now, except);
+      const left = Number(p.quota_image_bytes) - used;
+      if (tightest === undefined || left < tightest.left) tightest = { project: p, used, left };
+    }
+    return tightest;
+  }
+
+  async #imageBytesUsed(
+    q: SqlQuery,
+    projectId: string,
+    now: number,
+    except?: string,
+  ): Promise<number> {
+    const row = await q.get<{ bytes: number }>(
+      `${SUBTREE_CTE} SELECT COALESCE(SUM(bytes), 0) AS bytes FROM image_reservations
+         WHERE project_id IN (SELECT id FROM sub) AND (expires_at IS NULL OR expires_at > ?)
+         AND id <> ?`,
+      [projectId, now, except ?? ''],
+    );
+    return Number(row?.bytes ?? 0);
+  }
+
   async #usageRaw(
     q: SqlQuery,
     projectId: string,
@@ -970,6 +1177,9 @@ export class Iam {
     this.#lastSweepMs = now;
     await this.#db
       .run('DELETE FROM reservations WHERE expires_at <= ?', [now])
+      .catch(() => undefined);
+    await this.#db
+      .run('DELETE FROM image_reservations WHERE expires_at <= ?', [now])
       .catch(() => undefined);
   }
 }
@@ -999,11 +1209,12 @@ function cleanQuota(q: Quota): Quota {
   if (q.memoryMb !== undefined) out.memoryMb = q.memoryMb;
   if (q.cpuCores !== undefined) out.cpuCores = Math.round(q.cpuCores * 1000) / 1000;
   if (q.fncallsPerSecond !== undefined) out.fncallsPerSecond = q.fncallsPerSecond;
+  if (q.imageBytes !== undefined) out.imageBytes = q.imageBytes;
   return out;
 }
 
 function checkQuotaShape(q: Quota): void {
-  for (const f of ['sandboxes', 'memoryMb', 'fncallsPerSecond'] as const) {
+  for (const f of ['sandboxes', 'memoryMb', 'fncallsPerSecond', 'imageBytes'] as const) {
     const v = q[f];
     if (v !== undefined && !(Number.isSafeInteger(v) && v >= 0)) {
       throw new DsecError('invalid_argument', `quota.${f} must be an integer ≥ 0`, {
@@ -1025,5 +1236,6 @@ function toProject(r: ProjectRow): Project {
   if (r.quota_memory_mb !== null) quota.memoryMb = r.quota_memory_mb;
   if (r.quota_cpu_millis !== null) quota.cpuCores = r.quota_cpu_millis / 1000;
   if (r.quota_fncalls_per_second !== null) quota.fncallsPerSecond = r.quota_fncalls_per_second;
+  if (r.quota_image_bytes !== null) quota.imageBytes = Number(r.quota_image_bytes);
   return { id: r.id, name: r.name, parentId: r.parent_id, quota, createdAt: r.created_at };
 }

@@ -19,6 +19,12 @@ export interface Quota {
    * with a burst of one second's worth.
    */
   fncallsPerSecond?: number | undefined;
+  /**
+   * Bytes of image layers the subtree's projects may own (their snapshots
+   * and forks; docs/adr/0019-layer-ownership.md), reserved before a snapshot
+   * is taken and given back when its layer is deleted.
+   */
+  imageBytes?: number | undefined;
 }
 
 /** One project's own calls-per-second limit, as `Iam.fncallRateLimits` returns it. */
@@ -78,6 +84,8 @@ export interface Usage {
   sandboxes: number;
   memoryMb: number;
   cpuCores: number;
+  /** Bytes of layers the subtree owns, plus snapshots being taken now. */
+  imageBytes: number;
 }
 
 export type AuditOutcome = 'ok' | 'denied';

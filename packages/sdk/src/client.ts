@@ -201,12 +201,42 @@ export class DSecClient {
   }
 
   /**
-   * Bases, workspaces and toolkits; `all` adds the per-OCI-layer records
-   * (`oci-diff:*`) registry imports keep to reuse conversions.
+   * The layers the key's project sees: the platform's bases, workspaces and
+   * toolkits, and the snapshots and forks of the project and its ancestors
+   * (`project` names the owner; absent: the platform's). `projectId` lists
+   * what that project (the key's own or a descendant) sees; `all` adds the
+   * per-OCI-layer records (`oci-diff:*`) registry imports keep.
    */
-  async listImages(options: CallOptions & { all?: boolean } = {}): Promise<LayerInfo[]> {
-    const path = options.all ? '/v1/images?all=true' : '/v1/images';
+  async listImages(
+    options: CallOptions & { all?: boolean; projectId?: string } = {},
+  ): Promise<LayerInfo[]> {
+    const query = new URLSearchParams();
+    if (options.all) query.set('all', 'true');
+    if (options.projectId !== undefined) query.set('projectId', options.projectId);
+    const path = query.size > 0 ? `/v1/images?${query.toString()}` : '/v1/images';
     return (await this.#get<{ layers: LayerInfo[] }>(path, options)).layers;
+  }
+
+  /**
+   * Deletes a snapshot or fork the key's project (or `projectId`, a
+   * descendant) owns, giving its bytes back to the project's `imageBytes`
+   * quota. `image_not_found` for any layer the project does not own itself
+   * (the platform's, an ancestor's, another tenant's); `conflict` while
+   * another layer was snapshotted on top of it.
+   */
+  async deleteImage(
+    ref: string,
+    options: CallOptions & { projectId?: string } = {},
+  ): Promise<void> {
+    const query =
+      options.projectId !== undefined ? `?projectId=${encodeURIComponent(options.projectId)}` : '';
+    await this.#http.json<undefined>({
+      method: 'DELETE',
+      path: `/v1/images/${encodeURIComponent(ref)}${query}`,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs ?? this.#timeoutMs,
+      idempotent: true,
+    });
   }
 
   async createProject(options: CreateProjectOptions): Promise<Project> {

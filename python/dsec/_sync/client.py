@@ -214,10 +214,36 @@ class DSecClient:
 
     # --- images, projects, keys, edges ------------------------------------
 
-    def list_images(self, *, all: bool = False, timeout: Optional[float] = None) -> List[LayerInfo]:
-        """Bases, workspaces and toolkits; ``all`` adds registry imports' per-layer ``oci-diff`` records."""
-        path = "/v1/images?all=true" if all else "/v1/images"
-        return [from_wire(LayerInfo, layer) for layer in (self._get(path, timeout))["layers"]]
+    def list_images(
+        self, *, all: bool = False, project_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> List[LayerInfo]:
+        """The layers the key's project sees: the platform's, and the snapshots and forks of the
+        project and its ancestors (``project`` names the owner). ``project_id`` lists what that
+        project (the key's own or a descendant) sees; ``all`` adds registry imports' per-layer
+        ``oci-diff`` records."""
+        params: List[Any] = []
+        if all:
+            params.append(("all", "true"))
+        if project_id is not None:
+            params.append(("projectId", project_id))
+        answer = self._get("/v1/images", timeout, params=params or None)
+        return [from_wire(LayerInfo, layer) for layer in answer["layers"]]
+
+    def delete_image(
+        self, ref: str, *, project_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> None:
+        """Deletes a snapshot or fork the key's project (or ``project_id``, a descendant) owns,
+        giving its bytes back to the project's ``imageBytes`` quota. ``ImageNotFound`` for any
+        layer the project does not own itself; ``Conflict`` while another layer was
+        snapshotted on top of it."""
+        params = [("projectId", project_id)] if project_id is not None else None
+        self._http.json(
+            "DELETE",
+            f"/v1/images/{segment(ref)}",
+            params=params,
+            timeout=or_default(timeout, self._timeout),
+            retry_safe=True,
+        )
 
     def create_project(
         self,

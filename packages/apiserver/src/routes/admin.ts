@@ -1,24 +1,21 @@
 import type { FastifyInstance } from 'fastify';
 import { DsecError } from '@dsec/core';
-import type { EdgeStatus, LayerInfo } from '@dsec/core';
+import type { EdgeStatus } from '@dsec/core';
 import type { Iam } from '@dsec/iam';
 import type { FleetView } from '@dsec/watcher';
 import { principalOf } from '../auth.js';
+import type { ImageService } from '../image-service.js';
 import { IdParams, KeyBody, ProjectBody, parse } from '../schemas.js';
-import { ListImagesQuery } from '../schemas-io.js';
+import { ImageParams, ImageQuery, ListImagesQuery } from '../schemas-io.js';
 
 export interface AdminRouteDeps {
   iam: Iam;
   fleet: () => Pick<FleetView, 'edges'> | undefined;
-  /** The store's layers; without `all`, the plumbing records registry imports keep are left out. */
-  imagesList?: ((options: { all: boolean }) => Promise<LayerInfo[]>) | undefined;
+  images: ImageService;
 }
 
 /** Identity, projects, keys, images and the fleet. */
-export function adminRoutes(
-  app: FastifyInstance,
-  { iam, fleet, imagesList }: AdminRouteDeps,
-): void {
+export function adminRoutes(app: FastifyInstance, { iam, fleet, images }: AdminRouteDeps): void {
   app.get('/v1/whoami', async (req) => {
     const { keyId, projectId, role, scopes } = principalOf(req);
     return { keyId, projectId, role, ...(scopes ? { scopes } : {}) };
@@ -45,10 +42,15 @@ export function adminRoutes(
   });
 
   app.get('/v1/images', async (req) => {
-    const { all } = parse(ListImagesQuery, req.query, 'query');
-    if (!imagesList)
-      throw new DsecError('unavailable', 'this apiserver has no image store configured');
-    return { layers: await imagesList({ all: all ?? false }) };
+    const { all, projectId } = parse(ListImagesQuery, req.query, 'query');
+    return { layers: await images.list(principalOf(req), { all: all ?? false, projectId }) };
+  });
+
+  app.delete('/v1/images/:ref', async (req, reply) => {
+    const { ref } = parse(ImageParams, req.params, 'path');
+    const { projectId } = parse(ImageQuery, req.query, 'query');
+    await images.remove(principalOf(req), ref, { projectId });
+    return reply.code(204).send();
   });
 
   // The fleet shows every tenant's load, so only an admin of the root project may see it.

@@ -1,16 +1,28 @@
 import { createHash } from 'node:crypto';
-import { DsecError, formatLayerRef, parseLayerRef, randomId, throwIfAborted } from '@dsec/core';
+import {
+  DsecError,
+  formatLayerKey,
+  formatLayerRef,
+  isDsecError,
+  parseLayerRef,
+  randomId,
+  resolveLayer,
+  throwIfAborted,
+} from '@dsec/core';
 import type {
   BackendKind,
   CommandResult,
   CommandSpec,
   CreateSandboxRequest,
   EdgeApi,
+  EdgeSnapshotRequest,
   EdgeStatus,
+  ImageStore,
+  LayerInfo,
+  LayerView,
   RunCommandOptions,
   SandboxInfo,
   SnapshotInfo,
-  SnapshotRequest,
 } from '@dsec/core';
 
 export interface FakeEdgeOptions {
@@ -22,6 +34,13 @@ export interface FakeEdgeOptions {
   /** How long a paused sandbox waits for a resume before it is stopped. Default 86 400. */
   pausedTtlSeconds?: number;
   now?: () => number;
+  /**
+   * The platform's layers (`name` or `name:version`). Given, a create
+   * resolves every layer it names as the real edge does (the platform's,
+   * then the snapshots of `layerView`'s projects) and answers
+   * `image_not_found` otherwise; absent, any name is a platform layer.
+   */
+  platformImages?: string[];
 }
 
 /** What `getSandbox` reports as charged memory: a running sandbox, and one whose memory went back. */
@@ -41,8 +60,11 @@ export const FAKE_MEMORY_BYTES = { running: 24 * 1024 * 1024, paused: 256 * 1024
  * and a stopped one answers `sandbox_not_running`. The running TTL clock
  * stops while paused (resume moves `expiresAt` by the time spent paused);
  * a paused sandbox is stopped at `pausedExpiresAt` instead. A snapshot
- * records its image in `images` (a name taken is `conflict`); `create`
- * accepts any image name, snapshots included. `getSandbox` reports
+ * records its image in `images` under its layer key (`project/name:version`:
+ * the sandbox's project owns it; a name its view already sees is
+ * `conflict`) and weighs `snapshotBytes` (past the request's `maxBytes`:
+ * `quota_exceeded`). `create` accepts any image name unless
+ * `platformImages` is given (see there). `getSandbox` reports
  * `FAKE_MEMORY_BYTES` as the charged memory.
  */
 export class FakeEdge implements EdgeApi {
@@ -54,8 +76,13 @@ export class FakeEdge implements EdgeApi {
   createCalls = 0;
   readonly #sandboxes = new Map<string, SandboxInfo>();
   readonly #byRequest = new Map<string, string>();
-  /** Snapshot images by `name:version`. */
+  /** Snapshot images by layer key (`project/name:version`). */
   readonly images = new Map<string, SnapshotInfo>();
+  /** What the next snapshots weigh (`layer.sizeBytes`). */
+  snapshotBytes = 0;
+  /** The creates this edge was asked for, in order. */
+  readonly creates: CreateSandboxRequest[] = [];
+  readonly #platformImages: Set<string> | undefined;
   /** Running time left to a paused sandbox, by ID. */
   readonly #remainingMs = new Map<string, number>();
   readonly #createDelayMs: number;
@@ -69,6 +96,38 @@ export class FakeEdge implements EdgeApi {
     this.#createDelayMs = options.createDelayMs ?? 0;
     this.#pausedTtlMs = (options.pausedTtlSeconds ?? 86_400) * 1000;
     this.#now = options.now ?? Date.now;
+    this.#platformImages =
+      options.platformImages &&
+      new Set(options.platformImages.map((r) => formatLayerRef(parseLayerRef(r)!)));
+  }
+
+  /** Layer records as a store would answer them: the platform's, and the snapshots taken here. */
+  readonly #layers: Pick<ImageStore, 'getLayer'> = {
+    getLayer: async (ref, options) => {
+      const parsed = parseLayerRef(ref);
+      const key = parsed && formatLayerKey({ ...parsed, project: options?.project });
+      const snap = key === undefined ? undefined : this.images.get(key);
+      if (snap) return snap.layer;
+      const platform =
+        parsed !== undefined &&
+        options?.project === undefined &&
+        (this.#platformImages?.has(formatLayerRef(parsed)) ?? true);
+      if (!platform) throw new DsecError('image_not_found', `no layer ${ref}`);
+      return fakeLayer(parsed);
+    },
+  };
+
+  /** Every layer this edge knows, as a store lists them: the platform's, then the snapshots. */
+  layers(): LayerInfo[] {
+    const platform = [...(this.#platformImages ?? [])].map((r) => fakeLayer(parseLayerRef(r)!));
+    return [...platform, ...[...this.images.values()].map((i) => clone(i.layer))];
+  }
+
+  /** Drops a snapshot of `project` (a store's `removeLayer`); `image_not_found` when absent. */
+  async removeLayer(ref: string, project: string): Promise<void> {
+    const parsed = parseLayerRef(ref);
+    const key = parsed && formatLayerKey({ ...parsed, project });
+    if (!key || !this.images.delete(key)) throw new DsecError('image_not_found', `no layer ${ref}`);
   }
 
   async status(signal?: AbortSignal): Promise<EdgeStatus> {
@@ -103,6 +162,20 @@ export class FakeEdge implements EdgeApi {
       throw err;
     }
     if (!this.healthy) throw new DsecError('unavailable', `edge ${this.edgeId} is down`);
+    this.creates.push(clone(req));
+    const view = req.layerView ?? [req.projectId];
+    const named: [string, string][] = [
+      ['image', req.spec.image],
+      ...(req.spec.workspace ? [['workspace', req.spec.workspace] as [string, string]] : []),
+      ...req.spec.toolkits.map((t, i): [string, string] => [`toolkits.${i}`, t]),
+    ];
+    for (const [field, ref] of named) {
+      await resolveLayer(this.#layers, ref, view).catch((err: unknown) => {
+        if (isDsecError(err, 'image_not_found'))
+          throw new DsecError('image_not_found', err.message, { field });
+        throw err;
+      });
+    }
     const requestKey =
       req.requestId === undefined ? undefined : `${req.projectId}\n${req.requestId}`;
     const earlier = requestKey === undefined ? undefined : this.#byRequest.get(requestKey);
@@ -206,7 +279,7 @@ export class FakeEdge implements EdgeApi {
 
   async snapshotSandbox(
     id: string,
-    req: SnapshotRequest,
+    req: EdgeSnapshotRequest,
     signal?: AbortSignal,
   ): Promise<SnapshotInfo> {
     throwIfAborted(signal);
@@ -216,7 +289,21 @@ export class FakeEdge implements EdgeApi {
     }
     const s = this.#running(id, true);
     const image = formatLayerRef(ref);
-    if (this.images.has(image)) throw new DsecError('conflict', `image ${image} exists`);
+    const owner = s.projectId;
+    const view: LayerView = [...(req.layerView ?? []), owner];
+    // Without `platformImages` every name would be the platform's: only snapshots can be taken.
+    const taken = this.#platformImages
+      ? await resolveLayer(this.#layers, image, view).then(
+          () => true,
+          () => false,
+        )
+      : view.some((p) => this.images.has(formatLayerKey({ ...ref, project: p })));
+    if (taken) throw new DsecError('conflict', `image ${image} exists`, { field: 'name' });
+    if (req.maxBytes !== undefined && this.snapshotBytes > req.maxBytes) {
+      throw new DsecError('quota_exceeded', `snapshot ${image} is over its quota`, {
+        details: { resource: 'imageBytes', limit: req.maxBytes, requested: this.snapshotBytes },
+      });
+    }
     const scrub = [...(req.scrub ?? [])];
     const parents = [
       s.spec.image,
@@ -229,9 +316,10 @@ export class FakeEdge implements EdgeApi {
       layer: {
         name: ref.name,
         version: ref.version,
-        kind: 'workspace',
+        kind: 'snapshot',
         digest,
-        sizeBytes: 0,
+        project: owner,
+        sizeBytes: this.snapshotBytes,
         contentBytes: 0,
         fileCount: 0,
         createdAt: new Date(this.#now()).toISOString(),
@@ -243,7 +331,7 @@ export class FakeEdge implements EdgeApi {
       freezeMs: 0,
       totalMs: 0,
     };
-    this.images.set(image, info);
+    this.images.set(formatLayerKey({ ...ref, project: owner }), info);
     return clone(info);
   }
 
@@ -332,6 +420,20 @@ export class FakeEdge implements EdgeApi {
     }
     return s;
   }
+}
+
+function fakeLayer(ref: { name: string; version: string }): LayerInfo {
+  return {
+    name: ref.name,
+    version: ref.version,
+    kind: 'base',
+    digest: `sha256:${createHash('sha256').update(formatLayerRef(ref)).digest('hex')}`,
+    sizeBytes: 0,
+    contentBytes: 0,
+    fileCount: 0,
+    createdAt: new Date(0).toISOString(),
+    source: 'fake',
+  };
 }
 
 function clone<T>(v: T): T {

@@ -47,6 +47,7 @@ export async function createTestApi(
     /** Transport limits (timeouts, connection cap) passed to `buildApiServer`. */
     transport?: Partial<Pick<ApiServerOptions, TransportOption>>;
     imagesList?: ApiServerOptions['imagesList'];
+    imagesRemove?: ApiServerOptions['imagesRemove'];
   } = {},
 ): Promise<TestApi> {
   const db = await openControlDb(
@@ -70,6 +71,7 @@ export async function createTestApi(
     ids,
     logger: options.logger,
     imagesList: options.imagesList,
+    imagesRemove: options.imagesRemove,
     ...options.transport,
   });
   return {

@@ -127,3 +127,64 @@ void describe('dsec image push/pull', () => {
     assert.doesNotMatch(r.err, /secret@/);
   });
 });
+
+void describe('dsec image and owners (issue 24 point 2)', () => {
+  void test('ls shows each layer’s owner; inspect and rm take PROJECT/NAME or --project', async () => {
+    const { stateDir } = await stateWithLayer('platform bytes');
+    const store = new DirImageStore(join(stateDir, 'images'));
+    const src = join(stateDir, 'blob2');
+    await writeFile(src, 'project bytes');
+    const { digest, sizeBytes } = await store.putBlob(src);
+    await store.putLayer({
+      name: 'demo',
+      version: 'v1',
+      kind: 'snapshot',
+      digest,
+      sizeBytes,
+      contentBytes: sizeBytes,
+      fileCount: 1,
+      createdAt: new Date(0).toISOString(),
+      source: 'snapshot',
+      project: 'prj-a',
+      parents: ['demo:v1'],
+      parentDigests: [digest],
+    });
+    const ls = await dsec(stateDir, ['image', 'ls']);
+    assert.equal(ls.code, 0, ls.err);
+    assert.match(ls.out, /OWNER\n/);
+    assert.match(ls.out, /^demo:v1\s+base\s.*\splatform$/m);
+    assert.match(ls.out, /^demo:v1\s+snapshot\s.*\sprj-a$/m);
+    const only = await dsec(stateDir, ['--json', 'image', 'ls', '--project', 'prj-b']);
+    assert.deepEqual(
+      (JSON.parse(only.out) as { project?: string }[]).map((l) => l.project),
+      [undefined],
+    );
+
+    const inspect = await dsec(stateDir, ['image', 'inspect', 'prj-a/demo:v1']);
+    assert.equal(inspect.code, 0, inspect.err);
+    assert.match(inspect.out, /^kind\s+snapshot$/m);
+    assert.match(inspect.out, /^owner\s+prj-a$/m);
+    const same = await dsec(stateDir, [
+      '--json',
+      'image',
+      'inspect',
+      'demo:v1',
+      '--project',
+      'prj-a',
+    ]);
+    assert.equal((JSON.parse(same.out) as { digest: string }).digest, digest);
+    const mismatch = await dsec(stateDir, ['image', 'rm', 'prj-a/demo:v1', '--project', 'prj-b']);
+    assert.equal(mismatch.code, 1);
+    assert.match(mismatch.err, /invalid_argument/);
+
+    // No server answers here: the project's layer goes from the store, with a warning.
+    const removed = await dsec(stateDir, ['image', 'rm', 'prj-a/demo:v1']);
+    assert.equal(removed.code, 0, removed.err);
+    assert.match(removed.err, /still count against the project's imageBytes quota/);
+    assert.deepEqual(
+      (await store.listLayers()).map((l) => [l.kind, l.project]),
+      [['base', undefined]],
+      'the platform’s demo:v1 stays',
+    );
+  });
+});

@@ -3,6 +3,9 @@ import { join, resolve } from 'node:path';
 import type { Command } from 'commander';
 import {
   DsecError,
+  formatLayerRef,
+  isDsecError,
+  parseLayerKey,
   parseLayerRef,
   type ImageStore,
   type LayerInfo,
@@ -108,6 +111,25 @@ interface ImportOptions {
  * bucket (`s3://bucket/prefix?endpoint=…&region=…`, credentials from the
  * environment).
  */
+/** `PROJECT/NAME[:VERSION]`, or a ref with `--project`: the namespace a command acts on. */
+function ownedRef(text: string, flag: string | undefined): { ref: string; project?: string } {
+  const key = parseLayerKey(text);
+  if (!key) {
+    throw new DsecError(
+      'invalid_argument',
+      `${JSON.stringify(text)} is not NAME[:VERSION] or PROJECT/NAME[:VERSION]`,
+      { field: 'ref' },
+    );
+  }
+  if (key.project !== undefined && flag !== undefined && key.project !== flag) {
+    throw new DsecError('invalid_argument', `${text} names another project than --project`, {
+      field: 'project',
+    });
+  }
+  const project = key.project ?? flag;
+  return { ref: formatLayerRef(key), ...(project !== undefined ? { project } : {}) };
+}
+
 export function register(program: Command): void {
   const image = imageCommand(program);
 
@@ -208,10 +230,14 @@ export function register(program: Command): void {
 
   image
     .command('inspect <ref>')
-    .description('show a layer record: digests, sizes, kind, source, image config')
-    .action(async (refText: string, _opts: unknown, command: Command) => {
+    .description(
+      'show a layer record: digests, sizes, kind, source, owner, image config (a project’s: PROJECT/NAME[:VERSION] or --project)',
+    )
+    .option('--project <id>', 'the layer of this project (default: the platform’s)')
+    .action(async (refText: string, opts: { project?: string }, command: Command) => {
       const ctx = contextOf(command);
-      const layer = await localStore(ctx).getLayer(refText);
+      const { ref, project } = ownedRef(refText, opts.project);
+      const layer = await localStore(ctx).getLayer(ref, { project });
       if (ctx.json) {
         ctx.printJson(layer);
         return;
@@ -225,6 +251,7 @@ export function register(program: Command): void {
         ['content', `${formatBytes(layer.contentBytes)} in ${layer.fileCount} entries`],
         ['created', layer.createdAt],
         ['source', layer.source],
+        ['owner', layer.project ?? 'platform'],
         ['parents', layer.parents?.join(' ')],
         ['env', layer.config?.env?.join(' ')],
         ['cmd', layer.config?.cmd && JSON.stringify(layer.config.cmd)],
@@ -237,13 +264,30 @@ export function register(program: Command): void {
 
   image
     .command('rm <ref...>')
-    .description('remove layers from the local store (blobs no other layer uses are deleted)')
-    .action(async (refs: string[], _opts: unknown, command: Command) => {
+    .description(
+      'remove layers (blobs no other layer uses are deleted): the platform’s from the local store; a project’s (PROJECT/NAME[:VERSION] or --project) through the API, which gives its bytes back to the project’s quota',
+    )
+    .option('--project <id>', 'layers of this project (default: the platform’s)')
+    .action(async (refs: string[], opts: { project?: string }, command: Command) => {
       const ctx = contextOf(command);
       const store = localStore(ctx);
-      for (const ref of refs) {
-        await store.removeLayer(ref);
-        if (!ctx.json) ctx.out(`removed ${ref}`);
+      for (const text of refs) {
+        const { ref, project } = ownedRef(text, opts.project);
+        if (project === undefined) await store.removeLayer(ref);
+        else {
+          await ctx
+            .client()
+            .deleteImage(ref, { projectId: project, signal: ctx.signal })
+            .catch(async (err: unknown) => {
+              if (!isDsecError(err, 'unavailable')) throw err;
+              // No cluster to ask: the store alone. Its quota ledger is IAM's, updated at the next charge.
+              await store.removeLayer(ref, { project });
+              ctx.io.stderr.write(
+                `warning: no DSec server answered; removed ${text} from the store only, so its bytes still count against the project's imageBytes quota\n`,
+              );
+            });
+        }
+        if (!ctx.json) ctx.out(`removed ${text}`);
       }
       if (ctx.json) ctx.out(JSON.stringify({ removed: refs }));
     });

@@ -10,17 +10,27 @@ export function register(program: Command): void {
   const image = imageCommand(program);
   image
     .command('ls')
-    .description('list image layers (base, workspace, toolkit)')
+    .description(
+      'list image layers: the platform’s, and the snapshots of your project and its ancestors',
+    )
     .option('--all', 'also list the per-layer records registry imports keep (oci-diff:*)')
-    .action(async (opts: { all?: boolean }, command: Command) => {
+    .option('--project <id>', 'what this project (yours or a descendant) sees')
+    .action(async (opts: { all?: boolean; project?: string }, command: Command) => {
       const ctx = contextOf(command);
-      // No cluster running: the local store is what `dsec up` would serve.
+      // No cluster running: the local store is what `dsec up` would serve (every owner's layers).
       const all = await ctx
         .client()
-        .listImages({ signal: ctx.signal, all: true })
+        .listImages({
+          signal: ctx.signal,
+          all: true,
+          ...(opts.project !== undefined ? { projectId: opts.project } : {}),
+        })
         .catch(async (err: unknown) => {
           if (!isDsecError(err, 'unavailable')) throw err;
-          return await localStore(ctx).listLayers();
+          const layers = await localStore(ctx).listLayers();
+          return opts.project === undefined
+            ? layers
+            : layers.filter((l) => l.project === undefined || l.project === opts.project);
         });
       const layers = opts.all ? all : all.filter((l) => !isOciDiffLayer(l));
       if (ctx.json) {
@@ -35,9 +45,10 @@ export function register(program: Command): void {
         String(l.fileCount),
         formatRelative(l.createdAt, now),
         l.digest.slice(0, 'sha256:'.length + 12),
+        l.project ?? 'platform',
       ]);
       ctx.io.stdout.write(
-        formatTable(['IMAGE', 'KIND', 'SIZE', 'FILES', 'CREATED', 'DIGEST'], rows),
+        formatTable(['IMAGE', 'KIND', 'SIZE', 'FILES', 'CREATED', 'DIGEST', 'OWNER'], rows),
       );
     });
 }

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { contextOf } from '../context.js';
-import { formatTable } from '../format.js';
+import { formatBytes, formatTable } from '../format.js';
 import { parseInteger, parseNumber } from '../parse.js';
 
 /** `dsec project create|ls`. */
@@ -20,6 +20,11 @@ export function register(program: Command): void {
       'quota: function calls started per second',
       parseInteger,
     )
+    .option(
+      '--max-image-bytes <n>',
+      'quota: bytes of the layers (snapshots, forks) the project and its children own',
+      parseInteger,
+    )
     .action(async (name: string, opts: CreateProjectOptions, command: Command) => {
       const ctx = contextOf(command);
       const quota = {
@@ -27,6 +32,7 @@ export function register(program: Command): void {
         memoryMb: opts.maxMemoryMb,
         cpuCores: opts.maxCpus,
         fncallsPerSecond: opts.maxFncallsPerSecond,
+        imageBytes: opts.maxImageBytes,
       };
       const hasQuota = Object.values(quota).some((v) => v !== undefined);
       const created = await ctx.client().createProject({
@@ -58,10 +64,20 @@ export function register(program: Command): void {
         limit(p.quota?.memoryMb, ' MiB'),
         limit(p.quota?.cpuCores),
         limit(p.quota?.fncallsPerSecond, '/s'),
+        p.quota?.imageBytes === undefined ? '-' : formatBytes(p.quota.imageBytes),
       ]);
       ctx.io.stdout.write(
         formatTable(
-          ['ID', 'NAME', 'PARENT', 'MAX SANDBOXES', 'MAX MEMORY', 'MAX CPUS', 'MAX CALLS'],
+          [
+            'ID',
+            'NAME',
+            'PARENT',
+            'MAX SANDBOXES',
+            'MAX MEMORY',
+            'MAX CPUS',
+            'MAX CALLS',
+            'MAX IMAGES',
+          ],
           rows,
         ),
       );
@@ -74,4 +90,5 @@ interface CreateProjectOptions {
   maxMemoryMb?: number;
   maxCpus?: number;
   maxFncallsPerSecond?: number;
+  maxImageBytes?: number;
 }

@@ -1,17 +1,21 @@
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import {
   DsecError,
+  formatLayerKey,
   formatLayerRef,
   isDsecError,
+  parseLayerKey,
   parseLayerRef,
+  resolveLayer,
   toDsecError,
+  type EdgeSnapshotRequest,
   type ImageStore,
   type LayerInfo,
+  type LayerView,
   type SandboxState,
   type SnapshotInfo,
-  type SnapshotRequest,
 } from '@dsec/core';
 import {
   copyUpperDir,
@@ -113,7 +117,7 @@ export class Snapshotter {
   async snapshot(
     rec: SandboxRecord,
     source: SnapshotSource,
-    req: SnapshotRequest,
+    req: EdgeSnapshotRequest,
     stateOf: () => SandboxState | undefined,
     signal?: AbortSignal,
   ): Promise<SnapshotInfo> {
@@ -133,7 +137,7 @@ export class Snapshotter {
   async #snapshot(
     rec: SandboxRecord,
     source: SnapshotSource,
-    req: SnapshotRequest,
+    req: EdgeSnapshotRequest,
     stateOf: () => SandboxState | undefined,
     signal?: AbortSignal,
   ): Promise<SnapshotInfo> {
@@ -159,7 +163,11 @@ export class Snapshotter {
         details: { state },
       });
     }
-    const taken = await store.getLayer(image).then(
+    // The layer is the sandbox's project's. Its name is taken when the project already sees
+    // one (the platform's, an ancestor's: it would shadow the snapshot) or holds one itself;
+    // a name only another tenant holds is free (no refusal tells of it).
+    const owner = rec.projectId;
+    const taken = await resolveLayer(store, image, [...(req.layerView ?? []), owner]).then(
       () => true,
       (err: unknown) => {
         if (isDsecError(err, 'image_not_found')) return false;
@@ -234,6 +242,15 @@ export class Snapshotter {
         await rm(staging, { recursive: true, force: true });
       }
       const stats = await shiftErofsIds(output, { ...uidMap, signal });
+      // What the project's image quota reserved for it; nothing is stored past it.
+      const bytes = (await stat(output)).size;
+      if (req.maxBytes !== undefined && bytes > req.maxBytes) {
+        throw new DsecError(
+          'quota_exceeded',
+          `snapshot ${image} is ${bytes} bytes, more than the ${req.maxBytes} its project's imageBytes quota has room for`,
+          { details: { resource: 'imageBytes', limit: req.maxBytes, requested: bytes } },
+        );
+      }
       const put = await store.putBlob(output, { move: true, ...(signal ? { signal } : {}) });
       const layer: LayerInfo = {
         name: ref.name,
@@ -245,14 +262,15 @@ export class Snapshotter {
         fileCount: stats.fileCount,
         createdAt: new Date().toISOString(),
         source: 'snapshot',
-        parents: rec.layers.map(formatLayerRef),
+        project: owner,
+        parents: rec.layers.map(formatLayerKey),
         parentDigests: rec.layers.map((l) => l.digest),
         scrub: [...scrubList],
       };
       await store.putLayer(layer);
       return {
         image,
-        layer: await store.getLayer(image),
+        layer: await store.getLayer(image, { project: owner }),
         parents: layer.parents!,
         scrub: [...scrubList],
         freezeMs: round(freezeMs),
@@ -346,17 +364,30 @@ export function containerSnapshotSource(backend: unknown, rec: SandboxRecord): S
  * parent rebuilt under the same name since would put the captured changes on
  * a different tree). The list is already flat — a snapshot of a sandbox made
  * from a snapshot records that snapshot and everything under it — so there is
- * nothing to recurse into.
+ * nothing to recurse into. Each parent is read from its owner's namespace,
+ * which must be the platform's or one `view` sees (a record naming any other
+ * is refused as if absent).
  */
 export async function snapshotParents(
   store: ImageStore,
   snapshot: LayerInfo,
+  view: LayerView,
 ): Promise<LayerInfo[]> {
   const refs = snapshot.parents ?? [];
   const digests = snapshot.parentDigests ?? [];
   const out: LayerInfo[] = [];
   for (const [i, ref] of refs.entries()) {
-    const layer = await store.getLayer(ref).catch((err: unknown) => {
+    const key = parseLayerKey(ref);
+    const seen =
+      key !== undefined &&
+      (key.project === undefined || key.project === snapshot.project || view.includes(key.project));
+    const found = seen
+      ? store.getLayer(
+          formatLayerRef(key),
+          key.project === undefined ? {} : { project: key.project },
+        )
+      : Promise.reject(new DsecError('image_not_found', `no layer ${ref}`));
+    const layer = await found.catch((err: unknown) => {
       throw new DsecError(
         'image_not_found',
         `layer ${ref} under snapshot ${formatLayerRef(snapshot)} is gone`,

@@ -86,7 +86,7 @@ test('a snapshot captures written, changed and deleted files, scrubs, and is an 
     assert.deepEqual(snap.parents, ['busybox:latest', 'ws:latest']);
     assert.deepEqual(snap.layer.scrub, ['/data/secret.txt', '/ws/answer.txt', '/tmp/build/**']);
     assert.ok(snap.freezeMs > 0 && snap.freezeMs <= snap.totalMs, JSON.stringify(snap));
-    const stored = await store.getLayer('snap1');
+    const stored = await store.getLayer('snap1', { project: 'p1' });
     assert.deepEqual(stored.parentDigests, [
       (await store.getLayer('busybox')).digest,
       (await store.getLayer('ws')).digest,
@@ -114,7 +114,7 @@ test('a snapshot captures written, changed and deleted files, scrubs, and is an 
 
     // A snapshot of a sandbox made from a snapshot stacks on it (the direct path: no lower scrub).
     const snap2 = await edge.snapshotSandbox(copy, { name: 'snap2:v1' });
-    assert.deepEqual(snap2.parents, ['busybox:latest', 'ws:latest', 'snap1:latest']);
+    assert.deepEqual(snap2.parents, ['busybox:latest', 'ws:latest', 'p1/snap1:latest']);
     const third = await create(edge, { image: 'snap2:v1' });
     assert.equal(await sh(edge, third, 'cat /data/new.txt /data/second'), 'new\nmore\n2\n');
     assert.equal(await sh(edge, third, 'ls /ws/dir'), 'd\n', 'opaque on the direct path too');
@@ -245,7 +245,9 @@ test('kill -9 during a snapshot: the sandbox is thawed at restart and no half-wr
       assert.equal(await freezerState(cgroupParent, id), 'THAWED');
       assert.equal((await edge.getSandbox(id)).state, 'running');
       assert.equal(await sh(edge, id, 'echo alive'), 'alive\n');
-      await assert.rejects(store.getLayer('crashed'), (err) => isDsecError(err, 'image_not_found'));
+      await assert.rejects(store.getLayer('crashed', { project: 'p1' }), (err) =>
+        isDsecError(err, 'image_not_found'),
+      );
       assert.deepEqual(
         (await store.listLayers()).map((l) => l.name),
         ['busybox'],

@@ -205,6 +205,35 @@ export const MIGRATIONS: readonly Migration[] = [
   ALTER TABLE edges ADD COLUMN cordoned INTEGER NOT NULL DEFAULT 0;`,
     },
   },
+  {
+    version: 7,
+    name: 'image bytes quota',
+    // Bytes of layers a project's subtree may own (docs/adr/0019-layer-ownership.md); NULL: no
+    // limit of its own. One row per snapshot being taken (`id` a holder, lapsing at `expires_at`)
+    // or per layer a project owns (`id` its layer key, `expires_at` NULL: held until deleted).
+    sql: {
+      sqlite: `
+  ALTER TABLE projects ADD COLUMN quota_image_bytes INTEGER;
+  CREATE TABLE image_reservations (
+    id TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL REFERENCES projects(id),
+    bytes INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER
+  );
+  CREATE INDEX image_reservations_project ON image_reservations(project_id);`,
+      postgres: `
+  ALTER TABLE projects ADD COLUMN quota_image_bytes BIGINT;
+  CREATE TABLE image_reservations (
+    id TEXT PRIMARY KEY,
+    project_id TEXT NOT NULL REFERENCES projects(id),
+    bytes BIGINT NOT NULL,
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT
+  );
+  CREATE INDEX image_reservations_project ON image_reservations(project_id);`,
+    },
+  },
 ];
 
 /** The newest layout this release knows. */

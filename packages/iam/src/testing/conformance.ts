@@ -327,7 +327,12 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
           e.details?.['projectId'] === a.id &&
           e.details['resource'] === 'sandboxes',
       );
-      assert.deepEqual(await iam.usage(a.id), { sandboxes: 3, memoryMb: 3, cpuCores: 0.3 });
+      assert.deepEqual(await iam.usage(a.id), {
+        sandboxes: 3,
+        memoryMb: 3,
+        cpuCores: 0.3,
+        imageBytes: 0,
+      });
       assert.equal(await iam.release('s2'), true);
       assert.equal(await iam.release('s2'), false);
       await iam.reserve(a1.id, { memoryMb: 1, cpuCores: 0.1 }, 's4');
@@ -345,6 +350,108 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.ok(
         (await iam.listAudit()).some((e) => e.action === 'quota.reserve' && e.outcome === 'denied'),
       );
+    });
+
+    test('image bytes: reserved within every ancestor, bound to a layer, released on delete', async (t) => {
+      let now = 1_000_000;
+      const { iam, root } = await fresh(t, { now: () => now, pendingTtlMs: 1000 });
+      const team = await iam.createProject(root, { name: 'team', quota: { imageBytes: 1000 } });
+      assert.equal(team.quota.imageBytes, 1000);
+      await assert.rejects(
+        iam.createProject(root, { name: 'big', parentId: team.id, quota: { imageBytes: 1001 } }),
+        (e) => isDsecError(e, 'permission_denied') && e.field === 'quota.imageBytes',
+      );
+      await assert.rejects(
+        iam.createProject(root, { name: 'neg', parentId: team.id, quota: { imageBytes: -1 } }),
+        (e) => isDsecError(e, 'invalid_argument') && e.field === 'quota.imageBytes',
+      );
+      const c1 = await iam.createProject(root, { name: 'c1', parentId: team.id });
+      const c2 = await iam.createProject(root, {
+        name: 'c2',
+        parentId: team.id,
+        quota: { imageBytes: 300 },
+      });
+      assert.deepEqual(await iam.lineage(c2.id), [root.projectId, team.id, c2.id]);
+      assert.deepEqual(await iam.lineage('prj-unknown'), []);
+
+      // Up to what was asked, or what is left.
+      assert.deepEqual(await iam.reserveImageBytes(c1.id, 'h1', 400), { maxBytes: 400 });
+      assert.deepEqual(await iam.reserveImageBytes(c2.id, 'h2', undefined), { maxBytes: 300 });
+      assert.deepEqual(await iam.reserveImageBytes(c1.id, 'h3', 900), { maxBytes: 300 });
+      await assert.rejects(
+        iam.reserveImageBytes(c1.id, 'h4', 1),
+        (e) =>
+          isDsecError(e, 'quota_exceeded') &&
+          e.details?.['resource'] === 'imageBytes' &&
+          e.details['projectId'] === team.id,
+      );
+      assert.equal((await iam.usage(team.id)).imageBytes, 1000);
+      // Layers are charged what they weigh; the rest of the reservation goes back.
+      await iam.bindImageBytes('h1', c1.id, `${c1.id}/snap:latest`, 150);
+      await iam.bindImageBytes('h2', c2.id, `${c2.id}/snap:latest`, 300);
+      assert.equal(await iam.releaseImageBytes('h3'), true);
+      assert.deepEqual(await iam.usage(c1.id), {
+        sandboxes: 0,
+        memoryMb: 0,
+        cpuCores: 0,
+        imageBytes: 150,
+      });
+      assert.equal((await iam.usage(team.id)).imageBytes, 450);
+      // c2's own limit is full.
+      await assert.rejects(iam.reserveImageBytes(c2.id, 'h5', 1), (e) =>
+        isDsecError(e, 'quota_exceeded'),
+      );
+      // Growing past the reservation is checked against every limit.
+      await iam.reserveImageBytes(c1.id, 'h6', 10);
+      await assert.rejects(iam.bindImageBytes('h6', c1.id, `${c1.id}/huge:latest`, 600), (e) =>
+        isDsecError(e, 'quota_exceeded'),
+      );
+      await iam.bindImageBytes('h6', c1.id, `${c1.id}/fits:latest`, 550);
+      assert.equal((await iam.usage(team.id)).imageBytes, 1000);
+      // Deleting a layer gives its bytes back, to the child and every ancestor.
+      assert.equal(await iam.releaseImageBytes(`${c2.id}/snap:latest`), true);
+      assert.equal((await iam.usage(team.id)).imageBytes, 700);
+      // A pending reservation lapses; a bound one never does.
+      await iam.reserveImageBytes(c1.id, 'h7', 300);
+      await assert.rejects(iam.reserveImageBytes(c1.id, 'h8', 1), (e) =>
+        isDsecError(e, 'quota_exceeded'),
+      );
+      now += 1001;
+      assert.equal((await iam.usage(team.id)).imageBytes, 700);
+      assert.deepEqual(await iam.reserveImageBytes(c1.id, 'h7', 1), { maxBytes: 1 });
+      // Without a limit nothing is reserved, but what a layer weighs is still counted.
+      const free = await iam.createProject(root, { name: 'free' });
+      assert.deepEqual(await iam.reserveImageBytes(free.id, 'h9', 5), { maxBytes: undefined });
+      await iam.bindImageBytes('h9', free.id, `${free.id}/x:latest`, 5);
+      assert.equal((await iam.usage(free.id)).imageBytes, 5);
+      await assert.rejects(iam.reserveImageBytes('prj-unknown', 'h10', 1), (e) =>
+        isDsecError(e, 'not_found'),
+      );
+      assert.ok(
+        (await iam.listAudit()).some(
+          (e) => e.action === 'quota.reserve' && e.details?.['resource'] === 'imageBytes',
+        ),
+      );
+    });
+
+    test('image bytes from 3 instances at once never overrun the quota', async (t) => {
+      const { iam, root, location } = await fresh(t);
+      const instances = [
+        iam,
+        ...(await Promise.all([1, 2].map(async () => (await open(t, location)).iam))),
+      ];
+      const team = await iam.createProject(root, { name: 'team', quota: { imageBytes: 1000 } });
+      const kids = await Promise.all(
+        ['k1', 'k2'].map((name) => iam.createProject(root, { name, parentId: team.id })),
+      );
+      const results = await Promise.allSettled(
+        Array.from({ length: 30 }, (_, i) =>
+          instances[i % 3]!.reserveImageBytes(kids[i % 2]!.id, `h${i}`, 100),
+        ),
+      );
+      const granted = results.filter((r) => r.status === 'fulfilled').length;
+      assert.equal(granted, 10);
+      assert.equal((await iam.usage(team.id)).imageBytes, 1000);
     });
 
     test('pending reservations lapse; bound ones live until the sandbox expires', async (t) => {
@@ -500,6 +607,7 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
         sandboxes: 25,
         memoryMb: 25,
         cpuCores: 12.5,
+        imageBytes: 0,
       });
       assert.ok((await iam.usage(c1.id)).sandboxes <= 10);
     });

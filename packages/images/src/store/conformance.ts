@@ -4,7 +4,13 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, test } from 'node:test';
-import { isDsecError, type ErrorCode, type ImageStore, type LayerInfo } from '@dsec/core';
+import {
+  isDsecError,
+  resolveLayer,
+  type ErrorCode,
+  type ImageStore,
+  type LayerInfo,
+} from '@dsec/core';
 import { openImageStore } from './open.js';
 
 export interface StoreUnderTest {
@@ -51,6 +57,11 @@ export function imageStoreConformance(
     };
     const blob = async (content: string): Promise<string> =>
       (await store.putBlob(await file(content))).digest;
+    const snapshotOf = (parent: string) => ({
+      parents: ['base-img:v1'],
+      parentDigests: [parent],
+      source: 'snapshot',
+    });
     const layer = (over: Partial<LayerInfo> & { digest: string }): LayerInfo => ({
       name: 'base-img',
       version: 'v1',
@@ -265,6 +276,103 @@ export function imageStoreConformance(
         ['v1'],
       );
       assert.equal(await store.hasBlob(digest), true);
+    });
+
+    void test('owners: one name:version per namespace, never clashing across them', async () => {
+      const [d1, d2, d3, d4] = await Promise.all(['p', 'a', 'b', 'other'].map(blob));
+      const platform = layer({ digest: d1! });
+      const mine = layer({ digest: d2!, project: 'prj-a', kind: 'snapshot', ...snapshotOf(d1!) });
+      const theirs = layer({ digest: d3!, project: 'prj-b' });
+      // Whoever writes first, the others' puts of the same name succeed.
+      await store.putLayer(theirs);
+      await store.putLayer(mine);
+      await store.putLayer(platform);
+      assert.deepEqual(await store.getLayer('base-img:v1'), platform);
+      assert.deepEqual(await store.getLayer('base-img:v1', { project: 'prj-a' }), mine);
+      assert.deepEqual(await store.getLayer('base-img:v1', { project: 'prj-b' }), theirs);
+      // Within one namespace a name still conflicts.
+      await rejectsWith(store.putLayer({ ...mine, digest: d4! }), 'conflict');
+      await store.putLayer({ ...mine, createdAt: '2031-01-01T00:00:00.000Z' });
+      assert.deepEqual(
+        (await store.listLayers()).map((l) => [l.name, l.project]),
+        [
+          ['base-img', undefined],
+          ['base-img', 'prj-a'],
+          ['base-img', 'prj-b'],
+        ],
+      );
+    });
+
+    void test('a record is found only in its own namespace', async () => {
+      await store.putLayer(layer({ digest: await blob('x'), name: 'only-a', project: 'prj-a' }));
+      await rejectsWith(store.getLayer('only-a:v1'), 'image_not_found', 'platform');
+      await rejectsWith(store.getLayer('only-a:v1', { project: 'prj-b' }), 'image_not_found');
+      await rejectsWith(store.removeLayer('only-a:v1'), 'image_not_found');
+      await rejectsWith(store.removeLayer('only-a:v1', { project: 'prj-b' }), 'image_not_found');
+      assert.equal((await store.getLayer('only-a:v1', { project: 'prj-a' })).project, 'prj-a');
+      // A project option naming nothing is the platform's namespace.
+      await store.putLayer(layer({ digest: await blob('y'), name: 'plat' }));
+      assert.equal((await store.getLayer('plat:v1', { project: undefined })).project, undefined);
+    });
+
+    void test('malformed owners: image_not_found to look up, invalid_argument to write', async () => {
+      const digest = await blob('x');
+      await store.putLayer(layer({ digest }));
+      for (const project of ['', '../prj-a', 'prj-a/..', 'a/b', '.', 'prj a', 'x'.repeat(129)]) {
+        await rejectsWith(store.getLayer('base-img:v1', { project }), 'image_not_found', project);
+        await rejectsWith(
+          store.removeLayer('base-img:v1', { project }),
+          'image_not_found',
+          project,
+        );
+        await assert.rejects(
+          store.putLayer(layer({ digest, project })),
+          (e) => isDsecError(e, 'invalid_argument') && e.field === 'project',
+          JSON.stringify(project),
+        );
+      }
+      assert.deepEqual((await store.listLayers()).length, 1);
+    });
+
+    void test('removing one owner’s record keeps the others’ and the blobs they use', async () => {
+      const shared = await blob('shared');
+      await store.putLayer(layer({ digest: shared }));
+      await store.putLayer(layer({ digest: shared, project: 'prj-a' }));
+      await store.removeLayer('base-img:v1', { project: 'prj-a' });
+      await rejectsWith(store.getLayer('base-img:v1', { project: 'prj-a' }), 'image_not_found');
+      assert.equal((await store.getLayer('base-img:v1')).digest, shared);
+      assert.equal(await store.hasBlob(shared), true);
+      // A blob only a project's record uses is in use.
+      const own = await blob('own');
+      await store.putLayer(layer({ digest: own, name: 'mine', project: 'prj-a' }));
+      await rejectsWith(store.deleteBlob(own), 'conflict');
+      await store.removeLayer('mine:v1', { project: 'prj-a' });
+      assert.equal(await store.hasBlob(own), false);
+      await store.removeLayer('base-img:v1');
+      assert.equal(await store.hasBlob(shared), false);
+      assert.deepEqual(await store.listLayers(), []);
+    });
+
+    void test('resolveLayer: the platform first, then the view root first, never outside it', async () => {
+      const [dp, dr, dc, dx] = await Promise.all(['p', 'r', 'c', 'x'].map(blob));
+      await store.putLayer(layer({ name: 'shared', digest: dr!, project: 'prj-root' }));
+      await store.putLayer(layer({ name: 'shared', digest: dc!, project: 'prj-child' }));
+      await store.putLayer(layer({ name: 'own', digest: dc!, project: 'prj-child' }));
+      await store.putLayer(layer({ name: 'foreign', digest: dx!, project: 'prj-other' }));
+      const view = ['prj-root', 'prj-child'];
+      assert.equal((await resolveLayer(store, 'shared:v1', view)).project, 'prj-root');
+      assert.equal((await resolveLayer(store, 'own:v1', view)).project, 'prj-child');
+      await assert.rejects(
+        resolveLayer(store, 'foreign:v1', view),
+        (e) => isDsecError(e, 'image_not_found') && !e.message.includes('prj-'),
+      );
+      await assert.rejects(resolveLayer(store, 'own:v1', []), (e) =>
+        isDsecError(e, 'image_not_found'),
+      );
+      // A platform layer of the name, built later, wins over every project's.
+      await store.putLayer(layer({ name: 'shared', digest: dp! }));
+      assert.equal((await resolveLayer(store, 'shared:v1', view)).project, undefined);
+      assert.equal((await resolveLayer(store, 'shared:v1', view)).digest, dp);
     });
 
     void test('deleteBlob removes an unused blob and refuses one a layer uses', async () => {

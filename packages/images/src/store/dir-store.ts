@@ -11,25 +11,28 @@ import {
   stat,
   unlink,
 } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import {
   DsecError,
+  formatLayerKey,
   formatLayerRef,
   LAYER_NAME_PATTERN,
+  LAYER_PROJECT_PATTERN,
   LAYER_VERSION_PATTERN,
-  parseLayerRef,
   throwIfAborted,
   type ImageStore,
   type LayerInfo,
-  type LayerRef,
+  type LayerKey,
 } from '@dsec/core';
 import {
   assertDigest,
   assertLayerBlobsStored,
   assertRange,
   assertSameLayer,
+  compareLayers,
   layerDigests,
   normalizeLayerInfo,
+  storeKey,
   validateLayerInfo,
 } from './validate.js';
 
@@ -40,8 +43,11 @@ const RECORD_SUFFIX = '.json';
  * An ImageStore over a POSIX directory: local disk, or a shared mount
  * (3FS, CephFS, NFS) used by many edges at once.
  *
- * Layout: `blobs/sha256/<hex>` (mode 0444, never rewritten),
- * `layers/<name>/<version>.json`, and `tmp/` for builders' scratch space.
+ * Layout: `blobs/sha256/<hex>` (mode 0444, never rewritten, shared by every
+ * owner), the platform's records at `layers/<name>/<version>.json` (where
+ * every record written before owners existed already is), a project's at
+ * `projects/<project>/layers/<name>/<version>.json`, and `tmp/` for
+ * builders' scratch space.
  * Every write goes to a temp file in the destination directory, is fsynced,
  * then renamed (blobs) or hard-linked (records, so that creation fails
  * atomically when another process got there first). Nothing is locked: a
@@ -75,8 +81,15 @@ export class DirImageStore implements ImageStore {
     return join(this.blobDir, digest.slice('sha256:'.length));
   }
 
-  private recordFile(ref: LayerRef): string {
-    return join(this.root, 'layers', ref.name, ref.version + RECORD_SUFFIX);
+  /** Where the records of one owner live: the platform's, or a project's. */
+  private layersDir(project: string | undefined): string {
+    return project === undefined
+      ? join(this.root, 'layers')
+      : join(this.root, 'projects', project, 'layers');
+  }
+
+  private recordFile(key: LayerKey): string {
+    return join(this.layersDir(key.project), key.name, key.version + RECORD_SUFFIX);
   }
 
   async putBlob(
@@ -201,8 +214,8 @@ export class DirImageStore implements ImageStore {
     const path = this.blobFile(digest);
     const user = (await this.listLayers()).find((l) => layerDigests(l).includes(digest));
     if (user) {
-      throw new DsecError('conflict', `blob ${digest} is used by layer ${formatLayerRef(user)}`, {
-        details: { layer: formatLayerRef(user) },
+      throw new DsecError('conflict', `blob ${digest} is used by layer ${formatLayerKey(user)}`, {
+        details: { layer: formatLayerKey(user) },
       });
     }
     await unlinkIfPresent(path);
@@ -213,7 +226,7 @@ export class DirImageStore implements ImageStore {
     const record = normalizeLayerInfo(layer);
     await assertLayerBlobsStored(record, (digest) => this.hasBlob(digest));
     const final = this.recordFile(record);
-    const dir = join(this.root, 'layers', record.name);
+    const dir = dirname(final);
     await mkdir(dir, { recursive: true });
     const tmp = join(dir, tempName());
     try {
@@ -237,47 +250,40 @@ export class DirImageStore implements ImageStore {
     }
   }
 
-  async getLayer(ref: string): Promise<LayerInfo> {
-    const parsed = parseLayerRef(ref);
-    if (!parsed)
-      throw new DsecError(
-        'image_not_found',
-        `no layer ${JSON.stringify(ref)} (malformed reference)`,
-      );
-    return await this.readRecord(this.recordFile(parsed), ref);
+  async getLayer(ref: string, options?: { project?: string | undefined }): Promise<LayerInfo> {
+    return await this.readRecord(this.recordFile(storeKey(ref, options)), ref);
   }
 
   async listLayers(): Promise<LayerInfo[]> {
-    const layersDir = join(this.root, 'layers');
-    const names = await readdirIfPresent(layersDir);
+    const owners: (string | undefined)[] = [undefined];
+    for (const p of await readdirIfPresent(join(this.root, 'projects'))) {
+      if (LAYER_PROJECT_PATTERN.test(p)) owners.push(p);
+    }
     const out: LayerInfo[] = [];
-    for (const name of names.sort()) {
-      if (!LAYER_NAME_PATTERN.test(name)) continue;
-      const files = await readdirIfPresent(join(layersDir, name));
-      for (const file of files.sort()) {
-        if (!file.endsWith(RECORD_SUFFIX)) continue;
-        const version = file.slice(0, -RECORD_SUFFIX.length);
-        if (!LAYER_VERSION_PATTERN.test(version)) continue;
-        try {
-          out.push(await this.readRecord(join(layersDir, name, file), `${name}:${version}`));
-        } catch (err) {
-          // Removed between readdir and read: not a layer any more.
-          if (err instanceof DsecError && err.code === 'image_not_found') continue;
-          throw err;
+    for (const project of owners) {
+      const layersDir = this.layersDir(project);
+      for (const name of await readdirIfPresent(layersDir)) {
+        if (!LAYER_NAME_PATTERN.test(name)) continue;
+        for (const file of await readdirIfPresent(join(layersDir, name))) {
+          if (!file.endsWith(RECORD_SUFFIX)) continue;
+          const version = file.slice(0, -RECORD_SUFFIX.length);
+          if (!LAYER_VERSION_PATTERN.test(version)) continue;
+          try {
+            out.push(await this.readRecord(join(layersDir, name, file), `${name}:${version}`));
+          } catch (err) {
+            // Removed between readdir and read: not a layer any more.
+            if (err instanceof DsecError && err.code === 'image_not_found') continue;
+            throw err;
+          }
         }
       }
     }
-    return out;
+    return out.sort(compareLayers);
   }
 
-  async removeLayer(ref: string): Promise<void> {
-    const parsed = parseLayerRef(ref);
-    if (!parsed)
-      throw new DsecError(
-        'image_not_found',
-        `no layer ${JSON.stringify(ref)} (malformed reference)`,
-      );
-    const file = this.recordFile(parsed);
+  async removeLayer(ref: string, options?: { project?: string | undefined }): Promise<void> {
+    const key = storeKey(ref, options);
+    const file = this.recordFile(key);
     const removed = await this.readRecord(file, ref);
     try {
       await unlink(file);
@@ -286,7 +292,12 @@ export class DirImageStore implements ImageStore {
         throw new DsecError('image_not_found', `no layer ${ref}`, { cause: err });
       throw err;
     }
-    await rmdir(join(this.root, 'layers', parsed.name)).catch(() => undefined);
+    // Empty directories go (a project's too); ones still holding records stay.
+    await rmdir(dirname(file)).catch(() => undefined);
+    if (key.project !== undefined) {
+      await rmdir(this.layersDir(key.project)).catch(() => undefined);
+      await rmdir(join(this.root, 'projects', key.project)).catch(() => undefined);
+    }
     const inUse = new Set((await this.listLayers()).flatMap(layerDigests));
     for (const digest of layerDigests(removed)) {
       if (!inUse.has(digest)) await unlinkIfPresent(this.blobFile(digest));

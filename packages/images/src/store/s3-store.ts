@@ -9,22 +9,24 @@ import type * as S3Sdk from '@aws-sdk/client-s3';
 import type { S3Client } from '@aws-sdk/client-s3';
 import {
   DsecError,
-  formatLayerRef,
+  formatLayerKey,
   LAYER_NAME_PATTERN,
+  LAYER_PROJECT_PATTERN,
   LAYER_VERSION_PATTERN,
-  parseLayerRef,
   throwIfAborted,
   type ImageStore,
   type LayerInfo,
-  type LayerRef,
+  type LayerKey,
 } from '@dsec/core';
 import {
   assertDigest,
   assertLayerBlobsStored,
   assertRange,
   assertSameLayer,
+  compareLayers,
   layerDigests,
   normalizeLayerInfo,
+  storeKey,
   validateLayerInfo,
 } from './validate.js';
 
@@ -91,7 +93,9 @@ interface Download {
  * `readBlobRange` fetches only the bytes asked for (on-demand data blobs).
  *
  * Layout under `prefix`: `blobs/sha256/<hex>` (written once, by digest) and
- * `layers/<name>/<version>.json` (the same records as the dir store).
+ * the same records as the dir store, the platform's at
+ * `layers/<name>/<version>.json` and a project's at
+ * `projects/<project>/layers/<name>/<version>.json`.
  * `putBlob` hashes the file first, skips the upload when the object is already
  * there with the right size, and re-hashes while uploading so a file changed
  * in between is refused rather than stored under the wrong digest.
@@ -208,8 +212,27 @@ export class S3ImageStore implements ImageStore {
     return `${this.prefix}blobs/sha256/${digest.slice('sha256:'.length)}`;
   }
 
-  private recordKey(ref: LayerRef): string {
-    return `${this.prefix}layers/${ref.name}/${ref.version}${RECORD_SUFFIX}`;
+  private recordKey(key: LayerKey): string {
+    const owner = key.project === undefined ? '' : `projects/${key.project}/`;
+    return `${this.prefix}${owner}layers/${key.name}/${key.version}${RECORD_SUFFIX}`;
+  }
+
+  /** `name:version` of a record's key in either layout; undefined for any other object. */
+  private recordRef(key: string): string | undefined {
+    if (!key.startsWith(this.prefix) || !key.endsWith(RECORD_SUFFIX)) return undefined;
+    const parts = key.slice(this.prefix.length, -RECORD_SUFFIX.length).split('/');
+    const [name, version] =
+      parts.length === 3 && parts[0] === 'layers'
+        ? [parts[1]!, parts[2]!]
+        : parts.length === 5 &&
+            parts[0] === 'projects' &&
+            parts[2] === 'layers' &&
+            LAYER_PROJECT_PATTERN.test(parts[1]!)
+          ? [parts[3]!, parts[4]!]
+          : ['', ''];
+    return LAYER_NAME_PATTERN.test(name) && LAYER_VERSION_PATTERN.test(version)
+      ? `${name}:${version}`
+      : undefined;
   }
 
   private cacheFile(digest: string): string {
@@ -547,8 +570,8 @@ export class S3ImageStore implements ImageStore {
     assertDigest(digest);
     const user = (await this.listLayers()).find((l) => layerDigests(l).includes(digest));
     if (user) {
-      throw new DsecError('conflict', `blob ${digest} is used by layer ${formatLayerRef(user)}`, {
-        details: { layer: formatLayerRef(user) },
+      throw new DsecError('conflict', `blob ${digest} is used by layer ${formatLayerKey(user)}`, {
+        details: { layer: formatLayerKey(user) },
       });
     }
     await this.deleteBlobObject(digest);
@@ -562,7 +585,7 @@ export class S3ImageStore implements ImageStore {
   async putLayer(layer: LayerInfo): Promise<void> {
     validateLayerInfo(layer);
     const record = normalizeLayerInfo(layer);
-    const lockKey = `${this.location}|${formatLayerRef(record)}`;
+    const lockKey = `${this.location}|${formatLayerKey(record)}`;
     const previous = layerLocks.get(lockKey) ?? Promise.resolve();
     const mine = previous.then(() => this.putLayerLocked(record));
     const tail = mine.catch(() => undefined);
@@ -576,7 +599,7 @@ export class S3ImageStore implements ImageStore {
 
   private async putLayerLocked(record: LayerInfo): Promise<void> {
     await assertLayerBlobsStored(record, (digest) => this.hasBlob(digest));
-    const ref = formatLayerRef(record);
+    const ref = formatLayerKey(record);
     const key = this.recordKey(record);
     const existing = await this.readRecord(key, ref).catch((err: unknown) => {
       if (err instanceof DsecError && err.code === 'image_not_found') return undefined;
@@ -605,69 +628,50 @@ export class S3ImageStore implements ImageStore {
     }
   }
 
-  async getLayer(ref: string): Promise<LayerInfo> {
-    const parsed = parseLayerRef(ref);
-    if (!parsed) {
-      throw new DsecError(
-        'image_not_found',
-        `no layer ${JSON.stringify(ref)} (malformed reference)`,
-      );
-    }
-    return await this.readRecord(this.recordKey(parsed), ref);
+  async getLayer(ref: string, options?: { project?: string | undefined }): Promise<LayerInfo> {
+    return await this.readRecord(this.recordKey(storeKey(ref, options)), ref);
   }
 
   async listLayers(): Promise<LayerInfo[]> {
     const sdk = await loadSdk();
     const client = await this.client();
-    const base = `${this.prefix}layers/`;
-    const found: { key: string; name: string; version: string }[] = [];
-    let token: string | undefined;
-    do {
-      const page = await client
-        .send(
-          new sdk.ListObjectsV2Command({
-            Bucket: this.bucket,
-            Prefix: base,
-            ...(token !== undefined ? { ContinuationToken: token } : {}),
-          }),
-        )
-        .catch((err: unknown) => {
-          throw this.mapError(err, 'the layer index');
-        });
-      for (const object of page.Contents ?? []) {
-        const key = object.Key;
-        if (key === undefined || !key.endsWith(RECORD_SUFFIX)) continue;
-        const parts = key.slice(base.length, -RECORD_SUFFIX.length).split('/');
-        if (parts.length !== 2) continue;
-        const [name, version] = parts as [string, string];
-        if (!LAYER_NAME_PATTERN.test(name) || !LAYER_VERSION_PATTERN.test(version)) continue;
-        found.push({ key, name, version });
-      }
-      token = page.IsTruncated ? page.NextContinuationToken : undefined;
-    } while (token !== undefined);
+    const found: { key: string; ref: string }[] = [];
+    // The platform's records, then every project's (blobs are never listed).
+    for (const under of ['layers/', 'projects/']) {
+      let token: string | undefined;
+      do {
+        const page = await client
+          .send(
+            new sdk.ListObjectsV2Command({
+              Bucket: this.bucket,
+              Prefix: this.prefix + under,
+              ...(token !== undefined ? { ContinuationToken: token } : {}),
+            }),
+          )
+          .catch((err: unknown) => {
+            throw this.mapError(err, 'the layer index');
+          });
+        for (const object of page.Contents ?? []) {
+          const ref = object.Key === undefined ? undefined : this.recordRef(object.Key);
+          if (ref !== undefined) found.push({ key: object.Key!, ref });
+        }
+        token = page.IsTruncated ? page.NextContinuationToken : undefined;
+      } while (token !== undefined);
+    }
     const records = await mapBounded(found, 8, async (f) => {
       try {
-        return await this.readRecord(f.key, `${f.name}:${f.version}`);
+        return await this.readRecord(f.key, f.ref);
       } catch (err) {
         // Removed between the listing and the read: not a layer any more.
         if (err instanceof DsecError && err.code === 'image_not_found') return undefined;
         throw err;
       }
     });
-    return records
-      .filter((r): r is LayerInfo => r !== undefined)
-      .sort((a, b) => compare(a.name, b.name) || compare(a.version, b.version));
+    return records.filter((r): r is LayerInfo => r !== undefined).sort(compareLayers);
   }
 
-  async removeLayer(ref: string): Promise<void> {
-    const parsed = parseLayerRef(ref);
-    if (!parsed) {
-      throw new DsecError(
-        'image_not_found',
-        `no layer ${JSON.stringify(ref)} (malformed reference)`,
-      );
-    }
-    const key = this.recordKey(parsed);
+  async removeLayer(ref: string, options?: { project?: string | undefined }): Promise<void> {
+    const key = this.recordKey(storeKey(ref, options));
     const removed = await this.readRecord(key, ref);
     await this.deleteObject(key, `layer ${ref}`);
     const inUse = new Set((await this.listLayers()).flatMap(layerDigests));
@@ -719,7 +723,7 @@ export class S3ImageStore implements ImageStore {
       const layer = JSON.parse(text) as LayerInfo;
       validateLayerInfo(layer);
       // A record must sit where its name and version say, or lookups would lie.
-      if (key !== this.recordKey(layer)) throw new Error(`record names ${formatLayerRef(layer)}`);
+      if (key !== this.recordKey(layer)) throw new Error(`record names ${formatLayerKey(layer)}`);
       return layer;
     } catch (err) {
       throw new DsecError('internal', `layer record ${key} in ${this.location} is corrupt`, {
@@ -947,10 +951,6 @@ async function mapBounded<T, R>(
   };
   await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
   return out;
-}
-
-function compare(a: string, b: string): number {
-  return a < b ? -1 : a > b ? 1 : 0;
 }
 
 async function isFile(path: string): Promise<boolean> {

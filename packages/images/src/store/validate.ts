@@ -3,9 +3,13 @@ import {
   DsecError,
   formatLayerRef,
   LAYER_NAME_PATTERN,
+  LAYER_PROJECT_PATTERN,
   LAYER_VERSION_PATTERN,
+  parseLayerKey,
+  parseLayerRef,
   type ImageConfig,
   type LayerInfo,
+  type LayerKey,
   type LayerKind,
 } from '@dsec/core';
 
@@ -54,6 +58,48 @@ export function assertLayerKind(
   }
 }
 
+/** A layer owner (a project ID); `invalid_argument` naming `field` otherwise. */
+export function assertLayerProject(project: unknown, field = 'project'): asserts project is string {
+  if (typeof project !== 'string' || !LAYER_PROJECT_PATTERN.test(project)) {
+    throw new DsecError('invalid_argument', `${field} must be a project ID`, { field });
+  }
+}
+
+/**
+ * The record a store call names: `ref` in the platform's namespace, or in
+ * `options.project`'s. A malformed ref or project is `image_not_found` (the
+ * lookup of something that cannot exist), so no call can steer a lookup
+ * into a path or key of its own making.
+ */
+export function storeKey(
+  ref: string,
+  options: { project?: string | undefined } | undefined,
+): LayerKey {
+  const parsed = parseLayerRef(ref);
+  if (!parsed) {
+    throw new DsecError('image_not_found', `no layer ${JSON.stringify(ref)} (malformed reference)`);
+  }
+  const project = options?.project;
+  if (project === undefined) return parsed;
+  if (typeof project !== 'string' || !LAYER_PROJECT_PATTERN.test(project)) {
+    throw new DsecError('image_not_found', `no layer ${JSON.stringify(ref)} (malformed project)`);
+  }
+  return { ...parsed, project };
+}
+
+/** The order `listLayers` answers in: name, version, then owner (the platform's first). */
+export function compareLayers(a: LayerInfo, b: LayerInfo): number {
+  return (
+    compare(a.name, b.name) ||
+    compare(a.version, b.version) ||
+    compare(a.project ?? '', b.project ?? '')
+  );
+}
+
+function compare(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
 function assertCount(value: unknown, field: string): void {
   if (!Number.isSafeInteger(value) || (value as number) < 0) {
     throw new DsecError('invalid_argument', `${field} must be a non-negative integer`, { field });
@@ -88,6 +134,7 @@ export function validateLayerInfo(layer: LayerInfo): void {
       field: 'source',
     });
   }
+  if (layer.project !== undefined) assertLayerProject(layer.project);
   if (layer.parents !== undefined) assertStrings(layer.parents, 'parents');
   if (layer.scrub !== undefined) assertStrings(layer.scrub, 'scrub');
   if (layer.parentDigests !== undefined) {
@@ -106,6 +153,15 @@ export function validateLayerInfo(layer: LayerInfo): void {
       'a snapshot needs parents and one parentDigest per parent',
       { field: 'parents' },
     );
+  }
+  if (layer.kind === 'snapshot') {
+    layer.parents!.forEach((p, i) => {
+      if (!parseLayerKey(p)) {
+        throw new DsecError('invalid_argument', `parents.${i} must be a layer key`, {
+          field: `parents.${i}`,
+        });
+      }
+    });
   }
   const config = layer.config as unknown;
   if (config !== undefined) {
@@ -147,6 +203,7 @@ export function normalizeLayerInfo(layer: LayerInfo): LayerInfo {
     fileCount: layer.fileCount,
     createdAt: layer.createdAt,
     source: layer.source,
+    ...(layer.project !== undefined ? { project: layer.project } : {}),
     ...(layer.config !== undefined ? { config: normalizeConfig(layer.config) } : {}),
     ...(layer.parents !== undefined ? { parents: [...layer.parents] } : {}),
     ...(layer.parentDigests !== undefined ? { parentDigests: [...layer.parentDigests] } : {}),

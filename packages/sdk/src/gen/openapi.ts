@@ -156,13 +156,33 @@ export interface paths {
       cookie?: never;
     };
     /**
-     * Image layers
-     * @description Bases, workspaces and toolkits; `?all=true` adds the per-OCI-layer records (`oci-diff:*`) registry imports keep to reuse conversions.
+     * Image layers the key’s project sees
+     * @description The platform’s bases, workspaces and toolkits, and the snapshots and forks of the project and its ancestors (`project` names the owner; absent: the platform’s). Where several of these hold one `name:version`, they are listed in the order a create resolves the name: the platform’s first, then the root-most project’s. `?projectId=` lists what that project (the key’s own or a descendant) sees; `?all=true` adds the per-OCI-layer records (`oci-diff:*`) registry imports keep to reuse conversions. 404 `not_found` for a project the key cannot reach.
      */
     get: operations['listImages'];
     put?: never;
     post?: never;
     delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/v1/images/{ref}': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    post?: never;
+    /**
+     * Delete a layer the project owns
+     * @description Removes a snapshot or fork of the key’s project (or of `?projectId=`, a descendant) and gives its bytes back to the project’s `imageBytes` quota. Never the platform’s layers or an ancestor’s: 404 `image_not_found` for any layer the project does not own itself. 409 `conflict` while another layer was snapshotted on top of it (`details.layers`). A scoped key needs `sandboxes:snapshot`.
+     */
+    delete: operations['deleteImage'];
     options?: never;
     head?: never;
     patch?: never;
@@ -1394,7 +1414,10 @@ export interface components {
       kind: 'base' | 'workspace' | 'toolkit' | 'snapshot';
       name: string;
       parentDigests?: string[];
+      /** @description Layer keys, bottom first: `name:version` for the platform’s, `project/name:version` for a project’s. */
       parents?: string[];
+      /** @description The project that owns the layer (its snapshots and forks); absent for the platform’s. */
+      project?: string;
       scrub?: string[];
       sizeBytes: number;
       source: string;
@@ -1450,6 +1473,7 @@ export interface components {
       quota: {
         cpuCores?: number;
         fncallsPerSecond?: number;
+        imageBytes?: number;
         memoryMb?: number;
         sandboxes?: number;
       };
@@ -1460,6 +1484,7 @@ export interface components {
       quota?: {
         cpuCores?: number;
         fncallsPerSecond?: number;
+        imageBytes?: number;
         memoryMb?: number;
         sandboxes?: number;
       };
@@ -1931,6 +1956,7 @@ export interface operations {
     parameters: {
       query?: {
         all?: '1' | '0' | 'true' | 'false';
+        projectId?: string;
       };
       header?: never;
       path?: never;
@@ -1951,6 +1977,36 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+    };
+  };
+  deleteImage: {
+    parameters: {
+      query?: {
+        projectId?: string;
+      };
+      header?: never;
+      path: {
+        ref: string;
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description Done; no body. */
+      204: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content?: never;
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      403: components['responses']['PermissionDenied'];
+      404: components['responses']['NotFound'];
+      409: components['responses']['Conflict'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
