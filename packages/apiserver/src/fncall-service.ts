@@ -7,7 +7,7 @@ import type {
   FnCallRequest,
   FnCallResult,
 } from '@dsec/core';
-import type { Principal } from '@dsec/iam';
+import { FNCALL_SCOPE, mayCallFnCall, type Principal } from '@dsec/iam';
 import { routeFnCall } from './fncall-routing.js';
 import type { FnCallEdgeCandidate } from './fncall-routing.js';
 import type { EdgeDirectory } from './sandbox-service.js';
@@ -38,6 +38,15 @@ export interface FnCallServiceDeps {
    */
   admitCalls?:
     ((principal: Principal, projectId: string, calls: number) => Promise<void>) | undefined;
+  /** Records a refusal (IAM's audit log): a scoped key without `fncall:run`. */
+  audit?:
+    | ((
+        keyId: string,
+        action: string,
+        outcome: 'denied',
+        details: Record<string, unknown>,
+      ) => Promise<void>)
+    | undefined;
   /** Random source of the routing shuffle (tests). */
   random?: (() => number) | undefined;
 }
@@ -69,8 +78,15 @@ export class FnCallService {
     return this.#route(principal.projectId, req, signal);
   }
 
-  /** Admits `calls` calls of the caller's project (the quota); `batch` does not admit by itself. */
+  /**
+   * Admits `calls` calls of the caller's project: a scoped key needs `fncall:run`
+   * (`permission_denied`, audited), then the quota. `batch` does not admit by itself.
+   */
   async admit(principal: Principal, calls: number): Promise<void> {
+    if (!mayCallFnCall(principal)) {
+      await this.#d.audit?.(principal.keyId, 'fncall', 'denied', { reason: 'no fncall scope' });
+      throw new DsecError('permission_denied', `this key has no ${FNCALL_SCOPE} scope`);
+    }
     await this.#d.admitCalls?.(principal, principal.projectId, calls);
   }
 

@@ -341,3 +341,36 @@ test('an edge the watcher marks down is still tried, after the healthy ones', as
   assert.equal(r.statusCode, 200);
   assert.equal(r.json<FnCallResult>().edgeId, 'edge-a');
 });
+
+test('a scoped key calls FnCall only with fncall:run (403, audited), single calls and batches', async () => {
+  const edge = addFnCall(new FakeEdge({ edgeId: 'edge-a' }));
+  edge.fncallDouble.onCall = () => ({ result: { stdout: 'ran\n' } });
+  const { api, post } = await setup([edge]);
+  const mint = async (scopes: string[]) => {
+    const res = await post('/v1/keys', { projectId: api.rootProjectId, role: 'member', scopes });
+    assert.equal(res.statusCode, 201, res.body);
+    return res.json<{ id: string; key: string }>();
+  };
+  // A runtime key for task images: it may start task sandboxes, not run code on the runtimes.
+  const runtime = await mint(['images:run:task-*']);
+  for (const [url, body] of [
+    ['/v1/fncall', call],
+    ['/v1/fncall/batch', { calls: [call, call] }],
+  ] as const) {
+    const res = await post(url, body, runtime.key);
+    assert.equal(res.statusCode, 403, res.body);
+    assert.equal(res.json().error.code, 'permission_denied');
+  }
+  assert.equal(edge.fncallDouble.calls.length, 0, 'nothing reached the edge');
+  const denied = (await api.iam.listAudit()).filter(
+    (e) => e.action === 'fncall' && e.actorKeyId === runtime.id,
+  );
+  assert.equal(denied.length, 2);
+  assert.ok(denied.every((e) => e.outcome === 'denied'));
+
+  const caller = await mint(['fncall:run']);
+  const ok = await post('/v1/fncall', call, caller.key);
+  assert.equal(ok.statusCode, 200, ok.body);
+  // Unscoped keys keep every restrictive right, this one included.
+  assert.equal((await post('/v1/fncall', call)).statusCode, 200);
+});

@@ -265,6 +265,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
       watcher,
       admitCalls:
         options.admitFnCalls ?? ((_principal, projectId, n) => fncallLimiter.acquire(projectId, n)),
+      audit: (keyId, action, outcome, details) => iam.audit(keyId, action, '', outcome, details),
     }),
   );
   ptyWebSocket(app, service, iam);

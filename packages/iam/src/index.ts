@@ -33,9 +33,11 @@ export { canonicalJson, requestFingerprint } from './fingerprint.js';
 export { API_KEY_PATTERN, hashApiKey } from './keys.js';
 export {
   checkScopes,
+  FNCALL_SCOPE,
   isScoped,
   MAX_PATTERN_WILDCARDS,
   MAX_SCOPES,
+  mayCallFnCall,
   mayRevokeScopes,
   mayRunImage,
   mayReadMetrics,

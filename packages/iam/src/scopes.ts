@@ -10,6 +10,10 @@ import type { Principal } from './types.js';
  * too, except:
  *
  * - `sandboxes:snapshot` is needed to snapshot (and so to fork) a sandbox;
+ * - `fncall:run` is needed to call FnCall runtimes (`/v1/fncall`): code run
+ *   there stacks no layer a run pattern could name, so without it a key
+ *   limited to `images:run:task-*` would still run any code on the
+ *   platform's runtimes;
  * - `images:run:<pattern>` is needed to create a sandbox: every layer it
  *   stacks (image, workspace, toolkits) must match one of the key's run
  *   patterns. A pattern is a layer reference where `*` matches any run of
@@ -18,7 +22,7 @@ import type { Principal } from './types.js';
  *   At most `MAX_PATTERN_WILDCARDS` stars per pattern; patterns are matched
  *   by hand in O(n·m) (`glob.ts`), never compiled to a RegExp.
  *
- * Those two are *restrictive* (`SCOPES`): they give back, on a scoped key, a
+ * Those are *restrictive* (`SCOPES`): they give back, on a scoped key, a
  * right every unscoped key has. Other scopes are *additive*: they add a right
  * the role alone does not give, so no key holds them unless it carries them:
  *
@@ -37,6 +41,7 @@ import type { Principal } from './types.js';
  * root-project member minted itself `metrics:read`).
  */
 export const SNAPSHOT_SCOPE = 'sandboxes:snapshot';
+export const FNCALL_SCOPE = 'fncall:run';
 export const RUN_SCOPE_PREFIX = 'images:run:';
 export const METRICS_SCOPE = 'metrics:read';
 /** Scopes on one key at most. */
@@ -65,6 +70,7 @@ export interface ScopeSpec {
 /** Every scope a key may carry. A new scope must say here which kind it is. */
 export const SCOPES: readonly ScopeSpec[] = Object.freeze([
   { name: SNAPSHOT_SCOPE, family: false, kind: 'restrictive' },
+  { name: FNCALL_SCOPE, family: false, kind: 'restrictive' },
   { name: RUN_SCOPE_PREFIX, family: true, kind: 'restrictive' },
   { name: METRICS_SCOPE, family: false, kind: 'additive' },
 ]);
@@ -132,6 +138,11 @@ export function isScoped(principal: Principal): boolean {
 /** Whether the principal may snapshot (unscoped keys may). */
 export function maySnapshot(principal: Principal): boolean {
   return principal.scopes === undefined || principal.scopes.includes(SNAPSHOT_SCOPE);
+}
+
+/** Whether the principal may call FnCall runtimes (unscoped keys may). */
+export function mayCallFnCall(principal: Principal): boolean {
+  return principal.scopes === undefined || principal.scopes.includes(FNCALL_SCOPE);
 }
 
 /**

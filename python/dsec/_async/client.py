@@ -271,7 +271,8 @@ class DSecClient:
         timeout: Optional[float] = None,
     ) -> CreatedKey:
         """Creates an API key (``role`` ``"admin"`` or ``"member"``, the default).
-        ``scopes`` limit it (``sandboxes:snapshot``, ``images:run:<pattern>``) or add
+        ``scopes`` limit it (``sandboxes:snapshot``, ``fncall:run``,
+        ``images:run:<pattern>``) or add
         ``metrics:read``; a key grants only rights it holds. The secret in ``key`` is
         returned only this once."""
         body = compact(
