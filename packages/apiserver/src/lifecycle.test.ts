@@ -407,7 +407,13 @@ test('builder and runtime keys: snapshot without running the result, and the rev
   assert.equal(snap.status, 201, JSON.stringify(snap.body));
   const image = snap.body.image as string;
 
-  // The builder cannot run what it built...
+  // The builder cannot run what it built, not even by naming it after what it may run...
+  for (const name of ['base-x', 'base-py:v2']) {
+    const own = await call(a.app, 'POST', `/v1/sandboxes/${src.id}/snapshot`, builder.key, {
+      name,
+    });
+    assert.deepEqual([own.status, ...code(own)], [403, 'permission_denied', 'name'], name);
+  }
   const run1 = await call(a.app, 'POST', '/v1/sandboxes', builder.key, { image });
   assert.deepEqual([run1.status, ...code(run1)], [403, 'permission_denied', 'image']);
   const run2 = await call(a.app, 'POST', '/v1/sandboxes', builder.key, {

@@ -16,6 +16,7 @@ import type {
 } from '@dsec/core';
 import {
   isScoped,
+  mayRunImage,
   maySnapshot,
   requestFingerprint,
   SNAPSHOT_SCOPE,
@@ -280,6 +281,7 @@ export class SandboxService {
     signal?: AbortSignal,
   ): Promise<SnapshotInfo> {
     await this.#requireSnapshot(principal, id);
+    await this.#requireUnrunnableName(principal, id, req.name);
     const sandbox = await this.open(principal, id, signal);
     const snap = await this.#snapshotCharged(principal, sandbox, req, signal);
     await this.#d.iam.audit(principal.keyId, 'sandbox.snapshot', id, 'ok', {
@@ -688,6 +690,24 @@ export class SandboxService {
       reason: 'no snapshot scope',
     });
     throw new DsecError('permission_denied', `this key has no ${SNAPSHOT_SCOPE} scope`);
+  }
+
+  /**
+   * A scoped key may not snapshot under a name its own run patterns match: a builder
+   * (`sandboxes:snapshot`, `images:run:base*`) would otherwise name its snapshot `base-x` and
+   * run what it built, which the split of builder and runtime keys exists to prevent.
+   */
+  async #requireUnrunnableName(principal: Principal, id: string, name: unknown): Promise<void> {
+    if (!isScoped(principal) || typeof name !== 'string' || !mayRunImage(principal, name)) return;
+    await this.#d.iam.audit(principal.keyId, 'sandbox.snapshot', id, 'denied', {
+      reason: 'name within own run scope',
+      image: name,
+    });
+    throw new DsecError(
+      'permission_denied',
+      `this key could run an image named ${JSON.stringify(name)} (its images:run scopes match it), so it may not snapshot under that name`,
+      { field: 'name' },
+    );
   }
 
   /** A scoped key must hold a run scope for every layer the spec stacks. */

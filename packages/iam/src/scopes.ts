@@ -31,7 +31,9 @@ import type { Principal } from './types.js';
  *
  * So `['sandboxes:snapshot', 'images:run:base*']` builds task images from
  * `base` without being able to run what it built, and `['images:run:task-*']`
- * runs them without being able to make new ones.
+ * runs them without being able to make new ones. (The apiserver refuses a
+ * scoped key's snapshot under a name its own run patterns match, so the
+ * builder cannot undo this by naming its snapshot `base-x`.)
  *
  * Granting (`ungrantableScopes`): a key grants only rights it holds. A
  * restrictive scope is grantable by an unscoped key, or by a scoped key whose
