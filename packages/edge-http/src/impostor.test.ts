@@ -59,6 +59,7 @@ interface Seen {
   url: string;
   headers: IncomingHttpHeaders;
   body: Buffer;
+  trailers: Record<string, string>;
 }
 
 /** An answer as the impostor holds it: whole, trailers included. */
@@ -95,17 +96,24 @@ function forwardable(headers: IncomingHttpHeaders): OutgoingHttpHeaders {
   return out;
 }
 
-function send(url: URL, method: string, path: string, headers: OutgoingHttpHeaders, body: Buffer) {
+function send(
+  url: URL,
+  method: string,
+  path: string,
+  headers: OutgoingHttpHeaders,
+  body: Buffer,
+  trailers: Record<string, string> = {},
+) {
+  const chunked = Object.keys(trailers).length > 0;
+  const out: OutgoingHttpHeaders = { ...headers };
+  if (chunked) delete out['content-length'];
+  else {
+    delete out.trailer;
+    out['content-length'] = body.length;
+  }
   return new Promise<Answer>((resolve, reject) => {
     const req = http.request(
-      {
-        hostname: url.hostname,
-        port: url.port,
-        method,
-        path,
-        headers: { ...headers, 'content-length': body.length },
-        agent: false,
-      },
+      { hostname: url.hostname, port: url.port, method, path, headers: out, agent: false },
       (res) => {
         const chunks: Buffer[] = [];
         res.on('data', (c: Buffer) => chunks.push(c));
@@ -121,7 +129,9 @@ function send(url: URL, method: string, path: string, headers: OutgoingHttpHeade
       },
     );
     req.on('error', reject);
-    req.end(body);
+    req.write(body);
+    if (chunked) req.addTrailers(trailers);
+    req.end();
   });
 }
 
@@ -136,7 +146,7 @@ async function impostor(
   const upgraded = new Set<Duplex>();
   const dialer: EdgeDialer = {
     relay: (s, change = {}) =>
-      send(target, s.method, s.url, forwardable(s.headers), change.body ?? s.body),
+      send(target, s.method, s.url, forwardable(s.headers), change.body ?? s.body, s.trailers),
     harvest: (s) =>
       send(target, s.method, s.url, { [HEADER_NONCE]: String(s.headers[HEADER_NONCE]) }, s.body),
   };
@@ -149,6 +159,7 @@ async function impostor(
         url: req.url ?? '/',
         headers: req.headers,
         body: Buffer.concat(chunks),
+        trailers: { ...req.trailers } as Record<string, string>,
       };
       seen.push(s);
       handle(s, dialer).then(
@@ -691,7 +702,10 @@ test('relayed: a changed request body is refused before the edge acts on it', as
         .then((info) => `accepted: ${info.size} bytes`),
     );
     assert.equal(uploads.length, 1);
-    assert.ok(uploads[0]!.error !== undefined, 'the edge saw the upload fail');
+    assert.ok(
+      isDsecError(uploads[0]!.error, 'unauthenticated'),
+      `the edge saw the upload fail its MAC: ${String(uploads[0]!.error)}`,
+    );
   } finally {
     await f.close();
   }
@@ -824,6 +838,7 @@ test('the impostor relaying genuine exchanges unchanged is just a proxy', async 
       seen[0]!.url,
       forwardable(seen[0]!.headers),
       seen[0]!.body,
+      seen[0]!.trailers,
     );
     assert.equal(replay.status, 401);
     assert.equal(replay.headers[HEADER_PROOF], undefined, 'no proof on a refused request');
