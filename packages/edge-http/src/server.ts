@@ -244,7 +244,8 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
     void onUpgrade(req, socket, head, { edge, verifier, log });
   });
 
-  const listener = options.tls ? plaintextGuard(server as https.Server, edgeId, log) : server;
+  const guard = options.tls ? plaintextGuard(server as https.Server, edgeId, log) : undefined;
+  const listener = guard?.listener ?? server;
   await new Promise<void>((resolve, reject) => {
     listener.once('error', reject);
     listener.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => {
@@ -269,6 +270,7 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
         } else server.close(() => resolve());
         server.closeAllConnections();
         for (const socket of upgraded) socket.destroy();
+        for (const socket of guard?.sockets ?? []) socket.destroy();
       });
       return closing;
     },
@@ -282,10 +284,17 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
  * TLS would give it. That answer has no proof: the client refuses it as
  * not authenticated, with its text as an unverified hint.
  */
-function plaintextGuard(server: https.Server, edgeId: string, log: EdgeLogger | undefined) {
+function plaintextGuard(
+  server: https.Server,
+  edgeId: string,
+  log: EdgeLogger | undefined,
+): { listener: net.Server; sockets: Set<net.Socket> } {
   // `server` never listens itself; its connection tracking (header timeouts) starts here.
   server.emit('listening');
-  return net.createServer({ pauseOnConnect: true, noDelay: true }, (socket) => {
+  const sockets = new Set<net.Socket>();
+  const listener = net.createServer({ pauseOnConnect: true, noDelay: true }, (socket) => {
+    sockets.add(socket);
+    socket.once('close', () => sockets.delete(socket));
     socket.on('error', () => undefined);
     // As long as the HTTP server would wait for headers.
     socket.setTimeout(30_000, () => socket.destroy());
@@ -308,9 +317,13 @@ function plaintextGuard(server: https.Server, edgeId: string, log: EdgeLogger | 
         `HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n` +
           `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
       );
+      // Read (and drop) the rest until the client hangs up, but not for long.
+      socket.setTimeout(5_000, () => socket.destroy());
+      socket.resume();
     });
     socket.resume();
   });
+  return { listener, sockets };
 }
 
 /** One request: its parsed parts, its abort signal, and the answers (each one proven). */
