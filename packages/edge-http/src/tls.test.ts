@@ -10,6 +10,7 @@ import { Duplex, Readable } from 'node:stream';
 import tls from 'node:tls';
 import type { TLSSocket } from 'node:tls';
 import { isDsecError, SandboxIdCodec } from '@dsec/core';
+import type { DsecError } from '@dsec/core';
 import type { EdgeApi, FileInfo, PtySession, SandboxIoApi } from '@dsec/core';
 import { edgeApiConformance } from '@dsec/core/testing';
 import { addFnCall, FakeEdge } from '@dsec/apiserver/testing';
@@ -283,7 +284,7 @@ test('a wrong pin is refused before a byte of a request reaches the server', asy
     });
     await assert.rejects(
       fooled.status(),
-      (e) => certificateRefused(e) && e.details?.sha256 === wrong.sha256,
+      (e) => certificateRefused(e) && (e as DsecError).details?.sha256 === wrong.sha256,
     );
     await assert.rejects(
       fooled.io.writeFile('sb', '/secret', Buffer.from('reference answer')),

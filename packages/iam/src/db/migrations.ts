@@ -205,6 +205,18 @@ export const MIGRATIONS: readonly Migration[] = [
   ALTER TABLE edges ADD COLUMN cordoned INTEGER NOT NULL DEFAULT 0;`,
     },
   },
+  {
+    version: 7,
+    name: 'edge TLS pins',
+    // JSON array of the SHA-256 fingerprints of the edge's accepted TLS certificates;
+    // NULL: the edge serves no TLS (issue 24 point 7).
+    sql: {
+      sqlite: `
+  ALTER TABLE edges ADD COLUMN tls_pins TEXT;`,
+      postgres: `
+  ALTER TABLE edges ADD COLUMN tls_pins TEXT;`,
+    },
+  },
 ];
 
 /** The newest layout this release knows. */
