@@ -3,6 +3,7 @@ import http from 'node:http';
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
+import { TLSSocket } from 'node:tls';
 import type { AddressInfo } from 'node:net';
 import { Readable, Transform } from 'node:stream';
 import type { Duplex } from 'node:stream';
@@ -1006,7 +1007,7 @@ function wirePty(
  * for a half-close, passed on as one. The connection closes once both
  * sides have ended (so neither end relies on TCP half-close, which TLS
  * servers do not keep). A failure of the sandbox side resets the
- * connection, so the client can tell it from a clean end; a client frame
+ * connection (drops it, over TLS), so the client can tell it from a clean end; a client frame
  * that fails its MAC drops the connection and the sandbox side with it.
  */
 function wirePort(
@@ -1024,9 +1025,12 @@ function wirePort(
     if (sentEnd && gotEnd) socket.end();
   };
   stream.on('error', () => {
+    // A TLS socket cannot be reset (its handle is not TCP's); closed without END, the
+    // client takes it for the failure it is all the same.
     const s = socket as Duplex & { resetAndDestroy?: () => void };
-    if (typeof s.resetAndDestroy === 'function') s.resetAndDestroy();
-    else socket.destroy();
+    if (!(socket instanceof TLSSocket) && typeof s.resetAndDestroy === 'function') {
+      s.resetAndDestroy();
+    } else socket.destroy();
   });
   socket.once('close', () => stream.destroy());
   stream.on('data', (chunk: Buffer) => {

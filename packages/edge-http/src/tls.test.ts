@@ -163,7 +163,13 @@ function ioEdge(): EdgeApi {
       };
       return session;
     },
-    connectPort: async () => {
+    connectPort: async (_id, port) => {
+      if (port === 81) {
+        // Nothing listens: the sandbox side fails once the client is connected.
+        const refused = new Duplex({ read: () => undefined, write: (_c, _e, cb) => cb() });
+        setTimeout(() => refused.destroy(new Error('connect ECONNREFUSED 127.0.0.1:81')), 20);
+        return refused;
+      }
       // Upper-cases what it got, once its input ends (a half-close passed on).
       const got: Buffer[] = [];
       const svc: Duplex = new Duplex({
@@ -238,6 +244,19 @@ test('the right pin: files, a terminal and a port all work over TLS 1.3', async 
     port.end('tls');
     await ended;
     assert.equal(Buffer.concat(answer).toString(), 'HELLO TLS');
+    // A port whose sandbox side fails is unavailable over TLS too (a TLS socket cannot
+    // be reset: the edge drops it), and the edge goes on serving.
+    const dead = await remote.io.connectPort('sb', 81);
+    await assert.rejects(
+      new Promise((resolve, reject) => {
+        dead.on('error', reject);
+        dead.on('end', resolve);
+        dead.write('GET / HTTP/1.0\r\n\r\n');
+        dead.resume();
+      }),
+      (e) => isDsecError(e, 'unavailable'),
+    );
+    assert.equal((await remote.status()).edgeId, EDGE);
   } finally {
     remote.close();
     await server.close();
