@@ -65,7 +65,12 @@ import {
   PTY_RESIZE,
   PTY_UPGRADE,
 } from './frames.js';
-import { decodeStreamError, EDGE_PATH_PREFIX, HEADER_STREAM_ERROR } from './protocol.js';
+import {
+  decodeStreamError,
+  EDGE_PATH_PREFIX,
+  HEADER_STREAM_ERROR,
+  MAX_JSON_BODY_BYTES,
+} from './protocol.js';
 import { normalizeFingerprint, PinnedAgent } from './tls.js';
 
 export interface RemoteEdgeOptions {
@@ -96,7 +101,14 @@ export interface RemoteEdgeOptions {
 
 /** Errors that mean no connection was made: the edge process is most likely down. */
 const CONNECT_ERRORS = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT']);
+/**
+ * Whole answers are read before they are believed, so they are bounded: an
+ * error body (the edge's are a few hundred bytes) and a JSON answer (the
+ * largest, a listing, is far below the request bodies' own cap). An answer
+ * past its bound is dropped: no honest edge sends one.
+ */
 const MAX_ERROR_BODY_BYTES = 1 << 20;
+const MAX_JSON_ANSWER_BYTES = MAX_JSON_BODY_BYTES;
 
 interface Exchange {
   method: 'GET' | 'POST' | 'PUT' | 'DELETE';
@@ -927,7 +939,7 @@ class EdgeLink {
           return;
         }
         // Whole: the proof covers the body, so nothing is believed before it is all read.
-        this.#readAll(res, signal, ok ? Infinity : MAX_ERROR_BODY_BYTES).then(
+        this.#readAll(res, signal, ok ? MAX_JSON_ANSWER_BYTES : MAX_ERROR_BODY_BYTES).then(
           ({ body, digest }) => {
             const refused = this.#refusal(res, body, digest, exchange);
             if (refused) fail(refused);
@@ -1007,7 +1019,7 @@ class EdgeLink {
     return undefined;
   }
 
-  /** The body (up to `cap` bytes kept) and the digest of all of it. */
+  /** A whole body and its digest; one over `cap` bytes is dropped (`unavailable`). */
   #readAll(
     res: IncomingMessage,
     signal: AbortSignal | undefined,
@@ -1021,6 +1033,16 @@ class EdgeLink {
         hash.update(c);
         size += c.length;
         if (size <= cap) chunks.push(c);
+        else {
+          res.destroy();
+          reject(
+            new DsecError(
+              'unavailable',
+              `edge ${this.edgeId} at ${this.#origin} sent an answer over ${cap} bytes`,
+              { details: { edgeId: this.edgeId, status: res.statusCode } },
+            ),
+          );
+        }
       });
       res.once('end', () => resolve({ body: Buffer.concat(chunks), digest: digestOf(hash) }));
       res.once('error', (err) => reject(this.#lost(err, signal)));

@@ -846,3 +846,23 @@ test('the impostor relaying genuine exchanges unchanged is just a proxy', async 
     await s.close();
   }
 });
+
+test('an error answer past its bound is dropped, not buffered', async () => {
+  const fake = new FakeEdge({ edgeId: EDGE });
+  const s = await setting(fake);
+  try {
+    const sb = await running(fake);
+    const { client } = await s.through(async () => ({
+      status: 500,
+      headers: { 'content-type': 'application/json' },
+      body: Buffer.alloc(3 << 20, 0x20),
+      trailers: {},
+    }));
+    await assert.rejects(
+      client.getSandbox(sb.id),
+      (e) => isDsecError(e, 'unavailable') && /over 1048576 bytes/.test(e.message),
+    );
+  } finally {
+    await s.close();
+  }
+});

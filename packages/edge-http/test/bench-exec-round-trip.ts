@@ -4,8 +4,11 @@
  * it prints numbers and asserts nothing.
  *
  *   node --conditions=dsec-source --import tsx packages/edge-http/test/bench-exec-round-trip.ts \
- *     [--edge fake|real] [--rounds 3000] [--concurrency 32] [--tls]
+ *     [--edge fake|real] [--rounds 3000] [--concurrency 32] [--tls] [--impl DIR]
  *
+ * `--impl DIR` loads `serveEdge`/`RemoteEdge` from DIR/index.ts instead (another
+ * version's `src`, e.g. `git archive <commit> packages/edge-http/src | tar -x -C /tmp/x`
+ * inside the repository, so its imports resolve), for before/after runs side by side.
  * `fake` serves a FakeEdge (the protocol alone); `real` (root) a container
  * edge with one busybox sandbox, so a round trip includes a real `echo`.
  * `--tls` serves over TLS with a pinned certificate made by Debian's openssl.
@@ -13,12 +16,12 @@
 import { execFileSync } from 'node:child_process';
 import { chmod, mkdtemp, readdir, readFile, rm, rmdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { basename, join } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { SandboxIdCodec } from '@dsec/core';
 import type { EdgeApi, SandboxSpec } from '@dsec/core';
 import { FakeEdge } from '@dsec/apiserver/testing';
-import { newEdgeSecret, RemoteEdge, serveEdge } from '@dsec/edge-http';
+import * as current from '@dsec/edge-http';
 
 const { values } = parseArgs({
   options: {
@@ -26,8 +29,12 @@ const { values } = parseArgs({
     rounds: { type: 'string', default: '3000' },
     concurrency: { type: 'string', default: '32' },
     tls: { type: 'boolean', default: false },
+    impl: { type: 'string' },
   },
 });
+const { newEdgeSecret, RemoteEdge, serveEdge } = (
+  values.impl ? await import(resolve(values.impl, 'index.ts')) : current
+) as typeof current;
 const ROUNDS = Number(values.rounds);
 const CONCURRENCY = Number(values.concurrency);
 
@@ -172,6 +179,7 @@ async function main(): Promise<void> {
     console.log(
       JSON.stringify({
         edge: values.edge,
+        impl: values.impl ?? 'current',
         tls: Boolean(tls),
         rounds: ROUNDS,
         inProcessMs: inProcess,
