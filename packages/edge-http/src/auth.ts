@@ -123,15 +123,18 @@ export class SignedExchange {
   }
 
   /** HMAC(secret, label | edge ID | nonce | method | path | fields), lines joined by `\n`. */
-  #mac(label: string, ...fields: (string | number)[]): string {
+  #mac(label: string, ...fields: (string | number)[]): Buffer {
     return createHmac('sha256', this.#secret)
       .update([label, this.edgeId, this.nonce, this.method, this.path, ...fields].join('\n'))
-      .digest('base64url');
+      .digest();
   }
 
   /** The `x-dsec-edge-proof` of an answer. */
   proof(head: AnswerHead): string {
-    return this.#mac('dsec-edge-response', head.status, head.contentType, head.upgrade, head.body);
+    const { status, contentType, upgrade, body } = head;
+    return this.#mac('dsec-edge-response', status, contentType, upgrade, body).toString(
+      'base64url',
+    );
   }
 
   /** The client's check of an answer's proof (constant time). */
@@ -142,16 +145,12 @@ export class SignedExchange {
 
   /** The trailer MAC of a streamed request body (`direction` 'request') or answer ('answer'). */
   bodyMac(direction: 'request' | 'answer', digest: string, error = ''): string {
-    return this.#mac(`dsec-edge-${direction}-body`, digest, error);
+    return this.#mac(`dsec-edge-${direction}-body`, digest, error).toString('base64url');
   }
 
   /** Sealer of frames one way: `request` is client → edge, `answer` edge → client. */
   sealer(direction: 'request' | 'answer'): FrameMac {
-    return new FrameMac(this.#frameKey(direction));
-  }
-
-  #frameKey(direction: 'request' | 'answer'): Buffer {
-    return Buffer.from(this.#mac('dsec-edge-frames', direction), 'base64url');
+    return new FrameMac(this.#mac('dsec-edge-frames', direction));
   }
 }
 
@@ -164,7 +163,8 @@ export class SignedExchange {
  */
 export class FrameMac {
   readonly #key: Buffer;
-  #seq = 0n;
+  /** Frames so far; a number is exact to 2^53, far beyond any stream. */
+  #seq = 0;
 
   constructor(key: Buffer) {
     this.#key = key;
@@ -173,7 +173,9 @@ export class FrameMac {
   /** The MAC of the next frame (the sender's side). */
   next(type: number, payload: Buffer): Buffer {
     const head = Buffer.allocUnsafe(13);
-    head.writeBigUInt64BE(this.#seq++, 0);
+    const seq = this.#seq++;
+    head.writeUInt32BE(Math.floor(seq / 2 ** 32), 0);
+    head.writeUInt32BE(seq % 2 ** 32, 4);
     head.writeUInt8(type, 8);
     head.writeUInt32BE(payload.length, 9);
     return createHmac('sha256', this.#key).update(head).update(payload).digest();
