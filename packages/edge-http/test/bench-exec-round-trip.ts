@@ -6,9 +6,10 @@
  *   node --conditions=dsec-source --import tsx packages/edge-http/test/bench-exec-round-trip.ts \
  *     [--edge fake|real] [--rounds 3000] [--concurrency 32] [--tls] [--impl DIR]
  *
- * `--impl DIR` loads `serveEdge`/`RemoteEdge` from DIR/index.ts instead (another
- * version's `src`, e.g. `git archive <commit> packages/edge-http/src | tar -x -C /tmp/x`
- * inside the repository, so its imports resolve), for before/after runs side by side.
+ * `--impl DIR` loads `serveEdge`/`RemoteEdge` from DIR/index.ts instead: another
+ * version's `src`, unpacked inside the repository so its imports resolve
+ * (`mkdir .base && git archive 12887b5 packages/edge-http/src | tar -x -C .base`, then
+ * `--impl .base/packages/edge-http/src`; remove `.base` after), for before/after runs.
  * `fake` serves a FakeEdge (the protocol alone); `real` (root) a container
  * edge with one busybox sandbox, so a round trip includes a real `echo`.
  * `--tls` serves over TLS with a pinned certificate made by Debian's openssl.
