@@ -4,7 +4,9 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isDsecError } from '@dsec/core';
+import { makeTestCertificate } from '@dsec/edge-http/testing';
 import { fncallOptions, loadClusterConfig, parseClusterConfig } from './config.js';
+import { edgeTlsPins } from './roles.js';
 
 const invalid = (field: string) => (err: unknown) =>
   isDsecError(err) && err.code === 'invalid_argument' && err.field === field;
@@ -133,6 +135,90 @@ test('loading names the file, and says when it is not JSON or missing', async ()
     );
     await writeFile(file, JSON.stringify({ database: 'db.sqlite' }));
     assert.equal((await loadClusterConfig(file)).database, join(dir, 'db.sqlite'));
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+test('edge.tls: paths made absolute, pins in canonical form, an https URL required', () => {
+  const edge = { id: 'e1', stateDir: '/s', secretFile: '/k' };
+  const hex = 'ab'.repeat(32);
+  const config = parseClusterConfig(
+    {
+      edge: {
+        ...edge,
+        url: 'https://10.0.0.7:7430',
+        tls: {
+          certFile: 'tls/edge.crt',
+          keyFile: 'tls/edge.key',
+          pinSha256: [hex, `sha256 Fingerprint=${'CD:'.repeat(31)}CD`],
+          pinCertFiles: ['tls/next.crt'],
+        },
+      },
+    },
+    '/etc/dsec',
+  );
+  assert.deepEqual(config.edge?.tls, {
+    certFile: '/etc/dsec/tls/edge.crt',
+    keyFile: '/etc/dsec/tls/edge.key',
+    pinSha256: [`${'AB:'.repeat(31)}AB`, `${'CD:'.repeat(31)}CD`],
+    pinCertFiles: ['/etc/dsec/tls/next.crt'],
+  });
+  const tls = { certFile: '/c', keyFile: '/k' };
+  assert.throws(
+    () => parseClusterConfig({ edge: { ...edge, url: 'http://10.0.0.7:7430', tls } }),
+    invalid('edge.url'),
+  );
+  assert.throws(
+    () => parseClusterConfig({ edge: { ...edge, tls: { ...tls, pinSha256: ['ab:cd'] } } }),
+    invalid('edge.tls.pinSha256.0'),
+  );
+  assert.throws(
+    () => parseClusterConfig({ edge: { ...edge, tls: { ...tls, pinSha256: [] } } }),
+    invalid('edge.tls.pinSha256'),
+  );
+  assert.throws(
+    () => parseClusterConfig({ edge: { ...edge, tls: { certFile: '/c' } } }),
+    invalid('edge.tls.keyFile'),
+  );
+  assert.throws(
+    () => parseClusterConfig({ edge: { ...edge, tls: { ...tls, pins: [hex] } } }),
+    invalid('edge.tls'),
+  );
+});
+
+test('edge join pins pinSha256 and pinCertFiles, else the edge certificate itself', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'dsec-config-tls-'));
+  try {
+    const a = await makeTestCertificate(dir, 'a');
+    const b = await makeTestCertificate(dir, 'b');
+    const tls = { certFile: a.certFile, keyFile: a.keyFile };
+    assert.deepEqual(await edgeTlsPins(tls), [a.sha256]);
+    assert.deepEqual(await edgeTlsPins({ ...tls, pinCertFiles: [b.certFile] }), [b.sha256]);
+    assert.deepEqual(await edgeTlsPins({ ...tls, pinSha256: [b.sha256] }), [b.sha256]);
+    assert.deepEqual(
+      (
+        await edgeTlsPins({ ...tls, pinSha256: [b.sha256], pinCertFiles: [a.certFile, b.certFile] })
+      ).sort(),
+      [a.sha256, b.sha256].sort(),
+    );
+    // Pins given, the certificate need not be at hand where the join runs.
+    assert.deepEqual(
+      await edgeTlsPins({
+        certFile: join(dir, 'absent.crt'),
+        keyFile: '/k',
+        pinSha256: [a.sha256],
+      }),
+      [a.sha256],
+    );
+    await assert.rejects(
+      edgeTlsPins({ certFile: join(dir, 'absent.crt'), keyFile: '/k' }),
+      invalid('edge.tls.certFile'),
+    );
+    await assert.rejects(
+      edgeTlsPins({ ...tls, pinCertFiles: [a.keyFile] }),
+      invalid('edge.tls.pinCertFiles.0'),
+    );
   } finally {
     await rm(dir, { recursive: true, force: true });
   }

@@ -14,6 +14,7 @@ import { readFile } from 'node:fs/promises';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { z } from 'zod';
 import { DsecError } from '@dsec/core';
+import { normalizeFingerprint } from '@dsec/edge-http';
 
 const Port = z.number().int().min(0).max(65535);
 const Host = z.string().min(1).max(255);
@@ -101,6 +102,26 @@ const FnCallSection = z
   })
   .strict();
 
+/**
+ * TLS between apiservers and this edge (docs/cluster.md "TLS"): the edge
+ * serves `certFile` with `keyFile`; `dsec edge join` registers the pins
+ * every apiserver then requires, `pinSha256` and the certificates of
+ * `pinCertFiles` (several while a certificate is rotated), by default the
+ * SHA-256 of `certFile`.
+ */
+const EdgeTls = z
+  .object({
+    /** The edge's certificate (PEM), usually self-signed: it is pinned, not chained. */
+    certFile: z.string().min(1),
+    /** Its private key (PEM; keep it 0600). */
+    keyFile: z.string().min(1),
+    /** SHA-256 fingerprints apiservers accept (hex, colons optional, as openssl prints them). */
+    pinSha256: z.array(z.string().min(1)).min(1).optional(),
+    /** Certificates (PEM files) whose fingerprints apiservers accept. */
+    pinCertFiles: z.array(z.string().min(1)).min(1).optional(),
+  })
+  .strict();
+
 const EdgeSection = z
   .object({
     /** Unique in the cluster; encoded in every sandbox ID of this edge. */
@@ -108,8 +129,10 @@ const EdgeSection = z
     stateDir: z.string().min(1),
     host: Host.default('127.0.0.1'),
     port: Port.default(7430),
-    /** The URL apiservers dial (default http://host:port). */
+    /** The URL apiservers dial (default http://host:port, https:// with `tls`). */
     url: z.string().url().optional(),
+    /** Serve the edge protocol over TLS with a pinned certificate (default: plaintext). */
+    tls: EdgeTls.optional(),
     /** The per-edge credential shared with the control plane (created 0600 if missing). */
     secretFile: z.string().min(1),
     labels: Labels.default({}),
@@ -244,6 +267,7 @@ export const ClusterConfigSchema = z
 export type ClusterConfig = z.infer<typeof ClusterConfigSchema>;
 export type FnCallConfig = z.infer<typeof FnCallSection>;
 export type EdgeConfig = z.infer<typeof EdgeSection>;
+export type EdgeTlsConfig = z.infer<typeof EdgeTls>;
 export type ApiserverConfig = z.infer<typeof ApiserverSection>;
 export type WatcherConfig = z.infer<typeof WatcherSection>;
 export type UpConfig = z.infer<typeof UpSection>;
@@ -299,6 +323,20 @@ export function parseClusterConfig(input: unknown, baseDir = process.cwd()): Clu
   if (config.edge) {
     config.edge.stateDir = abs(config.edge.stateDir);
     config.edge.secretFile = abs(config.edge.secretFile);
+    const tls = config.edge.tls;
+    if (tls) {
+      tls.certFile = abs(tls.certFile);
+      tls.keyFile = abs(tls.keyFile);
+      if (tls.pinCertFiles) tls.pinCertFiles = tls.pinCertFiles.map(abs);
+      if (tls.pinSha256)
+        tls.pinSha256 = tls.pinSha256.map((p, i) =>
+          normalizeFingerprint(p, `edge.tls.pinSha256.${i}`),
+        );
+      if (config.edge.url && !config.edge.url.startsWith('https:'))
+        throw new DsecError('invalid_argument', 'config: edge.url must be https: with edge.tls', {
+          field: 'edge.url',
+        });
+    }
   }
   return config;
 }

@@ -30,7 +30,11 @@ export interface RegistryFleetOptions {
  */
 export class RegistryFleet {
   readonly #options: RegistryFleetOptions;
-  readonly #clients = new Map<string, { client: RemoteEdge; url: string; secret: string }>();
+  /** Each edge's client, and what it was made from (`pins` joined), to see a change. */
+  readonly #clients = new Map<
+    string,
+    { client: RemoteEdge; url: string; secret: string; pins: string }
+  >();
   readonly #watcher: Watcher | undefined;
   #records: EdgeRecord[] = [];
   #view: FleetView = viewFromRecords([]);
@@ -95,13 +99,30 @@ export class RegistryFleet {
     for (const r of records) {
       seen.add(r.edgeId);
       const known = this.#clients.get(r.edgeId);
-      if (known && known.url === r.url && known.secret === r.secret) continue;
+      const pins = r.tlsPins?.join(',') ?? '';
+      if (known && known.url === r.url && known.secret === r.secret && known.pins === pins)
+        continue;
+      let client: RemoteEdge;
+      try {
+        client = new RemoteEdge({
+          edgeId: r.edgeId,
+          url: r.url,
+          secret: r.secret,
+          ...(r.tlsPins ? { tls: { pinSha256: r.tlsPins } } : {}),
+        });
+      } catch (err) {
+        // A record this release cannot dial (the registry checks what it stores, so only
+        // a hand-edited row): no client, so calls answer as for an unknown edge.
+        this.#options.onWarning?.('an edge registration cannot be used', {
+          edgeId: r.edgeId,
+          err: String(err),
+        });
+        known?.client.close();
+        this.#clients.delete(r.edgeId);
+        continue;
+      }
       known?.client.close();
-      this.#clients.set(r.edgeId, {
-        client: new RemoteEdge({ edgeId: r.edgeId, url: r.url, secret: r.secret }),
-        url: r.url,
-        secret: r.secret,
-      });
+      this.#clients.set(r.edgeId, { client, url: r.url, secret: r.secret, pins });
     }
     for (const [id, known] of this.#clients) {
       if (seen.has(id)) continue;

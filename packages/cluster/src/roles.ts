@@ -25,7 +25,13 @@ import {
   type MetricsListener,
 } from '@dsec/edge';
 import type { Logger } from 'pino';
-import { newEdgeSecret, RemoteEdge, serveEdge } from '@dsec/edge-http';
+import {
+  certificateSha256,
+  newEdgeSecret,
+  RemoteEdge,
+  serveEdge,
+  type EdgeTlsOptions,
+} from '@dsec/edge-http';
 import { openControlDb, type ControlDb, type EdgeRecord } from '@dsec/iam';
 import { DirImageStore, listImages, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
@@ -36,6 +42,7 @@ import {
   watcherDefaults,
   type ClusterConfig,
   type EdgeConfig,
+  type EdgeTlsConfig,
 } from './config.js';
 import { RegistryFleet } from './fleet.js';
 import { e2bExtension } from './extensions.js';
@@ -97,6 +104,7 @@ export async function startEdgeServer(
   const metrics = new EdgeMetrics({ defaultLabels: { edge: ec.id } });
   ensureDir(ec.stateDir, TRAVERSE_DIR_MODE);
   const secret = await readOrCreateSecret(ec.secretFile, newEdgeSecret);
+  const tls = ec.tls ? await readEdgeTls(ec.tls) : undefined;
   const store = edgeImageStore(config, ec.stateDir);
   const url = edgeUrl(ec);
   const edge = await openContainerEdge({
@@ -130,6 +138,7 @@ export async function startEdgeServer(
       port: ec.port,
       logger: options.logger?.child({ component: 'edge-http' }) ?? ec.logRequests,
       metrics: () => metricsText([metrics.registry]),
+      tls,
     });
     if (ec.metricsListen) {
       admin = await serveMetrics({
@@ -160,7 +169,44 @@ export async function startEdgeServer(
 
 /** The URL apiservers dial: the configured one, else where the edge listens. */
 function edgeUrl(ec: EdgeConfig): string {
-  return ec.url ?? `http://${ec.host.includes(':') ? `[${ec.host}]` : ec.host}:${ec.port}`;
+  const scheme = ec.tls ? 'https' : 'http';
+  return ec.url ?? `${scheme}://${ec.host.includes(':') ? `[${ec.host}]` : ec.host}:${ec.port}`;
+}
+
+/** The edge's certificate and key, checked to be a certificate at start rather than at the first call. */
+async function readEdgeTls(tls: EdgeTlsConfig): Promise<EdgeTlsOptions> {
+  const read = (file: string, field: string) =>
+    readFile(file, 'utf8').catch((cause: unknown) => {
+      throw new DsecError('invalid_argument', `cannot read ${field} ${file}: ${String(cause)}`, {
+        field,
+        cause,
+      });
+    });
+  const cert = await read(tls.certFile, 'edge.tls.certFile');
+  certificateSha256(cert, 'edge.tls.certFile');
+  return { cert, key: await read(tls.keyFile, 'edge.tls.keyFile') };
+}
+
+/**
+ * The pins `dsec edge join` registers for an edge with TLS: `pinSha256`
+ * and the fingerprints of `pinCertFiles`, or else that of `certFile`
+ * (whoever joins needs whichever it names, never the key).
+ */
+export async function edgeTlsPins(tls: EdgeTlsConfig): Promise<string[]> {
+  const pins = new Set(tls.pinSha256 ?? []);
+  const files = tls.pinCertFiles ?? (tls.pinSha256 ? [] : [tls.certFile]);
+  for (const [i, file] of files.entries()) {
+    const field = tls.pinCertFiles ? `edge.tls.pinCertFiles.${i}` : 'edge.tls.certFile';
+    const pem = await readFile(file, 'utf8').catch((cause: unknown) => {
+      throw new DsecError(
+        'invalid_argument',
+        `cannot read ${field} ${file} to pin it (give edge.tls.pinSha256 where the certificate is not at hand): ${String(cause)}`,
+        { field, cause },
+      );
+    });
+    pins.add(certificateSha256(pem, field));
+  }
+  return [...pins];
 }
 
 function edgeImageStore(config: ClusterConfig, stateDir: string): ImageStore {
@@ -320,7 +366,14 @@ export async function joinEdge(
   const ec = requireSection(config, 'edge', '`dsec edge join`');
   const secret = await readOrCreateSecret(ec.secretFile, newEdgeSecret);
   const url = options.url ?? edgeUrl(ec);
-  const probe = new RemoteEdge({ edgeId: ec.id, url, secret });
+  const tlsPins = ec.tls ? await edgeTlsPins(ec.tls) : undefined;
+  // The probe pins as every apiserver will: a join proves the registration works.
+  const probe = new RemoteEdge({
+    edgeId: ec.id,
+    url,
+    secret,
+    ...(tlsPins ? { tls: { pinSha256: tlsPins } } : {}),
+  });
   let backends: BackendKind[];
   try {
     const status = await probe.status(options.signal ?? AbortSignal.timeout(10_000));
@@ -339,7 +392,14 @@ export async function joinEdge(
   }
   const db = await openControlDb(database);
   try {
-    return await db.edges.register({ edgeId: ec.id, url, secret, labels: ec.labels, backends });
+    return await db.edges.register({
+      edgeId: ec.id,
+      url,
+      secret,
+      labels: ec.labels,
+      backends,
+      ...(tlsPins ? { tlsPins } : {}),
+    });
   } finally {
     await db.close();
   }

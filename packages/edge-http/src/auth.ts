@@ -1,4 +1,4 @@
-import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { IncomingHttpHeaders } from 'node:http';
 import { DsecError } from '@dsec/core';
 
@@ -7,32 +7,48 @@ import { DsecError } from '@dsec/core';
  * edge (docs/edge-protocol.md, "Authentication"):
  *
  * - the client signs every request: HMAC-SHA256 over the edge ID, method,
- *   path with query, a millisecond timestamp and a random nonce;
+ *   path with query, a millisecond timestamp, a random nonce and the
+ *   request body's SHA-256 (or `stream`, and then a MAC trailer after the
+ *   body);
  * - the server accepts a request only within ±60 s of its own clock and
  *   only once per nonce, and answers 401 `unauthenticated` otherwise, before
- *   it touches the edge;
- * - the server proves itself on every answer (a 101 included) with an HMAC
- *   over the edge ID and the client's nonce, which the client checks before
- *   it reads anything else of the answer.
+ *   it touches the edge, and with no proof: a proof is only ever made for a
+ *   request that verified;
+ * - the server proves every answer to a verified request (a 101 included)
+ *   with an HMAC over that request (edge ID, nonce, method, path) and the
+ *   answer's status, content type, upgrade and body SHA-256 (or `stream`);
+ *   a streamed answer then authenticates its bytes itself: every frame
+ *   carries a MAC in sequence (commands, terminals, ports), a byte answer
+ *   ends with a MAC trailer over its SHA-256 (file downloads).
  *
- * The two messages start with different labels, so neither can stand in
- * for the other. Bodies are not covered: this authenticates the two ends;
- * confidentiality and integrity of the bytes in between need TLS (an
- * `https:` URL) or a private network.
+ * Every message starts with its own label, so none can stand in for
+ * another. This authenticates both ends and every byte between them; it
+ * does not hide them: confidentiality needs TLS (`serveEdge`'s `tls`, and
+ * `RemoteEdge`'s `tls.pinSha256`) or a private network.
  */
 
 export const HEADER_TIME = 'x-dsec-edge-time';
 export const HEADER_NONCE = 'x-dsec-edge-nonce';
 export const HEADER_SIGNATURE = 'x-dsec-edge-signature';
+/** The request body's digest, signed: `sha256:<base64url>`, or `stream` (then a MAC trailer). */
+export const HEADER_BODY = 'x-dsec-edge-body';
 export const HEADER_PROOF = 'x-dsec-edge-proof';
+/** Trailer after a streamed body (either way): base64url HMAC over its SHA-256. */
+export const TRAILER_BODY_MAC = 'x-dsec-edge-body-mac';
+
+/** The body marker of a streamed request or answer. */
+export const STREAMED = 'stream';
 
 /** How far a request's timestamp may be from the server's clock, either way. */
 export const MAX_CLOCK_SKEW_MS = 60_000;
 /** Shortest secret `serveEdge` and `RemoteEdge` accept (a `newEdgeSecret()` is 43 characters). */
 export const MIN_SECRET_LENGTH = 32;
+/** Bytes of the MAC after each frame of a command, terminal or port stream. */
+export const FRAME_MAC_BYTES = 32;
 
 const NONCE = /^[A-Za-z0-9_-]{16,128}$/;
 const TIME = /^[0-9]{1,16}$/;
+const DIGEST = /^sha256:[A-Za-z0-9_-]{43}$/;
 
 /** A fresh per-edge secret: 32 random bytes, base64url. */
 export function newEdgeSecret(): string {
@@ -49,6 +65,16 @@ export function checkSecret(secret: string, field: string): void {
   }
 }
 
+/** `sha256:<base64url>` of a body, the form both ends sign and prove. */
+export function bodyDigest(body: Buffer | Uint8Array): string {
+  return `sha256:${createHash('sha256').update(body).digest('base64url')}`;
+}
+
+/** The digest of a hash fed as the bytes went by. */
+export function digestOf(hash: ReturnType<typeof createHash>): string {
+  return `sha256:${hash.digest('base64url')}`;
+}
+
 export function requestSignature(
   secret: string,
   edgeId: string,
@@ -56,34 +82,131 @@ export function requestSignature(
   path: string,
   time: string,
   nonce: string,
+  body: string,
 ): string {
   return createHmac('sha256', secret)
-    .update(`dsec-edge-request\n${edgeId}\n${method.toUpperCase()}\n${path}\n${time}\n${nonce}`)
+    .update(
+      `dsec-edge-request\n${edgeId}\n${method.toUpperCase()}\n${path}\n${time}\n${nonce}\n${body}`,
+    )
     .digest('base64url');
 }
 
-export function responseProof(secret: string, edgeId: string, nonce: string): string {
-  return createHmac('sha256', secret)
-    .update(`dsec-edge-response\n${edgeId}\n${nonce}`)
-    .digest('base64url');
+/** What an answer's proof covers besides the request: the parts the client can see. */
+export interface AnswerHead {
+  status: number;
+  /** The `content-type` header, '' without one. */
+  contentType: string;
+  /** The `upgrade` header of a 101, '' otherwise. */
+  upgrade: string;
+  /** `bodyDigest(body)` of a whole answer; `stream` where the body authenticates itself. */
+  body: string;
 }
 
-/** The headers that sign one request, and its nonce (to check the answer's proof). */
+/**
+ * One signed exchange as both ends know it: the edge, and the request's
+ * nonce, method and path. Everything the server proves about its answer is
+ * bound to these, so nothing proven for one request passes for another.
+ */
+export class SignedExchange {
+  readonly #secret: string;
+  readonly method: string;
+
+  constructor(
+    secret: string,
+    readonly edgeId: string,
+    readonly nonce: string,
+    method: string,
+    readonly path: string,
+  ) {
+    this.#secret = secret;
+    this.method = method.toUpperCase();
+  }
+
+  /** HMAC(secret, label | edge ID | nonce | method | path | fields), lines joined by `\n`. */
+  #mac(label: string, ...fields: (string | number)[]): Buffer {
+    return createHmac('sha256', this.#secret)
+      .update([label, this.edgeId, this.nonce, this.method, this.path, ...fields].join('\n'))
+      .digest();
+  }
+
+  /** The `x-dsec-edge-proof` of an answer. */
+  proof(head: AnswerHead): string {
+    const { status, contentType, upgrade, body } = head;
+    return this.#mac('dsec-edge-response', status, contentType, upgrade, body).toString(
+      'base64url',
+    );
+  }
+
+  /** The client's check of an answer's proof (constant time). */
+  validProof(headers: IncomingHttpHeaders, head: AnswerHead): boolean {
+    const proof = headers[HEADER_PROOF];
+    return typeof proof === 'string' && safeEqual(proof, this.proof(head));
+  }
+
+  /** The trailer MAC of a streamed request body (`direction` 'request') or answer ('answer'). */
+  bodyMac(direction: 'request' | 'answer', digest: string, error = ''): string {
+    return this.#mac(`dsec-edge-${direction}-body`, digest, error).toString('base64url');
+  }
+
+  /** Sealer of frames one way: `request` is client → edge, `answer` edge → client. */
+  sealer(direction: 'request' | 'answer'): FrameMac {
+    return new FrameMac(this.#mac('dsec-edge-frames', direction));
+  }
+}
+
+/**
+ * The MACs of one direction of a framed stream: frame `i` is authenticated
+ * by HMAC(key, u64be i | u8 type | u32be length | payload) with a key of
+ * its exchange and direction, so a frame changed, dropped, repeated,
+ * reordered or taken from another stream fails, and the last frame (a
+ * result, an exit, an end) proves the stream was not cut short.
+ */
+export class FrameMac {
+  readonly #key: Buffer;
+  /** Frames so far; a number is exact to 2^53, far beyond any stream. */
+  #seq = 0;
+
+  constructor(key: Buffer) {
+    this.#key = key;
+  }
+
+  /** The MAC of the next frame (the sender's side). */
+  next(type: number, payload: Buffer): Buffer {
+    const head = Buffer.allocUnsafe(13);
+    const seq = this.#seq++;
+    head.writeUInt32BE(Math.floor(seq / 2 ** 32), 0);
+    head.writeUInt32BE(seq % 2 ** 32, 4);
+    head.writeUInt8(type, 8);
+    head.writeUInt32BE(payload.length, 9);
+    return createHmac('sha256', this.#key).update(head).update(payload).digest();
+  }
+
+  /** Whether `mac` is the next frame's (the receiver's side; constant time). */
+  check(type: number, payload: Buffer, mac: Buffer): boolean {
+    const want = this.next(type, payload);
+    return mac.length === want.length && timingSafeEqual(mac, want);
+  }
+}
+
+/** The headers that sign one request, and its exchange (to check the answer with). */
 export function signRequest(
   secret: string,
   edgeId: string,
   method: string,
   path: string,
-  nowMs: number = Date.now(),
-): { headers: Record<string, string>; nonce: string } {
+  options: { body?: Buffer | typeof STREAMED; nowMs?: number } = {},
+): { headers: Record<string, string>; exchange: SignedExchange } {
   const nonce = randomBytes(16).toString('base64url');
-  const time = String(nowMs);
+  const time = String(options.nowMs ?? Date.now());
+  const body = options.body ?? Buffer.alloc(0);
+  const digest = body === STREAMED ? STREAMED : bodyDigest(body);
   return {
-    nonce,
+    exchange: new SignedExchange(secret, edgeId, nonce, method, path),
     headers: {
       [HEADER_TIME]: time,
       [HEADER_NONCE]: nonce,
-      [HEADER_SIGNATURE]: requestSignature(secret, edgeId, method, path, time, nonce),
+      [HEADER_BODY]: digest,
+      [HEADER_SIGNATURE]: requestSignature(secret, edgeId, method, path, time, nonce, digest),
     },
   };
 }
@@ -95,15 +218,11 @@ export function safeEqual(a: string, b: string): boolean {
   return x.length === y.length && timingSafeEqual(x, y);
 }
 
-/** The client's check of an answer: the proof must be over its own nonce. */
-export function validProof(
-  secret: string,
-  edgeId: string,
-  nonce: string,
-  headers: IncomingHttpHeaders,
-): boolean {
-  const proof = headers[HEADER_PROOF];
-  return typeof proof === 'string' && safeEqual(proof, responseProof(secret, edgeId, nonce));
+/** A request that verified: its exchange, and what its signature says of its body. */
+export interface VerifiedRequest {
+  exchange: SignedExchange;
+  /** `sha256:…` of the whole body, or `stream` (its MAC comes in a trailer). */
+  body: string;
 }
 
 /**
@@ -127,18 +246,24 @@ export class RequestVerifier {
   }
 
   /**
-   * Returns the request's nonce when it is authentic and fresh; throws
-   * `unauthenticated` otherwise. `nonceOf` gives the nonce for the proof
-   * even of a refused request, so the client can trust the 401 it gets.
+   * Returns the verified request when it is authentic and fresh; throws
+   * `unauthenticated` otherwise. The body is checked later, by whoever
+   * reads it (`checkBody`, `BodyVerifier`), against what this returns.
    */
-  verify(method: string, path: string, headers: IncomingHttpHeaders): string {
+  verify(method: string, path: string, headers: IncomingHttpHeaders): VerifiedRequest {
     const time = headers[HEADER_TIME];
     const nonce = headers[HEADER_NONCE];
     const signature = headers[HEADER_SIGNATURE];
-    if (typeof time !== 'string' || typeof nonce !== 'string' || typeof signature !== 'string') {
+    const body = headers[HEADER_BODY];
+    if (
+      typeof time !== 'string' ||
+      typeof nonce !== 'string' ||
+      typeof signature !== 'string' ||
+      typeof body !== 'string'
+    ) {
       throw unauthenticated('the request is not signed with the edge secret');
     }
-    if (!TIME.test(time) || !NONCE.test(nonce)) {
+    if (!TIME.test(time) || !NONCE.test(nonce) || (body !== STREAMED && !DIGEST.test(body))) {
       throw unauthenticated('malformed edge signature headers');
     }
     const now = this.#now();
@@ -148,20 +273,14 @@ export class RequestVerifier {
         { skewMs: Number(time) - now },
       );
     }
-    const expected = requestSignature(this.#secret, this.#edgeId, method, path, time, nonce);
+    const expected = requestSignature(this.#secret, this.#edgeId, method, path, time, nonce, body);
     if (!safeEqual(signature, expected)) {
       throw unauthenticated('bad request signature (a different secret, or not this edge)');
     }
     this.#forgetExpired(now);
     if (this.#seen.has(nonce)) throw unauthenticated('replayed request (nonce already used)');
     this.#seen.set(nonce, now + 2 * MAX_CLOCK_SKEW_MS);
-    return nonce;
-  }
-
-  /** The nonce to prove an answer over, when the request carries a well-formed one. */
-  static nonceOf(headers: IncomingHttpHeaders): string | undefined {
-    const nonce = headers[HEADER_NONCE];
-    return typeof nonce === 'string' && NONCE.test(nonce) ? nonce : undefined;
+    return { exchange: new SignedExchange(this.#secret, this.#edgeId, nonce, method, path), body };
   }
 
   /** Nonces remembered now (for tests and metrics). */
@@ -177,6 +296,20 @@ export class RequestVerifier {
   }
 }
 
-function unauthenticated(message: string, details?: Record<string, unknown>): DsecError {
+/**
+ * Whether a body read whole is the one the request signed: its digest
+ * equals the signed one, or (a streamed body) its trailer MAC is right.
+ */
+export function bodyMatches(
+  request: VerifiedRequest,
+  digest: string,
+  trailers: Record<string, string | undefined>,
+): boolean {
+  if (request.body !== STREAMED) return safeEqual(digest, request.body);
+  const mac = trailers[TRAILER_BODY_MAC];
+  return typeof mac === 'string' && safeEqual(mac, request.exchange.bodyMac('request', digest));
+}
+
+export function unauthenticated(message: string, details?: Record<string, unknown>): DsecError {
   return new DsecError('unauthenticated', message, details ? { details } : {});
 }

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import http from 'node:http';
 import type { IncomingMessage, OutgoingHttpHeaders } from 'node:http';
 import https from 'node:https';
@@ -31,18 +32,31 @@ import type {
   EdgeSnapshotRequest,
   StartCommandSpec,
 } from '@dsec/core';
-import { checkSecret, signRequest, validProof } from './auth.js';
+import {
+  checkSecret,
+  digestOf,
+  safeEqual,
+  signRequest,
+  STREAMED,
+  TRAILER_BODY_MAC,
+} from './auth.js';
+import type { SignedExchange } from './auth.js';
 import {
   CMD_ERROR,
   CMD_RESULT,
   CMD_STDERR,
   CMD_STDOUT,
   frame,
+  FrameMacError,
   FrameReader,
   FRAMES_CONTENT_TYPE,
   MAX_COMMAND_FRAME_BYTES,
+  MAX_PORT_FRAME_BYTES,
   MAX_PTY_FRAME_BYTES,
   parseExit,
+  PORT_DATA,
+  PORT_END,
+  PORT_FRAME_BYTES,
   PORT_UPGRADE,
   PTY_DATA,
   PTY_EOF,
@@ -51,7 +65,13 @@ import {
   PTY_RESIZE,
   PTY_UPGRADE,
 } from './frames.js';
-import { decodeStreamError, EDGE_PATH_PREFIX, HEADER_STREAM_ERROR } from './protocol.js';
+import {
+  decodeStreamError,
+  EDGE_PATH_PREFIX,
+  HEADER_STREAM_ERROR,
+  MAX_JSON_BODY_BYTES,
+} from './protocol.js';
+import { normalizeFingerprint, PinnedAgent } from './tls.js';
 
 export interface RemoteEdgeOptions {
   /** The edge's ID; it is part of every signature, so a misdirected call is refused. */
@@ -67,11 +87,28 @@ export interface RemoteEdgeOptions {
    * signal and their own timeouts instead.
    */
   requestTimeoutMs?: number;
+  /**
+   * Pin the edge's TLS certificate (an `https:` URL): the SHA-256
+   * fingerprints of the certificates accepted (hex, colons optional, as
+   * `openssl x509 -noout -fingerprint -sha256` prints them). Any other
+   * certificate is refused before a byte of a request is sent, whatever
+   * signed it (`unavailable`, `details.reason` `edge_certificate`); no CA,
+   * name or date is consulted. Without pins an `https:` URL is checked
+   * against the system's CAs, as Node does.
+   */
+  tls?: { pinSha256: readonly string[] } | undefined;
 }
 
 /** Errors that mean no connection was made: the edge process is most likely down. */
 const CONNECT_ERRORS = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT']);
+/**
+ * Whole answers are read before they are believed, so they are bounded: an
+ * error body (the edge's are a few hundred bytes) and a JSON answer (the
+ * largest, a listing, is far below the request bodies' own cap). An answer
+ * past its bound is dropped: no honest edge sends one.
+ */
 const MAX_ERROR_BODY_BYTES = 1 << 20;
+const MAX_JSON_ANSWER_BYTES = MAX_JSON_BODY_BYTES;
 
 interface Exchange {
   method: 'GET' | 'POST' | 'PUT' | 'DELETE';
@@ -84,6 +121,15 @@ interface Exchange {
   quick?: boolean;
   /** Safe to send again when a pooled socket turns out closed before any answer. */
   idempotent?: boolean;
+  /** A 2xx answer streams (frames, bytes): proven as `stream`, its bytes checked as they come. */
+  stream?: boolean;
+}
+
+/** A verified answer: its exchange, and the whole body unless it streams. */
+interface Answer {
+  res: IncomingMessage;
+  exchange: SignedExchange;
+  body?: Buffer;
 }
 
 /**
@@ -191,14 +237,14 @@ export class RemoteEdge implements EdgeApi {
 
   /** Not `quick`: a screendump of an emulated display takes a moment. */
   async screenshot(id: string, signal?: AbortSignal): Promise<Buffer> {
-    const res = await this.#link.open({
+    const answer = await this.#link.open({
       method: 'GET',
       path: `${sb(id)}/screenshot`,
       signal,
       idempotent: true,
     });
     const chunks: Buffer[] = [];
-    for await (const chunk of this.#link.bodyStream(res, signal)) chunks.push(chunk as Buffer);
+    for await (const chunk of this.#link.bodyStream(answer, signal)) chunks.push(chunk as Buffer);
     return Buffer.concat(chunks);
   }
 
@@ -409,14 +455,14 @@ class RemoteSandboxIo implements SandboxIoApi {
   }
 
   async readFile(sandboxId: string, path: string, options: FileOptions = {}): Promise<Readable> {
-    const res = await this.link.open({
+    const answer = await this.link.open({
       method: 'GET',
       path: `${sb(sandboxId)}/files${query({ path, user: options.user })}`,
       signal: options.signal,
       quick: true,
       idempotent: true,
     });
-    return this.link.bodyStream(res, options.signal);
+    return this.link.bodyStream(answer, options.signal);
   }
 
   writeFile(
@@ -507,22 +553,22 @@ class RemoteSandboxIo implements SandboxIoApi {
     if (!Number.isInteger(port) || port < 1 || port > 65535) {
       throw new DsecError('invalid_argument', 'port must be 1–65535', { field: 'port' });
     }
-    const socket = await this.link.upgrade(
+    const { socket, exchange } = await this.link.upgrade(
       `${sb(sandboxId)}/ports/${port}`,
       PORT_UPGRADE,
       options.signal,
     );
-    return portStream(socket, this.link.edgeId, port);
+    return portStream(socket, exchange, this.link.edgeId, port);
   }
 
   async openPty(sandboxId: string, options: PtyOptions = {}): Promise<PtySession> {
     const { signal, ...rest } = options;
-    const socket = await this.link.upgrade(
+    const { socket, exchange } = await this.link.upgrade(
       `${sb(sandboxId)}/pty${query({ options: JSON.stringify(rest) })}`,
       PTY_UPGRADE,
       signal,
     );
-    return remotePty(socket);
+    return remotePty(socket, exchange);
   }
 }
 
@@ -533,6 +579,8 @@ class EdgeLink {
   readonly #origin: string;
   readonly #target: { protocol: string; hostname: string; port: string };
   readonly #agent: http.Agent;
+  /** Upgrades get a connection of their own: none (a fresh socket), or a pinned agent's. */
+  readonly #upgradeAgent: http.Agent | false;
   readonly #request: typeof http.request;
   readonly #quickMs: number;
   #closed = false;
@@ -573,7 +621,34 @@ class EdgeLink {
       noDelay: true,
     };
     const isHttps = url.protocol === 'https:';
-    this.#agent = isHttps ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
+    const pins = options.tls?.pinSha256;
+    if (pins !== undefined) {
+      if (!isHttps) {
+        throw new DsecError(
+          'invalid_argument',
+          `pinned TLS needs an https: edge URL, not ${url.origin}`,
+          {
+            field: 'url',
+          },
+        );
+      }
+      if (!Array.isArray(pins) || pins.length === 0) {
+        throw new DsecError(
+          'invalid_argument',
+          'tls.pinSha256 must list at least one fingerprint',
+          {
+            field: 'tls.pinSha256',
+          },
+        );
+      }
+      const set = new Set(pins.map((p) => normalizeFingerprint(p)));
+      const refuse = (got: string | undefined) => this.#certificateError(got);
+      this.#agent = new PinnedAgent(agentOptions, set, refuse);
+      this.#upgradeAgent = new PinnedAgent({ keepAlive: false, noDelay: true }, set, refuse);
+    } else {
+      this.#agent = isHttps ? new https.Agent(agentOptions) : new http.Agent(agentOptions);
+      this.#upgradeAgent = false;
+    }
     this.#request = isHttps ? https.request : http.request;
     this.#quickMs = options.requestTimeoutMs ?? 30_000;
   }
@@ -581,22 +656,19 @@ class EdgeLink {
   close(): void {
     this.#closed = true;
     this.#agent.destroy();
+    if (this.#upgradeAgent) this.#upgradeAgent.destroy();
   }
 
-  /** A verified 2xx answer, its body unread; any other status rejects with its `DsecError`. */
-  open(x: Exchange): Promise<IncomingMessage> {
-    return this.#attempt(x, true);
+  /** A verified 2xx answer whose body streams, unread; any other status rejects with its `DsecError`. */
+  open(x: Exchange): Promise<Answer> {
+    return this.#attempt({ ...x, stream: true }, true);
   }
 
   async json<T>(x: Exchange): Promise<T> {
-    const res = await this.open(x);
-    if (res.statusCode === 204) {
-      res.resume();
-      return undefined as T;
-    }
-    const text = (await this.#readAll(res, x.signal, Infinity)).toString('utf8');
+    const { res, body } = await this.#attempt({ ...x, stream: false }, true);
+    if (res.statusCode === 204) return undefined as T;
     try {
-      return JSON.parse(text) as T;
+      return JSON.parse((body ?? Buffer.alloc(0)).toString('utf8')) as T;
     } catch (cause) {
       throw new DsecError('internal', `edge ${this.edgeId} answered with a body that is not JSON`, {
         cause,
@@ -604,10 +676,14 @@ class EdgeLink {
     }
   }
 
-  /** A command stream: output to the callbacks as it comes, then the result. */
+  /**
+   * A command stream: each frame's MAC checked before its output reaches
+   * the callbacks, then the result. A frame that fails, or any byte after
+   * the last frame, ends the call with the client's refusal.
+   */
   async frames<T>(x: Exchange, o: RunCommandOptions): Promise<T> {
     const signal = o.signal;
-    const res = await this.open({ ...x, signal });
+    const { res, exchange } = await this.open({ ...x, signal });
     const type = String(res.headers['content-type'] ?? '');
     if (type !== FRAMES_CONTENT_TYPE) {
       res.destroy();
@@ -616,20 +692,26 @@ class EdgeLink {
     return new Promise<T>((resolve, reject) => {
       let outcome: { ok: T } | { err: DsecError } | undefined;
       let thrown: unknown;
-      const reader = new FrameReader(MAX_COMMAND_FRAME_BYTES, (t, payload) => {
-        if (t === CMD_STDOUT) o.onStdout?.(payload);
-        else if (t === CMD_STDERR) o.onStderr?.(payload);
-        else if (t === CMD_RESULT) outcome = { ok: JSON.parse(payload.toString('utf8')) as T };
-        else if (t === CMD_ERROR) {
-          outcome = { err: DsecError.fromBody(JSON.parse(payload.toString('utf8'))) };
-        }
-      });
+      const reader = new FrameReader(
+        MAX_COMMAND_FRAME_BYTES,
+        exchange.sealer('answer'),
+        (t, payload) => {
+          if (outcome) throw new FrameMacError();
+          if (t === CMD_STDOUT) o.onStdout?.(payload);
+          else if (t === CMD_STDERR) o.onStderr?.(payload);
+          else if (t === CMD_RESULT) outcome = { ok: JSON.parse(payload.toString('utf8')) as T };
+          else if (t === CMD_ERROR) {
+            outcome = { err: DsecError.fromBody(JSON.parse(payload.toString('utf8'))) };
+          }
+        },
+      );
       res.on('data', (chunk: Buffer) => {
         try {
+          if (outcome) throw new FrameMacError();
           reader.push(chunk);
         } catch (err) {
-          // A callback threw, or the stream is malformed: stop here, with that error.
-          thrown = err;
+          // A frame failed its MAC, a callback threw, or the stream is malformed: stop here.
+          thrown = err instanceof FrameMacError ? this.#impostor(200, 'frame') : err;
           res.destroy();
         }
       });
@@ -639,6 +721,7 @@ class EdgeLink {
         else if (!res.complete) reject(this.#lost(new Error('the stream was cut'), signal));
       });
       res.once('end', () => {
+        if (thrown !== undefined) return;
         if (!outcome) {
           reject(new DsecError('unavailable', `edge ${this.edgeId}'s command stream ended early`));
         } else if ('ok' in outcome) resolve(outcome.ok);
@@ -647,14 +730,26 @@ class EdgeLink {
     });
   }
 
-  /** A byte answer as a stream; an error the server sent after the first byte destroys it. */
-  bodyStream(res: IncomingMessage, signal: AbortSignal | undefined): Readable {
+  /**
+   * A byte answer as a stream. It ends only once the MAC trailer over its
+   * SHA-256 (and the error trailer, if any) checks out; otherwise it fails
+   * with the client's refusal, or with the error the edge sent after the
+   * first byte. Bytes flow before that check: a consumer that must not act
+   * on unchecked bytes waits for the end.
+   */
+  bodyStream({ res, exchange }: Answer, signal: AbortSignal | undefined): Readable {
     const out = new PassThrough();
     // The consumer's listeners get failures; none may crash the caller meanwhile.
     out.on('error', () => undefined);
+    const hash = createHash('sha256');
+    res.on('data', (chunk: Buffer) => hash.update(chunk));
     res.once('end', () => {
-      const failed = res.trailers[HEADER_STREAM_ERROR];
-      if (failed) out.destroy(decodeStreamError(failed));
+      const failed = res.trailers[HEADER_STREAM_ERROR] ?? '';
+      const mac = res.trailers[TRAILER_BODY_MAC];
+      const want = exchange.bodyMac('answer', digestOf(hash), failed);
+      if (typeof mac !== 'string' || !safeEqual(mac, want))
+        out.destroy(this.#impostor(200, 'trailer'));
+      else if (failed) out.destroy(decodeStreamError(failed));
       else out.end();
     });
     res.once('error', (err) => out.destroy(this.#lost(err, signal)));
@@ -665,19 +760,27 @@ class EdgeLink {
     return out;
   }
 
-  /** An HTTP upgrade: the raw socket after a verified `101`. Not pooled: it is the caller's. */
-  upgrade(path: string, protocol: string, signal: AbortSignal | undefined): Promise<Duplex> {
+  /**
+   * An HTTP upgrade: the raw socket after a verified `101`, and its
+   * exchange (whose keys seal the frames both ways). Not pooled: it is the
+   * caller's.
+   */
+  upgrade(
+    path: string,
+    protocol: string,
+    signal: AbortSignal | undefined,
+  ): Promise<{ socket: Duplex; exchange: SignedExchange }> {
     if (this.#closed) return Promise.reject(this.#closedError());
     if (signal?.aborted) return Promise.reject(abortedError(signal));
     const full = EDGE_PATH_PREFIX + path;
-    const { headers: auth, nonce } = signRequest(this.#secret, this.edgeId, 'GET', full);
-    return new Promise<Duplex>((resolve, reject) => {
+    const { headers: auth, exchange } = signRequest(this.#secret, this.edgeId, 'GET', full);
+    return new Promise((resolve, reject) => {
       const request = this.#request({
         ...this.#target,
         method: 'GET',
         path: full,
         headers: { ...auth, connection: 'Upgrade', upgrade: protocol },
-        agent: false,
+        agent: this.#upgradeAgent,
       });
       let settled = false;
       const finish = (err: Error | undefined, socket?: Duplex) => {
@@ -688,7 +791,7 @@ class EdgeLink {
         if (err) {
           request.destroy();
           reject(err);
-        } else resolve(socket!);
+        } else resolve({ socket: socket!, exchange });
       };
       const onAbort = () => finish(abortedError(signal));
       signal?.addEventListener('abort', onAbort, { once: true });
@@ -698,9 +801,17 @@ class EdgeLink {
       );
       request.on('error', (err: NodeJS.ErrnoException) => finish(this.#networkError(err)));
       request.on('upgrade', (res, socket, head) => {
-        if (!validProof(this.#secret, this.edgeId, nonce, res.headers)) {
+        const proven =
+          res.headers.upgrade === protocol &&
+          exchange.validProof(res.headers, {
+            status: 101,
+            contentType: res.headers['content-type'] ?? '',
+            upgrade: protocol,
+            body: STREAMED,
+          });
+        if (!proven) {
           socket.destroy();
-          finish(this.#impostor(res.statusCode));
+          finish(this.#impostor(101, 'proof'));
           return;
         }
         socket.on('error', () => undefined);
@@ -710,13 +821,12 @@ class EdgeLink {
         finish(undefined, socket);
       });
       request.on('response', (res) => {
-        if (!validProof(this.#secret, this.edgeId, nonce, res.headers)) {
-          res.destroy();
-          finish(this.#impostor(res.statusCode));
-          return;
-        }
         this.#readAll(res, undefined, MAX_ERROR_BODY_BYTES).then(
-          (buf) => finish(errorFromBody(buf, res.statusCode ?? 500)),
+          ({ body, digest }) =>
+            finish(
+              this.#refusal(res, body, digest, exchange) ??
+                errorFromBody(body, res.statusCode ?? 500),
+            ),
           (err: unknown) => finish(toDsecError(err, 'unavailable')),
         );
       });
@@ -724,27 +834,32 @@ class EdgeLink {
     });
   }
 
-  #attempt(x: Exchange, mayRetry: boolean): Promise<IncomingMessage> {
+  #attempt(x: Exchange, mayRetry: boolean): Promise<Answer> {
     if (this.#closed) return Promise.reject(this.#closedError());
     const signal = x.signal;
     if (signal?.aborted) return Promise.reject(abortedError(signal));
     const path = EDGE_PATH_PREFIX + x.path;
-    const { headers: auth, nonce } = signRequest(this.#secret, this.edgeId, x.method, path);
-    const headers: OutgoingHttpHeaders = auth;
     let payload: Buffer | undefined;
     const stream = x.body !== undefined && !Buffer.isBuffer(x.body) ? x.body : undefined;
+    let contentType: string | undefined;
     if (x.json !== undefined) {
       payload = Buffer.from(JSON.stringify(x.json));
-      headers['content-type'] = 'application/json';
+      contentType = 'application/json';
     } else if (Buffer.isBuffer(x.body)) {
       payload = x.body;
-      headers['content-type'] = 'application/octet-stream';
+      contentType = 'application/octet-stream';
     } else if (stream) {
-      headers['content-type'] = 'application/octet-stream';
+      contentType = 'application/octet-stream';
     }
-    if (!stream && x.method !== 'GET') headers['content-length'] = payload?.length ?? 0;
+    const { headers: auth, exchange } = signRequest(this.#secret, this.edgeId, x.method, path, {
+      body: stream ? STREAMED : (payload ?? Buffer.alloc(0)),
+    });
+    const headers: OutgoingHttpHeaders = auth;
+    if (contentType) headers['content-type'] = contentType;
+    if (stream) headers.trailer = TRAILER_BODY_MAC;
+    else if (x.method !== 'GET') headers['content-length'] = payload?.length ?? 0;
 
-    return new Promise<IncomingMessage>((resolve, reject) => {
+    return new Promise<Answer>((resolve, reject) => {
       let settled = false;
       let response: IncomingMessage | undefined;
       const request = this.#request({
@@ -807,39 +922,133 @@ class EdgeLink {
       request.on('response', (res) => {
         response = res;
         clearTimeout(timer);
-        if (!validProof(this.#secret, this.edgeId, nonce, res.headers)) {
-          res.destroy();
-          fail(this.#impostor(res.statusCode));
-          return;
-        }
         const status = res.statusCode ?? 0;
-        if (status >= 200 && status < 300) {
+        const ok = status >= 200 && status < 300;
+        if (ok && x.stream) {
+          // Streamed: the head is proven now, the bytes by their frames or trailer.
+          const proven = exchange.validProof(res.headers, {
+            status,
+            contentType: res.headers['content-type'] ?? '',
+            upgrade: '',
+            body: STREAMED,
+          });
+          if (!proven) {
+            res.destroy();
+            fail(this.#impostor(status, 'proof'));
+            return;
+          }
           settled = true;
           res.once('close', release);
-          resolve(res);
+          resolve({ res, exchange });
           return;
         }
-        this.#readAll(res, signal, MAX_ERROR_BODY_BYTES).then(
-          (buf) => fail(errorFromBody(buf, status)),
+        // Whole: the proof covers the body, so nothing is believed before it is all read.
+        this.#readAll(res, signal, ok ? MAX_JSON_ANSWER_BYTES : MAX_ERROR_BODY_BYTES).then(
+          ({ body, digest }) => {
+            const refused = this.#refusal(res, body, digest, exchange);
+            if (refused) fail(refused);
+            else if (!ok) fail(errorFromBody(body, status));
+            else if (!settled) {
+              settled = true;
+              release();
+              resolve({ res, exchange, body });
+            }
+          },
           (err: unknown) => fail(toDsecError(err, 'unavailable')),
         );
       });
-      if (stream) {
-        stream.once('error', (err) => fail(toDsecError(err, 'aborted')));
-        stream.pipe(request);
-      } else request.end(payload);
+      if (stream) this.#sendStream(stream, request, exchange, fail);
+      else request.end(payload);
     });
   }
 
-  #readAll(res: IncomingMessage, signal: AbortSignal | undefined, cap: number): Promise<Buffer> {
-    return new Promise<Buffer>((resolve, reject) => {
+  /**
+   * A streamed request body, with back-pressure, then the MAC trailer over
+   * its SHA-256 that lets the edge check it was not changed on the way.
+   */
+  #sendStream(
+    stream: Readable,
+    request: http.ClientRequest,
+    exchange: SignedExchange,
+    fail: (err: Error) => void,
+  ): void {
+    const hash = createHash('sha256');
+    stream.on('data', (chunk: Buffer | string) => {
+      const bytes = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
+      hash.update(bytes);
+      if (!request.write(bytes)) stream.pause();
+    });
+    request.on('drain', () => stream.resume());
+    stream.once('end', () => {
+      request.addTrailers({ [TRAILER_BODY_MAC]: exchange.bodyMac('request', digestOf(hash)) });
+      request.end();
+    });
+    stream.once('error', (err) => fail(toDsecError(err, 'aborted')));
+  }
+
+  /**
+   * Why a whole answer cannot be believed, or undefined when it can: its
+   * proof must cover this exchange, its status, type and body; and a proven
+   * 401 means the edge refused our own signature.
+   */
+  #refusal(
+    res: IncomingMessage,
+    body: Buffer,
+    digest: string,
+    exchange: SignedExchange,
+  ): DsecError | undefined {
+    const status = res.statusCode ?? 0;
+    const proven = exchange.validProof(res.headers, {
+      status,
+      contentType: res.headers['content-type'] ?? '',
+      upgrade: '',
+      body: digest,
+    });
+    if (!proven) return this.#impostor(status, 'proof', body);
+    if (status === 401) {
+      const e = errorFromBody(body, status);
+      return new DsecError(
+        'unavailable',
+        `edge ${this.edgeId} at ${this.#origin} refused the request's signature: ${e.message}`,
+        {
+          details: {
+            edgeId: this.edgeId,
+            status,
+            reason: 'edge_unauthenticated',
+            check: 'request',
+          },
+        },
+      );
+    }
+    return undefined;
+  }
+
+  /** A whole body and its digest; one over `cap` bytes is dropped (`unavailable`). */
+  #readAll(
+    res: IncomingMessage,
+    signal: AbortSignal | undefined,
+    cap: number,
+  ): Promise<{ body: Buffer; digest: string }> {
+    return new Promise((resolve, reject) => {
       const chunks: Buffer[] = [];
+      const hash = createHash('sha256');
       let size = 0;
       res.on('data', (c: Buffer) => {
+        hash.update(c);
         size += c.length;
         if (size <= cap) chunks.push(c);
+        else {
+          res.destroy();
+          reject(
+            new DsecError(
+              'unavailable',
+              `edge ${this.edgeId} at ${this.#origin} sent an answer over ${cap} bytes`,
+              { details: { edgeId: this.edgeId, status: res.statusCode } },
+            ),
+          );
+        }
       });
-      res.once('end', () => resolve(Buffer.concat(chunks)));
+      res.once('end', () => resolve({ body: Buffer.concat(chunks), digest: digestOf(hash) }));
       res.once('error', (err) => reject(this.#lost(err, signal)));
     });
   }
@@ -865,12 +1074,35 @@ class EdgeLink {
     );
   }
 
-  #impostor(status: number | undefined): DsecError {
+  /**
+   * The stable refusal of an answer that is not the edge's: `unavailable`
+   * with `details.reason` `edge_unauthenticated` and `details.check` naming
+   * what failed (`proof`, `frame`, `trailer`). An error text the answer
+   * carried is kept as `details.unverified`, marked so: it may be anyone's.
+   */
+  #impostor(status: number | undefined, check: string, body?: Buffer): DsecError {
+    const details: Record<string, unknown> = {
+      edgeId: this.edgeId,
+      status,
+      reason: 'edge_unauthenticated',
+      check,
+    };
+    const hint = body && unverifiedHint(body);
+    if (hint) details.unverified = hint;
     return new DsecError(
       'unavailable',
       `edge ${this.edgeId} at ${this.#origin} failed to authenticate its answer ` +
-        '(a different secret, or not that edge)',
-      { details: { edgeId: this.edgeId, status } },
+        `(${check}: a different secret, not that edge, or changed on the way)`,
+      { details },
+    );
+  }
+
+  #certificateError(got: string | undefined): DsecError {
+    return new DsecError(
+      'unavailable',
+      `edge ${this.edgeId} at ${this.#origin} showed a TLS certificate that is not pinned` +
+        (got ? ` (SHA-256 ${got})` : ''),
+      { details: { edgeId: this.edgeId, reason: 'edge_certificate', sha256: got } },
     );
   }
 
@@ -879,16 +1111,43 @@ class EdgeLink {
   }
 }
 
+/** `code: message` of an error body nobody vouched for, cut short; undefined if there is none. */
+function unverifiedHint(body: Buffer): string | undefined {
+  try {
+    const e = (JSON.parse(body.subarray(0, 4096).toString('utf8')) as { error?: unknown }).error as
+      { code?: unknown; message?: unknown } | undefined;
+    if (typeof e?.code === 'string' && typeof e.message === 'string')
+      return `${e.code}: ${e.message}`.slice(0, 200);
+  } catch {
+    // Not an error body: nothing to show.
+  }
+  return undefined;
+}
+
 /**
- * The byte stream of a port over an upgraded socket. The edge resets the
+ * The byte stream of a port over an upgraded socket, in frames with MACs
+ * both ways (`PORT_DATA`, `PORT_END` for a half-close). The edge resets the
  * connection when the sandbox side fails (nothing listens), and that
- * becomes `unavailable`; as in-process, a failure waits for the consumer's
- * first read or write, so a consumer that attaches late still gets it.
+ * becomes `unavailable`, as does a connection that closes without the
+ * edge's END or a frame that fails its MAC (`details.reason`
+ * `edge_unauthenticated`); as in-process, a failure waits for the
+ * consumer's first read or write, so a consumer that attaches late still
+ * gets it. The connection closes once both sides have ended.
  */
-function portStream(socket: Duplex, edgeId: string, port: number): Duplex {
+function portStream(
+  socket: Duplex,
+  exchange: SignedExchange,
+  edgeId: string,
+  port: number,
+): Duplex {
+  const up = exchange.sealer('request');
   let used = false;
   let failure: DsecError | undefined;
-  let ended = false;
+  let gotEnd = false;
+  let sentEnd = false;
+  const closeWhenDone = () => {
+    if (gotEnd && sentEnd) socket.end();
+  };
   const stream = new Duplex({
     read: () => {
       used = true;
@@ -898,11 +1157,16 @@ function portStream(socket: Duplex, edgeId: string, port: number): Duplex {
     write: (chunk: Buffer, _enc, cb) => {
       used = true;
       if (failure) return cb(failure);
-      if (socket.write(chunk)) cb();
+      let ok = true;
+      for (let at = 0; at < chunk.length; at += PORT_FRAME_BYTES)
+        ok = socket.write(frame(up, PORT_DATA, chunk.subarray(at, at + PORT_FRAME_BYTES)));
+      if (ok) cb();
       else socket.once('drain', () => cb());
     },
     final: (cb) => {
-      socket.end();
+      sentEnd = true;
+      if (socket.writable) socket.write(frame(up, PORT_END, Buffer.alloc(0)));
+      closeWhenDone();
       cb();
     },
     destroy: (err, cb) => {
@@ -911,42 +1175,69 @@ function portStream(socket: Duplex, edgeId: string, port: number): Duplex {
     },
   });
   stream.on('error', () => undefined);
-  const fail = (why: string) => {
+  const fail = (why: string, reason?: string) => {
     failure ??= new DsecError('unavailable', `port ${port} in the sandbox failed: ${why}`, {
-      details: { edgeId, port },
+      details: { edgeId, port, ...(reason ? { reason } : {}) },
     });
     if (used) stream.destroy(failure);
   };
+  const reader = new FrameReader(
+    MAX_PORT_FRAME_BYTES,
+    exchange.sealer('answer'),
+    (type, payload) => {
+      if (type === PORT_DATA && !gotEnd) {
+        if (!stream.push(payload)) socket.pause();
+      } else if (type === PORT_END && !gotEnd) {
+        gotEnd = true;
+        stream.push(null);
+        closeWhenDone();
+      }
+    },
+  );
   socket.on('data', (chunk: Buffer) => {
-    if (!stream.push(chunk)) socket.pause();
-  });
-  socket.once('end', () => {
-    ended = true;
-    stream.push(null);
+    try {
+      reader.push(chunk);
+    } catch (err) {
+      if (err instanceof FrameMacError) {
+        fail(`edge ${edgeId}'s stream failed to authenticate a frame`, 'edge_unauthenticated');
+      } else fail(String((err as Error).message));
+      socket.destroy();
+    }
   });
   socket.once('error', (err) => fail(err.message));
   socket.once('close', () => {
-    if (!ended) fail('the edge closed the connection');
+    if (!gotEnd) fail('the edge closed the connection');
   });
   return stream;
 }
 
-/** A terminal over an upgraded socket (frames of docs/edge-protocol.md). */
-function remotePty(socket: Duplex): PtySession {
+/**
+ * A terminal over an upgraded socket (frames of docs/edge-protocol.md, each
+ * with its MAC). A frame that fails its MAC drops the connection: the
+ * session then exits as a lost one does (255), with nothing of that frame
+ * shown.
+ */
+function remotePty(socket: Duplex, exchange: SignedExchange): PtySession {
+  const up = exchange.sealer('request');
   const listeners: ((chunk: Buffer) => void)[] = [];
   const early: Buffer[] = [];
   let exit: { exitCode: number; signal?: string | undefined } | undefined;
   const exited = new Promise<{ exitCode: number; signal?: string | undefined }>((resolve) => {
-    const reader = new FrameReader(MAX_PTY_FRAME_BYTES, (type, payload) => {
-      if (type === PTY_DATA) {
-        if (listeners.length === 0) early.push(payload);
-        for (const l of listeners) l(payload);
-      } else if (type === PTY_EXIT) exit = parseExit(payload);
-    });
+    const reader = new FrameReader(
+      MAX_PTY_FRAME_BYTES,
+      exchange.sealer('answer'),
+      (type, payload) => {
+        if (type === PTY_DATA) {
+          if (listeners.length === 0) early.push(payload);
+          for (const l of listeners) l(payload);
+        } else if (type === PTY_EXIT) exit = parseExit(payload);
+      },
+    );
     socket.on('data', (chunk: Buffer) => {
       try {
         reader.push(chunk);
       } catch {
+        exit = undefined;
         socket.destroy();
       }
     });
@@ -954,7 +1245,7 @@ function remotePty(socket: Duplex): PtySession {
     socket.once('close', () => resolve(exit ?? { exitCode: 255, signal: undefined }));
   });
   const send = (type: number, payload: Buffer) => {
-    if (socket.writable) socket.write(frame(type, payload));
+    if (socket.writable) socket.write(frame(up, type, payload));
   };
   return {
     onOutput(cb) {

@@ -1,9 +1,12 @@
 import { DsecError } from '@dsec/core';
+import { FRAME_MAC_BYTES } from './auth.js';
+import type { FrameMac } from './auth.js';
 
 /**
  * The framing of the edge protocol's streams: `u8 type | u32be length |
- * payload`, the same layout as the public API's terminal stream. Command
- * streams and terminals use their own type numbers (docs/edge-protocol.md).
+ * payload | 32-byte MAC`, the public API's terminal layout plus the MAC of
+ * `FrameMac` (auth.ts). Command streams, terminals and ports use their own
+ * type numbers (docs/edge-protocol.md).
  */
 
 /** Content type of a command stream (`application/vnd.dsec.edge-frames`). */
@@ -25,24 +28,43 @@ export const PTY_EOF = 2;
 export const PTY_EXIT = 3;
 export const PTY_KILL = 4;
 
+/** Port stream, both ways: bytes, and the end of that side's bytes (a half-close). */
+export const PORT_DATA = 0;
+export const PORT_END = 1;
+
 export const PTY_UPGRADE = 'dsec-edge-pty';
 export const PORT_UPGRADE = 'dsec-edge-port';
 
 /** Largest terminal frame accepted (a keystroke burst or a screenful is far less). */
 export const MAX_PTY_FRAME_BYTES = 1 << 20;
+/** Largest port frame accepted; senders cut their bytes into frames of `PORT_FRAME_BYTES`. */
+export const MAX_PORT_FRAME_BYTES = 1 << 20;
+export const PORT_FRAME_BYTES = 64 * 1024;
 /** Largest command frame accepted: a result carries both streams' kept output. */
 export const MAX_COMMAND_FRAME_BYTES = 256 << 20;
 
-export function frame(type: number, payload: Buffer): Buffer {
-  const out = Buffer.allocUnsafe(5 + payload.length);
+/** One frame with the next MAC of its direction. */
+export function frame(mac: FrameMac, type: number, payload: Buffer): Buffer {
+  const out = Buffer.allocUnsafe(5 + payload.length + FRAME_MAC_BYTES);
   out.writeUInt8(type, 0);
   out.writeUInt32BE(payload.length, 1);
   payload.copy(out, 5);
+  mac.next(type, payload).copy(out, 5 + payload.length);
   return out;
 }
 
+/** Thrown by `FrameReader` on a frame whose MAC is wrong (the stream must be dropped). */
+export class FrameMacError extends Error {
+  constructor() {
+    super('a stream frame failed its MAC');
+    this.name = 'FrameMacError';
+  }
+}
+
 /**
- * Splits a byte stream into frames; throws `invalid_argument` on a frame over the limit.
+ * Splits a byte stream into frames and checks each one's MAC before
+ * handing it on; throws `FrameMacError` at the first frame that fails (none
+ * after it is read) and `invalid_argument` on a frame over the limit.
  *
  * Pieces are kept as they come and joined once, when the frame they make is
  * whole: joining on every piece copied all gathered so far each time, n²/2
@@ -56,13 +78,16 @@ export class FrameReader {
   /** Unconsumed pieces, oldest first; together `#bytes` long. */
   #pieces: Buffer[] = [];
   #bytes = 0;
+  #failed = false;
 
   constructor(
     readonly maxFrameBytes: number,
+    readonly mac: FrameMac,
     readonly onFrame: (type: number, payload: Buffer) => void,
   ) {}
 
   push(chunk: Buffer): void {
+    if (this.#failed) throw new FrameMacError();
     if (chunk.length === 0) return;
     this.#pieces.push(chunk);
     this.#bytes += chunk.length;
@@ -74,12 +99,21 @@ export class FrameReader {
       if (len > this.maxFrameBytes) {
         throw new DsecError('invalid_argument', `stream frame of ${len} bytes is too large`);
       }
-      if (this.#bytes < 5 + len) break;
+      const end = 5 + len + FRAME_MAC_BYTES;
+      if (this.#bytes < end) break;
       const all = this.#pieces.length === 1 ? head : Buffer.concat(this.#pieces, this.#bytes);
-      const rest = all.subarray(5 + len);
+      const rest = all.subarray(end);
       this.#pieces = rest.length > 0 ? [rest] : [];
       this.#bytes = rest.length;
-      this.onFrame(all.readUInt8(0), all.subarray(5, 5 + len));
+      const type = all.readUInt8(0);
+      const payload = all.subarray(5, 5 + len);
+      if (!this.mac.check(type, payload, all.subarray(5 + len, end))) {
+        this.#failed = true;
+        this.#pieces = [];
+        this.#bytes = 0;
+        throw new FrameMacError();
+      }
+      this.onFrame(type, payload);
     }
   }
 

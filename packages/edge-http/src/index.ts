@@ -3,7 +3,9 @@
  * serves a whole `EdgeApi` (lifecycle, commands streamed as they run,
  * sessions, files, ports, terminals, events, network updates) over
  * HTTP/1.1, and `RemoteEdge` is its client, itself an `EdgeApi`. Both ends
- * authenticate each other with a per-edge secret (docs/edge-protocol.md).
+ * authenticate each other, and every byte between them, with a per-edge
+ * secret; TLS with a pinned certificate keeps the bytes private
+ * (docs/edge-protocol.md).
  *
  * @example
  * ```ts
@@ -18,6 +20,7 @@
  */
 export { newEdgeSecret } from './auth.js';
 export { serveEdge } from './server.js';
-export type { EdgeLogger, EdgeServer, EdgeServerOptions } from './server.js';
+export type { EdgeLogger, EdgeServer, EdgeServerOptions, EdgeTlsOptions } from './server.js';
+export { certificateSha256, normalizeFingerprint } from './tls.js';
 export { RemoteEdge } from './client.js';
 export type { RemoteEdgeOptions } from './client.js';

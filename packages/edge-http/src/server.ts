@@ -1,7 +1,11 @@
+import { createHash } from 'node:crypto';
 import http from 'node:http';
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import https from 'node:https';
+import net from 'node:net';
+import { TLSSocket } from 'node:tls';
 import type { AddressInfo } from 'node:net';
-import { Readable } from 'node:stream';
+import { Readable, Transform } from 'node:stream';
 import type { Duplex } from 'node:stream';
 import { pino } from 'pino';
 import { DsecError, requireIo, requireLifecycle, toDsecError } from '@dsec/core';
@@ -16,7 +20,18 @@ import type {
   SandboxIoApi,
   EdgeSnapshotRequest,
 } from '@dsec/core';
-import { checkSecret, HEADER_PROOF, RequestVerifier, responseProof } from './auth.js';
+import {
+  bodyDigest,
+  bodyMatches,
+  checkSecret,
+  digestOf,
+  HEADER_PROOF,
+  RequestVerifier,
+  STREAMED,
+  TRAILER_BODY_MAC,
+  unauthenticated,
+} from './auth.js';
+import type { SignedExchange, VerifiedRequest } from './auth.js';
 import {
   CMD_ERROR,
   CMD_RESULT,
@@ -24,9 +39,14 @@ import {
   CMD_STDOUT,
   exitPayload,
   frame,
+  FrameMacError,
   FrameReader,
   FRAMES_CONTENT_TYPE,
+  MAX_PORT_FRAME_BYTES,
   MAX_PTY_FRAME_BYTES,
+  PORT_FRAME_BYTES,
+  PORT_DATA,
+  PORT_END,
   PORT_UPGRADE,
   PTY_DATA,
   PTY_EOF,
@@ -66,10 +86,23 @@ export interface EdgeServerOptions {
    * scraper uses the edge's admin listener (`metricsListen`) instead.
    */
   metrics?: (() => Promise<string>) | undefined;
+  /**
+   * Serve over TLS (1.3) with this certificate and key (PEM); apiservers pin
+   * the certificate (`RemoteEdge`'s `tls.pinSha256`). A plaintext request
+   * is answered with a plain `400` naming the problem, and closed.
+   */
+  tls?: EdgeTlsOptions | undefined;
+}
+
+export interface EdgeTlsOptions {
+  /** The edge's certificate, PEM (a self-signed one is the usual choice: it is pinned, not chained). */
+  cert: string | Buffer;
+  /** Its private key, PEM. */
+  key: string | Buffer;
 }
 
 export interface EdgeServer {
-  /** `http://host:port`, what `RemoteEdge` dials. */
+  /** `http://host:port` (or `https:` with `tls`), what `RemoteEdge` dials. */
   url: string;
   /**
    * Stops listening and cuts every connection, upgraded ones included: calls
@@ -82,6 +115,9 @@ export interface EdgeServer {
 /** A reader this far behind on a command stream is cut off (as the public API does). */
 const MAX_STREAM_BUFFER_BYTES = 8 * 1024 * 1024;
 const HANDLED = Symbol('handled');
+const EMPTY = Buffer.alloc(0);
+/** The first byte of every TLS connection (a handshake record); anything else is plaintext. */
+const TLS_HANDSHAKE = 0x16;
 
 type StreamOptions = {
   signal: AbortSignal;
@@ -93,10 +129,13 @@ type StreamOptions = {
  * Serves the whole `EdgeApi` over HTTP/1.1 (docs/edge-protocol.md): JSON
  * calls, command output as frames while it comes, request and answer
  * bodies streamed with back-pressure, ports and terminals over upgrades.
- * Every request must be signed with `secret` and is refused with 401
- * `unauthenticated` before the edge is touched otherwise; every answer
- * carries the server's proof. A client that goes away aborts the edge call
- * it made, as a public API client's disconnect does.
+ * Every request must be signed with `secret` (its body included) and is
+ * refused with 401 `unauthenticated`, without a proof, before the edge is
+ * touched otherwise; every answer to a verified request carries the
+ * server's proof over that request and the answer's status and body, and a
+ * streamed answer authenticates each frame (or its trailer). A client that
+ * goes away aborts the edge call it made, as a public API client's
+ * disconnect does.
  *
  * @example
  * ```ts
@@ -116,20 +155,14 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
   if (metrics) {
     routes.push(
       route('GET', '/metrics', async (c) => {
-        const text = await metrics();
-        c.res
-          .writeHead(200, {
-            'content-type': 'text/plain; version=0.0.4; charset=utf-8',
-            'content-length': Buffer.byteLength(text),
-          })
-          .end(text);
+        c.answer(200, Buffer.from(await metrics()), 'text/plain; version=0.0.4; charset=utf-8');
         return HANDLED;
       }),
     );
   }
   const upgraded = new Set<Duplex>();
 
-  const server = http.createServer({
+  const httpOptions = {
     // Streamed bodies (stdin, uploads) and quiet commands may take as long as
     // they take; only the headers are bounded in time.
     requestTimeout: 0,
@@ -137,27 +170,38 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
     // Longer than a busy apiserver's gap between calls, so pooled sockets stay warm.
     keepAliveTimeout: 65_000,
     noDelay: true,
-  });
+  };
+  const server = options.tls
+    ? https.createServer({
+        ...httpOptions,
+        cert: options.tls.cert,
+        key: options.tls.key,
+        // Both ends are DSec: nothing older needs to be spoken.
+        minVersion: 'TLSv1.3',
+      })
+    : http.createServer(httpOptions);
   server.timeout = 0;
 
   server.on('request', (req: IncomingMessage, res: ServerResponse) => {
-    const nonce = RequestVerifier.nonceOf(req.headers);
-    if (nonce !== undefined) res.setHeader(HEADER_PROOF, responseProof(secret, edgeId, nonce));
     const method = req.method ?? 'GET';
     const url = req.url ?? '/';
+    let verified: VerifiedRequest;
     try {
-      verifier.verify(method, url, req.headers);
+      verified = verifier.verify(method, url, req.headers);
     } catch (err) {
       log?.warn({ remote: req.socket.remoteAddress, method, url, err: String(err) }, 'refused');
-      sendError(res, err, log);
+      req.resume();
+      // No proof: only an answer to a verified request is ever proven.
+      sendError(res, err, log, undefined);
       return;
     }
+    const x = verified.exchange;
     const q = url.indexOf('?');
     const pathname = q < 0 ? url : url.slice(0, q);
     const found = match(routes, method, pathname);
     if (!found) {
       req.resume();
-      sendError(res, new DsecError('not_found', `no edge route ${method} ${pathname}`), log);
+      sendError(res, new DsecError('not_found', `no edge route ${method} ${pathname}`), log, x);
       return;
     }
     const ac = new AbortController();
@@ -173,25 +217,24 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
       found.params,
       new URLSearchParams(q < 0 ? '' : url.slice(q)),
       ac,
+      verified,
     );
     found.route.handler(call).then(
       (out) => {
         if (out === HANDLED) return;
-        if (out === undefined) {
-          res.writeHead(204).end();
+        // A streamed request body that failed its MAC fails the call, whatever the edge made of it.
+        if (call.bodyError) {
+          sendError(res, call.bodyError, log, x);
           return;
         }
-        const body = JSON.stringify(out);
-        res
-          .writeHead(200, {
-            'content-type': 'application/json',
-            'content-length': Buffer.byteLength(body),
-          })
-          .end(body);
+        if (out === undefined) call.answer(204);
+        else call.answer(200, Buffer.from(JSON.stringify(out)), 'application/json');
       },
       (err: unknown) => {
         req.resume();
-        sendError(res, err, log);
+        if (call.bodyError)
+          log?.warn({ remote: req.socket.remoteAddress, method, url }, 'refused a request body');
+        sendError(res, call.bodyError ?? err, log, x);
       },
     );
   });
@@ -199,19 +242,21 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
   server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     upgraded.add(socket);
     socket.once('close', () => upgraded.delete(socket));
-    void onUpgrade(req, socket, head, { edge, secret, edgeId, verifier, log });
+    void onUpgrade(req, socket, head, { edge, verifier, log });
   });
 
+  const guard = options.tls ? plaintextGuard(server as https.Server, edgeId, log) : undefined;
+  const listener = guard?.listener ?? server;
   await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => {
-      server.off('error', reject);
+    listener.once('error', reject);
+    listener.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => {
+      listener.off('error', reject);
       resolve();
     });
   });
-  const address = server.address() as AddressInfo;
+  const address = listener.address() as AddressInfo;
   const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
-  const url = `http://${host}:${address.port}`;
+  const url = `${options.tls ? 'https' : 'http'}://${host}:${address.port}`;
   log?.info({ url, edgeId }, 'edge API listening');
 
   let closing: Promise<void> | undefined;
@@ -219,18 +264,75 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
     url,
     close() {
       closing ??= new Promise<void>((resolve) => {
-        server.close(() => resolve());
+        if (listener !== server) {
+          listener.close(() => resolve());
+          // Not listening itself: this stops its connection checks and idle sockets.
+          server.close(() => undefined);
+        } else server.close(() => resolve());
         server.closeAllConnections();
         for (const socket of upgraded) socket.destroy();
+        for (const socket of guard?.sockets ?? []) socket.destroy();
       });
       return closing;
     },
   };
 }
 
-/** One request: its parsed parts, its abort signal, and the answers that stream. */
+/**
+ * The listener of a TLS edge: it looks at each connection's first byte and
+ * hands TLS to `server`, but answers a plaintext request (an `http:` URL
+ * for a TLS edge) with a plain `400` that says so, instead of the reset
+ * TLS would give it. That answer has no proof: the client refuses it as
+ * not authenticated, with its text as an unverified hint.
+ */
+function plaintextGuard(
+  server: https.Server,
+  edgeId: string,
+  log: EdgeLogger | undefined,
+): { listener: net.Server; sockets: Set<net.Socket> } {
+  // `server` never listens itself; its connection tracking (header timeouts) starts here.
+  server.emit('listening');
+  const sockets = new Set<net.Socket>();
+  const listener = net.createServer({ pauseOnConnect: true, noDelay: true }, (socket) => {
+    sockets.add(socket);
+    socket.once('close', () => sockets.delete(socket));
+    socket.on('error', () => undefined);
+    // As long as the HTTP server would wait for headers.
+    socket.setTimeout(30_000, () => socket.destroy());
+    socket.once('data', (first: Buffer) => {
+      socket.pause();
+      socket.setTimeout(0);
+      socket.unshift(first);
+      if (first[0] === TLS_HANDSHAKE) {
+        server.emit('connection', socket);
+        return;
+      }
+      log?.warn({ remote: socket.remoteAddress }, 'refused a plaintext connection to a TLS edge');
+      const body = JSON.stringify(
+        new DsecError(
+          'invalid_argument',
+          `edge ${edgeId} serves TLS only: dial it at https://`,
+        ).toJSON(),
+      );
+      socket.end(
+        `HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n` +
+          `content-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`,
+      );
+      // Read (and drop) the rest until the client hangs up, but not for long.
+      socket.setTimeout(5_000, () => socket.destroy());
+      socket.resume();
+    });
+    socket.resume();
+  });
+  return { listener, sockets };
+}
+
+/** One request: its parsed parts, its abort signal, and the answers (each one proven). */
 class Call {
   readonly signal: AbortSignal;
+  readonly exchange: SignedExchange;
+  /** Set when the request's body failed its signature: the call then fails with this. */
+  bodyError: DsecError | undefined;
 
   constructor(
     readonly req: IncomingMessage,
@@ -238,8 +340,10 @@ class Call {
     readonly params: string[],
     readonly query: URLSearchParams,
     readonly controller: AbortController,
+    readonly verified: VerifiedRequest,
   ) {
     this.signal = controller.signal;
+    this.exchange = verified.exchange;
   }
 
   /** A path parameter, percent-decoded. */
@@ -271,7 +375,12 @@ class Call {
     return v === null ? undefined : v === '1' || v === 'true';
   }
 
-  /** The JSON body, which must be an object. */
+  /** A whole answer, proven over its status, content type and body. */
+  answer(status: number, body?: Buffer, contentType?: string): void {
+    writeWhole(this.res, status, body, contentType, this.exchange);
+  }
+
+  /** The JSON body, which must be an object and the one the request signed. */
   async json(): Promise<Record<string, unknown>> {
     const chunks: Buffer[] = [];
     let size = 0;
@@ -282,9 +391,14 @@ class Call {
       }
       chunks.push(chunk as Buffer);
     }
+    const raw = Buffer.concat(chunks);
+    if (!bodyMatches(this.verified, bodyDigest(raw), this.req.trailers)) {
+      this.bodyError = badBody();
+      throw this.bodyError;
+    }
     let body: unknown;
     try {
-      body = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+      body = JSON.parse(raw.toString('utf8'));
     } catch {
       throw new DsecError('invalid_argument', 'the request body is not JSON');
     }
@@ -300,30 +414,64 @@ class Call {
     if (h['transfer-encoding'] === undefined && (h['content-length'] ?? '0') === '0') {
       return undefined;
     }
-    return this.req;
+    return this.rawBody();
+  }
+
+  /**
+   * The raw body as a stream that fails, instead of ending, when its bytes
+   * are not the ones the request signed (a digest, or a trailer MAC after
+   * them). Bytes stream on as they come: what a consumer took before a
+   * mismatch shows cannot be taken back, but its call fails.
+   */
+  rawBody(): Readable {
+    const req = this.req;
+    const hash = createHash('sha256');
+    const out = new Transform({
+      transform(chunk: Buffer, _enc, cb) {
+        hash.update(chunk);
+        cb(null, chunk);
+      },
+      flush: (cb) => {
+        if (bodyMatches(this.verified, digestOf(hash), req.trailers)) cb();
+        else {
+          this.bodyError = badBody();
+          cb(this.bodyError);
+        }
+      },
+    });
+    req.once('close', () => {
+      if (!req.complete) out.destroy(new DsecError('aborted', 'the client closed the connection'));
+    });
+    req.pipe(out);
+    return out;
   }
 
   /**
    * Answers with a command stream: output frames as the edge calls back,
-   * then the result (or the error) frame. An error before any frame is a
-   * plain error answer with its status.
+   * then the result (or the error) frame, each with its MAC. An error
+   * before any frame is a plain error answer with its status.
    */
   async frames(run: (o: StreamOptions) => Promise<CommandResult>): Promise<typeof HANDLED> {
     const res = this.res;
+    const mac = this.exchange.sealer('answer');
     let started = false;
     const send = (type: number, payload: Buffer, last: boolean): void => {
       if (res.destroyed) return;
       if (!started) {
         started = true;
-        res.writeHead(200, { 'content-type': FRAMES_CONTENT_TYPE, 'cache-control': 'no-store' });
+        res.writeHead(200, {
+          'content-type': FRAMES_CONTENT_TYPE,
+          'cache-control': 'no-store',
+          [HEADER_PROOF]: this.#streamProof(FRAMES_CONTENT_TYPE),
+        });
       }
       if (last) {
-        res.end(frame(type, payload));
+        res.end(frame(mac, type, payload));
       } else if (res.writableLength > MAX_STREAM_BUFFER_BYTES) {
         this.controller.abort(new DsecError('aborted', 'the client is not reading the stream'));
         res.destroy();
       } else {
-        res.write(frame(type, payload));
+        res.write(frame(mac, type, payload));
       }
     };
     let result: CommandResult;
@@ -342,33 +490,79 @@ class Call {
     return HANDLED;
   }
 
-  /** Answers with a byte stream; an error after the first byte travels in a trailer. */
+  /**
+   * Answers with a byte stream, ended by a MAC trailer over its SHA-256 and
+   * the error trailer, which an error after the first byte adds.
+   */
   async pipe(stream: Readable): Promise<typeof HANDLED> {
     const res = this.res;
+    const type = 'application/octet-stream';
     res.writeHead(200, {
-      'content-type': 'application/octet-stream',
+      'content-type': type,
       'cache-control': 'no-store',
-      trailer: HEADER_STREAM_ERROR,
+      trailer: `${HEADER_STREAM_ERROR}, ${TRAILER_BODY_MAC}`,
+      [HEADER_PROOF]: this.#streamProof(type),
     });
+    const hash = createHash('sha256');
+    const finish = (error: string) => {
+      const mac = this.exchange.bodyMac('answer', digestOf(hash), error);
+      res.addTrailers(
+        error
+          ? { [HEADER_STREAM_ERROR]: error, [TRAILER_BODY_MAC]: mac }
+          : { [TRAILER_BODY_MAC]: mac },
+      );
+      res.end();
+    };
     await new Promise<void>((resolve) => {
       stream.once('end', () => {
-        res.end();
+        finish('');
         resolve();
       });
       stream.once('error', (err) => {
         stream.unpipe(res);
-        res.addTrailers({ [HEADER_STREAM_ERROR]: encodeStreamError(err) });
-        res.end();
+        finish(encodeStreamError(err));
         resolve();
       });
       res.once('close', () => {
         if (!res.writableFinished) stream.destroy();
         resolve();
       });
+      // Hashed as written: `pipe` writes each chunk in its own `data` listener.
+      stream.on('data', (chunk: Buffer | string) => hash.update(chunk));
       stream.pipe(res, { end: false });
     });
     return HANDLED;
   }
+
+  #streamProof(contentType: string): string {
+    return this.exchange.proof({ status: 200, contentType, upgrade: '', body: STREAMED });
+  }
+}
+
+function badBody(): DsecError {
+  return unauthenticated('the request body is not the one its signature covers');
+}
+
+/** A whole answer; proven when it answers a verified request (`exchange`). */
+function writeWhole(
+  res: ServerResponse,
+  status: number,
+  body: Buffer | undefined,
+  contentType: string | undefined,
+  exchange: SignedExchange | undefined,
+): void {
+  const headers: OutgoingHttpHeaders = {};
+  if (contentType) headers['content-type'] = contentType;
+  if (status !== 204) headers['content-length'] = body?.length ?? 0;
+  if (exchange) {
+    headers[HEADER_PROOF] = exchange.proof({
+      status,
+      contentType: contentType ?? '',
+      upgrade: '',
+      body: bodyDigest(body ?? EMPTY),
+    });
+  }
+  res.writeHead(status, headers).end(body);
 }
 
 interface Route {
@@ -604,7 +798,7 @@ function edgeRoutes(edge: EdgeApi): Route[] {
       return c.pipe(stream);
     }),
     route('PUT', '/sandboxes/:id/files', (c) =>
-      io().writeFile(c.p(0), pathOf(c), c.req, {
+      io().writeFile(c.p(0), pathOf(c), c.rawBody(), {
         user: c.str('user'),
         mode: c.int('mode'),
         signal: c.signal,
@@ -664,20 +858,19 @@ function pathOf(c: Call): string {
   return text(c.str('path'), 'path');
 }
 
-function sendError(res: ServerResponse, err: unknown, log: EdgeLogger | undefined): void {
+function sendError(
+  res: ServerResponse,
+  err: unknown,
+  log: EdgeLogger | undefined,
+  exchange: SignedExchange | undefined,
+): void {
   const e = toDsecError(err);
   if (e.code === 'internal') log?.error({ err }, 'edge call failed');
   if (res.headersSent) {
     res.destroy();
     return;
   }
-  const body = JSON.stringify(e.toJSON());
-  res
-    .writeHead(e.status, {
-      'content-type': 'application/json',
-      'content-length': Buffer.byteLength(body),
-    })
-    .end(body);
+  writeWhole(res, e.status, Buffer.from(JSON.stringify(e.toJSON())), 'application/json', exchange);
 }
 
 function loggerOf(option: EdgeLogger | boolean | undefined): EdgeLogger | undefined {
@@ -693,8 +886,6 @@ const PORT_PATH = /^\/sandboxes\/([^/]+)\/ports\/([0-9]{1,5})$/;
 
 interface UpgradeContext {
   edge: EdgeApi;
-  secret: string;
-  edgeId: string;
   verifier: RequestVerifier;
   log: EdgeLogger | undefined;
 }
@@ -706,25 +897,22 @@ async function onUpgrade(
   ctx: UpgradeContext,
 ): Promise<void> {
   socket.on('error', () => undefined);
-  const nonce = RequestVerifier.nonceOf(req.headers);
-  const proof =
-    nonce === undefined
-      ? ''
-      : `${HEADER_PROOF}: ${responseProof(ctx.secret, ctx.edgeId, nonce)}\r\n`;
   const gone = new AbortController();
   socket.once('close', () =>
     gone.abort(new DsecError('aborted', 'the client closed the connection')),
   );
+  const url = req.url ?? '/';
+  let exchange: SignedExchange | undefined;
   let protocol: string;
   let wire: () => void;
   try {
-    const url = req.url ?? '/';
     try {
-      ctx.verifier.verify(req.method ?? 'GET', url, req.headers);
+      exchange = ctx.verifier.verify(req.method ?? 'GET', url, req.headers).exchange;
     } catch (err) {
       ctx.log?.warn({ remote: req.socket.remoteAddress, url, err: String(err) }, 'refused');
       throw err;
     }
+    const x = exchange;
     const parsed = new URL(url, 'http://edge');
     const rest = parsed.pathname.startsWith(EDGE_PATH_PREFIX)
       ? parsed.pathname.slice(EDGE_PATH_PREFIX.length)
@@ -732,19 +920,21 @@ async function onUpgrade(
     const want = String(req.headers.upgrade ?? '').toLowerCase();
     const pty = PTY_PATH.exec(rest);
     const port = PORT_PATH.exec(rest);
+    const refusedFrame = () =>
+      ctx.log?.warn({ remote: req.socket.remoteAddress, url }, 'refused a stream frame');
     if (pty && want === PTY_UPGRADE) {
       protocol = PTY_UPGRADE;
       const id = decodeURIComponent(pty[1] ?? '');
       const options = ptyOptions(parsed.searchParams.get('options'));
       const session = await requireIo(ctx.edge).openPty(id, options);
-      wire = () => wirePty(socket, head, session);
+      wire = () => wirePty(socket, head, session, x, refusedFrame);
     } else if (port && want === PORT_UPGRADE) {
       protocol = PORT_UPGRADE;
       const id = decodeURIComponent(port[1] ?? '');
       const stream = await requireIo(ctx.edge).connectPort(id, Number(port[2]), {
         signal: gone.signal,
       });
-      wire = () => wirePort(socket, head, stream);
+      wire = () => wirePort(socket, head, stream, x, refusedFrame);
       if (socket.destroyed) stream.destroy();
     } else {
       throw new DsecError('not_found', 'no such upgrade route');
@@ -752,16 +942,23 @@ async function onUpgrade(
   } catch (err) {
     const e = toDsecError(err);
     if (e.code === 'internal') ctx.log?.error({ err }, 'edge upgrade failed');
-    const body = JSON.stringify(e.toJSON());
-    socket.end(
+    const body = Buffer.from(JSON.stringify(e.toJSON()));
+    const type = 'application/json';
+    // Proven only when the request verified, as every answer.
+    const proof = exchange
+      ? `${HEADER_PROOF}: ${exchange.proof({ status: e.status, contentType: type, upgrade: '', body: bodyDigest(body) })}\r\n`
+      : '';
+    socket.write(
       `HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status] ?? 'Error'}\r\n${proof}` +
-        `content-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
-        `connection: close\r\n\r\n${body}`,
+        `content-type: ${type}\r\ncontent-length: ${body.length}\r\nconnection: close\r\n\r\n`,
     );
+    socket.end(body);
     return;
   }
+  const proof = exchange.proof({ status: 101, contentType: '', upgrade: protocol, body: STREAMED });
   socket.write(
-    `HTTP/1.1 101 Switching Protocols\r\nupgrade: ${protocol}\r\nconnection: Upgrade\r\n${proof}\r\n`,
+    `HTTP/1.1 101 Switching Protocols\r\nupgrade: ${protocol}\r\nconnection: Upgrade\r\n` +
+      `${HEADER_PROOF}: ${proof}\r\n\r\n`,
   );
   wire();
 }
@@ -778,28 +975,43 @@ function ptyOptions(raw: string | null): PtyOptions {
   return rest;
 }
 
-/** Terminal frames both ways; the socket closing kills the shell. */
-function wirePty(socket: Duplex, head: Buffer, session: PtySession): void {
+/**
+ * Terminal frames both ways, each with its MAC; the socket closing kills
+ * the shell, and so does a client frame that fails its MAC.
+ */
+function wirePty(
+  socket: Duplex,
+  head: Buffer,
+  session: PtySession,
+  exchange: SignedExchange,
+  refused: () => void,
+): void {
   if (socket.destroyed) {
     session.kill();
     return;
   }
-  session.onOutput((chunk) => socket.write(frame(PTY_DATA, chunk)));
+  const down = exchange.sealer('answer');
+  session.onOutput((chunk) => socket.write(frame(down, PTY_DATA, chunk)));
   void session.exited.then(({ exitCode, signal }) => {
-    socket.end(frame(PTY_EXIT, exitPayload(exitCode, signal)));
+    socket.end(frame(down, PTY_EXIT, exitPayload(exitCode, signal)));
   });
   socket.once('close', () => session.kill());
-  const reader = new FrameReader(MAX_PTY_FRAME_BYTES, (type, payload) => {
-    if (type === PTY_DATA) session.write(payload);
-    else if (type === PTY_RESIZE && payload.length >= 4) {
-      session.resize(payload.readUInt16BE(0), payload.readUInt16BE(2));
-    } else if (type === PTY_EOF) session.end();
-    else if (type === PTY_KILL) session.kill();
-  });
+  const reader = new FrameReader(
+    MAX_PTY_FRAME_BYTES,
+    exchange.sealer('request'),
+    (type, payload) => {
+      if (type === PTY_DATA) session.write(payload);
+      else if (type === PTY_RESIZE && payload.length >= 4) {
+        session.resize(payload.readUInt16BE(0), payload.readUInt16BE(2));
+      } else if (type === PTY_EOF) session.end();
+      else if (type === PTY_KILL) session.kill();
+    },
+  );
   const push = (chunk: Buffer) => {
     try {
       reader.push(chunk);
-    } catch {
+    } catch (err) {
+      if (err instanceof FrameMacError) refused();
       socket.destroy();
     }
   };
@@ -808,18 +1020,81 @@ function wirePty(socket: Duplex, head: Buffer, session: PtySession): void {
 }
 
 /**
- * Raw bytes both ways, half-closes passed on. A failure of the sandbox
- * side resets the connection, so the client can tell it from a clean end.
+ * Port bytes both ways in frames with MACs: `PORT_DATA`, then `PORT_END`
+ * for a half-close, passed on as one. The connection closes once both
+ * sides have ended (so neither end relies on TCP half-close, which TLS
+ * servers do not keep). A failure of the sandbox side resets the
+ * connection (drops it, over TLS), so the client can tell it from a clean end; a client frame
+ * that fails its MAC drops the connection and the sandbox side with it.
  */
-function wirePort(socket: Duplex, head: Buffer, stream: Duplex): void {
+function wirePort(
+  socket: Duplex,
+  head: Buffer,
+  stream: Duplex,
+  exchange: SignedExchange,
+  refused: () => void,
+): void {
   if (socket.destroyed) return;
+  const down = exchange.sealer('answer');
+  let sentEnd = false;
+  let gotEnd = false;
+  const closeWhenDone = () => {
+    if (sentEnd && gotEnd) socket.end();
+  };
   stream.on('error', () => {
+    // A TLS socket cannot be reset (its handle is not TCP's); closed without END, the
+    // client takes it for the failure it is all the same.
     const s = socket as Duplex & { resetAndDestroy?: () => void };
-    if (typeof s.resetAndDestroy === 'function') s.resetAndDestroy();
-    else socket.destroy();
+    if (!(socket instanceof TLSSocket) && typeof s.resetAndDestroy === 'function') {
+      s.resetAndDestroy();
+    } else socket.destroy();
   });
   socket.once('close', () => stream.destroy());
-  if (head.length > 0) stream.write(head);
-  socket.pipe(stream);
-  stream.pipe(socket);
+  stream.on('data', (chunk: Buffer) => {
+    for (let at = 0; at < chunk.length; at += PORT_FRAME_BYTES) {
+      const ok = socket.write(frame(down, PORT_DATA, chunk.subarray(at, at + PORT_FRAME_BYTES)));
+      if (!ok) stream.pause();
+    }
+  });
+  socket.on('drain', () => stream.resume());
+  stream.once('end', () => {
+    sentEnd = true;
+    socket.write(frame(down, PORT_END, EMPTY));
+    closeWhenDone();
+  });
+  let waiting = false;
+  const reader = new FrameReader(
+    MAX_PORT_FRAME_BYTES,
+    exchange.sealer('request'),
+    (type, payload) => {
+      if (type === PORT_DATA && !gotEnd) {
+        if (!stream.write(payload) && !waiting) {
+          waiting = true;
+          socket.pause();
+          stream.once('drain', () => {
+            waiting = false;
+            socket.resume();
+          });
+        }
+      } else if (type === PORT_END && !gotEnd) {
+        gotEnd = true;
+        stream.end();
+        closeWhenDone();
+      }
+    },
+  );
+  const push = (chunk: Buffer) => {
+    try {
+      reader.push(chunk);
+    } catch (err) {
+      if (err instanceof FrameMacError) refused();
+      socket.destroy();
+    }
+  };
+  // The client's bytes end only with its authenticated END; a bare TCP end is a cut.
+  socket.once('end', () => {
+    if (!gotEnd) socket.destroy();
+  });
+  if (head.length > 0) push(head);
+  socket.on('data', push);
 }

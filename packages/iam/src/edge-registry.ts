@@ -13,6 +13,12 @@ export interface EdgeRegistration {
   labels: Record<string, string>;
   /** Backends the edge runs (`container`, ...). */
   backends: string[];
+  /**
+   * The SHA-256 fingerprints (`AB:CD:…`, upper case) of the TLS certificates
+   * apiservers accept from this edge, whose `url` is then `https:`; absent
+   * for an edge without TLS. Not secret: a pin names a public certificate.
+   */
+  tlsPins?: string[] | undefined;
 }
 
 /** One probe's outcome, as the watcher saw it. */
@@ -60,6 +66,7 @@ interface EdgeRow {
   status: string | null;
   registered_at: string;
   cordoned: number;
+  tls_pins: string | null;
 }
 
 /** The edge protocol refuses shorter secrets too (`@dsec/edge-http`'s `MIN_SECRET_LENGTH`). */
@@ -67,8 +74,11 @@ const MIN_EDGE_SECRET_LENGTH = 32;
 
 export const EDGE_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 
+/** A pin in the form `X509Certificate.fingerprint256` gives (`@dsec/edge-http`'s `normalizeFingerprint`). */
+const TLS_PIN = /^[0-9A-F]{2}(?::[0-9A-F]{2}){31}$/;
+
 const COLUMNS =
-  'edge_id, url, secret, labels, backends, healthy, last_probe_at, last_error, status, registered_at, cordoned';
+  'edge_id, url, secret, labels, backends, healthy, last_probe_at, last_error, status, registered_at, cordoned, tls_pins';
 
 /**
  * The cluster's edges, in the control database beside IAM: edges join
@@ -102,18 +112,19 @@ export class EdgeRegistry {
     const at = new Date(this.#now()).toISOString();
     const labels = JSON.stringify(sortedObject(input.labels));
     const backends = JSON.stringify([...new Set(input.backends)].sort());
+    const pins = input.tlsPins ? JSON.stringify([...new Set(input.tlsPins)].sort()) : null;
     return this.#db.transaction(async (q) => {
       await q.run(
-        `INSERT INTO edges (edge_id, url, secret, labels, backends, healthy, registered_at)
-           VALUES (?, ?, ?, ?, ?, 0, ?)
+        `INSERT INTO edges (edge_id, url, secret, labels, backends, healthy, registered_at, tls_pins)
+           VALUES (?, ?, ?, ?, ?, 0, ?, ?)
          ON CONFLICT (edge_id) DO UPDATE SET
            healthy = CASE WHEN edges.url = excluded.url THEN edges.healthy ELSE 0 END,
            last_probe_at = CASE WHEN edges.url = excluded.url THEN edges.last_probe_at ELSE NULL END,
            last_error = CASE WHEN edges.url = excluded.url THEN edges.last_error ELSE NULL END,
            status = CASE WHEN edges.url = excluded.url THEN edges.status ELSE NULL END,
            url = excluded.url, secret = excluded.secret, labels = excluded.labels,
-           backends = excluded.backends`,
-        [input.edgeId, input.url, input.secret, labels, backends, at],
+           backends = excluded.backends, tls_pins = excluded.tls_pins`,
+        [input.edgeId, input.url, input.secret, labels, backends, at, pins],
       );
       await q.run(
         'INSERT INTO audit (at, actor_key_id, action, target, outcome, details) VALUES (?, NULL, ?, ?, ?, ?)',
@@ -122,7 +133,11 @@ export class EdgeRegistry {
           'edge.register',
           input.edgeId,
           'ok',
-          JSON.stringify({ url: input.url, labels: input.labels }),
+          JSON.stringify({
+            url: input.url,
+            labels: input.labels,
+            ...(input.tlsPins ? { tlsPins: input.tlsPins } : {}),
+          }),
         ],
       );
       const row = await q.get<EdgeRow>(`SELECT ${COLUMNS} FROM edges WHERE edge_id = ?`, [
@@ -232,6 +247,16 @@ function checkRegistration(input: EdgeRegistration): void {
   }
   if (!Array.isArray(input.backends) || input.backends.some((b) => typeof b !== 'string' || !b))
     throw bad('backends', 'backends must be a list of backend names');
+  const pins: unknown = input.tlsPins;
+  if (pins !== undefined) {
+    if (
+      !Array.isArray(pins) ||
+      pins.length === 0 ||
+      pins.some((p) => typeof p !== 'string' || !TLS_PIN.test(p))
+    )
+      throw bad('tlsPins', 'tlsPins must list SHA-256 fingerprints in the form AB:CD:…');
+    if (url.protocol !== 'https:') throw bad('url', 'an edge with TLS pins needs an https: url');
+  }
 }
 
 function sortedObject(o: Record<string, string>): Record<string, string> {
@@ -251,5 +276,6 @@ function toRecord(r: EdgeRow): EdgeRecord {
     status: r.status === null ? undefined : (JSON.parse(r.status) as unknown),
     registeredAt: r.registered_at,
     cordoned: r.cordoned === 1,
+    tlsPins: r.tls_pins === null ? undefined : (JSON.parse(r.tls_pins) as string[]),
   };
 }

@@ -15,9 +15,13 @@ import type { Edge } from '@dsec/edge';
 import { buildLayer, DirImageStore, makeBusyboxRootfs } from '@dsec/images';
 import { newEdgeSecret, RemoteEdge, serveEdge } from '@dsec/edge-http';
 import type { EdgeServer } from '@dsec/edge-http';
+import { makeTestCertificate } from '@dsec/edge-http/testing';
 
-/** A real container edge in a temp state dir with a busybox image, served over loopback. */
-async function servedEdge(capacitySandboxes: number) {
+/**
+ * A real container edge in a temp state dir with a busybox image, served
+ * over loopback; with `tls`, over TLS with a certificate from openssl, pinned.
+ */
+async function servedEdge(capacitySandboxes: number, options: { tls?: boolean } = {}) {
   const dir = await mkdtemp(join(tmpdir(), 'dsec-edge-http-it-'));
   await chmod(dir, 0o711);
   const cgroupParent = `dsec-test-${basename(dir)}`;
@@ -34,12 +38,23 @@ async function servedEdge(capacitySandboxes: number) {
     capacity: { sandboxes: capacitySandboxes },
   });
   const secret = newEdgeSecret();
-  const server = await serveEdge({ edge, secret });
-  const remote = new RemoteEdge({ edgeId: edge.edgeId, url: server.url, secret });
+  const cert = options.tls ? await makeTestCertificate(dir, 'edge') : undefined;
+  const server = await serveEdge({
+    edge,
+    secret,
+    ...(cert ? { tls: { cert: cert.cert, key: cert.key } } : {}),
+  });
+  const remote = new RemoteEdge({
+    edgeId: edge.edgeId,
+    url: server.url,
+    secret,
+    ...(cert ? { tls: { pinSha256: [cert.sha256] } } : {}),
+  });
   return {
     edge,
     server,
     remote,
+    tls: cert ? { pinSha256: [cert.sha256] } : undefined,
     async cleanup() {
       remote.close();
       await server.close();
@@ -53,23 +68,24 @@ async function servedEdge(capacitySandboxes: number) {
   };
 }
 
-edgeApiConformance('RemoteEdge → serveEdge(Edge)', async () => {
-  const s = await servedEdge(2);
-  const served: EdgeApi = s.edge;
-  return {
-    edge: s.remote,
-    capacitySandboxes: 2,
-    mintId: () => randomId('sb'),
-    image: 'busybox',
-    // RemoteEdge always has the lifecycle methods; the served edge decides whether they work.
-    lifecycle:
-      served.pauseSandbox !== undefined &&
-      served.resumeSandbox !== undefined &&
-      served.setSandboxTimeout !== undefined,
-    snapshots: served.snapshotSandbox !== undefined,
-    cleanup: () => s.cleanup(),
-  };
-});
+for (const tls of [false, true])
+  edgeApiConformance(`RemoteEdge → serveEdge(Edge)${tls ? ' over pinned TLS' : ''}`, async () => {
+    const s = await servedEdge(2, { tls });
+    const served: EdgeApi = s.edge;
+    return {
+      edge: s.remote,
+      capacitySandboxes: 2,
+      mintId: () => randomId('sb'),
+      image: 'busybox',
+      // RemoteEdge always has the lifecycle methods; the served edge decides whether they work.
+      lifecycle:
+        served.pauseSandbox !== undefined &&
+        served.resumeSandbox !== undefined &&
+        served.setSandboxTimeout !== undefined,
+      snapshots: served.snapshotSandbox !== undefined,
+      cleanup: () => s.cleanup(),
+    };
+  });
 
 const spec: SandboxSpec = {
   backend: 'container',
@@ -85,16 +101,18 @@ const spec: SandboxSpec = {
   labels: {},
 };
 
-// One served edge and one sandbox for the terminal, port and stdin round trips.
+// One served edge (over pinned TLS: the plaintext wire has these in the conformance
+// suite and the unit tests) and one sandbox for the terminal, port and stdin round trips.
 let edge: Edge;
 let server: EdgeServer;
 let remote: RemoteEdge;
+let pins: { pinSha256: string[] } | undefined;
 let sb: string;
 let cleanup: () => Promise<void>;
 
 before(async () => {
-  const s = await servedEdge(4);
-  ({ edge, server, remote } = s);
+  const s = await servedEdge(4, { tls: true });
+  ({ edge, server, remote, tls: pins } = s);
   cleanup = () => s.cleanup();
   sb = (await remote.createSandbox({ id: randomId('sb'), projectId: 'p1', spec })).id;
 });
@@ -167,8 +185,12 @@ test('a client with another secret is refused; the sandbox keeps answering the r
     edgeId: edge.edgeId,
     url: server.url,
     secret: newEdgeSecret(),
+    tls: pins,
   });
-  await assert.rejects(stranger.getSandbox(sb), (e) => isDsecError(e, 'unavailable'));
+  await assert.rejects(
+    stranger.getSandbox(sb),
+    (e) => isDsecError(e, 'unavailable') && e.details?.reason === 'edge_unauthenticated',
+  );
   stranger.close();
   // The sandbox is still there and answering through the right client.
   assert.equal(

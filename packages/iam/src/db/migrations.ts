@@ -234,6 +234,18 @@ export const MIGRATIONS: readonly Migration[] = [
   CREATE INDEX image_reservations_project ON image_reservations(project_id);`,
     },
   },
+  {
+    version: 8,
+    name: 'edge TLS pins',
+    // JSON array of the SHA-256 fingerprints of the edge's accepted TLS certificates;
+    // NULL: the edge serves no TLS (issue 24 point 7).
+    sql: {
+      sqlite: `
+  ALTER TABLE edges ADD COLUMN tls_pins TEXT;`,
+      postgres: `
+  ALTER TABLE edges ADD COLUMN tls_pins TEXT;`,
+    },
+  },
 ];
 
 /** The newest layout this release knows. */

@@ -655,6 +655,7 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
         status: undefined,
         registeredAt: new Date(now).toISOString(),
         cordoned: false,
+        tlsPins: undefined,
       });
       await db.edges.register(edge('edge-a'));
       assert.deepEqual(
@@ -709,6 +710,21 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.equal(await db.edges.setCordoned('edge-b', false), true);
       assert.equal((await other.edges.get('edge-b'))?.cordoned, false);
       assert.equal(await db.edges.setCordoned('edge-nope', true), false);
+      // TLS pins (issue 24 point 7) are kept, sorted and deduplicated, replaced by a
+      // re-registration, and dropped by one without them.
+      const pinA = 'A1:'.repeat(31) + 'A1';
+      const pinB = '0B:'.repeat(31) + '0B';
+      const pinned = await db.edges.register(
+        edge('edge-b', { url: 'https://10.0.0.2:7001', tlsPins: [pinB, pinA, pinB] }),
+      );
+      assert.deepEqual(pinned.tlsPins, [pinB, pinA].sort());
+      assert.deepEqual((await other.edges.get('edge-b'))?.tlsPins, [pinA, pinB].sort());
+      assert.deepEqual(
+        (await db.edges.register(edge('edge-b', { url: 'https://10.0.0.2:7001', tlsPins: [pinA] })))
+          .tlsPins,
+        [pinA],
+      );
+      assert.equal((await db.edges.register(edge('edge-b'))).tlsPins, undefined);
       assert.equal(await db.edges.remove('edge-b'), true);
       assert.equal(await db.edges.remove('edge-b'), false);
       assert.equal(await other.edges.get('edge-b'), undefined);
@@ -732,6 +748,10 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
         [{ secret: 'short' }, 'secret'],
         [{ labels: { pool: 7 as unknown as string } }, 'labels.pool'],
         [{ backends: [''] }, 'backends'],
+        [{ url: 'https://x:1', tlsPins: [] }, 'tlsPins'],
+        [{ url: 'https://x:1', tlsPins: ['ab:'.repeat(31) + 'ab'] }, 'tlsPins'],
+        [{ url: 'https://x:1', tlsPins: ['AB'.repeat(32)] }, 'tlsPins'],
+        [{ url: 'http://x:1', tlsPins: ['AB:'.repeat(31) + 'AB'] }, 'url'],
       ];
       for (const [change, field] of cases) {
         await assert.rejects(
@@ -752,6 +772,7 @@ function edge(
     secret: string;
     labels: Record<string, string>;
     backends: string[];
+    tlsPins: string[];
   }> = {},
 ) {
   return {
