@@ -276,8 +276,17 @@ export class PlatformResolver {
     try {
       const answer = await this.#forward(q);
       if (!answer) return reply(errorResponse(msg, RCODE_SERVFAIL));
+      // The policy may have changed while upstream had the question (a zone can
+      // answer as late as the timeout): the answer opens only what the policy
+      // allows now, decided in the same tick as the opening, so a live update
+      // either comes first (and refuses it) or finds the name's addresses to close.
+      const now = client.decide(q.name);
+      if (!now.allowed) {
+        client.blocked(q.name, q.type);
+        return reply(errorResponse(msg, RCODE_NXDOMAIN));
+      }
       const screened = screenAnswer(answer, q.labels, (a) => client.screen(a));
-      await client.allowAddresses(q.name, decision.ports, screened.open);
+      await client.allowAddresses(q.name, now.ports, screened.open);
       if (screened.dropped.length > 0) client.filtered(q.name, q.type, screened.dropped);
       reply(encodeAnswer(q, screened.message));
     } catch (err) {
