@@ -99,6 +99,24 @@ const MAX_DNS_TTL_SECONDS = 86_400;
 const NODE_NETWORKS_REFRESH_MS = 5000;
 /** Records listed in one answer-filtered event (the count says how many there were). */
 const MAX_EVENT_RECORDS = 16;
+/**
+ * Network events (refused names, filtered answers, denied connections) a
+ * sandbox gets recorded one by one per window; past it, each kind is folded
+ * into one event whose count says how many (the event log folds repeats of
+ * one key). Each recorded event is a synchronous, fsynced write on the edge's
+ * event loop: a sandbox sending random refused names held it ~2 ms a query.
+ */
+const EVENT_BUDGET = 32;
+const EVENT_WINDOW_MS = 10_000;
+/**
+ * Allow-set elements (address, or address and port) a sandbox's DNS answers
+ * may hold open at once. Past it, an answer that would open more is refused
+ * (SERVFAIL) until some expire: a zone that hands out new addresses on every
+ * answer would otherwise grow the shared nftables sets (kernel memory, and
+ * every sandbox's firewall transactions) without end. Far above what any
+ * client connects to within its answers' TTLs.
+ */
+const MAX_ALLOW_ELEMENTS = 4096;
 
 interface Live {
   sb: NetworkSandbox;
@@ -188,6 +206,8 @@ export class LinuxNetwork implements NetworkManager {
   #ranges: NodeRanges;
   #rangesTimer: NodeJS.Timeout | undefined;
   #rangesReading = false;
+  /** Per sandbox: events left to record one by one in the current window ({@link EVENT_BUDGET}). */
+  readonly #eventBudget = new Map<string, { until: number; left: number }>();
   /**
    * Host ends of torn-down sandboxes' veths that the kernel has yet to
    * remove, by name (see {@link #drain}). Their slot's addresses are not
@@ -457,18 +477,24 @@ export class LinuxNetwork implements NetworkManager {
     const now = Date.now();
     const chain = policyChain(policy, this.subnet6 !== undefined);
     const next = baseElements(live.names, chain);
-    for (const [name, entry] of live.resolved) {
+    // Newest answers first, within the sandbox's bound (new ports multiply elements).
+    const reopened = new Set<string>();
+    for (const [name, entry] of [...live.resolved].reverse()) {
       const d = matchDomain(policy, name);
-      if (!d.allowed || entry.expiresAt <= now) {
+      const refs =
+        d.allowed && entry.expiresAt > now
+          ? addressElements(
+              live.names,
+              this.#elements(entry.records, d.ports, now, entry.expiresAt),
+            )
+          : [];
+      const ids = refs.map(refId).filter((id) => !reopened.has(id));
+      if (refs.length === 0 || reopened.size + new Set(ids).size > MAX_ALLOW_ELEMENTS) {
         live.resolved.delete(name);
         continue;
       }
-      next.push(
-        ...addressElements(
-          live.names,
-          this.#elements(entry.records, d.ports, now, entry.expiresAt),
-        ),
-      );
+      for (const id of ids) reopened.add(id);
+      next.push(...refs);
     }
     // One transaction: the sandbox is never without its rules in between.
     await this.#serial(live, () => {
@@ -529,6 +555,7 @@ export class LinuxNetwork implements NetworkManager {
       });
     const denied = (await deniedRead).filter((d) => sources.has(d.source));
     for (const [src, id] of this.#bySource) if (id === sb.id) this.#bySource.delete(src);
+    this.#eventBudget.delete(sb.id);
     await removed;
     if (denied.length > 0) {
       // Records of a sandbox that is gone; they would also expire by their timeout.
@@ -733,7 +760,7 @@ export class LinuxNetwork implements NetworkManager {
       screen: (address) => screenAddress(live.policy, address, this.#ranges),
       allowAddresses: (name, ports, records) => this.#allow(live, name, ports, records),
       blocked: (name, qtype) =>
-        this.#o.onEvent?.(
+        this.#event(
           sb.id,
           'dns_blocked',
           `DNS name not allowed: ${name}`,
@@ -754,12 +781,48 @@ export class LinuxNetwork implements NetworkManager {
       ...(d.range !== undefined ? { range: d.range } : {}),
     }));
     const what = listed.map((d) => d.address ?? `a type ${d.type} record`).join(', ');
-    this.#o.onEvent?.(
+    this.#event(
       id,
       'dns_blocked',
       `DNS answer for ${name}: left out ${what}${dropped.length > listed.length ? ', …' : ''}`,
       { name, qtype, reason: 'address', dropped: listed, droppedCount: dropped.length },
       `dns-answer:${name}`,
+    );
+  }
+
+  /**
+   * Records a network event of a sandbox within its budget
+   * ({@link EVENT_BUDGET} per {@link EVENT_WINDOW_MS}); past it, as one
+   * folded event per kind, which the event log counts instead of storing.
+   */
+  #event(
+    id: string,
+    kind: 'dns_blocked' | 'network_denied',
+    message: string,
+    details: Record<string, unknown>,
+    key: string,
+  ): void {
+    const sink = this.#o.onEvent;
+    if (!sink) return;
+    const now = Date.now();
+    let budget = this.#eventBudget.get(id);
+    if (!budget || budget.until <= now) {
+      budget = { until: now + EVENT_WINDOW_MS, left: EVENT_BUDGET };
+      this.#eventBudget.set(id, budget);
+    }
+    if (budget.left > 0) {
+      budget.left--;
+      sink(id, kind, message, details, key);
+      return;
+    }
+    sink(
+      id,
+      kind,
+      kind === 'dns_blocked'
+        ? 'more refused DNS names and filtered answers than are recorded one by one (counted)'
+        : 'more denied connections than are recorded one by one (counted)',
+      { folded: true },
+      `folded:${kind}`,
     );
   }
 
@@ -803,27 +866,46 @@ export class LinuxNetwork implements NetworkManager {
     name: string,
     ports: number[],
     records: DnsAddressRecord[],
-  ): Promise<void> {
-    if (records.length === 0) return;
-    if (!this.#live.has(live.sb.id)) return;
+  ): Promise<boolean> {
+    if (records.length === 0) return true;
+    if (!this.#live.has(live.sb.id)) return true;
     const now = Date.now();
     const ttl = Math.max(...records.map((r) => this.#ttl(r.ttlSeconds)));
     const expiresAt = now + ttl * 1000;
+    const refs = addressElements(live.names, this.#elements(records, ports, now));
+    // Forget timed elements long expired (the kernel removed them), so the
+    // record stays bounded by what is allowed now; count those still open.
+    let open = 0;
+    for (const [id, e] of live.elements) {
+      if (e.expiresAt === undefined) continue;
+      if (e.expiresAt + EXPIRED_GRACE_MS < now) live.elements.delete(id);
+      else if (e.expiresAt > now) open++;
+    }
+    const added = new Set<string>();
+    for (const r of refs) {
+      const id = refId(r);
+      const e = live.elements.get(id);
+      if (!(e?.expiresAt !== undefined && e.expiresAt > now)) added.add(id);
+    }
+    if (open + added.size > MAX_ALLOW_ELEMENTS) {
+      this.#event(
+        live.sb.id,
+        'dns_blocked',
+        `DNS answer for ${name} refused: the sandbox holds ${open} open addresses (at most ${MAX_ALLOW_ELEMENTS})`,
+        { name, reason: 'bound', open, max: MAX_ALLOW_ELEMENTS, wanted: added.size },
+        'dns-bound',
+      );
+      return false;
+    }
     if (live.resolved.size >= MAX_CACHED_NAMES && !live.resolved.has(name)) {
       const oldest = live.resolved.keys().next().value;
       if (oldest !== undefined) live.resolved.delete(oldest);
     }
     live.resolved.delete(name);
     live.resolved.set(name, { records, expiresAt });
-    const refs = addressElements(live.names, this.#elements(records, ports, now));
-    // Forget timed elements long expired (the kernel removed them), so the
-    // record stays bounded by what is allowed now.
-    for (const [id, e] of live.elements) {
-      if (e.expiresAt !== undefined && e.expiresAt + EXPIRED_GRACE_MS < now)
-        live.elements.delete(id);
-    }
     for (const r of refs) live.elements.set(refId(r), this.#tracked(r, now));
     await this.#serial(live, () => this.#nft.submit(script(addLines(this.table, refs))));
+    return true;
   }
 
   #elements(records: DnsAddressRecord[], ports: number[], now: number, until?: number) {
@@ -1017,7 +1099,7 @@ export class LinuxNetwork implements NetworkManager {
           const id = this.#bySource.get(src);
           if (!id) continue;
           const ported = protocol === 'tcp' || protocol === 'udp';
-          sink(
+          this.#event(
             id,
             'network_denied',
             `connection denied: ${protocol} to ${dst}${ported ? ` port ${entry.port}` : ''}`,
