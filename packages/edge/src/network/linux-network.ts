@@ -419,8 +419,8 @@ export class LinuxNetwork implements NetworkManager {
   /**
    * A microVM's link (ADR 0016): a tap on the host where a container's veth
    * host end would be, under the same name, so the table's interface-keyed
-   * elements, the input hook's `dsv*` match and the resolver's socket on its
-   * address apply unchanged. Owned by the hypervisor's uid; QEMU opens it
+   * elements (the input hook's `ifaces` match among them) and the resolver's
+   * socket on its address apply unchanged. Owned by the hypervisor's uid; QEMU opens it
    * (as root, before it drops to that uid). Unlike a veth it is not removed
    * by the kernel when the VM ends: `teardown` deletes it.
    */

@@ -33,8 +33,9 @@ import { reservedCidrs } from './special-ranges.js';
  *   to `deny`: recorded (`denied4/6` dynamic sets, read by the edge for
  *   audit events) and rejected, TCP reset or ICMP admin-prohibited, so a
  *   denied connect fails at once instead of timing out.
- * - `input_hook`: from any sandbox veth only DNS to that sandbox's own
- *   resolver (UDP 53 to the veth's host-end address, `dns4`: no other
+ * - `input_hook`: from this edge's sandbox veths (`ifaces`; each edge on a
+ *   host filters its own) and sandbox subnets only DNS to that sandbox's
+ *   own resolver (UDP 53 to the veth's host-end address, `dns4`: no other
  *   address of the host, no other port, not TCP, not IPv6) and IPv6
  *   neighbour discovery reach the host.
  * - `postrouting_hook`: sandbox addresses are masqueraded on the way out.
@@ -148,7 +149,9 @@ export function tableScript(t: TableInput): string {
     `add rule ${T} deny counter`,
     `add rule ${T} deny meta l4proto tcp reject with tcp reset`,
     `add rule ${T} deny reject with icmpx admin-prohibited`,
-    `add rule ${T} input_hook iifname "dsv*" jump from_sandbox_to_host`,
+    // This edge's own veths and taps only: every edge on a host has this hook, and
+    // another edge's sandboxes are not in this table's dns4 (their edge admits their DNS).
+    `add rule ${T} input_hook iifname @ifaces jump from_sandbox_to_host`,
     `add rule ${T} input_hook ip saddr ${s4} jump from_sandbox_to_host`,
     ...(s6 ? [`add rule ${T} input_hook ip6 saddr ${s6} jump from_sandbox_to_host`] : []),
     `add rule ${T} from_sandbox_to_host ct state established,related accept`,
