@@ -75,6 +75,12 @@ export interface NetworkOptions {
   /** Floor on how long a resolved address stays allowed (TTL 0 answers must still connect). */
   minDnsTtlSeconds?: number;
   /**
+   * DNS queries per second a sandbox may send its resolver (burst twice
+   * that); the firewall drops the rest, so one sandbox's flood costs the
+   * edge's event loop a bounded amount. Default 200.
+   */
+  dnsQueriesPerSecond?: number;
+  /**
    * Special-use ranges (of `SPECIAL_RANGES`, special-ranges.ts) this node
    * treats as public, for a lab whose "internet" is, say, a benchmarking or
    * CGNAT range: DNS answers in them are not filtered. Never a reserved
@@ -244,6 +250,11 @@ export class LinuxNetwork implements NetworkManager {
   /** Probes nftables and netns support, claims an address range, installs the table. */
   static async open(o: NetworkOptions): Promise<LinuxNetwork> {
     checkPublicRanges(o.publicRanges ?? []);
+    const rate = o.dnsQueriesPerSecond;
+    if (rate !== undefined && (!Number.isInteger(rate) || rate < 1))
+      throw new DsecError('invalid_argument', 'dnsQueriesPerSecond: a positive integer', {
+        field: 'dnsQueriesPerSecond',
+      });
     const dir = join(o.stateDir, 'network');
     await mkdir(join(dir, 'resolv'), { recursive: true });
     await chmod(dir, 0o711);
@@ -260,6 +271,7 @@ export class LinuxNetwork implements NetworkManager {
         subnet4,
         subnet6,
         deniedWindowSeconds: DENIED_WINDOW_SECONDS,
+        dnsQueriesPerSecond: o.dnsQueriesPerSecond,
       }),
     );
     // The session's process starts now, off the first create's path; a host

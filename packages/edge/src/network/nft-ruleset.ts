@@ -36,8 +36,9 @@ import { reservedCidrs } from './special-ranges.js';
  * - `input_hook`: from this edge's sandbox veths (`ifaces`; each edge on a
  *   host filters its own) and sandbox subnets only DNS to that sandbox's
  *   own resolver (UDP 53 to the veth's host-end address, `dns4`: no other
- *   address of the host, no other port, not TCP, not IPv6) and IPv6
- *   neighbour discovery reach the host.
+ *   address of the host, no other port, not TCP, not IPv6), at most
+ *   `dnsQueriesPerSecond` per veth (`dnsrate`), and IPv6 neighbour
+ *   discovery reach the host.
  * - `postrouting_hook`: sandbox addresses are masqueraded on the way out.
  */
 
@@ -80,6 +81,12 @@ export interface TableInput {
   subnet6?: Cidr | undefined;
   /** How long a denied destination stays in the audit set (one event per window). */
   deniedWindowSeconds: number;
+  /**
+   * DNS queries per second one sandbox's veth may send its resolver (the
+   * burst is twice that); past it they are dropped, so a sandbox's flood
+   * costs the edge's event loop a bounded amount. Default 200.
+   */
+  dnsQueriesPerSecond?: number | undefined;
 }
 
 /**
@@ -88,6 +95,7 @@ export interface TableInput {
  */
 export function tableScript(t: TableInput): string {
   const s4 = formatCidr(t.subnet4);
+  const dnsRate = t.dnsQueriesPerSecond ?? 200;
   const s6 = t.subnet6 && formatCidr(t.subnet6);
   const T = `inet ${t.table}`;
   const reserved4 = [s4, ...RESERVED4].join(', ');
@@ -108,6 +116,8 @@ export function tableScript(t: TableInput): string {
       (name) => `add ${name === 'cidr_policy' ? 'map' : 'set'} ${T} ${name} { ${SET_TYPES[name]} }`,
     ),
     `add set ${T} denied4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout ${t.deniedWindowSeconds}s; size 8192; }`,
+    // Per veth: the state of its DNS rate limit (one element per sandbox sending DNS).
+    `add set ${T} dnsrate { type ifname; flags dynamic,timeout; timeout 60s; size 65535; }`,
     `add set ${T} denied6 { type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags dynamic,timeout; timeout ${t.deniedWindowSeconds}s; size 8192; }`,
     `add chain ${T} forward_hook { type filter hook forward priority filter - 5; policy accept; }`,
     `add chain ${T} input_hook { type filter hook input priority filter - 5; policy accept; }`,
@@ -154,6 +164,9 @@ export function tableScript(t: TableInput): string {
     `add rule ${T} input_hook iifname @ifaces jump from_sandbox_to_host`,
     `add rule ${T} input_hook ip saddr ${s4} jump from_sandbox_to_host`,
     ...(s6 ? [`add rule ${T} input_hook ip6 saddr ${s6} jump from_sandbox_to_host`] : []),
+    // DNS at a bounded rate, before conntrack's verdict (a client's queries from one
+    // socket are one "established" flow after the first answer).
+    `add rule ${T} from_sandbox_to_host udp dport 53 iifname . ip daddr @dns4 update @dnsrate { iifname limit rate over ${dnsRate}/second burst ${2 * dnsRate} packets } drop`,
     `add rule ${T} from_sandbox_to_host ct state established,related accept`,
     // Only its own resolver: the veth's host-end address, not any local one.
     `add rule ${T} from_sandbox_to_host udp dport 53 iifname . ip daddr @dns4 accept`,
