@@ -854,19 +854,14 @@ export class LinuxNetwork implements NetworkManager {
       const links = (await readdir('/sys/class/net')).filter(
         (l) => l !== 'lo' && !l.startsWith('dsv') && /^[A-Za-z0-9_.@-]{1,15}$/.test(l),
       );
-      const text =
-        links.length === 0
-          ? ''
-          : await runTool('ip', ['-o', '-batch', '-'], {
-              stdin: links.map((l) => `addr show dev ${l}\n`).join(''),
-            });
+      const cidrs = await readInterfaceCidrs(links);
       this.#ranges = {
         ...this.#ranges,
-        node: nodeNetworks(hostInterfaceCidrs(text), this.#ranges.reserved, this.#ranges.public),
+        node: nodeNetworks(cidrs, this.#ranges.reserved, this.#ranges.public),
       };
     } catch (err) {
-      // Keep the last good list (a link that went away meanwhile fails the batch; the next read
-      // comes in NODE_NETWORKS_REFRESH_MS): a failed read must not open anything.
+      // Keep the last good list (links that went away meanwhile are read around, so this is
+      // `ip` itself failing; the next read comes in NODE_NETWORKS_REFRESH_MS).
       this.#o.log?.('reading the node networks failed', { err: String(err) });
     } finally {
       this.#rangesReading = false;
@@ -1123,6 +1118,30 @@ export class LinuxNetwork implements NetworkManager {
     }
     return entries;
   }
+}
+
+/**
+ * The addresses (with prefix length) of these host links, by one `ip -batch`.
+ * A link that went away since it was listed fails the whole batch (`ip`
+ * stops at the first error): read again without the links now gone, so the
+ * churn of the node's other links (containers of other software) cannot
+ * keep the node's networks unread. A link still there that fails is an error.
+ */
+export async function readInterfaceCidrs(links: string[]): Promise<string[]> {
+  let left = links;
+  for (let attempt = 0; left.length > 0; attempt++) {
+    try {
+      const text = await runTool('ip', ['-o', '-batch', '-'], {
+        stdin: left.map((l) => `addr show dev ${l}\n`).join(''),
+      });
+      return hostInterfaceCidrs(text);
+    } catch (err) {
+      const still = left.filter((l) => existsSync(`/sys/class/net/${l}`));
+      if (still.length === left.length || attempt >= 8) throw err;
+      left = still;
+    }
+  }
+  return [];
 }
 
 /**

@@ -15,7 +15,7 @@ import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { after, before, describe, it } from 'node:test';
 import { startSingleNode, type SingleNode } from '@dsec/cluster';
 import { DSecClient, type Sandbox } from '@dsec/sdk';
-import { LinuxNetwork } from '../../src/network/linux-network.js';
+import { LinuxNetwork, readInterfaceCidrs } from '../../src/network/linux-network.js';
 import { startFakeInternet, type FakeInternet } from './fake-internet.js';
 import { buildTestLayers, hasGcc, workDir } from './network-helpers.js';
 
@@ -171,6 +171,21 @@ describe(
         assert.match(await sh(sb, `probe udp 198.18.0.1 53 x 2000`), /^error /);
       } finally {
         await second.close();
+      }
+    });
+
+    it('reads the node networks while links come and go', async () => {
+      // A link listed a moment ago may be gone when `ip` runs (containers of
+      // the node's other software come and go): the others' networks are still read.
+      const gone = `dsecgone${process.pid % 10000}`;
+      assert.notEqual(spawnSync('ip', ['link', 'show', gone]).status, 0);
+      for (const links of [
+        [gone, fake.uplink],
+        [fake.uplink, gone],
+      ]) {
+        const cidrs = await readInterfaceCidrs(links);
+        assert.ok(cidrs.includes('198.18.0.1/30'), `${links.join(',')}: ${cidrs.join(', ')}`);
+        assert.ok(cidrs.includes('fdff:5ec::1/64'), `${links.join(',')}: ${cidrs.join(', ')}`);
       }
     });
   },
