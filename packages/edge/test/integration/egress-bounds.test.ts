@@ -107,11 +107,16 @@ describe(
       delay.disable();
       const m = /sent (\d+) replies (\d+) rcode0 \d+ rcode2 \d+ rcode3 (\d+)/.exec(flood);
       assert.ok(m, flood);
-      assert.equal(Number(m[3]), 600, flood); // every one refused (NXDOMAIN)
+      // Every answer a refusal (NXDOMAIN); past the DNS rate (200/s, burst 400) some get none.
+      assert.equal(Number(m[3]), Number(m[2]), flood);
+      assert.ok(Number(m[2]) >= 300, flood);
       const events = (await sb.events({ limit: 1000 })).filter((e) => e.kind === 'dns_blocked');
       const named = events.filter((e) => typeof e.details.name === 'string');
       // Each stored event is a synchronous, fsynced write on the edge's event loop.
-      assert.ok(events.length <= 40, `${events.length} dns_blocked events stored for 600 names`);
+      assert.ok(
+        events.length <= 40,
+        `${events.length} dns_blocked events stored for ${m[2]} refused names`,
+      );
       assert.ok(named.length >= 16, 'the first names are still listed one by one');
       assert.ok(
         events.some((e) => e.details.folded === true),
@@ -188,5 +193,28 @@ describe(
         assert.ok(cidrs.includes('fdff:5ec::1/64'), `${links.join(',')}: ${cidrs.join(', ')}`);
       }
     });
+
+    // Known gap (not of the DNS change): the firewall accepts `ct state established` before any
+    // policy, and a stopped sandbox's conntrack entries outlive it, so the slot's next sandbox
+    // (same address) can send on an old UDP flow's 5-tuple for the conntrack timeout, which each
+    // packet renews. Needs the entries of a sandbox's addresses deleted at teardown (ctnetlink).
+    it(
+      "a sandbox cannot ride the conntrack entries of the slot's previous sandbox",
+      { todo: 'conntrack entries are not flushed at teardown' },
+      async () => {
+        const a = await create({
+          image: 'busybox',
+          networkAllow: [{ cidr: `${fake.allowedIp}/32`, ports: [7] }],
+        });
+        const before = { ...addr(a) };
+        assert.match(await sh(a, `probe udp ${fake.allowedIp} 7 first 2000 40000`), /^reply first/);
+        await a.stop();
+        const b = await create(); // no egress at all
+        assert.equal(addr(b).sandbox4, before.sandbox4, 'the same slot');
+        assert.match(await sh(b, `probe udp ${fake.allowedIp} 7 fresh 2000 40001`), /^error /);
+        const reused = await sh(b, `probe udp ${fake.allowedIp} 7 reused 2000 40000`);
+        assert.match(reused, /^error /, reused);
+      },
+    );
   },
 );
