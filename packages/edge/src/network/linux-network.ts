@@ -558,6 +558,8 @@ export class LinuxNetwork implements NetworkManager {
     const refs = [
       ...(live ? [...live.elements.values()].map((e) => e.ref) : baseElements(n, undefined)),
       ...this.#takeOrphans(n.sandbox4, n.sandbox6),
+      // Made by the firewall itself on the sandbox's first DNS query (its rate limit's state).
+      { set: 'dnsrate' as const, key: `"${n.veth}"` },
     ];
     const removed = this.#nft
       .submit(script([...deleteLines(this.table, refs), ...this.#dropChains(sb.id)]))
@@ -1245,7 +1247,12 @@ export function elementFromJson(
   if (!fields || fields.length === 0) return undefined;
   // Interface names are strings in nft's syntax; addresses, ports and protocols are not.
   const quoteFirst =
-    set === 'ifaces' || set === 'src4' || set === 'src6' || set === 'cidr_policy' || set === 'dns4';
+    set === 'ifaces' ||
+    set === 'src4' ||
+    set === 'src6' ||
+    set === 'cidr_policy' ||
+    set === 'dns4' ||
+    set === 'dnsrate';
   const text = (v: unknown, quoted = false): string | undefined => {
     if (typeof v === 'number') return String(v);
     if (typeof v === 'string') return quoted ? JSON.stringify(v) : v;

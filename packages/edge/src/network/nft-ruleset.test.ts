@@ -162,6 +162,17 @@ describe('nft ruleset', () => {
       key: `"${sb.veth}" . ${sb.host4}`,
       owner: sb.veth,
     });
+    // A rate limiter's state, as nft 1.0.6 lists it (removed at teardown by this key).
+    assert.deepEqual(
+      elementFromJson('dnsrate', {
+        elem: {
+          val: sb.veth,
+          expires: 59,
+          limit: { rate: 200, burst: 400, per: 'second', inv: true },
+        },
+      }),
+      { key: `"${sb.veth}"`, owner: sb.veth, expiresSeconds: 59 },
+    );
     assert.deepEqual(
       elementFromJson('denied4', {
         concat: ['10.213.0.6', '198.18.1.20', 'tcp', 443],

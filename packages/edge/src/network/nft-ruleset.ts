@@ -57,6 +57,7 @@ export const SANDBOX_SET_NAMES = [
   'p6',
   'cidr_policy',
   'dns4',
+  'dnsrate',
 ] as const;
 export type SandboxSetName = (typeof SANDBOX_SET_NAMES)[number];
 
@@ -70,6 +71,8 @@ const SET_TYPES: Record<SandboxSetName, string> = {
   p6: 'type ipv6_addr . ipv6_addr . inet_service; flags timeout;',
   cidr_policy: 'type ifname : verdict;',
   dns4: 'type ifname . ipv4_addr;',
+  // Per veth, the state of its DNS rate limit: made by the input hook's rule, removed at teardown.
+  dnsrate: 'type ifname; flags dynamic,timeout; timeout 60s; size 65535;',
 };
 
 const RESERVED4 = reservedCidrs(4);
@@ -116,8 +119,6 @@ export function tableScript(t: TableInput): string {
       (name) => `add ${name === 'cidr_policy' ? 'map' : 'set'} ${T} ${name} { ${SET_TYPES[name]} }`,
     ),
     `add set ${T} denied4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout ${t.deniedWindowSeconds}s; size 8192; }`,
-    // Per veth: the state of its DNS rate limit (one element per sandbox sending DNS).
-    `add set ${T} dnsrate { type ifname; flags dynamic,timeout; timeout 60s; size 65535; }`,
     `add set ${T} denied6 { type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags dynamic,timeout; timeout ${t.deniedWindowSeconds}s; size 8192; }`,
     `add chain ${T} forward_hook { type filter hook forward priority filter - 5; policy accept; }`,
     `add chain ${T} input_hook { type filter hook input priority filter - 5; policy accept; }`,
