@@ -51,6 +51,8 @@ const Network = z
     uplinks: z.array(z.string()),
     /** Special-use ranges this node treats as public in DNS answers (ADR 0005, SECURITY.md L40). */
     publicRanges: z.array(z.string()),
+    /** DNS queries per second per sandbox; the firewall drops the rest (SECURITY.md J38, L40). */
+    dnsQueriesPerSecond: z.number().int().positive(),
   })
   .partial()
   .strict();

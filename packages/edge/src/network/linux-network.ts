@@ -75,6 +75,12 @@ export interface NetworkOptions {
   /** Floor on how long a resolved address stays allowed (TTL 0 answers must still connect). */
   minDnsTtlSeconds?: number;
   /**
+   * DNS queries per second a sandbox may send its resolver (burst twice
+   * that); the firewall drops the rest, so one sandbox's flood costs the
+   * edge's event loop a bounded amount. Default 200.
+   */
+  dnsQueriesPerSecond?: number;
+  /**
    * Special-use ranges (of `SPECIAL_RANGES`, special-ranges.ts) this node
    * treats as public, for a lab whose "internet" is, say, a benchmarking or
    * CGNAT range: DNS answers in them are not filtered. Never a reserved
@@ -99,6 +105,24 @@ const MAX_DNS_TTL_SECONDS = 86_400;
 const NODE_NETWORKS_REFRESH_MS = 5000;
 /** Records listed in one answer-filtered event (the count says how many there were). */
 const MAX_EVENT_RECORDS = 16;
+/**
+ * Network events (refused names, filtered answers, denied connections) a
+ * sandbox gets recorded one by one per window; past it, each kind is folded
+ * into one event whose count says how many (the event log folds repeats of
+ * one key). Each recorded event is a synchronous, fsynced write on the edge's
+ * event loop: a sandbox sending random refused names held it ~2 ms a query.
+ */
+const EVENT_BUDGET = 32;
+const EVENT_WINDOW_MS = 10_000;
+/**
+ * Allow-set elements (address, or address and port) a sandbox's DNS answers
+ * may hold open at once. Past it, an answer that would open more is refused
+ * (SERVFAIL) until some expire: a zone that hands out new addresses on every
+ * answer would otherwise grow the shared nftables sets (kernel memory, and
+ * every sandbox's firewall transactions) without end. Far above what any
+ * client connects to within its answers' TTLs.
+ */
+const MAX_ALLOW_ELEMENTS = 4096;
 
 interface Live {
   sb: NetworkSandbox;
@@ -188,6 +212,8 @@ export class LinuxNetwork implements NetworkManager {
   #ranges: NodeRanges;
   #rangesTimer: NodeJS.Timeout | undefined;
   #rangesReading = false;
+  /** Per sandbox: events left to record one by one in the current window ({@link EVENT_BUDGET}). */
+  readonly #eventBudget = new Map<string, { until: number; left: number }>();
   /**
    * Host ends of torn-down sandboxes' veths that the kernel has yet to
    * remove, by name (see {@link #drain}). Their slot's addresses are not
@@ -224,6 +250,11 @@ export class LinuxNetwork implements NetworkManager {
   /** Probes nftables and netns support, claims an address range, installs the table. */
   static async open(o: NetworkOptions): Promise<LinuxNetwork> {
     checkPublicRanges(o.publicRanges ?? []);
+    const rate = o.dnsQueriesPerSecond;
+    if (rate !== undefined && (!Number.isInteger(rate) || rate < 1))
+      throw new DsecError('invalid_argument', 'dnsQueriesPerSecond: a positive integer', {
+        field: 'dnsQueriesPerSecond',
+      });
     const dir = join(o.stateDir, 'network');
     await mkdir(join(dir, 'resolv'), { recursive: true });
     await chmod(dir, 0o711);
@@ -240,6 +271,7 @@ export class LinuxNetwork implements NetworkManager {
         subnet4,
         subnet6,
         deniedWindowSeconds: DENIED_WINDOW_SECONDS,
+        dnsQueriesPerSecond: o.dnsQueriesPerSecond,
       }),
     );
     // The session's process starts now, off the first create's path; a host
@@ -399,8 +431,8 @@ export class LinuxNetwork implements NetworkManager {
   /**
    * A microVM's link (ADR 0016): a tap on the host where a container's veth
    * host end would be, under the same name, so the table's interface-keyed
-   * elements, the input hook's `dsv*` match and the resolver's socket on its
-   * address apply unchanged. Owned by the hypervisor's uid; QEMU opens it
+   * elements (the input hook's `ifaces` match among them) and the resolver's
+   * socket on its address apply unchanged. Owned by the hypervisor's uid; QEMU opens it
    * (as root, before it drops to that uid). Unlike a veth it is not removed
    * by the kernel when the VM ends: `teardown` deletes it.
    */
@@ -457,18 +489,24 @@ export class LinuxNetwork implements NetworkManager {
     const now = Date.now();
     const chain = policyChain(policy, this.subnet6 !== undefined);
     const next = baseElements(live.names, chain);
-    for (const [name, entry] of live.resolved) {
+    // Newest answers first, within the sandbox's bound (new ports multiply elements).
+    const reopened = new Set<string>();
+    for (const [name, entry] of [...live.resolved].reverse()) {
       const d = matchDomain(policy, name);
-      if (!d.allowed || entry.expiresAt <= now) {
+      const refs =
+        d.allowed && entry.expiresAt > now
+          ? addressElements(
+              live.names,
+              this.#elements(entry.records, d.ports, now, entry.expiresAt),
+            )
+          : [];
+      const ids = refs.map(refId).filter((id) => !reopened.has(id));
+      if (refs.length === 0 || reopened.size + new Set(ids).size > MAX_ALLOW_ELEMENTS) {
         live.resolved.delete(name);
         continue;
       }
-      next.push(
-        ...addressElements(
-          live.names,
-          this.#elements(entry.records, d.ports, now, entry.expiresAt),
-        ),
-      );
+      for (const id of ids) reopened.add(id);
+      next.push(...refs);
     }
     // One transaction: the sandbox is never without its rules in between.
     await this.#serial(live, () => {
@@ -520,6 +558,8 @@ export class LinuxNetwork implements NetworkManager {
     const refs = [
       ...(live ? [...live.elements.values()].map((e) => e.ref) : baseElements(n, undefined)),
       ...this.#takeOrphans(n.sandbox4, n.sandbox6),
+      // Made by the firewall itself on the sandbox's first DNS query (its rate limit's state).
+      { set: 'dnsrate' as const, key: `"${n.veth}"` },
     ];
     const removed = this.#nft
       .submit(script([...deleteLines(this.table, refs), ...this.#dropChains(sb.id)]))
@@ -529,6 +569,7 @@ export class LinuxNetwork implements NetworkManager {
       });
     const denied = (await deniedRead).filter((d) => sources.has(d.source));
     for (const [src, id] of this.#bySource) if (id === sb.id) this.#bySource.delete(src);
+    this.#eventBudget.delete(sb.id);
     await removed;
     if (denied.length > 0) {
       // Records of a sandbox that is gone; they would also expire by their timeout.
@@ -733,7 +774,7 @@ export class LinuxNetwork implements NetworkManager {
       screen: (address) => screenAddress(live.policy, address, this.#ranges),
       allowAddresses: (name, ports, records) => this.#allow(live, name, ports, records),
       blocked: (name, qtype) =>
-        this.#o.onEvent?.(
+        this.#event(
           sb.id,
           'dns_blocked',
           `DNS name not allowed: ${name}`,
@@ -754,12 +795,48 @@ export class LinuxNetwork implements NetworkManager {
       ...(d.range !== undefined ? { range: d.range } : {}),
     }));
     const what = listed.map((d) => d.address ?? `a type ${d.type} record`).join(', ');
-    this.#o.onEvent?.(
+    this.#event(
       id,
       'dns_blocked',
       `DNS answer for ${name}: left out ${what}${dropped.length > listed.length ? ', …' : ''}`,
       { name, qtype, reason: 'address', dropped: listed, droppedCount: dropped.length },
       `dns-answer:${name}`,
+    );
+  }
+
+  /**
+   * Records a network event of a sandbox within its budget
+   * ({@link EVENT_BUDGET} per {@link EVENT_WINDOW_MS}); past it, as one
+   * folded event per kind, which the event log counts instead of storing.
+   */
+  #event(
+    id: string,
+    kind: 'dns_blocked' | 'network_denied',
+    message: string,
+    details: Record<string, unknown>,
+    key: string,
+  ): void {
+    const sink = this.#o.onEvent;
+    if (!sink) return;
+    const now = Date.now();
+    let budget = this.#eventBudget.get(id);
+    if (!budget || budget.until <= now) {
+      budget = { until: now + EVENT_WINDOW_MS, left: EVENT_BUDGET };
+      this.#eventBudget.set(id, budget);
+    }
+    if (budget.left > 0) {
+      budget.left--;
+      sink(id, kind, message, details, key);
+      return;
+    }
+    sink(
+      id,
+      kind,
+      kind === 'dns_blocked'
+        ? 'more refused DNS names and filtered answers than are recorded one by one (counted)'
+        : 'more denied connections than are recorded one by one (counted)',
+      { folded: true },
+      `folded:${kind}`,
     );
   }
 
@@ -779,19 +856,14 @@ export class LinuxNetwork implements NetworkManager {
       const links = (await readdir('/sys/class/net')).filter(
         (l) => l !== 'lo' && !l.startsWith('dsv') && /^[A-Za-z0-9_.@-]{1,15}$/.test(l),
       );
-      const text =
-        links.length === 0
-          ? ''
-          : await runTool('ip', ['-o', '-batch', '-'], {
-              stdin: links.map((l) => `addr show dev ${l}\n`).join(''),
-            });
+      const cidrs = await readInterfaceCidrs(links);
       this.#ranges = {
         ...this.#ranges,
-        node: nodeNetworks(hostInterfaceCidrs(text), this.#ranges.reserved, this.#ranges.public),
+        node: nodeNetworks(cidrs, this.#ranges.reserved, this.#ranges.public),
       };
     } catch (err) {
-      // Keep the last good list (a link that went away meanwhile fails the batch; the next read
-      // comes in NODE_NETWORKS_REFRESH_MS): a failed read must not open anything.
+      // Keep the last good list (links that went away meanwhile are read around, so this is
+      // `ip` itself failing; the next read comes in NODE_NETWORKS_REFRESH_MS).
       this.#o.log?.('reading the node networks failed', { err: String(err) });
     } finally {
       this.#rangesReading = false;
@@ -803,27 +875,46 @@ export class LinuxNetwork implements NetworkManager {
     name: string,
     ports: number[],
     records: DnsAddressRecord[],
-  ): Promise<void> {
-    if (records.length === 0) return;
-    if (!this.#live.has(live.sb.id)) return;
+  ): Promise<boolean> {
+    if (records.length === 0) return true;
+    if (!this.#live.has(live.sb.id)) return true;
     const now = Date.now();
     const ttl = Math.max(...records.map((r) => this.#ttl(r.ttlSeconds)));
     const expiresAt = now + ttl * 1000;
+    const refs = addressElements(live.names, this.#elements(records, ports, now));
+    // Forget timed elements long expired (the kernel removed them), so the
+    // record stays bounded by what is allowed now; count those still open.
+    let open = 0;
+    for (const [id, e] of live.elements) {
+      if (e.expiresAt === undefined) continue;
+      if (e.expiresAt + EXPIRED_GRACE_MS < now) live.elements.delete(id);
+      else if (e.expiresAt > now) open++;
+    }
+    const added = new Set<string>();
+    for (const r of refs) {
+      const id = refId(r);
+      const e = live.elements.get(id);
+      if (!(e?.expiresAt !== undefined && e.expiresAt > now)) added.add(id);
+    }
+    if (open + added.size > MAX_ALLOW_ELEMENTS) {
+      this.#event(
+        live.sb.id,
+        'dns_blocked',
+        `DNS answer for ${name} refused: the sandbox holds ${open} open addresses (at most ${MAX_ALLOW_ELEMENTS})`,
+        { name, reason: 'bound', open, max: MAX_ALLOW_ELEMENTS, wanted: added.size },
+        'dns-bound',
+      );
+      return false;
+    }
     if (live.resolved.size >= MAX_CACHED_NAMES && !live.resolved.has(name)) {
       const oldest = live.resolved.keys().next().value;
       if (oldest !== undefined) live.resolved.delete(oldest);
     }
     live.resolved.delete(name);
     live.resolved.set(name, { records, expiresAt });
-    const refs = addressElements(live.names, this.#elements(records, ports, now));
-    // Forget timed elements long expired (the kernel removed them), so the
-    // record stays bounded by what is allowed now.
-    for (const [id, e] of live.elements) {
-      if (e.expiresAt !== undefined && e.expiresAt + EXPIRED_GRACE_MS < now)
-        live.elements.delete(id);
-    }
     for (const r of refs) live.elements.set(refId(r), this.#tracked(r, now));
     await this.#serial(live, () => this.#nft.submit(script(addLines(this.table, refs))));
+    return true;
   }
 
   #elements(records: DnsAddressRecord[], ports: number[], now: number, until?: number) {
@@ -1017,7 +1108,7 @@ export class LinuxNetwork implements NetworkManager {
           const id = this.#bySource.get(src);
           if (!id) continue;
           const ported = protocol === 'tcp' || protocol === 'udp';
-          sink(
+          this.#event(
             id,
             'network_denied',
             `connection denied: ${protocol} to ${dst}${ported ? ` port ${entry.port}` : ''}`,
@@ -1029,6 +1120,30 @@ export class LinuxNetwork implements NetworkManager {
     }
     return entries;
   }
+}
+
+/**
+ * The addresses (with prefix length) of these host links, by one `ip -batch`.
+ * A link that went away since it was listed fails the whole batch (`ip`
+ * stops at the first error): read again without the links now gone, so the
+ * churn of the node's other links (containers of other software) cannot
+ * keep the node's networks unread. A link still there that fails is an error.
+ */
+export async function readInterfaceCidrs(links: string[]): Promise<string[]> {
+  let left = links;
+  for (let attempt = 0; left.length > 0; attempt++) {
+    try {
+      const text = await runTool('ip', ['-o', '-batch', '-'], {
+        stdin: left.map((l) => `addr show dev ${l}\n`).join(''),
+      });
+      return hostInterfaceCidrs(text);
+    } catch (err) {
+      const still = left.filter((l) => existsSync(`/sys/class/net/${l}`));
+      if (still.length === left.length || attempt >= 8) throw err;
+      left = still;
+    }
+  }
+  return [];
 }
 
 /**
@@ -1132,7 +1247,12 @@ export function elementFromJson(
   if (!fields || fields.length === 0) return undefined;
   // Interface names are strings in nft's syntax; addresses, ports and protocols are not.
   const quoteFirst =
-    set === 'ifaces' || set === 'src4' || set === 'src6' || set === 'cidr_policy' || set === 'dns4';
+    set === 'ifaces' ||
+    set === 'src4' ||
+    set === 'src6' ||
+    set === 'cidr_policy' ||
+    set === 'dns4' ||
+    set === 'dnsrate';
   const text = (v: unknown, quoted = false): string | undefined => {
     if (typeof v === 'number') return String(v);
     if (typeof v === 'string') return quoted ? JSON.stringify(v) : v;

@@ -62,6 +62,14 @@ describe('nft ruleset', () => {
     const toHost = table.split('\n').filter((l) => l.includes(' from_sandbox_to_host '));
     // No "any local address" accept (SECURITY.md L40): only the (veth, host end) pair.
     assert.ok(!toHost.some((l) => /fib daddr/.test(l)), toHost.join('\n'));
+    // Only this edge's links (another edge's sandboxes are not in this table's dns4).
+    assert.ok(table.includes('input_hook iifname @ifaces jump from_sandbox_to_host'), table);
+    assert.ok(!table.includes('"dsv*"'), table);
+    // DNS at a bounded rate per veth, before conntrack lets a flow's later queries through.
+    assert.equal(
+      toHost[0],
+      'add rule inet t from_sandbox_to_host udp dport 53 iifname . ip daddr @dns4 update @dnsrate { iifname limit rate over 200/second burst 400 packets } drop',
+    );
     const accepts = toHost.filter((l) => l.endsWith(' accept'));
     assert.deepEqual(accepts, [
       'add rule inet t from_sandbox_to_host ct state established,related accept',
@@ -154,6 +162,17 @@ describe('nft ruleset', () => {
       key: `"${sb.veth}" . ${sb.host4}`,
       owner: sb.veth,
     });
+    // A rate limiter's state, as nft 1.0.6 lists it (removed at teardown by this key).
+    assert.deepEqual(
+      elementFromJson('dnsrate', {
+        elem: {
+          val: sb.veth,
+          expires: 59,
+          limit: { rate: 200, burst: 400, per: 'second', inv: true },
+        },
+      }),
+      { key: `"${sb.veth}"`, owner: sb.veth, expiresSeconds: 59 },
+    );
     assert.deepEqual(
       elementFromJson('denied4', {
         concat: ['10.213.0.6', '198.18.1.20', 'tcp', 443],

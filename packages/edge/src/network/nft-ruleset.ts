@@ -33,10 +33,12 @@ import { reservedCidrs } from './special-ranges.js';
  *   to `deny`: recorded (`denied4/6` dynamic sets, read by the edge for
  *   audit events) and rejected, TCP reset or ICMP admin-prohibited, so a
  *   denied connect fails at once instead of timing out.
- * - `input_hook`: from any sandbox veth only DNS to that sandbox's own
- *   resolver (UDP 53 to the veth's host-end address, `dns4`: no other
- *   address of the host, no other port, not TCP, not IPv6) and IPv6
- *   neighbour discovery reach the host.
+ * - `input_hook`: from this edge's sandbox veths (`ifaces`; each edge on a
+ *   host filters its own) and sandbox subnets only DNS to that sandbox's
+ *   own resolver (UDP 53 to the veth's host-end address, `dns4`: no other
+ *   address of the host, no other port, not TCP, not IPv6), at most
+ *   `dnsQueriesPerSecond` per veth (`dnsrate`), and IPv6 neighbour
+ *   discovery reach the host.
  * - `postrouting_hook`: sandbox addresses are masqueraded on the way out.
  */
 
@@ -55,6 +57,7 @@ export const SANDBOX_SET_NAMES = [
   'p6',
   'cidr_policy',
   'dns4',
+  'dnsrate',
 ] as const;
 export type SandboxSetName = (typeof SANDBOX_SET_NAMES)[number];
 
@@ -68,6 +71,8 @@ const SET_TYPES: Record<SandboxSetName, string> = {
   p6: 'type ipv6_addr . ipv6_addr . inet_service; flags timeout;',
   cidr_policy: 'type ifname : verdict;',
   dns4: 'type ifname . ipv4_addr;',
+  // Per veth, the state of its DNS rate limit: made by the input hook's rule, removed at teardown.
+  dnsrate: 'type ifname; flags dynamic,timeout; timeout 60s; size 65535;',
 };
 
 const RESERVED4 = reservedCidrs(4);
@@ -79,6 +84,12 @@ export interface TableInput {
   subnet6?: Cidr | undefined;
   /** How long a denied destination stays in the audit set (one event per window). */
   deniedWindowSeconds: number;
+  /**
+   * DNS queries per second one sandbox's veth may send its resolver (the
+   * burst is twice that); past it they are dropped, so a sandbox's flood
+   * costs the edge's event loop a bounded amount. Default 200.
+   */
+  dnsQueriesPerSecond?: number | undefined;
 }
 
 /**
@@ -87,6 +98,7 @@ export interface TableInput {
  */
 export function tableScript(t: TableInput): string {
   const s4 = formatCidr(t.subnet4);
+  const dnsRate = t.dnsQueriesPerSecond ?? 200;
   const s6 = t.subnet6 && formatCidr(t.subnet6);
   const T = `inet ${t.table}`;
   const reserved4 = [s4, ...RESERVED4].join(', ');
@@ -148,9 +160,14 @@ export function tableScript(t: TableInput): string {
     `add rule ${T} deny counter`,
     `add rule ${T} deny meta l4proto tcp reject with tcp reset`,
     `add rule ${T} deny reject with icmpx admin-prohibited`,
-    `add rule ${T} input_hook iifname "dsv*" jump from_sandbox_to_host`,
+    // This edge's own veths and taps only: every edge on a host has this hook, and
+    // another edge's sandboxes are not in this table's dns4 (their edge admits their DNS).
+    `add rule ${T} input_hook iifname @ifaces jump from_sandbox_to_host`,
     `add rule ${T} input_hook ip saddr ${s4} jump from_sandbox_to_host`,
     ...(s6 ? [`add rule ${T} input_hook ip6 saddr ${s6} jump from_sandbox_to_host`] : []),
+    // DNS at a bounded rate, before conntrack's verdict (a client's queries from one
+    // socket are one "established" flow after the first answer).
+    `add rule ${T} from_sandbox_to_host udp dport 53 iifname . ip daddr @dns4 update @dnsrate { iifname limit rate over ${dnsRate}/second burst ${2 * dnsRate} packets } drop`,
     `add rule ${T} from_sandbox_to_host ct state established,related accept`,
     // Only its own resolver: the veth's host-end address, not any local one.
     `add rule ${T} from_sandbox_to_host udp dport 53 iifname . ip daddr @dns4 accept`,

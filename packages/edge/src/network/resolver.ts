@@ -56,8 +56,12 @@ export interface ResolverClient {
   decide(name: string): { allowed: false } | { allowed: true; ports: number[] };
   /** What an address in an allowed name's answer may become (see {@link AddressVerdict}). */
   screen(address: string): AddressVerdict;
-  /** Called with an answer's opened addresses before the answer is released to the sandbox. */
-  allowAddresses(name: string, ports: number[], records: DnsAddressRecord[]): Promise<void>;
+  /**
+   * Called with an answer's opened addresses before the answer is released to
+   * the sandbox. False: the sandbox is at its bound of open addresses, nothing
+   * was opened, and the answer is refused (SERVFAIL; reporting is the caller's).
+   */
+  allowAddresses(name: string, ports: number[], records: DnsAddressRecord[]): Promise<boolean>;
   /** Called when a name is refused (rate-limiting is the caller's business). */
   blocked(name: string, qtype: number): void;
   /** Called when records were taken out of an allowed name's answer. */
@@ -276,8 +280,18 @@ export class PlatformResolver {
     try {
       const answer = await this.#forward(q);
       if (!answer) return reply(errorResponse(msg, RCODE_SERVFAIL));
+      // The policy may have changed while upstream had the question (a zone can
+      // answer as late as the timeout): the answer opens only what the policy
+      // allows now, decided in the same tick as the opening, so a live update
+      // either comes first (and refuses it) or finds the name's addresses to close.
+      const now = client.decide(q.name);
+      if (!now.allowed) {
+        client.blocked(q.name, q.type);
+        return reply(errorResponse(msg, RCODE_NXDOMAIN));
+      }
       const screened = screenAnswer(answer, q.labels, (a) => client.screen(a));
-      await client.allowAddresses(q.name, decision.ports, screened.open);
+      if (!(await client.allowAddresses(q.name, now.ports, screened.open)))
+        return reply(errorResponse(msg, RCODE_SERVFAIL));
       if (screened.dropped.length > 0) client.filtered(q.name, q.type, screened.dropped);
       reply(encodeAnswer(q, screened.message));
     } catch (err) {

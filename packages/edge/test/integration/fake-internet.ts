@@ -35,7 +35,10 @@ export interface FakeInternet {
   nat64Ip6: string;
   /** The part of the fake internet the edge treats as public (`network.publicRanges`). */
   publicRanges: string[];
-  zone: Record<string, { a?: string[]; aaaa?: string[]; cname?: string; ttl?: number }>;
+  zone: Record<
+    string,
+    { a?: string[]; aaaa?: string[]; cname?: string; fresh?: number; ttl?: number }
+  >;
   /** What reached the fake internet since the last `clear()`. */
   log(): Promise<FakeLogEntry[]>;
   clear(): Promise<void>;
@@ -94,6 +97,9 @@ export async function startFakeInternet(): Promise<FakeInternet> {
     'nat64.test': { aaaa: [fake.nat64Ip6], ttl: 60 },
     'cname.test': { cname: 'private.test', ttl: 60 },
     'node.test': { a: ['198.18.0.1'], aaaa: ['fdff:5ec::1'], ttl: 60 },
+    // A zone that answers every query with addresses it never gave before (of 198.19.0.0/16).
+    'fresh.test': { fresh: 48, ttl: 300 },
+    '*.fresh.test': { fresh: 48, ttl: 300 },
   };
   let servers: ChildProcess | undefined;
   const close = async () => {

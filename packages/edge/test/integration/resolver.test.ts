@@ -43,26 +43,35 @@ describe(
     let upstream: Socket;
     let upstreamPort = 0;
     /** What the hostile zone answers, by the question's first label. */
-    const zone = new Map<string, (q: ReturnType<typeof parseQuery>) => Buffer>();
+    const zone = new Map<
+      string,
+      (
+        q: ReturnType<typeof parseQuery>,
+        from: { address: string; port: number },
+      ) => Buffer | undefined
+    >();
     let resolver: PlatformResolver;
     let sock: Socket;
     const opened: DnsAddressRecord[] = [];
+    const openedPorts: number[][] = [];
     const filtered: DroppedRecord[][] = [];
     const blocked: string[] = [];
-    const policy = compilePolicy(
+    const basePolicy = compilePolicy(
       {
         networkRules: {},
         networkAllow: [{ domain: '*.allowed.test' }, { cidr: '10.77.0.0/16', ports: [5432] }],
       },
       {},
     );
+    /** The sandbox's policy now (a live update replaces it, as `LinuxNetwork.update` does). */
+    let policy = basePolicy;
 
     before(async () => {
       upstream = createSocket('udp4');
       upstream.on('message', (msg, rinfo) => {
         const q = parseQuery(msg);
-        const answer = zone.get(q.labels[0]!.toLowerCase());
-        if (answer) upstream.send(answer(q), rinfo.port, rinfo.address);
+        const answer = zone.get(q.labels[0]!.toLowerCase())?.(q, rinfo);
+        if (answer) upstream.send(answer, rinfo.port, rinfo.address);
       });
       await new Promise<void>((r) => upstream.bind(0, '127.0.0.1', r));
       upstreamPort = upstream.address().port;
@@ -75,7 +84,11 @@ describe(
         sourceAddresses: [client],
         decide: (name) => matchDomain(policy, name),
         screen: (a) => screenAddress(policy, a),
-        allowAddresses: async (_name, _ports, records) => void opened.push(...records),
+        allowAddresses: async (_name, ports, records) => {
+          opened.push(...records);
+          if (records.length > 0) openedPorts.push(ports);
+          return true;
+        },
         blocked: (name) => void blocked.push(name),
         filtered: (_name, _qtype, dropped) => void filtered.push(dropped),
       });
@@ -202,6 +215,67 @@ describe(
       zone.set('ok', (q) => reply(q, [rr(q.labels, TYPE_A, [v4('93.184.216.34')])]));
       const ok = await ask(encodeQuery(3, 'ok.allowed.test', TYPE_A));
       assert.equal(ok && parseMessage(ok).answers.length, 1);
+    });
+
+    it('opens nothing for a name whose rule was removed while its query was in flight', async () => {
+      // The zone holds its answer until the test lets it go (an authoritative
+      // server the sandbox's owner controls answers as late as it likes).
+      const hold = () => {
+        let release!: () => void;
+        const asked = new Promise<void>((resolve) => {
+          zone.set('held', (q, to) => {
+            release = () =>
+              upstream.send(
+                reply(q, [rr(q.labels, TYPE_A, [v4('93.184.216.40')])]),
+                to.port,
+                to.address,
+              );
+            resolve();
+            return undefined;
+          });
+        });
+        return { asked, release: () => release() };
+      };
+      opened.length = 0;
+      openedPorts.length = 0;
+      blocked.length = 0;
+      try {
+        let h = hold();
+        let answer = ask(encodeQuery(5, 'held.allowed.test', TYPE_A), 3000);
+        await h.asked;
+        // The rule goes while upstream still has the question.
+        policy = compilePolicy({ networkRules: {}, networkAllow: [] }, {});
+        h.release();
+        let got = await answer;
+        assert.ok(got);
+        assert.equal(got.readUInt16BE(2) & 0xf, RCODE_NXDOMAIN);
+        assert.deepEqual(parseMessage(got).answers, []);
+        assert.equal(opened.length, 0);
+        assert.deepEqual(blocked, ['held.allowed.test']);
+        // A rule whose ports change meanwhile: the answer opens the ports of the rule it meets.
+        policy = compilePolicy(
+          { networkRules: {}, networkAllow: [{ domain: 'held.allowed.test', ports: [443] }] },
+          {},
+        );
+        h = hold();
+        answer = ask(encodeQuery(6, 'held.allowed.test', TYPE_A), 3000);
+        await h.asked;
+        policy = compilePolicy(
+          { networkRules: {}, networkAllow: [{ domain: 'held.allowed.test', ports: [8443] }] },
+          {},
+        );
+        h.release();
+        got = await answer;
+        assert.ok(got);
+        assert.deepEqual(
+          opened.map((r) => r.address),
+          ['93.184.216.40'],
+        );
+        assert.deepEqual(openedPorts, [[8443]]);
+      } finally {
+        policy = basePolicy;
+        zone.delete('held');
+      }
     });
 
     it('keeps to the payload size the client offered', async () => {

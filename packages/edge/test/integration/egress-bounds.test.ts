@@ -1,0 +1,220 @@
+/**
+ * What one sandbox can make the edge do through its resolver (SECURITY.md
+ * J38, L40; issue 24 points 4 and 5, review): a flood of refused names, and a
+ * zone that hands out new addresses on every answer, must each cost the edge
+ * a bounded amount (event writes, firewall elements), whatever the sandbox
+ * sends; and another edge on the same host must leave this edge's sandboxes
+ * their resolver. Against the tests' fake internet (its own namespaces; a
+ * guard table drops anything else a sandbox sends), as network.test.ts.
+ */
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { after, before, describe, it } from 'node:test';
+import { startSingleNode, type SingleNode } from '@dsec/cluster';
+import { DSecClient, type Sandbox } from '@dsec/sdk';
+import { LinuxNetwork, readInterfaceCidrs } from '../../src/network/linux-network.js';
+import { startFakeInternet, type FakeInternet } from './fake-internet.js';
+import { buildTestLayers, hasGcc, workDir } from './network-helpers.js';
+
+const root = process.getuid?.() === 0;
+const nftOk = spawnSync('nft', ['list', 'tables']).status === 0;
+const skip = !root || !nftOk || !hasGcc() ? 'needs root, nftables and gcc' : false;
+
+describe(
+  'egress bounds per sandbox, several edges per host (fake internet)',
+  { skip, timeout: 600_000 },
+  () => {
+    let work = '';
+    let fake: FakeInternet;
+    let node: SingleNode;
+    let client: DSecClient;
+    let net: LinuxNetwork;
+    const sandboxes: Sandbox[] = [];
+
+    before(async () => {
+      work = await workDir('dsec-egress-bounds-');
+      fake = await startFakeInternet();
+      node = await startSingleNode({
+        stateDir: join(work, 'state'),
+        port: 0,
+        network: {
+          mode: 'isolated',
+          upstream: [fake.dns],
+          uplinks: [fake.uplink],
+          publicRanges: fake.publicRanges,
+        },
+      });
+      net = node.edge.options.network as LinuxNetwork;
+      fake.guard({
+        subnet4: `${net.subnet4.address}/${net.subnet4.prefix}`,
+        subnet6: net.subnet6 && `${net.subnet6.address}/${net.subnet6.prefix}`,
+      });
+      await buildTestLayers(node, work);
+      client = new DSecClient({ url: node.url, apiKey: node.adminKey });
+      await client.open();
+    });
+
+    after(async () => {
+      try {
+        for (const sb of sandboxes) await sb.stop().catch(() => undefined);
+        client?.close();
+        await node?.close({ stopSandboxes: true });
+      } finally {
+        await fake?.close();
+        if (work) await rm(work, { recursive: true, force: true });
+      }
+      if (net) assert.notEqual(spawnSync('nft', ['list', 'table', 'inet', net.table]).status, 0);
+    });
+
+    async function create(opts: Parameters<DSecClient['runContainer']>[0] = { image: 'busybox' }) {
+      const sb = await client.runContainer({ toolkits: ['probe'], ...opts, image: 'busybox' });
+      sandboxes.push(sb);
+      return sb;
+    }
+    async function sh(sb: Sandbox, line: string, timeoutMs = 120_000): Promise<string> {
+      const r = await sb.runShell(`${line} 2>&1`, { timeoutMs });
+      return r.stdout;
+    }
+    function addr(sb: Sandbox) {
+      const n = net.sandboxNetwork(sb.id);
+      assert.ok(n, `no network for ${sb.id}`);
+      return n;
+    }
+    /** The sandbox's elements in the DNS allow sets (keyed by its address first). */
+    function allowElements(sb: Sandbox): number {
+      const source = addr(sb).sandbox4;
+      let n = 0;
+      for (const set of ['a4', 'p4']) {
+        const out = spawnSync('nft', ['-j', 'list', 'set', 'inet', net.table, set], {
+          encoding: 'utf8',
+          maxBuffer: 1 << 28,
+        }).stdout;
+        const parsed = JSON.parse(out) as { nftables: { set?: { elem?: unknown[] } }[] };
+        for (const o of parsed.nftables)
+          for (const e of o.set?.elem ?? []) if (JSON.stringify(e).includes(`"${source}"`)) n++;
+      }
+      return n;
+    }
+
+    it('a flood of refused names is recorded as a bounded number of events', async () => {
+      const sb = await create();
+      const delay = monitorEventLoopDelay({ resolution: 10 });
+      delay.enable();
+      const flood = await sh(sb, `probe dns ${addr(sb).host4} '*.exfil.test' 600 0`);
+      delay.disable();
+      const m = /sent (\d+) replies (\d+) rcode0 \d+ rcode2 \d+ rcode3 (\d+)/.exec(flood);
+      assert.ok(m, flood);
+      // Every answer a refusal (NXDOMAIN); past the DNS rate (200/s, burst 400) some get none.
+      assert.equal(Number(m[3]), Number(m[2]), flood);
+      assert.ok(Number(m[2]) >= 300, flood);
+      const events = (await sb.events({ limit: 1000 })).filter((e) => e.kind === 'dns_blocked');
+      const named = events.filter((e) => typeof e.details.name === 'string');
+      // Each stored event is a synchronous, fsynced write on the edge's event loop.
+      assert.ok(
+        events.length <= 40,
+        `${events.length} dns_blocked events stored for ${m[2]} refused names`,
+      );
+      assert.ok(named.length >= 16, 'the first names are still listed one by one');
+      assert.ok(
+        events.some((e) => e.details.folded === true),
+        'the rest are folded into a count',
+      );
+      console.log(
+        `refused-name flood: ${events.length} events; edge event loop delay max ${(
+          delay.max / 1e6
+        ).toFixed(1)} ms, p99 ${(delay.percentile(99) / 1e6).toFixed(1)} ms`,
+      );
+      // No upstream query for any of them.
+      assert.deepEqual(
+        (await fake.log()).filter((e) => e.kind === 'dns' && e.name?.endsWith('exfil.test')),
+        [],
+      );
+    });
+
+    it('a zone handing out new addresses on every answer fills a bounded allow set', async () => {
+      const ports = Array.from({ length: 16 }, (_, i) => 8000 + i);
+      const sb = await create({
+        image: 'busybox',
+        networkAllow: [{ domain: '*.fresh.test', ports }, { domain: 'allowed.test' }],
+      });
+      // 20 answers of 48 new addresses each, every one for 16 ports: 15,360 elements unbounded.
+      const flood = await sh(sb, `probe dns ${addr(sb).host4} '*.fresh.test' 20 1`);
+      assert.match(flood, /replies 20 /, flood);
+      const elements = allowElements(sb);
+      assert.ok(elements <= 4096, `${elements} allow-set elements for one sandbox`);
+      // The sandbox is refused more, not the others, and not its own names already open.
+      const other = await create({ image: 'busybox', networkAllow: [{ domain: 'allowed.test' }] });
+      assert.match(await sh(other, 'nslookup allowed.test'), /198\.18\.1\.10/);
+      assert.match(await sh(other, `probe tcp ${fake.allowedIp} 80 5000`), /^connected/);
+      const events = await sb.events({ limit: 1000 });
+      assert.ok(
+        events.some((e) => e.kind === 'dns_blocked' && e.details.reason === 'bound'),
+        JSON.stringify(events.slice(-5)),
+      );
+    });
+
+    it("another edge's table on the same host leaves this edge's sandboxes their resolver", async () => {
+      const sb = await create({ image: 'busybox', networkAllow: [{ domain: 'allowed.test' }] });
+      assert.match(await sh(sb, 'nslookup allowed.test'), /198\.18\.1\.10/);
+      // A second edge (as a local cluster runs several): its own range, table and hooks.
+      const second = await LinuxNetwork.open({
+        stateDir: join(work, 'second-edge'),
+        upstream: [fake.dns],
+        uplinks: [fake.uplink],
+        publicRanges: fake.publicRanges,
+      });
+      try {
+        assert.notEqual(second.table, net.table);
+        const lookup = await sh(sb, 'nslookup allowed.test');
+        assert.match(lookup, /198\.18\.1\.10/, lookup);
+        const q = await sh(sb, `probe dns ${addr(sb).host4} allowed.test 4 0`);
+        assert.match(q, /sent 4 replies 4 rcode0 4 /, q);
+        // And still nothing but its own resolver on the host.
+        assert.match(await sh(sb, `probe udp 198.18.0.1 53 x 2000`), /^error /);
+      } finally {
+        await second.close();
+      }
+    });
+
+    it('reads the node networks while links come and go', async () => {
+      // A link listed a moment ago may be gone when `ip` runs (containers of
+      // the node's other software come and go): the others' networks are still read.
+      const gone = `dsecgone${process.pid % 10000}`;
+      assert.notEqual(spawnSync('ip', ['link', 'show', gone]).status, 0);
+      for (const links of [
+        [gone, fake.uplink],
+        [fake.uplink, gone],
+      ]) {
+        const cidrs = await readInterfaceCidrs(links);
+        assert.ok(cidrs.includes('198.18.0.1/30'), `${links.join(',')}: ${cidrs.join(', ')}`);
+        assert.ok(cidrs.includes('fdff:5ec::1/64'), `${links.join(',')}: ${cidrs.join(', ')}`);
+      }
+    });
+
+    // Known gap (not of the DNS change): the firewall accepts `ct state established` before any
+    // policy, and a stopped sandbox's conntrack entries outlive it, so the slot's next sandbox
+    // (same address) can send on an old UDP flow's 5-tuple for the conntrack timeout, which each
+    // packet renews. Needs the entries of a sandbox's addresses deleted at teardown (ctnetlink).
+    it(
+      "a sandbox cannot ride the conntrack entries of the slot's previous sandbox",
+      { todo: 'conntrack entries are not flushed at teardown' },
+      async () => {
+        const a = await create({
+          image: 'busybox',
+          networkAllow: [{ cidr: `${fake.allowedIp}/32`, ports: [7] }],
+        });
+        const before = { ...addr(a) };
+        assert.match(await sh(a, `probe udp ${fake.allowedIp} 7 first 2000 40000`), /^reply first/);
+        await a.stop();
+        const b = await create(); // no egress at all
+        assert.equal(addr(b).sandbox4, before.sandbox4, 'the same slot');
+        assert.match(await sh(b, `probe udp ${fake.allowedIp} 7 fresh 2000 40001`), /^error /);
+        const reused = await sh(b, `probe udp ${fake.allowedIp} 7 reused 2000 40000`);
+        assert.match(reused, /^error /, reused);
+      },
+    );
+  },
+);
