@@ -48,7 +48,7 @@ export interface FakeInternet {
 }
 
 export interface FakeLogEntry {
-  kind: 'dns' | 'dns-tcp' | 'http' | 'proxy' | 'proxy-connect' | 'udp';
+  kind: 'dns' | 'dns-tcp' | 'http' | 'proxy' | 'proxy-connect' | 'udp' | 'tcp-echo';
   server: string;
   name?: string;
   port?: number;
@@ -164,7 +164,8 @@ export async function startFakeInternet(): Promise<FakeInternet> {
         fake.nat64Ip6,
       ],
       proxy: [fake.allowedIp],
-      udpEcho: [fake.allowedIp, fake.deniedIp],
+      // UDP and TCP echo on port 7.
+      udpEcho: [fake.allowedIp, fake.laterIp, fake.deniedIp, fake.allowedIp6, fake.privateIp],
       control: '198.18.0.2',
     };
     const child = spawn(
