@@ -627,6 +627,13 @@ export class SandboxService {
    * without one), let the edge refuse a bigger layer, then charge the
    * layer what it weighs (the rest goes back). A layer the quota cannot hold
    * after all (an edge that ignores the limit) is deleted again.
+   *
+   * Once sent, the snapshot is accounted by the edge's answer, never by the
+   * client: `signal` stops it only before it reaches the edge. A remote
+   * edge's call rejects the moment its signal aborts while the edge may
+   * already be storing the layer (no abort check there), so a client that
+   * hung up at the right moment had its reservation released and its layer
+   * stored, charged to no quota.
    */
   async #snapshotCharged(
     principal: Principal,
@@ -635,6 +642,7 @@ export class SandboxService {
     signal?: AbortSignal,
   ): Promise<SnapshotInfo> {
     const { iam } = this.#d;
+    signal?.throwIfAborted();
     const holder = randomId('img');
     const disk = info.spec.diskLimitMb;
     const want =
@@ -649,7 +657,7 @@ export class SandboxService {
         edge,
         info.id,
         { ...req, layerView, ...(maxBytes !== undefined ? { maxBytes } : {}) },
-        signal,
+        undefined,
       );
     } catch (err) {
       await iam.releaseImageBytes(holder);

@@ -1,0 +1,208 @@
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { chmod, mkdtemp, readdir, rm, rmdir } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { basename, join } from 'node:path';
+import { createTestApi, type TestApi } from '@dsec/apiserver/testing';
+import { startSingleNode, type SingleNode } from '@dsec/cluster';
+import type { LayerInfo } from '@dsec/core';
+import { newEdgeSecret, RemoteEdge, serveEdge } from '@dsec/edge-http';
+import { listImages, makeBusyboxRootfs } from '@dsec/images';
+
+/*
+ * SECURITY (issue 24, point 2; SECURITY.md I37): a review of the image
+ * ownership change, as tenant B attacking the store, the imageBytes quota
+ * and other tenants' answers through the real HTTP API of a real node.
+ */
+
+let dir: string;
+let node: SingleNode;
+let cgroupParent: string;
+const keys: Record<string, string> = {};
+const projects: Record<string, string> = {};
+
+interface Answer {
+  status: number;
+  body: Record<string, unknown> & {
+    error?: { code: string; message: string; field?: string; details?: Record<string, unknown> };
+  };
+}
+
+async function callAt(
+  url: string,
+  key: string,
+  method: string,
+  path: string,
+  body?: unknown,
+  signal?: AbortSignal,
+): Promise<Answer> {
+  const res = await fetch(url + path, {
+    method,
+    headers: {
+      authorization: `Bearer ${key}`,
+      ...(body !== undefined ? { 'content-type': 'application/json' } : {}),
+    },
+    ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+    ...(signal ? { signal } : {}),
+  });
+  const text = await res.text();
+  return { status: res.status, body: text ? (JSON.parse(text) as Answer['body']) : {} };
+}
+
+const call = (key: string, method: string, path: string, body?: unknown) =>
+  callAt(node.url, key, method, path, body);
+
+function ok(a: Answer, status = 200): Answer['body'] {
+  assert.equal(a.status, status, JSON.stringify(a.body));
+  return a.body;
+}
+
+async function sandbox(key: string, more: Record<string, unknown> = {}, url = node.url) {
+  const body = { image: 'busybox', memoryLimitMb: 64, ttlSeconds: 600, ...more };
+  return ok(await callAt(url, key, 'POST', '/v1/sandboxes', body), 201).id as string;
+}
+
+async function sh(key: string, id: string, line: string, url = node.url): Promise<string> {
+  const r = ok(await callAt(url, key, 'POST', `/v1/sandboxes/${id}/commands`, { shell: line }));
+  assert.equal(r.exitCode, 0, JSON.stringify(r));
+  return r.stdout as string;
+}
+
+/** Blobs in the node's store that no layer record uses: bytes nobody is charged for. */
+async function orphanBlobs(): Promise<string[]> {
+  const used = new Set(
+    (await node.store.listLayers()).flatMap((l) =>
+      [l.digest, l.blobDigest, l.blobChunksDigest].filter((d) => d !== undefined),
+    ),
+  );
+  const files = await readdir(join(dir, 'state', 'images', 'blobs', 'sha256'));
+  return files.filter((f) => !used.has(`sha256:${f}`));
+}
+
+before(async () => {
+  dir = await mkdtemp(join(tmpdir(), 'dsec-owner-rev-'));
+  await chmod(dir, 0o711);
+  cgroupParent = `dsec-ownrev-${basename(dir).slice(-6)}`;
+  node = await startSingleNode({ stateDir: join(dir, 'state'), port: 0, cgroupParent });
+  await makeBusyboxRootfs(join(dir, 'rootfs'));
+  await node.buildLayer({ name: 'busybox', kind: 'base', from: { dir: join(dir, 'rootfs') } });
+  for (const name of ['a', 'b']) {
+    const p = ok(await call(node.adminKey, 'POST', '/v1/projects', { name }), 201);
+    projects[name] = p.id as string;
+    const k = ok(
+      await call(node.adminKey, 'POST', '/v1/keys', { projectId: p.id, role: 'admin' }),
+      201,
+    );
+    keys[name] = k.key as string;
+  }
+});
+
+after(async () => {
+  await node?.close({ stopSandboxes: true });
+  await rm(dir, { recursive: true, force: true });
+  for (const ctrl of await readdir('/sys/fs/cgroup'))
+    await rmdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent}`).catch(() => undefined);
+});
+
+test('two snapshots racing for one name leave no blob behind that no layer (and no quota) holds', async () => {
+  // B snapshots two sandboxes under one name at once. Both pass the edge's name check before
+  // either is stored; the loser's putLayer is a conflict after its blob is already in the
+  // store. That blob belonged to no record and was charged to no quota: repeated, B filled
+  // the shared store past any imageBytes limit.
+  const b = keys.b!;
+  const ids = [await sandbox(b), await sandbox(b)];
+  for (const [i, id] of ids.entries())
+    await sh(b, id, `dd if=/dev/urandom of=/blob${i} bs=1M count=12 2>/dev/null`);
+  assert.deepEqual(await orphanBlobs(), [], 'no orphan before');
+  const answers = await Promise.all(
+    ids.map((id) => call(b, 'POST', `/v1/sandboxes/${id}/snapshot`, { name: 'twin' })),
+  );
+  const statuses = answers.map((a) => a.status).sort();
+  assert.deepEqual(statuses, [201, 409], JSON.stringify(answers.map((a) => a.body)));
+  assert.deepEqual(await orphanBlobs(), [], 'the loser’s blob is gone with its refusal');
+  const winner = answers.find((a) => a.status === 201)!.body.layer as LayerInfo;
+  assert.equal((await node.iam.usage(projects.b!)).imageBytes, winner.sizeBytes);
+  for (const id of ids) await call(b, 'DELETE', `/v1/sandboxes/${id}`);
+  assert.equal((await call(b, 'DELETE', '/v1/images/twin')).status, 204);
+  assert.deepEqual(await orphanBlobs(), []);
+});
+
+test('a client that hangs up on a snapshot through a remote edge still gets the layer charged', async () => {
+  // Multi-node: the apiserver reaches the edge over HTTP (RemoteEdge → serveEdge). When the
+  // client hung up, the apiserver's call to the edge rejected at once and the reservation was
+  // released, while the edge, past its last abort check (storing the record), went on and
+  // stored the layer: a layer of any size that no quota held. Here the node's own edge is
+  // served to a second apiserver, and the store holds the record back until the client is gone.
+  const secret = newEdgeSecret();
+  const served = await serveEdge({ edge: node.edge, secret });
+  const remote = new RemoteEdge({ edgeId: node.edge.edgeId, url: served.url, secret });
+  let api: TestApi | undefined;
+  const putLayer = node.store.putLayer.bind(node.store);
+  try {
+    api = await createTestApi({
+      edges: [remote as never],
+      imagesList: (o) => listImages(node.store, o),
+      imagesRemove: (ref, project) => node.store.removeLayer(ref, { project }),
+    });
+    const url = await api.app.listen({ port: 0, host: '127.0.0.1' });
+    const p = ok(
+      await callAt(url, api.rootKey, 'POST', '/v1/projects', {
+        name: 'remote',
+        quota: { imageBytes: 256 * 1024 * 1024 },
+      }),
+      201,
+    );
+    const key = ok(await callAt(url, api.rootKey, 'POST', '/v1/keys', { projectId: p.id }), 201)
+      .key as string;
+    const id = await sandbox(key, { diskLimitMb: 32 }, url);
+    await sh(key, id, 'dd if=/dev/urandom of=/data bs=1M count=4 2>/dev/null', url);
+
+    let entered!: () => void;
+    const inPut = new Promise<void>((r) => (entered = r));
+    let open!: () => void;
+    const gate = new Promise<void>((r) => (open = r));
+    let stored!: () => void;
+    const done = new Promise<void>((r) => (stored = r));
+    node.store.putLayer = async (layer: LayerInfo) => {
+      if (layer.name !== 'hangup') return putLayer(layer);
+      entered();
+      await gate;
+      await putLayer(layer);
+      stored();
+    };
+    const ac = new AbortController();
+    const answer = callAt(
+      url,
+      key,
+      'POST',
+      `/v1/sandboxes/${id}/snapshot`,
+      { name: 'hangup' },
+      ac.signal,
+    );
+    await inPut;
+    ac.abort();
+    await assert.rejects(answer);
+    // Let the apiserver see the hang-up before the edge finishes.
+    await new Promise((r) => setTimeout(r, 300));
+    open();
+    await done;
+    const layer = await node.store.getLayer('hangup', { project: p.id as string });
+    // The edge's answer reaches the apiserver; give it the time to charge.
+    const deadline = Date.now() + 20_000;
+    let used = 0;
+    while (Date.now() < deadline) {
+      used = (await api.iam.usage(p.id as string)).imageBytes;
+      if (used === layer.sizeBytes) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.equal(used, layer.sizeBytes, 'the stored layer is charged to its project');
+    await callAt(url, key, 'DELETE', `/v1/sandboxes/${id}`);
+    assert.equal((await callAt(url, key, 'DELETE', '/v1/images/hangup')).status, 204);
+    assert.equal((await api.iam.usage(p.id as string)).imageBytes, 0);
+  } finally {
+    node.store.putLayer = putLayer;
+    await api?.close();
+    remote.close();
+    await served.close();
+  }
+});
