@@ -65,7 +65,8 @@ const OWNER_CACHE_ENTRIES = 100_000;
  * What a snapshot of a sandbox with a disk limit reserves of its project's
  * `imageBytes` quota beyond that limit: room for the layer's own metadata
  * (inodes, directories, whiteouts; at most one inode per 16 KiB of the
- * limit). Without a disk limit a snapshot reserves all the room left.
+ * limit). Without a disk limit a snapshot holds nothing up front: the edge
+ * refuses a layer past the room left, and the charge checks it again.
  */
 const SNAPSHOT_METADATA_BYTES = (diskLimitMb: number) => diskLimitMb * 1024 * 64 + 1024 * 1024;
 
@@ -623,8 +624,8 @@ export class SandboxService {
 
   /**
    * One snapshot through the project's `imageBytes` quota: reserve before
-   * (the sandbox's disk limit and room for metadata, or everything left
-   * without one), let the edge refuse a bigger layer, then charge the
+   * (the sandbox's disk limit and room for metadata; without one nothing is
+   * held, the bound is the room left), let the edge refuse a bigger layer, then charge the
    * layer what it weighs (the rest goes back). A layer the quota cannot hold
    * after all (an edge that ignores the limit) is deleted again.
    *

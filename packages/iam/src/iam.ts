@@ -722,11 +722,15 @@ export class Iam {
 
   /**
    * Reserves image storage for a snapshot about to be taken in `projectId`:
-   * `wantBytes` (the most the layer can weigh; undefined: as much as the
-   * quota has room for), or less when the tightest `imageBytes` quota over
-   * the project and its ancestors has less room left. Answers `maxBytes`,
-   * the bytes reserved, which the layer must not exceed; undefined when no
-   * ancestor limits image bytes (nothing is reserved then). Pending until
+   * `wantBytes` (the most the layer can weigh), or less when the tightest
+   * `imageBytes` quota over the project and its ancestors has less room
+   * left. Answers `maxBytes`, the bytes reserved, which the layer must not
+   * exceed; undefined when no ancestor limits image bytes (nothing is
+   * reserved then). With `wantBytes` undefined (a layer of unknown bound)
+   * `maxBytes` is the room left but nothing is held: holding all of it for
+   * the whole snapshot starved every other project under the same limit (a
+   * sibling's, or all tenants' under a limit on the root), so such a layer
+   * is checked only when `bindImageBytes` charges it. Pending until
    * `bindImageBytes`, it lapses after `pendingTtlMs`. `quota_exceeded`
    * (details `resource: 'imageBytes'`, the limiting project) when a limit has
    * no room left; `conflict` if `holderId` is taken.
@@ -762,6 +766,7 @@ export class Iam {
           );
         }
         const bytes = Math.min(room.left, wantBytes ?? room.left);
+        const held = wantBytes === undefined ? 0 : bytes;
         await q.run('DELETE FROM image_reservations WHERE id = ? AND expires_at <= ?', [
           holderId,
           now,
@@ -770,7 +775,7 @@ export class Iam {
           throw taken();
         await q.run(
           'INSERT INTO image_reservations (id, project_id, bytes, created_at, expires_at) VALUES (?, ?, ?, ?, ?)',
-          [holderId, projectId, bytes, now, now + this.#pendingTtlMs],
+          [holderId, projectId, held, now, now + this.#pendingTtlMs],
         );
         return { maxBytes: bytes };
       });

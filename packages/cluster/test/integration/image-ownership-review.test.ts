@@ -206,3 +206,98 @@ test('a client that hangs up on a snapshot through a remote edge still gets the 
     await served.close();
   }
 });
+
+/** Holds the store's putLayer of `name` until `open()`; `entered` resolves when it is reached. */
+function holdPut(name: string) {
+  const putLayer = node.store.putLayer.bind(node.store);
+  let entered!: () => void;
+  const reached = new Promise<void>((r) => (entered = r));
+  let open!: () => void;
+  const gate = new Promise<void>((r) => (open = r));
+  node.store.putLayer = async (layer: LayerInfo) => {
+    if (layer.name === name) {
+      entered();
+      await gate;
+    }
+    return putLayer(layer);
+  };
+  return { reached, open, restore: () => (node.store.putLayer = putLayer) };
+}
+
+test("a sibling's snapshot without a disk limit does not starve the others of a shared imageBytes quota", async () => {
+  // A snapshot of a sandbox without a disk limit reserved all the room left in every limiting
+  // ancestor while it was taken. Under a shared limit (a team's, or the operator's on the root
+  // project for the whole store) one tenant snapshotting such a sandbox in a loop made every
+  // other tenant's snapshot `quota_exceeded`, holding nothing itself.
+  const admin = node.adminKey;
+  const team = ok(
+    await call(admin, 'POST', '/v1/projects', {
+      name: 'shared',
+      quota: { imageBytes: 64 * 1024 * 1024 },
+    }),
+    201,
+  );
+  const tenant = async (name: string) => {
+    const p = ok(await call(admin, 'POST', '/v1/projects', { name, parentId: team.id }), 201);
+    return ok(await call(admin, 'POST', '/v1/keys', { projectId: p.id }), 201).key as string;
+  };
+  const [ka, kb] = [await tenant('shared-a'), await tenant('shared-b')];
+  const hog = await sandbox(kb); // no disk limit
+  await sh(kb, hog, 'echo b > /b');
+  const held = holdPut('hog');
+  try {
+    const hogging = call(kb, 'POST', `/v1/sandboxes/${hog}/snapshot`, { name: 'hog' });
+    await held.reached;
+    const small = await sandbox(ka, { diskLimitMb: 16 });
+    await sh(ka, small, 'echo a > /a');
+    const mine = await call(ka, 'POST', `/v1/sandboxes/${small}/snapshot`, { name: 'mine' });
+    assert.equal(mine.status, 201, JSON.stringify(mine.body));
+    held.open();
+    assert.equal((await hogging).status, 201);
+    const sizes = await Promise.all(
+      [ka, kb].map(async (k) =>
+        (ok(await call(k, 'GET', '/v1/images')).layers as LayerInfo[])
+          .filter((l) => l.name === 'mine' || l.name === 'hog')
+          .reduce((n, l) => n + l.sizeBytes, 0),
+      ),
+    );
+    assert.equal(
+      (await node.iam.usage(team.id as string)).imageBytes,
+      sizes[0]! + sizes[1]!,
+      'both layers are charged, nothing more',
+    );
+    for (const [k, id, image] of [
+      [ka, small, 'mine'],
+      [kb, hog, 'hog'],
+    ] as const) {
+      await call(k, 'DELETE', `/v1/sandboxes/${id}`);
+      assert.equal((await call(k, 'DELETE', `/v1/images/${image}`)).status, 204);
+    }
+    assert.equal((await node.iam.usage(team.id as string)).imageBytes, 0);
+  } finally {
+    held.open();
+    held.restore();
+  }
+});
+
+test('a snapshot without a disk limit is still held to the room left when it is charged', async () => {
+  // What the fix above must keep: a layer past the room left is refused and nothing stays.
+  const admin = node.adminKey;
+  const p = ok(
+    await call(admin, 'POST', '/v1/projects', {
+      name: 'tight',
+      quota: { imageBytes: 2 * 1024 * 1024 },
+    }),
+    201,
+  );
+  const key = ok(await call(admin, 'POST', '/v1/keys', { projectId: p.id }), 201).key as string;
+  const id = await sandbox(key);
+  await sh(key, id, 'dd if=/dev/urandom of=/big bs=1M count=3 2>/dev/null');
+  const refused = await call(key, 'POST', `/v1/sandboxes/${id}/snapshot`, { name: 'big' });
+  assert.equal(refused.status, 429, JSON.stringify(refused.body));
+  assert.equal(refused.body.error?.details?.resource, 'imageBytes');
+  assert.equal((await node.iam.usage(p.id as string)).imageBytes, 0);
+  assert.ok(!(await node.store.listLayers()).some((l) => l.name === 'big'));
+  assert.deepEqual(await orphanBlobs(), []);
+  await call(key, 'DELETE', `/v1/sandboxes/${id}`);
+});
