@@ -88,6 +88,14 @@ const QUOTA_FIELDS = [
   'imageBytes',
 ] as const;
 
+/**
+ * Projects in a lineage at most, the root's included (a project has at most
+ * 15 ancestors). A create's layer view is its lineage, resolving a name
+ * costs a store read per project in it (a GET each on S3), and quota walks
+ * and cached chains grow with it; an edge takes views of 64 at most.
+ */
+export const MAX_PROJECT_DEPTH = 16;
+
 /** Keys and ancestor chains held in memory at most; past it the cache starts over. */
 const CACHE_MAX_ENTRIES = 10_000;
 /** Expired reservations are deleted at most this often (reads ignore them anyway). */
@@ -255,11 +263,19 @@ export class Iam {
       new DsecError('conflict', `project ${input.name} already exists here`, { field: 'name' });
     try {
       return await this.#tx(async (q, deny) => {
-        if (!(await this.#chain(q, parentId))?.has(caller.projectId)) {
+        const chain = await this.#chain(q, parentId);
+        if (!chain?.has(caller.projectId)) {
           deny(caller.keyId, 'project.create', parentId, 'denied', { reason: 'parent not found' });
           throw new DsecError('not_found', `no project ${JSON.stringify(parentId)}`, {
             field: 'parentId',
           });
+        }
+        if (chain.size >= MAX_PROJECT_DEPTH) {
+          throw new DsecError(
+            'invalid_argument',
+            `projects nest ${MAX_PROJECT_DEPTH} deep at most (the root included)`,
+            { field: 'parentId', details: { maxDepth: MAX_PROJECT_DEPTH } },
+          );
         }
         if (caller.role !== 'admin') {
           deny(caller.keyId, 'project.create', parentId, 'denied', { reason: 'not admin' });

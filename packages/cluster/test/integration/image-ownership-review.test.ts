@@ -301,3 +301,40 @@ test('a snapshot without a disk limit is still held to the room left when it is 
   assert.deepEqual(await orphanBlobs(), []);
   await call(key, 'DELETE', `/v1/sandboxes/${id}`);
 });
+
+test('project trees are bounded in depth, and the deepest project a tenant can make runs sandboxes', async () => {
+  // A create sends the project's whole lineage as its layer view, and an edge takes at most 64
+  // (each one a store read for a name nobody has; a GET each on S3). Projects had no depth
+  // limit: past 63 levels every create in the project was `invalid_argument: layerView`, and
+  // a tenant's chain of thousands made every resolution, quota walk and cached lineage of its
+  // projects cost that much.
+  const admin = node.adminKey;
+  const top = ok(await call(admin, 'POST', '/v1/projects', { name: 'deep-0' }), 201);
+  const topKey = ok(
+    await call(admin, 'POST', '/v1/keys', { projectId: top.id, role: 'admin' }),
+    201,
+  ).key as string;
+  const src = await sandbox(topKey);
+  await sh(topKey, src, 'echo top > /who');
+  ok(await call(topKey, 'POST', `/v1/sandboxes/${src}/snapshot`, { name: 'top-env' }), 201);
+  await call(topKey, 'DELETE', `/v1/sandboxes/${src}`);
+  // The tenant nests as deep as it is let.
+  let deepest = top.id as string;
+  let refused: Answer | undefined;
+  for (let i = 1; i <= 70 && !refused; i++) {
+    const a = await call(topKey, 'POST', '/v1/projects', { name: `deep-${i}`, parentId: deepest });
+    if (a.status === 201) deepest = a.body.id as string;
+    else refused = a;
+  }
+  assert.ok(refused, 'a chain of 70 levels is refused before its end');
+  assert.equal(refused.status, 400, JSON.stringify(refused.body));
+  assert.equal(refused.body.error?.code, 'invalid_argument');
+  assert.equal(refused.body.error?.field, 'parentId');
+  const lineage = await node.iam.lineage(deepest);
+  assert.ok(lineage.length <= 64, `lineage of ${lineage.length}`);
+  // The deepest project runs the platform's image and its top ancestor's snapshot.
+  const id = await sandbox(topKey, { projectId: deepest, image: 'top-env' });
+  assert.equal((await sh(topKey, id, 'cat /who')).trim(), 'top');
+  await call(topKey, 'DELETE', `/v1/sandboxes/${id}`);
+  assert.equal((await call(topKey, 'DELETE', '/v1/images/top-env')).status, 204);
+});

@@ -2,6 +2,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { isDsecError, randomId } from '@dsec/core';
 import { openControlDb } from '../control-db.js';
+import { MAX_PROJECT_DEPTH } from '../iam.js';
 import type { ControlDbOptions } from '../control-db.js';
 import { PostgresDb } from '../db/drivers/postgres.js';
 import { SqliteDb } from '../db/drivers/sqlite.js';
@@ -177,6 +178,27 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
         (e) => e.outcome === 'denied' && e.action === 'project.create',
       );
       assert.equal(denied.length, 3);
+    });
+
+    test('projects nest MAX_PROJECT_DEPTH deep at most, the root included', async (t) => {
+      const { iam, root } = await fresh(t);
+      let parentId = root.projectId;
+      for (let depth = 2; depth <= MAX_PROJECT_DEPTH; depth++) {
+        parentId = (await iam.createProject(root, { name: `d${depth}`, parentId })).id;
+      }
+      assert.equal((await iam.lineage(parentId)).length, MAX_PROJECT_DEPTH);
+      await assert.rejects(
+        iam.createProject(root, { name: 'too-deep', parentId }),
+        (e) =>
+          isDsecError(e, 'invalid_argument') &&
+          e.field === 'parentId' &&
+          e.details?.['maxDepth'] === MAX_PROJECT_DEPTH,
+      );
+      // Beside the deepest is still fine.
+      await iam.createProject(root, {
+        name: 'sibling',
+        parentId: (await iam.lineage(parentId))[1]!,
+      });
     });
 
     test('calls-per-second quota: stored, bounded by the parent, listed nearest first', async (t) => {
