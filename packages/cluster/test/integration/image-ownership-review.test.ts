@@ -1,6 +1,6 @@
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { chmod, mkdtemp, readdir, rm, rmdir } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, readdir, rm, rmdir, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
 import { createTestApi, type TestApi } from '@dsec/apiserver/testing';
@@ -337,4 +337,27 @@ test('project trees are bounded in depth, and the deepest project a tenant can m
   assert.equal((await sh(topKey, id, 'cat /who')).trim(), 'top');
   await call(topKey, 'DELETE', `/v1/sandboxes/${id}`);
   assert.equal((await call(topKey, 'DELETE', '/v1/images/top-env')).status, 204);
+});
+
+test("a tenant's listing and deletes read only the namespaces it sees, not every tenant's", async () => {
+  // GET /v1/images read every record of every owner and filtered after: tenant C's thousands of
+  // tiny snapshots made every other tenant's listing (and every DELETE, even of a name it does
+  // not have) cost that many reads (1–4.5 s for 3,000 records here), and one unreadable record
+  // in C's namespace made every tenant's answer 500. Here C's namespace holds a record that
+  // cannot be read: A's answers must not touch it.
+  const { a } = keys as { a: string };
+  const c = ok(await call(node.adminKey, 'POST', '/v1/projects', { name: 'c-noisy' }), 201);
+  const bad = join(dir, 'state', 'images', 'projects', c.id as string, 'layers', 'junk');
+  await mkdir(bad, { recursive: true });
+  await writeFile(join(bad, 'latest.json'), '{"not": "a layer"}');
+  try {
+    const listed = await call(a, 'GET', '/v1/images');
+    assert.equal(listed.status, 200, JSON.stringify(listed.body));
+    assert.ok((listed.body.layers as LayerInfo[]).some((l) => l.name === 'busybox'));
+    const gone = await call(a, 'DELETE', '/v1/images/nothing-here');
+    assert.equal(gone.status, 404, JSON.stringify(gone.body));
+    assert.equal(gone.body.error?.code, 'image_not_found');
+  } finally {
+    await rm(join(dir, 'state', 'images', 'projects', c.id as string), { recursive: true });
+  }
 });
