@@ -523,7 +523,7 @@ export class SandboxService {
     try {
       for (let attempt = 0; attempt < MAX_PLACEMENT_ATTEMPTS; attempt++) {
         if (attempt > 0) metrics.placementRetries.inc();
-        const edgeId = placer.place({ spec, exclude });
+        const edgeId = placer.place({ spec, exclude, layerView: view });
         const edge = this.#edge(edgeId);
         if (!edge) {
           exclude.add(edgeId);

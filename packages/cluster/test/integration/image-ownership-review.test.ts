@@ -361,3 +361,63 @@ test("a tenant's listing and deletes read only the namespaces it sees, not every
     await rm(join(dir, 'state', 'images', 'projects', c.id as string), { recursive: true });
   }
 });
+
+test("a burst edge is chosen for a layer only when the caller's view holds it there", async () => {
+  // A burst edge reports its store's layers (EdgeStatus.layers) and placement sends work there
+  // only if every layer it needs is listed. The list was by name across owners: with the
+  // on-premise pool full, A naming B's snapshot was placed on the burst edge and answered
+  // image_not_found, a name nobody has capacity_exhausted (A learnt that someone holds the
+  // name); and with separate stores, B's snapshot under A's name drew A's creates to an edge
+  // that does not have A's layer. Here: a full on-premise fake edge and a real burst edge.
+  const { FakeEdge } = await import('@dsec/apiserver/testing');
+  const { openContainerEdge } = await import('@dsec/edge');
+  const stateDir = join(dir, 'burst-edge');
+  const burst = await openContainerEdge({
+    edgeId: 'burst-1',
+    stateDir,
+    store: node.store,
+    cgroupParent: `${cgroupParent}-burst`,
+    labels: { pool: 'burst' },
+  });
+  const onPrem = new FakeEdge({
+    edgeId: 'op-1',
+    capacity: { memoryMb: 4096, cpuCores: 8, sandboxes: 1 },
+  });
+  let api: TestApi | undefined;
+  try {
+    api = await createTestApi({ edges: [onPrem, burst as never] });
+    const url = await api.app.listen({ port: 0, host: '127.0.0.1' });
+    const tenant = async (name: string) => {
+      const p = ok(await callAt(url, api!.rootKey, 'POST', '/v1/projects', { name }), 201);
+      return ok(await callAt(url, api!.rootKey, 'POST', '/v1/keys', { projectId: p.id }), 201)
+        .key as string;
+    };
+    const [ka, kb] = [await tenant('burst-a'), await tenant('burst-b')];
+    // A fills the on-premise pool; B's next sandbox bursts (busybox is the platform's).
+    await sandbox(ka, {}, url);
+    await api.watcher.refresh();
+    const bid = await sandbox(kb, {}, url);
+    await sh(kb, bid, 'echo B > /who', url);
+    ok(await callAt(url, kb, 'POST', `/v1/sandboxes/${bid}/snapshot`, { name: 'b-secret' }), 201);
+    await api.watcher.refresh();
+    const tryCreate = (key: string, image: string) =>
+      callAt(url, key, 'POST', '/v1/sandboxes', { image, memoryLimitMb: 64, ttlSeconds: 600 });
+    const theirs = await tryCreate(ka, 'b-secret');
+    const nobody = await tryCreate(ka, 'nobody-has-this');
+    assert.deepEqual(
+      [theirs.status, theirs.body.error?.code],
+      [nobody.status, nobody.body.error?.code],
+      `B's name answers A as a name nobody has: ${JSON.stringify([theirs.body, nobody.body])}`,
+    );
+    // B's own snapshot still bursts.
+    const again = ok(await tryCreate(kb, 'b-secret'), 201);
+    assert.equal((await sh(kb, again.id as string, 'cat /who', url)).trim(), 'B');
+  } finally {
+    await api?.close();
+    for (const sb of await burst.listSandboxes({}))
+      await burst.stopSandbox(sb.id).catch(() => undefined);
+    await burst.close();
+    for (const ctrl of await readdir('/sys/fs/cgroup'))
+      await rmdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent}-burst`).catch(() => undefined);
+  }
+});
