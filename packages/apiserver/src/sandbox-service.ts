@@ -1,5 +1,12 @@
 import { randomBytes } from 'node:crypto';
-import { DsecError, formatLayerKey, randomId, requireLifecycle, toDsecError } from '@dsec/core';
+import {
+  DsecError,
+  formatLayerKey,
+  randomId,
+  requireLifecycle,
+  throwIfAborted,
+  toDsecError,
+} from '@dsec/core';
 import type {
   CommandResult,
   CommandSpec,
@@ -643,7 +650,7 @@ export class SandboxService {
     signal?: AbortSignal,
   ): Promise<SnapshotInfo> {
     const { iam } = this.#d;
-    signal?.throwIfAborted();
+    throwIfAborted(signal);
     const holder = randomId('img');
     const disk = info.spec.diskLimitMb;
     const want =
