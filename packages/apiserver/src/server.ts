@@ -3,7 +3,7 @@ import type { Duplex } from 'node:stream';
 import Fastify from 'fastify';
 import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
 import { randomId } from '@dsec/core';
-import type { LayerInfo, SandboxIdCodec } from '@dsec/core';
+import type { SandboxIdCodec } from '@dsec/core';
 import { FnCallRateLimiter } from '@dsec/iam';
 import type { Iam } from '@dsec/iam';
 import type { Placer } from '@dsec/placement';
@@ -23,7 +23,7 @@ import { portRoutes, ptyUpgrade } from './routes/ports.js';
 import { ptyWebSocket } from './routes/pty-ws.js';
 import { uiRoutes } from './routes/ui.js';
 import { streamingBodySockets } from './routes/io-common.js';
-import { ImageService } from './image-service.js';
+import { ImageService, type ImageCatalog } from './image-service.js';
 import { SandboxService } from './sandbox-service.js';
 import { fncallRoutes } from './routes/fncall.js';
 import { FnCallService } from './fncall-service.js';
@@ -44,11 +44,12 @@ export interface ApiServerOptions {
   /** A pino logger, `true` for a default one, or nothing for silence. */
   logger?: FastifyBaseLogger | boolean | undefined;
   /**
-   * The image store's layers of every owner; without `all`, the plumbing
-   * records registry imports keep are left out. Callers see what their
-   * project's view holds (`ImageService`).
+   * The image store's layers: the platform's and those of `projects` (every
+   * owner's without it); without `all`, the plumbing records registry imports
+   * keep are left out. Callers see what their project's view holds
+   * (`ImageService`).
    */
-  imagesList?: ((options: { all: boolean }) => Promise<LayerInfo[]>) | undefined;
+  imagesList?: ImageCatalog['list'] | undefined;
   /** Removes a project's layer from the image store (`DELETE /v1/images/:ref`, fork clean-up). */
   imagesRemove?: ((ref: string, project: string) => Promise<void>) | undefined;
   /**

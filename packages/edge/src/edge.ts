@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import {
   DsecError,
-  formatLayerRef,
+  formatLayerKey,
   LAYER_PROJECT_PATTERN,
   resolveLayer,
   toDsecError,
@@ -296,7 +296,9 @@ export class Edge implements EdgeApi {
     if (!this.#layerRefs || now - this.#layerRefs.at > LAYER_LIST_TTL_MS) {
       const refs = this.options.store
         .listLayers()
-        .then((layers) => layers.map((l) => formatLayerRef({ name: l.name, version: l.version })));
+        // By owner (`project/name:version` for a project's): placement must not take B's layer
+        // for A's name, nor tell A by where it sends A that B has one (docs/adr/0019).
+        .then((layers) => layers.map((l) => formatLayerKey(l)));
       // A failed listing is retried at the next status, not cached.
       refs.catch(() => (this.#layerRefs = undefined));
       this.#layerRefs = { at: now, refs };

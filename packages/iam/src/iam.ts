@@ -88,6 +88,14 @@ const QUOTA_FIELDS = [
   'imageBytes',
 ] as const;
 
+/**
+ * Projects in a lineage at most, the root's included (a project has at most
+ * 15 ancestors). A create's layer view is its lineage, resolving a name
+ * costs a store read per project in it (a GET each on S3), and quota walks
+ * and cached chains grow with it; an edge takes views of 64 at most.
+ */
+export const MAX_PROJECT_DEPTH = 16;
+
 /** Keys and ancestor chains held in memory at most; past it the cache starts over. */
 const CACHE_MAX_ENTRIES = 10_000;
 /** Expired reservations are deleted at most this often (reads ignore them anyway). */
@@ -255,11 +263,19 @@ export class Iam {
       new DsecError('conflict', `project ${input.name} already exists here`, { field: 'name' });
     try {
       return await this.#tx(async (q, deny) => {
-        if (!(await this.#chain(q, parentId))?.has(caller.projectId)) {
+        const chain = await this.#chain(q, parentId);
+        if (!chain?.has(caller.projectId)) {
           deny(caller.keyId, 'project.create', parentId, 'denied', { reason: 'parent not found' });
           throw new DsecError('not_found', `no project ${JSON.stringify(parentId)}`, {
             field: 'parentId',
           });
+        }
+        if (chain.size >= MAX_PROJECT_DEPTH) {
+          throw new DsecError(
+            'invalid_argument',
+            `projects nest ${MAX_PROJECT_DEPTH} deep at most (the root included)`,
+            { field: 'parentId', details: { maxDepth: MAX_PROJECT_DEPTH } },
+          );
         }
         if (caller.role !== 'admin') {
           deny(caller.keyId, 'project.create', parentId, 'denied', { reason: 'not admin' });
@@ -722,11 +738,15 @@ export class Iam {
 
   /**
    * Reserves image storage for a snapshot about to be taken in `projectId`:
-   * `wantBytes` (the most the layer can weigh; undefined: as much as the
-   * quota has room for), or less when the tightest `imageBytes` quota over
-   * the project and its ancestors has less room left. Answers `maxBytes`,
-   * the bytes reserved, which the layer must not exceed; undefined when no
-   * ancestor limits image bytes (nothing is reserved then). Pending until
+   * `wantBytes` (the most the layer can weigh), or less when the tightest
+   * `imageBytes` quota over the project and its ancestors has less room
+   * left. Answers `maxBytes`, the bytes reserved, which the layer must not
+   * exceed; undefined when no ancestor limits image bytes (nothing is
+   * reserved then). With `wantBytes` undefined (a layer of unknown bound)
+   * `maxBytes` is the room left but nothing is held: holding all of it for
+   * the whole snapshot starved every other project under the same limit (a
+   * sibling's, or all tenants' under a limit on the root), so such a layer
+   * is checked only when `bindImageBytes` charges it. Pending until
    * `bindImageBytes`, it lapses after `pendingTtlMs`. `quota_exceeded`
    * (details `resource: 'imageBytes'`, the limiting project) when a limit has
    * no room left; `conflict` if `holderId` is taken.
@@ -762,6 +782,7 @@ export class Iam {
           );
         }
         const bytes = Math.min(room.left, wantBytes ?? room.left);
+        const held = wantBytes === undefined ? 0 : bytes;
         await q.run('DELETE FROM image_reservations WHERE id = ? AND expires_at <= ?', [
           holderId,
           now,
@@ -770,7 +791,7 @@ export class Iam {
           throw taken();
         await q.run(
           'INSERT INTO image_reservations (id, project_id, bytes, created_at, expires_at) VALUES (?, ?, ?, ?, ?)',
-          [holderId, projectId, bytes, now, now + this.#pendingTtlMs],
+          [holderId, projectId, held, now, now + this.#pendingTtlMs],
         );
         return { maxBytes: bytes };
       });

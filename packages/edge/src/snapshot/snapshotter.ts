@@ -267,7 +267,13 @@ export class Snapshotter {
         parentDigests: rec.layers.map((l) => l.digest),
         scrub: [...scrubList],
       };
-      await store.putLayer(layer);
+      await store.putLayer(layer).catch(async (err: unknown) => {
+        // Refused (most often a same-named snapshot stored first, past the check above): the
+        // blob is no layer's and no quota's. Left, each lost race would keep up to a disk limit
+        // of the shared store for good. deleteBlob leaves it if a record uses it after all.
+        await store.deleteBlob(put.digest).catch(() => undefined);
+        throw err;
+      });
       return {
         image,
         layer: await store.getLayer(image, { project: owner }),

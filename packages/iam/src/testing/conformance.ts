@@ -2,6 +2,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { isDsecError, randomId } from '@dsec/core';
 import { openControlDb } from '../control-db.js';
+import { MAX_PROJECT_DEPTH } from '../iam.js';
 import type { ControlDbOptions } from '../control-db.js';
 import { PostgresDb } from '../db/drivers/postgres.js';
 import { SqliteDb } from '../db/drivers/sqlite.js';
@@ -177,6 +178,27 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
         (e) => e.outcome === 'denied' && e.action === 'project.create',
       );
       assert.equal(denied.length, 3);
+    });
+
+    test('projects nest MAX_PROJECT_DEPTH deep at most, the root included', async (t) => {
+      const { iam, root } = await fresh(t);
+      let parentId = root.projectId;
+      for (let depth = 2; depth <= MAX_PROJECT_DEPTH; depth++) {
+        parentId = (await iam.createProject(root, { name: `d${depth}`, parentId })).id;
+      }
+      assert.equal((await iam.lineage(parentId)).length, MAX_PROJECT_DEPTH);
+      await assert.rejects(
+        iam.createProject(root, { name: 'too-deep', parentId }),
+        (e) =>
+          isDsecError(e, 'invalid_argument') &&
+          e.field === 'parentId' &&
+          e.details?.['maxDepth'] === MAX_PROJECT_DEPTH,
+      );
+      // Beside the deepest is still fine.
+      await iam.createProject(root, {
+        name: 'sibling',
+        parentId: (await iam.lineage(parentId))[1]!,
+      });
     });
 
     test('calls-per-second quota: stored, bounded by the parent, listed nearest first', async (t) => {
@@ -376,8 +398,11 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
 
       // Up to what was asked, or what is left.
       assert.deepEqual(await iam.reserveImageBytes(c1.id, 'h1', 400), { maxBytes: 400 });
+      // An unknown bound is told the room left but holds none of it: holding it all would
+      // starve c1 (and every project under team) while that snapshot is taken.
       assert.deepEqual(await iam.reserveImageBytes(c2.id, 'h2', undefined), { maxBytes: 300 });
-      assert.deepEqual(await iam.reserveImageBytes(c1.id, 'h3', 900), { maxBytes: 300 });
+      assert.equal((await iam.usage(team.id)).imageBytes, 400);
+      assert.deepEqual(await iam.reserveImageBytes(c1.id, 'h3', 900), { maxBytes: 600 });
       await assert.rejects(
         iam.reserveImageBytes(c1.id, 'h4', 1),
         (e) =>
@@ -388,8 +413,12 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.equal((await iam.usage(team.id)).imageBytes, 1000);
       // Layers are charged what they weigh; the rest of the reservation goes back.
       await iam.bindImageBytes('h1', c1.id, `${c1.id}/snap:latest`, 150);
-      await iam.bindImageBytes('h2', c2.id, `${c2.id}/snap:latest`, 300);
+      // The unknown bound is checked when charged: no room while h3 holds its 600.
+      await assert.rejects(iam.bindImageBytes('h2', c2.id, `${c2.id}/snap:latest`, 300), (e) =>
+        isDsecError(e, 'quota_exceeded'),
+      );
       assert.equal(await iam.releaseImageBytes('h3'), true);
+      await iam.bindImageBytes('h2', c2.id, `${c2.id}/snap:latest`, 300);
       assert.deepEqual(await iam.usage(c1.id), {
         sandboxes: 0,
         memoryMb: 0,
