@@ -38,8 +38,36 @@ export type { TaskJournal, RunHeader } from './journal.js';
 export { SandboxTools, ToolError, MAX_FILE_BYTES, DEFAULT_SHELL_TIMEOUT_MS } from './tools.js';
 export type { ShellOutcome, SandboxToolsOptions } from './tools.js';
 export { applyPatchWithTools, writePatchedFiles } from './apply.js';
-export { gradeSandbox, DEFAULT_TEST_TIMEOUT_MS } from './grade.js';
-export type { GradeResult } from './grade.js';
+export {
+  gradeSandbox,
+  gradeByPatch,
+  gradeInPlace,
+  DEFAULT_TEST_TIMEOUT_MS,
+  GRADER_PATH,
+  RECORDED_DIFF_CHARS,
+  RECORDED_LEFT_OUT,
+} from './grade.js';
+export type { GradeResult, GradeOptions, AgentPatchRecord } from './grade.js';
+export {
+  takeAgentPatch,
+  applyAgentPatch,
+  parseListing,
+  MAX_PATCH_BYTES,
+  MAX_PATCH_FILE_BYTES,
+  MAX_PATCH_ENTRIES,
+} from './agent-patch.js';
+export type { AgentPatch, LeftOut, Listing, ListedEntry } from './agent-patch.js';
+export {
+  LEAVE_OUT_RULES,
+  PYTHON_RUNNER_MODULES,
+  PACKAGE_JSON_RUNNER_KEYS,
+  gradingScope,
+  leaveOut,
+  pytestConfigChange,
+} from './steering.js';
+export type { Change, GradingScope, LeaveOutRule, TreeEntry } from './steering.js';
+export { diffOfChanges } from './patch-text.js';
+export { killLeftovers, KILL_LEFTOVERS_SCRIPT } from './in-place.js';
 export { RepoCache, workspaceLayerName, ensureWorkspace } from './workspace.js';
 export { prepareTasks } from './prepare.js';
 export type {

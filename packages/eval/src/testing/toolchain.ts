@@ -28,7 +28,12 @@ export const NODE_PACKAGES = ['nodejs'];
 const NODE_TREES = ['/usr/lib/node_modules/npm'];
 
 /** What nobody runs in a test sandbox: kept out to keep the layer small. */
-const SKIPPED = ['/usr/share/doc/', '/usr/share/man/', '/usr/share/lintian/', '/usr/lib/python3.11/test/'];
+const SKIPPED = [
+  '/usr/share/doc/',
+  '/usr/share/man/',
+  '/usr/share/lintian/',
+  '/usr/lib/python3.11/test/',
+];
 
 /**
  * Writes a root filesystem for test sandboxes that run real Python/pytest
