@@ -130,28 +130,25 @@ function carriable(path: string): boolean {
   return true;
 }
 
-/** Parses LIST_SCRIPT's output. A line that is not an entry continues the name before it (a newline in a name). */
+/**
+ * Parses LIST_SCRIPT's output. A line that is not an entry continues the
+ * name before it (a newline in a name): that name is unsupported, as is one
+ * with a control character, invalid UTF-8 or a `.`/`..` segment.
+ */
 export function parseListing(stdout: string): Listing {
-  const entries = new Map<string, ListedEntry>();
-  const unsupported = new Set<string>();
-  let last: ListedEntry | undefined;
+  const listed: { entry: ListedEntry; name: string }[] = [];
   for (const line of stdout.split('\n')) {
     const e = parseListLine(line);
-    if (!e) {
-      if (last && line !== '') {
-        entries.delete(last.path);
-        unsupported.add(last.path);
-      }
-      continue;
-    }
-    last = e;
-    if (!carriable(e.path)) {
-      unsupported.add(e.path);
-      continue;
-    }
-    entries.set(e.path, e);
+    if (e) listed.push({ entry: e, name: e.path });
+    else if (listed.length > 0 && line !== '') listed[listed.length - 1]!.name += `\n${line}`;
   }
-  return { entries, unsupported: [...unsupported] };
+  const entries = new Map<string, ListedEntry>();
+  const unsupported: string[] = [];
+  for (const { entry, name } of listed) {
+    if (name !== entry.path || !carriable(name)) unsupported.push(name);
+    else entries.set(name, entry);
+  }
+  return { entries, unsupported };
 }
 
 /** `81a4 11 1700000000 1700000000 ./a/b`: raw mode in hex, size, mtime, ctime, name. */
@@ -306,17 +303,23 @@ export interface AgentPatch {
 /**
  * Compares the agent's workdir with a fresh one and reads what differs: the
  * changes to carry (each passed through LEAVE_OUT_RULES) and what is left
- * out with its reason. `agent` acts on the agent's sandbox, `fresh` on the
- * grading sandbox (read only here).
+ * out with its reason. `agent` acts on the agent's sandbox, `freshSandbox`
+ * on the grading sandbox (only read here; it may still be starting).
  */
 export async function takeAgentPatch(
   agent: SandboxTools,
-  fresh: SandboxTools,
+  freshSandbox: SandboxTools | Promise<SandboxTools>,
   scopeOf: (base: Listing, next: Listing) => GradingScope,
 ): Promise<AgentPatch> {
   const workdir = agent.workdir;
-  const next = await listWorkdir(agent);
-  const base = await listWorkdir(fresh);
+  // The two sandboxes work at once (the grading one may still be starting): each phase numbers its own steps.
+  const [next, { fresh, base }] = await Promise.all([
+    listWorkdir(agent),
+    Promise.resolve(freshSandbox).then(async (fresh) => ({
+      fresh,
+      base: await listWorkdir(fresh),
+    })),
+  ]);
   const leftOut: LeftOut[] = next.unsupported.map((path) => ({
     path,
     rule: 'unsupported-name',
@@ -360,8 +363,10 @@ export async function takeAgentPatch(
     if (a) readNext.push(p);
     if (b) readBase.push(p);
   }
-  const nextContent = await readEntries(agent, readNext, (p) => next.entries.get(p)?.size ?? 0);
-  const baseContent = await readEntries(fresh, readBase, (p) => base.entries.get(p)?.size ?? 0);
+  const [nextContent, baseContent] = await Promise.all([
+    readEntries(agent, readNext, (p) => next.entries.get(p)?.size ?? 0),
+    readEntries(fresh, readBase, (p) => base.entries.get(p)?.size ?? 0),
+  ]);
 
   const candidates: Change[] = [];
   for (const p of [...new Set([...readNext, ...readBase])].sort()) {

@@ -140,13 +140,14 @@ export async function gradeInPlace(
  * model's: the repository files the agent changed or added are read from its
  * sandbox (`agent`), the test files and every file that steers the test
  * runner or the interpreter are left out (LEAVE_OUT_RULES), the rest is
- * applied to `grader`, a fresh sandbox of the task's own environment that
- * nothing of the agent has touched, and the tests run there. Nothing outside
+ * applied to `graderSandbox`, a fresh sandbox of the task's own environment
+ * that nothing of the agent has touched (it may still be starting: the
+ * agent's side is listed meanwhile), and the tests run there. Nothing outside
  * the workdir and no process of the agent reaches it.
  */
 export async function gradeByPatch(
   agent: SandboxTools,
-  grader: SandboxTools,
+  graderSandbox: SandboxTools | Promise<SandboxTools>,
   task: EvalTask,
   options: GradeOptions,
 ): Promise<GradeResult> {
@@ -155,7 +156,7 @@ export async function gradeByPatch(
     if (fp.oldPath !== undefined) testPaths.add(fp.oldPath);
     if (fp.newPath !== undefined) testPaths.add(fp.newPath);
   }
-  const patch = await takeAgentPatch(agent, grader, (base: Listing) => {
+  const patch = await takeAgentPatch(agent, graderSandbox, (base: Listing) => {
     const dirs = new Set<string>();
     for (const p of base.entries.keys()) {
       for (let i = p.indexOf('/'); i >= 0; i = p.indexOf('/', i + 1)) dirs.add(p.slice(0, i));
@@ -168,6 +169,7 @@ export async function gradeByPatch(
       isPackage: (dir) => base.entries.has(dir === '' ? '__init__.py' : `${dir}/__init__.py`),
     });
   });
+  const grader = await graderSandbox;
   const applyFailed = await applyAgentPatch(grader, patch.changes);
   const failedSet = new Set(applyFailed);
   const applied = patch.changes.filter((c) => !failedSet.has(c.path));

@@ -227,16 +227,18 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
   };
 }
 
-/** Stops sandboxes by ID (a missing or stopped one is fine). */
+/** Stops sandboxes by ID, together (a missing or stopped one is fine). */
 async function stopAll(client: DSecClient, ids: (string | undefined)[]): Promise<void> {
-  for (const id of ids) {
-    if (id) {
-      await client
-        .sandbox(id)
-        .stop()
-        .catch(() => undefined);
-    }
-  }
+  await Promise.all(
+    ids.map((id) =>
+      id
+        ? client
+            .sandbox(id)
+            .stop()
+            .catch(() => undefined)
+        : undefined,
+    ),
+  );
 }
 
 /** The result lines already in `path`; a torn last line (a killed driver) is dropped from the file. */
@@ -306,8 +308,11 @@ class TaskRunner {
     let gradeTools: SandboxTools | undefined;
     let sandbox: Sandbox | undefined;
     let grader: Sandbox | undefined;
+    let pendingGrader: Promise<unknown> | undefined;
     let ids: RequestIds | undefined;
     const finish = async (extra: Partial<EvalResult>): Promise<EvalResult> => {
+      // A grading sandbox still starting when the grading failed is in the result (and stopped).
+      await pendingGrader?.catch(() => undefined);
       let executed = 0;
       let duplicates = 0;
       for (const sb of [sandbox, grader]) {
@@ -376,11 +381,15 @@ class TaskRunner {
         gradeTools = toolsFor(attached.sandbox, 'g', attached.recorded);
         graded = await gradeInPlace(gradeTools, task, gradeOptions);
       } else {
-        const fresh = await this.#grader(task, prepared, attached);
-        grader = fresh.sandbox;
         patchTools = toolsFor(attached.sandbox, 'x', attached.recorded);
-        gradeTools = toolsFor(fresh.sandbox, 'g', fresh.recorded);
-        graded = await gradeByPatch(patchTools, gradeTools, task, gradeOptions);
+        // The grading sandbox starts while the agent's workdir is listed.
+        const fresh = this.#grader(task, prepared, attached).then((g) => {
+          grader = g.sandbox;
+          gradeTools = toolsFor(g.sandbox, 'g', g.recorded);
+          return gradeTools;
+        });
+        pendingGrader = fresh;
+        graded = await gradeByPatch(patchTools, fresh, task, gradeOptions);
       }
       durations.gradingMs = Math.round(performance.now() - t2);
       return await finish({

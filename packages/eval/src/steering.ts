@@ -24,7 +24,7 @@ export interface GradingScope {
   commandPaths: ReadonlySet<string>;
   /** Every word of the test command (`make`, `npm`, `tox`… decide some rules). */
   commandWords: ReadonlySet<string>;
-  /** Whether a directory of the repository (`''` for its root) holds an `__init__.py`, before or after. */
+  /** Whether a directory of the repository (`''` for its root) holds an `__init__.py` in the base tree. */
   isPackage(dir: string): boolean;
 }
 
@@ -152,9 +152,11 @@ function text(entry: TreeEntry | undefined): string | undefined {
  * configuration, or false. Deliberately conservative, since neither TOML nor
  * INI is parsed here: the file is split into sections at every line that
  * starts with `[`; the sections that mention pytest must be the same before
- * and after, and no added or removed line may mention pytest, start a section,
- * or hold a backslash or a triple quote (an escaped key, or a multi-line
- * string that would swallow a section header).
+ * and after, and no added or removed line may mention pytest or hold a
+ * backslash or a triple quote (an escaped key, or a multi-line string that
+ * would swallow a section header). A new section is fine when it does not
+ * mention pytest: moving base lines under it changes the sections they were
+ * in, which the first check sees when those mention pytest.
  */
 export function pytestConfigChange(before: string, after: string): string | false {
   const sections = (t: string) => {
@@ -177,7 +179,6 @@ export function pytestConfigChange(before: string, after: string): string | fals
     const t = line.trim();
     if (
       t.toLowerCase().includes('pytest') ||
-      t.startsWith('[') ||
       t.includes('\\') ||
       t.includes('"""') ||
       t.includes("'''")

@@ -135,9 +135,13 @@ describe('grading integrity (K39)', { skip, timeout: 1_800_000 }, () => {
     const worker = async () => {
       for (let a = pending.shift(); a; a = pending.shift()) {
         const r = (await run(new ScriptedAgent(a.name, a.steps), [a.instance]))[a.instance];
-        outcomes.push(
-          `${a.name} (${a.instance}): reward ${r?.reward}${r?.error ? ` error ${r.error.code}: ${r.error.message}` : ''}`,
-        );
+        let line = `${a.name} (${a.instance}): reward ${r?.reward}`;
+        if (r?.error) line += ` error ${r.error.code}: ${r.error.message}`;
+        const left = r?.agentPatch?.leftOut.find((l) => l.path === a.leftOut?.path);
+        if (a.leftOut && left?.rule !== a.leftOut.rule) {
+          line += ` but ${a.leftOut.path} was not left out by ${a.leftOut.rule}: ${JSON.stringify(r?.agentPatch?.leftOut)}`;
+        }
+        outcomes.push(line);
       }
     };
     await Promise.all([worker(), worker()]);
@@ -145,5 +149,122 @@ describe('grading integrity (K39)', { skip, timeout: 1_800_000 }, () => {
     console.log(report);
     const steered = outcomes.filter((o) => !/: reward 0$/.test(o));
     assert.deepEqual(steered, [], `attacks that did not score 0:\n${report}`);
+  });
+
+  it('the patch carries edits, new, deleted, binary, big and oddly named files, modes and symlinks, and says what it left out', async () => {
+    const big = 'pyapp/big.bin';
+    const agent = new ScriptedAgent('fidelity', () => [
+      { edit: 'pyapp/calc.py', old: 'return a - b\n\n\ndef sub', new: 'return a + b\n\n\ndef sub' },
+      { write: 'pyapp/new_module.py', content: 'VALUE = 1\n' },
+      {
+        shell:
+          `printf '\\000\\001\\377\\376 binary\\n' > pyapp/data.bin && { head -c 1000000 /dev/zero; head -c 4096 /dev/urandom; head -c 1000000 /dev/zero; } > ${big} && ` +
+          'rm pyapp/serve.py && chmod 755 pyapp/calc.py && ln -s calc.py pyapp/alias.py && ' +
+          'ln -s /etc/passwd pyapp/escape && ln -s ../../etc pyapp/up && ' +
+          "echo spaced > 'pyapp/with space.txt' && echo unicode > 'pyapp/ünï.txt' && " +
+          'printf x > "pyapp/bad$(printf \'\\nname\')" && mkfifo pyapp/fifo && ' +
+          'mkdir -p pyapp/__pycache__ node_modules/x .git/hooks && echo x > pyapp/__pycache__/calc.cpython-311.pyc && ' +
+          'echo x > node_modules/x/index.js && echo "import os" > json.py && echo "# more" >> tests/test_sub.py && ' +
+          'echo "#!/bin/sh" > .git/hooks/pre-commit && echo x > /usr/local/bin/tool && ' +
+          'sha256sum ' +
+          big +
+          ' pyapp/data.bin > /tmp/sums',
+      },
+    ]);
+    const r = (await run(agent, ['pyapp__add-1'], { keepSandboxes: true }))['pyapp__add-1']!;
+    assert.equal(r.reward, 1, JSON.stringify(r));
+    const patch = r.agentPatch!;
+    const left = Object.fromEntries(patch.leftOut.map((l) => [l.path, l.rule]));
+    assert.deepEqual(left, {
+      'json.py': 'python-shadowing',
+      'node_modules/x/index.js': 'node-modules',
+      'pyapp/__pycache__/calc.cpython-311.pyc': 'python-bytecode',
+      'pyapp/bad\nname': 'unsupported-name',
+      'pyapp/escape': 'symlink-escape',
+      'pyapp/fifo': 'not-regular',
+      'pyapp/up': 'symlink-escape',
+      'tests/test_sub.py': 'test-command-path',
+    });
+    assert.equal(patch.files, 8);
+    assert.equal(patch.truncated, false);
+    for (const needle of [
+      'diff --git a/pyapp/calc.py b/pyapp/calc.py\nold mode 100644\nnew mode 100755',
+      'diff --git a/pyapp/serve.py b/pyapp/serve.py\ndeleted file mode 100644',
+      'diff --git a/pyapp/alias.py b/pyapp/alias.py\nnew file mode 120000',
+      'diff --git a/pyapp/data.bin b/pyapp/data.bin\nnew file mode 100644',
+      'GIT binary patch',
+      'b/pyapp/\\303\\274n\\303\\257.txt"',
+      'pyapp/with space.txt',
+    ]) {
+      assert.ok(
+        patch.diff.includes(needle),
+        `the diff has no ${JSON.stringify(needle)}:\n${patch.diff
+          .split('\n')
+          .filter((l) => /^(diff|old|new|deleted|rename)/.test(l))
+          .join('\n')}`,
+      );
+    }
+    // The grading sandbox holds the agent's bytes, and none of what was left out.
+    const agentSums = (await client.sandbox(r.sandboxId!).commands.run('cat /tmp/sums')).stdout;
+    const grader = client.sandbox(r.gradingSandboxId!);
+    const inGrader = await grader.commands.run(
+      `cd /testbed && sha256sum ${big} pyapp/data.bin && readlink pyapp/alias.py && stat -c %a pyapp/calc.py && ` +
+        "cat 'pyapp/with space.txt' 'pyapp/ünï.txt' && ls -a . pyapp node_modules /usr/local/bin 2>&1; " +
+        '[ -e .git/hooks/pre-commit ] && echo HOOK; tail -1 tests/test_sub.py',
+    );
+    const out = inGrader.stdout;
+    assert.ok(out.startsWith(agentSums.replace(/\/tmp\/[^\n]*/g, '')), `${out}\n---\n${agentSums}`);
+    assert.match(out, /^calc\.py\n755\nspaced\nunicode\n/m);
+    for (const absent of [
+      'conftest.py',
+      'json.py',
+      'serve.py',
+      'escape',
+      'fifo',
+      '__pycache__',
+      'tool',
+      'HOOK',
+      '# more',
+    ]) {
+      assert.ok(!out.includes(absent), `${absent} reached the grading sandbox:\n${out}`);
+    }
+    // The recorded diff is what `git apply` takes back: applied to the base commit it gives the agent's big file.
+    const task = tasks.find((t) => t.instance_id === 'pyapp__add-1')!;
+    const clone = join(work, 'apply-check');
+    const { execFileSync } = await import('node:child_process');
+    execFileSync('git', ['clone', '-q', task.repo_dir!, clone]);
+    execFileSync('git', ['-C', clone, 'checkout', '-q', task.base_commit]);
+    execFileSync('git', ['-C', clone, 'apply', '--binary', '-'], { input: patch.diff });
+    const { createHash } = await import('node:crypto');
+    const { readFile } = await import('node:fs/promises');
+    const sum = createHash('sha256')
+      .update(await readFile(join(clone, big)))
+      .digest('hex');
+    assert.ok(agentSums.includes(sum), `${sum} not in ${agentSums}`);
+    await client.sandbox(r.sandboxId!).stop();
+    await grader.stop();
+  });
+
+  it('in place, every leftover of the agent is dead before the tests are written', async () => {
+    const stubborn = IN_PLACE_ATTACKS.find((a) => a.name === 'inplace-stubborn-leftovers')!;
+    const id = stubborn.instance;
+    const r = (
+      await run(new ScriptedAgent(stubborn.name, stubborn.steps), [id], { keepSandboxes: true })
+    )[id]!;
+    assert.equal(r.reward, 0, JSON.stringify(r));
+    assert.equal(r.grading, 'in_place');
+    assert.equal(r.gradingSandboxId, undefined);
+    // Three respawning loops, each with a running watcher, and the session shell.
+    assert.ok((r.killedProcesses ?? 0) >= 6, JSON.stringify(r));
+    const sb = client.sandbox(r.sandboxId!);
+    const ps = await sb.commands.run('ps -o pid,user,args');
+    const lines = ps.stdout.trim().split('\n').slice(1);
+    // init, and this command's reaper, shell and ps.
+    assert.ok(
+      lines.every((l) => /dsec-init|dsec-reaper|memfd|ps -o/.test(l)),
+      ps.stdout,
+    );
+    assert.ok(!ps.stdout.includes('.w.sh'), ps.stdout);
+    await sb.stop();
   });
 });
