@@ -156,6 +156,10 @@ export async function gradeByPatch(
     if (fp.oldPath !== undefined) testPaths.add(fp.oldPath);
     if (fp.newPath !== undefined) testPaths.add(fp.newPath);
   }
+  // The test files' base content is read from the repository on the host meanwhile.
+  const originals = new Map([...testPaths].map((p) => [p, options.original(p)] as const));
+  for (const pending of originals.values()) pending.catch(() => undefined);
+  const original = (p: string) => originals.get(p) ?? options.original(p);
   const patch = await takeAgentPatch(agent, graderSandbox, (base: Listing) => {
     const dirs = new Set<string>();
     for (const p of base.entries.keys()) {
@@ -173,7 +177,11 @@ export async function gradeByPatch(
   const applyFailed = await applyAgentPatch(grader, patch.changes);
   const failedSet = new Set(applyFailed);
   const applied = patch.changes.filter((c) => !failedSet.has(c.path));
-  const diff = await diffOfChanges(applied);
+  // The record is written on the host while the tests run.
+  const recording = diffOfChanges(applied);
+  recording.catch(() => undefined);
+  const graded = await gradeSandbox(grader, task, { ...options, original });
+  const diff = await recording;
   const leftOut = [
     ...patch.leftOut,
     ...applyFailed.map((path) => ({
@@ -193,6 +201,5 @@ export async function gradeByPatch(
     leftOutCount: leftOut.length,
     ...(applyFailed.length > 0 ? { applyFailed } : {}),
   };
-  const graded = await gradeSandbox(grader, task, options);
   return { ...graded, grading: 'patch', agentPatch: record };
 }

@@ -315,8 +315,12 @@ class TaskRunner {
       await pendingGrader?.catch(() => undefined);
       let executed = 0;
       let duplicates = 0;
-      for (const sb of [sandbox, grader]) {
-        const counted = sb && ids ? await countSteps(sb, ids).catch(() => undefined) : undefined;
+      const counts = await Promise.all(
+        [sandbox, grader].map((sb) =>
+          sb && ids ? countSteps(sb, ids).catch(() => undefined) : undefined,
+        ),
+      );
+      for (const counted of counts) {
         executed += counted?.executed ?? 0;
         duplicates += counted?.duplicates ?? 0;
       }
