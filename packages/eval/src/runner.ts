@@ -230,14 +230,14 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
 /** Stops sandboxes by ID, together (a missing or stopped one is fine). */
 async function stopAll(client: DSecClient, ids: (string | undefined)[]): Promise<void> {
   await Promise.all(
-    ids.map((id) =>
-      id
-        ? client
-            .sandbox(id)
-            .stop()
-            .catch(() => undefined)
-        : undefined,
-    ),
+    ids
+      .filter((id): id is string => id !== undefined)
+      .map((id) =>
+        client
+          .sandbox(id)
+          .stop()
+          .catch(() => undefined),
+      ),
   );
 }
 
@@ -317,7 +317,7 @@ class TaskRunner {
       let duplicates = 0;
       const counts = await Promise.all(
         [sandbox, grader].map((sb) =>
-          sb && ids ? countSteps(sb, ids).catch(() => undefined) : undefined,
+          sb && ids ? countSteps(sb, ids).catch(() => undefined) : Promise.resolve(undefined),
         ),
       );
       for (const counted of counts) {
