@@ -3,10 +3,15 @@
  * (paper 2.1, 6.2): every task in its own sandbox composed from layers (a
  * base image, toolkits, and a workspace layer with the repository at its
  * base commit), an agent plug-in acting through tools whose every command
- * carries a request ID, and SWE-bench grading (apply `test_patch`, run
- * `test_command`, reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test
- * passes). The driver keeps a journal next to its results, so a killed run
- * resumes against the same sandboxes without running any command twice.
+ * carries a request ID, and SWE-bench grading: the agent's work is taken as
+ * a patch of the repository, without the test files and the files that
+ * steer the test runner or the interpreter (`LEAVE_OUT_RULES`), applied to a
+ * fresh sandbox of the task's environment, then `test_patch` is applied and
+ * `test_command` run there; reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS
+ * test passes (`grading: "in_place"` tasks are graded in the agent's sandbox
+ * after all its processes are killed). The driver keeps a journal next to
+ * its results, so a killed run resumes against the same sandboxes without
+ * running any command twice.
  * `dsec eval prepare|run|grade` is the CLI over it.
  *
  * @example

@@ -123,7 +123,8 @@ export interface EvalSummary {
 const DEFAULT_TTL_SECONDS = 4 * 3600;
 
 /**
- * Runs a batch of tasks, each in its own sandbox, and writes one result
+ * Runs a batch of tasks, each in its own sandbox (and, for grading, a fresh
+ * sandbox of the same environment: `gradeByPatch`), and writes one result
  * line per task. The rollout outlives its driver (paper 6.2): the journal
  * next to `--out` records the run ID, each task's sandbox and finished
  * steps, and the agent's decisions; every command carries a request ID
