@@ -19,6 +19,7 @@ test('parseListing reads types, modes and times, and sets aside names it cannot 
     '81a4 3 1 2 ./ctl\x1bx',
     '81a4 3 1 2 ./bad\ufffdutf8',
     '81a4 3 1 2 ./x/../y',
+    '81a4 3 1 2 ./sub/.GIT/config',
     'not a line at all',
     '',
   ].join('\n');
@@ -39,7 +40,8 @@ test('parseListing reads types, modes and times, and sets aside names it cannot 
     'bad\nname',
     'ctl\x1bx',
     'bad\ufffdutf8',
-    'x/../y\nnot a line at all',
+    'x/../y',
+    'sub/.GIT/config\nnot a line at all',
   ]);
 });
 

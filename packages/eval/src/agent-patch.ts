@@ -120,9 +120,14 @@ while IFS= read -r h; do
 done < "$t/h"
 rm -rf "$t"`;
 
-/** A printable, normalised relative path (no control character, no U+FFFD, no `.`/`..`/empty segment). */
+/**
+ * A printable, normalised relative path: no control character, no U+FFFD, no
+ * `.`/`..`/empty segment, and no `.git` segment (the listing prunes those; a
+ * name with a newline could forge one).
+ */
 function carriable(path: string): boolean {
   if (normalizeRelative(path) !== path || path === '') return false;
+  if (path.split('/').some((s) => s.toLowerCase() === '.git')) return false;
   for (let i = 0; i < path.length; i++) {
     const c = path.charCodeAt(i);
     if (c < 0x20 || c === 0x7f || c === 0xfffd) return false;
@@ -202,8 +207,14 @@ export async function listWorkdir(tools: SandboxTools): Promise<Listing> {
       { details: { limit: 'workdir_listing', maxBytes: LIST_OUTPUT_BYTES } },
     );
   }
-  // find exits 1 when a file vanishes under it (an agent's leftover at work): the rest is still listed.
-  if (r.exitCode !== 0 && r.stdout === '') return { entries: new Map(), unsupported: [] };
+  // A listing cut short would read as files deleted: only a whole one counts. find exits 1 when a
+  // file vanishes under it (an agent's leftover at work), and the rest is still listed.
+  if (r.outcome !== 'exited' || r.exitCode > 1) {
+    throw new DsecError(
+      'internal',
+      `listing the workdir failed (${r.outcome}, exit ${r.exitCode}): ${r.stderr.trim().slice(0, 500)}`,
+    );
+  }
   return parseListing(r.stdout);
 }
 
@@ -225,7 +236,9 @@ export async function readEntries(
       maxOutputBytes: Math.min(LIST_OUTPUT_BYTES, expected * 2),
       user: AS_ROOT,
     });
-    const lines = r.truncated ? [] : r.stdout.split('\n');
+    // A record counts only with its newline: a command cut short (timeout, cap) loses the rest.
+    const lines = r.truncated || r.outcome !== 'exited' ? [] : r.stdout.split('\n');
+    lines.pop();
     batch.forEach((p, i) => out.set(p, parseRecord(lines[i])));
     batch = [];
     bytes = 0;

@@ -55,6 +55,8 @@ export interface AgentPatchRecord {
   leftOutCount: number;
   /** Paths the grading sandbox would not take (a symlink on the way, a directory in the way). */
   applyFailed?: string[] | undefined;
+  /** Why `diff` is empty although files were carried (host git refused a path). */
+  diffError?: string | undefined;
 }
 
 export interface GradeResult {
@@ -177,9 +179,12 @@ export async function gradeByPatch(
   const applyFailed = await applyAgentPatch(grader, patch.changes);
   const failedSet = new Set(applyFailed);
   const applied = patch.changes.filter((c) => !failedSet.has(c.path));
-  // The record is written on the host while the tests run.
-  const recording = diffOfChanges(applied);
-  recording.catch(() => undefined);
+  // The record is written on the host while the tests run; it never decides the grading.
+  let diffError: string | undefined;
+  const recording = diffOfChanges(applied).catch((err: unknown) => {
+    diffError = `git could not record the diff: ${(err as Error).message.slice(0, 500)}`;
+    return '';
+  });
   const graded = await gradeSandbox(grader, task, { ...options, original });
   const diff = await recording;
   const leftOut = [
@@ -200,6 +205,7 @@ export async function gradeByPatch(
     leftOut: leftOut.slice(0, RECORDED_LEFT_OUT),
     leftOutCount: leftOut.length,
     ...(applyFailed.length > 0 ? { applyFailed } : {}),
+    ...(diffError !== undefined ? { diffError } : {}),
   };
   return { ...graded, grading: 'patch', agentPatch: record };
 }

@@ -245,14 +245,25 @@ export const LEAVE_OUT_RULES: readonly LeaveOutRule[] = [
   },
   {
     id: 'python-test-file',
-    paths: '`test_*.py`, `*_test.py` anywhere',
-    why: 'pytest collects them: code the task did not ship would run as tests',
+    paths: '`test_*.py`, `*_test.py`, `tests.py` anywhere',
+    why: 'pytest and Django collect them: code the task did not ship would run as tests',
     test: (c) => {
       const n = baseName(c.path);
-      return (n.startsWith('test_') && n.endsWith('.py')) || n.endsWith('_test.py')
-        ? 'a test file pytest collects'
+      return (n.startsWith('test_') && n.endsWith('.py')) ||
+        n.endsWith('_test.py') ||
+        n === 'tests.py'
+        ? 'a test file the Python test runners collect'
         : false;
     },
+  },
+  {
+    id: 'test-snapshot',
+    paths: '`__snapshots__/` anywhere, `*.snap`',
+    why: 'snapshot tests (jest, vitest, syrupy) pass when the output matches the stored snapshot',
+    test: (c) =>
+      c.path.split('/').includes('__snapshots__') || c.path.endsWith('.snap')
+        ? 'a stored test snapshot'
+        : false,
   },
   {
     id: 'js-test-file',
@@ -281,6 +292,17 @@ export const LEAVE_OUT_RULES: readonly LeaveOutRule[] = [
       c.path.endsWith('.pyc') ||
       c.path.endsWith('.pyo')
         ? 'bytecode'
+        : false,
+  },
+  {
+    id: 'runner-cache',
+    paths: '`.pytest_cache/`, `.hypothesis/`, `.tox/`, `.nox/` anywhere',
+    why: 'the runners’ own state: last failures, example databases, environments',
+    test: (c) =>
+      c.path
+        .split('/')
+        .some((s) => s === '.pytest_cache' || s === '.hypothesis' || s === '.tox' || s === '.nox')
+        ? 'a test runner’s cache'
         : false,
   },
   {
