@@ -135,7 +135,10 @@ export function register(program: Command): void {
         "continue the run in --out's journal: re-attach to its sandboxes, skip finished tasks",
       )
       .option('--no-prepare', 'do not build missing layers first (they must exist on the cluster)')
-      .option('--keep-sandboxes', 'leave each sandbox running after grading')
+      .option(
+        '--keep-sandboxes',
+        "leave each task's sandboxes (the agent's and the grading one) running after grading",
+      )
       .option('--memory-mb <n>', 'memory limit per sandbox in MiB (default 512)', parseInteger)
       .option('--cpus <n>', 'CPU cores per sandbox (default 1)', parseNumber)
       .option('--disk-mb <n>', 'disk quota per sandbox in MiB', parseInteger)

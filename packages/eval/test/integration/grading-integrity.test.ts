@@ -2,9 +2,10 @@
  * SECURITY.md K39 / D24 (issue 24, point 8): an agent cannot change how it is
  * graded. Real sandboxes with real pytest, node and npm (the host's Debian
  * packages, see makeToolchainRootfs) and busybox; every attack is an agent
- * acting through the same tool calls a model makes. Each attack, left in the
- * agent's sandbox when the grader ran the tests there, turned the unfixed task
- * into reward 1; here each must score 0, while the gold fix scores 1.
+ * acting through the same tool calls a model makes. When the grader ran the
+ * tests in the agent's sandbox (12887b5), 22 of the 23 turned the unfixed
+ * task into reward 1 (`profile-env` did not); here each must score 0, while
+ * the gold fix scores 1. DSEC_TEST_ATTACKS=a,b runs only those attacks.
  */
 import assert from 'node:assert/strict';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
