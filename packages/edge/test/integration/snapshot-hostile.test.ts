@@ -1,0 +1,396 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { chmod, lstat, mkdir, readdir, readFile, readlink, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { isDeepStrictEqual, promisify } from 'node:util';
+import { isDsecError, randomId, type SandboxSpec } from '@dsec/core';
+import { openContainerEdge, type ContainerEdgeOptions, type Edge } from '@dsec/edge';
+import { buildLayer, type DirImageStore } from '@dsec/images';
+import { hostResources, makeStateDir, spec } from './fixture.js';
+
+const execFileAsync = promisify(execFile);
+
+/**
+ * SECURITY.md A9 and H35/H36 against snapshots of real sandboxes: the
+ * sandbox shapes its writable layer (and, through an earlier snapshot, a
+ * lower layer) the way an attacker would, the platform snapshots it with a
+ * routine scrub list, and a host directory the attacker points at must stay
+ * byte-identical, with nothing new anywhere outside the edge's scratch space.
+ */
+
+interface Ctx {
+  edge: Edge;
+  store: DirImageStore;
+  dir: string;
+  /** A host directory the sandbox must never reach (`/some/host/dir` of the issue). */
+  victim: string;
+}
+
+async function withEdge(
+  fn: (ctx: Ctx) => Promise<void>,
+  extra: Partial<ContainerEdgeOptions> = {},
+): Promise<void> {
+  const { dir, store, cgroupParent, cleanup } = await makeStateDir();
+  const edge = await openContainerEdge({
+    edgeId: 'node-1',
+    stateDir: join(dir, 'edge'),
+    store,
+    cgroupParent,
+    ...extra,
+  });
+  try {
+    const victim = join(dir, 'victim');
+    await makeVictim(victim);
+    await buildHistoryLayer(store, dir);
+    await fn({ edge, store, dir, victim });
+  } finally {
+    for (const sb of await edge.listSandboxes({}))
+      await edge.stopSandbox(sb.id).catch(() => undefined);
+    await edge.close();
+    await cleanup();
+  }
+}
+
+/** What an attacker would like to delete or plant files in: a home directory on the host. */
+async function makeVictim(victim: string): Promise<void> {
+  await mkdir(join(victim, '.ssh'), { recursive: true });
+  await mkdir(join(victim, 'sub', 'deep'), { recursive: true });
+  await writeFile(join(victim, '.bash_history'), 'ls\nsecret command\n');
+  await writeFile(join(victim, '.ssh', 'id_rsa'), 'PRIVATE KEY\n');
+  await writeFile(join(victim, '.ssh', 'authorized_keys'), 'ssh-ed25519 AAAA host\n');
+  await writeFile(join(victim, 'notes.txt'), 'host notes\n');
+  await writeFile(join(victim, 'sub', 'deep', 'file'), 'deep\n');
+  await mkdir(join(victim, 'home', 'user'), { recursive: true });
+  await writeFile(join(victim, 'home', 'user', '.profile'), 'host profile\n');
+  await chmod(victim, 0o700);
+}
+
+/**
+ * A layer whose tree holds what the routine scrub list names, so every
+ * pattern shadows a lower layer and the snapshot takes the copy-and-scrub path.
+ */
+async function buildHistoryLayer(store: DirImageStore, dir: string): Promise<void> {
+  const tree = join(dir, 'hist-tree');
+  await mkdir(join(tree, 'root', '.ssh'), { recursive: true });
+  await mkdir(join(tree, 'home', 'user'), { recursive: true });
+  await writeFile(join(tree, 'root', '.bash_history'), 'image history\n');
+  await writeFile(join(tree, 'root', '.ssh', 'id_rsa'), 'image key\n');
+  await writeFile(join(tree, 'home', 'user', '.profile'), 'image profile\n');
+  await buildLayer(store, { name: 'hist', kind: 'workspace', from: { dir: tree } });
+}
+
+/** Every entry below `root`: type, mode, owner, size, device, link target and content hash. */
+async function fingerprint(root: string): Promise<string[]> {
+  const out: string[] = [];
+  const walk = async (rel: string): Promise<void> => {
+    const path = join(root, rel);
+    const st = await lstat(path);
+    let what = `${rel || '.'} ${st.mode.toString(8)} ${st.uid}:${st.gid} n${st.nlink} r${st.rdev}`;
+    if (st.isSymbolicLink()) what += ` -> ${await readlink(path)}`;
+    else if (st.isFile())
+      what += ` ${st.size} ${createHash('sha256')
+        .update(await readFile(path))
+        .digest('hex')}`;
+    out.push(what);
+    if (st.isDirectory())
+      for (const name of (await readdir(path)).sort()) await walk(rel ? `${rel}/${name}` : name);
+  };
+  await walk('');
+  return out;
+}
+
+/**
+ * The test's whole host area outside the edge's state and the image store:
+ * whatever a snapshot plants or deletes by following a sandbox's path shows
+ * up here (the victim, and the test dir it sits in).
+ */
+async function hostArea(dir: string): Promise<string[]> {
+  const all = await fingerprint(dir);
+  // Extended attributes too: the opaque mark a scrub sets must not land on a host directory.
+  const { stdout } = await execFileAsync('getfattr', [
+    '-R',
+    '-P',
+    '-d',
+    '-m',
+    '-',
+    join(dir, 'victim'),
+  ]);
+  return [
+    ...all.filter((l) => !/^(edge|images)(\/| )/.test(l) && !l.startsWith('. ')),
+    ...stdout.split('\n'),
+  ];
+}
+
+async function create(edge: Edge, overrides: Partial<SandboxSpec>): Promise<string> {
+  const sb = await edge.createSandbox({
+    id: randomId('sb'),
+    projectId: 'p1',
+    // A snapshot image carries its workspace already.
+    spec: spec({ ...(overrides.image ? {} : { workspace: 'hist' }), ...overrides }),
+  });
+  return sb.id;
+}
+
+async function sh(edge: Edge, id: string, line: string): Promise<string> {
+  const r = await edge.runCommand(id, { shell: line });
+  assert.equal(r.exitCode, 0, `${line}: ${r.stderr}`);
+  return r.stdout;
+}
+
+/** The issue's routine scrub list: a home directory, a key directory, a history file. */
+const ROUTINE_SCRUB = ['/home/user', '/root/.ssh/**', '/root/.bash_history'];
+
+/** Takes a snapshot; a clear refusal is fine too, the host is what is checked. */
+async function snapshotOrRefused(
+  edge: Edge,
+  id: string,
+  name: string,
+  scrub: string[],
+): Promise<'made' | 'refused'> {
+  try {
+    await edge.snapshotSandbox(id, { name, scrub });
+    return 'made';
+  } catch (err) {
+    assert.ok(
+      isDsecError(err, 'resource_exhausted') || isDsecError(err, 'invalid_argument'),
+      `a refusal has a stable code: ${String(err)}`,
+    );
+    return 'refused';
+  }
+}
+
+test('the issue: /root -> a host directory, routine scrub list; the host directory is untouched', async () => {
+  await withEdge(async ({ edge, dir, victim }) => {
+    const before = await hostArea(dir);
+    for (const quota of [undefined, 32]) {
+      const id = await create(edge, quota === undefined ? {} : { diskLimitMb: quota });
+      await sh(edge, id, `rm -rf /root && ln -s ${victim} /root && ls -la /root`);
+      const made = await snapshotOrRefused(edge, id, `issue-${quota ?? 'disk'}`, ROUTINE_SCRUB);
+      assert.equal(made, 'made', 'a routine snapshot still works');
+      assert.deepEqual(await hostArea(dir), before, `host area unchanged (quota ${quota})`);
+
+      // The layer keeps the sandbox's symlink as a symlink and scrubs what it can name.
+      const copy = await create(edge, { image: `issue-${quota ?? 'disk'}` });
+      assert.equal(await sh(edge, copy, 'readlink /root'), `${victim}\n`);
+      assert.equal((await edge.runCommand(copy, { shell: 'test -e /home/user' })).exitCode, 1);
+      await edge.stopSandbox(copy);
+      await edge.stopSandbox(id);
+    }
+  });
+});
+
+/** Attacker variants: where the symlink sits and how it is spelled. `$V` is the victim's host path. */
+const VARIANTS: { name: string; setup: string; scrub: string[] }[] = [
+  {
+    name: 'symlink as the middle component',
+    setup: 'rm -rf /root/.ssh && ln -s $V/.ssh /root/.ssh',
+    scrub: ['/root/.ssh/id_rsa', '/root/.ssh/authorized_keys'],
+  },
+  {
+    name: 'symlink as the parent of a subtree pattern',
+    setup: 'rm -rf /root && ln -s $V /root',
+    scrub: ['/root/.ssh/**', '/root/sub/**'],
+  },
+  {
+    name: 'symlink as the last component of a subtree pattern',
+    setup: 'rm -rf /root/.ssh && ln -s $V/.ssh /root/.ssh',
+    scrub: ['/root/.ssh/**'],
+  },
+  {
+    name: 'relative symlink climbing out of the scratch copy',
+    setup: `rm -rf /root && ln -s ${'../'.repeat(40)}$R /root`,
+    scrub: ROUTINE_SCRUB,
+  },
+  {
+    name: 'a chain of relative symlinks',
+    setup: `mkdir -p /tmp/a && ln -s ${'../'.repeat(40)}$R /tmp/a/l1 && rm -rf /root && ln -s tmp/a/l1 /root`,
+    scrub: ROUTINE_SCRUB,
+  },
+  {
+    name: 'a .. inside the link target',
+    setup: 'rm -rf /root && ln -s $V/sub/.. /root',
+    scrub: ROUTINE_SCRUB,
+  },
+  {
+    name: 'symlink at the top of the home pattern',
+    setup: 'rm -rf /home && ln -s $V /home',
+    scrub: ['/home/user', '/home/user/**'],
+  },
+  {
+    name: 'whole-tree scrub with a symlinked root entry',
+    setup: 'rm -rf /root && ln -s $V /root && ln -s $V /hostlink',
+    scrub: ['/root/**', '/hostlink/notes.txt'],
+  },
+];
+
+test('symlinks in every component position, relative, chained and with ..: the host is untouched', async () => {
+  await withEdge(async ({ edge, dir, victim }) => {
+    const reached: string[] = [];
+    for (const [i, v] of VARIANTS.entries()) {
+      // Each variant against a pristine victim, so one that got through does not hide the next.
+      await rm(victim, { recursive: true, force: true });
+      await makeVictim(victim);
+      const before = await hostArea(dir);
+      const id = await create(edge, {});
+      const setup = v.setup.replaceAll('$V', victim).replaceAll('$R', victim.slice(1));
+      await sh(edge, id, setup);
+      await snapshotOrRefused(edge, id, `variant-${i}`, v.scrub);
+      if (!isDeepStrictEqual(await hostArea(dir), before)) reached.push(v.name);
+      await edge.stopSandbox(id);
+    }
+    assert.deepEqual(reached, [], 'variants that changed the host directory');
+  });
+});
+
+test('symlinks inside a lower snapshot layer are not followed when scrubbing over it', async () => {
+  await withEdge(async ({ edge, dir, victim }) => {
+    const before = await hostArea(dir);
+    // Stage 1: the attacker's layer (no scrub: the direct path, nothing walks it).
+    const first = await create(edge, {});
+    await sh(
+      edge,
+      first,
+      `rm -rf /root /home/user && ln -s ${victim} /root && ln -s ${victim}/home/user /home/user`,
+    );
+    await edge.snapshotSandbox(first, { name: 'evil-lower' });
+    // Stage 2: a sandbox on that layer, snapshotted with the routine list.
+    const second = await create(edge, { image: 'evil-lower' });
+    await sh(edge, second, 'echo work > /tmp/work');
+    const made = await snapshotOrRefused(edge, second, 'over-evil', [
+      ...ROUTINE_SCRUB,
+      '/home/user/.profile',
+    ]);
+    assert.deepEqual(await hostArea(dir), before);
+    if (made === 'made') {
+      // What the lower layer shows is a symlink, not a directory the host's contents decided.
+      const third = await create(edge, { image: 'over-evil' });
+      assert.equal(await sh(edge, third, 'readlink /root'), `${victim}\n`);
+      assert.equal(await sh(edge, third, 'readlink /home/user'), `${victim}/home/user\n`);
+      assert.equal(await sh(edge, third, 'cat /tmp/work'), 'work\n');
+    }
+  });
+});
+
+test('a sandbox racing to swap a directory for a symlink during snapshots never reaches the host', async () => {
+  await withEdge(async ({ edge, dir, victim }) => {
+    const before = await hostArea(dir);
+    const id = await create(edge, {});
+    // Swaps /root between a real directory (with the files the scrub names) and the symlink.
+    await sh(
+      edge,
+      id,
+      `cd / && sh -c 'while :; do rm -rf /root; ln -s ${victim} /root; usleep 20000; rm -f /root; mkdir -p /root/.ssh; echo x > /root/.bash_history; echo k > /root/.ssh/id_rsa; usleep 20000; done' >/dev/null 2>&1 &`,
+    );
+    for (let i = 0; i < 6; i++) {
+      await snapshotOrRefused(edge, id, `race-${i}`, ROUTINE_SCRUB);
+      assert.deepEqual(await hostArea(dir), before, `round ${i}`);
+    }
+  });
+});
+
+test('hard links: the sandbox can only link its own files; host files keep one link', async () => {
+  await withEdge(async ({ edge, dir, victim }) => {
+    const before = await hostArea(dir);
+    const id = await create(edge, {});
+    await sh(
+      edge,
+      id,
+      'ln /root/.bash_history /tmp/hl && ln /etc/passwd /tmp/pw && mkdir -p /h && echo a > /h/a && ln /h/a /h/b',
+    );
+    // A hard link to a host file cannot be named from inside: the victim is not in the sandbox's view.
+    const r = await edge.runCommand(id, { shell: `ln ${victim}/notes.txt /tmp/x` });
+    assert.notEqual(r.exitCode, 0);
+    await snapshotOrRefused(edge, id, 'links', ['/tmp/hl', '/h/b']);
+    assert.deepEqual(await hostArea(dir), before);
+    const copy = await create(edge, { image: 'links' });
+    assert.equal(
+      await sh(edge, copy, 'stat -c %h /h/a; cat /tmp/pw | head -1'),
+      '1\nroot:x:0:0:root:/root:/bin/sh\n',
+    );
+  });
+});
+
+test('deep nesting: a snapshot is made or refused with a stable code, and stop removes everything', async () => {
+  await withEdge(async ({ edge, dir }) => {
+    const before = await hostArea(dir);
+    const id = await create(edge, {});
+    // 2500 levels: paths beyond PATH_MAX.
+    await sh(
+      edge,
+      id,
+      'cd /tmp && i=0; while [ $i -lt 2500 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; echo leaf > leaf',
+    );
+    const outcome = await snapshotOrRefused(edge, id, 'deep', [
+      '/tmp/d/d/d/**',
+      '/root/.bash_history',
+    ]);
+    assert.ok(outcome === 'made' || outcome === 'refused');
+    assert.deepEqual(await hostArea(dir), before);
+    assert.deepEqual(await readdir(join(dir, 'edge', 'snapshots')), [], 'no scratch left');
+    await edge.stopSandbox(id);
+    assert.deepEqual(
+      (await hostResources(dir)).sandboxDirs,
+      [],
+      'the deep tree is removed at stop',
+    );
+  });
+});
+
+test('many inodes: a tree past the snapshot file cap is refused with resource_exhausted', async () => {
+  await withEdge(
+    async ({ edge, dir }) => {
+      const id = await create(edge, {});
+      await sh(
+        edge,
+        id,
+        'mkdir /many && cd /many && i=0; while [ $i -lt 3000 ]; do : > f$i; i=$((i+1)); done',
+      );
+      for (const scrub of [[], ['/root/.bash_history']]) {
+        await assert.rejects(
+          edge.snapshotSandbox(id, { name: `many-${scrub.length}`, scrub }),
+          (err) =>
+            isDsecError(err, 'resource_exhausted') &&
+            err.details?.['limit'] === 'snapshot_files' &&
+            err.details['max'] === 2000,
+        );
+      }
+      assert.deepEqual(await readdir(join(dir, 'edge', 'snapshots')), [], 'no scratch left');
+      // Under the cap it works.
+      await sh(edge, id, 'rm -rf /many');
+      await edge.snapshotSandbox(id, { name: 'few' });
+    },
+    { snapshot: { maxFiles: 2000 } },
+  );
+});
+
+test('sparse files: a 1 GiB hole in a 64 MiB-quota sandbox is no 1 GiB layer; smaller holes stay holes', async () => {
+  await withEdge(async ({ edge, store }) => {
+    const id = await create(edge, { diskLimitMb: 64 });
+    await sh(edge, id, 'truncate -s 1G /big && ls -ls /big');
+    await assert.rejects(
+      edge.snapshotSandbox(id, { name: 'sparse-big' }),
+      (err) =>
+        isDsecError(err, 'resource_exhausted') &&
+        err.details?.['limit'] === 'snapshot_bytes' &&
+        err.details['maxBytes'] === 64 * 2 ** 20,
+    );
+    await assert.rejects(store.getLayer('sparse-big'), (e) => isDsecError(e, 'image_not_found'));
+
+    // 48 MiB apparent, 1 MiB of data: under the cap, and the layer keeps the holes.
+    await sh(
+      edge,
+      id,
+      'rm /big && truncate -s 48M /sparse && dd if=/dev/urandom of=/sparse bs=64k count=16 seek=300 conv=notrunc 2>/dev/null',
+    );
+    const want = await sh(edge, id, 'sha256sum /sparse');
+    const snap = await edge.snapshotSandbox(id, { name: 'sparse-small' });
+    assert.ok(snap.layer.sizeBytes < 4 * 2 ** 20, `layer ${snap.layer.sizeBytes} bytes`);
+    const blob = await lstat(await store.blobPath(snap.layer.digest));
+    assert.ok(blob.blocks * 512 < 4 * 2 ** 20, `blob uses ${blob.blocks * 512} bytes`);
+    const copy = await create(edge, { image: 'sparse-small' });
+    assert.equal(await sh(edge, copy, 'sha256sum /sparse'), want);
+    assert.equal(await sh(edge, copy, 'stat -c %s /sparse'), `${48 * 2 ** 20}\n`);
+  });
+});
