@@ -82,9 +82,10 @@ async function buildHistoryLayer(store: DirImageStore, dir: string): Promise<voi
 }
 
 /** Every entry below `root`: type, mode, owner, size, device, link target and content hash. */
-async function fingerprint(root: string): Promise<string[]> {
+async function fingerprint(root: string, skip: readonly string[] = []): Promise<string[]> {
   const out: string[] = [];
   const walk = async (rel: string): Promise<void> => {
+    if (skip.includes(rel)) return;
     const path = join(root, rel);
     const st = await lstat(path);
     let what = `${rel || '.'} ${st.mode.toString(8)} ${st.uid}:${st.gid} n${st.nlink} r${st.rdev}`;
@@ -107,7 +108,7 @@ async function fingerprint(root: string): Promise<string[]> {
  * up here (the victim, and the test dir it sits in).
  */
 async function hostArea(dir: string): Promise<string[]> {
-  const all = await fingerprint(dir);
+  const all = await fingerprint(dir, ['edge', 'images']);
   // Extended attributes too: the opaque mark a scrub sets must not land on a host directory.
   const { stdout } = await execFileAsync('getfattr', [
     '-R',
@@ -267,7 +268,8 @@ test('symlinks inside a lower snapshot layer are not followed when scrubbing ove
       // What the lower layer shows is a symlink, not a directory the host's contents decided.
       const third = await create(edge, { image: 'over-evil' });
       assert.equal(await sh(edge, third, 'readlink /root'), `${victim}\n`);
-      assert.equal(await sh(edge, third, 'readlink /home/user'), `${victim}/home/user\n`);
+      // A path pattern names the entry itself: the link is scrubbed (a whiteout), its target untouched.
+      assert.equal((await edge.runCommand(third, { shell: 'test -L /home/user' })).exitCode, 1);
       assert.equal(await sh(edge, third, 'cat /tmp/work'), 'work\n');
     }
   });
@@ -320,7 +322,8 @@ test('deep nesting: a snapshot is made or refused with a stable code, and stop r
     await sh(
       edge,
       id,
-      'cd /tmp && i=0; while [ $i -lt 2500 ]; do mkdir d && cd d || exit 1; i=$((i+1)); done; echo leaf > leaf',
+      // The sandbox's own shell stops where its paths get too long.
+      'cd /tmp && i=0; while [ $i -lt 2500 ]; do mkdir d && cd d || break; i=$((i+1)); done; echo leaf > leaf; echo $i',
     );
     const outcome = await snapshotOrRefused(edge, id, 'deep', [
       '/tmp/d/d/d/**',
