@@ -33,7 +33,7 @@
  *       Removes PATH and everything under it, at any depth, with bounded
  *       fds (too deep a directory is renamed up to PATH and removed from there).
  *   tree chmod-node PATH MODE [--skip DEV:INO]
- *       Sets the mode of the character device PATH (relative to the root),
+ *       Sets the mode (octal) of the character device PATH (relative to the root),
  *       unless it is the node DEV:INO (the host's own, bound in). Prints
  *       `changed`, `same`, `host`, or `absent`.
  */
@@ -67,17 +67,22 @@ static const char OPAQUE_XATTR[] = "trusted.overlay.opaque";
 
 /* ---- resolution ---- */
 
-/* Opens REL below dirfd without following any symlink or leaving the tree; '' is dirfd itself. */
-static int open_beneath(int dirfd, const char *rel, int flags)
+/* Opens REL below dirfd without following any symlink, crossing a mount or leaving the tree; '' is dirfd itself. */
+static int open_resolved(int dirfd, const char *rel, int flags, uint64_t resolve)
 {
     struct open_how how = {
         .flags = (uint64_t)(flags | O_CLOEXEC),
-        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV,
+        .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | resolve,
     };
     long fd = syscall(SYS_openat2, dirfd, rel[0] ? rel : ".", &how, sizeof how);
     if (fd < 0 && errno == ENOSYS)
         die("openat2 (Linux 5.6 or later is needed)", ENOSYS);
     return (int)fd;
+}
+
+static int open_beneath(int dirfd, const char *rel, int flags)
+{
+    return open_resolved(dirfd, rel, flags, RESOLVE_NO_XDEV);
 }
 
 static int open_root(const char *path)
@@ -762,7 +767,10 @@ static int cmd_chmod_node(int argc, char **argv)
     uint64_t mode, skip_dev = UINT64_MAX, skip_ino = UINT64_MAX;
     if (argc != 2 && !(argc == 4 && strcmp(argv[2], "--skip") == 0))
         dief(EINVAL, "usage: tree chmod-node PATH MODE [--skip DEV:INO]");
-    if (parse_u64(argv[1], 07777, &mode))
+    char *end;
+    errno = 0;
+    mode = strtoull(argv[1], &end, 8); /* octal, as modes are written */
+    if (argv[1][0] < '0' || argv[1][0] > '7' || *end || errno || mode > 07777)
         dief(EINVAL, "tree chmod-node: mode %s", argv[1]);
     if (argc == 4) {
         char dev[32];
@@ -780,7 +788,8 @@ static int cmd_chmod_node(int argc, char **argv)
     char parent[PATH_MAX];
     const char *base = split(rel, parent, sizeof parent);
     int rootfd = open_root("/");
-    int pfd = open_beneath(rootfd, parent, O_RDONLY | O_DIRECTORY);
+    /* A sandbox's /dev is a mount of its own: crossing mounts is fine here, symlinks are not. */
+    int pfd = open_resolved(rootfd, parent, O_RDONLY | O_DIRECTORY, 0);
     struct stat st;
     if (pfd < 0 || fstatat(pfd, base, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISCHR(st.st_mode)) {
         puts("absent");

@@ -8,6 +8,7 @@ import { isDeepStrictEqual, promisify } from 'node:util';
 import { isDsecError, randomId, type SandboxSpec } from '@dsec/core';
 import { openContainerEdge, type ContainerEdgeOptions, type Edge } from '@dsec/edge';
 import { buildLayer, type DirImageStore } from '@dsec/images';
+import { mountErofs, unmount } from '@dsec/native';
 import { hostResources, makeStateDir, spec } from './fixture.js';
 
 const execFileAsync = promisify(execFile);
@@ -395,5 +396,103 @@ test('sparse files: a 1 GiB hole in a 64 MiB-quota sandbox is no 1 GiB layer; sm
     const copy = await create(edge, { image: 'sparse-small' });
     assert.equal(await sh(edge, copy, 'sha256sum /sparse'), want);
     assert.equal(await sh(edge, copy, 'stat -c %s /sparse'), `${48 * 2 ** 20}\n`);
+  });
+});
+
+test('H36: a layer made from a sandbox carries no device node, set-id bit or file capability, and stays in its id range', async () => {
+  await withEdge(async ({ edge, store, dir }) => {
+    // An operator's layer with what a sandbox could copy up into its writable layer.
+    const tree = join(dir, 'priv-tree', 'ws');
+    await mkdir(tree, { recursive: true });
+    for (const [name, mode] of [
+      ['suid', 0o4755],
+      ['sgid', 0o2755],
+      ['capped', 0o755],
+    ] as const) {
+      await writeFile(join(tree, name), '#!/bin/sh\necho hi\n');
+      await chmod(join(tree, name), mode);
+    }
+    await execFileAsync('mknod', [join(tree, 'null'), 'c', '1', '3']);
+    await execFileAsync('mknod', [join(tree, 'disk'), 'b', '7', '0']);
+    await execFileAsync('setcap', ['cap_net_raw,cap_sys_admin+ep', join(tree, 'capped')]);
+    await buildLayer(store, {
+      name: 'priv',
+      kind: 'workspace',
+      from: { dir: join(dir, 'priv-tree') },
+    });
+
+    const id = await create(edge, { workspace: 'priv' });
+    // A sandbox cannot make a device node itself...
+    assert.notEqual((await edge.runCommand(id, { shell: 'mknod /tmp/mine c 1 3' })).exitCode, 0);
+    // ...but a metadata change copies the operator's up into its writable layer, as is.
+    await sh(edge, id, 'chmod 0640 /ws/null /ws/disk && touch /ws/suid /ws/sgid /ws/capped');
+    assert.equal(
+      await sh(edge, id, 'stat -c "%F %a" /ws/null /ws/disk /ws/suid /ws/sgid'),
+      'character special file 640\nblock special file 640\nregular file 4755\nregular file 2755\n',
+    );
+    // Ids the sandbox gives its files stay what it set: inside its own range.
+    await sh(
+      edge,
+      id,
+      'echo x > /ws/mine && chown 4242:4243 /ws/mine && mkdir /ws/dir && chmod 2775 /ws/dir',
+    );
+    const snap = await edge.snapshotSandbox(id, { name: 'priv-snap' });
+
+    // What a sandbox stacking the layer sees.
+    const copy = await create(edge, { image: 'priv-snap' });
+    for (const gone of ['/ws/null', '/ws/disk'])
+      assert.equal((await edge.runCommand(copy, { shell: `test -e ${gone}` })).exitCode, 1, gone);
+    assert.equal(
+      await sh(
+        edge,
+        copy,
+        'stat -c "%a" /ws/suid /ws/sgid /ws/capped /ws/dir; stat -c %u:%g /ws/mine',
+      ),
+      '755\n755\n755\n2775\n4242:4243\n',
+      'set-id bits gone from files, kept on a directory (inheritance, not privilege)',
+    );
+
+    // The layer itself, as the host mounts it for every sandbox: nodev, nosuid; ids in 0..65535; no capability.
+    const mnt = join(dir, 'priv-mnt');
+    await mkdir(mnt);
+    await mountErofs(await store.blobPath(snap.layer.digest), mnt);
+    try {
+      const { stdout: caps } = await execFileAsync('getcap', ['-r', mnt]);
+      // An emptied record (getcap prints `=`: no capability in any set), never a real one.
+      for (const line of caps.trim().split('\n').filter(Boolean))
+        assert.match(line, / =$/, `no file capability left: ${line}`);
+      const { stdout: ids } = await execFileAsync('find', [mnt, '-printf', '%U:%G\\n']);
+      for (const line of ids.trim().split('\n')) {
+        const [u, g] = line.split(':').map(Number);
+        assert.ok(u! < 65536 && g! < 65536, `ids in the sandbox range: ${line}`);
+      }
+      const { stdout: special } = await execFileAsync('find', [
+        mnt,
+        '(',
+        '-type',
+        'b',
+        '-o',
+        '-type',
+        'c',
+        ')',
+        '-exec',
+        'stat',
+        '-c',
+        '%n %F %t:%T',
+        '{}',
+        '+',
+      ]);
+      for (const line of special.trim().split('\n').filter(Boolean))
+        assert.match(line, / character special file 0:0$/, `only whiteouts: ${line}`);
+      const { stdout: setid } = await execFileAsync('find', [mnt, '-type', 'f', '-perm', '/6000']);
+      assert.equal(setid.trim(), '');
+    } finally {
+      await unmount([mnt], { detach: true });
+    }
+    const layerMounts = (await readFile('/proc/self/mountinfo', 'utf8'))
+      .split('\n')
+      .filter((l) => l.includes(join(edge.options.stateDir, 'layers')));
+    assert.ok(layerMounts.length > 0);
+    for (const l of layerMounts) assert.match(l.split(' ')[5] ?? '', /nosuid,nodev/, l);
   });
 });

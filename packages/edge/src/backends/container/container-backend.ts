@@ -228,7 +228,7 @@ export class ContainerBackend implements Backend {
       });
       phaseDone('runtime');
       // The runtime's umask may have narrowed the GPU nodes' modes (device-modes.ts).
-      if (rec.gpu) applyGpuDeviceModes(running.initPid, rec.gpu.devices);
+      if (rec.gpu) await applyGpuDeviceModes(running.initPid, rec.gpu.devices);
       await Promise.all([
         chronus.attach(running.initPid),
         this.options.network?.attach(rec, running.initPid, chronus.configureNetwork),
