@@ -32,6 +32,9 @@
  *   tree rm PATH
  *       Removes PATH and everything under it, at any depth, with bounded
  *       fds (too deep a directory is renamed up to PATH and removed from there).
+ *   tree merge (--keep-marks | --strip-marks) TOP LOWER...
+ *       Merges layer trees (topmost first) into TOP as overlayfs shows their
+ *       stack, consuming the lower ones (collapse).
  *   tree chmod-node PATH MODE [--skip DEV:INO]
  *       Sets the mode (octal) of the character device PATH (relative to the root),
  *       unless it is the node DEV:INO (the host's own, bound in). Prints
@@ -760,6 +763,136 @@ static int cmd_scrub(int argc, char **argv)
     return 0;
 }
 
+/* ---- merge ---- */
+
+#define MERGE_MAX_DEPTH 1024
+
+/* Removes every whiteout and opaque mark below (and on) dirfd: a tree nothing lies under. */
+static void strip_marks(int dirfd, int depth)
+{
+    if (depth > MERGE_MAX_DEPTH)
+        dief(ELOOP, "tree merge: deeper than %d levels", MERGE_MAX_DEPTH);
+    if (fremovexattr(dirfd, OPAQUE_XATTR) < 0 && errno != ENODATA)
+        die("tree merge: clear an opaque mark", errno);
+    struct names names = { 0 };
+    int r = read_names(dirfd, &names);
+    if (r < 0)
+        dief(-r, "tree merge: read a directory");
+    unsigned char type;
+    for (const char *e; (e = names_next(&names, &type));) {
+        struct stat st;
+        if (fstatat(dirfd, e, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            continue;
+        if (is_whiteout(&st)) {
+            if (unlinkat(dirfd, e, 0) < 0)
+                dief(errno, "tree merge: remove the whiteout %s", e);
+        } else if (S_ISDIR(st.st_mode)) {
+            int fd = openat(dirfd, e, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (fd < 0)
+                dief(errno, "tree merge: open %s", e);
+            strip_marks(fd, depth + 1);
+            close(fd);
+        }
+    }
+    free(names.buf);
+}
+
+/*
+ * Moves what the lower directory adds to the upper one, as overlayfs shows
+ * the pair: an upper entry hides the lower one, directories merge unless the
+ * upper is opaque or the lower entry is not a directory (then the upper one
+ * becomes opaque: layers further down must not show through), an opaque
+ * lower directory makes the merged one opaque. Entries move by rename.
+ */
+static void merge_dir(int upperfd, int lowerfd, int depth)
+{
+    if (depth > MERGE_MAX_DEPTH)
+        dief(ELOOP, "tree merge: deeper than %d levels", MERGE_MAX_DEPTH);
+    struct names names = { 0 };
+    int r = read_names(lowerfd, &names);
+    if (r < 0)
+        dief(-r, "tree merge: read a directory");
+    unsigned char type;
+    for (const char *e; (e = names_next(&names, &type));) {
+        struct stat up, low;
+        if (fstatat(upperfd, e, &up, AT_SYMLINK_NOFOLLOW) < 0) {
+            if (errno != ENOENT)
+                dief(errno, "tree merge: stat %s", e);
+            if (renameat(lowerfd, e, upperfd, e) < 0)
+                dief(errno, "tree merge: move %s", e);
+            continue;
+        }
+        if (!S_ISDIR(up.st_mode))
+            continue; /* a file, link or whiteout above hides the lower entry */
+        int ufd = openat(upperfd, e, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (ufd < 0)
+            dief(errno, "tree merge: open %s", e);
+        if (!is_opaque(ufd)) {
+            if (fstatat(lowerfd, e, &low, AT_SYMLINK_NOFOLLOW) < 0)
+                dief(errno, "tree merge: stat %s", e);
+            if (S_ISDIR(low.st_mode)) {
+                int lfd = openat(lowerfd, e, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (lfd < 0)
+                    dief(errno, "tree merge: open %s", e);
+                merge_dir(ufd, lfd, depth + 1);
+                if (is_opaque(lfd))
+                    set_opaque(ufd, e);
+                close(lfd);
+            } else
+                set_opaque(ufd, e);
+        }
+        close(ufd);
+    }
+    free(names.buf);
+}
+
+/*
+ *   tree merge (--keep-marks | --strip-marks) TOP LOWER...
+ * Merges layer trees in overlayfs format, topmost first, into TOP with the
+ * view overlayfs gives of their stack; the lower trees are consumed (their
+ * entries move, what is left is removed). --strip-marks: nothing lies below
+ * the result (a base), so its whiteouts and opaque marks go.
+ */
+static int cmd_merge(int argc, char **argv)
+{
+    if (argc < 2 || (strcmp(argv[0], "--keep-marks") && strcmp(argv[0], "--strip-marks")))
+        dief(EINVAL, "usage: tree merge (--keep-marks | --strip-marks) TOP LOWER...");
+    int keep = strcmp(argv[0], "--keep-marks") == 0;
+    int top = open_root(argv[1]);
+    for (int i = 2; i < argc; i++) {
+        if (is_opaque(top))
+            break; /* the result already hides everything further down */
+        int lower = open_root(argv[i]);
+        merge_dir(top, lower, 0);
+        if (is_opaque(lower))
+            set_opaque(top, "/");
+        close(lower);
+    }
+    for (int i = 2; i < argc; i++) {
+        char parent[PATH_MAX];
+        const char *name = split(argv[i], parent, sizeof parent);
+        int pfd = open(parent[0] ? parent : "/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (pfd < 0)
+            dief(errno, "tree merge: open %s", parent);
+        struct names left = { 0 };
+        int lfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (lfd >= 0) {
+            /* the layer's own root stays (it may be a mount point): only its contents go */
+            if (read_names(lfd, &left) == 0) {
+                unsigned char type;
+                for (const char *e; (e = names_next(&left, &type));)
+                    rm_entry(lfd, e);
+            }
+            free(left.buf);
+            close(lfd);
+        }
+        close(pfd);
+    }
+    if (!keep)
+        strip_marks(top, 0);
+    return rm_first_error ? 1 : 0;
+}
+
 /* ---- chmod-node (run in a sandbox's own root: confine --ns) ---- */
 
 static int cmd_chmod_node(int argc, char **argv)
@@ -814,12 +947,12 @@ int cmd_tree(int argc, char **argv)
         int (*run)(int, char **);
     } ops[] = {
         { "scan", cmd_scan }, { "shadow", cmd_shadow }, { "scrub", cmd_scrub },
-        { "rm", cmd_rm },     { "chmod-node", cmd_chmod_node },
+        { "rm", cmd_rm },     { "merge", cmd_merge }, { "chmod-node", cmd_chmod_node },
     };
     if (argc >= 1)
         for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
             if (strcmp(argv[0], ops[i].name) == 0)
                 return ops[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "usage: dsec-helper tree scan|shadow|scrub|rm|chmod-node ...\n");
+    fprintf(stderr, "usage: dsec-helper tree scan|shadow|scrub|rm|merge|chmod-node ...\n");
     return 2;
 }
