@@ -329,6 +329,13 @@ static int cmd_scan(int argc, char **argv)
                 over = "bytes";
         }
     }
+    for (size_t i = 0; i <= top; i++) {
+        if (stack[i].fd > 0)
+            close(stack[i].fd);
+        free(stack[i].names.buf);
+    }
+    free(stack);
+    free(seen.slots);
     if (over)
         printf("over %s\n", over);
     printf("files %llu\nbytes %llu\nholes %llu\ndepth %llu\n", (unsigned long long)files,
