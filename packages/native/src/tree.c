@@ -476,8 +476,11 @@ static int cmd_rm(int argc, char **argv)
     /* PATH itself is the platform's (its last component is not followed). */
     int pfd = open(argv[0][0] == '/' && !parent[0] ? "/" : parent[0] ? parent : ".",
                    O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (pfd < 0)
+    if (pfd < 0) {
+        if (errno == ENOENT)
+            return 0; /* nothing there to remove */
         dief(errno, "tree rm: open %s", parent);
+    }
     struct stat st;
     if (fstatat(pfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
         return errno == ENOENT ? 0 : (report_error(argv[0], errno), 1);
