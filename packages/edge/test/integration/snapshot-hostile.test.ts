@@ -496,3 +496,55 @@ test('H36: a layer made from a sandbox carries no device node, set-id bit or fil
     for (const l of layerMounts) assert.match(l.split(' ')[5] ?? '', /nosuid,nodev/, l);
   });
 });
+
+test('packing runs under its own memory and time limits: a refusal with a stable code, the sandbox thawed, nothing left', async () => {
+  const { dir, store, cgroupParent, cleanup } = await makeStateDir();
+  const open = (snapshot: ContainerEdgeOptions['snapshot']) =>
+    openContainerEdge({
+      edgeId: 'node-1',
+      stateDir: join(dir, 'edge'),
+      store,
+      cgroupParent,
+      snapshot,
+    });
+  const packCgroups = async () =>
+    (await readdir(`/sys/fs/cgroup/memory/${cgroupParent}`).catch(() => [] as string[])).filter(
+      (n) => n.startsWith('pack-'),
+    );
+  try {
+    // mkfs.erofs 1.5 keeps ~4.7 KiB per inode: 8000 entries do not fit in 16 MiB.
+    let edge = await open({ memoryBytes: 16 * 2 ** 20 });
+    const id = (await edge.createSandbox({ id: randomId('sb'), projectId: 'p1', spec: spec({}) }))
+      .id;
+    await sh(
+      edge,
+      id,
+      'mkdir /many && cd /many && i=0; while [ $i -lt 8000 ]; do : > f$i; i=$((i+1)); done',
+    );
+    await assert.rejects(
+      edge.snapshotSandbox(id, { name: 'oom' }),
+      (err) =>
+        isDsecError(err, 'resource_exhausted') &&
+        err.details?.['limit'] === 'snapshot_memory' &&
+        err.details['maxBytes'] === 16 * 2 ** 20,
+    );
+    assert.equal(await sh(edge, id, 'echo thawed'), 'thawed\n');
+    assert.deepEqual(await packCgroups(), [], 'the packing cgroup is gone');
+    await edge.close();
+
+    // A deadline too short for the packing: deadline_exceeded, the sandbox thawed.
+    edge = await open({ timeoutMs: 150 });
+    await assert.rejects(
+      edge.snapshotSandbox(id, { name: 'slow' }),
+      (err) => isDsecError(err, 'deadline_exceeded') && err.details?.['limit'] === 'snapshot_time',
+    );
+    assert.equal(await sh(edge, id, 'echo thawed'), 'thawed\n');
+    assert.deepEqual(await packCgroups(), []);
+    assert.deepEqual(await readdir(join(dir, 'edge', 'snapshots')), [], 'no scratch left');
+    await assert.rejects(store.getLayer('slow'), (e) => isDsecError(e, 'image_not_found'));
+    await edge.stopSandbox(id);
+    await edge.close();
+  } finally {
+    await cleanup();
+  }
+});
