@@ -414,7 +414,10 @@ export class Snapshotter {
     } finally {
       rmSync(marker, { force: true });
       if (packCreated) await cgroups.remove(packPath).catch(() => undefined);
-      await removeTree(work);
+      // A failure here must not hide the snapshot's own outcome; the next start retries it.
+      await removeTree(work).catch((err: unknown) =>
+        this.options.log?.('snapshot scratch not removed', { path: work, err: String(err) }),
+      );
     }
   }
 
