@@ -57,6 +57,16 @@ test('GPU settings pass through with the inventory file made absolute', () => {
   assert.throws(() => parseClusterConfig({ edge: { ...edge, gpus: 'on' } }), invalid('edge.gpus'));
 });
 
+test('snapshot bounds pass through; unknown fields are refused', () => {
+  const edge = { id: 'e1', stateDir: '/s', secretFile: '/k' };
+  const snapshot = { maxFiles: 1000, maxMb: 512, memoryMb: 256, timeoutSeconds: 60 };
+  assert.deepEqual(parseClusterConfig({ edge: { ...edge, snapshot } }).edge?.snapshot, snapshot);
+  assert.throws(
+    () => parseClusterConfig({ edge: { ...edge, snapshot: { maxBytes: 1 } } }),
+    invalid('edge.snapshot'),
+  );
+});
+
 test('FnCall settings pass through for edges and dsec up; enabled: false runs no calls', () => {
   const sh = {
     name: 'sh',

@@ -175,6 +175,16 @@ const EdgeSection = z
       .optional(),
     /** Function calls (docs/fncall.md): runtimes, warm pools, limits; `enabled: false` runs none. */
     fncall: FnCallSection.optional(),
+    /** Bounds on one snapshot (docs/security.md, "Host-side work on sandbox-made trees"). */
+    snapshot: z
+      .object({
+        maxFiles: z.number().int().positive().optional(),
+        maxMb: z.number().int().positive().optional(),
+        memoryMb: z.number().int().positive().optional(),
+        timeoutSeconds: z.number().int().positive().optional(),
+      })
+      .strict()
+      .optional(),
     logRequests: z.boolean().default(false),
     /** Serve this edge's metrics without authentication at `HOST:PORT/metrics` (default off). */
     metricsListen: ListenAddress.optional(),

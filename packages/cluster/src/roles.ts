@@ -23,6 +23,7 @@ import {
   type Edge,
   type EdgeLogFn,
   type MetricsListener,
+  type SnapshotLimits,
 } from '@dsec/edge';
 import type { Logger } from 'pino';
 import {
@@ -125,6 +126,7 @@ export async function startEdgeServer(
     ...(ec.erofsMount ? { erofsMount: ec.erofsMount } : {}),
     ...(ec.gpus ? { gpus: ec.gpus } : {}),
     ...(ec.fncall !== undefined ? { fncall: fncallOptions(ec.fncall) } : {}),
+    ...(ec.snapshot ? { snapshot: snapshotLimits(ec.snapshot) } : {}),
     ...(log ? { log } : {}),
     metrics,
   });
@@ -403,4 +405,19 @@ export async function joinEdge(
   } finally {
     await db.close();
   }
+}
+
+/** The cluster config's snapshot bounds (MiB, seconds) as the edge takes them (bytes, ms). */
+function snapshotLimits(s: {
+  maxFiles?: number | undefined;
+  maxMb?: number | undefined;
+  memoryMb?: number | undefined;
+  timeoutSeconds?: number | undefined;
+}): SnapshotLimits {
+  return {
+    maxFiles: s.maxFiles,
+    maxBytes: s.maxMb === undefined ? undefined : s.maxMb * 2 ** 20,
+    memoryBytes: s.memoryMb === undefined ? undefined : s.memoryMb * 2 ** 20,
+    timeoutMs: s.timeoutSeconds === undefined ? undefined : s.timeoutSeconds * 1000,
+  };
 }

@@ -43,7 +43,12 @@ import { ensureDir, TRAVERSE_DIR_MODE } from './state/host-state.js';
 import { SandboxIo } from './sessions/sandbox-io.js';
 import { effectiveExpiresAt, Lifecycle } from './lifecycle/lifecycle.js';
 import type { SwapArea } from './lifecycle/swap-area.js';
-import { containerSnapshotSource, snapshotParents, Snapshotter } from './snapshot/snapshotter.js';
+import {
+  containerSnapshotSource,
+  snapshotParents,
+  Snapshotter,
+  type SnapshotLimits,
+} from './snapshot/snapshotter.js';
 import { FNCALL_PROJECT, FnCallPools, type FnCallPoolsOptions } from './fncall/pools.js';
 import type { EdgeLogFn } from './observability/log.js';
 import type { EdgeMetrics } from './observability/metrics.js';
@@ -126,6 +131,8 @@ export interface EdgeOptions {
    * `open`; a configured GPU host whose discovery fails does not start.
    */
   gpus?: EdgeGpuConfig | undefined;
+  /** Bounds on one snapshot: files, bytes, memory, time (snapshot/snapshotter.ts; every one has a default). */
+  snapshot?: SnapshotLimits | undefined;
 }
 
 /**
@@ -168,6 +175,7 @@ export class Edge implements EdgeApi {
       dir: join(options.stateDir, 'snapshots'),
       store: options.store,
       layers: options.layers,
+      limits: options.snapshot,
       log: options.log,
     });
     this.io = new SandboxIo({
