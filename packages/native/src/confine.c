@@ -10,8 +10,13 @@
  *   - an absolute path, a `..` or a link target the program could be steered
  *     to ends inside this root, which holds nothing of the host but the
  *     read-only /usr of `--tools`;
- *   - the old root is detached, no /proc or /dev is mounted, every fd but
- *     0-2 is closed at exec, and no_new_privs is set.
+ *   - the old root is detached, no /dev is mounted, every fd but 0-2 is
+ *     closed at exec, and no_new_privs is set;
+ *   - the program runs in a pid namespace of its own, under a small init
+ *     (this helper) that ends everything it started when it ends; its /proc
+ *     holds only those processes (subset=pid: no /proc/sys, no host pid).
+ *     Tools need that much /proc: glibc changes a mode without following a
+ *     link (cp -a on a directory it made writable) through /proc/self/fd.
  * With `--ns PID` the program runs in the mount namespace and root of that
  * process instead (a sandbox's own view), for what must act on the sandbox's
  * live tree as the sandbox sees it.
@@ -46,6 +51,8 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include "cmds.h"
@@ -267,6 +274,8 @@ static void make_private_root(const struct confine_args *a)
     }
     if (a->tools)
         attach_tools(rootfd);
+    if (mkdirat(rootfd, "proc", 0555) < 0)
+        die("confine: mkdir /proc", errno);
 
     /* pivot_root(".", "."): the old root ends up stacked under the new one, then detached. */
     if (fchdir(rootfd) < 0)
@@ -277,6 +286,9 @@ static void make_private_root(const struct confine_args *a)
         die("confine: detach the old root", errno);
     if (chdir("/") < 0)
         die("confine: chdir /", errno);
+    /* This process is pid 1 of its own pid namespace: the /proc it mounts shows that namespace only. */
+    if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "subset=pid") < 0)
+        die("confine: mount /proc", errno);
     struct mount_attr ro = { .attr_set = MOUNT_ATTR_RDONLY };
     if (mount_setattr(AT_FDCWD, "/", 0, &ro, sizeof ro) < 0)
         die("confine: read-only root", errno);
@@ -305,6 +317,82 @@ static void enter_namespace(long pid)
     close(root);
 }
 
+/* Ends this process the way a wait status says its program ended. */
+static _Noreturn void exit_like(int status)
+{
+    if (WIFEXITED(status))
+        _exit(WEXITSTATUS(status));
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
+    struct rlimit none = { 0, 0 };
+    setrlimit(RLIMIT_CORE, &none);
+    signal(sig, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
+    raise(sig);
+    _exit(128 + sig);
+}
+
+/*
+ * Returns in pid 1 of a new pid namespace, with the write end of a pipe on
+ * which it sends the program's wait status. The caller's own process stays
+ * outside, waits, and ends as the program did (exit code or signal), so the
+ * platform sees the program's status.
+ */
+static int enter_pid_namespace(void)
+{
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) < 0)
+        die("confine: pipe", errno);
+    if (unshare(CLONE_NEWPID) < 0)
+        die("confine: unshare(CLONE_NEWPID)", errno);
+    pid_t init = fork();
+    if (init < 0)
+        die("confine: fork", errno);
+    if (init == 0) {
+        close(fds[0]);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+            die("confine: PR_SET_PDEATHSIG", errno);
+        return fds[1];
+    }
+    close(fds[1]);
+    int status = 0, init_status = 0;
+    ssize_t n;
+    while ((n = read(fds[0], &status, sizeof status)) < 0 && errno == EINTR)
+        ;
+    while (waitpid(init, &init_status, 0) < 0)
+        if (errno != EINTR)
+            die("confine: waitpid", errno);
+    exit_like(n == (ssize_t)sizeof status ? status : init_status);
+}
+
+/*
+ * Pid 1: forks the program and returns in it; the init itself reaps whatever
+ * ends, sends the program's status once it ends, and exits, which ends every
+ * process left in the namespace.
+ */
+static void run_under_init(int status_fd)
+{
+    pid_t program = fork();
+    if (program < 0)
+        die("confine: fork", errno);
+    if (program == 0) {
+        close(status_fd);
+        return;
+    }
+    for (;;) {
+        int status;
+        pid_t pid = wait(&status);
+        if (pid == program) {
+            ssize_t n = write(status_fd, &status, sizeof status);
+            _exit(n == (ssize_t)sizeof status ? 0 : 1);
+        }
+        if (pid < 0 && errno != EINTR)
+            die("confine: wait", errno);
+    }
+}
+
 int cmd_confine(int argc, char **argv)
 {
     struct confine_args a = { 0 };
@@ -316,8 +404,11 @@ int cmd_confine(int argc, char **argv)
         die("confine: open /proc/self/exe", errno);
     if (a.ns_pid)
         enter_namespace(a.ns_pid);
-    else
+    else {
+        int status_fd = enter_pid_namespace();
         make_private_root(&a);
+        run_under_init(status_fd);
+    }
 
     set_limit(RLIMIT_CORE, 0, "RLIMIT_CORE");
     if (a.max_file_bytes)

@@ -97,9 +97,15 @@ void test(
       // The root holds the trees and the tools, nothing else of the host.
       const names = (await run(['ls', '-A', '/'])).stdout.trim().split('\n');
       assert.ok(names.includes('t') && names.includes('usr'), names.join(' '));
-      for (const host of ['proc', 'etc', 'tmp', 'dev', 'root', 'home', 'sys'])
+      for (const host of ['etc', 'tmp', 'dev', 'root', 'home', 'sys'])
         assert.ok(!names.includes(host), `no ${host} in the root`);
-      assert.notEqual((await run(['ls', '/proc/self'])).exitCode, 0, 'no /proc');
+      // Its /proc is its own pid namespace's: the init and the program, no host process, no sysctl.
+      const procs = (await run(['ls', '-A', '/proc'])).stdout.trim().split('\n');
+      assert.deepEqual(
+        procs.filter((n) => /^\d+$/.test(n)),
+        ['1', '2'],
+      );
+      assert.notEqual((await run(['ls', '/proc/sys'])).exitCode, 0, 'no /proc/sys');
       // A read-only tree takes no write; the root takes none either.
       assert.notEqual((await run(['touch', '/t/new'])).exitCode, 0);
       assert.notEqual((await run(['mkdir', '/x'])).exitCode, 0);
@@ -112,6 +118,57 @@ void test(
         'sub/file 100644 1',
         'host file\n',
       ]);
+    } finally {
+      await s.done();
+    }
+  },
+);
+
+void test(
+  'confine: cp -a keeps read-only directory modes; what the program leaves running ends with it',
+  { skip },
+  async () => {
+    const s = await scratch();
+    try {
+      // Every Debian root has 0555 /proc and /sys: cp makes them writable to fill them, then
+      // sets the mode without following a link, which glibc does through /proc/self/fd.
+      const src = join(s.dir, 'src');
+      const dst = join(s.dir, 'dst');
+      await mkdir(join(src, 'proc'), { recursive: true });
+      await mkdir(join(src, 'ro', 'inner'), { recursive: true });
+      await writeFile(join(src, 'ro', 'inner', 'f'), 'x');
+      await chmod(join(src, 'ro'), 0o555);
+      await chmod(join(src, 'proc'), 0o555);
+      await mkdir(dst);
+      const copy = await runConfined(
+        confinedCommand(
+          {
+            rootDir: s.root,
+            trees: [
+              { path: src, name: 'src' },
+              { path: dst, name: 'dst', writable: true },
+            ],
+            tools: true,
+          },
+          ['cp', '-a', '--', '/src/.', '/dst/'],
+        ),
+      );
+      assert.equal(copy.exitCode, 0, copy.stderr);
+      assert.equal((await lstat(join(dst, 'proc'))).mode & 0o7777, 0o555);
+      assert.equal((await lstat(join(dst, 'ro'))).mode & 0o7777, 0o555);
+      assert.equal(await readFile(join(dst, 'ro', 'inner', 'f'), 'utf8'), 'x');
+
+      const marker = `dsec-confine-left-${process.pid}`;
+      const left = await runConfined(
+        confinedCommand({ rootDir: s.root, trees: [], tools: true }, [
+          'sh',
+          '-c',
+          `exec -a ${marker} sleep 300 & exit 3`,
+        ]),
+      );
+      assert.equal(left.exitCode, 3, "the program's status comes back");
+      const { stdout } = await execFileAsync('ps', ['-eo', 'args']);
+      assert.ok(!stdout.includes(marker), 'nothing it started outlives it');
     } finally {
       await s.done();
     }
