@@ -205,6 +205,17 @@ export const MIGRATIONS: readonly Migration[] = [
   ALTER TABLE edges ADD COLUMN cordoned INTEGER NOT NULL DEFAULT 0;`,
     },
   },
+  {
+    version: 7,
+    name: 'audit retention index',
+    // The retention sweep deletes by age (`at` is ISO-8601 UTC text, which sorts as time).
+    sql: {
+      sqlite: `
+  CREATE INDEX audit_at ON audit(at);`,
+      postgres: `
+  CREATE INDEX audit_at ON audit(at);`,
+    },
+  },
 ];
 
 /** The newest layout this release knows. */
