@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import { SandboxIdCodec } from '@dsec/core';
 import { openControlDb } from '@dsec/iam';
-import type { Iam } from '@dsec/iam';
+import type { ControlDbOptions, Iam } from '@dsec/iam';
 import { PowerOfKPlacer } from '@dsec/placement';
 import type { Placer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
@@ -44,10 +44,16 @@ export async function createTestApi(
     logger?: boolean;
     /** Transport limits (timeouts, connection cap) passed to `buildApiServer`. */
     transport?: Partial<Pick<ApiServerOptions, TransportOption>>;
+    /** Per-caller bounds (`ApiServerOptions.limits`). */
+    limits?: ApiServerOptions['limits'];
+    /** Host names the server answers besides loopback and IP literals. */
+    allowedHosts?: ApiServerOptions['allowedHosts'];
+    /** IAM settings (clock, failed-authentication limits, audit retention). */
+    iamOptions?: ControlDbOptions;
     imagesList?: ApiServerOptions['imagesList'];
   } = {},
 ): Promise<TestApi> {
-  const db = await openControlDb(options.iamPath ?? ':memory:');
+  const db = await openControlDb(options.iamPath ?? ':memory:', options.iamOptions);
   const { iam } = db;
   const boot = await iam.bootstrap();
   const edges = new Map(
@@ -65,6 +71,8 @@ export async function createTestApi(
     ids,
     logger: options.logger,
     imagesList: options.imagesList,
+    limits: options.limits,
+    allowedHosts: options.allowedHosts,
     ...options.transport,
   });
   return {
