@@ -319,9 +319,11 @@ test('one address holding busy connections is refused past its cap; other addres
   }
   await sleep(300);
   const refused = await within(
-    request(port, '/healthz', { localAddress: '127.0.0.3' }).catch(
-      (err: unknown) => ({ status: 0, body: String(err), headers: {} }),
-    ),
+    request(port, '/healthz', { localAddress: '127.0.0.3' }).catch((err: unknown) => ({
+      status: 0,
+      body: String(err),
+      headers: {},
+    })),
     10_000,
     'the ninth connection from one address',
   );

@@ -177,7 +177,7 @@ export class Iam {
   readonly #auditFlushIntervalMs: number;
   #auditTimer: NodeJS.Timeout | undefined;
   /** The flush (or sweep) in progress: flushes run one after another. */
-  #auditWork: Promise<void> = Promise.resolve();
+  #auditWork: Promise<unknown> = Promise.resolve();
   /** Groups a failed write handed back, tried once more at the next flush. */
   #unwritten: DenialGroup[] = [];
   #nextAuditSweepMs = 0;

@@ -146,13 +146,10 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       for (let i = 0; i < 50; i++) await iam.audit(root.keyId, 'sandbox.access', 'sb-1', 'denied');
       await iam.audit(root.keyId, 'sandbox.access', 'sb-2', 'denied');
       const denied = (await iam.listAudit()).filter((e) => e.action === 'sandbox.access');
-      assert.deepEqual(
-        denied.map((e) => [e.target, e.details?.['count']]).sort(),
-        [
-          ['sb-1', 50],
-          ['sb-2', 1],
-        ],
-      );
+      assert.deepEqual(denied.map((e) => [e.target, e.details?.['count']]).sort(), [
+        ['sb-1', 50],
+        ['sb-2', 1],
+      ]);
       assert.equal(iam.authStats().denials['sandbox.access'], 51);
       // Past the retention period every older row goes, mutations and denials alike.
       now += 31 * day;
