@@ -1,3 +1,4 @@
+import type { Socket } from 'node:net';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import {
   CONNECTION_LIMIT_DEFAULTS,
@@ -173,11 +174,11 @@ export function retryAfterSeconds(details: Record<string, unknown> | undefined):
  * nothing).
  */
 export function destroyConnection(reply: FastifyReply): void {
-  const socket = reply.request.raw.socket as
-    (NonNullable<typeof reply.request.raw.socket> & { resetAndDestroy?: () => void }) | null;
+  // Not every socket has it: inject()'s stand-in has only `destroy`.
+  const socket: Partial<Socket> | null = reply.request.raw.socket;
   reply.raw.destroy();
   if (typeof socket?.resetAndDestroy === 'function') socket.resetAndDestroy();
-  else socket?.destroy();
+  else socket?.destroy?.();
 }
 
 function definedOnly<T extends object>(o: T): Partial<T> {

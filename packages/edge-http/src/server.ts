@@ -4,7 +4,8 @@ import type { AddressInfo } from 'node:net';
 import { Readable } from 'node:stream';
 import type { Duplex } from 'node:stream';
 import { pino } from 'pino';
-import { DsecError, requireIo, requireLifecycle, toDsecError } from '@dsec/core';
+import { ConnectionGuard, DsecError, requireIo, requireLifecycle, toDsecError } from '@dsec/core';
+import type { ConnectionLimits } from '@dsec/core';
 import type {
   CommandResult,
   CreateSandboxRequest,
@@ -66,6 +67,13 @@ export interface EdgeServerOptions {
    * scraper uses the edge's admin listener (`metricsListen`) instead.
    */
   metrics?: (() => Promise<string>) | undefined;
+  /**
+   * Connection caps (`ConnectionGuard`: idle connections make room for new
+   * ones, per-address cap, keep-alive shortened under pressure). Anyone who
+   * reaches the port can connect, signed or not. Default
+   * `CONNECTION_LIMIT_DEFAULTS`.
+   */
+  connectionLimits?: Partial<ConnectionLimits> | undefined;
 }
 
 export interface EdgeServer {
@@ -201,6 +209,8 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
     socket.once('close', () => upgraded.delete(socket));
     void onUpgrade(req, socket, head, { edge, secret, edgeId, verifier, log });
   });
+
+  new ConnectionGuard(options.connectionLimits).attach(server);
 
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
