@@ -442,6 +442,33 @@ test('concurrent streams per key are capped: 429 rate_limited past the cap, free
   for (const s of open) s.socket.destroy();
 });
 
+test('requests of one key in flight are capped; another key is not affected', async (t) => {
+  const { a, port, edge } = await listening(t, { limits: { maxRequestsPerKey: 2 } });
+  const id = await createSandbox(port, a.rootKey);
+  edge.chunks = Infinity;
+  edge.intervalMs = 100;
+  const held = [await unreadStream(port, a.rootKey, id), await unreadStream(port, a.rootKey, id)];
+  await sleep(200);
+  const over = await within(
+    request(port, '/v1/whoami', { headers: bearer(a.rootKey) }),
+    10_000,
+    'a third request of the key',
+  );
+  assert.equal(over.status, 429, over.body);
+  const e = (JSON.parse(over.body) as { error: { code: string; details: { limit: string } } })
+    .error;
+  assert.deepEqual([e.code, e.details.limit], ['rate_limited', 'requests_per_key']);
+  const other = (
+    await a.iam.createKey(await a.iam.authenticate(a.rootKey), {
+      projectId: a.rootProjectId,
+    })
+  ).key;
+  assert.equal((await request(port, '/v1/whoami', { headers: bearer(other) })).status, 200);
+  for (const h of held) h.socket.destroy();
+  await sleep(300);
+  assert.equal((await request(port, '/v1/whoami', { headers: bearer(a.rootKey) })).status, 200);
+});
+
 // ---- Host header and URL shape -----------------------------------------------------------------
 
 test('DNS rebinding: a Host header that names no allowed host is refused before any route', async (t) => {

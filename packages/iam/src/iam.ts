@@ -56,7 +56,7 @@ export interface IamOptions {
    * (one transaction each time). Default 5000.
    */
   auditFlushIntervalMs?: number;
-  /** Denial groups (actor, action, target, reason) kept per minute before the overflow group. Default 500. */
+  /** Denial groups (actor, action, target, reason) kept per minute before the overflow group. Default 100. */
   auditDenialGroupsPerMinute?: number;
 }
 
@@ -204,7 +204,7 @@ export class Iam {
       perSecond: options.authFailuresPerSecond ?? 1,
     });
     this.#denials = new DenialAggregator({
-      groupsPerMinute: options.auditDenialGroupsPerMinute ?? 500,
+      groupsPerMinute: options.auditDenialGroupsPerMinute ?? 100,
     });
     this.#auditRetentionMs = options.auditRetentionMs ?? 90 * DAY_MS;
     this.#auditFlushIntervalMs = options.auditFlushIntervalMs ?? 5000;

@@ -139,6 +139,27 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.equal(iam.authStats().failures['malformed'], 30);
     });
 
+    test('a minute keeps a bounded number of denial groups; the rest is one overflow row', async (t) => {
+      const { iam } = await fresh(t, {
+        now: () => Date.parse('2026-12-01T10:00:00Z'),
+        auditDenialGroupsPerMinute: 3,
+        authFailureBurst: 10_000,
+      });
+      for (let i = 0; i < 10; i++) {
+        await assert.rejects(iam.authenticate(undefined, { source: `198.51.100.${i}` }));
+      }
+      const rows = (await iam.listAudit()).filter((e) => e.action === 'auth');
+      assert.deepEqual(
+        rows.map((r) => [r.target, r.details?.['reason'], r.details?.['count']]).sort(),
+        [
+          ['*', 'overflow', 7],
+          ['198.51.100.0', 'missing', 1],
+          ['198.51.100.1', 'missing', 1],
+          ['198.51.100.2', 'missing', 1],
+        ],
+      );
+    });
+
     test('denied access is audited aggregated too; the audit table keeps only its retention', async (t) => {
       let now = Date.parse('2026-12-01T10:00:00Z');
       const day = 24 * 3_600_000;
