@@ -37,6 +37,7 @@ import { openControlDb, type ControlDb, type EdgeRecord } from '@dsec/iam';
 import { DirImageStore, listImages, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import {
+  apiBoundsOptions,
   apiserverDefaults,
   fncallOptions,
   requireSection,
@@ -255,8 +256,9 @@ export async function startApiserver(
   const database = requireSection(config, 'database', 'an apiserver');
   const secretFile = requireSection(config, 'clusterSecretFile', 'an apiserver');
   const ac = apiserverDefaults(config);
+  const bounds = apiBoundsOptions(ac, config.e2b?.sandboxDomain);
   const idSecret = await readOrCreateSecret(secretFile, newClusterSecret);
-  const db = await openControlDb(database);
+  const db = await openControlDb(database, bounds.iam);
   let fleet: RegistryFleet | undefined;
   try {
     const boot = await db.iam.bootstrap();
@@ -290,6 +292,7 @@ export async function startApiserver(
       extend: e2bExtension(config.e2b),
       metrics: apiMetrics,
       fncallQuotaShares: ac.fncallQuotaShares,
+      ...bounds.api,
     });
     const listening = await listenApi(app, {
       host: options.host ?? ac.host,

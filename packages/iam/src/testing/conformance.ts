@@ -106,6 +106,121 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.equal(denials.length, 4);
     });
 
+    // SECURITY J38: a failed authentication costs the node no database write of its own.
+    test('failed authentications are audited aggregated per source and minute', async (t) => {
+      let now = Date.parse('2026-12-01T10:00:05Z');
+      const { iam } = await fresh(t, { now: () => now, authFailureBurst: 10_000 });
+      const before = (await iam.listAudit({ limit: 1000 })).length;
+      const bogus = () => 'dsk_' + randomId('x', 30).slice(2, 45).padEnd(43, 'A');
+      const unauth = (e: unknown) => isDsecError(e, 'unauthenticated');
+      for (let i = 0; i < 200; i++) {
+        await assert.rejects(iam.authenticate(bogus(), { source: '203.0.113.7' }), unauth);
+      }
+      for (let i = 0; i < 30; i++) {
+        await assert.rejects(iam.authenticate('nope', { source: '203.0.113.7' }), unauth);
+        await assert.rejects(iam.authenticate(bogus(), { source: '198.51.100.1' }), unauth);
+      }
+      now += 60_000; // the next minute: a group of its own
+      await assert.rejects(iam.authenticate(bogus(), { source: '203.0.113.7' }), unauth);
+      const rows = (await iam.listAudit({ limit: 1000 })).filter(
+        (e) => e.action === 'auth' && e.outcome === 'denied',
+      );
+      assert.equal((await iam.listAudit({ limit: 1000 })).length, before + rows.length);
+      const count = (source: string, reason: string) =>
+        rows
+          .filter((r) => r.target === source && r.details?.['reason'] === reason)
+          .map((r) => r.details?.['count']);
+      // One row per source, reason and minute, each with its count.
+      assert.equal(rows.length, 4, JSON.stringify(rows));
+      assert.deepEqual(count('203.0.113.7', 'unknown').sort(), [1, 200]);
+      assert.deepEqual(count('203.0.113.7', 'malformed'), [30]);
+      assert.deepEqual(count('198.51.100.1', 'unknown'), [30]);
+      assert.ok(!JSON.stringify(rows).includes('dsk_'), 'a key in the audit log');
+      assert.equal(iam.authStats().failures['unknown'], 231);
+      assert.equal(iam.authStats().failures['malformed'], 30);
+    });
+
+    test('a minute keeps a bounded number of denial groups; the rest is one overflow row', async (t) => {
+      const { iam } = await fresh(t, {
+        now: () => Date.parse('2026-12-01T10:00:00Z'),
+        auditDenialGroupsPerMinute: 3,
+        authFailureBurst: 10_000,
+      });
+      for (let i = 0; i < 10; i++) {
+        await assert.rejects(iam.authenticate(undefined, { source: `198.51.100.${i}` }));
+      }
+      const rows = (await iam.listAudit()).filter((e) => e.action === 'auth');
+      assert.deepEqual(
+        rows.map((r) => [r.target, r.details?.['reason'], r.details?.['count']]).sort(),
+        [
+          ['*', 'overflow', 7],
+          ['198.51.100.0', 'missing', 1],
+          ['198.51.100.1', 'missing', 1],
+          ['198.51.100.2', 'missing', 1],
+        ],
+      );
+    });
+
+    test('denied access is audited aggregated too; the audit table keeps only its retention', async (t) => {
+      let now = Date.parse('2026-12-01T10:00:00Z');
+      const day = 24 * 3_600_000;
+      const { iam, root } = await fresh(t, { now: () => now, auditRetentionMs: 30 * day });
+      for (let i = 0; i < 50; i++) await iam.audit(root.keyId, 'sandbox.access', 'sb-1', 'denied');
+      await iam.audit(root.keyId, 'sandbox.access', 'sb-2', 'denied');
+      const denied = (await iam.listAudit()).filter((e) => e.action === 'sandbox.access');
+      assert.deepEqual(denied.map((e) => [e.target, e.details?.['count']]).sort(), [
+        ['sb-1', 50],
+        ['sb-2', 1],
+      ]);
+      assert.equal(iam.authStats().denials['sandbox.access'], 51);
+      // Past the retention period every older row goes, mutations and denials alike.
+      now += 31 * day;
+      await iam.createProject(root, { name: 'later' });
+      const removed = await iam.sweepAudit();
+      assert.ok(removed >= 3, `removed ${removed}`);
+      const left = await iam.listAudit({ limit: 1000 });
+      assert.deepEqual(
+        left.map((e) => e.action),
+        ['project.create'],
+      );
+    });
+
+    test('failed authentication is rate-limited per source; a known key still passes', async (t) => {
+      let now = 5_000_000;
+      const { iam, boot } = await fresh(t, {
+        now: () => now,
+        authFailureBurst: 5,
+        authFailuresPerSecond: 1,
+      });
+      const limited = (e: unknown) =>
+        isDsecError(e, 'rate_limited') &&
+        typeof e.details?.['retryAfterMs'] === 'number' &&
+        e.details['retryAfterMs'] > 0;
+      const unauth = (e: unknown) => isDsecError(e, 'unauthenticated');
+      const a = { source: '192.0.2.1' };
+      // Cached before the flood: a valid key keeps working from the flooding address.
+      await iam.authenticate(boot.key, a);
+      for (let i = 0; i < 5; i++) await assert.rejects(iam.authenticate(undefined, a), unauth);
+      await assert.rejects(iam.authenticate(undefined, a), limited);
+      await assert.rejects(iam.authenticate('dsk_' + 'B'.repeat(43), a), limited);
+      assert.equal((await iam.authenticate(boot.key, a)).role, 'admin');
+      // Another address is not limited; no address at all (an in-process caller) never is.
+      await assert.rejects(iam.authenticate(undefined, { source: '192.0.2.2' }), unauth);
+      for (let i = 0; i < 20; i++) await assert.rejects(iam.authenticate(undefined), unauth);
+      // One token a second comes back.
+      now += 1000;
+      await assert.rejects(iam.authenticate(undefined, a), unauth);
+      await assert.rejects(iam.authenticate(undefined, a), limited);
+      assert.equal(iam.authStats().failures['rate_limited'], 3);
+      const rows = (await iam.listAudit()).filter(
+        (e) => e.action === 'auth' && e.details?.['reason'] === 'rate_limited',
+      );
+      assert.deepEqual(
+        rows.map((r) => [r.target, r.details?.['count']]),
+        [['192.0.2.1', 3]],
+      );
+    });
+
     test('authentication cache: other instances see a revocation within the TTL', async (t) => {
       let now = 1_000_000;
       const clock = { now: () => now, authCacheTtlMs: 1000 };
