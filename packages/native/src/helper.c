@@ -1,7 +1,7 @@
 /*
  * dsec-helper: the few host operations Node cannot do itself (mount(2),
  * idmapped mounts, FUSE mounts, setns), plus chronusd, the node's supervisor
- * of the per-sandbox command daemons.
+ * of the per-sandbox command daemons, and pids-reclaim (reclaim.c).
  * Usage: dsec-helper <subcommand> [args...]; errors are one line on stderr
  * and exit status 1.
  */
@@ -21,6 +21,7 @@ static const struct {
     { "mount-rootfs", cmd_mount_rootfs },
     { "chronusd", cmd_chronusd },
     { "seccomp-bpf", cmd_seccomp_bpf },
+    { "pids-reclaim", cmd_pids_reclaim },
 };
 
 int main(int argc, char **argv)
@@ -32,6 +33,6 @@ int main(int argc, char **argv)
                 return commands[i].run(argc - 2, argv + 2);
         }
     }
-    fprintf(stderr, "usage: dsec-helper mount-erofs|mount-fuse|umount|mount-rootfs|chronusd|seccomp-bpf ...\n");
+    fprintf(stderr, "usage: dsec-helper mount-erofs|mount-fuse|umount|mount-rootfs|chronusd|seccomp-bpf|pids-reclaim ...\n");
     return 2;
 }

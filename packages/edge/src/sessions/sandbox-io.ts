@@ -427,8 +427,14 @@ export class SandboxIo implements SandboxIoApi {
   }
 
   async #channel(rec: SandboxRecord, dedicated: boolean): Promise<SandboxChannel> {
-    const conn = await this.#o.backend.channel(rec, { dedicated });
     const onPidsLimit = this.#o.onPidsLimit;
+    // A sandbox at its pids limit after refused forks (a fork bomb): leftovers go first.
+    const relief = this.#o.backend.relieve?.(rec);
+    if (relief) {
+      const event = await relief;
+      if (event.reclaimedProcesses > 0) onPidsLimit?.(rec, event);
+    }
+    const conn = await this.#o.backend.channel(rec, { dedicated });
     if (onPidsLimit && !conn.onPidsLimit) conn.onPidsLimit = (event) => onPidsLimit(rec, event);
     return conn;
   }
