@@ -11,9 +11,12 @@ const principals = new WeakMap<FastifyRequest, Principal>();
  * memory, so a busy apiserver does not query the database per request.
  */
 export async function authenticateRequest(iam: Iam, req: FastifyRequest): Promise<void> {
-  const header = req.headers.authorization;
-  const m = typeof header === 'string' ? /^Bearer +(\S+) *$/i.exec(header) : null;
-  principals.set(req, await iam.authenticate(m?.[1]));
+  principals.set(req, await iam.authenticate(bearerKey(req.headers.authorization)));
+}
+
+/** The key of an `Authorization: Bearer <key>` header; undefined for any other value. */
+export function bearerKey(header: string | undefined): string | undefined {
+  return typeof header === 'string' ? /^Bearer +(\S+) *$/i.exec(header)?.[1] : undefined;
 }
 
 /** The principal `authenticateRequest` stored; routes without auth must not call this. */

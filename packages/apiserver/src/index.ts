@@ -46,5 +46,10 @@ export type { FnCallEdgeCandidate, FnCallRoute, FnCallRouteRequest } from './fnc
 export { ApiMetrics } from './metrics.js';
 export { toHttpError } from './errors.js';
 export { forwardToPort, responseHeaders } from './routes/ports.js';
+export {
+  carriesCredential,
+  sandboxBoundHeaders,
+  sandboxBoundUrl,
+} from './routes/port-credentials.js';
 export { clientGone } from './routes/io-common.js';
 export * as schemas from './schemas.js';

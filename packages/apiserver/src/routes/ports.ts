@@ -8,22 +8,10 @@ import type { Iam } from '@dsec/iam';
 import { parse } from '../schemas.js';
 import { PortParams, PtyQuery } from '../schemas-io.js';
 import type { SandboxService } from '../sandbox-service.js';
+import { bearerKey } from '../auth.js';
 import { bodyStream, clientGone, openIo, rawBodies, requireIo } from './io-common.js';
+import { sandboxBoundHeaders, sandboxBoundUrl } from './port-credentials.js';
 
-/** Hop-by-hop headers, and the caller's credentials, never reach the sandbox. */
-const DROP_REQUEST = new Set([
-  'authorization',
-  'connection',
-  'keep-alive',
-  'proxy-authorization',
-  'proxy-connection',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-  'host',
-  'expect',
-]);
 const DROP_RESPONSE = new Set([
   'connection',
   'keep-alive',
@@ -53,11 +41,14 @@ export function portRoutes(app: FastifyInstance, service: SandboxService): void 
     const socket = await io.connectPort(params.id, params.port, { signal });
     const url = req.raw.url ?? '/';
     const q = url.indexOf('?');
-    const path = `/${params['*'] ?? ''}${q >= 0 ? url.slice(q) : ''}`;
-    const headers: http.OutgoingHttpHeaders = {};
-    for (const [k, v] of Object.entries(req.headers)) {
-      if (!DROP_REQUEST.has(k.toLowerCase()) && v !== undefined) headers[k] = v;
-    }
+    // Hop-by-hop headers and every credential of the caller stay here (port-credentials.ts).
+    const secrets = [bearerKey(req.headers.authorization) ?? ''];
+    const path = sandboxBoundUrl(`/${params['*'] ?? ''}${q >= 0 ? url.slice(q) : ''}`, secrets);
+    const headers = sandboxBoundHeaders(req.headers, {
+      secrets,
+      dropAuthorization: true,
+      dropHost: true,
+    });
     headers.host = `127.0.0.1:${params.port}`;
     headers.connection = 'close';
     const res = await forwardToPort(socket, req.method, path, headers, bodyStream(req), signal);
@@ -169,9 +160,7 @@ async function handleUpgrade(
     if (!m || String(req.headers.upgrade).toLowerCase() !== PTY_UPGRADE) {
       throw new DsecError('not_found', 'no such upgrade route');
     }
-    const auth = req.headers.authorization;
-    const key = typeof auth === 'string' ? /^Bearer +(\S+) *$/i.exec(auth)?.[1] : undefined;
-    const principal = await iam.authenticate(key);
+    const principal = await iam.authenticate(bearerKey(req.headers.authorization));
     const q = parse(PtyQuery, Object.fromEntries(url.searchParams), 'query');
     const id = decodeURIComponent(m[1] ?? '');
     const ac = new AbortController();
