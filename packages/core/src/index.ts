@@ -21,3 +21,4 @@ export * from './chunk-table.js';
 export * from './fingerprint.js';
 export * from './fncall.js';
 export * from './display.js';
+export * from './users.js';

@@ -1,5 +1,11 @@
 import { join } from 'node:path';
-import { DsecError, formatLayerRef, toDsecError, validateDisplayInput } from '@dsec/core';
+import {
+  checkSandboxUser,
+  DsecError,
+  formatLayerRef,
+  toDsecError,
+  validateDisplayInput,
+} from '@dsec/core';
 import type {
   AdmissionRefusal,
   CommandResult,
@@ -33,6 +39,7 @@ import type { LayerMountCache } from './layers/layer-cache.js';
 import { EdgeStore, type SandboxRecord } from './state/edge-store.js';
 import { ensureDir, TRAVERSE_DIR_MODE } from './state/host-state.js';
 import { SandboxIo } from './sessions/sandbox-io.js';
+import { needsInitUserProbe, probeInitUser } from './sessions/spawn-user.js';
 import { effectiveExpiresAt, Lifecycle } from './lifecycle/lifecycle.js';
 import type { SwapArea } from './lifecycle/swap-area.js';
 import { containerSnapshotSource, snapshotParents, Snapshotter } from './snapshot/snapshotter.js';
@@ -305,6 +312,7 @@ export class Edge implements EdgeApi {
     start: EdgeStartOptions = {},
   ): Promise<SandboxInfo> {
     const { spec } = req;
+    checkSandboxUser(spec.initUser, 'initUser');
     if (start.gpu && spec.backend !== 'container')
       throw new DsecError('unavailable', `GPUs are given to container sandboxes only`, {
         field: 'gpu',
@@ -569,6 +577,12 @@ export class Edge implements EdgeApi {
         () => this.options.backend.start(start.gpu ? { ...rec, gpu: start.gpu } : rec, signal),
         signal,
       );
+      // A named initUser the image does not have would fail every call: refuse the create.
+      if (needsInitUserProbe(rec.spec.initUser))
+        await probeInitUser(
+          await this.options.backend.channel({ ...rec, ...started }),
+          rec.spec.initUser,
+        );
       this.#store.update(rec.id, { state: 'running', ...started });
       const ms = performance.now() - startMs;
       metrics?.observePhase('total', ms / 1000);

@@ -290,13 +290,18 @@ static int env_has(char **envp, const char *key)
     return 0;
 }
 
-/* Resolves the user and builds the environment; 0, or -errno with `why` filled in. */
+/*
+ * Resolves the user and builds the environment; 0, or -errno with `why`
+ * filled in. A user the sandbox cannot run as (no such name in its
+ * /etc/passwd, or a uid outside its id range: see switch_identity) is ESRCH,
+ * as getpwnam(3) reports a missing entry, so the edge can name the field.
+ */
 static int prepare_command(const struct spawn_request *req, struct command *cmd, char *why, size_t whylen)
 {
     *cmd = (struct command){ .req = req };
     if (resolve_identity(req, cmd) < 0) {
         snprintf(why, whylen, "unknown user %s", req->user);
-        return -ENOENT;
+        return -ESRCH;
     }
     size_t n = 0;
     while (req->envp[n])
@@ -325,12 +330,15 @@ static void free_command(struct command *cmd)
 static void switch_identity(const struct identity *id)
 {
     /* setgroups is refused where the sandbox's user namespace denies it; then groups stay empty. */
+    /* EINVAL (here and below): an id not mapped in the sandbox's user namespace (outside its range). */
     if (setgroups((size_t)id->ngroups, id->groups) < 0 && errno != EPERM)
-        child_fail(errno, "setgroups%s", "");
+        child_fail(errno == EINVAL ? ESRCH : errno, "setgroups%s: a group is outside the sandbox's ids", "");
     if (setresgid(id->gid, id->gid, id->gid) < 0)
-        child_fail(errno, "setgid %s", id->name ? id->name : "");
+        child_fail(errno == EINVAL ? ESRCH : errno, "setgid %s: the group is outside the sandbox's ids",
+                   id->name ? id->name : "");
     if (setresuid(id->uid, id->uid, id->uid) < 0)
-        child_fail(errno, "setuid %s", id->name ? id->name : "");
+        child_fail(errno == EINVAL ? ESRCH : errno, "setuid %s: the user is outside the sandbox's ids",
+                   id->name ? id->name : "");
 }
 
 /* execvpe() with the PATH taken from the command's environment, not ours. */
