@@ -1,7 +1,7 @@
 import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import Fastify from 'fastify';
-import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
+import type { FastifyBaseLogger, FastifyInstance, FastifyReply } from 'fastify';
 import { randomId } from '@dsec/core';
 import type { LayerInfo, SandboxIdCodec } from '@dsec/core';
 import { FnCallRateLimiter } from '@dsec/iam';
@@ -169,6 +169,14 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     clientErrorHandler,
     // Sandbox IDs run past fastify's default limit of 100 characters.
     routerOptions: { maxParamLength: 256 },
+    // The router's own refusals (a parameter past that limit, a malformed URL) in DSec's shape too.
+    frameworkErrors: (err, req, reply) => {
+      const e = toHttpError(err, req.id);
+      void (reply as unknown as FastifyReply)
+        .code(e.status)
+        .header('content-type', 'application/json; charset=utf-8')
+        .send(e.toJSON());
+    },
     genReqId: () => randomId('req', 9),
     return503OnClosing: true,
   }) as unknown as FastifyInstance;

@@ -78,8 +78,11 @@ export function sandboxBoundHeaders(
  * The request target to send into the sandbox: query parameters that carry
  * a credential are left out; a path that carries one is refused
  * (`invalid_argument`, field `path`), since it cannot be sent without it.
+ * Characters a request line cannot hold as they are (controls, spaces,
+ * anything past ASCII) are percent-encoded.
  */
-export function sandboxBoundUrl(url: string, secrets: readonly string[]): string {
+export function sandboxBoundUrl(raw: string, secrets: readonly string[]): string {
+  const url = requestTarget(raw);
   const q = url.indexOf('?');
   const path = q >= 0 ? url.slice(0, q) : url;
   if (carriesCredential(path, secrets)) {
@@ -95,6 +98,16 @@ export function sandboxBoundUrl(url: string, secrets: readonly string[]): string
     .split('&')
     .filter((param) => param !== '' && !carriesCredential(param, secrets));
   return kept.length > 0 ? `${path}?${kept.join('&')}` : path;
+}
+
+function requestTarget(url: string): string {
+  let out = '';
+  // Through UTF-8 and back: a lone surrogate becomes U+FFFD, which encodeURIComponent takes.
+  for (const ch of Buffer.from(url, 'utf8').toString('utf8')) {
+    const c = ch.codePointAt(0)!;
+    out += c > 0x20 && c < 0x7f ? ch : encodeURIComponent(ch);
+  }
+  return out;
 }
 
 function withoutCredentialCookies(cookie: string, secrets: readonly string[]): string {

@@ -36,14 +36,14 @@ export function portRoutes(app: FastifyInstance, service: SandboxService): void 
   });
   const handler = async (req: FastifyRequest, reply: FastifyReply) => {
     const params = parse(PortParams, req.params, 'path');
-    const signal = clientGone(reply);
-    const io = await openIo(service, req, params.id, signal);
-    const socket = await io.connectPort(params.id, params.port, { signal });
+    // The path as the client sent it (still percent-encoded: `%2F` or `%3F` must not turn into
+    // a separator for the service), after `/v1/sandboxes/:id/ports/:port`.
     const url = req.raw.url ?? '/';
     const q = url.indexOf('?');
+    const rest = (q >= 0 ? url.slice(0, q) : url).split('/').slice(6).join('/');
     // Hop-by-hop headers and every credential of the caller stay here (port-credentials.ts).
     const secrets = [bearerKey(req.headers.authorization) ?? ''];
-    const path = sandboxBoundUrl(`/${params['*'] ?? ''}${q >= 0 ? url.slice(q) : ''}`, secrets);
+    const path = sandboxBoundUrl(`/${rest}${q >= 0 ? url.slice(q) : ''}`, secrets);
     const headers = sandboxBoundHeaders(req.headers, {
       secrets,
       dropAuthorization: true,
@@ -51,6 +51,9 @@ export function portRoutes(app: FastifyInstance, service: SandboxService): void 
     });
     headers.host = `127.0.0.1:${params.port}`;
     headers.connection = 'close';
+    const signal = clientGone(reply);
+    const io = await openIo(service, req, params.id, signal);
+    const socket = await io.connectPort(params.id, params.port, { signal });
     const res = await forwardToPort(socket, req.method, path, headers, bodyStream(req), signal);
     return reply
       .code(res.statusCode ?? 502)
@@ -84,13 +87,21 @@ export function forwardToPort(
   signal: AbortSignal,
 ): Promise<IncomingMessage> {
   return new Promise((resolve, reject) => {
-    const upstream = http.request({
-      method,
-      path,
-      headers,
-      createConnection: () => socket,
-      signal,
-    });
+    let upstream: http.ClientRequest;
+    try {
+      upstream = http.request({
+        method,
+        path,
+        headers,
+        createConnection: () => socket,
+        signal,
+      });
+    } catch (err) {
+      // A method or header value Node will not send (the path is encoded already).
+      socket.destroy();
+      reject(new DsecError('invalid_argument', `cannot forward this request: ${String(err)}`));
+      return;
+    }
     let answered = false;
     upstream.on('response', (res) => {
       answered = true;

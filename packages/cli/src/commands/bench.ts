@@ -14,6 +14,7 @@ import { benchPlacement, PLACEMENT_STRATEGIES } from '../bench/placement.js';
 import { benchQos } from '../bench/qos.js';
 import { registerEvalBench } from '../bench/eval.js';
 import { registerFnCallBench } from '../bench/fncall.js';
+import { registerFuzzBench } from '../bench/fuzz.js';
 import { registerRegistryBench } from '../bench/registry.js';
 import { registerMicrovmBench } from '../bench/microvm.js';
 import { benchSdk } from '../bench/sdk.js';
@@ -518,6 +519,7 @@ export function register(program: Command): void {
     });
   registerEvalBench(bench);
   registerFnCallBench(bench);
+  registerFuzzBench(bench);
   registerRegistryBench(bench);
   registerMicrovmBench(bench);
 }

@@ -692,37 +692,37 @@ export interface paths {
     };
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     get: operations['portGet'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     put: operations['portPut'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     post: operations['portPost'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     delete: operations['portDelete'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     options: operations['portOptions'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     head: operations['portHead'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     patch: operations['portPatch'];
     trace?: never;
@@ -736,37 +736,37 @@ export interface paths {
     };
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     get: operations['portGetPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     put: operations['portPutPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     post: operations['portPostPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     delete: operations['portDeletePath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     options: operations['portOptionsPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     head: operations['portHeadPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     patch: operations['portPatchPath'];
     trace?: never;
@@ -1891,6 +1891,7 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
@@ -1981,6 +1982,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2064,6 +2066,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2093,6 +2096,7 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2124,6 +2128,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
@@ -2154,6 +2159,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2182,6 +2189,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2210,6 +2219,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2238,6 +2249,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2367,6 +2380,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2487,6 +2501,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2727,6 +2742,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2759,6 +2775,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2791,6 +2808,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2858,6 +2876,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
@@ -2890,6 +2909,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2923,6 +2943,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -3596,6 +3617,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -3630,6 +3652,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -3663,6 +3686,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
