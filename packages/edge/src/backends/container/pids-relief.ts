@@ -43,12 +43,12 @@ interface Watched {
  * chronus's own reclaim (on a fork refused at pids.max) scans /proc at a
  * hundred times the usual cost from inside that share: the next exec took
  * 1.6–2.5 s. Before each spawn the edge reads the sandbox's `pids.events`
- * (one pread on a kept fd: the hot path); when forks were refused since it
- * last looked and the sandbox is within `PIDS_RESERVE` of its limit, it has
+ * (one pread on a kept fd: the hot path); when forks were refused there
+ * since its last reclaim and the sandbox is `nearLimit` now, it has
  * `dsec-helper pids-reclaim` take back the leftovers of finished commands
  * from the host, where the bomb does not slow it down, before the spawn
- * goes out. Concurrent calls share one reclaim. A sandbox below its limit, or
- * one that met it once long ago, keeps every background process.
+ * goes out. Concurrent calls share one reclaim. A sandbox well below its
+ * limit keeps every background process, whatever it met before.
  */
 export class PidsRelief {
   /** null: the sandbox has no pids cgroup to read. */
