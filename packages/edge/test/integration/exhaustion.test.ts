@@ -231,6 +231,39 @@ test(
     }),
 );
 
+test(
+  'B11: a bomb inside a live session shell is taken back by chronus for the next exec',
+  opts,
+  () =>
+    withEdge(async (edge, cgroupParent) => {
+      const pidsLimit = 128;
+      const sb = await edge.createSandbox({
+        id: randomId('sb'),
+        projectId: 'bomb-in-session',
+        spec: spec({ pidsLimit, cpuCoresLimit: 0.5 }),
+      });
+      const cg = pidsCgroup(cgroupParent, sb.id);
+      // The bomb's processes are a running command's tree (the session shell's), not leftovers:
+      // the edge's reclaim from the host leaves them, and chronus's own (on its refused fork)
+      // stops and kills that tree.
+      await edge.io.runInSession(sb.id, 'bomb', { line: 'f(){ f | f & }; f >/dev/null 2>&1' });
+      const deadline = Date.now() + 30_000;
+      while ((await pidsState(cg)).refused === 0 && Date.now() < deadline) await sleep(20);
+      assert.ok((await pidsState(cg)).refused > 0, 'the bomb reached pids.max');
+      const exec = await within('exec', edge.runCommand(sb.id, { shell: 'echo after' }));
+      assert.equal(exec.stdout, 'after\n', JSON.stringify(exec));
+      const events = await edge.listEvents(sb.id);
+      assert.ok(
+        events.some((e) => e.kind === 'pids_limit' && Number(e.details.reclaimedProcesses) > 0),
+        JSON.stringify(events),
+      );
+      // Nothing stays stopped: every process the reclaim stopped was killed.
+      const ps = await edge.runCommand(sb.id, { shell: 'ps -o stat,args | grep -c "^T" || true' });
+      assert.equal(ps.stdout.trim(), '0', ps.stdout);
+      await entryPointsWork(edge, sb.id, 'bomb-in-session');
+    }),
+);
+
 test('B12: after a memory hog is OOM-killed the next calls work and it is reported', opts, () =>
   withEdge(async (edge) => {
     const sb = await edge.createSandbox({
