@@ -539,12 +539,10 @@ function bodyArbitrary(
       },
     );
   }
-  return fc
-    .uint8Array({ maxLength: 256 })
-    .map((bytes) => ({
-      type: b.type === '*/*' ? 'application/octet-stream' : b.type,
-      payload: Buffer.from(bytes),
-    }));
+  return fc.uint8Array({ maxLength: 256 }).map((bytes) => ({
+    type: b.type === '*/*' ? 'application/octet-stream' : b.type,
+    payload: Buffer.from(bytes),
+  }));
 }
 
 interface Answer {
