@@ -10,5 +10,6 @@ int cmd_chronusd(int argc, char **argv);
 int cmd_seccomp_bpf(int argc, char **argv);
 int cmd_confine(int argc, char **argv);
 int cmd_tree(int argc, char **argv);
+int cmd_pids_reclaim(int argc, char **argv);
 
 #endif
