@@ -54,7 +54,7 @@ async function withProxies(fn: (s: Setup) => Promise<void>): Promise<void> {
   const echo = await echoServer();
   const edge = new ScriptedEdge();
   edge.io.connectPort = async () => connect(echo.port, '127.0.0.1');
-  const api = await createTestApi({ edges: [edge] });
+  const api = await createTestApi({ edges: [edge], allowedHosts: ['sbx.test', '*.sbx.test'] });
   const service = new SandboxService({
     iam: api.iam,
     edges: api.edges,
