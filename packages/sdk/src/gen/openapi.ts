@@ -712,37 +712,37 @@ export interface paths {
     };
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     get: operations['portGet'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     put: operations['portPut'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     post: operations['portPost'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     delete: operations['portDelete'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     options: operations['portOptions'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     head: operations['portHead'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     patch: operations['portPatch'];
     trace?: never;
@@ -756,37 +756,37 @@ export interface paths {
     };
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     get: operations['portGetPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     put: operations['portPutPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     post: operations['portPostPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     delete: operations['portDeletePath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     options: operations['portOptionsPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     head: operations['portHeadPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     patch: operations['portPatchPath'];
     trace?: never;
@@ -1214,7 +1214,7 @@ export interface components {
       };
     };
     /**
-     * @description The closed set of error codes (docs/errors.md). Clients match on the code, never the message. `invalid_argument` (400), `unauthenticated` (401), `permission_denied` (403), `not_found` (404), `sandbox_not_found` (404), `image_not_found` (404), `command_not_found` (404), `conflict` (409), `sandbox_not_running` (409), `payload_too_large` (413), `quota_exceeded` (429, retryable), `resource_exhausted` (429, retryable), `capacity_exhausted` (503, retryable), `unavailable` (503, retryable), `deadline_exceeded` (504, retryable), `aborted` (499, retryable), `internal` (500, retryable)
+     * @description The closed set of error codes (docs/errors.md). Clients match on the code, never the message. `invalid_argument` (400), `unauthenticated` (401), `permission_denied` (403), `not_found` (404), `sandbox_not_found` (404), `image_not_found` (404), `command_not_found` (404), `conflict` (409), `sandbox_not_running` (409), `payload_too_large` (413), `quota_exceeded` (429, retryable), `resource_exhausted` (429, retryable), `rate_limited` (429, retryable), `capacity_exhausted` (503, retryable), `unavailable` (503, retryable), `deadline_exceeded` (504, retryable), `aborted` (499, retryable), `internal` (500, retryable)
      * @enum {string}
      */
     ErrorCode:
@@ -1230,6 +1230,7 @@ export interface components {
       | 'payload_too_large'
       | 'quota_exceeded'
       | 'resource_exhausted'
+      | 'rate_limited'
       | 'capacity_exhausted'
       | 'unavailable'
       | 'deadline_exceeded'
@@ -1726,7 +1727,7 @@ export interface components {
         'application/json': components['schemas']['Error'];
       };
     };
-    /** @description Error: `quota_exceeded`, `resource_exhausted`. */
+    /** @description Error: `quota_exceeded`, `resource_exhausted`, `rate_limited`. */
     TooManyRequests: {
       headers: {
         [name: string]: unknown;
@@ -1916,6 +1917,7 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
@@ -2037,6 +2039,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2120,6 +2123,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2149,6 +2153,7 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2180,6 +2185,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
@@ -2210,6 +2216,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2238,6 +2246,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2266,6 +2276,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2294,6 +2306,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2423,6 +2437,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2543,6 +2558,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2783,6 +2799,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2815,6 +2832,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2847,6 +2865,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2914,6 +2933,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
@@ -2946,6 +2966,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2979,6 +3000,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -3652,6 +3674,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -3686,6 +3709,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -3719,6 +3743,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { chmodSync, chownSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, mkdirSync, writeFileSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
@@ -9,6 +9,7 @@ import {
   findChronus,
   isChronus,
   prepareChronus,
+  removeTree,
   rootfsCommandPrefix,
   startChronus,
   unmount,
@@ -33,6 +34,7 @@ import { makeScratchDisk } from '../scratch-disk.js';
 import { seccompLines } from './seccomp.js';
 import { buildContainerConfig, SANDBOX_CAPABILITIES } from './spec.js';
 import { applyQos } from './qos.js';
+import { PidsRelief } from './pids-relief.js';
 import type { EdgeLogFn } from '../../observability/log.js';
 
 /** Each sandbox gets its own 65536-id range of host uids/gids, starting here. */
@@ -79,6 +81,7 @@ export class ContainerBackend implements Backend {
   readonly kind = 'container' as const;
   readonly #connections = new Map<string, Promise<ChronusConnection>>();
   readonly #oomKillsSeen = new Map<string, number>();
+  readonly #relief = new PidsRelief();
   #seccompBpf: string | undefined;
   readonly #pause: CgroupPause;
   /** The chronus supervisor pid last seen, to log when it is (re)started. */
@@ -119,6 +122,7 @@ export class ContainerBackend implements Backend {
     this.#connections.clear();
     for (const c of await Promise.allSettled(connections))
       if (c.status === 'fulfilled') c.value.close();
+    this.#relief.close();
     await this.options.chronus.stop();
     // The node's parent goes with its last sandbox; running ones keep it (and are adopted).
     this.options.cgroups.removeIfEmpty(`/${this.options.cgroupParent}`);
@@ -227,7 +231,7 @@ export class ContainerBackend implements Backend {
       });
       phaseDone('runtime');
       // The runtime's umask may have narrowed the GPU nodes' modes (device-modes.ts).
-      if (rec.gpu) applyGpuDeviceModes(running.initPid, rec.gpu.devices);
+      if (rec.gpu) await applyGpuDeviceModes(running.initPid, rec.gpu.devices);
       await Promise.all([
         chronus.attach(running.initPid),
         this.options.network?.attach(rec, running.initPid, chronus.configureNetwork),
@@ -264,6 +268,7 @@ export class ContainerBackend implements Backend {
     const conn = this.#connections.get(rec.id);
     this.#connections.delete(rec.id);
     this.#oomKillsSeen.delete(rec.id);
+    this.#relief.forget(rec.id);
     if (conn) (await conn.catch(() => undefined))?.close();
 
     // The daemon goes first: it sits in the sandbox's cgroups, and the runtime
@@ -300,7 +305,9 @@ export class ContainerBackend implements Backend {
     await network;
     // Only rootfs mounts made in the host namespace (by older edges) need this.
     if ((await mountPoints()).has(p.rootfs)) await unmount([p.rootfs], { detach: true });
-    rmSync(p.dir, { recursive: true, force: true });
+    // The writable layer is the sandbox's tree: removed without following anything in it,
+    // at any depth (a plain recursive rm overflows its stack on a few thousand levels).
+    await removeTree(p.dir);
     for (const layer of rec.layers) this.options.layers.release(layer.digest);
   }
 
@@ -333,6 +340,18 @@ export class ContainerBackend implements Backend {
   ): Promise<ChronusConnection> {
     if (options.dedicated) return ChronusConnection.connect(this.paths(rec).socket);
     return this.#connection(rec);
+  }
+
+  /** See `PidsRelief`: one pread unless the sandbox is at its pids limit after refused forks. */
+  relieve(rec: BackendSandbox) {
+    if (rec.initPid === undefined || rec.chronusPid === undefined) return undefined;
+    return this.#relief.check({
+      id: rec.id,
+      cgroupDirs: () => this.options.cgroups.dirs(this.paths(rec).cgroupsPath),
+      pidsLimit: rec.spec.pidsLimit,
+      initPid: rec.initPid,
+      chronusPid: rec.chronusPid,
+    });
   }
 
   /** Whether the OOM killer struck the sandbox since this was last asked. */
