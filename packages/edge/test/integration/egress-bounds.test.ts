@@ -213,7 +213,10 @@ describe(
       const a = await create({ image: 'busybox', networkAllow: rules });
       const slot = { ...addr(a) };
       assert.match(await sh(a, `probe udp ${fake.allowedIp} 7 first 2000 40000`), /^reply first/);
-      assert.match(await sh(a, `probe udp ${fake.allowedIp6} 7 first6 2000 40000`), /^reply first6/);
+      assert.match(
+        await sh(a, `probe udp ${fake.allowedIp6} 7 first6 2000 40000`),
+        /^reply first6/,
+      );
       assert.ok(flowsFrom(slot.sandbox4).length > 0, 'the flow is tracked');
       await a.stop();
       const b = await create(); // no egress at all, same slot
@@ -233,7 +236,10 @@ describe(
       const c = await create({ image: 'busybox', networkAllow: rules });
       assert.equal(addr(c).sandbox4, slot.sandbox4, 'the same slot');
       assert.match(await sh(c, `probe udp ${fake.allowedIp} 7 again 2000 40000`), /^reply again/);
-      assert.match(await sh(c, `probe udp ${fake.allowedIp6} 7 again6 2000 40000`), /^reply again6/);
+      assert.match(
+        await sh(c, `probe udp ${fake.allowedIp6} 7 again6 2000 40000`),
+        /^reply again6/,
+      );
       assert.match(await sh(c, `probe udp ${fake.allowedIp} 7 twice 2000 40000`), /^reply twice/);
       await c.stop();
       // And the flows of the sandboxes that are gone are deleted, not left for the timeout.
@@ -267,7 +273,10 @@ describe(
           await new Promise((r) => setTimeout(r, 200));
         assert.match(await read(f), /^first reply one/, f);
       }
-      assert.match(await sh(sb, `probe udp ${fake.privateIp} 7 before 2000 40100`), /^reply before/);
+      assert.match(
+        await sh(sb, `probe udp ${fake.privateIp} 7 before 2000 40100`),
+        /^reply before/,
+      );
       // zero-ttl.test's answer has expired (floor 1 s here): its connection lives on its name.
       await new Promise((r) => setTimeout(r, 2500));
       await sb.updateNetworkRules({ allow: [{ domain: 'zero-ttl.test' }] });
@@ -283,7 +292,11 @@ describe(
       };
       assert.match(await second('by-cidr'), /second error/, 'the removed CIDR rule cuts its flow');
       assert.match(await second('by-name'), /second error/, 'the removed name cuts its flow');
-      assert.match(await second('expired'), /second reply two/, 'a name still allowed keeps its flow');
+      assert.match(
+        await second('expired'),
+        /second reply two/,
+        'a name still allowed keeps its flow',
+      );
       const udp = await sh(sb, `probe udp ${fake.privateIp} 7 after 2000 40100`);
       assert.match(udp, /^error /, udp);
     });

@@ -201,7 +201,10 @@ describe('protected ranges and NAT64 prefixes (fake internet)', { skip, timeout:
         { cidr: fake.nat64Prefix },
       ],
     });
-    assert.match(await sh(byCidr, 'nslookup -type=aaaa nsp-public.test'), /fdff:5ec:1::64:c612:10a/);
+    assert.match(
+      await sh(byCidr, 'nslookup -type=aaaa nsp-public.test'),
+      /fdff:5ec:1::64:c612:10a/,
+    );
     assert.match(await sh(byCidr, `probe tcp ${fake.nspPublicIp6} 80 3000`), /^connected/);
     const priv2 = await sh(byCidr, 'nslookup -type=aaaa nsp-private.test');
     assert.doesNotMatch(priv2, /fdff:5ec:1::64:ac7:350a/, priv2);

@@ -160,8 +160,7 @@ export async function startFakeInternet(): Promise<FakeInternet> {
       fake.nspPrivateIp6,
       fake.nspPublicIp6,
     ];
-    for (const ip of v6)
-      inNs('-6', 'addr', 'add', `${ip}/128`, 'dev', 'lo', 'nodad');
+    for (const ip of v6) inNs('-6', 'addr', 'add', `${ip}/128`, 'dev', 'lo', 'nodad');
     inNs('route', 'add', 'default', 'via', '198.18.0.1');
     inNs('-6', 'route', 'add', 'default', 'via', 'fdff:5ec::1');
     sh('ip', ['route', 'add', '198.18.1.0/24', 'via', '198.18.0.2', 'dev', uplink]);
