@@ -73,7 +73,7 @@ export interface GradeResult {
   /** How the task was graded: `patch` (a fresh sandbox) or `in_place` (the agent's). */
   grading?: 'patch' | 'in_place' | undefined;
   agentPatch?: AgentPatchRecord | undefined;
-  /** In place: the agent's processes killed before the tests were written. */
+  /** The agent's processes killed before grading: before the patch was taken, or in place before the tests were written. */
   killedProcesses?: number | undefined;
 }
 
@@ -162,6 +162,10 @@ export async function gradeByPatch(
   const originals = new Map([...testPaths].map((p) => [p, options.original(p)] as const));
   for (const pending of originals.values()) pending.catch(() => undefined);
   const original = (p: string) => originals.get(p) ?? options.original(p);
+  // Nothing of the agent runs while its workdir is read: a leftover could otherwise swap a file for
+  // a FIFO between the read's test and its open (the read would wait out its timeout and the fix be
+  // lost), or a directory for a symlink to what only root may read.
+  const killedProcesses = await killLeftovers(agent);
   const patch = await takeAgentPatch(agent, graderSandbox, (base: Listing) => {
     const dirs = new Set<string>();
     for (const p of base.entries.keys()) {
@@ -207,5 +211,5 @@ export async function gradeByPatch(
     ...(applyFailed.length > 0 ? { applyFailed } : {}),
     ...(diffError !== undefined ? { diffError } : {}),
   };
-  return { ...graded, grading: 'patch', agentPatch: record };
+  return { ...graded, grading: 'patch', agentPatch: record, killedProcesses };
 }
