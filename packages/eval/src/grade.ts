@@ -177,6 +177,7 @@ export async function gradeByPatch(
       baseKind: (p) => (base.entries.has(p) ? 'file' : dirs.has(p) ? 'dir' : undefined),
       // The base's packages only: an __init__.py the agent adds does not take a module off sys.path.
       isPackage: (dir) => base.entries.has(dir === '' ? '__init__.py' : `${dir}/__init__.py`),
+      baseFiles: base.entries.keys(),
     });
   });
   const grader = await graderSandbox;

@@ -35,6 +35,7 @@ function scope(testCommand = 'python3 -m pytest -rA tests', testPaths = ['tests/
     testCommand,
     baseKind: (p) => (BASE_FILES.has(p) ? 'file' : BASE_DIRS.has(p) ? 'dir' : undefined),
     isPackage: (dir) => BASE_FILES.has(dir === '' ? '__init__.py' : `${dir}/__init__.py`),
+    baseFiles: BASE_FILES,
   });
 }
 
@@ -130,6 +131,14 @@ test('a new package or extension module beside a base module of the same name is
   for (const p of ['pkg/core2/__init__.py', 'pkg/core.v2.py', 'pkg/core/data.json']) {
     assert.equal(ruleOf(added(p)), undefined, p);
   }
+});
+
+test('a new top-level copy of a package the repository keeps elsewhere (a src layout) is shadowing', () => {
+  // `python -m pytest` puts the working directory first on sys.path, before the editable src/.
+  assert.equal(ruleOf(added('lib.py')), 'python-shadowing');
+  assert.equal(ruleOf(added('lib/__init__.py')), 'python-shadowing');
+  assert.equal(ruleOf(added('src/lib2.py')), undefined);
+  assert.equal(ruleOf(added('pkg/lib.py')), undefined); // pkg.lib, inside a package
 });
 
 test('an existing top-level module may change; only new ones are taken as shadowing', () => {

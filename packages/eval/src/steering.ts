@@ -30,6 +30,8 @@ export interface GradingScope {
   isPackage(dir: string): boolean;
   /** Whether the base tree has this file. */
   isBaseFile(path: string): boolean;
+  /** Modules and packages of the base tree outside any package (`src/pkg/` → `pkg`), by name: where they are. */
+  rootModules: ReadonlyMap<string, ReadonlySet<string>>;
 }
 
 /**
@@ -378,7 +380,7 @@ export const LEAVE_OUT_RULES: readonly LeaveOutRule[] = [
   {
     id: 'python-shadowing',
     paths:
-      'a new top-level module or package (outside any package) named like the standard library or a test-runner package (`pytest.py`, `_pytest/`, `pluggy/`, `json.py`…); a new package or extension module beside a module of the base tree of the same name (`calc/__init__.py`, `calc.*.so` beside `calc.py`)',
+      'a new module or package outside any package named like one of the repository’s own elsewhere (`pkg/` beside `src/pkg/`), the standard library or a test-runner package (`pytest.py`, `_pytest/`, `pluggy/`, `json.py`…); a new package or extension module beside a module of the base tree of the same name (`calc/__init__.py`, `calc.*.so` beside `calc.py`)',
     why: 'the working directory comes first on `sys.path`, and a package or an extension module is imported before a `.py` of the same name: it would be imported instead of the real one',
     test: (c, s) => {
       if (c.base !== undefined) return false;
@@ -391,6 +393,10 @@ export const LEAVE_OUT_RULES: readonly LeaveOutRule[] = [
         return `imported instead of ${beside}, which stays as it was`;
       }
       if (s.isPackage(m.dir)) return false;
+      const elsewhere = [...(s.rootModules.get(m.name) ?? [])].find((d) => d !== m.dir);
+      if (elsewhere !== undefined) {
+        return `shadows the repository's own ${m.name} (in ${elsewhere === '' ? 'the root' : elsewhere})`;
+      }
       if (PYTHON_RUNNER_MODULES.has(m.name)) return `shadows the test runner's ${m.name}`;
       if (PYTHON_STDLIB_MODULES.has(m.name)) return `shadows the standard library's ${m.name}`;
       return false;
@@ -523,8 +529,18 @@ export function gradingScope(options: {
   /** What the path is in the base tree. */
   baseKind: (path: string) => 'file' | 'dir' | undefined;
   isPackage: (dir: string) => boolean;
+  /** Every file of the base tree. */
+  baseFiles?: Iterable<string> | undefined;
 }): GradingScope {
   const baseKind = options.baseKind;
+  const rootModules = new Map<string, Set<string>>();
+  for (const f of options.baseFiles ?? []) {
+    const m = pythonModuleOf(f);
+    if (!m || options.isPackage(m.dir)) continue;
+    const dirs = rootModules.get(m.name) ?? new Set<string>();
+    dirs.add(m.dir);
+    rootModules.set(m.name, dirs);
+  }
   const words = new Set<string>();
   let word = '';
   for (const ch of options.testCommand) {
@@ -550,6 +566,7 @@ export function gradingScope(options: {
     testDirs: testDirectoriesOf([...testPaths, ...commandPaths]),
     isPackage: options.isPackage,
     isBaseFile: (p) => baseKind(p) === 'file',
+    rootModules,
   };
 }
 
