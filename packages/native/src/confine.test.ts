@@ -430,3 +430,65 @@ void test(
     }
   },
 );
+
+void test(
+  "confine --ext4: a loop device that no longer serves the sandbox's image is refused, never read",
+  { skip },
+  async () => {
+    // The race: a snapshot finds the loop device of sandbox A's quota image, then mounts it
+    // by its name once per confined step. A stopped meanwhile frees the device; the next
+    // sandbox to start (any tenant's) takes the lowest free one: the same name, B's image.
+    const s = await scratch();
+    const loops: string[] = [];
+    try {
+      const image = async (name: string, secret: string): Promise<string> => {
+        const dir = join(s.dir, `${name}-tree`);
+        await mkdir(join(dir, 'upper'), { recursive: true });
+        await writeFile(join(dir, 'upper', 'secret'), secret);
+        const file = join(s.dir, `${name}.img`);
+        await execFileAsync('mkfs.ext4', ['-q', '-F', '-d', dir, file, '8M']);
+        return file;
+      };
+      const imageA = await image('a', 'tenant A\n');
+      const imageB = await image('b', 'tenant B\n');
+      const attach = async (file: string): Promise<string> => {
+        const dev = (await execFileAsync('losetup', ['--find', '--show', file])).stdout.trim();
+        loops.push(dev);
+        return dev;
+      };
+      const loopA = await attach(imageA);
+      const loopB = await attach(imageB);
+      const out = join(s.dir, 'out');
+      await mkdir(out);
+      const copy = (device: string, file: string) =>
+        runConfined(
+          confinedCommand(
+            {
+              rootDir: s.root,
+              ext4: { device, name: 'q', image: file },
+              trees: [{ path: out, name: 'dst', writable: true }],
+              tools: true,
+            },
+            ['cp', '-a', '--', '/q/upper/.', '/dst/'],
+          ),
+        );
+      const own = await copy(loopA, imageA);
+      assert.equal(own.exitCode, 0, own.stderr);
+      assert.equal(await readFile(join(out, 'secret'), 'utf8'), 'tenant A\n');
+      await rm(join(out, 'secret'));
+      // A's device name now serves B's image.
+      const stale = await copy(loopB, imageA);
+      assert.notEqual(stale.exitCode, 0, 'a device serving another image was mounted');
+      assert.match(stale.stderr, /does not serve/);
+      assert.deepEqual(await readdir(out), []);
+      // A device serving nothing (A's image detached) is refused too.
+      await execFileAsync('losetup', ['-d', loopA]);
+      const gone = await copy(loopA, imageA);
+      assert.notEqual(gone.exitCode, 0);
+      assert.deepEqual(await readdir(out), []);
+    } finally {
+      for (const dev of loops) await execFileAsync('losetup', ['-d', dev]).catch(() => undefined);
+      await s.done();
+    }
+  },
+);

@@ -32,9 +32,12 @@ export interface ConfineOptions {
   /**
    * A sandbox's disk-quota filesystem: the ext4 loop device `device` (its
    * superblock already mounted in the sandbox's namespace; this mount shares
-   * it), attached read-only at `/NAME`.
+   * it), attached read-only at `/NAME`. `image` is the file the device must
+   * serve: a device freed by a stop and taken by another sandbox's start
+   * between finding it and mounting it is refused (confine holds it open
+   * from that check to the mount).
    */
-  ext4?: { device: string; name: string } | undefined;
+  ext4?: { device: string; name: string; image: string } | undefined;
   /** The host's `/usr` (read-only) and merged-usr links, for dynamically linked host tools. */
   tools?: boolean | undefined;
   /** Working directory inside the private root. */
@@ -99,7 +102,8 @@ function limitArgs(options: {
 function confineArgs(options: ConfineOptions): string[] {
   const args = ['confine', '--root', options.rootDir];
   for (const t of options.trees ?? []) args.push(t.writable ? '--rw' : '--ro', t.path, t.name);
-  if (options.ext4) args.push('--ext4', options.ext4.device, options.ext4.name);
+  if (options.ext4)
+    args.push('--ext4', options.ext4.device, options.ext4.name, '--ext4-image', options.ext4.image);
   if (options.tools) args.push('--tools');
   if (options.cwd !== undefined) args.push('--cwd', options.cwd);
   return [...args, ...limitArgs(options)];

@@ -296,7 +296,11 @@ export class Snapshotter {
       packCreated = true;
       const inNs = source.upperImage !== undefined;
       const upper: UpperSource = inNs
-        ? { device: await loopDeviceOf(source.upperImage!), subdir: 'upper' }
+        ? {
+            device: await loopDeviceOf(source.upperImage!),
+            image: source.upperImage!,
+            subdir: 'upper',
+          }
         : { dir: source.upperDir };
 
       // The live tree, counted against the caps before anything is frozen or copied.
@@ -572,6 +576,13 @@ async function packFailure(
 ): Promise<unknown> {
   if (isDsecError(err, 'deadline_exceeded')) return snapshotTimeout(ctx.limits.timeoutMs);
   if (!isDsecError(err, 'internal')) return err;
+  // confine refused a quota device that stopped serving this sandbox's image: the sandbox
+  // stopped meanwhile, and its device may already serve another one.
+  if (err.message.includes('does not serve')) {
+    return new DsecError('sandbox_not_running', 'the sandbox stopped while it was snapshotted', {
+      cause: err,
+    });
+  }
   if (err.details?.['signal'] === 'SIGXFSZ') {
     return new DsecError(
       'resource_exhausted',
