@@ -266,3 +266,38 @@ void test(
     }
   },
 );
+
+void test(
+  'every opaque mark of a layer tree is listed, however many there are (confined or not)',
+  { skip: !isRoot && 'needs root (trusted xattrs, mount namespaces)' },
+  async () => {
+    // `rm -rf` of a directory a lower layer has, then making it again, leaves an opaque
+    // directory in the upper; a package reinstall leaves thousands. Each one listed is
+    // ~60 bytes of getfattr output: a listing cut to its last 64 KiB lost the rest, and the
+    // layer reused by a registry import merged with the lower files showing through.
+    const { dir, cleanup } = await tempDir();
+    try {
+      const tree = join(dir, 'tree');
+      const names = Array.from(
+        { length: 2500 },
+        (_, i) => `pkg/module-${String(i).padStart(5, '0')}`,
+      );
+      await mkdir(join(tree, 'pkg'), { recursive: true });
+      for (const n of names) await mkdir(join(tree, n));
+      // One setfattr for all of them (getfattr's dump format).
+      const dump = join(dir, 'marks');
+      await writeFile(
+        dump,
+        names.map((n) => `# file: ${join(tree, n)}\ntrusted.overlay.opaque="y"\n`).join('\n'),
+      );
+      await runTool('setfattr', [`--restore=${dump}`]);
+      assert.equal((await listOpaqueDirs(tree)).size, names.length, 'host-side listing');
+      await mkdir(join(dir, 'croot'));
+      const confined = await listOpaqueDirs(tree, undefined, join(dir, 'croot'));
+      assert.equal(confined.size, names.length, 'confined listing');
+      assert.deepEqual([...confined].sort(), names);
+    } finally {
+      await cleanup();
+    }
+  },
+);

@@ -492,3 +492,24 @@ void test(
     }
   },
 );
+
+void test(
+  'runConfined keeps a listing whole up to maxStdoutBytes, and refuses one past it',
+  { skip },
+  async () => {
+    const s = await scratch();
+    try {
+      const print = (bytes: number) =>
+        confinedCommand({ rootDir: s.root, tools: true }, ['sh', '-c', `yes | head -c ${bytes}`]);
+      const whole = await runConfined(print(200_000), { maxStdoutBytes: 300_000 });
+      assert.equal(whole.exitCode, 0, whole.stderr);
+      assert.equal(whole.stdout.length, 200_000, 'not cut to a tail');
+      await assert.rejects(
+        runConfined(print(200_000), { maxStdoutBytes: 10_000 }),
+        (err: unknown) => (err as { code?: string }).code === 'resource_exhausted',
+      );
+    } finally {
+      await s.done();
+    }
+  },
+);

@@ -77,6 +77,12 @@ export interface RunConfinedOptions {
   /** Kills the program (and what it started) past this; `timedOut` says so. */
   timeoutMs?: number | undefined;
   signal?: AbortSignal | undefined;
+  /**
+   * Keep the whole stdout (a listing the caller parses) up to this many bytes;
+   * past it the program is killed and the call is `resource_exhausted`.
+   * Without it only the last 64 KiB are kept (enough to explain a failure).
+   */
+  maxStdoutBytes?: number | undefined;
 }
 
 function limitArgs(options: {
@@ -166,8 +172,6 @@ export function runConfined(
       const s = acc + chunk;
       return s.length > KEEP_BYTES ? s.slice(s.length - KEEP_BYTES) : s;
     };
-    child.stdout.setEncoding('utf8').on('data', (c: string) => (stdout = keep(stdout, c)));
-    child.stderr.setEncoding('utf8').on('data', (c: string) => (stderr = keep(stderr, c)));
     const killGroup = (): void => {
       try {
         if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
@@ -175,6 +179,23 @@ export function runConfined(
         // already gone
       }
     };
+    let overflow = false;
+    let stdoutBytes = 0;
+    const max = options.maxStdoutBytes;
+    child.stdout.setEncoding('utf8').on('data', (c: string) => {
+      if (max === undefined) {
+        stdout = keep(stdout, c);
+        return;
+      }
+      if (overflow) return;
+      stdout += c;
+      stdoutBytes += Buffer.byteLength(c);
+      if (!overflow && stdoutBytes > max) {
+        overflow = true;
+        killGroup();
+      }
+    });
+    child.stderr.setEncoding('utf8').on('data', (c: string) => (stderr = keep(stderr, c)));
     const timer =
       options.timeoutMs !== undefined
         ? setTimeout(() => {
@@ -197,6 +218,14 @@ export function runConfined(
       killGroup();
       if (options.signal?.aborted) {
         reject(new DsecError('aborted', 'operation aborted', { cause: options.signal.reason }));
+        return;
+      }
+      if (overflow) {
+        reject(
+          new DsecError('resource_exhausted', `${cmd} wrote more than ${max} bytes`, {
+            details: { maxStdoutBytes: max },
+          }),
+        );
         return;
       }
       resolve({ exitCode, signal, stdout, stderr, timedOut });
