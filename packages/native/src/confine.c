@@ -291,8 +291,10 @@ static void make_private_root(const struct confine_args *a)
         die("confine: unshare(CLONE_NEWNS)", errno);
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
         die("confine: make / private", errno);
-    if (mount("dsec-confine", a->root, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              "size=64k,nr_inodes=64,mode=0755") < 0)
+    /* One inode per tree's mount point, /proc, the --tools entries and the root itself. */
+    char opts[64];
+    snprintf(opts, sizeof opts, "size=64k,nr_inodes=%d,mode=0755", MAX_TREES + 16);
+    if (mount("dsec-confine", a->root, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) < 0)
         dief(errno, "confine: mount tmpfs on %s", a->root);
     int rootfd = open(a->root, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (rootfd < 0)

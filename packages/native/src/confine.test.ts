@@ -513,3 +513,30 @@ void test(
     }
   },
 );
+
+void test(
+  'confine takes as many trees as it accepts (a scrub over a deep stack of layers)',
+  { skip },
+  async () => {
+    // tree scrub and shadow get the copy and every lower layer: one mount point each in
+    // the private root, whose tmpfs had room for 64 inodes, so 62 layers were refused.
+    const s = await scratch();
+    try {
+      const layer = join(s.dir, 'layer');
+      await mkdir(join(layer, 'x'), { recursive: true });
+      const trees = Array.from({ length: 150 }, (_, i) => ({ path: layer, name: `l${i}` }));
+      const r = await runConfined(
+        confinedTreeCommand({ rootDir: s.root, trees }, [
+          'shadow',
+          ...trees.flatMap((t) => ['--lower', `/${t.name}`]),
+          '--path',
+          'x',
+        ]),
+      );
+      assert.equal(r.exitCode, 0, r.stderr);
+      assert.equal(r.stdout, '0\n');
+    } finally {
+      await s.done();
+    }
+  },
+);
