@@ -633,6 +633,8 @@ export class Edge implements EdgeApi {
         if (current.state === 'stopped' || current.state === 'failed') return;
         this.#store.update(rec.id, { state: 'stopping' });
         this.io.forgetSandbox(rec.id);
+        // No snapshot may read the writable layer while the stop removes it.
+        await this.#snapshots.cancel(rec.id);
         await this.options.backend.stop(current);
         this.#store.update(rec.id, { state: 'stopped', reason });
         this.options.admission.release(rec.id);

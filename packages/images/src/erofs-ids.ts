@@ -11,8 +11,10 @@ import type { TreeStats } from './walk.js';
  * them under its own idmapping. erofs-utils 1.5 has no `--uid-offset`, and
  * shifting the source tree would touch the running sandbox (or need a copy),
  * so the ids are shifted in the built image: a walk of the directory tree
- * that patches each inode's `i_uid`/`i_gid` once. Ids outside the range
- * become 65534 (`nobody`), as the kernel shows unmapped ids.
+ * that patches each inode's `i_uid`/`i_gid` once, and the named users and
+ * groups of its POSIX ACLs (`system.posix_acl_access`/`_default`, which hold
+ * host ids too). Ids outside the range become 65534 (`nobody`), as the kernel
+ * shows unmapped ids.
  *
  * On-disk format (linux/fs/erofs/erofs_fs.h): superblock at 1024; inode `nid`
  * at `meta_blkaddr * blksz + nid * 32`; compact inodes are 32 bytes with
@@ -60,6 +62,14 @@ const S_ISUID = 0o4000;
 const S_ISGID = 0o2000;
 /** `security.` is xattr name index 6 in EROFS; file capabilities are `security.capability`. */
 const XATTR_INDEX_SECURITY = 6;
+/** `system.posix_acl_access` and `system.posix_acl_default`: name indexes 2 and 3, empty names. */
+const XATTR_INDEX_POSIX_ACL_ACCESS = 2;
+const XATTR_INDEX_POSIX_ACL_DEFAULT = 3;
+/** linux/posix_acl_xattr.h: a version, then (tag, perm, id) entries; USER and GROUP carry ids. */
+const ACL_XATTR_VERSION = 2;
+const ACL_ENTRY_SIZE = 8;
+const ACL_USER = 0x02;
+const ACL_GROUP = 0x08;
 const XATTR_IBODY_HEADER = 12;
 /** VFS_CAP_REVISION_MASK and the value sizes of revisions 1, 2 and 3 (linux/capability.h). */
 const VFS_CAP_REVISION_MASK = 0xff000000;
@@ -94,15 +104,39 @@ export async function shiftErofsIds(
     const inodeAt = (nid: number): number => metaBlkaddr * blksz + nid * 32;
     const neutralized = { devices: 0, setId: 0, capabilities: 0 };
     const sharedDone = new Set<number>();
-    /** Empties the file-capability record at `at` (its revision kept: a valid record, no capability). */
-    const emptyCapability = async (at: number): Promise<boolean> => {
+    /**
+     * One xattr entry at `at` (shared or inline): a POSIX ACL's named users and
+     * groups are ids like the owners, shifted the same way; with `sanitize`, a
+     * file-capability record is emptied (its revision kept: a valid record, no
+     * capability). Returns whether it emptied one.
+     */
+    const fixXattr = async (at: number): Promise<boolean> => {
       const e = await readAt(fh, at, 4);
       const nameLen = e.readUInt8(0);
+      const index = e.readUInt8(1);
       const valueSize = e.readUInt16LE(2);
-      if (e.readUInt8(1) !== XATTR_INDEX_SECURITY || nameLen !== 10) return false;
+      const valueAt = at + 4 + nameLen;
+      if (index === XATTR_INDEX_POSIX_ACL_ACCESS || index === XATTR_INDEX_POSIX_ACL_DEFAULT) {
+        if (nameLen !== 0 || valueSize < 4 || (valueSize - 4) % ACL_ENTRY_SIZE !== 0) return false;
+        const value = await readAt(fh, valueAt, valueSize);
+        if (value.readUInt32LE(0) !== ACL_XATTR_VERSION) return false;
+        let changed = false;
+        for (let off = 4; off < valueSize; off += ACL_ENTRY_SIZE) {
+          const tag = value.readUInt16LE(off);
+          if (tag !== ACL_USER && tag !== ACL_GROUP) continue;
+          const id = value.readUInt32LE(off + 4);
+          const shifted = shift(id);
+          if (shifted !== id) {
+            value.writeUInt32LE(shifted, off + 4);
+            changed = true;
+          }
+        }
+        if (changed) await fh.write(value, 0, valueSize, valueAt);
+        return false;
+      }
+      if (!options.sanitize || index !== XATTR_INDEX_SECURITY || nameLen !== 10) return false;
       const name = await readAt(fh, at + 4, nameLen);
       if (name.toString('latin1') !== 'capability') return false;
-      const valueAt = at + 4 + nameLen;
       const value = await readAt(fh, valueAt, valueSize);
       const revision =
         value.length >= 4 ? (value.readUInt32LE(0) & VFS_CAP_REVISION_MASK) >>> 0 : 0;
@@ -157,21 +191,21 @@ export async function shiftErofsIds(
           await fh.write(m, 0, 2, pos + 4);
           mode = newMode;
         }
-        if (xattrSize > 0) {
-          const xattrs = await readAt(fh, pos + inodeSize, xattrSize);
-          const shared = xattrs.readUInt8(4);
-          for (let i = 0; i < shared; i++) {
-            const id = xattrs.readUInt32LE(XATTR_IBODY_HEADER + i * 4);
-            if (sharedDone.has(id)) continue;
-            sharedDone.add(id);
-            if (await emptyCapability(xattrBlkaddr * blksz + id * 4)) neutralized.capabilities++;
-          }
-          let at = XATTR_IBODY_HEADER + shared * 4;
-          while (at + 4 <= xattrSize) {
-            const len = 4 + xattrs.readUInt8(at) + xattrs.readUInt16LE(at + 2);
-            if (await emptyCapability(pos + inodeSize + at)) neutralized.capabilities++;
-            at += (len + 3) & ~3;
-          }
+      }
+      if (xattrSize > 0) {
+        const xattrs = await readAt(fh, pos + inodeSize, xattrSize);
+        const shared = xattrs.readUInt8(4);
+        for (let i = 0; i < shared; i++) {
+          const id = xattrs.readUInt32LE(XATTR_IBODY_HEADER + i * 4);
+          if (sharedDone.has(id)) continue; // one entry for every inode that shares it
+          sharedDone.add(id);
+          if (await fixXattr(xattrBlkaddr * blksz + id * 4)) neutralized.capabilities++;
+        }
+        let at = XATTR_IBODY_HEADER + shared * 4;
+        while (at + 4 <= xattrSize) {
+          const len = 4 + xattrs.readUInt8(at) + xattrs.readUInt16LE(at + 2);
+          if (await fixXattr(pos + inodeSize + at)) neutralized.capabilities++;
+          at += (len + 3) & ~3;
         }
       }
       let size: number;

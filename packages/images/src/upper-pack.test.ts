@@ -150,3 +150,154 @@ void test(
     }
   },
 );
+
+/** A POSIX ACL xattr value (linux/posix_acl_xattr.h): version 2, then tag, perm, id per entry. */
+function aclValue(entries: [tag: number, perm: number, id: number][]): string {
+  const buf = Buffer.alloc(4 + 8 * entries.length);
+  buf.writeUInt32LE(2, 0);
+  entries.forEach(([tag, perm, id], i) => {
+    buf.writeUInt16LE(tag, 4 + 8 * i);
+    buf.writeUInt16LE(perm, 6 + 8 * i);
+    buf.writeUInt32LE(id >>> 0, 8 + 8 * i);
+  });
+  return `0x${buf.toString('hex')}`;
+}
+
+/** The named users and groups of an ACL xattr, as `u:ID` / `g:ID`. */
+async function aclNames(path: string, name: string): Promise<string[]> {
+  const { stdout } = await runTool('getfattr', ['--absolute-names', '-e', 'hex', '-n', name, path]);
+  const hex = /=0x([0-9a-f]+)/.exec(stdout)?.[1] ?? '';
+  const buf = Buffer.from(hex, 'hex');
+  const out: string[] = [];
+  for (let at = 4; at + 8 <= buf.length; at += 8) {
+    const tag = buf.readUInt16LE(at);
+    if (tag === 0x02) out.push(`u:${buf.readUInt32LE(at + 4)}`);
+    if (tag === 0x08) out.push(`g:${buf.readUInt32LE(at + 4)}`);
+  }
+  return out;
+}
+
+void test(
+  "POSIX ACLs in a layer name the sandbox's ids, like the owners (inline and shared xattrs)",
+  { skip: !isRoot && 'needs root (chown, system.posix_acl_* xattrs, mount)' },
+  async () => {
+    // A sandbox's `setfacl -m u:www-data:rwx` lands in its upper with the host id of
+    // www-data; a layer must carry www-data's own id, or every sandbox stacking it
+    // (its own restart, a fork) sees the entry name an unmapped user.
+    const { dir, cleanup } = await tempDir();
+    try {
+      const upper = join(dir, 'upper');
+      await mkdir(join(upper, 'www'), { recursive: true });
+      await chown(upper, HOST_ID, HOST_ID);
+      await chown(join(upper, 'www'), HOST_ID, HOST_ID);
+      const U = 0xffffffff;
+      const access = aclValue([
+        [0x01, 6, U],
+        [0x02, 7, HOST_ID + 33],
+        [0x02, 5, 4242], // outside the sandbox's range: unmapped, like an owner
+        [0x04, 4, U],
+        [0x08, 5, HOST_ID + 33],
+        [0x10, 7, U],
+        [0x20, 4, U],
+      ]);
+      // Five files with the same ACL: mkfs.erofs stores a value that many inodes share once.
+      for (let i = 0; i < 5; i++) {
+        const f = join(upper, 'www', `page-${i}`);
+        await writeFile(f, `${i}\n`);
+        await chown(f, HOST_ID + 33, HOST_ID + 33);
+        await runTool('setfattr', ['-n', 'system.posix_acl_access', '-v', access, f]);
+      }
+      const lone = join(upper, 'www', 'lone');
+      await writeFile(lone, 'x\n');
+      await runTool('setfattr', [
+        '-n',
+        'system.posix_acl_access',
+        '-v',
+        aclValue([
+          [0x01, 6, U],
+          [0x02, 6, HOST_ID + 1000],
+          [0x04, 4, U],
+          [0x10, 6, U],
+          [0x20, 4, U],
+        ]),
+        lone,
+      ]);
+      await runTool('setfattr', [
+        '-n',
+        'system.posix_acl_default',
+        '-v',
+        aclValue([
+          [0x01, 7, U],
+          [0x04, 5, U],
+          [0x08, 7, HOST_ID + 1001],
+          [0x10, 7, U],
+          [0x20, 5, U],
+        ]),
+        join(upper, 'www'),
+      ]);
+      const image = join(dir, 'layer.erofs');
+      await mkdir(join(dir, 'croot'));
+      await packUpperDir(
+        { source: { dir: upper }, output: image },
+        { rootDir: join(dir, 'croot') },
+      );
+      await shiftErofsIds(image, { hostId: HOST_ID, count: 65536, sanitize: true });
+      await runTool('fsck.erofs', [image]);
+      const mnt = join(dir, 'mnt');
+      await mkdir(mnt);
+      await runTool('mount', ['-t', 'erofs', '-o', 'ro', image, mnt]);
+      try {
+        for (let i = 0; i < 5; i++) {
+          assert.deepEqual(
+            await aclNames(join(mnt, 'www', `page-${i}`), 'system.posix_acl_access'),
+            ['u:33', 'u:65534', 'g:33'],
+            `page-${i}`,
+          );
+        }
+        assert.deepEqual(await aclNames(join(mnt, 'www', 'lone'), 'system.posix_acl_access'), [
+          'u:1000',
+        ]);
+        assert.deepEqual(await aclNames(join(mnt, 'www'), 'system.posix_acl_default'), ['g:1001']);
+      } finally {
+        await runTool('umount', [mnt]);
+      }
+    } finally {
+      await cleanup();
+    }
+  },
+);
+
+void test(
+  'every opaque mark of a layer tree is listed, however many there are (confined or not)',
+  { skip: !isRoot && 'needs root (trusted xattrs, mount namespaces)' },
+  async () => {
+    // `rm -rf` of a directory a lower layer has, then making it again, leaves an opaque
+    // directory in the upper; a package reinstall leaves thousands. Each one listed is
+    // ~60 bytes of getfattr output: a listing cut to its last 64 KiB lost the rest, and the
+    // layer reused by a registry import merged with the lower files showing through.
+    const { dir, cleanup } = await tempDir();
+    try {
+      const tree = join(dir, 'tree');
+      const names = Array.from(
+        { length: 2500 },
+        (_, i) => `pkg/module-${String(i).padStart(5, '0')}`,
+      );
+      await mkdir(join(tree, 'pkg'), { recursive: true });
+      for (const n of names) await mkdir(join(tree, n));
+      // One setfattr for all of them (getfattr's dump format).
+      const dump = join(dir, 'marks');
+      await writeFile(
+        dump,
+        names.map((n) => `# file: ${join(tree, n)}\ntrusted.overlay.opaque="y"\n`).join('\n'),
+      );
+      await runTool('setfattr', [`--restore=${dump}`]);
+      assert.equal((await listOpaqueDirs(tree)).size, names.length, 'host-side listing');
+      await mkdir(join(dir, 'croot'));
+      const confined = await listOpaqueDirs(tree, undefined, join(dir, 'croot'));
+      assert.equal(confined.size, names.length, 'confined listing');
+      assert.deepEqual([...confined].sort(), names);
+    } finally {
+      await cleanup();
+    }
+  },
+);

@@ -87,9 +87,11 @@ export type UpperSource =
   | { dir: string }
   /**
    * On its disk-quota filesystem: the ext4 loop device serving it (mounted in
-   * the sandbox's namespace) and the upper directory's path in that filesystem.
+   * the sandbox's namespace), the image file it must serve (each confined step
+   * checks it again: a stop frees the device and the next sandbox's start may
+   * take it) and the upper directory's path in that filesystem.
    */
-  | { device: string; subdir: string };
+  | { device: string; image: string; subdir: string };
 
 /** How a confined step runs: its private root, cgroup and time limit. */
 export interface ConfinedRun {
@@ -105,11 +107,15 @@ export interface ConfinedRun {
 /** Trees and names a step sees: the upper at `/src` (or the quota filesystem at `/q`). */
 function sourceMount(source: UpperSource): {
   trees: ConfinedTree[];
-  ext4?: { device: string; name: string };
+  ext4?: { device: string; name: string; image: string };
   path: string;
 } {
   if ('dir' in source) return { trees: [{ path: source.dir, name: 'src' }], path: '/src' };
-  return { trees: [], ext4: { device: source.device, name: 'q' }, path: `/q/${source.subdir}` };
+  return {
+    trees: [],
+    ext4: { device: source.device, name: 'q', image: source.image },
+    path: `/q/${source.subdir}`,
+  };
 }
 
 function confineOptions(run: ConfinedRun, extra: Omit<ConfineOptions, 'rootDir'>): ConfineOptions {

@@ -23,7 +23,7 @@
  *
  * Usage:
  *   dsec-helper confine --root DIR [--ro SRC NAME]... [--rw SRC NAME]...
- *       [--ext4 DEV NAME] [--tools] [--cwd NAME] [--cgroup DIR]...
+ *       [--ext4 DEV NAME --ext4-image FILE] [--tools] [--cwd NAME] [--cgroup DIR]...
  *       [--max-file-bytes N] [--max-cpu-seconds N] [--stack-bytes N] [--self] -- PROGRAM ARG...
  *   dsec-helper confine --ns PID [--cgroup DIR]... --self -- ARG...
  *
@@ -33,6 +33,10 @@
  *              no submounts) at /NAME, read-only or writable.
  * --ext4 DEV   mount the ext4 device DEV (a sandbox's disk-quota image, whose
  *              superblock is already mounted: this shares it) read-only at /NAME.
+ * --ext4-image FILE  required with --ext4: the image DEV must serve. The loop
+ *              device is held open from the check to the mount, so it cannot
+ *              be freed and bound to another sandbox's image in between (a
+ *              stopped sandbox's device is the next one a starting sandbox gets).
  * --tools      /usr read-only, and the merged-usr links (/bin, /lib...), so a
  *              dynamically linked host tool (cp, mkfs.erofs) can run.
  * --cgroup DIR join this cgroup first (one per v1 hierarchy).
@@ -46,10 +50,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <signal.h>
@@ -71,7 +78,7 @@ struct tree {
 };
 
 struct confine_args {
-    const char *root, *ext4_dev, *ext4_name, *cwd;
+    const char *root, *ext4_dev, *ext4_name, *ext4_image, *cwd;
     struct tree trees[MAX_TREES];
     int ntrees;
     const char *cgroups[MAX_CGROUPS];
@@ -141,6 +148,8 @@ static void parse_args(int argc, char **argv, struct confine_args *a)
             }
         } else if (strcmp(opt, "--root") == 0)
             a->root = val;
+        else if (strcmp(opt, "--ext4-image") == 0)
+            a->ext4_image = val;
         else if (strcmp(opt, "--cwd") == 0)
             a->cwd = val;
         else if (strcmp(opt, "--cgroup") == 0) {
@@ -160,7 +169,9 @@ static void parse_args(int argc, char **argv, struct confine_args *a)
     }
     if (!a->argv || !a->argv[0])
         dief(EINVAL, "usage: confine --root DIR [--ro|--rw SRC NAME]... [--ext4 DEV NAME] [--tools] "
-                     "[--cwd NAME] [--cgroup DIR]... [--max-file-bytes N] [--self] -- PROGRAM ARG...");
+                     "[--ext4-image FILE] [--cwd NAME] [--cgroup DIR]... [--max-file-bytes N] [--self] -- PROGRAM ARG...");
+    if (!a->ext4_dev != !a->ext4_image)
+        dief(EINVAL, "confine: --ext4 and --ext4-image go together");
     if (a->ns_pid) {
         if (a->root || a->ntrees || a->ext4_dev || a->tools || a->cwd || !a->self)
             dief(EINVAL, "confine: --ns takes only --cgroup, limits and --self");
@@ -215,6 +226,41 @@ static void attach(int rootfd, const char *src, const char *name, uint64_t attrs
     close(tree);
 }
 
+/*
+ * Opens the loop device `dev` and checks that it serves `image` (the same
+ * inode, and sysfs names that path as its backing file). The fd returned pins
+ * that binding: a bound loop device with an opener cannot be cleared (a clear
+ * is deferred to the last close) or rebound, so the mount that follows gets
+ * this image's superblock and no other.
+ */
+static int open_loop_serving(const char *dev, const char *image)
+{
+    int fd = open(dev, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        dief(errno, "confine: open %s", dev);
+    struct stat dst, ist;
+    if (fstat(fd, &dst) < 0 || !S_ISBLK(dst.st_mode))
+        dief(ENOTBLK, "confine: %s is not a block device", dev);
+    if (stat(image, &ist) < 0)
+        dief(errno, "confine: %s", image);
+    struct loop_info64 info;
+    if (ioctl(fd, LOOP_GET_STATUS64, &info) < 0)
+        dief(errno == ENXIO ? ESTALE : errno, "confine: %s does not serve %s (unbound)", dev, image);
+    char path[96], backing[PATH_MAX + 1];
+    snprintf(path, sizeof path, "/sys/dev/block/%u:%u/loop/backing_file", major(dst.st_rdev),
+             minor(dst.st_rdev));
+    int bf = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = bf < 0 ? -1 : read(bf, backing, sizeof backing - 1);
+    if (bf >= 0)
+        close(bf);
+    if (n > 0 && backing[n - 1] == '\n')
+        n--;
+    if (n < 0 || info.lo_inode != (uint64_t)ist.st_ino || (size_t)n != strlen(image) ||
+        memcmp(backing, image, (size_t)n) != 0)
+        dief(ESTALE, "confine: %s does not serve %s", dev, image);
+    return fd;
+}
+
 /* /usr read-only, and each top-level merged-usr entry as the host has it (a link, or a bind). */
 static void attach_tools(int rootfd)
 {
@@ -245,8 +291,10 @@ static void make_private_root(const struct confine_args *a)
         die("confine: unshare(CLONE_NEWNS)", errno);
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
         die("confine: make / private", errno);
-    if (mount("dsec-confine", a->root, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              "size=64k,nr_inodes=64,mode=0755") < 0)
+    /* One inode per tree's mount point, /proc, the --tools entries and the root itself. */
+    char opts[64];
+    snprintf(opts, sizeof opts, "size=64k,nr_inodes=%d,mode=0755", MAX_TREES + 16);
+    if (mount("dsec-confine", a->root, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, opts) < 0)
         dief(errno, "confine: mount tmpfs on %s", a->root);
     int rootfd = open(a->root, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (rootfd < 0)
@@ -266,8 +314,10 @@ static void make_private_root(const struct confine_args *a)
         /* The superblock is mounted read-write in the sandbox's namespace: this
          * mount shares it (a read-only mount of it would be EBUSY), and is made
          * read-only itself right after. */
+        int loop = open_loop_serving(a->ext4_dev, a->ext4_image);
         if (mount(a->ext4_dev, target, "ext4", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOSYMFOLLOW, NULL) < 0)
             dief(errno, "confine: mount ext4 %s", a->ext4_dev);
+        close(loop); /* the mount holds the device now */
         struct mount_attr attr = { .attr_set = MOUNT_ATTR_RDONLY | tree_attrs };
         if (mount_setattr(rootfd, a->ext4_name, 0, &attr, sizeof attr) < 0)
             dief(errno, "confine: read-only %s", a->ext4_dev);

@@ -24,6 +24,7 @@ import {
   removeTree,
   runConfined,
   sandboxViewTreeCommand,
+  helperPath,
 } from './index.js';
 
 const execFileAsync = promisify(execFile);
@@ -430,3 +431,146 @@ void test(
     }
   },
 );
+
+void test(
+  "confine --ext4: a loop device that no longer serves the sandbox's image is refused, never read",
+  { skip },
+  async () => {
+    // The race: a snapshot finds the loop device of sandbox A's quota image, then mounts it
+    // by its name once per confined step. A stopped meanwhile frees the device; the next
+    // sandbox to start (any tenant's) takes the lowest free one: the same name, B's image.
+    const s = await scratch();
+    const loops: string[] = [];
+    try {
+      const image = async (name: string, secret: string): Promise<string> => {
+        const dir = join(s.dir, `${name}-tree`);
+        await mkdir(join(dir, 'upper'), { recursive: true });
+        await writeFile(join(dir, 'upper', 'secret'), secret);
+        const file = join(s.dir, `${name}.img`);
+        await execFileAsync('mkfs.ext4', ['-q', '-F', '-d', dir, file, '8M']);
+        return file;
+      };
+      const imageA = await image('a', 'tenant A\n');
+      const imageB = await image('b', 'tenant B\n');
+      const attach = async (file: string): Promise<string> => {
+        const dev = (await execFileAsync('losetup', ['--find', '--show', file])).stdout.trim();
+        loops.push(dev);
+        return dev;
+      };
+      const loopA = await attach(imageA);
+      const loopB = await attach(imageB);
+      const out = join(s.dir, 'out');
+      await mkdir(out);
+      const copy = (device: string, file: string) =>
+        runConfined(
+          confinedCommand(
+            {
+              rootDir: s.root,
+              ext4: { device, name: 'q', image: file },
+              trees: [{ path: out, name: 'dst', writable: true }],
+              tools: true,
+            },
+            ['cp', '-a', '--', '/q/upper/.', '/dst/'],
+          ),
+        );
+      const own = await copy(loopA, imageA);
+      assert.equal(own.exitCode, 0, own.stderr);
+      assert.equal(await readFile(join(out, 'secret'), 'utf8'), 'tenant A\n');
+      await rm(join(out, 'secret'));
+      // A's device name now serves B's image.
+      const stale = await copy(loopB, imageA);
+      assert.notEqual(stale.exitCode, 0, 'a device serving another image was mounted');
+      assert.match(stale.stderr, /does not serve/);
+      assert.deepEqual(await readdir(out), []);
+      // A device serving nothing (A's image detached) is refused too.
+      await execFileAsync('losetup', ['-d', loopA]);
+      const gone = await copy(loopA, imageA);
+      assert.notEqual(gone.exitCode, 0);
+      assert.deepEqual(await readdir(out), []);
+    } finally {
+      for (const dev of loops) await execFileAsync('losetup', ['-d', dev]).catch(() => undefined);
+      await s.done();
+    }
+  },
+);
+
+void test(
+  'runConfined keeps a listing whole up to maxStdoutBytes, and refuses one past it',
+  { skip },
+  async () => {
+    const s = await scratch();
+    try {
+      const print = (bytes: number) =>
+        confinedCommand({ rootDir: s.root, tools: true }, ['sh', '-c', `yes | head -c ${bytes}`]);
+      const whole = await runConfined(print(200_000), { maxStdoutBytes: 300_000 });
+      assert.equal(whole.exitCode, 0, whole.stderr);
+      assert.equal(whole.stdout.length, 200_000, 'not cut to a tail');
+      await assert.rejects(
+        runConfined(print(200_000), { maxStdoutBytes: 10_000 }),
+        (err: unknown) => (err as { code?: string }).code === 'resource_exhausted',
+      );
+    } finally {
+      await s.done();
+    }
+  },
+);
+
+void test(
+  'confine takes as many trees as it accepts (a scrub over a deep stack of layers)',
+  { skip },
+  async () => {
+    // tree scrub and shadow get the copy and every lower layer: one mount point each in
+    // the private root, whose tmpfs had room for 64 inodes, so 62 layers were refused.
+    const s = await scratch();
+    try {
+      const layer = join(s.dir, 'layer');
+      await mkdir(join(layer, 'x'), { recursive: true });
+      const trees = Array.from({ length: 150 }, (_, i) => ({ path: layer, name: `l${i}` }));
+      const r = await runConfined(
+        confinedTreeCommand({ rootDir: s.root, trees }, [
+          'shadow',
+          ...trees.flatMap((t) => ['--lower', `/${t.name}`]),
+          '--path',
+          'x',
+        ]),
+      );
+      assert.equal(r.exitCode, 0, r.stderr);
+      assert.equal(r.stdout, '0\n');
+    } finally {
+      await s.done();
+    }
+  },
+);
+
+void test("tree rm's memory does not grow with the size of a directory", { skip }, async () => {
+  // A stop removes the writable layer outside any cgroup: reading a whole directory's
+  // names first cost the node about N × (name + 2) bytes for a directory of N entries.
+  const s = await scratch();
+  try {
+    const big = join(s.dir, 'big');
+    await mkdir(big);
+    const count = 60_000;
+    await execFileAsync('python3', [
+      '-c',
+      'import os,sys\nfor i in range(int(sys.argv[2])): os.close(os.open(os.path.join(sys.argv[1], ("%08d" % i) + "n" * 192), os.O_CREAT | os.O_WRONLY))',
+      big,
+      String(count),
+    ]);
+    await mkdir(join(big, 'sub'));
+    await writeFile(join(big, 'sub', 'f'), 'x');
+    const { stderr } = await execFileAsync('/usr/bin/time', [
+      '-f',
+      'maxrss %M',
+      helperPath(),
+      'tree',
+      'rm',
+      big,
+    ]);
+    const kib = Number(/maxrss (\d+)/.exec(stderr)?.[1]);
+    await assert.rejects(lstat(big), 'removed');
+    // The names alone are 12 MB; a batch at a time stays near the static binary's own size.
+    assert.ok(kib < 6 * 1024, `tree rm used ${kib} KiB for ${count} entries`);
+  } finally {
+    await s.done();
+  }
+});

@@ -32,9 +32,12 @@ export interface ConfineOptions {
   /**
    * A sandbox's disk-quota filesystem: the ext4 loop device `device` (its
    * superblock already mounted in the sandbox's namespace; this mount shares
-   * it), attached read-only at `/NAME`.
+   * it), attached read-only at `/NAME`. `image` is the file the device must
+   * serve: a device freed by a stop and taken by another sandbox's start
+   * between finding it and mounting it is refused (confine holds it open
+   * from that check to the mount).
    */
-  ext4?: { device: string; name: string } | undefined;
+  ext4?: { device: string; name: string; image: string } | undefined;
   /** The host's `/usr` (read-only) and merged-usr links, for dynamically linked host tools. */
   tools?: boolean | undefined;
   /** Working directory inside the private root. */
@@ -74,6 +77,12 @@ export interface RunConfinedOptions {
   /** Kills the program (and what it started) past this; `timedOut` says so. */
   timeoutMs?: number | undefined;
   signal?: AbortSignal | undefined;
+  /**
+   * Keep the whole stdout (a listing the caller parses) up to this many bytes;
+   * past it the program is killed and the call is `resource_exhausted`.
+   * Without it only the last 64 KiB are kept (enough to explain a failure).
+   */
+  maxStdoutBytes?: number | undefined;
 }
 
 function limitArgs(options: {
@@ -99,7 +108,8 @@ function limitArgs(options: {
 function confineArgs(options: ConfineOptions): string[] {
   const args = ['confine', '--root', options.rootDir];
   for (const t of options.trees ?? []) args.push(t.writable ? '--rw' : '--ro', t.path, t.name);
-  if (options.ext4) args.push('--ext4', options.ext4.device, options.ext4.name);
+  if (options.ext4)
+    args.push('--ext4', options.ext4.device, options.ext4.name, '--ext4-image', options.ext4.image);
   if (options.tools) args.push('--tools');
   if (options.cwd !== undefined) args.push('--cwd', options.cwd);
   return [...args, ...limitArgs(options)];
@@ -162,8 +172,6 @@ export function runConfined(
       const s = acc + chunk;
       return s.length > KEEP_BYTES ? s.slice(s.length - KEEP_BYTES) : s;
     };
-    child.stdout.setEncoding('utf8').on('data', (c: string) => (stdout = keep(stdout, c)));
-    child.stderr.setEncoding('utf8').on('data', (c: string) => (stderr = keep(stderr, c)));
     const killGroup = (): void => {
       try {
         if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
@@ -171,6 +179,23 @@ export function runConfined(
         // already gone
       }
     };
+    let overflow = false;
+    let stdoutBytes = 0;
+    const max = options.maxStdoutBytes;
+    child.stdout.setEncoding('utf8').on('data', (c: string) => {
+      if (max === undefined) {
+        stdout = keep(stdout, c);
+        return;
+      }
+      if (overflow) return;
+      stdout += c;
+      stdoutBytes += Buffer.byteLength(c);
+      if (!overflow && stdoutBytes > max) {
+        overflow = true;
+        killGroup();
+      }
+    });
+    child.stderr.setEncoding('utf8').on('data', (c: string) => (stderr = keep(stderr, c)));
     const timer =
       options.timeoutMs !== undefined
         ? setTimeout(() => {
@@ -193,6 +218,14 @@ export function runConfined(
       killGroup();
       if (options.signal?.aborted) {
         reject(new DsecError('aborted', 'operation aborted', { cause: options.signal.reason }));
+        return;
+      }
+      if (overflow) {
+        reject(
+          new DsecError('resource_exhausted', `${cmd} wrote more than ${max} bytes`, {
+            details: { maxStdoutBytes: max },
+          }),
+        );
         return;
       }
       resolve({ exitCode, signal, stdout, stderr, timedOut });

@@ -181,6 +181,32 @@ static int read_names(int fd, struct names *n)
     }
 }
 
+/*
+ * Replaces n with the next batch of entries of the open directory fd (one
+ * getdents64 of 16 KiB that yields any, . and .. left out): memory bounded
+ * whatever the directory's size. Returns 1, 0 at its end, or -errno.
+ */
+static int read_batch(int fd, struct names *n)
+{
+    char buf[16384] __attribute__((aligned(8)));
+    n->len = n->off = 0;
+    for (;;) {
+        long got = syscall(SYS_getdents64, fd, buf, sizeof buf);
+        if (got < 0)
+            return -errno;
+        if (got == 0)
+            return 0;
+        for (long off = 0; off < got;) {
+            struct linux_dirent64 *d = (struct linux_dirent64 *)(buf + off);
+            off += d->d_reclen;
+            if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
+                names_add(n, d->d_type, d->d_name);
+        }
+        if (n->len)
+            return 1;
+    }
+}
+
 static int nonempty_dir(int parentfd, const char *name)
 {
     int fd = name ? openat(parentfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
@@ -348,9 +374,14 @@ static int cmd_scan(int argc, char **argv)
 
 struct rm_frame {
     int fd;
-    struct names names;
+    struct names names; /* the current batch of its entries */
+    int eof;            /* every batch read */
+    int rescans;        /* times read again from the start (ENOTEMPTY) */
     char name[NAME_MAX + 1]; /* this directory's name in its parent */
 };
+
+/* Times a directory is read again when its batches left something in it. */
+#define RM_RESCANS 3
 
 static int rm_first_error;
 
@@ -388,19 +419,35 @@ static void rm_dir(int parentfd, const char *name)
     }
     snprintf(stack[0].name, sizeof stack[0].name, "%s", name);
     memset(&stack[0].names, 0, sizeof stack[0].names);
-    int r = read_names(stack[0].fd, &stack[0].names);
-    if (r < 0)
-        rm_note(-r, "read", name);
+    stack[0].eof = stack[0].rescans = 0;
     for (;;) {
         struct rm_frame *f = &stack[top];
         unsigned char type;
         const char *entry = names_next(&f->names, &type);
+        if (!entry && !f->eof) {
+            /* The next batch: names are removed as they are read, never all held at once. */
+            int r = read_batch(f->fd, &f->names);
+            if (r <= 0) {
+                if (r < 0)
+                    rm_note(-r, "read", f->name);
+                f->eof = 1;
+            }
+            continue;
+        }
         if (!entry) {
+            int pfd = top == 0 ? parentfd : stack[top - 1].fd;
+            if (unlinkat(pfd, f->name, AT_REMOVEDIR) < 0) {
+                if (errno == ENOTEMPTY && f->rescans < RM_RESCANS &&
+                    lseek(f->fd, 0, SEEK_SET) == 0) {
+                    /* Something the batches did not see (moved in, or made meanwhile): again. */
+                    f->rescans++;
+                    f->eof = 0;
+                    continue;
+                }
+                rm_note(errno, "rmdir", f->name);
+            }
             close(f->fd);
             free(f->names.buf);
-            int pfd = top == 0 ? parentfd : stack[top - 1].fd;
-            if (unlinkat(pfd, f->name, AT_REMOVEDIR) < 0)
-                rm_note(errno, "rmdir", f->name);
             if (top-- == 0)
                 return;
             continue;
@@ -445,9 +492,7 @@ static void rm_dir(int parentfd, const char *name)
         stack[top].fd = fd;
         snprintf(stack[top].name, sizeof stack[top].name, "%s", entry);
         memset(&stack[top].names, 0, sizeof stack[top].names);
-        r = read_names(fd, &stack[top].names);
-        if (r < 0)
-            rm_note(-r, "read", entry);
+        stack[top].eof = stack[top].rescans = 0;
     }
 }
 

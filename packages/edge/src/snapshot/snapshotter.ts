@@ -144,6 +144,8 @@ interface Marker {
  */
 export class Snapshotter {
   readonly #locks = new Map<string, Promise<unknown>>();
+  /** Aborts the snapshots of a sandbox, queued or running (a stop ends them first). */
+  readonly #cancels = new Map<string, AbortController>();
 
   constructor(readonly options: SnapshotterOptions) {}
 
@@ -197,17 +199,52 @@ export class Snapshotter {
     stateOf: () => SandboxState | undefined,
     signal?: AbortSignal,
   ): Promise<SnapshotInfo> {
+    let cancel = this.#cancels.get(rec.id);
+    if (!cancel) this.#cancels.set(rec.id, (cancel = new AbortController()));
+    const stopped = cancel.signal;
+    const both = signal ? AbortSignal.any([signal, stopped]) : stopped;
     const prior = this.#locks.get(rec.id) ?? Promise.resolve();
     const mine = prior
       .catch(() => undefined)
-      .then(() => this.#snapshot(rec, source, req, stateOf, signal));
+      .then(() => this.#snapshot(rec, source, req, stateOf, both))
+      .catch((err: unknown) => {
+        // Ended by the sandbox's stop, not by the caller: say so.
+        if (stopped.aborted && !signal?.aborted)
+          throw new DsecError(
+            'sandbox_not_running',
+            `sandbox ${rec.id} stopped during the snapshot`,
+            {
+              details: { state: stateOf() },
+            },
+          );
+        throw err;
+      });
     const tail = mine.catch(() => undefined);
     this.#locks.set(rec.id, tail);
     try {
       return await mine;
     } finally {
-      if (this.#locks.get(rec.id) === tail) this.#locks.delete(rec.id);
+      if (this.#locks.get(rec.id) === tail) {
+        this.#locks.delete(rec.id);
+        if (this.#cancels.get(rec.id) === cancel) this.#cancels.delete(rec.id);
+      }
     }
+  }
+
+  /**
+   * Ends the sandbox's snapshots (running and queued) and waits until none
+   * touches its writable layer: a stop calls this before it removes the layer,
+   * which a packing would otherwise read while it is deleted (a paused
+   * sandbox's snapshot does not freeze it, and the stop thaws it). They fail
+   * with `sandbox_not_running`; their scratch is removed and the sandbox thawed
+   * as on any failure.
+   */
+  async cancel(sandboxId: string): Promise<void> {
+    const tail = this.#locks.get(sandboxId);
+    if (!tail) return;
+    this.#cancels.get(sandboxId)?.abort(new DsecError('sandbox_not_running', 'stopping'));
+    this.#cancels.delete(sandboxId);
+    await tail.catch(() => undefined);
   }
 
   async #snapshot(
@@ -296,7 +333,11 @@ export class Snapshotter {
       packCreated = true;
       const inNs = source.upperImage !== undefined;
       const upper: UpperSource = inNs
-        ? { device: await loopDeviceOf(source.upperImage!), subdir: 'upper' }
+        ? {
+            device: await loopDeviceOf(source.upperImage!),
+            image: source.upperImage!,
+            subdir: 'upper',
+          }
         : { dir: source.upperDir };
 
       // The live tree, counted against the caps before anything is frozen or copied.
@@ -572,6 +613,13 @@ async function packFailure(
 ): Promise<unknown> {
   if (isDsecError(err, 'deadline_exceeded')) return snapshotTimeout(ctx.limits.timeoutMs);
   if (!isDsecError(err, 'internal')) return err;
+  // confine refused a quota device that stopped serving this sandbox's image: the sandbox
+  // stopped meanwhile, and its device may already serve another one.
+  if (err.message.includes('does not serve')) {
+    return new DsecError('sandbox_not_running', 'the sandbox stopped while it was snapshotted', {
+      cause: err,
+    });
+  }
   if (err.details?.['signal'] === 'SIGXFSZ') {
     return new DsecError(
       'resource_exhausted',

@@ -548,3 +548,51 @@ test('packing runs under its own memory and time limits: a refusal with a stable
     await cleanup();
   }
 });
+
+test('a stop during a snapshot: the snapshot is refused or whole, never packed from a tree being removed', async () => {
+  // A paused sandbox's snapshot does not freeze it (the pause holds the freezer), and a
+  // stop (the owner's, or a paused TTL) thaws it, kills it and removes its writable layer
+  // at once: the packing read a tree that was being deleted under it.
+  await withEdge(async ({ edge, store, dir }) => {
+    for (const round of [0, 1, 2]) {
+      const id = await create(edge, {});
+      await sh(
+        edge,
+        id,
+        'mkdir /data && for d in 0 1 2 3 4 5 6 7; do mkdir /data/$d; for f in 0 1 2 3 4 5 6 7 8 9; do dd if=/dev/urandom of=/data/$d/$f bs=1M count=3 2>/dev/null; done; done',
+      );
+      await edge.pauseSandbox(id);
+      const name = `stopped-${round}`;
+      const snap = edge.snapshotSandbox(id, { name }).then(
+        (info) => ({ info }),
+        (err: unknown) => ({ err }),
+      );
+      // Once the packing has begun (its output directory exists), stop the sandbox.
+      const scratch = join(dir, 'edge', 'snapshots');
+      for (let i = 0; i < 2000; i++) {
+        const work = (await readdir(scratch).catch(() => [] as string[])).find((n) =>
+          n.startsWith(`work-${id}`),
+        );
+        if (
+          work &&
+          (await readdir(join(scratch, work)).catch(() => [] as string[])).includes('out')
+        )
+          break;
+        await new Promise((r) => setTimeout(r, 5 * (round + 1)));
+      }
+      await edge.stopSandbox(id);
+      const outcome = await snap;
+      if ('err' in outcome) {
+        assert.ok(
+          isDsecError(outcome.err, 'sandbox_not_running'),
+          `round ${round}: refused as the sandbox stopped, not ${String(outcome.err)}`,
+        );
+        await assert.rejects(store.getLayer(name), (e) => isDsecError(e, 'image_not_found'));
+      } else {
+        // Packed before the stop touched the tree: all of it.
+        assert.ok(outcome.info.layer.fileCount >= 1 + 8 + 80, `round ${round}: a whole tree`);
+      }
+      assert.deepEqual(await readdir(scratch), [], 'no scratch left');
+    }
+  });
+});

@@ -31,6 +31,12 @@ export async function clearOpaque(dir: string, signal?: AbortSignal): Promise<vo
 }
 
 /**
+ * The most `getfattr -R` may write listing a tree's opaque marks: 250 000
+ * directories (a snapshot's file cap) at ~250 bytes of path each.
+ */
+const MAX_MARKS_LISTING_BYTES = 64 * 2 ** 20;
+
+/**
  * The directories under `root` (relative paths, `''` for the root itself)
  * marked opaque. One `getfattr -R` for the whole tree, not one per directory.
  */
@@ -50,9 +56,11 @@ export async function listOpaqueDirs(
     dir,
   ];
   // A tree a sandbox may have made (a layer copied out of a snapshot): read confined, as /t.
+  // The listing is data: kept whole (a tail would drop marks), up to a bound.
+  const maxStdoutBytes = MAX_MARKS_LISTING_BYTES;
   const stdout =
     confineRoot === undefined
-      ? (await runTool('getfattr', args(root), { signal })).stdout
+      ? (await runTool('getfattr', args(root), { signal, maxStdoutBytes })).stdout
       : (
           await runConfinedOk(
             confinedCommand(
@@ -60,7 +68,7 @@ export async function listOpaqueDirs(
               ['getfattr', ...args('/t')],
             ),
             'reading opaque marks',
-            { signal },
+            { signal, maxStdoutBytes },
           )
         ).stdout;
   const base = confineRoot === undefined ? root : '/t';

@@ -9,6 +9,12 @@ export interface RunToolOptions {
   killSignal?: NodeJS.Signals;
   /** Called with each complete line the tool writes (stdout and stderr). */
   onLine?: (line: string) => void;
+  /**
+   * Keep the whole stdout (its result is data, not chatter) up to this many
+   * bytes; past it the tool is killed and the call is `resource_exhausted`.
+   * Without it only the last 64 KiB are kept.
+   */
+  maxStdoutBytes?: number | undefined;
 }
 
 export interface RunToolResult {
@@ -43,8 +49,18 @@ export async function runTool(
       const s = acc + chunk;
       return s.length > KEEP_BYTES ? s.slice(s.length - KEEP_BYTES) : s;
     };
+    let overflow = false;
+    let stdoutBytes = 0;
     const feed = (which: 'stdout' | 'stderr', chunk: string): void => {
-      if (which === 'stdout') stdout = keep(stdout, chunk);
+      if (which === 'stdout' && options.maxStdoutBytes !== undefined) {
+        if (overflow) return;
+        stdout += chunk;
+        stdoutBytes += Buffer.byteLength(chunk);
+        if (!overflow && stdoutBytes > options.maxStdoutBytes) {
+          overflow = true;
+          child.kill('SIGKILL');
+        }
+      } else if (which === 'stdout') stdout = keep(stdout, chunk);
       else stderr = keep(stderr, chunk);
       if (!options.onLine) return;
       const lines = (partial[which] + chunk).split(/\r?\n|\r/);
@@ -71,6 +87,16 @@ export async function runTool(
       options.signal?.removeEventListener('abort', onAbort);
       if (options.signal?.aborted) {
         reject(new DsecError('aborted', `${command} aborted`, { cause: options.signal.reason }));
+        return;
+      }
+      if (overflow) {
+        reject(
+          new DsecError(
+            'resource_exhausted',
+            `${command} wrote more than ${options.maxStdoutBytes} bytes`,
+            { details: { command, maxStdoutBytes: options.maxStdoutBytes } },
+          ),
+        );
         return;
       }
       if (code === 0) {
