@@ -866,3 +866,64 @@ test('an error answer past its bound is dropped, not buffered', async () => {
     await s.close();
   }
 });
+
+// ---- review of the edge protocol change (issue 24 point 7) ----
+
+test('relayed: a stdin body stripped on the way is refused, and the command sees no EOF', async () => {
+  const fake = new FakeEdge({ edgeId: EDGE });
+  const writes: { bytes: number; eof: boolean }[] = [];
+  const io: Partial<SandboxIoApi> = {
+    writeStdin: async (_id, _cid, data, options = {}) => {
+      let bytes = 0;
+      if (Buffer.isBuffer(data)) bytes = data.length;
+      else if (data) for await (const c of data) bytes += (c as Buffer).length;
+      writes.push({ bytes, eof: options.eof === true });
+      return { bytes };
+    },
+  };
+  const edge: EdgeApi = {
+    edgeId: EDGE,
+    status: (sig) => fake.status(sig),
+    createSandbox: (r, sig) => fake.createSandbox(r, sig),
+    getSandbox: (id, sig) => fake.getSandbox(id, sig),
+    listSandboxes: (f, sig) => fake.listSandboxes(f, sig),
+    stopSandbox: (id, sig) => fake.stopSandbox(id, sig),
+    runCommand: (id, c, o) => fake.runCommand(id, c, o),
+    io: io as SandboxIoApi,
+  };
+  const s = await setting(edge);
+  try {
+    // The impostor drops the body (and its trailer): what reaches the edge is a request
+    // with no body at all, which the edge took for "no bytes, then EOF".
+    const { client } = await s.through(async (seen, e) =>
+      e.relay({ ...seen, trailers: {} }, { body: Buffer.alloc(0) }),
+    );
+    for (const [what, data] of [
+      ['a buffer', Buffer.from('yes\n')],
+      ['a stream', Readable.from([Buffer.from('yes\n')])],
+    ] as const) {
+      await mustRefuse(
+        client.io
+          .writeStdin('sb', 'cmd-1', data, { eof: true })
+          .then((r) => `${what}: accepted, ${r.bytes} bytes`),
+        what,
+      );
+    }
+    assert.deepEqual(
+      writes.filter((w) => w.eof),
+      [],
+      'the command was never sent an EOF it did not get from the client',
+    );
+    // Unchanged, the same calls work.
+    const direct = s.direct;
+    assert.deepEqual(
+      await direct.io.writeStdin('sb', 'cmd-1', Buffer.from('yes\n'), { eof: true }),
+      { bytes: 4 },
+    );
+    assert.deepEqual(await direct.io.writeStdin('sb', 'cmd-1', undefined, { eof: true }), {
+      bytes: 0,
+    });
+  } finally {
+    await s.close();
+  }
+});

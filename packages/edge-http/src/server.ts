@@ -408,10 +408,18 @@ class Call {
     return body as Record<string, unknown>;
   }
 
-  /** The raw body as a stream, or undefined when the request has none. */
+  /**
+   * The raw body as a stream, or undefined when the request has none; "none"
+   * must be what the request signed, or a body stripped on the way would
+   * pass for an empty one (stdin: no bytes, then EOF).
+   */
   body(): Readable | undefined {
     const h = this.req.headers;
     if (h['transfer-encoding'] === undefined && (h['content-length'] ?? '0') === '0') {
+      if (!bodyMatches(this.verified, bodyDigest(EMPTY), this.req.trailers)) {
+        this.bodyError = badBody();
+        throw this.bodyError;
+      }
       return undefined;
     }
     return this.rawBody();
