@@ -217,11 +217,30 @@ test('a timestamp beyond ±60 s of the edge clock is refused', async () => {
       assert.equal(code(a), 'unauthenticated');
     }
     assert.equal(s.calls(), 0);
-    const within = signRequest(s.secret, EDGE, 'GET', path, { nowMs: now - 30_000 });
+    // (A client behind the edge's clock is tested below: a fresh server refuses what was
+    // signed before it started.)
+    const within = signRequest(s.secret, EDGE, 'GET', path, { nowMs: now + 30_000 });
     assert.equal((await raw(s.server.url, path, within.headers)).status, 200);
   } finally {
     await s.close();
   }
+});
+
+test('a client behind the edge clock is accepted, except for what it signed before the edge started', () => {
+  let now = 1_000_000;
+  const secret = newEdgeSecret();
+  const v = new RequestVerifier({ secret, edgeId: EDGE, now: () => now });
+  const path = '/edge/v1/status';
+  // Signed 30 s behind, right after the start: it may be a request the previous process took.
+  const early = signRequest(secret, EDGE, 'GET', path, { nowMs: now - 30_000 });
+  assert.throws(
+    () => v.verify('GET', path, early.headers),
+    (e) => isDsecError(e, 'unauthenticated') && /before the edge's server started/.test(e.message),
+  );
+  now += 40_000;
+  const behind = signRequest(secret, EDGE, 'GET', path, { nowMs: now - 30_000 });
+  v.verify('GET', path, behind.headers);
+  assert.equal(v.rememberedNonces, 1);
 });
 
 test('nonces are forgotten once a replay would be stale anyway', () => {

@@ -230,7 +230,12 @@ export interface VerifiedRequest {
  * twice the skew window from their arrival, long enough that a replay is
  * either refused as seen or as stale. Only correctly signed requests are
  * remembered, so the set grows with the authenticated request rate alone
- * (a client without the secret cannot fill it).
+ * (a client without the secret cannot fill it). The set lives in memory,
+ * so a request signed before this verifier existed is refused too: the
+ * nonces a previous process of the edge accepted are gone, and without
+ * this an edge restart would take again every request of the minute before
+ * it. (A client whose clock is behind the edge's by d is refused for d
+ * after a restart.)
  */
 export class RequestVerifier {
   readonly #secret: string;
@@ -238,11 +243,14 @@ export class RequestVerifier {
   readonly #now: () => number;
   /** nonce → when it may be forgotten; insertion order is (nearly) expiry order. */
   readonly #seen = new Map<string, number>();
+  /** Requests signed earlier may have been accepted by a process before this one. */
+  readonly #startedAt: number;
 
   constructor(options: { secret: string; edgeId: string; now?: () => number }) {
     this.#secret = options.secret;
     this.#edgeId = options.edgeId;
     this.#now = options.now ?? Date.now;
+    this.#startedAt = this.#now();
   }
 
   /**
@@ -276,6 +284,12 @@ export class RequestVerifier {
     const expected = requestSignature(this.#secret, this.#edgeId, method, path, time, nonce, body);
     if (!safeEqual(signature, expected)) {
       throw unauthenticated('bad request signature (a different secret, or not this edge)');
+    }
+    if (Number(time) < this.#startedAt) {
+      throw unauthenticated(
+        "the request was signed before the edge's server started (a replay across a restart?)",
+        { skewMs: Number(time) - now },
+      );
     }
     this.#forgetExpired(now);
     if (this.#seen.has(nonce)) throw unauthenticated('replayed request (nonce already used)');

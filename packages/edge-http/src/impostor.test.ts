@@ -927,3 +927,52 @@ test('relayed: a stdin body stripped on the way is refused, and the command sees
     await s.close();
   }
 });
+
+test('replayed: a request the edge ran before a restart is refused by the restarted edge', async () => {
+  const fake = new FakeEdge({ edgeId: EDGE });
+  let ran = 0;
+  const counted: EdgeApi = {
+    edgeId: EDGE,
+    status: (sig) => fake.status(sig),
+    createSandbox: (r, sig) => fake.createSandbox(r, sig),
+    getSandbox: (id, sig) => fake.getSandbox(id, sig),
+    listSandboxes: (f, sig) => fake.listSandboxes(f, sig),
+    stopSandbox: (id, sig) => fake.stopSandbox(id, sig),
+    runCommand: (id, c, o) => {
+      ran++;
+      return fake.runCommand(id, c, o);
+    },
+  };
+  const s = await setting(counted);
+  let restarted: Awaited<ReturnType<typeof serveEdge>> | undefined;
+  try {
+    const sb = await running(fake);
+    // The impostor relays (and records) a command, as anyone on the path can.
+    const { client, seen } = await s.through(async (x, edge) => edge.relay(x));
+    assert.equal((await client.runCommand(sb.id, { argv: ['echo', 'rm -rf /work'] })).exitCode, 0);
+    assert.equal(ran, 1);
+    // The edge restarts (an upgrade, a crash) within the minute a signature is good for;
+    // its memory of nonces went with the old process.
+    await s.server.close();
+    restarted = await serveEdge({ edge: counted, secret: s.secret });
+    const x = seen[0]!;
+    const replay = await send(
+      new URL(restarted.url),
+      x.method,
+      x.url,
+      forwardable(x.headers),
+      x.body,
+      x.trailers,
+    );
+    assert.equal(replay.status, 401, `the restarted edge took the replay: ${replay.status}`);
+    assert.equal(replay.headers[HEADER_PROOF], undefined);
+    assert.equal(ran, 1, 'the command ran once');
+    // A request signed after the restart works.
+    const fresh = new RemoteEdge({ edgeId: EDGE, url: restarted.url, secret: s.secret });
+    assert.equal((await fresh.runCommand(sb.id, { argv: ['true'] })).exitCode, 0);
+    fresh.close();
+  } finally {
+    await restarted?.close();
+    await s.close();
+  }
+});
