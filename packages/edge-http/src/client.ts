@@ -65,12 +65,7 @@ import {
   PTY_RESIZE,
   PTY_UPGRADE,
 } from './frames.js';
-import {
-  decodeStreamError,
-  EDGE_PATH_PREFIX,
-  HEADER_STREAM_ERROR,
-  MAX_JSON_BODY_BYTES,
-} from './protocol.js';
+import { decodeStreamError, EDGE_PATH_PREFIX, HEADER_STREAM_ERROR } from './protocol.js';
 import { normalizeFingerprint, PinnedAgent } from './tls.js';
 
 export interface RemoteEdgeOptions {
@@ -103,12 +98,14 @@ export interface RemoteEdgeOptions {
 const CONNECT_ERRORS = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT']);
 /**
  * Whole answers are read before they are believed, so they are bounded: an
- * error body (the edge's are a few hundred bytes) and a JSON answer (the
- * largest, a listing, is far below the request bodies' own cap). An answer
- * past its bound is dropped: no honest edge sends one.
+ * error body (the edge's are a few hundred bytes) and a JSON answer. The
+ * largest JSON answer is a command's result from `waitCommand`, as large as
+ * the same result in a command stream's last frame (both streams' kept
+ * output, up to 64 MiB each, and every control byte is six bytes of JSON),
+ * so it has that frame's bound. An answer past its bound is dropped.
  */
 const MAX_ERROR_BODY_BYTES = 1 << 20;
-const MAX_JSON_ANSWER_BYTES = MAX_JSON_BODY_BYTES;
+const MAX_JSON_ANSWER_BYTES = MAX_COMMAND_FRAME_BYTES;
 
 interface Exchange {
   method: 'GET' | 'POST' | 'PUT' | 'DELETE';
