@@ -265,6 +265,29 @@ test('nonces are forgotten once a replay would be stale anyway', () => {
   );
 });
 
+test('a request signed a full skew ahead cannot be replayed at the moment its nonce is forgotten', () => {
+  // Stale when more than the skew from the clock, forgotten when its memory ends: the two must
+  // not meet at one millisecond (signed 60 s ahead, replayed exactly 120 s after arrival).
+  let now = 1_000_000;
+  const secret = newEdgeSecret();
+  const v = new RequestVerifier({ secret, edgeId: EDGE, now: () => now });
+  const path = '/edge/v1/sandboxes/sb-1/stop';
+  const ahead = signRequest(secret, EDGE, 'POST', path, { nowMs: now + MAX_CLOCK_SKEW_MS });
+  v.verify('POST', path, ahead.headers);
+  for (const later of [
+    2 * MAX_CLOCK_SKEW_MS - 1,
+    2 * MAX_CLOCK_SKEW_MS,
+    2 * MAX_CLOCK_SKEW_MS + 1,
+  ]) {
+    now = 1_000_000 + later;
+    assert.throws(
+      () => v.verify('POST', path, ahead.headers),
+      (e) => isDsecError(e, 'unauthenticated'),
+      `replayed ${later} ms after arrival`,
+    );
+  }
+});
+
 test('an impostor server is refused: other secret, no proof, a replayed proof, a bare 101', async () => {
   const secret = newEdgeSecret();
   const ids = new SandboxIdCodec('auth-test-secret');

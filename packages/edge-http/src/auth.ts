@@ -304,7 +304,9 @@ export class RequestVerifier {
 
   #forgetExpired(now: number): void {
     for (const [nonce, until] of this.#seen) {
-      if (until > now) break;
+      // Kept through its last millisecond: at `until` a request signed a full skew ahead is
+      // still within the skew, one millisecond later it is not.
+      if (until >= now) break;
       this.#seen.delete(nonce);
     }
   }
