@@ -66,7 +66,7 @@ import {
   PTY_UPGRADE,
 } from './frames.js';
 import { decodeStreamError, EDGE_PATH_PREFIX, HEADER_STREAM_ERROR } from './protocol.js';
-import { normalizeFingerprint, PinnedAgent } from './tls.js';
+import { normalizeFingerprint, PinnedAgent, shownFingerprint } from './tls.js';
 
 export interface RemoteEdgeOptions {
   /** The edge's ID; it is part of every signature, so a misdirected call is refused. */
@@ -162,6 +162,17 @@ export class RemoteEdge implements EdgeApi {
   /** Drops pooled sockets; later calls reject with `unavailable`. */
   close(): void {
     this.#link.close();
+  }
+
+  /**
+   * Hands over to a client of the same edge with other pins (a certificate
+   * rotation): later calls here reject with `unavailable`, idle sockets
+   * close now, and a call in flight finishes on its connection if that
+   * connection's certificate is one of `pinSha256`, or is cut now (a pin
+   * withdrawn). `close()` cuts every call in flight, which kills commands.
+   */
+  retire(pinSha256: readonly string[]): void {
+    this.#link.retire(new Set(pinSha256.map((p) => normalizeFingerprint(p))));
   }
 
   status(signal?: AbortSignal): Promise<EdgeStatus> {
@@ -654,6 +665,21 @@ class EdgeLink {
     this.#closed = true;
     this.#agent.destroy();
     if (this.#upgradeAgent) this.#upgradeAgent.destroy();
+  }
+
+  retire(pins: ReadonlySet<string>): void {
+    this.#closed = true;
+    for (const agent of [this.#agent, this.#upgradeAgent]) {
+      if (!agent) continue;
+      // A socket a call frees is closed instead of pooled.
+      agent.maxFreeSockets = 0;
+      for (const list of Object.values(agent.freeSockets)) for (const s of list ?? []) s.destroy();
+      for (const list of Object.values(agent.sockets))
+        for (const s of list ?? []) {
+          const fingerprint = shownFingerprint(s);
+          if (fingerprint === undefined || !pins.has(fingerprint)) s.destroy();
+        }
+    }
   }
 
   /** A verified 2xx answer whose body streams, unread; any other status rejects with its `DsecError`. */
