@@ -92,6 +92,14 @@ export interface EdgeServerOptions {
    * is answered with a plain `400` naming the problem, and closed.
    */
   tls?: EdgeTlsOptions | undefined;
+  /**
+   * How long a connection may take to bring a request head: from its first
+   * byte to a TLS handshake's end, from there (or from a plaintext accept)
+   * to its first request head, and for every later head (Node's own).
+   * Default 30 000. A peer needs no secret to open connections, so each is
+   * bounded in time.
+   */
+  headersTimeoutMs?: number | undefined;
 }
 
 export interface EdgeTlsOptions {
@@ -161,12 +169,13 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
     );
   }
   const upgraded = new Set<Duplex>();
+  const headMs = options.headersTimeoutMs ?? 30_000;
 
   const httpOptions = {
     // Streamed bodies (stdin, uploads) and quiet commands may take as long as
     // they take; only the headers are bounded in time.
     requestTimeout: 0,
-    headersTimeout: 30_000,
+    headersTimeout: headMs,
     // Longer than a busy apiserver's gap between calls, so pooled sockets stay warm.
     keepAliveTimeout: 65_000,
     noDelay: true,
@@ -178,11 +187,25 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
         key: options.tls.key,
         // Both ends are DSec: nothing older needs to be spoken.
         minVersion: 'TLSv1.3',
+        handshakeTimeout: headMs,
       })
     : http.createServer(httpOptions);
   server.timeout = 0;
+  // Node's header timeout starts with a connection's second request: the first one gets
+  // its own deadline here, from the accept (or the TLS handshake's end) to its head.
+  const firstHead = new WeakMap<Duplex, NodeJS.Timeout>();
+  server.on(options.tls ? 'secureConnection' : 'connection', (socket: Duplex) => {
+    const timer = setTimeout(() => socket.destroy(), headMs);
+    firstHead.set(socket, timer);
+    socket.once('close', () => clearTimeout(timer));
+  });
+  const headArrived = (socket: Duplex) => {
+    clearTimeout(firstHead.get(socket));
+    firstHead.delete(socket);
+  };
 
   server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    headArrived(req.socket);
     const method = req.method ?? 'GET';
     const url = req.url ?? '/';
     let verified: VerifiedRequest;
@@ -240,12 +263,15 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
   });
 
   server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    headArrived(socket);
     upgraded.add(socket);
     socket.once('close', () => upgraded.delete(socket));
     void onUpgrade(req, socket, head, { edge, verifier, log });
   });
 
-  const guard = options.tls ? plaintextGuard(server as https.Server, edgeId, log) : undefined;
+  const guard = options.tls
+    ? plaintextGuard(server as https.Server, edgeId, log, headMs)
+    : undefined;
   const listener = guard?.listener ?? server;
   await new Promise<void>((resolve, reject) => {
     listener.once('error', reject);
@@ -289,6 +315,7 @@ function plaintextGuard(
   server: https.Server,
   edgeId: string,
   log: EdgeLogger | undefined,
+  headMs: number,
 ): { listener: net.Server; sockets: Set<net.Socket> } {
   // `server` never listens itself; its connection tracking (header timeouts) starts here.
   server.emit('listening');
@@ -298,7 +325,7 @@ function plaintextGuard(
     socket.once('close', () => sockets.delete(socket));
     socket.on('error', () => undefined);
     // As long as the HTTP server would wait for headers.
-    socket.setTimeout(30_000, () => socket.destroy());
+    socket.setTimeout(headMs, () => socket.destroy());
     socket.once('data', (first: Buffer) => {
       socket.pause();
       socket.setTimeout(0);
