@@ -796,7 +796,9 @@ class EdgeLink {
     if (this.#closed) return Promise.reject(this.#closedError());
     if (signal?.aborted) return Promise.reject(abortedError(signal));
     const full = EDGE_PATH_PREFIX + path;
-    const { headers: auth, exchange } = signRequest(this.#secret, this.edgeId, 'GET', full);
+    const { headers: auth, exchange } = signRequest(this.#secret, this.edgeId, 'GET', full, {
+      upgrade: protocol,
+    });
     return new Promise((resolve, reject) => {
       const request = this.#request({
         ...this.#target,

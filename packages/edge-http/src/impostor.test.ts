@@ -976,3 +976,76 @@ test('replayed: a request the edge ran before a restart is refused by the restar
     await s.close();
   }
 });
+
+test('relayed: a request turned into an upgrade on the way is refused, not answered as the edge', async () => {
+  const fake = new FakeEdge({ edgeId: EDGE });
+  const s = await setting(fake);
+  try {
+    const sb = await running(fake);
+    // The impostor adds `Upgrade` to a genuine signed GET (or strips it from a terminal's
+    // request): the edge took the unsigned header and proved its "no such route" 404.
+    const { client } = await s.through(async (seen, _edge) => {
+      const target = new URL(s.server.url);
+      let head = `${seen.method} ${seen.url} HTTP/1.1\r\n`;
+      for (const [k, v] of Object.entries(forwardable(seen.headers)))
+        head += `${k}: ${String(v)}\r\n`;
+      head += 'connection: Upgrade\r\nupgrade: dsec-edge-pty\r\n\r\n';
+      const { socket, answer } = await rawUpgrade(target, head);
+      const chunks: Buffer[] = [];
+      socket.on('data', (c: Buffer) => chunks.push(c));
+      const closed = new Promise((r) => socket.once('close', r));
+      socket.resume();
+      await closed;
+      const [statusLine, ...lines] = answer.split('\r\n');
+      const headers: IncomingHttpHeaders = {};
+      for (const line of lines) {
+        const colon = line.indexOf(':');
+        headers[line.slice(0, colon).toLowerCase()] = line.slice(colon + 1).trim();
+      }
+      return {
+        status: Number(statusLine!.split(' ')[1]),
+        headers,
+        body: Buffer.concat(chunks),
+        trailers: {},
+      };
+    });
+    await mustRefuse(
+      client.getSandbox(sb.id).then(
+        (got) => `accepted: ${got.state}`,
+        (e: unknown) => {
+          if (isDsecError(e) && e.code !== 'unavailable') return `a proven ${e.code}: ${e.message}`;
+          throw e;
+        },
+      ),
+    );
+    // The other way: a terminal's request relayed without its upgrade headers.
+    const { client: stripped } = await s.through(
+      async () => json(500, {}),
+      (req, socket, _head, target) => {
+        let head = `${req.method} ${req.url} HTTP/1.1\r\n`;
+        for (let i = 0; i < req.rawHeaders.length; i += 2) {
+          const name = req.rawHeaders[i]!.toLowerCase();
+          if (name !== 'upgrade' && name !== 'connection')
+            head += `${req.rawHeaders[i]}: ${req.rawHeaders[i + 1]}\r\n`;
+        }
+        head += 'connection: close\r\n\r\n';
+        void rawUpgrade(target, head).then(({ socket: edgeSocket, answer }) => {
+          socket.write(answer + '\r\n\r\n');
+          edgeSocket.pipe(socket);
+          edgeSocket.resume();
+        });
+      },
+    );
+    await mustRefuse(
+      stripped.io.openPty(sb.id).then(
+        () => 'terminal accepted',
+        (e: unknown) => {
+          if (isDsecError(e) && e.code !== 'unavailable') return `a proven ${e.code}: ${e.message}`;
+          throw e;
+        },
+      ),
+    );
+  } finally {
+    await s.close();
+  }
+});

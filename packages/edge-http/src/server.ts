@@ -942,7 +942,8 @@ async function onUpgrade(
   let wire: () => void;
   try {
     try {
-      exchange = ctx.verifier.verify(req.method ?? 'GET', url, req.headers).exchange;
+      const asked = req.headers.upgrade ?? '';
+      exchange = ctx.verifier.verify(req.method ?? 'GET', url, req.headers, asked).exchange;
     } catch (err) {
       ctx.log?.warn({ remote: req.socket.remoteAddress, url, err: String(err) }, 'refused');
       throw err;
