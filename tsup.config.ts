@@ -3,13 +3,15 @@ import { defineConfig } from 'tsup';
 // One bundle for the CLI (workspace packages inlined, npm dependencies kept
 // external) so `bin/dsec` starts fast without a TypeScript loader.
 export default defineConfig({
-  // `blobd` is the blob daemon process the edge spawns (next to main.js), and
-  // `exec-load` the client process of `dsec bench exec`'s load run;
+  // `blobd` is the blob daemon process the edge spawns (next to main.js),
+  // `exec-load` the client process of `dsec bench exec`'s load run and
+  // `flood` the attacker of `dsec bench bounds`;
   // self-contained bundles, no shared chunks.
   entry: {
     main: 'packages/cli/src/main.ts',
     blobd: 'packages/edge/src/ondemand/blobd-main.ts',
     'exec-load': 'packages/cli/src/bench/exec-load-client.ts',
+    flood: 'packages/cli/src/bench/flood-client.ts',
   },
   splitting: false,
   outDir: 'packages/cli/dist',

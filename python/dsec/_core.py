@@ -101,9 +101,10 @@ def ms(seconds: Optional[float]) -> Optional[int]:
 # --- retries -----------------------------------------------------------------
 
 #: Codes worth resending a retry-safe call for: the platform was briefly
-#: down, full, or over quota. `resource_exhausted` is not among them: the
-#: limit is the sandbox's own and only the caller can free it (docs/errors.md).
-RETRY_CODES = frozenset({"unavailable", "capacity_exhausted", "quota_exceeded"})
+#: down, full, over quota, or limiting this client. `resource_exhausted` is not
+#: among them: the limit is the sandbox's own and only the caller can free it
+#: (docs/errors.md).
+RETRY_CODES = frozenset({"unavailable", "capacity_exhausted", "quota_exceeded", "rate_limited"})
 
 
 @dataclass(frozen=True)

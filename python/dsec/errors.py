@@ -128,6 +128,12 @@ class ResourceExhausted(DSecError):
     code, status, retryable = "resource_exhausted", 429, True
 
 
+class RateLimited(DSecError):
+    """Too many requests of one kind from this client; ``details['retryAfterMs']`` says when to retry."""
+
+    code, status, retryable = "rate_limited", 429, True
+
+
 class CapacityExhausted(DSecError):
     """No node has capacity for the sandbox now."""
 
@@ -174,6 +180,7 @@ ERROR_CLASSES: Dict[str, Type[DSecError]] = {
         PayloadTooLarge,
         QuotaExceeded,
         ResourceExhausted,
+        RateLimited,
         CapacityExhausted,
         Unavailable,
         DeadlineExceeded,

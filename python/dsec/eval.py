@@ -17,8 +17,10 @@ a sandbox through a :class:`Rollout`) and gets a reward back::
 
 The Python side stays a thin client of ``dsec eval`` (packages/eval): it
 creates the sandbox from the layers ``dsec eval prepare`` reports, runs the
-callback, and asks ``dsec eval grade`` for the reward. Grading (applying
-``test_patch`` from the repository at ``base_commit``, running
+callback, and asks ``dsec eval grade`` for the reward. Grading (taking the
+agent's work as a patch and applying it to a fresh sandbox of the task's
+environment, without test files or files that steer the test runner;
+applying ``test_patch`` from the repository at ``base_commit``, running
 ``test_command``, parsing pytest/TAP/unittest/go output, SWE-bench's
 reward) exists once, in TypeScript, so a reward means the same whether the
 batch ran from ``dsec eval run`` or from here. What is repeated here is
@@ -103,6 +105,11 @@ class EvalResult:
     failing: List[str] = field(default_factory=list)
     tool_calls: int = 0
     sandbox_id: Optional[str] = None
+    #: The fresh sandbox the tests ran in (``None`` for tasks graded in place).
+    grading_sandbox_id: Optional[str] = None
+    #: What the grader carried from the agent's sandbox: ``diff``, ``files``,
+    #: ``leftOut`` (path, rule, reason), … as ``dsec eval grade`` reports it.
+    agent_patch: Optional[Dict[str, Any]] = None
     #: ``setup``, ``agent``, ``grading`` and ``total``, in seconds.
     durations: Dict[str, float] = field(default_factory=dict)
     #: Whatever the agent callback returned.
@@ -316,6 +323,8 @@ class EvalRunner:
             result.reward = int(graded["reward"])
             result.tests = dict(graded["tests"])
             result.failing = list(graded["failing"])
+            result.grading_sandbox_id = graded.get("gradingSandboxId")
+            result.agent_patch = graded.get("agentPatch")
         except (DSecError, ToolError, _CliError) as err:
             code = getattr(err, "code", None) or ("tool_error" if isinstance(err, ToolError) else "cli_error")
             result.error = {"code": str(code), "message": str(err)}

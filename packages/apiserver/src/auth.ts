@@ -1,5 +1,5 @@
 import type { FastifyRequest } from 'fastify';
-import { DsecError } from '@dsec/core';
+import { addressKey, DsecError } from '@dsec/core';
 import { mayReadMetrics } from '@dsec/iam';
 import type { Iam, Principal } from '@dsec/iam';
 
@@ -9,11 +9,17 @@ const principals = new WeakMap<FastifyRequest, Principal>();
  * Reads `Authorization: Bearer <key>`; the key itself is never logged or kept.
  * IAM answers a key it looked up within the last `authCacheTtlMs` from
  * memory, so a busy apiserver does not query the database per request.
+ * Failures are limited per client address (`rate_limited` past the budget).
  */
 export async function authenticateRequest(iam: Iam, req: FastifyRequest): Promise<void> {
   const header = req.headers.authorization;
   const m = typeof header === 'string' ? /^Bearer +(\S+) *$/i.exec(header) : null;
-  principals.set(req, await iam.authenticate(m?.[1]));
+  principals.set(req, await iam.authenticate(m?.[1], { source: sourceOf(req.raw) }));
+}
+
+/** The unit failed authentications are counted in: the client's address (`addressKey`). */
+export function sourceOf(req: { socket?: { remoteAddress?: string | undefined } | null }): string {
+  return addressKey(req.socket?.remoteAddress);
 }
 
 /** The principal `authenticateRequest` stored; routes without auth must not call this. */

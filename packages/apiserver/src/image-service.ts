@@ -15,8 +15,12 @@ import type { Iam, Principal } from '@dsec/iam';
  * wiring): every owner's records, and the removal of one project's.
  */
 export interface ImageCatalog {
-  /** Every owner's layers; without `all`, the plumbing records registry imports keep are left out. */
-  list(options: { all: boolean }): Promise<LayerInfo[]>;
+  /**
+   * The platform's layers and, with `projects`, those projects' only (else
+   * every owner's); without `all`, the plumbing records registry imports keep
+   * are left out.
+   */
+  list(options: { all: boolean; projects?: readonly string[] | undefined }): Promise<LayerInfo[]>;
   /** Removes `ref` from `project`'s namespace (never the platform's); `image_not_found` when absent. */
   remove?(ref: string, project: string): Promise<void>;
 }
@@ -43,7 +47,9 @@ export class ImageService {
   ): Promise<LayerInfo[]> {
     const project = await this.#project(principal, options.projectId, 'images.list');
     const view: LayerView = await this.deps.iam.lineage(project);
-    return visibleLayers(await this.#catalog().list({ all: options.all }), view);
+    // Only the namespaces of the view are read: other tenants' size is not this caller's cost.
+    const layers = await this.#catalog().list({ all: options.all, projects: view });
+    return visibleLayers(layers, view);
   }
 
   /**
@@ -70,7 +76,12 @@ export class ImageService {
     const parsed = parseLayerRef(ref);
     if (!parsed) throw notFound(ref);
     const key = formatLayerKey({ ...parsed, project });
-    const all = await catalog.list({ all: true });
+    // Only the project's subtree can stack its layers (their views are the only ones holding
+    // it), so only its namespaces are read, never every tenant's.
+    const all = await catalog.list({
+      all: true,
+      projects: await this.deps.iam.subtreeIds(project),
+    });
     if (!all.some((l) => formatLayerKey(l) === key)) throw notFound(ref);
     const users = all.filter((l) => l.parents?.includes(key)).map((l) => formatLayerKey(l));
     if (users.length > 0) {

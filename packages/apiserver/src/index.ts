@@ -44,6 +44,10 @@ export type { FnCallBatchItem, FnCallFleetSource, FnCallServiceDeps } from './fn
 export { routeFnCall } from './fncall-routing.js';
 export type { FnCallEdgeCandidate, FnCallRoute, FnCallRouteRequest } from './fncall-routing.js';
 export { ApiMetrics } from './metrics.js';
+export { API_LIMIT_DEFAULTS, CallerLimits, retryAfterSeconds } from './limits.js';
+export type { ApiLimits, StreamTicket } from './limits.js';
+export { hostAllowed, hostAllowList, isAllowedHostPattern, MAX_URL_BYTES } from './request-gate.js';
+export { sourceOf } from './auth.js';
 export { toHttpError } from './errors.js';
 export { forwardToPort, responseHeaders } from './routes/ports.js';
 export { clientGone } from './routes/io-common.js';

@@ -1,4 +1,15 @@
-import { Counter, Histogram, Registry } from 'prom-client';
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { AuthStats } from '@dsec/iam';
+
+/** Where the bound metrics read their values (set by `buildApiServer`). */
+export interface BoundSources {
+  /** IAM's counters (failed authentications, denials). */
+  authStats?: () => AuthStats;
+  /** Open connections of the listener. */
+  openConnections?: () => number;
+  /** Streams open and the bytes they have queued. */
+  streams?: () => { open: number; queuedBytes: number };
+}
 
 /**
  * Prometheus metrics of one apiserver. Each server owns its registry, so
@@ -59,4 +70,95 @@ export class ApiMetrics {
     help: 'Creates retried on another edge after the first refused.',
     registers: [this.registry],
   });
+
+  // ---- bounds per caller (docs/security.md, "Bounded work per caller") ----
+
+  /** Set by the server: where the collected series below read from. */
+  readonly sources: BoundSources = {};
+
+  readonly authFailures = countersFrom(
+    this.registry,
+    'dsec_auth_failures_total',
+    'Failed authentications by reason (missing, malformed, unknown, revoked, rate_limited).',
+    'reason',
+    () => this.sources.authStats?.().failures,
+  );
+  readonly accessDenials = countersFrom(
+    this.registry,
+    'dsec_access_denials_total',
+    'Requests of authenticated callers denied, by audited action.',
+    'action',
+    () => this.sources.authStats?.().denials,
+  );
+  readonly connections = new Gauge({
+    name: 'dsec_http_connections',
+    help: 'Open connections of the API listener.',
+    registers: [this.registry],
+    collect: (): void => {
+      const open = this.sources.openConnections;
+      if (open) this.connections.set(open());
+    },
+  });
+  readonly connectionEvents = new Counter({
+    name: 'dsec_http_connections_closed_total',
+    help: 'Connections refused or closed by the connection caps, by reason.',
+    labelNames: ['reason'] as const,
+    registers: [this.registry],
+  });
+  readonly requestsRefused = new Counter({
+    name: 'dsec_http_requests_refused_total',
+    help: 'Requests refused before any route by a bound (host, url_too_long, requests_per_key, streams_per_key).',
+    labelNames: ['reason'] as const,
+    registers: [this.registry],
+  });
+  readonly streamsCut = new Counter({
+    name: 'dsec_streams_cut_total',
+    help: 'Output streams cut with their connection because the client did not read, by reason.',
+    labelNames: ['reason'] as const,
+    registers: [this.registry],
+  });
+  readonly streamsOpen = new Gauge({
+    name: 'dsec_streams_open',
+    help: 'Output streams open.',
+    registers: [this.registry],
+    collect: (): void => {
+      const streams = this.sources.streams;
+      if (streams) this.streamsOpen.set(streams().open);
+    },
+  });
+  readonly streamQueuedBytes = new Gauge({
+    name: 'dsec_stream_queued_bytes',
+    help: 'Output queued for clients that have not read it yet, all streams together.',
+    registers: [this.registry],
+    collect: (): void => {
+      const streams = this.sources.streams;
+      if (streams) this.streamQueuedBytes.set(streams().queuedBytes);
+    },
+  });
+}
+
+/**
+ * A counter whose values are another component's own monotonic counters
+ * (IAM's), read at every scrape: nothing to keep in step by hand.
+ */
+function countersFrom(
+  registry: Registry,
+  name: string,
+  help: string,
+  label: string,
+  read: () => Record<string, number> | undefined,
+): Counter<string> {
+  const counter: Counter<string> = new Counter({
+    name,
+    help,
+    labelNames: [label],
+    registers: [registry],
+    collect: (): void => {
+      const values = read();
+      if (!values) return;
+      counter.reset();
+      for (const [value, n] of Object.entries(values)) counter.inc({ [label]: value }, n);
+    },
+  });
+  return counter;
 }

@@ -1,5 +1,12 @@
 import { randomBytes } from 'node:crypto';
-import { DsecError, formatLayerKey, randomId, requireLifecycle, toDsecError } from '@dsec/core';
+import {
+  DsecError,
+  formatLayerKey,
+  randomId,
+  requireLifecycle,
+  throwIfAborted,
+  toDsecError,
+} from '@dsec/core';
 import type {
   CommandResult,
   CommandSpec,
@@ -66,7 +73,8 @@ const OWNER_CACHE_ENTRIES = 100_000;
  * What a snapshot of a sandbox with a disk limit reserves of its project's
  * `imageBytes` quota beyond that limit: room for the layer's own metadata
  * (inodes, directories, whiteouts; at most one inode per 16 KiB of the
- * limit). Without a disk limit a snapshot reserves all the room left.
+ * limit). Without a disk limit a snapshot holds nothing up front: the edge
+ * refuses a layer past the room left, and the charge checks it again.
  */
 const SNAPSHOT_METADATA_BYTES = (diskLimitMb: number) => diskLimitMb * 1024 * 64 + 1024 * 1024;
 
@@ -524,7 +532,7 @@ export class SandboxService {
     try {
       for (let attempt = 0; attempt < MAX_PLACEMENT_ATTEMPTS; attempt++) {
         if (attempt > 0) metrics.placementRetries.inc();
-        const edgeId = placer.place({ spec, exclude });
+        const edgeId = placer.place({ spec, exclude, layerView: view });
         const edge = this.#edge(edgeId);
         if (!edge) {
           exclude.add(edgeId);
@@ -625,10 +633,17 @@ export class SandboxService {
 
   /**
    * One snapshot through the project's `imageBytes` quota: reserve before
-   * (the sandbox's disk limit and room for metadata, or everything left
-   * without one), let the edge refuse a bigger layer, then charge the
+   * (the sandbox's disk limit and room for metadata; without one nothing is
+   * held, the bound is the room left), let the edge refuse a bigger layer, then charge the
    * layer what it weighs (the rest goes back). A layer the quota cannot hold
    * after all (an edge that ignores the limit) is deleted again.
+   *
+   * Once sent, the snapshot is accounted by the edge's answer, never by the
+   * client: `signal` stops it only before it reaches the edge. A remote
+   * edge's call rejects the moment its signal aborts while the edge may
+   * already be storing the layer (no abort check there), so a client that
+   * hung up at the right moment had its reservation released and its layer
+   * stored, charged to no quota.
    */
   async #snapshotCharged(
     principal: Principal,
@@ -637,6 +652,7 @@ export class SandboxService {
     signal?: AbortSignal,
   ): Promise<SnapshotInfo> {
     const { iam } = this.#d;
+    throwIfAborted(signal);
     const holder = randomId('img');
     const disk = info.spec.diskLimitMb;
     const want =
@@ -651,7 +667,7 @@ export class SandboxService {
         edge,
         info.id,
         { ...req, layerView, ...(maxBytes !== undefined ? { maxBytes } : {}) },
-        signal,
+        undefined,
       );
     } catch (err) {
       await iam.releaseImageBytes(holder);

@@ -1,16 +1,19 @@
 import { STATUS_CODES } from 'node:http';
 import type { Duplex } from 'node:stream';
 import Fastify from 'fastify';
-import type { FastifyBaseLogger, FastifyInstance } from 'fastify';
-import { randomId } from '@dsec/core';
-import type { LayerInfo, SandboxIdCodec } from '@dsec/core';
+import type { FastifyBaseLogger, FastifyInstance, FastifyReply } from 'fastify';
+import { ConnectionGuard, randomId } from '@dsec/core';
+import type { SandboxIdCodec } from '@dsec/core';
 import { FnCallRateLimiter } from '@dsec/iam';
 import type { Iam } from '@dsec/iam';
 import type { Placer } from '@dsec/placement';
 import type { FleetView } from '@dsec/watcher';
 import { authenticateRequest, principalOf, requireMetricsReader } from './auth.js';
 import { toHttpError } from './errors.js';
+import { bindLimits, CallerLimits, retryAfterSeconds } from './limits.js';
+import type { ApiLimits } from './limits.js';
 import { ApiMetrics } from './metrics.js';
+import { installRequestGate } from './request-gate.js';
 import { openApiRoute, recordRoutes } from './openapi.js';
 import { adminRoutes } from './routes/admin.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
@@ -23,7 +26,7 @@ import { portRoutes, ptyUpgrade } from './routes/ports.js';
 import { ptyWebSocket } from './routes/pty-ws.js';
 import { uiRoutes } from './routes/ui.js';
 import { streamingBodySockets } from './routes/io-common.js';
-import { ImageService } from './image-service.js';
+import { ImageService, type ImageCatalog } from './image-service.js';
 import { SandboxService } from './sandbox-service.js';
 import { fncallRoutes } from './routes/fncall.js';
 import { FnCallService } from './fncall-service.js';
@@ -32,6 +35,8 @@ import type { EdgeDirectory } from './sandbox-service.js';
 
 export const API_VERSION = '0.1.0';
 export const BODY_LIMIT_BYTES = 1024 * 1024;
+/** Longest path segment (an ID); longer is 414 `invalid_argument`. Sandbox IDs run past fastify's 100. */
+export const MAX_PARAM_LENGTH = 256;
 
 export interface ApiServerOptions {
   iam: Iam;
@@ -44,11 +49,12 @@ export interface ApiServerOptions {
   /** A pino logger, `true` for a default one, or nothing for silence. */
   logger?: FastifyBaseLogger | boolean | undefined;
   /**
-   * The image store's layers of every owner; without `all`, the plumbing
-   * records registry imports keep are left out. Callers see what their
-   * project's view holds (`ImageService`).
+   * The image store's layers: the platform's and those of `projects` (every
+   * owner's without it); without `all`, the plumbing records registry imports
+   * keep are left out. Callers see what their project's view holds
+   * (`ImageService`).
    */
-  imagesList?: ((options: { all: boolean }) => Promise<LayerInfo[]>) | undefined;
+  imagesList?: ImageCatalog['list'] | undefined;
   /** Removes a project's layer from the image store (`DELETE /v1/images/:ref`, fork clean-up). */
   imagesRemove?: ((ref: string, project: string) => Promise<void>) | undefined;
   /**
@@ -74,16 +80,28 @@ export interface ApiServerOptions {
   connectionTimeoutMs?: number;
   /** Keep-alive idle time, above common load-balancer idle timeouts. Default 72 000. */
   keepAliveTimeoutMs?: number;
-  /** Open connections at most; further ones are closed at once (Node `server.maxConnections`). Default 10 000. */
+  /**
+   * Open connections at most. At the cap a new connection closes the one
+   * idle longest; only when all are busy is it refused (503). Default 10 000.
+   */
   maxConnections?: number;
+  /** Per-address, per-key and per-stream bounds (`ApiLimits`; docs/security.md). */
+  limits?: Partial<ApiLimits> | undefined;
+  /**
+   * Host names the server answers to besides IP literals, `localhost`,
+   * `*.localhost` and the machine's name: `api.example.com`, `*.example.com`,
+   * or `*` for any (request-gate.ts; refuses DNS-rebinding pages).
+   */
+  allowedHosts?: readonly string[] | undefined;
   /**
    * Mounts more routes on the same service before the server listens (the
-   * E2B-compatible API, `@dsec/e2b`), so they share its metrics and state.
+   * E2B-compatible API, `@dsec/e2b`), so they share its metrics, state and
+   * per-caller limits.
    */
   extend?:
     | ((
         app: FastifyInstance,
-        ctx: { service: SandboxService; iam: Iam; metrics: ApiMetrics },
+        ctx: { service: SandboxService; iam: Iam; metrics: ApiMetrics; limits: CallerLimits },
       ) => void)
     | undefined;
   /** The server's metrics (default new ones); pass them to also serve them on an admin listener. */
@@ -174,15 +192,40 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     connectionTimeout: options.connectionTimeoutMs ?? TRANSPORT_DEFAULTS.connectionTimeoutMs,
     keepAliveTimeout: options.keepAliveTimeoutMs ?? TRANSPORT_DEFAULTS.keepAliveTimeoutMs,
     clientErrorHandler,
-    // Sandbox IDs run past fastify's default limit of 100 characters.
-    routerOptions: { maxParamLength: 256 },
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
+    // The router's own refusals (a path segment over the limit, a bad escape) in DSec's shape.
+    frameworkErrors: (err, req, rawReply) => {
+      const tooLong = err.code === 'FST_ERR_MAX_PARAM_LENGTH';
+      const reply = rawReply as unknown as FastifyReply;
+      void reply
+        .code(tooLong ? 414 : 400)
+        .header('x-request-id', req.id)
+        .header('content-type', 'application/json; charset=utf-8')
+        .send({
+          error: {
+            code: 'invalid_argument',
+            message: tooLong
+              ? `a path segment is longer than ${MAX_PARAM_LENGTH} characters`
+              : 'the URL is malformed',
+            field: 'path',
+          },
+        });
+    },
     genReqId: () => randomId('req', 9),
     return503OnClosing: true,
   }) as unknown as FastifyInstance;
-  app.server.maxConnections = options.maxConnections ?? TRANSPORT_DEFAULTS.maxConnections;
   recordRoutes(app);
 
   const metrics = options.metrics ?? new ApiMetrics();
+  const limits = new CallerLimits(options.limits, {
+    onCut: (reason) => metrics.streamsCut.inc({ reason }),
+    onRefused: (reason) => metrics.requestsRefused.inc({ reason }),
+  });
+  metrics.sources.authStats = () => iam.authStats();
+  metrics.sources.streams = () => ({
+    open: limits.budget.streams,
+    queuedBytes: limits.budget.queuedBytes(),
+  });
   const images = new ImageService({
     iam,
     catalog: options.imagesList && {
@@ -206,8 +249,13 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
 
   app.addHook('onRequest', async (req, reply) => {
     reply.header('x-request-id', req.id);
+    bindLimits(req, limits);
     // Authenticate before the body is read: an anonymous client gets 401, not a parse of its upload.
-    if (req.routeOptions.url?.startsWith('/v1/')) await authenticateRequest(iam, req);
+    if (!req.routeOptions.url?.startsWith('/v1/')) return;
+    await authenticateRequest(iam, req);
+    // One key's requests in flight are bounded (`limits.maxRequestsPerKey`).
+    const leave = limits.enterRequest(principalOf(req).keyId);
+    reply.raw.once('close', leave).once('finish', leave);
   });
   app.addHook('onResponse', async (req, reply) => {
     const route = req.routeOptions.url ?? 'unmatched';
@@ -221,6 +269,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     } else {
       req.log.info({ code: e.code, field: e.field }, 'request rejected');
     }
+    if (e.code === 'rate_limited') reply.header('retry-after', retryAfterSeconds(e.details));
     return reply
       .code(e.status)
       .header('content-type', 'application/json; charset=utf-8')
@@ -271,6 +320,22 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   ptyWebSocket(app, service, iam);
   uiRoutes(app);
   adminRoutes(app, { iam, fleet: () => watcher.view(), images });
-  options.extend?.(app, { service, iam, metrics });
+  options.extend?.(app, { service, iam, metrics, limits });
+  // Last, in front of every listener the routes and extensions installed: the Host and URL
+  // checks, then the connection caps (which must see the requests the checks refuse too).
+  installRequestGate(app.server, {
+    allowedHosts: options.allowedHosts,
+    onRefused: (reason) => metrics.requestsRefused.inc({ reason }),
+  });
+  const guard = new ConnectionGuard(
+    {
+      maxConnections: options.maxConnections ?? TRANSPORT_DEFAULTS.maxConnections,
+      maxConnectionsPerAddress: limits.limits.maxConnectionsPerAddress,
+      pressureKeepAliveMs: limits.limits.pressureKeepAliveMs,
+    },
+    { onEvent: (reason) => metrics.connectionEvents.inc({ reason }) },
+  );
+  guard.attach(app.server);
+  metrics.sources.openConnections = () => guard.open;
   return app;
 }

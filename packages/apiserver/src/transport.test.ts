@@ -117,7 +117,7 @@ async function createSandbox(base: string, key: string): Promise<string> {
 
 test('slow headers: 408 and closed within the headers timeout; others are served meanwhile', async (t) => {
   const { port, base } = await listening(t, { headersTimeoutMs: 300, requestTimeoutMs: 5_000 });
-  const slow = rawClient(port, 'GET /healthz HTTP/1.1\r\nHost: x\r\n', ['X-Slow: 1\r\n']);
+  const slow = rawClient(port, 'GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n', ['X-Slow: 1\r\n']);
   await sleep(150);
   const ok = await within(fetch(`${base}/healthz`), 2_000, 'healthz beside a slow client');
   assert.equal(ok.status, 200);
@@ -130,7 +130,7 @@ test('slow body: a JSON body trickled past the request timeout gets 408', async 
   const { a, port } = await listening(t, { headersTimeoutMs: 300, requestTimeoutMs: 800 });
   const slow = rawClient(
     port,
-    'POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n' +
+    'POST /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n' +
       `Authorization: Bearer ${a.rootKey}\r\nContent-Length: 1000\r\n\r\n{`,
     [' '],
   );
@@ -141,7 +141,9 @@ test('slow body: a JSON body trickled past the request timeout gets 408', async 
 test('50 slow-header clients do not stop a normal client; all of them are cut off', async (t) => {
   const { a, base, port } = await listening(t, { headersTimeoutMs: 400, requestTimeoutMs: 5_000 });
   const slow = Array.from({ length: 50 }, (_, i) =>
-    rawClient(port, `GET /v1/whoami HTTP/1.1\r\nHost: x\r\nX-N: ${i}\r\n`, ['X-More: y\r\n']),
+    rawClient(port, `GET /v1/whoami HTTP/1.1\r\nHost: 127.0.0.1\r\nX-N: ${i}\r\n`, [
+      'X-More: y\r\n',
+    ]),
   );
   await sleep(100);
   for (let i = 0; i < 5; i++) {
@@ -176,7 +178,7 @@ test('a streamed upload may outlast the request timeout; a streamed response too
   socket.on('data', (d: string) => (received += d));
   const closed = new Promise<void>((r) => socket.on('close', () => r()));
   socket.write(
-    `PUT /v1/sandboxes/${id}/files?path=/tmp/f HTTP/1.1\r\nHost: x\r\nConnection: close\r\n` +
+    `PUT /v1/sandboxes/${id}/files?path=/tmp/f HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n` +
       `Authorization: Bearer ${a.rootKey}\r\nContent-Type: application/octet-stream\r\n` +
       'Transfer-Encoding: chunked\r\n\r\n',
   );
@@ -220,7 +222,7 @@ test('a client that never reads a large stream: output is cut off at the buffer 
   socket.on('error', () => {});
   await new Promise<void>((r) => socket.once('connect', () => r()));
   socket.write(
-    `POST /v1/sandboxes/${id}/commands HTTP/1.1\r\nHost: x\r\n` +
+    `POST /v1/sandboxes/${id}/commands HTTP/1.1\r\nHost: 127.0.0.1\r\n` +
       `Authorization: Bearer ${a.rootKey}\r\nContent-Type: application/json\r\n` +
       `Accept: application/x-ndjson\r\nContent-Length: ${body.length}\r\n\r\n${body}`,
   );

@@ -71,6 +71,8 @@ export function hintFor(error: DsecError, ctx: CliContext): string | undefined {
       return 'stop sandboxes you no longer need (`dsec sandbox rm`), or raise the project quota';
     case 'capacity_exhausted':
       return 'the cluster is full right now; retry shortly or stop idle sandboxes';
+    case 'rate_limited':
+      return 'too many failed authentications from this address, or too many streams open with this key; wait and retry';
     case 'resource_exhausted':
       // The sandbox's own limit, not a flag to fix: say which and what helps.
       return error.details?.limit === 'disk'

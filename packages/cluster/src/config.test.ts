@@ -5,7 +5,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isDsecError } from '@dsec/core';
 import { makeTestCertificate } from '@dsec/edge-http/testing';
-import { fncallOptions, loadClusterConfig, parseClusterConfig } from './config.js';
+import {
+  apiBoundsOptions,
+  fncallOptions,
+  loadClusterConfig,
+  parseClusterConfig,
+} from './config.js';
 import { edgeTlsPins } from './roles.js';
 
 const invalid = (field: string) => (err: unknown) =>
@@ -55,6 +60,16 @@ test('GPU settings pass through with the inventory file made absolute', () => {
   });
   assert.equal(config.up?.gpus, 'auto');
   assert.throws(() => parseClusterConfig({ edge: { ...edge, gpus: 'on' } }), invalid('edge.gpus'));
+});
+
+test('snapshot bounds pass through; unknown fields are refused', () => {
+  const edge = { id: 'e1', stateDir: '/s', secretFile: '/k' };
+  const snapshot = { maxFiles: 1000, maxMb: 512, memoryMb: 256, timeoutSeconds: 60 };
+  assert.deepEqual(parseClusterConfig({ edge: { ...edge, snapshot } }).edge?.snapshot, snapshot);
+  assert.throws(
+    () => parseClusterConfig({ edge: { ...edge, snapshot: { maxBytes: 1 } } }),
+    invalid('edge.snapshot'),
+  );
 });
 
 test('FnCall settings pass through for edges and dsec up; enabled: false runs no calls', () => {
@@ -222,4 +237,50 @@ test('edge join pins pinSha256 and pinCertFiles, else the edge certificate itsel
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
+});
+
+test('apiserver bounds: allowed hosts, limits and audit retention, for buildApiServer and IAM', () => {
+  const config = parseClusterConfig({
+    apiserver: {
+      allowedHosts: ['api.example.com', '*.tenants.example.com', '*'],
+      limits: { maxConnections: 500, maxStreamsPerKey: 8, authFailureBurst: 3 },
+      auditRetentionDays: 7,
+    },
+  });
+  assert.deepEqual(apiBoundsOptions(config.apiserver, 'sandbox.example.com'), {
+    api: {
+      allowedHosts: [
+        'api.example.com',
+        '*.tenants.example.com',
+        '*',
+        'sandbox.example.com',
+        '*.sandbox.example.com',
+      ],
+      maxConnections: 500,
+      limits: { maxStreamsPerKey: 8 },
+    },
+    iam: { authFailureBurst: 3, auditRetentionMs: 7 * 86_400_000 },
+  });
+  assert.deepEqual(apiBoundsOptions(undefined), { api: { allowedHosts: [], limits: {} }, iam: {} });
+  for (const bad of [
+    'api.example.com:7420',
+    'http://api.example.com',
+    '*example.com',
+    'a..b',
+    '',
+  ]) {
+    assert.throws(
+      () => parseClusterConfig({ apiserver: { allowedHosts: [bad] } }),
+      invalid('apiserver.allowedHosts.0'),
+      bad,
+    );
+  }
+  assert.throws(
+    () => parseClusterConfig({ apiserver: { limits: { maxStreamsPerKey: 0 } } }),
+    invalid('apiserver.limits.maxStreamsPerKey'),
+  );
+  assert.throws(
+    () => parseClusterConfig({ apiserver: { limits: { perKey: 1 } } }),
+    invalid('apiserver.limits'),
+  );
 });

@@ -13,6 +13,7 @@
 import { readFile } from 'node:fs/promises';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { z } from 'zod';
+import { isAllowedHostPattern } from '@dsec/apiserver';
 import { DsecError } from '@dsec/core';
 import { normalizeFingerprint } from '@dsec/edge-http';
 
@@ -175,6 +176,16 @@ const EdgeSection = z
       .optional(),
     /** Function calls (docs/fncall.md): runtimes, warm pools, limits; `enabled: false` runs none. */
     fncall: FnCallSection.optional(),
+    /** Bounds on one snapshot (docs/security.md, "Host-side work on sandbox-made trees"). */
+    snapshot: z
+      .object({
+        maxFiles: z.number().int().positive().optional(),
+        maxMb: z.number().int().positive().optional(),
+        memoryMb: z.number().int().positive().optional(),
+        timeoutSeconds: z.number().int().positive().optional(),
+      })
+      .strict()
+      .optional(),
     logRequests: z.boolean().default(false),
     /** Serve this edge's metrics without authentication at `HOST:PORT/metrics` (default off). */
     metricsListen: ListenAddress.optional(),
@@ -188,6 +199,28 @@ const E2bSection = z
     /** Serve `<port>-<sandboxId>.<domain>` host names. */
     sandboxDomain: z.string().min(1).optional(),
   })
+  .strict();
+
+/** Per-caller bounds of an apiserver (docs/security.md, "Bounded work per caller"). */
+const ApiLimitsSection = z
+  .object({
+    maxConnections: z.number().int().min(1).max(1_000_000),
+    maxConnectionsPerAddress: z.number().int().min(1).max(1_000_000),
+    pressureKeepAliveMs: z.number().int().min(10).max(600_000),
+    maxRequestsPerKey: z.number().int().min(1).max(1_000_000),
+    maxStreamsPerKey: z.number().int().min(1).max(1_000_000),
+    streamBufferBytes: z
+      .number()
+      .int()
+      .min(64 * 1024),
+    outputBudgetBytes: z
+      .number()
+      .int()
+      .min(1024 * 1024),
+    authFailureBurst: z.number().int().min(1).max(1_000_000),
+    authFailuresPerSecond: z.number().positive().max(1_000_000),
+  })
+  .partial()
   .strict();
 
 const ApiserverSection = z
@@ -209,6 +242,23 @@ const ApiserverSection = z
      * they stay within it (docs/fncall.md). Default 1.
      */
     fncallQuotaShares: z.number().int().min(1).max(1000).optional(),
+    /**
+     * Host names clients reach this apiserver by, besides IP literals,
+     * `localhost` and the machine's name (`api.example.com`, `*.example.com`,
+     * `*` for any): other `Host` headers are refused (DNS rebinding).
+     */
+    allowedHosts: z
+      .array(
+        z
+          .string()
+          .refine(isAllowedHostPattern, 'a host name, `*.` and a host name, or `*` (no port)'),
+      )
+      .max(256)
+      .optional(),
+    /** Connection, key and stream caps, and the failed-authentication budget per address. */
+    limits: ApiLimitsSection.optional(),
+    /** How long audit rows are kept (default 90). */
+    auditRetentionDays: z.number().int().min(1).max(36_500).optional(),
   })
   .strict();
 
@@ -271,6 +321,48 @@ export type FnCallConfig = z.infer<typeof FnCallSection>;
 export type EdgeConfig = z.infer<typeof EdgeSection>;
 export type EdgeTlsConfig = z.infer<typeof EdgeTls>;
 export type ApiserverConfig = z.infer<typeof ApiserverSection>;
+export type ApiLimitsConfig = z.infer<typeof ApiLimitsSection>;
+/** The bound settings of an apiserver section (`dsec up` reads them from the same section). */
+export type ApiBoundsConfig = Pick<
+  ApiserverConfig,
+  'allowedHosts' | 'limits' | 'auditRetentionDays'
+>;
+
+/**
+ * What an apiserver section's bounds mean to `buildApiServer` and to IAM
+ * (`openControlDb`). An E2B wildcard domain is a name clients use too.
+ */
+export function apiBoundsOptions(
+  bounds: ApiBoundsConfig = {},
+  e2bDomain?: string,
+): {
+  api: {
+    allowedHosts: string[];
+    maxConnections?: number;
+    limits: Omit<ApiLimitsConfig, 'maxConnections' | 'authFailureBurst' | 'authFailuresPerSecond'>;
+  };
+  iam: { authFailureBurst?: number; authFailuresPerSecond?: number; auditRetentionMs?: number };
+} {
+  const { maxConnections, authFailureBurst, authFailuresPerSecond, ...limits } =
+    bounds.limits ?? {};
+  return {
+    api: {
+      allowedHosts: [
+        ...(bounds.allowedHosts ?? []),
+        ...(e2bDomain ? [e2bDomain, `*.${e2bDomain}`] : []),
+      ],
+      ...(maxConnections !== undefined ? { maxConnections } : {}),
+      limits,
+    },
+    iam: {
+      ...(authFailureBurst !== undefined ? { authFailureBurst } : {}),
+      ...(authFailuresPerSecond !== undefined ? { authFailuresPerSecond } : {}),
+      ...(bounds.auditRetentionDays !== undefined
+        ? { auditRetentionMs: bounds.auditRetentionDays * 86_400_000 }
+        : {}),
+    },
+  };
+}
 export type WatcherConfig = z.infer<typeof WatcherSection>;
 export type UpConfig = z.infer<typeof UpSection>;
 

@@ -7,10 +7,13 @@
  */
 export { startSingleNode, type SingleNode, type SingleNodeOptions } from './single-node.js';
 export {
+  apiBoundsOptions,
   ClusterConfigSchema,
   fncallOptions,
   loadClusterConfig,
   parseClusterConfig,
+  type ApiBoundsConfig,
+  type ApiLimitsConfig,
   type ApiserverConfig,
   type ClusterConfig,
   type EdgeConfig,

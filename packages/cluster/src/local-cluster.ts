@@ -17,7 +17,7 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { DsecError } from '@dsec/core';
 import { ensureDir, PRIVATE_DIR_MODE, TRAVERSE_DIR_MODE, type AdmissionConfig } from '@dsec/edge';
-import type { ClusterConfig, EdgeConfig } from './config.js';
+import type { ApiBoundsConfig, ClusterConfig, EdgeConfig } from './config.js';
 import type { LifecycleOptions } from './extensions.js';
 import { joinEdge, startApiserver, stopAll, type ApiserverHandle } from './roles.js';
 
@@ -44,6 +44,8 @@ export interface LocalClusterOptions {
   log?: (msg: string) => void;
   /** Admin listener of the apiserver's metrics; edge i serves its own on `port + i`. */
   metricsListen?: { host: string; port: number } | undefined;
+  /** The apiserver's Host allow-list, per-caller limits and audit retention. */
+  apiBounds?: ApiBoundsConfig | undefined;
 }
 
 export interface LocalEdgeProcess {
@@ -166,6 +168,7 @@ export async function startLocalCluster(options: LocalClusterOptions): Promise<L
       registryRefreshMs: 500,
       logRequests: options.logRequests ?? false,
       ...(options.metricsListen ? { metricsListen: listenAt(options.metricsListen, 0) } : {}),
+      ...options.apiBounds,
     },
     ...(options.e2bDomain ? { e2b: { sandboxDomain: options.e2bDomain } } : {}),
     watcher: {

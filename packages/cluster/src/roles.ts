@@ -23,6 +23,7 @@ import {
   type Edge,
   type EdgeLogFn,
   type MetricsListener,
+  type SnapshotLimits,
 } from '@dsec/edge';
 import type { Logger } from 'pino';
 import {
@@ -36,6 +37,7 @@ import { openControlDb, type ControlDb, type EdgeRecord } from '@dsec/iam';
 import { DirImageStore, listImages, openImageStore } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import {
+  apiBoundsOptions,
   apiserverDefaults,
   fncallOptions,
   requireSection,
@@ -125,6 +127,7 @@ export async function startEdgeServer(
     ...(ec.erofsMount ? { erofsMount: ec.erofsMount } : {}),
     ...(ec.gpus ? { gpus: ec.gpus } : {}),
     ...(ec.fncall !== undefined ? { fncall: fncallOptions(ec.fncall) } : {}),
+    ...(ec.snapshot ? { snapshot: snapshotLimits(ec.snapshot) } : {}),
     ...(log ? { log } : {}),
     metrics,
   });
@@ -253,8 +256,9 @@ export async function startApiserver(
   const database = requireSection(config, 'database', 'an apiserver');
   const secretFile = requireSection(config, 'clusterSecretFile', 'an apiserver');
   const ac = apiserverDefaults(config);
+  const bounds = apiBoundsOptions(ac, config.e2b?.sandboxDomain);
   const idSecret = await readOrCreateSecret(secretFile, newClusterSecret);
-  const db = await openControlDb(database);
+  const db = await openControlDb(database, bounds.iam);
   let fleet: RegistryFleet | undefined;
   try {
     const boot = await db.iam.bootstrap();
@@ -288,6 +292,7 @@ export async function startApiserver(
       extend: e2bExtension(config.e2b),
       metrics: apiMetrics,
       fncallQuotaShares: ac.fncallQuotaShares,
+      ...bounds.api,
     });
     const listening = await listenApi(app, {
       host: options.host ?? ac.host,
@@ -403,4 +408,19 @@ export async function joinEdge(
   } finally {
     await db.close();
   }
+}
+
+/** The cluster config's snapshot bounds (MiB, seconds) as the edge takes them (bytes, ms). */
+function snapshotLimits(s: {
+  maxFiles?: number | undefined;
+  maxMb?: number | undefined;
+  memoryMb?: number | undefined;
+  timeoutSeconds?: number | undefined;
+}): SnapshotLimits {
+  return {
+    maxFiles: s.maxFiles,
+    maxBytes: s.maxMb === undefined ? undefined : s.maxMb * 2 ** 20,
+    memoryBytes: s.memoryMb === undefined ? undefined : s.memoryMb * 2 ** 20,
+    timeoutMs: s.timeoutSeconds === undefined ? undefined : s.timeoutSeconds * 1000,
+  };
 }

@@ -40,6 +40,7 @@ import { buildLayer, DirImageStore, listImages, openImageStore } from '@dsec/ima
 import { PowerOfKPlacer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
 import type { Logger } from 'pino';
+import { apiBoundsOptions, type ApiBoundsConfig } from './config.js';
 import { e2bExtension, type E2bOptions, type LifecycleOptions } from './extensions.js';
 import { listenApi } from './listen.js';
 import { newClusterSecret, readOrCreateSecret, stopAll } from './roles.js';
@@ -93,6 +94,11 @@ export interface SingleNodeOptions {
   logger?: Logger | undefined;
   /** Serve the node's metrics (apiserver and edge) without a key at `host:port/metrics`. */
   metricsListen?: { host: string; port: number } | undefined;
+  /**
+   * The apiserver's Host allow-list, per-caller limits and audit retention
+   * (a cluster config's `apiserver` section; docs/security.md).
+   */
+  apiBounds?: ApiBoundsConfig | undefined;
 }
 
 export interface SingleNode {
@@ -135,7 +141,8 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   const store = options.imageStore
     ? openImageStore(options.imageStore, { cacheDir })
     : new DirImageStore(join(stateDir, 'images'));
-  const control = await openControlDb(join(stateDir, 'iam.db'));
+  const bounds = apiBoundsOptions(options.apiBounds, options.e2b?.sandboxDomain);
+  const control = await openControlDb(join(stateDir, 'iam.db'), bounds.iam);
   const { iam } = control;
   const boot = await iam.bootstrap();
   const keyFile = join(stateDir, 'admin.key');
@@ -208,6 +215,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     imagesList: (o) => listImages(store, o),
     imagesRemove: (ref, project) => store.removeLayer(ref, { project }),
     extend: e2bExtension(options.e2b),
+    ...bounds.api,
   });
   const listening = await listenApi(app, {
     host: options.host ?? '127.0.0.1',

@@ -25,6 +25,11 @@ export const ERROR_CODES = {
     retryable: true,
     summary: 'The sandbox hit one of its own limits (pids, memory, disk); details name it.',
   },
+  rate_limited: {
+    status: 429,
+    retryable: true,
+    summary: 'Too many requests of one kind from this client; wait `Retry-After`.',
+  },
   capacity_exhausted: {
     status: 503,
     retryable: true,

@@ -237,8 +237,13 @@ export interface ImageStore {
    * `image_not_found` for an unknown or malformed reference or project.
    */
   getLayer(ref: string, options?: { project?: string | undefined }): Promise<LayerInfo>;
-  /** Every record of every namespace, by name, version, then owner (the platform first). */
-  listLayers(): Promise<LayerInfo[]>;
+  /**
+   * Every record of every namespace, by name, version, then owner (the
+   * platform first). With `projects`, only the platform's and those
+   * projects' records: what one caller's view can hold, read without
+   * touching any other tenant's namespace (their number and size are theirs).
+   */
+  listLayers(options?: { projects?: readonly string[] | undefined }): Promise<LayerInfo[]>;
   /** Removes the record (of `project`'s namespace, else the platform's) and any blob no other record uses. */
   removeLayer(ref: string, options?: { project?: string | undefined }): Promise<void>;
 }

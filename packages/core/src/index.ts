@@ -21,3 +21,5 @@ export * from './chunk-table.js';
 export * from './fingerprint.js';
 export * from './fncall.js';
 export * from './display.js';
+export * from './connection-limits.js';
+export * from './output-budget.js';

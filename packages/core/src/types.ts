@@ -197,9 +197,11 @@ export interface EdgeStatus {
   sandboxesByProject: Record<string, number>;
   labels: Record<string, string>;
   /**
-   * Names of the layers and images in this edge's image store; reported by
-   * edges that may take burst work (placement sends a burst edge only
-   * requests whose every layer is listed here).
+   * The layers and images in this edge's image store as layer keys
+   * (`name:version` for the platform's, `project/name:version` for a
+   * project's); reported by edges that may take burst work (placement sends
+   * a burst edge only requests whose every layer is listed here, the
+   * platform's or in a namespace of the request's layer view).
    */
   layers?: string[] | undefined;
   /** The edge's last measurement of the node (absent from edges that do not measure). */

@@ -1,5 +1,5 @@
 import type { IncomingHttpHeaders } from 'node:http';
-import { DsecError } from '@dsec/core';
+import { DsecError, isDsecError } from '@dsec/core';
 import type { Iam, Principal } from '@dsec/iam';
 
 /**
@@ -33,11 +33,26 @@ export function credentialOf(
   return m?.[1] ? { key: m[1], header: 'authorization' } : undefined;
 }
 
-/** Throws `unauthenticated` for a missing, malformed or revoked key. */
-export async function authenticateE2b(iam: Iam, headers: IncomingHttpHeaders): Promise<E2bCaller> {
+/**
+ * Throws `unauthenticated` for a missing, malformed or revoked key, and
+ * `rate_limited` for a `source` (the client's address) past its budget of
+ * failed authentications (`Iam.authenticate`).
+ */
+export async function authenticateE2b(
+  iam: Iam,
+  headers: IncomingHttpHeaders,
+  source?: string,
+): Promise<E2bCaller> {
   const found = credentialOf(headers);
-  if (found === undefined) throw new DsecError('unauthenticated', 'missing API key (X-API-Key)');
-  return { principal: await iam.authenticate(found.key), ...found };
+  if (found === undefined) {
+    // Counted and limited as any failed authentication; the answer names E2B's header.
+    const limited = await iam.authenticate(undefined, { source }).then(
+      () => undefined,
+      (err: unknown) => (isDsecError(err, 'rate_limited') ? err : undefined),
+    );
+    throw limited ?? new DsecError('unauthenticated', 'missing API key (X-API-Key)');
+  }
+  return { principal: await iam.authenticate(found.key, { source }), ...found };
 }
 
 const USER = /^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,10})$/;

@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError } from '@dsec/core';
 import type { NetworkTarget, SandboxInfo, SnapshotInfo, SnapshotRequest } from '@dsec/core';
-import { clientGone, schemas, toHttpError } from '@dsec/apiserver';
+import { clientGone, retryAfterSeconds, schemas, sourceOf, toHttpError } from '@dsec/apiserver';
 import type { SandboxService } from '@dsec/apiserver';
 import type { Iam, Principal } from '@dsec/iam';
 import { authenticateE2b } from './auth.js';
@@ -296,13 +296,14 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
   };
 
   scope.addHook('onRequest', async (req) => {
-    callers.set(req, await authenticateE2b(iam, req.headers));
+    callers.set(req, await authenticateE2b(iam, req.headers, sourceOf(req.raw)));
   });
   scope.setErrorHandler((err, req, reply) => {
     const e = toHttpError(err, req.id);
     if (e.status >= 500 && e.code !== 'unavailable' && e.code !== 'capacity_exhausted') {
       req.log.error({ err, reqId: req.id }, 'request failed');
     }
+    if (e.code === 'rate_limited') reply.header('retry-after', retryAfterSeconds(e.details));
     return reply
       .code(e.status)
       .header('content-type', 'application/json; charset=utf-8')

@@ -23,6 +23,7 @@ const CONNECT_CODES: Record<ErrorCode, Code> = {
   payload_too_large: Code.ResourceExhausted,
   quota_exceeded: Code.ResourceExhausted,
   resource_exhausted: Code.ResourceExhausted,
+  rate_limited: Code.ResourceExhausted,
   capacity_exhausted: Code.Unavailable,
   unavailable: Code.Unavailable,
   deadline_exceeded: Code.DeadlineExceeded,

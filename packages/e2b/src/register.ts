@@ -1,5 +1,5 @@
 import type { FastifyInstance } from 'fastify';
-import type { ApiMetrics, SandboxService } from '@dsec/apiserver';
+import type { ApiMetrics, CallerLimits, SandboxService } from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
 import { controlPlaneRoutes } from './control-plane.js';
 import { ProcessTable } from './envd/process-table.js';
@@ -15,6 +15,8 @@ export interface E2bRoutesDeps {
   iam: Iam;
   /** The apiserver's request metrics: the streams that skip the router are counted there too. */
   metrics?: ApiMetrics | undefined;
+  /** The apiserver's per-key stream cap and output budget: process and watch streams count. */
+  limits?: CallerLimits | undefined;
   /**
    * Template names an operator defines (`{ base: 'busybox', big: { image: 'python', memoryLimitMb: 4096 } }`);
    * any other template is read as `image[/workspace][+toolkit]…` (docs/e2b.md).
@@ -63,6 +65,7 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
       shutdown: shutdown.signal,
       routing,
       metrics: deps.metrics,
+      limits: deps.limits,
     });
     scope.addHook('onClose', async () => close());
   });

@@ -4,8 +4,8 @@ import type { ServiceImpl } from '@connectrpc/connect';
 import { connectNodeAdapter } from '@connectrpc/connect-node';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
-import { clientGone } from '@dsec/apiserver';
-import type { ApiMetrics, SandboxService } from '@dsec/apiserver';
+import { clientGone, retryAfterSeconds, sourceOf } from '@dsec/apiserver';
+import type { ApiMetrics, CallerLimits, SandboxService } from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
 import { authenticateE2b, credentialOf } from './auth.js';
 import { envdHttpStatus } from './errors.js';
@@ -43,6 +43,8 @@ export interface SandboxRouteDeps {
   routing?: SandboxRouting | undefined;
   /** Where the streams that skip the router are counted, under the route that would have served them. */
   metrics?: ApiMetrics | undefined;
+  /** Per-key stream cap and output budget of the apiserver. */
+  limits?: CallerLimits | undefined;
 }
 
 /**
@@ -64,6 +66,7 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
   const streams = new ConnectStreamServer({
     readMaxBytes: RPC_READ_MAX_BYTES,
     shutdownSignal: deps.shutdown,
+    limits: deps.limits,
   })
     .add(Process, processes)
     .add(Filesystem, fs.impl);
@@ -106,7 +109,7 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
           ),
         );
       }
-      iam.authenticate(found.key).then(
+      iam.authenticate(found.key, { source: sourceOf(req) }).then(
         (principal) => {
           const target: EnvdTarget = { caller: { principal, ...found }, sandboxId };
           streams.start(call, req, res, createContextValues().set(envdTargetKey, target));
@@ -133,7 +136,7 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
           field: 'E2b-Sandbox-Port',
         });
       }
-      const caller = await authenticateE2b(iam, req.headers);
+      const caller = await authenticateE2b(iam, req.headers, sourceOf(req.raw));
       const sandboxId = toDsecSandboxId(address.sandboxId);
       if (envd && RPC_SERVICES.some((p) => path.startsWith(p))) {
         reply.hijack();
@@ -181,6 +184,7 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
 /** envd's error answers: `{ code, message }` with the HTTP status; DSec's code alongside. */
 function replyError(reply: FastifyReply, e: DsecError): FastifyReply {
   const status = envdHttpStatus(e);
+  if (e.code === 'rate_limited') reply.header('retry-after', retryAfterSeconds(e.details));
   return reply
     .code(status)
     .header('content-type', 'application/json; charset=utf-8')
@@ -204,6 +208,7 @@ function rawError(req: IncomingMessage, res: ServerResponse, e: DsecError): void
   res.writeHead(status, {
     'content-type': 'application/json; charset=utf-8',
     'content-length': Buffer.byteLength(body),
+    ...(e.code === 'rate_limited' ? { 'retry-after': String(retryAfterSeconds(e.details)) } : {}),
     ...(req.complete ? {} : { connection: 'close' }),
   });
   res.end(body);

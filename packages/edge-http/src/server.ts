@@ -8,7 +8,8 @@ import type { AddressInfo } from 'node:net';
 import { Readable, Transform } from 'node:stream';
 import type { Duplex } from 'node:stream';
 import { pino } from 'pino';
-import { DsecError, requireIo, requireLifecycle, toDsecError } from '@dsec/core';
+import { ConnectionGuard, DsecError, requireIo, requireLifecycle, toDsecError } from '@dsec/core';
+import type { ConnectionLimits } from '@dsec/core';
 import type {
   CommandResult,
   CreateSandboxRequest,
@@ -100,6 +101,13 @@ export interface EdgeServerOptions {
    * bounded in time.
    */
   headersTimeoutMs?: number | undefined;
+  /**
+   * Connection caps (`ConnectionGuard`: idle connections make room for new
+   * ones, per-address cap, keep-alive shortened under pressure). Anyone who
+   * reaches the port can connect, signed or not. Default
+   * `CONNECTION_LIMIT_DEFAULTS`.
+   */
+  connectionLimits?: Partial<ConnectionLimits> | undefined;
 }
 
 export interface EdgeTlsOptions {
@@ -269,9 +277,14 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
     void onUpgrade(req, socket, head, { edge, verifier, log });
   });
 
+  // Connection caps on the HTTP(S) server; a TLS edge's front listener holds no more sockets
+  // waiting for their first byte than the caps allow connections.
+  const connectionGuard = new ConnectionGuard(options.connectionLimits);
+  connectionGuard.attach(server);
   const guard = options.tls
     ? plaintextGuard(server as https.Server, edgeId, log, headMs)
     : undefined;
+  if (guard) guard.listener.maxConnections = connectionGuard.limits.maxConnections;
   const listener = guard?.listener ?? server;
   await new Promise<void>((resolve, reject) => {
     listener.once('error', reject);

@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import {
   DsecError,
-  formatLayerRef,
+  formatLayerKey,
   LAYER_PROJECT_PATTERN,
   resolveLayer,
   toDsecError,
@@ -43,7 +43,12 @@ import { ensureDir, TRAVERSE_DIR_MODE } from './state/host-state.js';
 import { SandboxIo } from './sessions/sandbox-io.js';
 import { effectiveExpiresAt, Lifecycle } from './lifecycle/lifecycle.js';
 import type { SwapArea } from './lifecycle/swap-area.js';
-import { containerSnapshotSource, snapshotParents, Snapshotter } from './snapshot/snapshotter.js';
+import {
+  containerSnapshotSource,
+  snapshotParents,
+  Snapshotter,
+  type SnapshotLimits,
+} from './snapshot/snapshotter.js';
 import { FNCALL_PROJECT, FnCallPools, type FnCallPoolsOptions } from './fncall/pools.js';
 import type { EdgeLogFn } from './observability/log.js';
 import type { EdgeMetrics } from './observability/metrics.js';
@@ -126,6 +131,8 @@ export interface EdgeOptions {
    * `open`; a configured GPU host whose discovery fails does not start.
    */
   gpus?: EdgeGpuConfig | undefined;
+  /** Bounds on one snapshot: files, bytes, memory, time (snapshot/snapshotter.ts; every one has a default). */
+  snapshot?: SnapshotLimits | undefined;
 }
 
 /**
@@ -168,6 +175,7 @@ export class Edge implements EdgeApi {
       dir: join(options.stateDir, 'snapshots'),
       store: options.store,
       layers: options.layers,
+      limits: options.snapshot,
       log: options.log,
     });
     this.io = new SandboxIo({
@@ -296,7 +304,9 @@ export class Edge implements EdgeApi {
     if (!this.#layerRefs || now - this.#layerRefs.at > LAYER_LIST_TTL_MS) {
       const refs = this.options.store
         .listLayers()
-        .then((layers) => layers.map((l) => formatLayerRef({ name: l.name, version: l.version })));
+        // By owner (`project/name:version` for a project's): placement must not take B's layer
+        // for A's name, nor tell A by where it sends A that B has one (docs/adr/0019).
+        .then((layers) => layers.map((l) => formatLayerKey(l)));
       // A failed listing is retried at the next status, not cached.
       refs.catch(() => (this.#layerRefs = undefined));
       this.#layerRefs = { at: now, refs };

@@ -26,6 +26,7 @@ import { detectCgroupDriver, favorDynamicModifications } from './cgroups/cgroup-
 import { Edge, type EdgeCapacity } from './edge.js';
 import type { FnCallPoolsOptions } from './fncall/pools.js';
 import type { EdgeGpuConfig } from './gpu/edge-gpus.js';
+import type { SnapshotLimits } from './snapshot/snapshotter.js';
 import { AdmissionController } from './admission/admission-controller.js';
 import {
   ADMISSION_DEFAULTS,
@@ -108,6 +109,7 @@ export {
   type VmImage,
 } from './backends/vm/index.js';
 export { detectCgroupDriver, type CgroupDriver } from './cgroups/cgroup-driver.js';
+export { DEFAULT_SNAPSHOT_LIMITS, type SnapshotLimits } from './snapshot/snapshotter.js';
 export { defaultRuntimeBinary, RuncRuntime, type OciRuntime } from './runtime/oci-runtime.js';
 export { LayerMountCache } from './layers/layer-cache.js';
 export { OutputCapture } from './sessions/output-capture.js';
@@ -273,6 +275,8 @@ export interface ContainerEdgeOptions {
   fncall?: FnCallPoolsOptions | false | undefined;
   /** GPUs for FnCall workers (docs/gpu.md): `off` (default), `auto`, or `{ inventoryFile, … }`. */
   gpus?: EdgeGpuConfig | undefined;
+  /** Bounds on one snapshot (files, apparent bytes, memory, time); defaults in `DEFAULT_SNAPSHOT_LIMITS`. */
+  snapshot?: SnapshotLimits | undefined;
   /** MicroVM sandboxes (`backend: 'microvm'`): on where QEMU and the built kernel are; `false`: off. */
   microvm?: MicrovmEdgeOptions | false | undefined;
   /** Full-VM sandboxes (`backend: 'vm'`): on where QEMU and the built VM image are; `false`: off. */
@@ -416,6 +420,7 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
     metrics,
     fncall: options.fncall,
     gpus: options.gpus,
+    snapshot: options.snapshot,
   });
   metrics?.bind({
     sandboxStates: async () =>

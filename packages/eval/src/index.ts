@@ -3,10 +3,15 @@
  * (paper 2.1, 6.2): every task in its own sandbox composed from layers (a
  * base image, toolkits, and a workspace layer with the repository at its
  * base commit), an agent plug-in acting through tools whose every command
- * carries a request ID, and SWE-bench grading (apply `test_patch`, run
- * `test_command`, reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS test
- * passes). The driver keeps a journal next to its results, so a killed run
- * resumes against the same sandboxes without running any command twice.
+ * carries a request ID, and SWE-bench grading: the agent's work is taken as
+ * a patch of the repository, without the test files and the files that
+ * steer the test runner or the interpreter (`LEAVE_OUT_RULES`), applied to a
+ * fresh sandbox of the task's environment, then `test_patch` is applied and
+ * `test_command` run there; reward 1 iff every FAIL_TO_PASS and PASS_TO_PASS
+ * test passes (`grading: "in_place"` tasks are graded in the agent's sandbox
+ * after all its processes are killed). The driver keeps a journal next to
+ * its results, so a killed run resumes against the same sandboxes without
+ * running any command twice.
  * `dsec eval prepare|run|grade` is the CLI over it.
  *
  * @example
@@ -38,8 +43,36 @@ export type { TaskJournal, RunHeader } from './journal.js';
 export { SandboxTools, ToolError, MAX_FILE_BYTES, DEFAULT_SHELL_TIMEOUT_MS } from './tools.js';
 export type { ShellOutcome, SandboxToolsOptions } from './tools.js';
 export { applyPatchWithTools, writePatchedFiles } from './apply.js';
-export { gradeSandbox, DEFAULT_TEST_TIMEOUT_MS } from './grade.js';
-export type { GradeResult } from './grade.js';
+export {
+  gradeSandbox,
+  gradeByPatch,
+  gradeInPlace,
+  DEFAULT_TEST_TIMEOUT_MS,
+  GRADER_PATH,
+  RECORDED_DIFF_CHARS,
+  RECORDED_LEFT_OUT,
+} from './grade.js';
+export type { GradeResult, GradeOptions, AgentPatchRecord } from './grade.js';
+export {
+  takeAgentPatch,
+  applyAgentPatch,
+  parseListing,
+  MAX_PATCH_BYTES,
+  MAX_PATCH_FILE_BYTES,
+  MAX_PATCH_ENTRIES,
+} from './agent-patch.js';
+export type { AgentPatch, LeftOut, Listing, ListedEntry } from './agent-patch.js';
+export {
+  LEAVE_OUT_RULES,
+  PYTHON_RUNNER_MODULES,
+  PACKAGE_JSON_RUNNER_KEYS,
+  gradingScope,
+  leaveOut,
+  pytestConfigChange,
+} from './steering.js';
+export type { Change, GradingScope, LeaveOutRule, TreeEntry } from './steering.js';
+export { diffOfChanges } from './patch-text.js';
+export { killLeftovers, KILL_LEFTOVERS_SCRIPT } from './in-place.js';
 export { RepoCache, workspaceLayerName, ensureWorkspace } from './workspace.js';
 export { prepareTasks } from './prepare.js';
 export type {

@@ -5,6 +5,8 @@ import { DsecError } from '@dsec/core';
 export interface TaskJournal {
   attempt: number;
   sandboxId: string | undefined;
+  /** The attempt's grading sandbox (patch grading), once created. */
+  graderSandboxId: string | undefined;
   /** Request IDs of steps that finished (the sandbox's log must still hold them on resume). */
   steps: Set<string>;
   /** Agent-side state recorded before it was acted on (model turns), by key. */
@@ -24,6 +26,7 @@ type Entry =
   | ({ t: 'run' } & RunHeader)
   | { t: 'attempt'; id: string; attempt: number; reason?: string | undefined }
   | { t: 'sandbox'; id: string; attempt: number; sandboxId: string }
+  | { t: 'grader'; id: string; attempt: number; sandboxId: string }
   | { t: 'step'; id: string; rid: string }
   | { t: 'memo'; id: string; attempt: number; key: string; value: unknown }
   | { t: 'done'; id: string }
@@ -32,7 +35,7 @@ type Entry =
 
 /**
  * The driver's side of a rollout's state, next to `--out` (paper 6.2): the
- * run ID, each task's sandbox and attempt, the steps it finished and what
+ * run ID, each task's sandbox (and grading sandbox) and attempt, the steps it finished and what
  * its agent decided (model turns) before acting on it. Append-only JSON
  * lines, written synchronously before the step they describe goes on, so a
  * driver killed at any point leaves a journal that a `--resume` trusts; a
@@ -92,7 +95,14 @@ export class Journal {
   task(id: string): TaskJournal {
     let t = this.#tasks.get(id);
     if (!t) {
-      t = { attempt: 1, sandboxId: undefined, steps: new Set(), memos: new Map(), done: false };
+      t = {
+        attempt: 1,
+        sandboxId: undefined,
+        graderSandboxId: undefined,
+        steps: new Set(),
+        memos: new Map(),
+        done: false,
+      };
       this.#tasks.set(id, t);
     }
     return t;
@@ -106,6 +116,11 @@ export class Journal {
 
   sandbox(id: string, sandboxId: string): void {
     this.#write({ t: 'sandbox', id, attempt: this.task(id).attempt, sandboxId });
+  }
+
+  /** The attempt's grading sandbox: written before any grading step runs in it. */
+  grader(id: string, sandboxId: string): void {
+    this.#write({ t: 'grader', id, attempt: this.task(id).attempt, sandboxId });
   }
 
   step(id: string, rid: string): void {
@@ -136,6 +151,7 @@ export class Journal {
         const t = this.task(e.id);
         t.attempt = e.attempt;
         t.sandboxId = undefined;
+        t.graderSandboxId = undefined;
         t.steps.clear();
         t.memos.clear();
         break;
@@ -143,6 +159,11 @@ export class Journal {
       case 'sandbox': {
         const t = this.task(e.id);
         if (e.attempt === t.attempt) t.sandboxId = e.sandboxId;
+        break;
+      }
+      case 'grader': {
+        const t = this.task(e.id);
+        if (e.attempt === t.attempt) t.graderSandboxId = e.sandboxId;
         break;
       }
       case 'step':

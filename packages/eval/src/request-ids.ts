@@ -26,7 +26,12 @@ export class RequestIds {
     return `${this.prefix}:create`;
   }
 
-  /** Step `n` of `phase` (`a` agent, `g` grading); `part` tells apart the commands of one step. */
+  /** The grading sandbox's create (patch grading): a retry gets the same sandbox. */
+  get graderCreate(): string {
+    return `${this.prefix}:grader`;
+  }
+
+  /** Step `n` of `phase` (`a` agent, `x` taking the agent's patch, `g` grading); `part` tells apart the commands of one step. */
   step(phase: string, n: number, part = ''): string {
     return `${this.prefix}:${phase}${n}${part ? `.${part}` : ''}`;
   }

@@ -3,7 +3,7 @@ import { performance } from 'node:perf_hooks';
 import { DsecError, isDsecError } from '@dsec/core';
 import type { DSecClient, Sandbox } from '@dsec/sdk';
 import type { Agent, TokenUsage } from './agents/agent.js';
-import { gradeSandbox } from './grade.js';
+import { gradeByPatch, gradeInPlace, type AgentPatchRecord, type GradeResult } from './grade.js';
 import { Journal } from './journal.js';
 import { RequestIds, newRunId } from './request-ids.js';
 import type { EvalTask } from './task.js';
@@ -32,8 +32,17 @@ export interface EvalResult {
   /** Whether the agent said it was done (`finish`), rather than running out of turns. */
   agentFinished?: boolean | undefined;
   durations: { setupMs: number; agentMs: number; gradingMs: number; totalMs: number };
+  /** The agent's sandbox. */
   sandboxId: string | undefined;
-  /** Commands of this task the sandbox's log shows as run (each request ID once, if all is well). */
+  /** How the task was graded: `patch` (in a fresh sandbox, the default) or `in_place`. */
+  grading?: 'patch' | 'in_place' | undefined;
+  /** The fresh sandbox the tests ran in (patch grading). */
+  gradingSandboxId?: string | undefined;
+  /** What the grader carried from the agent's sandbox, and what it left out and why (patch grading). */
+  agentPatch?: AgentPatchRecord | undefined;
+  /** Processes of the agent killed before grading in place. */
+  killedProcesses?: number | undefined;
+  /** Commands of this task the sandboxes' logs show as run (each request ID once, if all is well). */
   executedSteps: number;
   /** Calls this driver made whose request ID the log already held: answered from the log. */
   replayedSteps: number;
@@ -84,7 +93,7 @@ export interface RunEvalOptions {
   testTimeoutMs?: number | undefined;
   /** Base content of a task's file at `base_commit` (the grader's source for test files). */
   original: (task: EvalTask, path: string) => Promise<string | undefined>;
-  /** Leave each sandbox running after grading (for inspection); default stop it. */
+  /** Leave each sandbox (the agent's and the grading one) running after grading (for inspection); default stop them. */
   keepSandboxes?: boolean | undefined;
   /** Ends the run early: tasks in flight write no result, their sandboxes stay for `--resume`. */
   signal?: AbortSignal | undefined;
@@ -114,7 +123,8 @@ export interface EvalSummary {
 const DEFAULT_TTL_SECONDS = 4 * 3600;
 
 /**
- * Runs a batch of tasks, each in its own sandbox, and writes one result
+ * Runs a batch of tasks, each in its own sandbox (and, for grading, a fresh
+ * sandbox of the same environment: `gradeByPatch`), and writes one result
  * line per task. The rollout outlives its driver (paper 6.2): the journal
  * next to `--out` records the run ID, each task's sandbox and finished
  * steps, and the agent's decisions; every command carries a request ID
@@ -160,12 +170,9 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
   // Tasks finished before the kill may have left their sandbox running (killed between the result and the stop).
   if (options.resume && !options.keepSandboxes) {
     for (const task of options.tasks) {
-      const id = journal.task(task.instance_id).sandboxId;
-      if (done.has(task.instance_id) && id)
-        await options.client
-          .sandbox(id)
-          .stop()
-          .catch(() => undefined);
+      if (!done.has(task.instance_id)) continue;
+      const jt = journal.task(task.instance_id);
+      await stopAll(options.client, [jt.sandboxId, jt.graderSandboxId]);
     }
   }
   const todo = options.tasks.filter((t) => !done.has(t.instance_id));
@@ -198,11 +205,8 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
       if (result.error) progress.errors++;
       options.onResult?.(result);
       options.onProgress?.({ ...progress });
-      if (result.sandboxId && !options.keepSandboxes) {
-        await options.client
-          .sandbox(result.sandboxId)
-          .stop()
-          .catch(() => undefined);
+      if (!options.keepSandboxes) {
+        await stopAll(options.client, [result.sandboxId, result.gradingSandboxId]);
       }
     }
   };
@@ -224,6 +228,20 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
   };
 }
 
+/** Stops sandboxes by ID, together (a missing or stopped one is fine). */
+async function stopAll(client: DSecClient, ids: (string | undefined)[]): Promise<void> {
+  await Promise.all(
+    ids
+      .filter((id): id is string => id !== undefined)
+      .map((id) =>
+        client
+          .sandbox(id)
+          .stop()
+          .catch(() => undefined),
+      ),
+  );
+}
+
 /** The result lines already in `path`; a torn last line (a killed driver) is dropped from the file. */
 export function readResults(path: string): EvalResult[] {
   if (!existsSync(path)) return [];
@@ -242,6 +260,14 @@ export function readResults(path: string): EvalResult[] {
   }
   writeFileSync(path, kept.map((l) => l + '\n').join(''));
   return results;
+}
+
+/** A task's sandboxes as `#attach` found or made them, with the request IDs their logs held. */
+interface Attached {
+  sandbox: Sandbox;
+  ids: RequestIds;
+  recorded: Set<string>;
+  grader: { sandbox: Sandbox; recorded: ReadonlySet<string> } | undefined;
 }
 
 class TaskRunner {
@@ -279,22 +305,40 @@ class TaskRunner {
       agent: this.#o.agent.name,
     };
     let agentTools: SandboxTools | undefined;
+    let patchTools: SandboxTools | undefined;
     let gradeTools: SandboxTools | undefined;
     let sandbox: Sandbox | undefined;
+    let grader: Sandbox | undefined;
+    let pendingGrader: Promise<unknown> | undefined;
     let ids: RequestIds | undefined;
     const finish = async (extra: Partial<EvalResult>): Promise<EvalResult> => {
-      const counted =
-        sandbox && ids ? await countSteps(sandbox, ids).catch(() => undefined) : undefined;
+      // A grading sandbox still starting when the grading failed is in the result (and stopped).
+      await pendingGrader?.catch(() => undefined);
+      let executed = 0;
+      let duplicates = 0;
+      const counts = await Promise.all(
+        [sandbox, grader].map((sb) =>
+          sb && ids ? countSteps(sb, ids).catch(() => undefined) : Promise.resolve(undefined),
+        ),
+      );
+      for (const counted of counts) {
+        executed += counted?.executed ?? 0;
+        duplicates += counted?.duplicates ?? 0;
+      }
       durations.totalMs = Math.round(performance.now() - t0);
       return {
         ...base,
         ...extra,
         sandboxId: sandbox?.id,
+        gradingSandboxId: grader?.id,
         attempt: this.#journal.task(id).attempt,
         toolCalls: agentTools?.toolCalls ?? 0,
-        replayedSteps: (agentTools?.replayedSteps ?? 0) + (gradeTools?.replayedSteps ?? 0),
-        executedSteps: counted?.executed ?? 0,
-        duplicateExecutions: counted?.duplicates ?? 0,
+        replayedSteps: [agentTools, patchTools, gradeTools].reduce(
+          (n, t) => n + (t?.replayedSteps ?? 0),
+          0,
+        ),
+        executedSteps: executed,
+        duplicateExecutions: duplicates,
         durations,
       };
     };
@@ -306,17 +350,17 @@ class TaskRunner {
       ids = attached.ids;
       durations.setupMs = Math.round(performance.now() - t0);
 
-      const toolsFor = (phase: string) =>
+      const toolsFor = (sb: Sandbox, phase: string, recorded: ReadonlySet<string>) =>
         new SandboxTools({
-          sandbox: attached.sandbox,
+          sandbox: sb,
           ids: attached.ids,
           phase,
           workdir: prepared.workdir,
-          recorded: attached.recorded,
+          recorded,
           onStep: (rid) => this.#journal.step(id, rid),
           signal: this.#signal,
         });
-      agentTools = toolsFor('a');
+      agentTools = toolsFor(attached.sandbox, 'a', attached.recorded);
       const t1 = performance.now();
       const memos = this.#journal.task(id).memos;
       const outcome = await this.#o.agent.run({
@@ -333,11 +377,25 @@ class TaskRunner {
       durations.agentMs = Math.round(performance.now() - t1);
 
       const t2 = performance.now();
-      gradeTools = toolsFor('g');
-      const graded = await gradeSandbox(gradeTools, task, {
-        original: (path) => this.#o.original(task, path),
+      const gradeOptions = {
+        original: (path: string) => this.#o.original(task, path),
         testTimeoutMs: this.#o.testTimeoutMs,
-      });
+      };
+      let graded: GradeResult;
+      if (task.grading === 'in_place') {
+        gradeTools = toolsFor(attached.sandbox, 'g', attached.recorded);
+        graded = await gradeInPlace(gradeTools, task, gradeOptions);
+      } else {
+        patchTools = toolsFor(attached.sandbox, 'x', attached.recorded);
+        // The grading sandbox starts while the agent's workdir is listed.
+        const fresh = this.#grader(task, prepared, attached).then((g) => {
+          grader = g.sandbox;
+          gradeTools = toolsFor(g.sandbox, 'g', g.recorded);
+          return gradeTools;
+        });
+        pendingGrader = fresh;
+        graded = await gradeByPatch(patchTools, fresh, task, gradeOptions);
+      }
       durations.gradingMs = Math.round(performance.now() - t2);
       return await finish({
         reward: graded.reward,
@@ -348,6 +406,9 @@ class TaskRunner {
         testExitCode: graded.testExitCode,
         testOutcome: graded.testOutcome,
         outputTail: graded.reward === 1 ? undefined : graded.outputTail,
+        grading: graded.grading,
+        agentPatch: graded.agentPatch,
+        killedProcesses: graded.killedProcesses,
       });
     } catch (err) {
       if (this.#signal.aborted) return undefined;
@@ -359,55 +420,56 @@ class TaskRunner {
 
   /**
    * The task's sandbox: the journal's (resumed if paused) while it lives and
-   * its log still holds every step the journal says finished; else a new
-   * attempt with a new sandbox. Returns the request IDs the log already held.
+   * its log still holds every step the journal says finished there; else a
+   * new attempt with a new sandbox. The same goes for the attempt's grading
+   * sandbox when the journal has one: if it cannot carry on, neither can
+   * the attempt. Returns the request IDs each log already held.
    */
-  async #attach(
-    task: EvalTask,
-    prepared: PreparedTask,
-  ): Promise<{ sandbox: Sandbox; ids: RequestIds; recorded: Set<string> }> {
+  async #attach(task: EvalTask, prepared: PreparedTask): Promise<Attached> {
     const id = task.instance_id;
     const client = this.#o.client;
     const jt = this.#journal.task(id);
     let known = jt.sandboxId;
     if (!known && this.#o.resume) {
-      // Killed between the create and the journal line: the labels find it.
+      // Killed between the create and the journal line: the labels find it (not its grading sandbox).
       const found = await client.listSandboxes({
         labels: { eval_run: this.#runId, instance_id: id, eval_attempt: String(jt.attempt) },
         signal: this.#signal,
       });
-      known = found.find((s) => s.state === 'running' || s.state === 'paused')?.id;
+      known = found.find(
+        (s) =>
+          (s.state === 'running' || s.state === 'paused') &&
+          s.spec.labels?.['eval_role'] !== 'grader',
+      )?.id;
     }
     if (known) {
       const ids = new RequestIds(this.#runId, id, jt.attempt);
-      const reason = await this.#reusable(known, ids, jt.steps);
+      // Patch grading runs the `g` steps in the grading sandbox; everything else is the agent's.
+      const inGrader = (rid: string) =>
+        task.grading !== 'in_place' && rid.startsWith(`${ids.prefix}:g`);
+      const steps = [...jt.steps];
+      let reason = await this.#reusable(
+        known,
+        ids,
+        steps.filter((r) => !inGrader(r)),
+      );
+      let grader: Attached['grader'];
+      if (typeof reason !== 'string' && jt.graderSandboxId) {
+        const g = await this.#reusable(jt.graderSandboxId, ids, steps.filter(inGrader));
+        if (typeof g === 'string') reason = `its grading sandbox: ${g}`;
+        else grader = { sandbox: client.sandbox(jt.graderSandboxId), recorded: g };
+      }
       if (typeof reason !== 'string') {
         if (!jt.sandboxId) this.#journal.sandbox(id, known);
-        return { sandbox: client.sandbox(known), ids, recorded: reason };
+        return { sandbox: client.sandbox(known), ids, recorded: reason, grader };
       }
-      await client
-        .sandbox(known)
-        .stop()
-        .catch(() => undefined);
+      await stopAll(client, [known, jt.graderSandboxId]);
       this.#journal.newAttempt(id, reason);
     }
     const ids = new RequestIds(this.#runId, id, this.#journal.task(id).attempt);
-    const limits = this.#o.sandbox ?? {};
     const sandbox = await client.runContainer(
       {
-        image: prepared.image,
-        toolkits: prepared.toolkits,
-        workspace: prepared.workspace,
-        labels: {
-          ...this.#journal.header.labels,
-          instance_id: id,
-          eval_run: this.#runId,
-          eval_attempt: String(this.#journal.task(id).attempt),
-        },
-        memoryLimitMb: limits.memoryLimitMb,
-        cpuCoresLimit: limits.cpuCoresLimit,
-        diskLimitMb: limits.diskLimitMb,
-        ttlSeconds: limits.ttlSeconds ?? DEFAULT_TTL_SECONDS,
+        ...this.#spec(task, prepared, 'agent'),
         // A retry after a lost answer (or a driver killed before the journal line) gets the same sandbox.
         requestId: ids.create,
       },
@@ -415,14 +477,57 @@ class TaskRunner {
     );
     this.#journal.sandbox(id, sandbox.id);
     const recorded = this.#o.resume ? await loggedIds(sandbox, ids) : new Set<string>();
-    return { sandbox, ids, recorded };
+    return { sandbox, ids, recorded, grader: undefined };
+  }
+
+  /** What a sandbox of the task's environment is created with (the agent's and the grading one alike). */
+  #spec(task: EvalTask, prepared: PreparedTask, role: 'agent' | 'grader') {
+    const limits = this.#o.sandbox ?? {};
+    return {
+      image: prepared.image,
+      toolkits: prepared.toolkits,
+      workspace: prepared.workspace,
+      labels: {
+        ...this.#journal.header.labels,
+        instance_id: task.instance_id,
+        eval_run: this.#runId,
+        eval_attempt: String(this.#journal.task(task.instance_id).attempt),
+        ...(role === 'grader' ? { eval_role: 'grader' } : {}),
+      },
+      memoryLimitMb: limits.memoryLimitMb,
+      cpuCoresLimit: limits.cpuCoresLimit,
+      diskLimitMb: limits.diskLimitMb,
+      ttlSeconds: limits.ttlSeconds ?? DEFAULT_TTL_SECONDS,
+    };
+  }
+
+  /**
+   * The attempt's grading sandbox: the one `#attach` re-attached to, or a
+   * fresh one of the task's own environment (same image, toolkits,
+   * workspace and limits as the agent's), journaled before any step runs in
+   * it. Its create carries a request ID: a driver killed before the journal
+   * line gets the same sandbox back.
+   */
+  async #grader(
+    task: EvalTask,
+    prepared: PreparedTask,
+    attached: Attached,
+  ): Promise<{ sandbox: Sandbox; recorded: ReadonlySet<string> }> {
+    if (attached.grader) return attached.grader;
+    const sandbox = await this.#o.client.runContainer(
+      { ...this.#spec(task, prepared, 'grader'), requestId: attached.ids.graderCreate },
+      { signal: this.#signal },
+    );
+    this.#journal.grader(task.instance_id, sandbox.id);
+    const recorded = this.#o.resume ? await loggedIds(sandbox, attached.ids) : new Set<string>();
+    return { sandbox, recorded };
   }
 
   /** The IDs the sandbox's log holds, or why the sandbox cannot carry the task on. */
   async #reusable(
     sandboxId: string,
     ids: RequestIds,
-    steps: ReadonlySet<string>,
+    steps: readonly string[],
   ): Promise<Set<string> | string> {
     const sandbox = this.#o.client.sandbox(sandboxId);
     try {
@@ -430,7 +535,7 @@ class TaskRunner {
       if (info.state === 'paused') await sandbox.resume({ signal: this.#signal });
       else if (info.state !== 'running') return `sandbox ${sandboxId} is ${info.state}`;
       const recorded = await loggedIds(sandbox, ids);
-      const lost = [...steps].filter((rid) => !recorded.has(rid));
+      const lost = steps.filter((rid) => !recorded.has(rid));
       // Past the log's retention a step would run again: start the task over instead.
       if (lost.length > 0) return `the command log no longer holds ${lost.length} finished steps`;
       return recorded;

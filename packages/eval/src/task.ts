@@ -31,6 +31,15 @@ export interface EvalTask {
   repo_dir?: string | undefined;
   /** The repository's path in the sandbox (default `/testbed`). */
   workdir: string;
+  /**
+   * How the task is graded (default `patch`). `patch`: the agent's changes to
+   * the repository, without the test files and the files that steer the test
+   * runner or the interpreter, are applied to a fresh sandbox of the same
+   * environment and the tests run there. `in_place`: the tests run in the
+   * agent's own sandbox, after every process the agent left is killed, for a
+   * task whose outcome is the environment itself (a verifier checking state).
+   */
+  grading: 'patch' | 'in_place';
   /** The task line's other fields, kept as they were. */
   [field: string]: unknown;
 }
@@ -130,6 +139,10 @@ export function normalizeTask(
   if (!isAbsolute(workdir) || workdir === '/' || workdir.split('/').includes('..')) {
     throw invalid(where, 'workdir', 'must be an absolute path below /');
   }
+  const grading = str('grading', true) ?? 'patch';
+  if (grading !== 'patch' && grading !== 'in_place') {
+    throw invalid(where, 'grading', 'must be "patch" or "in_place"');
+  }
   const testPatch = str('test_patch', true) ?? '';
   const patch = str('patch', true) ?? '';
   for (const field of ['patch', 'test_patch'] as const) {
@@ -163,6 +176,7 @@ export function normalizeTask(
     repo_archive: archive === undefined ? undefined : resolve(baseDir, archive),
     repo_dir: dir === undefined ? undefined : resolve(baseDir, dir),
     workdir: workdir.replace(/\/+$/, ''),
+    grading,
   };
 }
 

@@ -87,10 +87,20 @@ export class SandboxTools {
     return outcomeOf(r);
   }
 
-  /** Runs a shell line as a one-shot command in `workdir` (the grader's test run). */
+  /**
+   * Runs a shell line (the platform's shell) as a one-shot command in
+   * `workdir`: the grader's steps. `env` adds to the platform's (PATH and
+   * the sandbox's creation env); `user` is a name or a uid.
+   */
   async exec(
     line: string,
-    options: { timeoutMs: number; maxOutputBytes?: number | undefined },
+    options: {
+      timeoutMs: number;
+      maxOutputBytes?: number | undefined;
+      stdin?: string | undefined;
+      env?: Record<string, string> | undefined;
+      user?: string | undefined;
+    },
   ): Promise<ShellOutcome> {
     const n = this.#next();
     const rid = this.#o.ids.step(this.#o.phase, n);
@@ -101,6 +111,9 @@ export class SandboxTools {
         requestId: rid,
         timeoutMs: options.timeoutMs,
         maxOutputBytes: options.maxOutputBytes,
+        stdin: options.stdin,
+        env: options.env,
+        user: options.user,
         signal: this.#o.signal,
       }),
     );

@@ -19,7 +19,10 @@ export interface ControlDb {
   readonly kind: 'sqlite' | 'postgres';
   readonly iam: Iam;
   readonly edges: EdgeRegistry;
-  /** Waits for queries in flight, then closes the connections; later calls fail `unavailable`. */
+  /**
+   * Writes IAM's pending audit rows, waits for queries in flight, then closes
+   * the connections; later calls fail `unavailable`.
+   */
   close(): Promise<void>;
 }
 
@@ -53,10 +56,15 @@ export async function openControlDb(
     await db.close();
     throw err;
   }
+  const iam = new Iam(db, options);
   return {
     kind: postgres ? 'postgres' : 'sqlite',
-    iam: new Iam(db, options),
+    iam,
     edges: new EdgeRegistry(db, options),
-    close: () => db.close(),
+    // Pending aggregated denials are written before the connections go.
+    close: async () => {
+      await iam.close();
+      await db.close();
+    },
   };
 }

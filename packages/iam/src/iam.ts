@@ -1,5 +1,8 @@
 import { DsecError, randomId } from '@dsec/core';
+import { AuthFailureLimiter } from './auth-failure-limiter.js';
 import { isUniqueViolation, lockSuffix } from './db/sql.js';
+import { DenialAggregator } from './denial-log.js';
+import type { Denial, DenialGroup } from './denial-log.js';
 import type { SqlDb, SqlQuery } from './db/sql.js';
 import { API_KEY_PATTERN, hashApiKey, newApiKey } from './keys.js';
 import { checkScopes, mayRevokeScopes, scopesCover, ungrantableScopes } from './scopes.js';
@@ -38,6 +41,37 @@ export interface IamOptions {
    * up on every call. Default 1000.
    */
   authCacheTtlMs?: number;
+  /**
+   * Failed authentications a source (client address) may have in a row
+   * before it is refused with `rate_limited`; they come back at
+   * `authFailuresPerSecond`. Default 30.
+   */
+  authFailureBurst?: number;
+  /** Rate at which a source's failed authentications are allowed again. Default 1. */
+  authFailuresPerSecond?: number;
+  /** How long audit rows are kept; older ones are deleted in the background. Default 90 days. */
+  auditRetentionMs?: number;
+  /**
+   * How often aggregated denials of the minutes that have ended are written
+   * (one transaction each time). Default 5000.
+   */
+  auditFlushIntervalMs?: number;
+  /** Denial groups (actor, action, target, reason) kept per minute before the overflow group. Default 100. */
+  auditDenialGroupsPerMinute?: number;
+}
+
+/** What `Iam.authStats` reports: counters since this instance started. */
+export interface AuthStats {
+  /** Failed authentications by reason: `missing`, `malformed`, `unknown`, `revoked`, `rate_limited`. */
+  failures: Record<string, number>;
+  /** Denied requests of authenticated callers, by audited action (`sandbox.access`, `key.create`…). */
+  denials: Record<string, number>;
+  /** Aggregated denial rows written to the audit table. */
+  auditRowsWritten: number;
+  /** Denial groups waiting to be written. */
+  auditGroupsPending: number;
+  /** Denial groups dropped because the database refused them twice (it was down). */
+  auditGroupsDropped: number;
 }
 
 export const PROJECT_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
@@ -88,10 +122,26 @@ const QUOTA_FIELDS = [
   'imageBytes',
 ] as const;
 
+/**
+ * Projects in a lineage at most, the root's included (a project has at most
+ * 15 ancestors). A create's layer view is its lineage, resolving a name
+ * costs a store read per project in it (a GET each on S3), and quota walks
+ * and cached chains grow with it; an edge takes views of 64 at most.
+ */
+export const MAX_PROJECT_DEPTH = 16;
+
 /** Keys and ancestor chains held in memory at most; past it the cache starts over. */
 const CACHE_MAX_ENTRIES = 10_000;
 /** Expired reservations are deleted at most this often (reads ignore them anyway). */
 const SWEEP_INTERVAL_MS = 10_000;
+/** Keys that authenticated within this long pass a rate-limited source (they are not guesses). */
+const KNOWN_KEY_TTL_MS = 3_600_000;
+/** Audit rows deleted per statement, and statements per background sweep. */
+const AUDIT_SWEEP_BATCH_ROWS = 1000;
+const AUDIT_SWEEP_BATCHES = 5;
+/** A background sweep that found nothing more to delete waits this long for the next one. */
+const AUDIT_SWEEP_IDLE_MS = 600_000;
+const DAY_MS = 86_400_000;
 
 /**
  * Durable identity and quota state: nested projects, API keys, quota
@@ -136,6 +186,25 @@ export class Iam {
   readonly #authCacheTtlMs: number;
   /** Key hash → principal and until when it may be served from memory. */
   readonly #keys = new Map<string, { principal: Principal; untilMs: number }>();
+  /** Key hash → until when it counts as a key that authenticated (it passes a limited source). */
+  readonly #knownKeys = new Map<string, number>();
+  readonly #failures: AuthFailureLimiter;
+  readonly #denials: DenialAggregator;
+  readonly #auditRetentionMs: number;
+  readonly #auditFlushIntervalMs: number;
+  #auditTimer: NodeJS.Timeout | undefined;
+  /** The flush (or sweep) in progress: flushes run one after another. */
+  #auditWork: Promise<unknown> = Promise.resolve();
+  /** Groups a failed write handed back, tried once more at the next flush. */
+  #unwritten: DenialGroup[] = [];
+  #nextAuditSweepMs = 0;
+  #closed = false;
+  readonly #stats = {
+    failures: {} as Record<string, number>,
+    denials: {} as Record<string, number>,
+    auditRowsWritten: 0,
+    auditGroupsDropped: 0,
+  };
   /** Project → its ancestors and itself. */
   readonly #ancestors = new Map<string, ReadonlySet<string>>();
   /** Project → its ancestors and itself, root first. */
@@ -149,6 +218,16 @@ export class Iam {
     this.#pendingTtlMs = options.pendingTtlMs ?? 10 * 60_000;
     this.#expiryGraceMs = options.expiryGraceMs ?? 60_000;
     this.#authCacheTtlMs = options.authCacheTtlMs ?? 1000;
+    this.#failures = new AuthFailureLimiter({
+      burst: options.authFailureBurst ?? 30,
+      perSecond: options.authFailuresPerSecond ?? 1,
+    });
+    this.#denials = new DenialAggregator({
+      groupsPerMinute: options.auditDenialGroupsPerMinute ?? 100,
+    });
+    this.#auditRetentionMs = options.auditRetentionMs ?? 90 * DAY_MS;
+    this.#auditFlushIntervalMs = options.auditFlushIntervalMs ?? 5000;
+    this.#startAuditTimer();
   }
 
   // ---- bootstrap & authentication -------------------------------------------------
@@ -192,29 +271,53 @@ export class Iam {
   /**
    * Throws `unauthenticated` for a missing, malformed, unknown or revoked key.
    * Served from memory for up to `authCacheTtlMs` after a lookup.
+   *
+   * `source` names the caller's address (`addressKey` of @dsec/core): its
+   * failures are limited (`authFailureBurst`, `authFailuresPerSecond`) and,
+   * past the limit, any key it sends that has not authenticated within the
+   * last hour is refused with `rate_limited` (`details.retryAfterMs`) before
+   * it is looked up. Every failure is counted (`authStats`) and audited
+   * aggregated per source, reason and minute (never one write per request).
+   * Without a `source` (an in-process caller) nothing is limited.
    */
-  async authenticate(rawKey: string | undefined): Promise<Principal> {
-    if (typeof rawKey !== 'string' || !API_KEY_PATTERN.test(rawKey)) {
-      await this.#auditNow(null, 'auth', '', 'denied', {
-        reason: rawKey ? 'malformed' : 'missing',
-      });
+  async authenticate(
+    rawKey: string | undefined,
+    options: { source?: string | undefined } = {},
+  ): Promise<Principal> {
+    const { source } = options;
+    const wellFormed = typeof rawKey === 'string' && API_KEY_PATTERN.test(rawKey);
+    const hash = wellFormed ? hashApiKey(rawKey) : undefined;
+    const now = this.#now();
+    const cached = hash === undefined ? undefined : this.#keys.get(hash);
+    if (cached && cached.untilMs > now) return { ...cached.principal };
+    if (source !== undefined && !(hash !== undefined && (this.#knownKeys.get(hash) ?? 0) > now)) {
+      const waitMs = this.#failures.waitMs(source, now);
+      if (waitMs > 0) {
+        this.#authDenied(source, 'rate_limited', null, false);
+        throw new DsecError(
+          'rate_limited',
+          'too many failed authentications from this address; wait before trying again',
+          { details: { retryAfterMs: Number.isFinite(waitMs) ? waitMs : 60_000 } },
+        );
+      }
+    }
+    if (hash === undefined) {
+      this.#authDenied(source, rawKey ? 'malformed' : 'missing');
       throw new DsecError('unauthenticated', 'missing or malformed API key');
     }
-    const hash = hashApiKey(rawKey);
-    const now = this.#now();
-    const cached = this.#keys.get(hash);
-    if (cached && cached.untilMs > now) return { ...cached.principal };
     const row = await this.#db.get<
       Pick<KeyRow, 'id' | 'project_id' | 'role' | 'revoked_at' | 'scopes'>
     >('SELECT id, project_id, role, revoked_at, scopes FROM api_keys WHERE hash = ?', [hash]);
     if (!row) {
       this.#keys.delete(hash);
-      await this.#auditNow(null, 'auth', '', 'denied', { reason: 'unknown' });
+      this.#knownKeys.delete(hash);
+      this.#authDenied(source, 'unknown');
       throw new DsecError('unauthenticated', 'unknown API key');
     }
     if (row.revoked_at !== null) {
       this.#keys.delete(hash);
-      await this.#auditNow(row.id, 'auth', row.id, 'denied', { reason: 'revoked' });
+      this.#knownKeys.delete(hash);
+      this.#authDenied(source, 'revoked', row.id);
       throw new DsecError('unauthenticated', 'API key revoked');
     }
     const principal: Principal = { keyId: row.id, projectId: row.project_id, role: row.role };
@@ -224,7 +327,20 @@ export class Iam {
       if (this.#keys.size >= CACHE_MAX_ENTRIES) this.#keys.clear();
       this.#keys.set(hash, { principal, untilMs: now + this.#authCacheTtlMs });
     }
+    if (this.#knownKeys.size >= CACHE_MAX_ENTRIES) this.#knownKeys.clear();
+    this.#knownKeys.set(hash, now + KNOWN_KEY_TTL_MS);
     return { ...principal };
+  }
+
+  /** Counters of failed authentications and denials since this instance started. */
+  authStats(): AuthStats {
+    return {
+      failures: { ...this.#stats.failures },
+      denials: { ...this.#stats.denials },
+      auditRowsWritten: this.#stats.auditRowsWritten,
+      auditGroupsPending: this.#denials.pending + this.#unwritten.length,
+      auditGroupsDropped: this.#stats.auditGroupsDropped,
+    };
   }
 
   /** True when the principal's project is `projectId` or one of its ancestors. */
@@ -255,11 +371,19 @@ export class Iam {
       new DsecError('conflict', `project ${input.name} already exists here`, { field: 'name' });
     try {
       return await this.#tx(async (q, deny) => {
-        if (!(await this.#chain(q, parentId))?.has(caller.projectId)) {
+        const chain = await this.#chain(q, parentId);
+        if (!chain?.has(caller.projectId)) {
           deny(caller.keyId, 'project.create', parentId, 'denied', { reason: 'parent not found' });
           throw new DsecError('not_found', `no project ${JSON.stringify(parentId)}`, {
             field: 'parentId',
           });
+        }
+        if (chain.size >= MAX_PROJECT_DEPTH) {
+          throw new DsecError(
+            'invalid_argument',
+            `projects nest ${MAX_PROJECT_DEPTH} deep at most (the root included)`,
+            { field: 'parentId', details: { maxDepth: MAX_PROJECT_DEPTH } },
+          );
         }
         if (caller.role !== 'admin') {
           deny(caller.keyId, 'project.create', parentId, 'denied', { reason: 'not admin' });
@@ -507,7 +631,10 @@ export class Iam {
       await this.#writeAudit(q, caller.keyId, 'key.revoke', keyId, 'ok');
     });
     for (const [hash, entry] of this.#keys) {
-      if (entry.principal.keyId === keyId) this.#keys.delete(hash);
+      if (entry.principal.keyId === keyId) {
+        this.#keys.delete(hash);
+        this.#knownKeys.delete(hash);
+      }
     }
   }
 
@@ -722,11 +849,15 @@ export class Iam {
 
   /**
    * Reserves image storage for a snapshot about to be taken in `projectId`:
-   * `wantBytes` (the most the layer can weigh; undefined: as much as the
-   * quota has room for), or less when the tightest `imageBytes` quota over
-   * the project and its ancestors has less room left. Answers `maxBytes`,
-   * the bytes reserved, which the layer must not exceed; undefined when no
-   * ancestor limits image bytes (nothing is reserved then). Pending until
+   * `wantBytes` (the most the layer can weigh), or less when the tightest
+   * `imageBytes` quota over the project and its ancestors has less room
+   * left. Answers `maxBytes`, the bytes reserved, which the layer must not
+   * exceed; undefined when no ancestor limits image bytes (nothing is
+   * reserved then). With `wantBytes` undefined (a layer of unknown bound)
+   * `maxBytes` is the room left but nothing is held: holding all of it for
+   * the whole snapshot starved every other project under the same limit (a
+   * sibling's, or all tenants' under a limit on the root), so such a layer
+   * is checked only when `bindImageBytes` charges it. Pending until
    * `bindImageBytes`, it lapses after `pendingTtlMs`. `quota_exceeded`
    * (details `resource: 'imageBytes'`, the limiting project) when a limit has
    * no room left; `conflict` if `holderId` is taken.
@@ -762,6 +893,7 @@ export class Iam {
           );
         }
         const bytes = Math.min(room.left, wantBytes ?? room.left);
+        const held = wantBytes === undefined ? 0 : bytes;
         await q.run('DELETE FROM image_reservations WHERE id = ? AND expires_at <= ?', [
           holderId,
           now,
@@ -770,7 +902,7 @@ export class Iam {
           throw taken();
         await q.run(
           'INSERT INTO image_reservations (id, project_id, bytes, created_at, expires_at) VALUES (?, ?, ?, ?, ?)',
-          [holderId, projectId, bytes, now, now + this.#pendingTtlMs],
+          [holderId, projectId, held, now, now + this.#pendingTtlMs],
         );
         return { maxBytes: bytes };
       });
@@ -925,7 +1057,11 @@ export class Iam {
 
   // ---- audit ----------------------------------------------------------------------
 
-  /** Appends an audit record (for denials decided outside IAM, e.g. sandbox access). */
+  /**
+   * Appends an audit record (for decisions made outside IAM, e.g. sandbox
+   * access). A denial is aggregated (see `authenticate`): it is counted and
+   * written with the other denials of its minute, not now.
+   */
   async audit(
     actorKeyId: string | null,
     action: string,
@@ -933,11 +1069,20 @@ export class Iam {
     outcome: AuditOutcome,
     details?: Record<string, unknown>,
   ): Promise<void> {
+    if (outcome === 'denied') {
+      this.#recordDenial({ actor: actorKeyId, action, target, details });
+      return;
+    }
     await this.#auditNow(actorKeyId, action, target, outcome, details);
   }
 
-  /** Newest first. */
+  /**
+   * Newest first. Writes this instance's pending denials first, so what it
+   * denied is there; an aggregated denial has `details.count` (how many it
+   * stands for) and `details.lastAt`, and `at` is its first occurrence.
+   */
   async listAudit(options: { limit?: number } = {}): Promise<AuditEntry[]> {
+    await this.flushAudit();
     const rows = await this.#db.all<{
       id: number;
       at: string;
@@ -961,6 +1106,32 @@ export class Iam {
     }));
   }
 
+  /**
+   * Writes every pending denial group now, the open minute's included (a
+   * later denial of that minute starts a new group). One transaction.
+   */
+  flushAudit(): Promise<void> {
+    return this.#auditSerial(() => this.#writeDenials(Number.POSITIVE_INFINITY));
+  }
+
+  /**
+   * Deletes audit rows older than `auditRetentionMs`, in batches of 1000
+   * rows (at most `maxBatches`); returns how many went. The background sweep
+   * runs this a few batches at a time; an operator may call it for all.
+   */
+  sweepAudit(options: { maxBatches?: number } = {}): Promise<number> {
+    return this.#auditSerial(() => this.#sweepAudit(options.maxBatches ?? Infinity));
+  }
+
+  /** Writes what is pending and stops the background writer; `ControlDb.close` calls this. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    clearInterval(this.#auditTimer);
+    this.#auditTimer = undefined;
+    await this.flushAudit().catch(() => undefined);
+  }
+
   // ---- internals ------------------------------------------------------------------
 
   /**
@@ -976,16 +1147,110 @@ export class Iam {
         return fn(q, (...args) => denials.push(args));
       });
     } finally {
-      if (denials.length > 0) {
-        const entries = denials;
-        // Best effort: when the database itself failed, its error is the one to report.
-        await this.#db
-          .transaction(async (q) => {
-            for (const e of entries) await this.#writeAudit(q, ...e);
-          })
-          .catch(() => undefined);
+      for (const [actor, action, target, , details] of denials) {
+        this.#recordDenial({ actor, action, target, details });
       }
     }
+  }
+
+  /** A failed authentication: counted, charged to its source, audited aggregated. */
+  #authDenied(
+    source: string | undefined,
+    reason: string,
+    actor: string | null = null,
+    charge = true,
+  ): void {
+    const failures = this.#stats.failures;
+    failures[reason] = (failures[reason] ?? 0) + 1;
+    if (charge && source !== undefined) this.#failures.charge(source, this.#now());
+    this.#addDenial({ actor, action: 'auth', target: source ?? '', details: { reason } });
+  }
+
+  /** A denial of an authenticated caller: counted by action, audited aggregated. */
+  #recordDenial(denial: Denial): void {
+    const denials = this.#stats.denials;
+    denials[denial.action] = (denials[denial.action] ?? 0) + 1;
+    this.#addDenial(denial);
+  }
+
+  #addDenial(denial: Denial): void {
+    this.#denials.add(denial, this.#now());
+  }
+
+  /**
+   * The background writer: every `auditFlushIntervalMs`, the denial groups of
+   * the minutes that have ended, then (when due) a few batches of the
+   * retention sweep. Off the request path; never keeps the process alive.
+   */
+  #startAuditTimer(): void {
+    this.#auditTimer = setInterval(() => {
+      void this.#auditSerial(async () => {
+        const now = this.#now();
+        // Closed minutes only: the open one keeps aggregating.
+        await this.#writeDenials(now - (now % 60_000));
+        if (now >= this.#nextAuditSweepMs) await this.#sweepAudit(AUDIT_SWEEP_BATCHES);
+      }).catch(() => undefined);
+    }, this.#auditFlushIntervalMs);
+    this.#auditTimer.unref();
+  }
+
+  #auditSerial<T>(fn: () => Promise<T>): Promise<T> {
+    const next = this.#auditWork.then(fn, fn);
+    this.#auditWork = next.catch(() => undefined);
+    return next;
+  }
+
+  /** Writes the groups of minutes before `beforeMs` in one transaction. */
+  async #writeDenials(beforeMs: number): Promise<void> {
+    const retry = this.#unwritten;
+    const groups = [...retry, ...this.#denials.take(beforeMs)];
+    this.#unwritten = [];
+    if (groups.length === 0) return;
+    try {
+      await this.#db.transaction(async (q) => {
+        for (const g of groups) {
+          await q.run(
+            'INSERT INTO audit (at, actor_key_id, action, target, outcome, details) VALUES (?, ?, ?, ?, ?, ?)',
+            [
+              new Date(g.firstAtMs).toISOString(),
+              g.actor,
+              g.action,
+              g.target.slice(0, 200),
+              'denied',
+              JSON.stringify({
+                ...g.details,
+                count: g.count,
+                lastAt: new Date(g.lastAtMs).toISOString(),
+              }),
+            ],
+          );
+        }
+      });
+      this.#stats.auditRowsWritten += groups.length;
+    } catch (err) {
+      // Once more at the next flush; groups that failed twice are dropped (and counted).
+      this.#unwritten = groups.slice(retry.length);
+      this.#stats.auditGroupsDropped += retry.length;
+      throw err;
+    }
+  }
+
+  async #sweepAudit(maxBatches: number): Promise<number> {
+    const cutoff = new Date(this.#now() - this.#auditRetentionMs).toISOString();
+    let removed = 0;
+    for (let batch = 0; batch < maxBatches; batch++) {
+      const r = await this.#db.run(
+        'DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at < ? ORDER BY id LIMIT ?)',
+        [cutoff, AUDIT_SWEEP_BATCH_ROWS],
+      );
+      removed += r.changes;
+      if (r.changes < AUDIT_SWEEP_BATCH_ROWS) {
+        // Caught up: the next background sweep can wait.
+        this.#nextAuditSweepMs = this.#now() + AUDIT_SWEEP_IDLE_MS;
+        return removed;
+      }
+    }
+    return removed;
   }
 
   #iso(): string {

@@ -22,10 +22,10 @@
  */
 export { openControlDb, isPostgresLocation } from './control-db.js';
 export type { ControlDb, ControlDbOptions } from './control-db.js';
-export { Iam, PROJECT_NAME_PATTERN } from './iam.js';
+export { Iam, MAX_PROJECT_DEPTH, PROJECT_NAME_PATTERN } from './iam.js';
 export { FnCallRateLimiter } from './fncall-rate-limiter.js';
 export type { FnCallRateLimiterOptions, FnCallRateLimitSource } from './fncall-rate-limiter.js';
-export type { IamOptions } from './iam.js';
+export type { AuthStats, IamOptions } from './iam.js';
 export { EdgeRegistry, EDGE_ID_PATTERN } from './edge-registry.js';
 export type { EdgeProbe, EdgeRecord, EdgeRegistration } from './edge-registry.js';
 export { MIGRATIONS, SCHEMA_VERSION } from './db/migrations.js';

@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { mkdir, mkdtemp, open, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { basename, join, resolve } from 'node:path';
 import {
   CHUNK_TABLE_CHUNK_BYTES,
   DEFAULT_LAYER_VERSION,
@@ -14,7 +14,8 @@ import {
   type LayerInfo,
   type LayerKind,
 } from '@dsec/core';
-import { buildErofs, type ErofsCompression } from './erofs.js';
+import { confinedCommand, confinedTreeCommand, runConfinedOk } from '@dsec/native';
+import { buildErofs, erofsArgs, type ErofsCompression } from './erofs.js';
 import { DirImageStore } from './store/dir-store.js';
 import { assertLayerKind, assertLayerName, assertLayerVersion } from './store/validate.js';
 import { runTool } from './util/run-tool.js';
@@ -45,6 +46,12 @@ export interface BuildLayerOptions {
   compress?: boolean | ErofsCompression;
   /** Scratch space (default: the store's `tmp/` for a DirImageStore, else the OS temp dir). */
   workDir?: string;
+  /**
+   * The tree may hold what a sandbox made (a collapse over snapshot layers):
+   * count and pack it confined (`@dsec/native` confine, mounting the private
+   * root on this empty directory), never with host path walks.
+   */
+  confineRoot?: string | undefined;
   signal?: AbortSignal;
   onProgress?(p: BuildProgress): void;
 }
@@ -80,21 +87,50 @@ export async function buildLayer(
     }
 
     progress({ phase: 'scan' });
-    const stats = await treeStats(tree, {
-      signal,
-      onEntry: (done) => progress({ phase: 'scan', done }),
-    });
+    const stats =
+      options.confineRoot === undefined
+        ? await treeStats(tree, { signal, onEntry: (done) => progress({ phase: 'scan', done }) })
+        : await confinedTreeStats(tree, options.confineRoot, signal);
 
     progress({ phase: 'mkfs' });
     const image = join(work, options.split ? 'layer.meta' : 'layer.erofs');
     const blob = options.split ? join(work, 'layer.blob') : undefined;
-    await buildErofs({
-      sourceDir: tree,
-      output: image,
-      ...(blob !== undefined ? { blobDevice: blob } : {}),
+    const erofs = {
       ...(options.compress !== undefined ? { compress: options.compress } : {}),
       ...(signal ? { signal } : {}),
-    });
+    };
+    if (options.confineRoot === undefined) {
+      await buildErofs({
+        sourceDir: tree,
+        output: image,
+        ...(blob !== undefined ? { blobDevice: blob } : {}),
+        ...erofs,
+      });
+    } else {
+      // The tree read-only and nosymfollow at /src, the images written under /out.
+      const args = erofsArgs({
+        sourceDir: '/src',
+        output: `/out/${basename(image)}`,
+        ...(blob !== undefined ? { blobDevice: `/out/${basename(blob)}` } : {}),
+        ...erofs,
+      });
+      await runConfinedOk(
+        confinedCommand(
+          {
+            rootDir: options.confineRoot,
+            trees: [
+              { path: tree, name: 'src' },
+              { path: work, name: 'out', writable: true },
+              { path: work, name: 'tmp', writable: true },
+            ],
+            tools: true,
+          },
+          ['mkfs.erofs', ...args],
+        ),
+        'mkfs.erofs',
+        { signal },
+      );
+    }
 
     // A split layer's data blob gets a chunk table, so on-demand readers can
     // check each chunk they fetch (ADR 0006).
@@ -137,6 +173,22 @@ export async function buildLayer(
   } finally {
     await rm(work, { recursive: true, force: true });
   }
+}
+
+/** `treeStats` of a tree a sandbox may have made: the helper's confined scan (same counting). */
+async function confinedTreeStats(
+  tree: string,
+  rootDir: string,
+  signal: AbortSignal | undefined,
+): Promise<{ fileCount: number; contentBytes: number }> {
+  const r = await runConfinedOk(
+    confinedTreeCommand({ rootDir, trees: [{ path: tree, name: 't' }] }, ['scan', '/t']),
+    'counting the tree',
+    { signal },
+  );
+  const value = (key: string): number =>
+    Number(new RegExp(`^${key} (\\d+)$`, 'm').exec(r.stdout)?.[1]);
+  return { fileCount: value('files'), contentBytes: value('bytes') };
 }
 
 async function checkSource(

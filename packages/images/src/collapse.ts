@@ -1,6 +1,6 @@
-import { mkdir, mkdtemp, rm, rmdir } from 'node:fs/promises';
+import { mkdir, mkdtemp, rmdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import {
   DsecError,
   formatLayerRef,
@@ -10,10 +10,10 @@ import {
   type LayerKind,
 } from '@dsec/core';
 import { buildLayer, type BuildProgress } from './build.js';
-import { mergeLayerTrees, overlayLayerTree, type LayerTree } from './overlay/merge.js';
+import { confinedCommand, confinedTreeCommand, removeTree, runConfinedOk } from '@dsec/native';
+import { overlayLayerTree, type LayerTree } from './overlay/merge.js';
 import { DirImageStore } from './store/dir-store.js';
 import { assertLayerKind, assertLayerName } from './store/validate.js';
-import { runTool } from './util/run-tool.js';
 
 /** Mounting an EROFS layer read-only, as `@dsec/native` does it (file-backed, no loop device). */
 export interface ErofsMounter {
@@ -94,42 +94,61 @@ export async function collapseLayers(
   const workRoot = options.workDir ?? (store instanceof DirImageStore ? store.tmpDir : tmpdir());
   await mkdir(workRoot, { recursive: true });
   const work = await mkdtemp(join(workRoot, 'collapse-'));
+  // Layers may be snapshots (trees sandboxes made): every step on the copies runs confined.
+  const confineRoot = join(work, 'root');
+  await mkdir(confineRoot);
   try {
-    const trees: LayerTree[] = [];
+    const trees: string[] = [];
     for (const [i, layer] of layers.entries()) {
       progress({ phase: 'copy', done: i, total: layers.length });
-      trees.push(await copyLayer(store, layer, join(work, String(i)), options.mounter, signal));
+      const dir = join(work, String(i));
+      await copyLayerTree(store, layer, dir, options.mounter, confineRoot, signal);
+      trees.push(dir);
     }
     progress({ phase: 'copy', done: layers.length, total: layers.length });
     progress({ phase: 'merge' });
     const topFirst = [...trees].reverse();
-    await mergeLayerTrees(topFirst, { keepMarks: !bottomIsBase, signal });
+    // One tree attached (renames cannot cross mounts), the copies in it by name.
+    await runConfinedOk(
+      confinedTreeCommand(
+        { rootDir: confineRoot, trees: [{ path: work, name: 'w', writable: true }] },
+        [
+          'merge',
+          bottomIsBase ? '--strip-marks' : '--keep-marks',
+          ...topFirst.map((d) => `/w/${basename(d)}`),
+        ],
+      ),
+      'merging the layers',
+      { signal },
+    );
     throwIfAborted(signal);
     return await buildLayer(store, {
       name: options.name,
       ...(options.version !== undefined ? { version: options.version } : {}),
       kind,
-      from: { dir: topFirst[0]!.dir },
+      from: { dir: topFirst[0]! },
       split,
       source: 'collapse',
       parents: layers.map(formatLayerRef),
       workDir: work,
+      confineRoot,
       ...(signal ? { signal } : {}),
       onProgress: progress,
     });
   } finally {
-    await rm(work, { recursive: true, force: true });
+    await removeTree(work);
   }
 }
 
-/** Copies a layer's tree out of its EROFS, keeping whiteout devices and xattrs (`cp -a`). */
-export async function copyLayer(
+/** Copies a layer's tree out of its EROFS into `dir` (`cp -a`, confined: whiteouts, xattrs, holes kept). */
+async function copyLayerTree(
   store: ImageStore,
   layer: LayerInfo,
   dir: string,
   mounter: ErofsMounter,
+  confineRoot: string,
   signal: AbortSignal | undefined,
-): Promise<LayerTree> {
+): Promise<void> {
   const mnt = `${dir}.mnt`;
   await mkdir(mnt, { recursive: true });
   await mkdir(dir, { recursive: true });
@@ -137,10 +156,45 @@ export async function copyLayer(
   const blobDevice = layer.blobDigest ? await store.blobPath(layer.blobDigest) : undefined;
   await mounter.mountErofs(image, mnt, blobDevice ? { blobDevice } : {});
   try {
-    await runTool('cp', ['-a', '--', `${mnt}/.`, `${dir}/`], { signal });
+    await runConfinedOk(
+      confinedCommand(
+        {
+          rootDir: confineRoot,
+          trees: [
+            { path: mnt, name: 'src' },
+            { path: dir, name: 'dst', writable: true },
+          ],
+          tools: true,
+        },
+        ['cp', '-a', '--', '/src/.', '/dst/'],
+      ),
+      `copying layer ${formatLayerRef(layer)}`,
+      { signal },
+    );
   } finally {
     await mounter.unmount([mnt], { detach: true });
     await rmdir(mnt);
   }
-  return await overlayLayerTree(dir, signal);
+}
+
+/**
+ * Copies a layer's tree out of its EROFS, keeping whiteout devices and
+ * xattrs (`cp -a`), and reads its opaque marks; both confined (the layer may
+ * be one a sandbox made), with the private root on `${dir}.root`.
+ */
+export async function copyLayer(
+  store: ImageStore,
+  layer: LayerInfo,
+  dir: string,
+  mounter: ErofsMounter,
+  signal: AbortSignal | undefined,
+): Promise<LayerTree> {
+  const confineRoot = `${dir}.root`;
+  await mkdir(confineRoot, { recursive: true });
+  try {
+    await copyLayerTree(store, layer, dir, mounter, confineRoot, signal);
+    return await overlayLayerTree(dir, signal, confineRoot);
+  } finally {
+    await rmdir(confineRoot);
+  }
 }

@@ -17,15 +17,34 @@ import type { TreeStats } from './walk.js';
  * On-disk format (linux/fs/erofs/erofs_fs.h): superblock at 1024; inode `nid`
  * at `meta_blkaddr * blksz + nid * 32`; compact inodes are 32 bytes with
  * 16-bit ids, extended ones 64 bytes with 32-bit ids; directories are plain
- * or tail-inline blocks of 12-byte dirents. The superblock's crc32c (which
- * covers the rest of block 0, where the first inodes can sit) is recomputed.
+ * or tail-inline blocks of 12-byte dirents. Xattrs follow the inode: a
+ * 12-byte header (shared count at byte 4), 4-byte ids of shared entries (at
+ * `xattr_blkaddr * blksz + id * 4`), then inline entries (name length, name
+ * index, value size, name, value; 4-byte aligned). The superblock's crc32c
+ * (which covers the rest of block 0, where the first inodes can sit) is
+ * recomputed.
  */
 export interface ShiftErofsIdsOptions {
   /** First host id of the range (the sandbox's root). */
   hostId: number;
   /** Size of the range: host ids `hostId … hostId + count - 1` become `0 … count - 1`. */
   count: number;
+  /**
+   * A layer made from a sandbox (SECURITY.md H36): strip what could give a
+   * sandbox that stacks it a privilege the source could not use — device
+   * nodes other than whiteouts become whiteouts (the path is absent), set-id
+   * bits go from every non-directory, and file capabilities (the
+   * `security.capability` xattr) are emptied: a valid record with no
+   * capability in it. Sandboxes run with no_new_privs behind a deny-all
+   * device cgroup, so the source could use none of them either.
+   */
+  sanitize?: boolean | undefined;
   signal?: AbortSignal | undefined;
+}
+
+/** What `shiftErofsIds` counted, and what `sanitize` took out. */
+export interface ShiftErofsIdsResult extends TreeStats {
+  neutralized: { devices: number; setId: number; capabilities: number };
 }
 
 const SUPER_OFFSET = 1024;
@@ -35,6 +54,16 @@ const OVERFLOW_ID = 65534;
 const S_IFMT = 0o170000;
 const S_IFDIR = 0o040000;
 const S_IFREG = 0o100000;
+const S_IFCHR = 0o020000;
+const S_IFBLK = 0o060000;
+const S_ISUID = 0o4000;
+const S_ISGID = 0o2000;
+/** `security.` is xattr name index 6 in EROFS; file capabilities are `security.capability`. */
+const XATTR_INDEX_SECURITY = 6;
+const XATTR_IBODY_HEADER = 12;
+/** VFS_CAP_REVISION_MASK and the value sizes of revisions 1, 2 and 3 (linux/capability.h). */
+const VFS_CAP_REVISION_MASK = 0xff000000;
+const VFS_CAP_SIZES: Record<number, number> = { 0x01000000: 12, 0x02000000: 20, 0x03000000: 24 };
 const LAYOUT_FLAT_PLAIN = 0;
 const LAYOUT_FLAT_INLINE = 2;
 const DIRENT_SIZE = 12;
@@ -42,7 +71,7 @@ const DIRENT_SIZE = 12;
 export async function shiftErofsIds(
   image: string,
   options: ShiftErofsIdsOptions,
-): Promise<TreeStats> {
+): Promise<ShiftErofsIdsResult> {
   const { hostId, count } = options;
   if (!Number.isSafeInteger(hostId) || hostId < 0 || !Number.isSafeInteger(count) || count < 1) {
     throw new DsecError('invalid_argument', 'hostId and count must be non-negative integers', {
@@ -61,13 +90,37 @@ export async function shiftErofsIds(
     const blksz = 1 << blkszBits;
     const rootNid = sb.readUInt16LE(14);
     const metaBlkaddr = sb.readUInt32LE(40);
+    const xattrBlkaddr = sb.readUInt32LE(44);
     const inodeAt = (nid: number): number => metaBlkaddr * blksz + nid * 32;
+    const neutralized = { devices: 0, setId: 0, capabilities: 0 };
+    const sharedDone = new Set<number>();
+    /** Empties the file-capability record at `at` (its revision kept: a valid record, no capability). */
+    const emptyCapability = async (at: number): Promise<boolean> => {
+      const e = await readAt(fh, at, 4);
+      const nameLen = e.readUInt8(0);
+      const valueSize = e.readUInt16LE(2);
+      if (e.readUInt8(1) !== XATTR_INDEX_SECURITY || nameLen !== 10) return false;
+      const name = await readAt(fh, at + 4, nameLen);
+      if (name.toString('latin1') !== 'capability') return false;
+      const valueAt = at + 4 + nameLen;
+      const value = await readAt(fh, valueAt, valueSize);
+      const revision =
+        value.length >= 4 ? (value.readUInt32LE(0) & VFS_CAP_REVISION_MASK) >>> 0 : 0;
+      const empty = Buffer.alloc(valueSize);
+      if (VFS_CAP_SIZES[revision] === valueSize) {
+        empty.writeUInt32LE(revision, 0);
+        // Revision 3 names the root it applies to: keep it (0 and unmapped ones alike grant nothing now).
+        if (valueSize === 24) value.copy(empty, 20, 20, 24);
+      }
+      if (value.equals(empty)) return false;
+      await fh.write(empty, 0, valueSize, valueAt);
+      return true;
+    };
 
     let fileCount = 0;
     let contentBytes = 0;
     const seen = new Set<number>();
     const stack = [rootNid];
-    let touchedBlock0 = false;
     while (stack.length > 0) {
       throwIfAborted(options.signal);
       const nid = stack.pop()!;
@@ -79,7 +132,48 @@ export async function shiftErofsIds(
       const extended = (format & 1) === 1;
       const layout = (format >> 1) & 0x7;
       const xattrCount = head.readUInt16LE(2);
-      const mode = head.readUInt16LE(4);
+      let mode = head.readUInt16LE(4);
+      const inodeSize = extended ? 64 : 32;
+      const xattrSize = xattrCount === 0 ? 0 : XATTR_IBODY_HEADER + (xattrCount - 1) * 4;
+      if (options.sanitize) {
+        const type = mode & S_IFMT;
+        let newMode = mode;
+        if (
+          (type === S_IFCHR || type === S_IFBLK) &&
+          (type === S_IFBLK || head.readUInt32LE(16) !== 0)
+        ) {
+          // A device node: a whiteout instead (rdev 0:0), the path absent in the sandbox.
+          newMode = S_IFCHR | (mode & 0o777);
+          await fh.write(Buffer.alloc(4), 0, 4, pos + 16);
+          neutralized.devices++;
+        }
+        if (type !== S_IFDIR && (mode & (S_ISUID | S_ISGID)) !== 0) {
+          newMode &= ~(S_ISUID | S_ISGID);
+          neutralized.setId++;
+        }
+        if (newMode !== mode) {
+          const m = Buffer.alloc(2);
+          m.writeUInt16LE(newMode, 0);
+          await fh.write(m, 0, 2, pos + 4);
+          mode = newMode;
+        }
+        if (xattrSize > 0) {
+          const xattrs = await readAt(fh, pos + inodeSize, xattrSize);
+          const shared = xattrs.readUInt8(4);
+          for (let i = 0; i < shared; i++) {
+            const id = xattrs.readUInt32LE(XATTR_IBODY_HEADER + i * 4);
+            if (sharedDone.has(id)) continue;
+            sharedDone.add(id);
+            if (await emptyCapability(xattrBlkaddr * blksz + id * 4)) neutralized.capabilities++;
+          }
+          let at = XATTR_IBODY_HEADER + shared * 4;
+          while (at + 4 <= xattrSize) {
+            const len = 4 + xattrs.readUInt8(at) + xattrs.readUInt16LE(at + 2);
+            if (await emptyCapability(pos + inodeSize + at)) neutralized.capabilities++;
+            at += (len + 3) & ~3;
+          }
+        }
+      }
       let size: number;
       if (extended) {
         size = Number(head.readBigUInt64LE(8));
@@ -94,7 +188,6 @@ export async function shiftErofsIds(
         ids.writeUInt16LE(shift(head.readUInt16LE(26)), 2);
         await fh.write(ids, 0, 4, pos + 24);
       }
-      if (pos < blksz) touchedBlock0 = true;
       if ((mode & S_IFMT) === S_IFREG) contentBytes += size;
       if ((mode & S_IFMT) !== S_IFDIR) continue;
 
@@ -102,8 +195,6 @@ export async function shiftErofsIds(
       if (layout !== LAYOUT_FLAT_PLAIN && layout !== LAYOUT_FLAT_INLINE) {
         throw new DsecError('internal', `EROFS directory ${nid} has data layout ${layout}`);
       }
-      const inodeSize = extended ? 64 : 32;
-      const xattrSize = xattrCount === 0 ? 0 : 12 + (xattrCount - 1) * 4;
       const rawBlkaddr = head.readUInt32LE(16);
       const blocks = Math.ceil(size / blksz);
       for (let b = 0; b < blocks; b++) {
@@ -130,7 +221,8 @@ export async function shiftErofsIds(
     }
 
     const compat = sb.readUInt32LE(8);
-    if (touchedBlock0 && (compat & FEATURE_COMPAT_SB_CHKSUM) !== 0) {
+    // The checksum covers the rest of block 0, where inodes and xattrs may sit: recompute it.
+    if ((compat & FEATURE_COMPAT_SB_CHKSUM) !== 0) {
       const rest = await readAt(fh, SUPER_OFFSET, blksz - SUPER_OFFSET);
       rest.writeUInt32LE(0, 4);
       const sum = Buffer.alloc(4);
@@ -138,7 +230,7 @@ export async function shiftErofsIds(
       await fh.write(sum, 0, 4, SUPER_OFFSET + 4);
     }
     await fh.sync();
-    return { fileCount, contentBytes };
+    return { fileCount, contentBytes, neutralized };
   } finally {
     await fh.close();
   }

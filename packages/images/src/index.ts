@@ -71,17 +71,27 @@ export {
 } from './rootfs/debian.js';
 export type { DebianRootfsOptions } from './rootfs/debian.js';
 export { shiftErofsIds, crc32c } from './erofs-ids.js';
-export type { ShiftErofsIdsOptions } from './erofs-ids.js';
+export type { ShiftErofsIdsOptions, ShiftErofsIdsResult } from './erofs-ids.js';
 export {
   copyUpperDir,
   packUpperDir,
   parseScrubPatterns,
   patternsShadowingLowers,
+  scanUpper,
   scrubCopy,
   scrubExcludeArgs,
   MAX_SCRUB_PATTERNS,
+  SPARSE_CHUNK_BYTES,
 } from './upper-pack.js';
-export type { PackUpperOptions, ScrubPattern } from './upper-pack.js';
+export type {
+  ConfinedRun,
+  PackUpperOptions,
+  ScanCaps,
+  ScanRefusal,
+  ScrubPattern,
+  UpperScan,
+  UpperSource,
+} from './upper-pack.js';
 export { buildFromDebs, baseDpkgStatus, rememberBaseStatus, DEBS_MANIFEST_DIR } from './debs.js';
 export type {
   BuildFromDebsOptions,

@@ -1,7 +1,8 @@
 /*
  * dsec-helper: the few host operations Node cannot do itself (mount(2),
  * idmapped mounts, FUSE mounts, setns), plus chronusd, the node's supervisor
- * of the per-sandbox command daemons.
+ * of the per-sandbox command daemons, and `confine`/`tree`, through which
+ * every operation on a directory tree a sandbox made runs (confine.c).
  * Usage: dsec-helper <subcommand> [args...]; errors are one line on stderr
  * and exit status 1.
  */
@@ -21,6 +22,8 @@ static const struct {
     { "mount-rootfs", cmd_mount_rootfs },
     { "chronusd", cmd_chronusd },
     { "seccomp-bpf", cmd_seccomp_bpf },
+    { "confine", cmd_confine },
+    { "tree", cmd_tree },
 };
 
 int main(int argc, char **argv)
@@ -32,6 +35,6 @@ int main(int argc, char **argv)
                 return commands[i].run(argc - 2, argv + 2);
         }
     }
-    fprintf(stderr, "usage: dsec-helper mount-erofs|mount-fuse|umount|mount-rootfs|chronusd|seccomp-bpf ...\n");
+    fprintf(stderr, "usage: dsec-helper mount-erofs|mount-fuse|umount|mount-rootfs|chronusd|seccomp-bpf|confine|tree ...\n");
     return 2;
 }

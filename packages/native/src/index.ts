@@ -7,6 +7,8 @@
  *   node's supervisor of chronus, the per-sandbox command daemon that runs
  *   commands inside a sandbox's namespaces while staying out of its reach.
  * - `dsec-init`: PID 1 of every container sandbox (bind-mount {@link initPath}).
+ * - `dsec-helper confine` / `tree`: the one way the platform works on a
+ *   directory tree a sandbox made ({@link confinedCommand}, {@link removeTree}).
  *
  * @example
  * ```ts
@@ -35,6 +37,24 @@ import { DsecError, throwIfAborted } from '@dsec/core';
 import { helperPath } from './binaries.js';
 
 export { helperPath, initPath } from './binaries.js';
+
+export {
+  confinedCommand,
+  confinedFailure,
+  confinedTreeCommand,
+  removeTree,
+  removeTreeSync,
+  runConfined,
+  runConfinedOk,
+  sandboxViewTreeCommand,
+} from './confine.js';
+export type {
+  ConfinedResult,
+  ConfinedTree,
+  ConfineOptions,
+  RunConfinedOptions,
+  SandboxViewOptions,
+} from './confine.js';
 
 export { ChronusConnection, CommandHandle } from './chronus-client.js';
 export {

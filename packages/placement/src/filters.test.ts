@@ -291,3 +291,24 @@ test('instances: own in-flight placements count that many times in ranking, once
     ['op', 'op', 'cloud'],
   );
 });
+
+test('a burst edge holds a layer for a request only as the platform’s or a project of its view', () => {
+  // EdgeStatus.layers are layer keys; another tenant's snapshot of the name never counts.
+  const edges = [
+    edge('op', { capacity: SMALL, used: used(10) }),
+    edge('cloud', {
+      labels: { pool: 'burst' },
+      layers: ['base:latest', 'prj-b/snap:latest', 'prj-root/env:v2'],
+    }),
+  ];
+  const placer = new PowerOfKPlacer({ view: () => ({ edges }), overlay: false });
+  const wants = (image: string, layerView?: string[]) => () =>
+    placer.place({ spec: { ...spec, image, toolkits: [] }, ...(layerView ? { layerView } : {}) });
+  assert.equal(wants('base')(), 'cloud');
+  assert.throws(wants('snap', ['prj-root', 'prj-a']), exhausted, 'B’s layer is not A’s');
+  assert.throws(wants('snap'), exhausted, 'nor the platform’s');
+  assert.equal(wants('snap', ['prj-root', 'prj-b'])(), 'cloud');
+  assert.equal(wants('env:v2', ['prj-root', 'prj-a'])(), 'cloud', 'an ancestor’s counts');
+  // Explicit layers name keys of the same form.
+  assert.equal(placer.place({ spec, layers: ['base', 'prj-b/snap'] }), 'cloud');
+});

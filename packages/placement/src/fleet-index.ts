@@ -1,4 +1,4 @@
-import { DsecError, formatLayerRef, parseLayerRef } from '@dsec/core';
+import { DsecError, formatLayerKey, parseLayerKey } from '@dsec/core';
 import type { BurstOptions, PlacementEdge, PlacementRequest, PlacementView } from './placer.js';
 
 export interface Usage {
@@ -98,8 +98,12 @@ export class FleetIndex {
     }
   }
 
-  /** True when every layer in `needed` (normalised) is in edge `i`'s store. */
-  hasLayers(i: number, needed: readonly string[]): boolean {
+  /**
+   * True when every layer in `needed` (normalised) is in edge `i`'s store,
+   * the platform's or that of a project of `view` (`PlacementRequest.layerView`):
+   * another tenant's layer of the name never counts.
+   */
+  hasLayers(i: number, needed: readonly string[], view: readonly string[] = []): boolean {
     let set = this.#layerSets[i];
     if (set === undefined) {
       const layers = this.edges[i]!.layers;
@@ -107,7 +111,10 @@ export class FleetIndex {
       this.#layerSets[i] = set;
     }
     if (set === null) return false;
-    for (const l of needed) if (!set.has(l)) return false;
+    for (const l of needed) {
+      if (set.has(l)) continue;
+      if (!view.some((p) => set.has(`${p}/${l}`))) return false;
+    }
     return true;
   }
 }
@@ -118,10 +125,10 @@ function addUsage(to: Usage, u: Usage): void {
   to.sandboxes += u.sandboxes;
 }
 
-/** `base` and `base:latest` name the same layer. */
+/** `base` and `base:latest` name the same layer; so do `prj/base` and `prj/base:latest`. */
 export function normaliseLayer(ref: string): string {
-  const parsed = parseLayerRef(ref);
-  return parsed ? formatLayerRef(parsed) : ref;
+  const parsed = parseLayerKey(ref);
+  return parsed ? formatLayerKey(parsed) : ref;
 }
 
 /** The layers a request needs, normalised: `req.layers`, or the spec's image, workspace and toolkits. */
@@ -209,7 +216,7 @@ export function pickEdge(index: FleetIndex, req: PlacementRequest, options: Pick
     if (selector && !matchesSelector(edge, selector)) continue;
     if (index.burst[e]) {
       needed ??= requiredLayers(req);
-      if (!index.hasLayers(e, needed)) continue;
+      if (!index.hasLayers(e, needed, req.layerView)) continue;
     }
     const f = inflight?.[e];
     const sandboxes = edge.used.sandboxes + (f ? f.sandboxes : 0) + 1;

@@ -26,6 +26,14 @@ export interface PlacementRequest {
    * spec's image, workspace and toolkits. Only burst edges look at them.
    */
   layers?: readonly string[] | undefined;
+  /**
+   * The projects whose layers the sandbox may stack besides the platform's
+   * (the create's layer view, root first; docs/adr/0019-layer-ownership.md).
+   * A burst edge holds a needed layer when it lists the platform's
+   * (`name:version`) or one of these projects' (`project/name:version`).
+   * Absent: the platform's only.
+   */
+  layerView?: readonly string[] | undefined;
 }
 
 /**
@@ -48,8 +56,10 @@ export interface PlacementEdge {
   /** The edge's labels (`pool`, `hardware`, …); absent: none. */
   labels?: Readonly<Record<string, string>> | undefined;
   /**
-   * Names of the layers and images in the edge's image store (`EdgeStatus.layers`).
-   * A burst edge that reports none is never eligible for burst work.
+   * The layers and images in the edge's image store (`EdgeStatus.layers`), as
+   * layer keys: `name:version` for the platform's, `project/name:version`
+   * for a project's. A burst edge that reports none is never eligible for
+   * burst work.
    */
   layers?: readonly string[] | undefined;
   /** Cordoned by an operator: never eligible, whatever its health. */

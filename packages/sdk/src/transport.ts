@@ -31,6 +31,7 @@ export const RETRY_CODES: ReadonlySet<string> = new Set([
   'unavailable',
   'capacity_exhausted',
   'quota_exceeded',
+  'rate_limited',
 ]);
 export const DEFAULT_RETRY = { maxRetries: 3, baseDelayMs: 250, maxDelayMs: 4000 } as const;
 

@@ -10,7 +10,7 @@ Contract of every request:
   connection broke) or ``DeadlineExceeded`` (``timeout`` passed);
 - a call that never reached the server, or is ``retry_safe`` (idempotent, or
   deduplicated by a request ID), is resent with backoff on ``unavailable``,
-  ``capacity_exhausted`` and ``quota_exceeded`` (``RetryPolicy``).
+  ``capacity_exhausted``, ``quota_exceeded`` and ``rate_limited`` (``RetryPolicy``).
 """
 
 from __future__ import annotations

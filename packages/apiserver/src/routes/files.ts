@@ -3,7 +3,14 @@ import { DsecError } from '@dsec/core';
 import { IdParams, parse } from '../schemas.js';
 import { MkdirBody, PathQuery, RemoveBody, RenameBody, WriteQuery } from '../schemas-io.js';
 import type { SandboxService } from '../sandbox-service.js';
-import { bodyStream, clientGone, openIo, rawBodies, socketTimeout } from './io-common.js';
+import {
+  bodyStream,
+  clientGone,
+  openIo,
+  openStream,
+  rawBodies,
+  socketTimeout,
+} from './io-common.js';
 
 /**
  * Files inside a sandbox. Contents travel as raw bytes in both directions,
@@ -18,6 +25,13 @@ export function fileRoutes(app: FastifyInstance, service: SandboxService): void 
     const q = parse(PathQuery, req.query, 'query');
     const signal = clientGone(reply);
     const io = await openIo(service, req, id, signal);
+    // A download holds its stream with back-pressure (nothing queues); it counts as one of its key's.
+    openStream(
+      req,
+      reply,
+      () => 0,
+      () => undefined,
+    );
     const stream = await io.readFile(id, q.path, { user: q.user, signal });
     socketTimeout(req, 0);
     return reply

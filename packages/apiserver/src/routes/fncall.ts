@@ -5,7 +5,7 @@ import { principalOf } from '../auth.js';
 import type { FnCallService } from '../fncall-service.js';
 import { parse } from '../schemas.js';
 import { FnCallBatchBody, FnCallBody } from '../schemas-fncall.js';
-import { clientGone, MAX_STREAM_BUFFER_BYTES, socketTimeout } from './io-common.js';
+import { clientGone, openStream, socketTimeout } from './io-common.js';
 
 /** Socket idle allowance beyond a call's own time limit (queueing on a busy pool included). */
 const CALL_SOCKET_GRACE_MS = 60_000;
@@ -35,16 +35,24 @@ export function fncallRoutes(app: FastifyInstance, service: FnCallService): void
     const stop = new AbortController();
     const signal = AbortSignal.any([gone, stop.signal]);
     const out = new PassThrough();
+    out.on('error', () => undefined);
+    const ticket = openStream(
+      req,
+      reply,
+      () => out.writableLength + out.readableLength + reply.raw.writableLength,
+      () => {
+        stop.abort(new DsecError('aborted', 'the client is not reading the stream'));
+        out.destroy();
+      },
+    );
     const batch = service.batch(
       principal,
       body.calls,
       body.concurrency,
       (item) => {
-        if (out.writableLength > MAX_STREAM_BUFFER_BYTES) {
-          stop.abort(new DsecError('aborted', 'the client is not reading the stream'));
-          return;
-        }
+        if (out.destroyed) return;
         out.write(`${JSON.stringify(item)}\n`);
+        ticket.check();
       },
       signal,
     );
@@ -53,7 +61,9 @@ export function fncallRoutes(app: FastifyInstance, service: FnCallService): void
         req.log.error({ err }, 'fncall batch failed');
         out.destroy(err instanceof Error ? err : new Error(String(err)));
       })
-      .finally(() => out.end());
+      .finally(() => {
+        if (!out.destroyed) out.end();
+      });
     return reply
       .header('content-type', 'application/x-ndjson')
       .header('cache-control', 'no-store')

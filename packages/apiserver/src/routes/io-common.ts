@@ -3,10 +3,48 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { requireIo, toDsecError } from '@dsec/core';
 import type { CommandResult, SandboxIoApi } from '@dsec/core';
 import { principalOf } from '../auth.js';
+import { destroyConnection, limitsOf } from '../limits.js';
+import type { StreamTicket } from '../limits.js';
 import type { SandboxService } from '../sandbox-service.js';
 
-/** A stream whose reader has fallen this far behind is cut off: a client that never reads must not grow memory. */
+/**
+ * A stream whose reader has fallen this far behind is cut off: a client that
+ * never reads must not grow memory (the default of `ApiLimits.streamBufferBytes`).
+ */
 export const MAX_STREAM_BUFFER_BYTES = 8 * 1024 * 1024;
+
+/**
+ * Opens a long-lived answer of the request's key: counted against the key's
+ * `maxStreamsPerKey` (throws `rate_limited` past it, before anything is
+ * sent) and, through `measure` (the bytes it has queued now), against the
+ * output budget. When it must stop (its client does not read), `stop` runs
+ * and then its connection is destroyed, dropping what it had queued.
+ * Released when the response closes.
+ */
+export function openStream(
+  req: FastifyRequest,
+  reply: FastifyReply,
+  measure: () => number,
+  stop: () => void,
+): StreamTicket {
+  const cut = () => {
+    stop();
+    destroyConnection(reply);
+  };
+  const limits = limitsOf(req);
+  const ticket: StreamTicket = limits
+    ? limits.openStream(principalOf(req).keyId, measure, cut)
+    : {
+        check: () => {
+          if (measure() <= MAX_STREAM_BUFFER_BYTES) return true;
+          cut();
+          return false;
+        },
+        release: () => undefined,
+      };
+  reply.raw.once('close', () => ticket.release());
+  return ticket;
+}
 
 export { requireIo };
 
@@ -71,7 +109,7 @@ export function bodyStream(req: FastifyRequest): Readable | undefined {
  * Answers with the NDJSON command event stream of docs/CONVENTIONS.md:
  * `stdout`/`stderr` events (base64), then `result` or `error`. `run` gets
  * the callbacks and a signal that fires when the client leaves or stops
- * reading (its buffer passed MAX_STREAM_BUFFER_BYTES).
+ * reading (`openStream`: the stream is then cut with its connection).
  */
 export function sendCommandStream(
   req: FastifyRequest,
@@ -84,31 +122,39 @@ export function sendCommandStream(
   }) => Promise<CommandResult>,
 ): FastifyReply {
   const out = new PassThrough();
+  out.on('error', () => undefined);
   const stop = new AbortController();
   const both = AbortSignal.any([signal, stop.signal]);
-  const emit = (event: unknown) => {
-    if (out.writableLength > MAX_STREAM_BUFFER_BYTES) {
+  const ticket = openStream(
+    req,
+    reply,
+    () => out.writableLength + out.readableLength + reply.raw.writableLength,
+    () => {
       stop.abort(new Error('client is not reading the stream'));
-      return;
-    }
+      out.destroy();
+    },
+  );
+  const write = (event: unknown) => {
+    if (out.destroyed || out.writableEnded) return;
     out.write(`${JSON.stringify(event)}\n`);
+    ticket.check();
   };
   run({
     signal: both,
-    onStdout: (chunk) => emit({ type: 'stdout', data: chunk.toString('base64') }),
-    onStderr: (chunk) => emit({ type: 'stderr', data: chunk.toString('base64') }),
+    onStdout: (chunk) => write({ type: 'stdout', data: chunk.toString('base64') }),
+    onStderr: (chunk) => write({ type: 'stderr', data: chunk.toString('base64') }),
   })
     .then(
-      (result) => emit({ type: 'result', result }),
+      (result) => write({ type: 'result', result }),
       (err: unknown) => {
         const e = toDsecError(err);
         if (e.code === 'internal') req.log.error({ err }, 'streamed command failed');
-        out.write(
-          `${JSON.stringify({ type: 'error', error: { code: e.code, message: e.message } })}\n`,
-        );
+        write({ type: 'error', error: { code: e.code, message: e.message } });
       },
     )
-    .finally(() => out.end());
+    .finally(() => {
+      if (!out.destroyed) out.end();
+    });
   return reply
     .header('content-type', 'application/x-ndjson')
     .header('cache-control', 'no-store')

@@ -5,6 +5,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
 import type { PtySession } from '@dsec/core';
 import type { Iam } from '@dsec/iam';
+import { sourceOf } from '../auth.js';
 import { parse } from '../schemas.js';
 import { PortParams, PtyQuery } from '../schemas-io.js';
 import type { SandboxService } from '../sandbox-service.js';
@@ -171,7 +172,7 @@ async function handleUpgrade(
     }
     const auth = req.headers.authorization;
     const key = typeof auth === 'string' ? /^Bearer +(\S+) *$/i.exec(auth)?.[1] : undefined;
-    const principal = await iam.authenticate(key);
+    const principal = await iam.authenticate(key, { source: sourceOf(req) });
     const q = parse(PtyQuery, Object.fromEntries(url.searchParams), 'query');
     const id = decodeURIComponent(m[1] ?? '');
     const ac = new AbortController();

@@ -8,6 +8,7 @@ import type { RawData, WebSocket } from 'ws';
 import { DsecError, requireIo, toDsecError } from '@dsec/core';
 import type { PtySession } from '@dsec/core';
 import type { Iam } from '@dsec/iam';
+import { sourceOf } from '../auth.js';
 import { parse } from '../schemas.js';
 import { PtyQuery } from '../schemas-io.js';
 import type { SandboxService } from '../sandbox-service.js';
@@ -62,7 +63,7 @@ export function ptyWebSocket(app: FastifyInstance, service: SandboxService, iam:
       return;
     }
     const id = decodeURIComponent(m[1] ?? '');
-    wss.handleUpgrade(req, socket, head, (ws) => serve(ws, id, query, service, iam));
+    wss.handleUpgrade(req, socket, head, (ws) => serve(ws, id, query, service, iam, sourceOf(req)));
   });
   app.addHook('onClose', async () => {
     for (const ws of wss.clients) ws.terminate();
@@ -92,6 +93,7 @@ function serve(
   query: ReturnType<typeof PtyQuery.parse>,
   service: SandboxService,
   iam: Iam,
+  source: string,
 ): void {
   const ac = new AbortController();
   let pty: PtySession | undefined;
@@ -116,7 +118,7 @@ function serve(
     if (!first.success) {
       throw new DsecError('unauthenticated', 'the first message must be {"type":"auth","key":...}');
     }
-    const principal = await iam.authenticate(first.data.key);
+    const principal = await iam.authenticate(first.data.key, { source });
     const { edge } = await service.open(principal, id, ac.signal);
     const session = await requireIo(edge).openPty(id, {
       rows: query.rows,

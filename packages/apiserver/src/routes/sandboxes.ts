@@ -11,13 +11,7 @@ import {
   toSandboxSpec,
 } from '../schemas.js';
 import type { OpenSandbox, SandboxService } from '../sandbox-service.js';
-import {
-  clientGone,
-  MAX_STREAM_BUFFER_BYTES,
-  requireIo,
-  sendCommandStream,
-  wantsNdjson,
-} from './io-common.js';
+import { clientGone, openStream, requireIo, sendCommandStream, wantsNdjson } from './io-common.js';
 
 /** Socket idle allowance beyond a command's own timeout. */
 const COMMAND_SOCKET_GRACE_MS = 60_000;
@@ -98,6 +92,14 @@ async function streamRawStdout(
   signal: AbortSignal,
 ): Promise<void> {
   const res = reply.raw;
+  const stop = new AbortController();
+  // Before the hijack: past the key's stream cap this is a plain 429 answer.
+  const ticket = openStream(
+    req,
+    reply,
+    () => res.writableLength,
+    () => stop.abort(new Error('client is not reading the stream')),
+  );
   reply.hijack();
   res.writeHead(200, {
     'content-type': 'application/octet-stream',
@@ -105,19 +107,20 @@ async function streamRawStdout(
     'x-request-id': req.id,
     trailer: 'x-dsec-result, x-dsec-error',
   });
-  const stop = new AbortController();
   const encode = (value: unknown) => Buffer.from(JSON.stringify(value)).toString('base64');
   try {
     const result = await service.runIn(sandbox, command, {
       signal: AbortSignal.any([signal, stop.signal]),
       onStdout: (chunk) => {
-        if (res.writableLength > MAX_STREAM_BUFFER_BYTES)
-          stop.abort(new Error('client is not reading the stream'));
-        else res.write(chunk);
+        if (res.destroyed) return;
+        res.write(chunk);
+        ticket.check();
       },
     });
+    if (res.destroyed) return;
     res.addTrailers({ 'x-dsec-result': encode({ ...result, stdout: '', stderr: '' }) });
   } catch (err) {
+    if (res.destroyed) return;
     const e = toDsecError(err);
     if (e.code === 'internal') req.log.error({ err }, 'streamed command failed');
     res.addTrailers({ 'x-dsec-error': encode({ code: e.code, message: e.message }) });

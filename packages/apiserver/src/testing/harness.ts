@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import { SandboxIdCodec } from '@dsec/core';
 import { openControlDb } from '@dsec/iam';
-import type { Iam } from '@dsec/iam';
+import type { ControlDbOptions, Iam } from '@dsec/iam';
 import { PowerOfKPlacer } from '@dsec/placement';
 import type { Placer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
@@ -46,14 +46,20 @@ export async function createTestApi(
     logger?: boolean;
     /** Transport limits (timeouts, connection cap) passed to `buildApiServer`. */
     transport?: Partial<Pick<ApiServerOptions, TransportOption>>;
+    /** Per-caller bounds (`ApiServerOptions.limits`). */
+    limits?: ApiServerOptions['limits'];
+    /** Host names the server answers besides loopback and IP literals. */
+    allowedHosts?: ApiServerOptions['allowedHosts'];
+    /** IAM settings (clock, failed-authentication limits, audit retention). */
+    iamOptions?: ControlDbOptions;
     imagesList?: ApiServerOptions['imagesList'];
     imagesRemove?: ApiServerOptions['imagesRemove'];
   } = {},
 ): Promise<TestApi> {
-  const db = await openControlDb(
-    options.iamPath ?? ':memory:',
-    options.authCacheTtlMs === undefined ? {} : { authCacheTtlMs: options.authCacheTtlMs },
-  );
+  const db = await openControlDb(options.iamPath ?? ':memory:', {
+    ...options.iamOptions,
+    ...(options.authCacheTtlMs === undefined ? {} : { authCacheTtlMs: options.authCacheTtlMs }),
+  });
   const { iam } = db;
   const boot = await iam.bootstrap();
   const edges = new Map(
@@ -72,6 +78,8 @@ export async function createTestApi(
     logger: options.logger,
     imagesList: options.imagesList,
     imagesRemove: options.imagesRemove,
+    limits: options.limits,
+    allowedHosts: options.allowedHosts,
     ...options.transport,
   });
   return {

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { DsecError } from '@dsec/core';
 import { benchBurst } from '../bench/burst.js';
 import { benchChurn } from '../bench/churn.js';
 import { benchCluster } from '../bench/cluster.js';
@@ -12,6 +13,7 @@ import { benchOndemand } from '../bench/ondemand.js';
 import { benchPause } from '../bench/pause.js';
 import { benchPlacement, PLACEMENT_STRATEGIES } from '../bench/placement.js';
 import { benchQos } from '../bench/qos.js';
+import { benchBounds, FLOOD_KINDS, type FloodKind } from '../bench/bounds.js';
 import { registerEvalBench } from '../bench/eval.js';
 import { registerFnCallBench } from '../bench/fncall.js';
 import { registerRegistryBench } from '../bench/registry.js';
@@ -319,6 +321,71 @@ export function register(program: Command): void {
         }
       }
     });
+  bench
+    .command('bounds')
+    .description(
+      "a steady client's exec p50/p99 quiet and beside a flood at each per-caller bound: bogus keys, idle connections, unread streams, junk requests (docs/security.md)",
+    )
+    .option('--execs <n>', 'measured execs of the steady client per phase', '300')
+    .option(
+      '--floods <list>',
+      `comma-separated, of ${FLOOD_KINDS.join(', ')}`,
+      FLOOD_KINDS.join(','),
+    )
+    .option('--idle-connections <n>', 'connections the idle flood holds (three addresses)', '12000')
+    .option(
+      '--idle-reconnect-ms <n>',
+      'the idle flood reopens a connection the server closed after this long (0: never)',
+      '0',
+    )
+    .option('--unread-streams <n>', 'command streams the unread flood holds, never read', '150')
+    .option('--concurrency <n>', 'requests in flight of the bogus-keys and junk floods', '64')
+    .option(
+      '--rate <n>',
+      'requests per second of the bogus-keys and junk floods (0: as fast as they go)',
+      '250',
+    )
+    .action(
+      async (
+        opts: {
+          execs: string;
+          floods: string;
+          idleConnections: string;
+          idleReconnectMs: string;
+          unreadStreams: string;
+          concurrency: string;
+          rate: string;
+        },
+        command: Command,
+      ) => {
+        const ctx = contextOf(command);
+        const floods = opts.floods.split(',').map((f) => f.trim()) as FloodKind[];
+        for (const f of floods) {
+          if (!FLOOD_KINDS.includes(f))
+            throw new DsecError('invalid_argument', `unknown flood ${f}`, { field: 'floods' });
+        }
+        const execs = Number(opts.execs);
+        const report = await runBench(ctx, 'bounds', floods.length * 2 * execs, (onProgress) =>
+          benchBounds({
+            execs,
+            floods,
+            idleConnections: Number(opts.idleConnections),
+            idleReconnectMs: Number(opts.idleReconnectMs),
+            unreadStreams: Number(opts.unreadStreams),
+            concurrency: Number(opts.concurrency),
+            ratePerSecond: Number(opts.rate),
+            onProgress,
+            ...(ctx.signal ? { signal: ctx.signal } : {}),
+          }),
+        );
+        if (!report) return;
+        for (const [kind, r] of Object.entries(report.results)) {
+          ctx.out(
+            `${kind.padEnd(11)} quiet p50 ${r.quiet.p50Ms.toFixed(1)} p99 ${r.quiet.p99Ms.toFixed(1)} ms | flood p50 ${r.flood.p50Ms.toFixed(1)} p99 ${r.flood.p99Ms.toFixed(1)} ms | p99 x${r.p99Ratio} | failures ${r.failures} | attacker ${r.attacker.requests} requests ${JSON.stringify(r.attacker.statuses)}, ${r.attacker.closedByServer} closed by the server | node rss ${r.node.rssMbBefore}→${r.node.rssMbPeak} MiB, audit rows +${r.node.auditRows}`,
+          );
+        }
+      },
+    );
   bench
     .command('layers')
     .description(

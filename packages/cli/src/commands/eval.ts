@@ -10,7 +10,8 @@ import {
   RepoCache,
   RequestIds,
   SandboxTools,
-  gradeSandbox,
+  gradeByPatch,
+  gradeInPlace,
   loadTasks,
   prepareTasks,
   runEval,
@@ -134,7 +135,10 @@ export function register(program: Command): void {
         "continue the run in --out's journal: re-attach to its sandboxes, skip finished tasks",
       )
       .option('--no-prepare', 'do not build missing layers first (they must exist on the cluster)')
-      .option('--keep-sandboxes', 'leave each sandbox running after grading')
+      .option(
+        '--keep-sandboxes',
+        "leave each task's sandboxes (the agent's and the grading one) running after grading",
+      )
       .option('--memory-mb <n>', 'memory limit per sandbox in MiB (default 512)', parseInteger)
       .option('--cpus <n>', 'CPU cores per sandbox (default 1)', parseNumber)
       .option('--disk-mb <n>', 'disk quota per sandbox in MiB', parseInteger)
@@ -148,14 +152,15 @@ export function register(program: Command): void {
     evalCmd
       .command('grade')
       .description(
-        "grade one task in a sandbox an agent already worked in (apply test_patch, run the tests): what dsec.eval's Python runner calls",
+        "grade one task an agent worked on in a sandbox: its patch applied to a fresh sandbox of the task's environment, then test_patch and the tests (in the agent's sandbox, after killing its processes, for grading: in_place): what dsec.eval's Python runner calls",
       )
       .argument('<tasks>', 'task file (JSONL)')
       .requiredOption('--instance <id>', 'instance_id of the task')
-      .requiredOption('--sandbox <id>', 'the sandbox to grade')
+      .requiredOption('--sandbox <id>', "the agent's sandbox")
       .requiredOption('--run-id <id>', 'the run the request IDs derive from')
       .option('--attempt <n>', "the task's attempt in that run", parseInteger, 1)
-      .option('--test-timeout-ms <n>', 'limit of the test command (default 1800000)', parseInteger),
+      .option('--test-timeout-ms <n>', 'limit of the test command (default 1800000)', parseInteger)
+      .option('--keep-grading-sandbox', 'leave the grading sandbox running afterwards'),
   ).action(
     async (
       file: string,
@@ -165,6 +170,7 @@ export function register(program: Command): void {
         runId: string;
         attempt: number;
         testTimeoutMs?: number;
+        keepGradingSandbox?: boolean;
       },
       command: Command,
     ) => {
@@ -177,21 +183,59 @@ export function register(program: Command): void {
         });
       }
       const repos = new RepoCache(cacheDirOf(ctx, opts));
-      const tools = new SandboxTools({
-        sandbox: ctx.client().sandbox(opts.sandbox),
-        ids: new RequestIds(opts.runId, task.instance_id, opts.attempt),
-        phase: 'g',
-        workdir: task.workdir,
-        signal: ctx.signal,
-      });
-      const graded = await gradeSandbox(tools, task, {
-        original: (path) => repos.fileAtBase(task, path),
+      const ids = new RequestIds(opts.runId, task.instance_id, opts.attempt);
+      const client = ctx.client();
+      const toolsOn = (sandboxId: string, phase: string) =>
+        new SandboxTools({
+          sandbox: client.sandbox(sandboxId),
+          ids,
+          phase,
+          workdir: task.workdir,
+          signal: ctx.signal,
+        });
+      const options = {
+        original: (path: string) => repos.fileAtBase(task, path),
         testTimeoutMs: opts.testTimeoutMs,
-      });
-      if (ctx.json) ctx.printJson(graded);
+      };
+      let graded;
+      let gradingSandboxId: string | undefined;
+      if (task.grading === 'in_place') {
+        graded = await gradeInPlace(toolsOn(opts.sandbox, 'g'), task, options);
+      } else {
+        // A fresh sandbox like the agent's: its layers, limits and labels (the job's), marked as the grader.
+        const agent = await client.sandbox(opts.sandbox).refresh({ signal: ctx.signal });
+        const grader = await client.runContainer(
+          {
+            image: agent.spec.image,
+            toolkits: agent.spec.toolkits,
+            workspace: agent.spec.workspace ?? workspaceLayerName(task),
+            memoryLimitMb: agent.spec.memoryLimitMb,
+            cpuCoresLimit: agent.spec.cpuCoresLimit,
+            diskLimitMb: agent.spec.diskLimitMb,
+            labels: { ...agent.spec.labels, eval_role: 'grader' },
+            requestId: ids.graderCreate,
+          },
+          { signal: ctx.signal },
+        );
+        gradingSandboxId = grader.id;
+        try {
+          graded = await gradeByPatch(
+            toolsOn(opts.sandbox, 'x'),
+            toolsOn(grader.id, 'g'),
+            task,
+            options,
+          );
+        } finally {
+          if (!opts.keepGradingSandbox) await grader.stop().catch(() => undefined);
+        }
+      }
+      if (ctx.json) ctx.printJson({ ...graded, gradingSandboxId });
       else
         ctx.out(
-          `${task.instance_id}: reward ${graded.reward}${graded.failing.length ? `, failing ${graded.failing.join(' ')}` : ''}`,
+          `${task.instance_id}: reward ${graded.reward}${graded.failing.length ? `, failing ${graded.failing.join(' ')}` : ''}` +
+            (graded.agentPatch?.leftOutCount
+              ? `; left out ${graded.agentPatch.leftOut.map((l) => `${l.path} (${l.rule})`).join(', ')}`
+              : ''),
         );
     },
   );

@@ -82,4 +82,18 @@ void describe('dsec up --config: apiserver.metricsListen', () => {
       (err: unknown) => err instanceof DsecError && err.code === 'invalid_argument',
     );
   });
+
+  void test('the Host allow-list, limits and audit retention of the file reach the node', async () => {
+    const file = await config({
+      allowedHosts: ['dsec.internal'],
+      limits: { maxConnectionsPerAddress: 64 },
+      auditRetentionDays: 30,
+    });
+    assert.deepEqual((await settingsFor(['up', '--config', file])).apiBounds, {
+      allowedHosts: ['dsec.internal'],
+      limits: { maxConnectionsPerAddress: 64 },
+      auditRetentionDays: 30,
+    });
+    assert.deepEqual((await settingsFor(['up'])).apiBounds, {});
+  });
 });

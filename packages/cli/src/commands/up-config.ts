@@ -1,5 +1,10 @@
 import type { Command } from 'commander';
-import { loadClusterConfig, type ClusterConfig, type FnCallConfig } from '@dsec/cluster';
+import {
+  loadClusterConfig,
+  type ApiBoundsConfig,
+  type ClusterConfig,
+  type FnCallConfig,
+} from '@dsec/cluster';
 import {
   parseListenAddress,
   type AdmissionConfig,
@@ -52,6 +57,8 @@ export interface UpSettings {
   idlePauseSeconds: number | undefined;
   pauseSwapMaxMb: number | undefined;
   e2b: NonNullable<ClusterConfig['e2b']>;
+  /** The `apiserver` section's Host allow-list, limits and audit retention. */
+  apiBounds: ApiBoundsConfig;
 }
 
 /** Drops keys whose value is undefined, so they do not hide the config file's. */
@@ -62,7 +69,7 @@ function defined<T extends object>(o: T): Partial<T> {
 /**
  * Merges `dsec up`'s flags with the config file: the file's `up` section
  * (edge knobs, stateDir, edges, stopSandboxes), `apiserver` (host, port,
- * logRequests, metricsListen), `imageStore` and `e2b`. A flag given on the command line wins;
+ * logRequests, metricsListen, allowedHosts, limits, auditRetentionDays), `imageStore` and `e2b`. A flag given on the command line wins;
  * `--state-dir` and `--image-store` too, but their environment variables
  * (DSEC_STATE_DIR, DSEC_IMAGE_STORE) only apply where the file is silent.
  */
@@ -103,5 +110,10 @@ export async function upSettings(
     idlePauseSeconds: flags.idlePauseSeconds ?? up?.idlePauseSeconds,
     pauseSwapMaxMb: flags.pauseSwapMaxMb ?? up?.pauseSwapMaxMb,
     e2b: { ...file.e2b, ...defined({ sandboxDomain: flags.e2bDomain }) },
+    apiBounds: defined({
+      allowedHosts: file.apiserver?.allowedHosts,
+      limits: file.apiserver?.limits,
+      auditRetentionDays: file.apiserver?.auditRetentionDays,
+    }),
   };
 }

@@ -86,6 +86,7 @@ export function register(program: Command): void {
         port: up.port,
         host: up.host,
         logRequests: up.logRequests,
+        apiBounds: up.apiBounds,
         admission: up.admission,
         cgroupFavorDynmods: up.cgroupFavorDynmods,
         lifecycle: {

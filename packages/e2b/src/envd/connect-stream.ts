@@ -15,6 +15,12 @@ import {
   parseContentType,
   parseTimeout,
 } from '@connectrpc/connect/protocol-connect';
+import { isDsecError } from '@dsec/core';
+import type { CallerLimits } from '@dsec/apiserver';
+import { toConnectError } from '../errors.js';
+import { isQueueOverflow } from './event-queue.js';
+import { envdTargetKey, streamBacklogKey } from './rpc-context.js';
+import type { StreamBacklog } from './rpc-context.js';
 
 /**
  * Connect's server-streaming RPCs (envd's `Process.Start`, `Process.Connect`,
@@ -78,6 +84,11 @@ export interface ConnectStreamOptions {
   readMaxBytes: number;
   /** Aborts every call's context when the server closes. */
   shutdownSignal: AbortSignal;
+  /**
+   * The apiserver's per-key stream cap and output budget (`CallerLimits`):
+   * each call is one of its caller's streams, and its queue's backlog counts.
+   */
+  limits?: Pick<CallerLimits, 'openStream'> | undefined;
 }
 
 export class ConnectStreamServer {
@@ -183,6 +194,7 @@ export class ConnectStreamServer {
     });
     let failure: unknown;
     try {
+      this.#account(res, contextValues);
       const input = route.serialization
         .getI(binary)
         .parse(singleMessage(await readBody(req, this.#o.readMaxBytes), this.#o.readMaxBytes));
@@ -195,13 +207,46 @@ export class ConnectStreamServer {
     } catch (err) {
       failure = err;
     }
+    if (isQueueOverflow(failure)) {
+      // Its client stopped reading: what it has not read goes with the connection.
+      ctx.abort(failure);
+      resetConnection(res);
+      return;
+    }
     const error =
       failure === undefined || failure instanceof ConnectError
         ? failure
-        : new ConnectError('internal error', Code.Internal, undefined, undefined, failure);
+        : isDsecError(failure)
+          ? toConnectError(failure)
+          : new ConnectError('internal error', Code.Internal, undefined, undefined, failure);
     ctx.abort(failure ?? STREAM_DONE);
     writer.end(this.#endStream.serialize({ metadata: ctx.trailerIfSet() ?? NO_TRAILERS, error }));
   }
+
+  /**
+   * Counts the call as one of its caller's streams (`rate_limited` past the
+   * key's cap) and hands its queue the budget's check (`streamBacklogKey`).
+   */
+  #account(res: ServerResponse, values: ContextValues): void {
+    const target = values.get(envdTargetKey);
+    if (!this.#o.limits || !target) return;
+    const backlog: StreamBacklog = { check: () => true };
+    const ticket = this.#o.limits.openStream(
+      target.caller.principal.keyId,
+      () => res.writableLength + (backlog.measure?.() ?? 0),
+      () => resetConnection(res),
+    );
+    backlog.check = () => ticket.check();
+    values.set(streamBacklogKey, backlog);
+    res.once('close', () => ticket.release());
+  }
+}
+
+/** Destroys a response's connection with a TCP reset: nothing queued for it stays. */
+function resetConnection(res: ServerResponse): void {
+  const socket = res.socket;
+  res.destroy();
+  socket?.resetAndDestroy();
 }
 
 function identityEncoding(value: string | string[] | undefined): boolean {

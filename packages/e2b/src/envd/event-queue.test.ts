@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { EventQueue, keepaliveMs } from './event-queue.js';
+import { EventQueue, isQueueOverflow, keepaliveMs } from './event-queue.js';
 
 async function drain<T>(q: AsyncIterable<T>): Promise<{ items: T[]; error?: unknown }> {
   const items: T[] = [];
@@ -30,7 +30,7 @@ test('items come out in order, then the end; an error comes after the queued ite
   assert.equal((out.error as Error).message, 'boom');
 });
 
-test('a reader that falls behind by more than maxBytes gets the overflow error', async () => {
+test('a reader that falls behind by more than maxBytes gets the overflow error, and nothing it missed stays', async () => {
   let overflowed = 0;
   const q = new EventQueue<string>(
     25,
@@ -41,10 +41,26 @@ test('a reader that falls behind by more than maxBytes gets the overflow error',
   q.push('b', 10);
   q.push('c', 10); // 30 > 25
   q.push('d', 1); // ignored after the end
+  assert.equal(q.bytes, 0);
   const out = await drain(q);
-  assert.deepEqual(out.items, ['a', 'b']);
+  // What it had not read is dropped with the stream (its connection is reset).
+  assert.deepEqual(out.items, []);
   assert.equal((out.error as Error).message, 'client is not reading');
+  assert.ok(isQueueOverflow(out.error));
   assert.equal(overflowed, 1);
+});
+
+test("the apiserver's output budget can cut a queue below its own cap", async () => {
+  let allowed = 2;
+  const backlog = { check: () => allowed-- > 0, measure: undefined as (() => number) | undefined };
+  const q = new EventQueue<string>(1000, () => new Error('cut'), undefined, backlog);
+  q.push('a', 10);
+  assert.equal(backlog.measure?.(), 10, 'the queue reports what it holds');
+  q.push('b', 10);
+  q.push('c', 10); // the budget says no
+  const out = await drain(q);
+  assert.deepEqual(out.items, []);
+  assert.ok(isQueueOverflow(out.error));
 });
 
 test('bytes are released as the reader takes items', async () => {

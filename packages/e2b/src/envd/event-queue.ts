@@ -1,12 +1,24 @@
+import type { StreamBacklog } from './rpc-context.js';
+
+/** The errors queues ended with because their reader fell behind. */
+const overflowErrors = new WeakSet<object>();
+
+/** Whether a stream ended because its client did not read it (its connection is then reset). */
+export function isQueueOverflow(err: unknown): boolean {
+  return typeof err === 'object' && err !== null && overflowErrors.has(err);
+}
+
 /**
  * Turns callback output (a command's stdout, a terminal, a watcher) into the
  * async iterable a Connect server stream yields, with a bound: a client that
  * stops reading must not grow the apiserver's memory, so past `maxBytes`
- * queued the queue fails with `overflow()`'s error and `onOverflow` fires
- * (the producer stops there).
+ * queued, or when the apiserver's output budget cuts the stream
+ * (`backlog.check()` false), the queue drops what it holds, fails with
+ * `overflow()`'s error (`isQueueOverflow`) and `onOverflow` fires (the
+ * producer stops there).
  */
 export class EventQueue<T> implements AsyncIterable<T> {
-  readonly #items: { item: T; bytes: number }[] = [];
+  #items: { item: T; bytes: number }[] = [];
   #bytes = 0;
   #done = false;
   #error: unknown = undefined;
@@ -17,23 +29,44 @@ export class EventQueue<T> implements AsyncIterable<T> {
     readonly maxBytes: number,
     readonly overflow: () => unknown,
     readonly onOverflow?: () => void,
-  ) {}
+    readonly backlog?: StreamBacklog,
+  ) {
+    if (backlog) backlog.measure = () => this.#bytes;
+  }
 
   get idleMs(): number {
     return Date.now() - this.#lastPushAt;
   }
 
+  /** Bytes queued now. */
+  get bytes(): number {
+    return this.#bytes;
+  }
+
   push(item: T, bytes = 0): void {
     if (this.#done) return;
     if (this.#bytes + bytes > this.maxBytes) {
-      this.end(this.overflow());
-      this.onOverflow?.();
+      this.#overflowed();
       return;
     }
     this.#items.push({ item, bytes });
     this.#bytes += bytes;
     this.#lastPushAt = Date.now();
+    if (this.backlog && !this.backlog.check()) {
+      this.#overflowed();
+      return;
+    }
     this.#signal();
+  }
+
+  /** The reader fell behind: nothing queued is kept, and the stream fails at once. */
+  #overflowed(): void {
+    this.#items = [];
+    this.#bytes = 0;
+    const error = this.overflow();
+    if (typeof error === 'object' && error !== null) overflowErrors.add(error);
+    this.end(error);
+    this.onOverflow?.();
   }
 
   /** Ends the stream after what is queued; with an error, the reader gets it after the queued items. */

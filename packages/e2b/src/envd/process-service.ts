@@ -24,6 +24,7 @@ import {
   openTarget,
   requestHeaderOf,
   requestHeadersOf,
+  streamBacklogKey,
 } from './rpc-context.js';
 
 type EventInit = NonNullable<MessageInitShape<typeof ProcessEventSchema>['event']>;
@@ -81,7 +82,7 @@ export function processService({
     };
     if (ctx.signal.aborted) onCallAbort();
     else ctx.signal.addEventListener('abort', onCallAbort, { once: true });
-    const queue = newQueue(stopWatching);
+    const queue = newQueue(ctx, stopWatching);
     const data = (stream: 'stdout' | 'stderr') => (chunk: Buffer) =>
       queue.push({ case: 'data', value: { output: { case: stream, value: chunk } } }, chunk.length);
     sb.io
@@ -104,7 +105,7 @@ export function processService({
     entry: PtyEntry,
     ctx: HandlerContext,
   ): AsyncGenerator<{ event: { event: EventInit } }> {
-    const queue = newQueue(() => entry.session.kill());
+    const queue = newQueue(ctx, () => entry.session.kill());
     const listener = (chunk: Buffer) =>
       queue.push({ case: 'data', value: { output: { case: 'pty', value: chunk } } }, chunk.length);
     entry.listeners.add(listener);
@@ -359,11 +360,12 @@ export function processService({
   };
 }
 
-function newQueue(onOverflow: () => void): EventQueue<EventInit> {
+function newQueue(ctx: HandlerContext, onOverflow: () => void): EventQueue<EventInit> {
   return new EventQueue<EventInit>(
     MAX_STREAM_BUFFER_BYTES,
     () => new ConnectError('client is not reading the stream', Code.ResourceExhausted),
     onOverflow,
+    ctx.values.get(streamBacklogKey),
   );
 }
 

@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
+import net from 'node:net';
 import type { AddressInfo } from 'node:net';
 import Fastify from 'fastify';
 import type { FastifyInstance } from 'fastify';
@@ -15,7 +16,7 @@ import type {
   SandboxIoApi,
   StartCommandSpec,
 } from '@dsec/core';
-import { ApiMetrics } from '@dsec/apiserver';
+import { ApiMetrics, CallerLimits } from '@dsec/apiserver';
 import type { SandboxService } from '@dsec/apiserver';
 import type { Iam, Principal } from '@dsec/iam';
 import { Process } from '../gen/process/process_pb.js';
@@ -49,6 +50,14 @@ const SCRIPTS: Record<string, (o: RunCommandOptions) => Promise<Partial<CommandR
   timeout: async () => ({ outcome: 'timeout', exitCode: 137, signal: 'SIGKILL' }),
   lost: async () => {
     throw new DsecError('sandbox_not_found', 'the sandbox is gone');
+  },
+  flood: async (o) => {
+    const chunk = Buffer.alloc(64 * 1024, 'y');
+    for (;;) {
+      if (o.signal?.aborted) throw new DsecError('aborted', 'stopped watching');
+      o.onStdout?.(chunk);
+      await new Promise(setImmediate);
+    }
   },
   hang: (o) =>
     new Promise((_resolve, reject) => {
@@ -118,6 +127,7 @@ async function withEnvd(
   fn: (url: string, io: ScriptedIo) => Promise<void>,
   onApp: (app: FastifyInstance) => void = () => undefined,
   metrics?: ApiMetrics,
+  limits?: CallerLimits,
 ): Promise<void> {
   const io = new ScriptedIo();
   const edge = { edgeId: 'edge-a', io: io as unknown as SandboxIoApi } as unknown as EdgeApi;
@@ -135,7 +145,7 @@ async function withEnvd(
   } as unknown as Iam;
   const app = Fastify();
   onApp(app);
-  registerE2bRoutes(app, { service, iam, metrics });
+  registerE2bRoutes(app, { service, iam, metrics, limits });
   await app.listen({ port: 0, host: '127.0.0.1' });
   try {
     await fn(`http://127.0.0.1:${(app.server.address() as AddressInfo).port}`, io);
@@ -390,3 +400,48 @@ test('a client that leaves mid-stream stops the watch; the command is not killed
 async function until(cond: () => boolean): Promise<void> {
   while (!cond()) await new Promise((r) => setImmediate(r));
 }
+
+// SECURITY J38: an unread stream is cut with its connection, and streams count against the key.
+test('Start: a client that stops reading is cut, its connection reset; streams per key are capped', async () => {
+  const limits = new CallerLimits({ maxStreamsPerKey: 2, streamBufferBytes: 1024 * 1024 });
+  await withEnvd(
+    async (url, io) => {
+      const u = new URL(url);
+      const body = envelope(0, Buffer.from(JSON.stringify(bash('flood'))));
+      const socket = net.connect(Number(u.port), u.hostname);
+      socket.on('error', () => {});
+      const closed = new Promise<void>((r) => socket.once('close', () => r()));
+      await new Promise<void>((r) => socket.once('connect', () => r()));
+      socket.write(
+        `POST /process.Process/Start HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/connect+json\r\n` +
+          `connect-protocol-version: 1\r\ne2b-sandbox-id: ${SANDBOX}\r\nx-access-token: ${KEY}\r\n` +
+          `content-length: ${body.length}\r\n\r\n`,
+      );
+      socket.write(body);
+      socket.pause();
+      // The watch of the command stops once the stream is cut...
+      for (let i = 0; i < 600 && !io.watches.at(-1)?.signal?.aborted; i++) {
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      assert.ok(io.watches.at(-1)?.signal?.aborted, 'the flooding watch was stopped');
+      // ...and nothing of it stays: the stream holds no byte and its connection is gone.
+      assert.equal(limits.budget.streams, 0);
+      assert.equal(limits.budget.queuedBytes(), 0);
+      socket.resume();
+      const late = new Promise<string>((r) => setTimeout(() => r('still open'), 30_000).unref());
+      assert.equal(await Promise.race([closed.then(() => 'closed'), late]), 'closed');
+
+      // Two streams of one key at once; a third is refused on its stream, before any start.
+      const hangs = [call(url, bash('hang')), call(url, bash('hang'))];
+      for (const h of hangs) h.catch(() => undefined); // cut when the server closes
+      while (limits.budget.streams < 2) await new Promise((r) => setTimeout(r, 20));
+      const third = await call(url, bash('out'));
+      const end = third.events.at(-1) as { endOfStream: { error?: { code: string } } };
+      assert.equal(end.endOfStream.error?.code, 'resource_exhausted');
+      assert.equal(third.events.length, 1);
+    },
+    () => undefined,
+    undefined,
+    limits,
+  );
+});

@@ -18,6 +18,22 @@ export const envdTargetKey = createContextKey<EnvdTarget | undefined>(undefined,
 /** A client that stops reading a stream is cut off past this many queued bytes. */
 export const MAX_STREAM_BUFFER_BYTES = 8 * 1024 * 1024;
 
+/**
+ * A stream's share of the apiserver's output budget and of its key's stream
+ * cap, set by the lean stream path (`connect-stream.ts`) for the call: the
+ * stream's queue reports what it holds (`measure`) and asks, after each
+ * event it queues, whether the stream may go on (`check`; false: it has
+ * been cut, its connection reset).
+ */
+export interface StreamBacklog {
+  measure?: (() => number) | undefined;
+  check(): boolean;
+}
+
+export const streamBacklogKey = createContextKey<StreamBacklog | undefined>(undefined, {
+  description: 'E2B stream backlog',
+});
+
 /** Opens (authorises) the sandbox an RPC addresses. */
 export async function openTarget(
   access: SandboxAccess,

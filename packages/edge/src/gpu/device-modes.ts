@@ -1,4 +1,5 @@
-import { chmodSync, statSync } from 'node:fs';
+import { statSync } from 'node:fs';
+import { runConfinedOk, sandboxViewTreeCommand } from '@dsec/native';
 import type { OciLinuxDevice } from './oci-fragment.js';
 
 /**
@@ -11,19 +12,27 @@ import type { OciLinuxDevice } from './oci-fragment.js';
  * A node that is the host's own (runc binds the host node) is left alone:
  * changing it would change the host's.
  *
- * Runs as the edge (host root), through `/proc/<init>/root`, before the
- * sandbox's first command. Returns the paths it changed.
+ * The path is the sandbox's, so it is resolved in the sandbox's own mount
+ * namespace and root (`dsec-helper confine --ns`), one component at a time
+ * with no symlink followed, and only a character device there is changed
+ * (`fchmodat2(AT_SYMLINK_NOFOLLOW)`): a `/dev` the sandbox's image made a
+ * symlink never leads the host to one of its own files (SECURITY.md A9).
+ * Runs before the sandbox's first command. Returns the paths it changed.
  */
-export function applyGpuDeviceModes(initPid: number, devices: readonly OciLinuxDevice[]): string[] {
+export async function applyGpuDeviceModes(
+  initPid: number,
+  devices: readonly OciLinuxDevice[],
+): Promise<string[]> {
   const changed: string[] = [];
   for (const d of devices) {
-    const inSandbox = `/proc/${initPid}/root${d.path}`;
-    const st = statSync(inSandbox);
-    const host = statSync(d.path, { throwIfNoEntry: false });
-    if (host && host.dev === st.dev && host.ino === st.ino) continue;
-    if ((st.mode & 0o7777) === d.fileMode) continue;
-    chmodSync(inSandbox, d.fileMode);
-    changed.push(d.path);
+    const host = statSync(d.path, { throwIfNoEntry: false, bigint: true });
+    const skip = host ? ['--skip', `${host.dev}:${host.ino}`] : [];
+    const r = await runConfinedOk(
+      sandboxViewTreeCommand({ initPid }, ['chmod-node', d.path, d.fileMode.toString(8), ...skip]),
+      `setting the mode of ${d.path}`,
+      { timeoutMs: 10_000 },
+    );
+    if (r.stdout.trim() === 'changed') changed.push(d.path);
   }
   return changed;
 }

@@ -1,5 +1,6 @@
-import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { mkdir, readdir, readFile, rm, stat } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdir, readdir, readFile, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import {
   DsecError,
@@ -22,12 +23,19 @@ import {
   packUpperDir,
   parseScrubPatterns,
   patternsShadowingLowers,
+  scanUpper,
   scrubCopy,
   shiftErofsIds,
+  type ConfinedRun,
   type ScrubPattern,
+  type UpperScan,
+  type UpperSource,
 } from '@dsec/images';
+import { removeTree, removeTreeSync } from '@dsec/native';
 import { BackendSet } from '../backends/backend-set.js';
 import { ContainerBackend } from '../backends/container/container-backend.js';
+import type { CgroupDriver } from '../cgroups/cgroup-driver.js';
+import { makeLimitedCgroup } from '../cgroups/limited-cgroup.js';
 import type { LayerMountCache } from '../layers/layer-cache.js';
 import type { SandboxRecord } from '../state/edge-store.js';
 import { ensureDir, PRIVATE_DIR_MODE } from '../state/host-state.js';
@@ -45,13 +53,50 @@ export interface SnapshotSource {
    */
   upperImage?: string | undefined;
   cgroupDirs: string[];
+  /** Where the packing's own cgroup goes: the node's driver and the sandboxes' parent. */
+  packCgroup: { cgroups: CgroupDriver; parent: string };
 }
+
+/**
+ * Bounds on one snapshot (SECURITY.md H35): what a sandbox can make the
+ * node spend packing its tree. Every default can be changed by the operator.
+ */
+export interface SnapshotLimits {
+  /** Entries in the writable layer (default 250 000: mkfs.erofs 1.5 holds ~4.7 KiB per inode). */
+  maxFiles?: number | undefined;
+  /**
+   * Apparent bytes of its files, holes included (default 16 GiB); a sandbox
+   * with a disk quota is held to its quota as well.
+   */
+  maxBytes?: number | undefined;
+  /** Memory of the packing's cgroup, without swap (default 2 GiB: `maxFiles` inodes and slack). */
+  memoryBytes?: number | undefined;
+  /** The whole snapshot, freeze included (default 10 min). */
+  timeoutMs?: number | undefined;
+}
+
+export const DEFAULT_SNAPSHOT_LIMITS = {
+  maxFiles: 250_000,
+  maxBytes: 16 * 2 ** 30,
+  memoryBytes: 2 * 2 ** 30,
+  timeoutMs: 600_000,
+} as const satisfies Required<SnapshotLimits>;
+
+/** Longest path mkfs.erofs takes: PATH_MAX with room for the `/src` prefix it sees in the confined root. */
+const MAX_PATH_BYTES = 4000;
+/** Deepest directory level packed (mkfs.erofs recurses once per level). */
+const MAX_DEPTH = 1024;
+/** Holes beyond this make the layer chunk-based, so they stay holes (upper-pack.ts). */
+const SPARSE_THRESHOLD_BYTES = 4 * 2 ** 20;
+/** Processes of one packing step (cp, mkfs.erofs and the helper: a handful). */
+const PACK_PIDS_MAX = 64;
 
 export interface SnapshotterOptions {
   /** Scratch space and crash markers: `<stateDir>/snapshots`. */
   dir: string;
   store: ImageStore;
   layers: LayerMountCache;
+  limits?: SnapshotLimits | undefined;
   log?: ((msg: string, fields?: Record<string, unknown>) => void) | undefined;
 }
 
@@ -76,6 +121,21 @@ interface Marker {
  * layer (it needs a whiteout the upper directory does not have) is the upper
  * copied while frozen (`cp -a --reflink=auto`) and scrubbed in the copy.
  * Either way the running sandbox is never written to.
+ *
+ * The writable layer is the sandbox's: every step that reads, copies,
+ * scrubs, packs or deletes it (or a copy, or a lower layer, which may be an
+ * earlier snapshot) runs confined to the trees it needs (`@dsec/native`
+ * confine), in a cgroup of its own with memory, CPU and pids limits and
+ * under one deadline (`SnapshotLimits`). A scan before the freeze refuses a
+ * tree past the file, byte (holes included: the disk quota or the operator's
+ * cap), path-length or depth caps with `resource_exhausted` (`details.limit`
+ * `snapshot_files`, `snapshot_bytes`, `snapshot_path`, `snapshot_depth`);
+ * the packing's own limits catch a tree that grew after it (the image is
+ * capped by RLIMIT_FSIZE, the counts are checked again in the image), and
+ * running out of memory is `snapshot_memory`, of time `deadline_exceeded`.
+ * A tree with holes is packed chunk-based so they stay holes. The layer made
+ * is sanitized (`shiftErofsIds` with `sanitize`: no device node but
+ * whiteouts, no set-id bit, no file capability).
  *
  * Crash safety: a marker is written before the freeze and removed after the
  * thaw, so an edge killed in between thaws the sandbox at its next start
@@ -109,7 +169,23 @@ export class Snapshotter {
           this.options.log?.('snapshot marker unreadable', { path, err: String(err) });
         }
       }
-      rmSync(path, { recursive: true, force: true });
+      if (name.endsWith('.marker')) {
+        rmSync(path, { force: true });
+        continue;
+      }
+      // A packing cut short: its cgroup (killing what is left in it), then its scratch
+      // space, which holds what a sandbox made: removed without following anything in it.
+      try {
+        const dirs = JSON.parse(readFileSync(join(path, 'cgroup'), 'utf8')) as string[];
+        for (const dir of dirs) killCgroupDir(dir);
+      } catch {
+        // no packing cgroup recorded
+      }
+      try {
+        removeTreeSync(path);
+      } catch (err) {
+        this.options.log?.('snapshot scratch not removed', { path, err: String(err) });
+      }
     }
   }
 
@@ -177,26 +253,85 @@ export class Snapshotter {
     if (taken) throw new DsecError('conflict', `image ${image} already exists`, { field: 'name' });
 
     const uidMap = await hostIdRange(rec);
+    const limits = { ...DEFAULT_SNAPSHOT_LIMITS, ...definedOnly(this.options.limits ?? {}) };
+    const quotaBytes =
+      rec.spec.diskLimitMb !== undefined ? rec.spec.diskLimitMb * 2 ** 20 : undefined;
+    const maxBytes = Math.min(limits.maxBytes, quotaBytes ?? Infinity);
+    const deadline = Date.now() + limits.timeoutMs;
     ensureDir(this.options.dir, PRIVATE_DIR_MODE);
     const work = join(this.options.dir, `work-${rec.id}-${Date.now().toString(36)}`);
     const marker = join(this.options.dir, `${rec.id}.marker`);
     await mkdir(work, { mode: PRIVATE_DIR_MODE });
+    // The packing's own cgroup, under the sandboxes' parent: the sandbox's CPU share
+    // (it is frozen meanwhile), a memory cap, few processes.
+    const { cgroups, parent } = source.packCgroup;
+    const packPath = `/${parent}/pack-${randomBytes(6).toString('hex')}`;
+    let packCreated = false;
+    const run = (): ConfinedRun => {
+      const left = deadline - Date.now();
+      if (left <= 0) throw snapshotTimeout(limits.timeoutMs);
+      return {
+        rootDir: join(work, 'root'),
+        cgroupDirs: cgroups.dirs(packPath),
+        timeoutMs: left,
+        signal,
+      };
+    };
+    // What went wrong in a confined step, in the terms of the limits it ran under.
+    const step = async <T>(work: () => Promise<T>): Promise<T> => {
+      try {
+        return await work();
+      } catch (err) {
+        throw await packFailure(err, { cgroups, packPath, maxBytes, limits });
+      }
+    };
     try {
+      mkdirSync(join(work, 'root'), { mode: PRIVATE_DIR_MODE });
+      writeFileSync(join(work, 'cgroup'), JSON.stringify(cgroups.dirs(packPath)));
+      await makeLimitedCgroup(cgroups, packPath, {
+        memoryBytes: limits.memoryBytes,
+        cpuCores: rec.spec.cpuCoresLimit > 0 ? rec.spec.cpuCoresLimit : 1,
+        pidsMax: PACK_PIDS_MAX,
+      });
+      packCreated = true;
+      const inNs = source.upperImage !== undefined;
+      const upper: UpperSource = inNs
+        ? { device: await loopDeviceOf(source.upperImage!), subdir: 'upper' }
+        : { dir: source.upperDir };
+
+      // The live tree, counted against the caps before anything is frozen or copied.
+      const scan = await step(async () =>
+        scanUpper(
+          upper,
+          {
+            maxFiles: limits.maxFiles,
+            maxBytes,
+            maxPathBytes: MAX_PATH_BYTES,
+            maxDepth: MAX_DEPTH,
+          },
+          run(),
+        ),
+      );
+      if ('over' in scan)
+        throw overCap(scan.over, scan.scan, { maxFiles: limits.maxFiles, maxBytes });
+      const chunked = scan.holeBytes > SPARSE_THRESHOLD_BYTES;
+      // Metadata beside the data: inodes, directories, xattrs, chunk indexes.
+      const maxImageBytes = maxBytes + limits.maxFiles * 512 + 64 * 2 ** 20;
+
       // Lower layers are immutable: which scrubbed paths they show is known before the freeze.
       const lowerDirs = patterns.length ? await this.#lowerDirs(rec.layers) : undefined;
       let shadowing: ScrubPattern[] = [];
       try {
         if (lowerDirs)
-          shadowing = await patternsShadowingLowers(patterns, [...lowerDirs].reverse());
+          shadowing = await step(() =>
+            patternsShadowingLowers(patterns, [...lowerDirs].reverse(), run()),
+          );
       } finally {
         if (lowerDirs) for (const l of rec.layers) this.options.layers.release(l.digest);
       }
-      const output = join(work, 'layer.erofs');
+      const output = join(work, 'out', 'layer.erofs');
+      mkdirSync(join(work, 'out'), { mode: PRIVATE_DIR_MODE });
       const staging = join(work, 'copy');
-      const inNs = source.upperImage !== undefined;
-      const nsMount = join(work, 'upperfs');
-      const prefix = inNs ? await upperNamespacePrefix(source.upperImage!, nsMount) : undefined;
-      const upper = inNs ? join(nsMount, 'upper') : source.upperDir;
 
       // Paused: the pause holds the freezer already, and keeps holding it.
       const freeze = state === 'running';
@@ -211,15 +346,14 @@ export class Snapshotter {
       try {
         if (shadowing.length) {
           mkdirSync(staging, { mode: PRIVATE_DIR_MODE });
-          await copyUpperDir(upper, staging, { commandPrefix: prefix, signal });
+          await step(() => copyUpperDir(upper, staging, { ...run(), maxFileBytes: maxBytes }));
         } else {
-          await packUpperDir({
-            sourceDir: upper,
-            output,
-            exclude: patterns,
-            commandPrefix: prefix,
-            signal,
-          });
+          await step(() =>
+            packUpperDir(
+              { source: upper, output, exclude: patterns, chunked, maxImageBytes },
+              run(),
+            ),
+          );
         }
       } finally {
         // A pause that came in meanwhile owns the freezer now.
@@ -230,18 +364,37 @@ export class Snapshotter {
       if (shadowing.length) {
         const dirs = await this.#lowerDirs(rec.layers);
         try {
-          await scrubCopy(staging, patterns, {
-            lowerDirs: [...dirs].reverse(),
-            hostId: uidMap.hostId,
-            signal,
-          });
+          await step(() =>
+            scrubCopy(
+              staging,
+              patterns,
+              { lowerDirs: [...dirs].reverse(), hostId: uidMap.hostId },
+              run(),
+            ),
+          );
         } finally {
           for (const l of rec.layers) this.options.layers.release(l.digest);
         }
-        await packUpperDir({ sourceDir: staging, output, signal });
-        await rm(staging, { recursive: true, force: true });
+        await step(() =>
+          packUpperDir({ source: { dir: staging }, output, chunked, maxImageBytes }, run()),
+        );
+        await removeTree(staging);
       }
-      const stats = await shiftErofsIds(output, { ...uidMap, signal });
+      // Owners shifted to the sandbox's ids; what could grant a privilege taken out (H36).
+      const stats = await shiftErofsIds(output, { ...uidMap, sanitize: true, signal });
+      // The exact counts, of what was packed: the tree may have grown after the scan.
+      const packed: UpperScan = {
+        files: stats.fileCount,
+        bytes: stats.contentBytes,
+        holeBytes: 0,
+        depth: 0,
+      };
+      if (stats.fileCount > limits.maxFiles)
+        throw overCap('files', packed, { maxFiles: limits.maxFiles, maxBytes });
+      if (stats.contentBytes > maxBytes)
+        throw overCap('bytes', packed, { maxFiles: limits.maxFiles, maxBytes });
+      if (Object.values(stats.neutralized).some((n) => n > 0))
+        this.options.log?.('snapshot layer sanitized', { id: rec.id, ...stats.neutralized });
       // What the project's image quota reserved for it; nothing is stored past it.
       const bytes = (await stat(output)).size;
       if (req.maxBytes !== undefined && bytes > req.maxBytes) {
@@ -267,7 +420,13 @@ export class Snapshotter {
         parentDigests: rec.layers.map((l) => l.digest),
         scrub: [...scrubList],
       };
-      await store.putLayer(layer);
+      await store.putLayer(layer).catch(async (err: unknown) => {
+        // Refused (most often a same-named snapshot stored first, past the check above): the
+        // blob is no layer's and no quota's. Left, each lost race would keep up to a disk limit
+        // of the shared store for good. deleteBlob leaves it if a record uses it after all.
+        await store.deleteBlob(put.digest).catch(() => undefined);
+        throw err;
+      });
       return {
         image,
         layer: await store.getLayer(image, { project: owner }),
@@ -278,7 +437,11 @@ export class Snapshotter {
       };
     } finally {
       rmSync(marker, { force: true });
-      await rm(work, { recursive: true, force: true });
+      if (packCreated) await cgroups.remove(packPath).catch(() => undefined);
+      // A failure here must not hide the snapshot's own outcome; the next start retries it.
+      await removeTree(work).catch((err: unknown) =>
+        this.options.log?.('snapshot scratch not removed', { path: work, err: String(err) }),
+      );
     }
   }
 
@@ -313,34 +476,117 @@ async function hostIdRange(rec: SandboxRecord): Promise<{ hostId: number; count:
 }
 
 /**
- * A command prefix that mounts the sandbox's disk-quota image in a private
- * mount namespace (gone with the command, even if the edge is killed) before
- * running the rest. The image is already mounted through a loop device in the
- * sandbox's namespace; mounting that same device shares its superblock, so
- * we see exactly what the sandbox wrote (a second loop device would be a
- * second, inconsistent view of a mounted ext4).
+ * The loop device serving a sandbox's disk-quota image (mounted in the
+ * sandbox's namespace). Confined steps mount that same device, which shares
+ * its superblock, so they see exactly what the sandbox wrote (a second loop
+ * device would be a second, inconsistent view of a mounted ext4).
  */
-async function upperNamespacePrefix(image: string, mountDir: string): Promise<string[]> {
-  let device: string | undefined;
+async function loopDeviceOf(image: string): Promise<string> {
   for (const name of await readdir('/sys/block')) {
     if (!name.startsWith('loop')) continue;
     const backing = await readFile(`/sys/block/${name}/loop/backing_file`, 'utf8').catch(() => '');
-    if (backing.trim() === image) device = `/dev/${name}`;
+    if (backing.trim() === image) return `/dev/${name}`;
   }
-  if (!device) throw new DsecError('sandbox_not_running', `no loop device serves ${image}`);
-  await mkdir(mountDir, { mode: PRIVATE_DIR_MODE });
-  return [
-    'unshare',
-    '--mount',
-    '--propagation',
-    'private',
-    'sh',
-    '-ec',
-    'mount -t ext4 -o nosuid,nodev "$1" "$2"; shift 2; exec "$@"',
-    'sh',
-    device,
-    mountDir,
-  ];
+  throw new DsecError('sandbox_not_running', `no loop device serves ${image}`);
+}
+
+/** Kills what a packing cgroup left and removes it (recovery: its driver call is async). */
+function killCgroupDir(dir: string): void {
+  for (let attempt = 0; attempt < 100; attempt++) {
+    let procs: string;
+    try {
+      procs = readFileSync(join(dir, 'cgroup.procs'), 'utf8');
+    } catch {
+      return; // gone
+    }
+    for (const pid of procs.split('\n').filter(Boolean)) {
+      try {
+        process.kill(Number(pid), 'SIGKILL');
+      } catch {
+        // exiting
+      }
+    }
+    try {
+      rmdirSync(dir);
+      return;
+    } catch {
+      // still draining
+      Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10);
+    }
+  }
+}
+
+function definedOnly<T extends object>(o: T): Partial<T> {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as Partial<T>;
+}
+
+function snapshotTimeout(timeoutMs: number): DsecError {
+  return new DsecError('deadline_exceeded', `the snapshot ran past its ${timeoutMs} ms limit`, {
+    details: { limit: 'snapshot_time', timeoutMs },
+  });
+}
+
+/** A refusal for a tree past one of the caps (`details.limit` names it). */
+function overCap(
+  over: 'files' | 'bytes' | 'path' | 'depth',
+  scan: UpperScan,
+  caps: { maxFiles: number; maxBytes: number },
+): DsecError {
+  switch (over) {
+    case 'files':
+      return new DsecError(
+        'resource_exhausted',
+        `the writable layer holds more than ${caps.maxFiles} entries, the most a snapshot takes`,
+        { details: { limit: 'snapshot_files', max: caps.maxFiles } },
+      );
+    case 'bytes':
+      return new DsecError(
+        'resource_exhausted',
+        `the writable layer's files add up to more than ${caps.maxBytes} bytes (holes included), the most a snapshot of this sandbox takes`,
+        { details: { limit: 'snapshot_bytes', maxBytes: caps.maxBytes } },
+      );
+    case 'path':
+      return new DsecError(
+        'resource_exhausted',
+        `the writable layer has a path longer than ${MAX_PATH_BYTES} bytes`,
+        { details: { limit: 'snapshot_path', maxPathBytes: MAX_PATH_BYTES } },
+      );
+    case 'depth':
+      return new DsecError(
+        'resource_exhausted',
+        `the writable layer nests directories deeper than ${MAX_DEPTH} levels (${scan.depth} seen)`,
+        { details: { limit: 'snapshot_depth', max: MAX_DEPTH } },
+      );
+  }
+}
+
+/** A failed confined step, told by the limit it hit: time, the image size cap, memory. */
+async function packFailure(
+  err: unknown,
+  ctx: {
+    cgroups: CgroupDriver;
+    packPath: string;
+    maxBytes: number;
+    limits: { memoryBytes: number; timeoutMs: number };
+  },
+): Promise<unknown> {
+  if (isDsecError(err, 'deadline_exceeded')) return snapshotTimeout(ctx.limits.timeoutMs);
+  if (!isDsecError(err, 'internal')) return err;
+  if (err.details?.['signal'] === 'SIGXFSZ') {
+    return new DsecError(
+      'resource_exhausted',
+      `the snapshot grew past ${ctx.maxBytes} bytes while it was packed`,
+      { details: { limit: 'snapshot_bytes', maxBytes: ctx.maxBytes }, cause: err },
+    );
+  }
+  if ((await ctx.cgroups.oomKills(ctx.packPath).catch(() => 0)) > 0) {
+    return new DsecError(
+      'resource_exhausted',
+      `packing the writable layer needed more than its ${ctx.limits.memoryBytes} bytes of memory`,
+      { details: { limit: 'snapshot_memory', maxBytes: ctx.limits.memoryBytes }, cause: err },
+    );
+  }
+  return err;
 }
 
 /** The snapshot source of a container sandbox; `unavailable` for backends without one. */
@@ -355,6 +601,7 @@ export function containerSnapshotSource(backend: unknown, rec: SandboxRecord): S
     upperDir: quota ? p.quotaUpper : p.upper,
     ...(quota ? { upperImage: p.upperImage } : {}),
     cgroupDirs: backend.options.cgroups.dirs(p.cgroupsPath),
+    packCgroup: { cgroups: backend.options.cgroups, parent: backend.options.cgroupParent },
   };
 }
 

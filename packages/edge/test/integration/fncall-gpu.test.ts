@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { chmod, mkdir, mkdtemp, readdir, rm, rmdir, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { basename, join } from 'node:path';
@@ -19,18 +19,29 @@ const execFileAsync = promisify(execFile);
  * directory of the host's /dev, mode 0666 as the NVIDIA nodes are, with the
  * numbers of harmless devices none of the runtimes allows by default:
  * nvidiactl = fuse (10:229), nvidia-uvm = loop-control (10:237),
- * nvidia-uvm-tools = btrfs-control (10:234), GPU 0 = autofs (10:235).
+ * nvidia-uvm-tools = btrfs-control (10:234), GPU 0 = the first of autofs
+ * (10:235), userfaultfd (10:257) and vga_arbiter (10:256) this kernel has
+ * (a misc number the kernel lacks opens as ENODEV).
  * Opening one does nothing; opening it at all needs the device-cgroup rule
  * the GPU fragment adds. The call runs as the unprivileged call uid, as on a
  * GPU host.
  */
+function harmlessMiscMinor(candidates: number[]): number {
+  const present = new Set(
+    (existsSync('/proc/misc') ? readFileSync('/proc/misc', 'utf8') : '')
+      .split('\n')
+      .map((line) => Number(line.trim().split(/\s+/)[0])),
+  );
+  return candidates.find((m) => present.has(m)) ?? candidates[0]!;
+}
+
 const DEV_DIR = `/dev/dsec-gpu-it-${process.pid}`;
 const UUID = 'GPU-5a5a5a5a-0000-4000-8000-000000000001';
 const NODES = {
   ctl: { path: `${DEV_DIR}/nvidiactl`, major: 10, minor: 229 },
   uvm: { path: `${DEV_DIR}/nvidia-uvm`, major: 10, minor: 237 },
   uvmTools: { path: `${DEV_DIR}/nvidia-uvm-tools`, major: 10, minor: 234 },
-  gpu0: { path: `${DEV_DIR}/nvidia0`, major: 10, minor: 235 },
+  gpu0: { path: `${DEV_DIR}/nvidia0`, major: 10, minor: harmlessMiscMinor([235, 257, 256]) },
 };
 const ALL_NODES = Object.values(NODES).map((n) => n.path);
 

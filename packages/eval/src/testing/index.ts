@@ -308,3 +308,16 @@ export async function startScriptedModel(
       }),
   };
 }
+
+export { makeToolchainRootfs, PYTHON_PACKAGES, NODE_PACKAGES } from './toolchain.js';
+export {
+  makeIntegrityTaskSet,
+  ScriptedAgent,
+  STEERING_ATTACKS,
+  IN_PLACE_ATTACKS,
+  PYAPP_FIXED_CALC,
+  PYAPP_PORT,
+  JSAPP_FIXED_PAGER,
+  SHCALC_FIXED_LIB,
+} from './integrity.js';
+export type { IntegrityTaskSet, SteeringAttack, ToolStep } from './integrity.js';

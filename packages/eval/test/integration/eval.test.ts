@@ -170,10 +170,17 @@ test('gold scores every task 1 and none every task 0, through logged steps with 
     assert.equal(r.error, undefined);
     assert.equal(r.duplicateExecutions, 0);
     assert.equal(r.replayedSteps, 0);
-    // Gold: a read and a write of the one file; grading: the test file written, then the test run.
+    // Gold: a read and a write of the one file. Taking its patch: the agent's workdir listed and
+    // the changed file read; grading, in a fresh sandbox: its workdir listed, the base file read,
+    // the patch applied, the test file written, then the test run.
     assert.equal(r.toolCalls, 2);
-    assert.equal(r.executedSteps, 4);
+    assert.equal(r.executedSteps, 2 + 2 + 5);
     assert.ok(r.sandboxId);
+    assert.equal(r.grading, 'patch');
+    assert.ok(r.gradingSandboxId && r.gradingSandboxId !== r.sandboxId);
+    assert.equal(r.agentPatch?.files, 1);
+    assert.deepEqual(r.agentPatch?.leftOut, []);
+    assert.match(r.agentPatch?.diff ?? '', /^diff --git a\/lib\/\w+\.sh b\/lib\/\w+\.sh$/m);
     assert.ok(r.durations.totalMs >= r.durations.agentMs + r.durations.gradingMs);
   }
   assert.deepEqual(rs['shcalc__add-1']!.tests, {
@@ -181,12 +188,22 @@ test('gold scores every task 1 and none every task 0, through logged steps with 
     add_zero: 'passed',
     sub_basic: 'passed',
   });
-  // Every sandbox was stopped after grading.
+  // Every sandbox, the agents' and the grading ones, was stopped after grading.
   const live = await client.listSandboxes({ labels: { job: 'it-gold' } });
   assert.ok(
     live.every((s) => s.state === 'stopped'),
     JSON.stringify(live.map((s) => s.state)),
   );
+  for (const r of Object.values(rs)) {
+    for (const id of [r.sandboxId!, r.gradingSandboxId!]) {
+      const state = await client
+        .sandbox(id)
+        .refresh()
+        .then((i) => i.state)
+        .catch((err: { code?: string }) => err.code);
+      assert.ok(state === 'stopped' || state === 'sandbox_not_found', `${id}: ${state}`);
+    }
+  }
 
   const noneOut = join(work, 'none.jsonl');
   const none = await dsec([
@@ -206,6 +223,8 @@ test('gold scores every task 1 and none every task 0, through logged steps with 
     assert.equal(r.reward, 0);
     assert.equal(r.error, undefined);
     assert.equal(r.toolCalls, 0);
+    assert.equal(r.agentPatch?.files, 0);
+    assert.equal(r.agentPatch?.diff, '');
     assert.ok(r.failing && r.failing.length >= 1);
   }
   assert.equal(byId(results(noneOut))['shcalc__add-1']!.tests.add_basic, 'failed');

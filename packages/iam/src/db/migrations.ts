@@ -246,6 +246,17 @@ export const MIGRATIONS: readonly Migration[] = [
   ALTER TABLE edges ADD COLUMN tls_pins TEXT;`,
     },
   },
+  {
+    version: 9,
+    name: 'audit retention index',
+    // The retention sweep deletes by age (`at` is ISO-8601 UTC text, which sorts as time).
+    sql: {
+      sqlite: `
+  CREATE INDEX audit_at ON audit(at);`,
+      postgres: `
+  CREATE INDEX audit_at ON audit(at);`,
+    },
+  },
 ];
 
 /** The newest layout this release knows. */

@@ -2,6 +2,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { isDsecError, randomId } from '@dsec/core';
 import { openControlDb } from '../control-db.js';
+import { MAX_PROJECT_DEPTH } from '../iam.js';
 import type { ControlDbOptions } from '../control-db.js';
 import { PostgresDb } from '../db/drivers/postgres.js';
 import { SqliteDb } from '../db/drivers/sqlite.js';
@@ -105,6 +106,121 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.equal(denials.length, 4);
     });
 
+    // SECURITY J38: a failed authentication costs the node no database write of its own.
+    test('failed authentications are audited aggregated per source and minute', async (t) => {
+      let now = Date.parse('2026-12-01T10:00:05Z');
+      const { iam } = await fresh(t, { now: () => now, authFailureBurst: 10_000 });
+      const before = (await iam.listAudit({ limit: 1000 })).length;
+      const bogus = () => 'dsk_' + randomId('x', 30).slice(2, 45).padEnd(43, 'A');
+      const unauth = (e: unknown) => isDsecError(e, 'unauthenticated');
+      for (let i = 0; i < 200; i++) {
+        await assert.rejects(iam.authenticate(bogus(), { source: '203.0.113.7' }), unauth);
+      }
+      for (let i = 0; i < 30; i++) {
+        await assert.rejects(iam.authenticate('nope', { source: '203.0.113.7' }), unauth);
+        await assert.rejects(iam.authenticate(bogus(), { source: '198.51.100.1' }), unauth);
+      }
+      now += 60_000; // the next minute: a group of its own
+      await assert.rejects(iam.authenticate(bogus(), { source: '203.0.113.7' }), unauth);
+      const rows = (await iam.listAudit({ limit: 1000 })).filter(
+        (e) => e.action === 'auth' && e.outcome === 'denied',
+      );
+      assert.equal((await iam.listAudit({ limit: 1000 })).length, before + rows.length);
+      const count = (source: string, reason: string) =>
+        rows
+          .filter((r) => r.target === source && r.details?.['reason'] === reason)
+          .map((r) => r.details?.['count']);
+      // One row per source, reason and minute, each with its count.
+      assert.equal(rows.length, 4, JSON.stringify(rows));
+      assert.deepEqual(count('203.0.113.7', 'unknown').sort(), [1, 200]);
+      assert.deepEqual(count('203.0.113.7', 'malformed'), [30]);
+      assert.deepEqual(count('198.51.100.1', 'unknown'), [30]);
+      assert.ok(!JSON.stringify(rows).includes('dsk_'), 'a key in the audit log');
+      assert.equal(iam.authStats().failures['unknown'], 231);
+      assert.equal(iam.authStats().failures['malformed'], 30);
+    });
+
+    test('a minute keeps a bounded number of denial groups; the rest is one overflow row', async (t) => {
+      const { iam } = await fresh(t, {
+        now: () => Date.parse('2026-12-01T10:00:00Z'),
+        auditDenialGroupsPerMinute: 3,
+        authFailureBurst: 10_000,
+      });
+      for (let i = 0; i < 10; i++) {
+        await assert.rejects(iam.authenticate(undefined, { source: `198.51.100.${i}` }));
+      }
+      const rows = (await iam.listAudit()).filter((e) => e.action === 'auth');
+      assert.deepEqual(
+        rows.map((r) => [r.target, r.details?.['reason'], r.details?.['count']]).sort(),
+        [
+          ['*', 'overflow', 7],
+          ['198.51.100.0', 'missing', 1],
+          ['198.51.100.1', 'missing', 1],
+          ['198.51.100.2', 'missing', 1],
+        ],
+      );
+    });
+
+    test('denied access is audited aggregated too; the audit table keeps only its retention', async (t) => {
+      let now = Date.parse('2026-12-01T10:00:00Z');
+      const day = 24 * 3_600_000;
+      const { iam, root } = await fresh(t, { now: () => now, auditRetentionMs: 30 * day });
+      for (let i = 0; i < 50; i++) await iam.audit(root.keyId, 'sandbox.access', 'sb-1', 'denied');
+      await iam.audit(root.keyId, 'sandbox.access', 'sb-2', 'denied');
+      const denied = (await iam.listAudit()).filter((e) => e.action === 'sandbox.access');
+      assert.deepEqual(denied.map((e) => [e.target, e.details?.['count']]).sort(), [
+        ['sb-1', 50],
+        ['sb-2', 1],
+      ]);
+      assert.equal(iam.authStats().denials['sandbox.access'], 51);
+      // Past the retention period every older row goes, mutations and denials alike.
+      now += 31 * day;
+      await iam.createProject(root, { name: 'later' });
+      const removed = await iam.sweepAudit();
+      assert.ok(removed >= 3, `removed ${removed}`);
+      const left = await iam.listAudit({ limit: 1000 });
+      assert.deepEqual(
+        left.map((e) => e.action),
+        ['project.create'],
+      );
+    });
+
+    test('failed authentication is rate-limited per source; a known key still passes', async (t) => {
+      let now = 5_000_000;
+      const { iam, boot } = await fresh(t, {
+        now: () => now,
+        authFailureBurst: 5,
+        authFailuresPerSecond: 1,
+      });
+      const limited = (e: unknown) =>
+        isDsecError(e, 'rate_limited') &&
+        typeof e.details?.['retryAfterMs'] === 'number' &&
+        e.details['retryAfterMs'] > 0;
+      const unauth = (e: unknown) => isDsecError(e, 'unauthenticated');
+      const a = { source: '192.0.2.1' };
+      // Cached before the flood: a valid key keeps working from the flooding address.
+      await iam.authenticate(boot.key, a);
+      for (let i = 0; i < 5; i++) await assert.rejects(iam.authenticate(undefined, a), unauth);
+      await assert.rejects(iam.authenticate(undefined, a), limited);
+      await assert.rejects(iam.authenticate('dsk_' + 'B'.repeat(43), a), limited);
+      assert.equal((await iam.authenticate(boot.key, a)).role, 'admin');
+      // Another address is not limited; no address at all (an in-process caller) never is.
+      await assert.rejects(iam.authenticate(undefined, { source: '192.0.2.2' }), unauth);
+      for (let i = 0; i < 20; i++) await assert.rejects(iam.authenticate(undefined), unauth);
+      // One token a second comes back.
+      now += 1000;
+      await assert.rejects(iam.authenticate(undefined, a), unauth);
+      await assert.rejects(iam.authenticate(undefined, a), limited);
+      assert.equal(iam.authStats().failures['rate_limited'], 3);
+      const rows = (await iam.listAudit()).filter(
+        (e) => e.action === 'auth' && e.details?.['reason'] === 'rate_limited',
+      );
+      assert.deepEqual(
+        rows.map((r) => [r.target, r.details?.['count']]),
+        [['192.0.2.1', 3]],
+      );
+    });
+
     test('authentication cache: other instances see a revocation within the TTL', async (t) => {
       let now = 1_000_000;
       const clock = { now: () => now, authCacheTtlMs: 1000 };
@@ -177,6 +293,27 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
         (e) => e.outcome === 'denied' && e.action === 'project.create',
       );
       assert.equal(denied.length, 3);
+    });
+
+    test('projects nest MAX_PROJECT_DEPTH deep at most, the root included', async (t) => {
+      const { iam, root } = await fresh(t);
+      let parentId = root.projectId;
+      for (let depth = 2; depth <= MAX_PROJECT_DEPTH; depth++) {
+        parentId = (await iam.createProject(root, { name: `d${depth}`, parentId })).id;
+      }
+      assert.equal((await iam.lineage(parentId)).length, MAX_PROJECT_DEPTH);
+      await assert.rejects(
+        iam.createProject(root, { name: 'too-deep', parentId }),
+        (e) =>
+          isDsecError(e, 'invalid_argument') &&
+          e.field === 'parentId' &&
+          e.details?.['maxDepth'] === MAX_PROJECT_DEPTH,
+      );
+      // Beside the deepest is still fine.
+      await iam.createProject(root, {
+        name: 'sibling',
+        parentId: (await iam.lineage(parentId))[1]!,
+      });
     });
 
     test('calls-per-second quota: stored, bounded by the parent, listed nearest first', async (t) => {
@@ -376,8 +513,11 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
 
       // Up to what was asked, or what is left.
       assert.deepEqual(await iam.reserveImageBytes(c1.id, 'h1', 400), { maxBytes: 400 });
+      // An unknown bound is told the room left but holds none of it: holding it all would
+      // starve c1 (and every project under team) while that snapshot is taken.
       assert.deepEqual(await iam.reserveImageBytes(c2.id, 'h2', undefined), { maxBytes: 300 });
-      assert.deepEqual(await iam.reserveImageBytes(c1.id, 'h3', 900), { maxBytes: 300 });
+      assert.equal((await iam.usage(team.id)).imageBytes, 400);
+      assert.deepEqual(await iam.reserveImageBytes(c1.id, 'h3', 900), { maxBytes: 600 });
       await assert.rejects(
         iam.reserveImageBytes(c1.id, 'h4', 1),
         (e) =>
@@ -388,8 +528,12 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.equal((await iam.usage(team.id)).imageBytes, 1000);
       // Layers are charged what they weigh; the rest of the reservation goes back.
       await iam.bindImageBytes('h1', c1.id, `${c1.id}/snap:latest`, 150);
-      await iam.bindImageBytes('h2', c2.id, `${c2.id}/snap:latest`, 300);
+      // The unknown bound is checked when charged: no room while h3 holds its 600.
+      await assert.rejects(iam.bindImageBytes('h2', c2.id, `${c2.id}/snap:latest`, 300), (e) =>
+        isDsecError(e, 'quota_exceeded'),
+      );
       assert.equal(await iam.releaseImageBytes('h3'), true);
+      await iam.bindImageBytes('h2', c2.id, `${c2.id}/snap:latest`, 300);
       assert.deepEqual(await iam.usage(c1.id), {
         sandboxes: 0,
         memoryMb: 0,

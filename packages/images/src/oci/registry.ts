@@ -37,12 +37,17 @@ export function isOciDiffLayer(layer: Pick<LayerInfo, 'name'>): boolean {
   return layer.name === OCI_DIFF_LAYER_NAME;
 }
 
-/** The store's layers as users list them: without the `oci-diff` records unless `all`. */
+/**
+ * The store's layers as users list them: without the `oci-diff` records unless
+ * `all`; with `projects`, only the platform's and those projects' (`listLayers`).
+ */
 export async function listImages(
   store: Pick<ImageStore, 'listLayers'>,
-  options: { all: boolean },
+  options: { all: boolean; projects?: readonly string[] | undefined },
 ): Promise<LayerInfo[]> {
-  const layers = await store.listLayers();
+  const layers = await store.listLayers(
+    options.projects === undefined ? undefined : { projects: options.projects },
+  );
   return options.all ? layers : layers.filter((l) => !isOciDiffLayer(l));
 }
 

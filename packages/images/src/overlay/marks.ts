@@ -1,6 +1,7 @@
 import { lstat, readdir, unlink } from 'node:fs/promises';
 import { join, relative, sep } from 'node:path';
 import { throwIfAborted } from '@dsec/core';
+import { confinedCommand, runConfinedOk } from '@dsec/native';
 import { runTool } from '../util/run-tool.js';
 
 /**
@@ -33,27 +34,42 @@ export async function clearOpaque(dir: string, signal?: AbortSignal): Promise<vo
  * The directories under `root` (relative paths, `''` for the root itself)
  * marked opaque. One `getfattr -R` for the whole tree, not one per directory.
  */
-export async function listOpaqueDirs(root: string, signal?: AbortSignal): Promise<Set<string>> {
-  const { stdout } = await runTool(
-    'getfattr',
-    [
-      '-R',
-      '-P',
-      '-h',
-      '--absolute-names',
-      '-d',
-      '-m',
-      `^${OPAQUE_XATTR.replace(/\./g, '\\.')}$`,
-      root,
-    ],
-    { signal },
-  );
+export async function listOpaqueDirs(
+  root: string,
+  signal?: AbortSignal,
+  confineRoot?: string,
+): Promise<Set<string>> {
+  const args = (dir: string): string[] => [
+    '-R',
+    '-P',
+    '-h',
+    '--absolute-names',
+    '-d',
+    '-m',
+    `^${OPAQUE_XATTR.replace(/\./g, '\\.')}$`,
+    dir,
+  ];
+  // A tree a sandbox may have made (a layer copied out of a snapshot): read confined, as /t.
+  const stdout =
+    confineRoot === undefined
+      ? (await runTool('getfattr', args(root), { signal })).stdout
+      : (
+          await runConfinedOk(
+            confinedCommand(
+              { rootDir: confineRoot, trees: [{ path: root, name: 't' }], tools: true },
+              ['getfattr', ...args('/t')],
+            ),
+            'reading opaque marks',
+            { signal },
+          )
+        ).stdout;
+  const base = confineRoot === undefined ? root : '/t';
   const out = new Set<string>();
   let file: string | undefined;
   for (const line of stdout.split('\n')) {
     if (line.startsWith('# file: ')) file = unescapeGetfattr(line.slice('# file: '.length));
     else if (file !== undefined && line === `${OPAQUE_XATTR}="y"`) {
-      out.add(toRel(root, file));
+      out.add(toRel(base, file));
     }
   }
   return out;

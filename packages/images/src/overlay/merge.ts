@@ -58,8 +58,12 @@ export async function ociLayerToOverlay(dir: string, signal?: AbortSignal): Prom
 }
 
 /** Reads the opaque marks of a layer tree already in overlayfs format (a copied EROFS layer). */
-export async function overlayLayerTree(dir: string, signal?: AbortSignal): Promise<LayerTree> {
-  return { dir, opaque: await listOpaqueDirs(dir, signal) };
+export async function overlayLayerTree(
+  dir: string,
+  signal?: AbortSignal,
+  confineRoot?: string,
+): Promise<LayerTree> {
+  return { dir, opaque: await listOpaqueDirs(dir, signal, confineRoot) };
 }
 
 export interface MergeOptions {

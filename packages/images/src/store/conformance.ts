@@ -315,6 +315,27 @@ export function imageStoreConformance(
       assert.equal((await store.getLayer('plat:v1', { project: undefined })).project, undefined);
     });
 
+    void test('listLayers of some projects reads the platform’s and theirs, no other namespace', async () => {
+      const digest = await blob('x');
+      await store.putLayer(layer({ digest, name: 'plat' }));
+      for (const project of ['prj-a', 'prj-b', 'prj-c'])
+        await store.putLayer(layer({ digest, name: `of-${project}`, project }));
+      const listed = async (projects: string[]) =>
+        (await store.listLayers({ projects })).map((l) => `${l.project ?? '-'}/${l.name}`);
+      assert.deepEqual(await listed(['prj-a', 'prj-c']), [
+        'prj-a/of-prj-a',
+        'prj-c/of-prj-c',
+        '-/plat',
+      ]);
+      assert.deepEqual(await listed([]), ['-/plat']);
+      // Malformed or repeated names list nothing more (no path or key of the caller's making).
+      assert.deepEqual(await listed(['prj-a', 'prj-a', '../prj-b', 'prj-b/..', '']), [
+        'prj-a/of-prj-a',
+        '-/plat',
+      ]);
+      assert.equal((await store.listLayers()).length, 4);
+    });
+
     void test('malformed owners: image_not_found to look up, invalid_argument to write', async () => {
       const digest = await blob('x');
       await store.putLayer(layer({ digest }));

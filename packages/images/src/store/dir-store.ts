@@ -254,9 +254,10 @@ export class DirImageStore implements ImageStore {
     return await this.readRecord(this.recordFile(storeKey(ref, options)), ref);
   }
 
-  async listLayers(): Promise<LayerInfo[]> {
+  async listLayers(options?: { projects?: readonly string[] | undefined }): Promise<LayerInfo[]> {
     const owners: (string | undefined)[] = [undefined];
-    for (const p of await readdirIfPresent(join(this.root, 'projects'))) {
+    const projects = options?.projects ?? (await readdirIfPresent(join(this.root, 'projects')));
+    for (const p of new Set(projects)) {
       if (LAYER_PROJECT_PATTERN.test(p)) owners.push(p);
     }
     const out: LayerInfo[] = [];

@@ -632,12 +632,22 @@ export class S3ImageStore implements ImageStore {
     return await this.readRecord(this.recordKey(storeKey(ref, options)), ref);
   }
 
-  async listLayers(): Promise<LayerInfo[]> {
+  async listLayers(options?: { projects?: readonly string[] | undefined }): Promise<LayerInfo[]> {
     const sdk = await loadSdk();
     const client = await this.client();
     const found: { key: string; ref: string }[] = [];
-    // The platform's records, then every project's (blobs are never listed).
-    for (const under of ['layers/', 'projects/']) {
+    // The platform's records, then every project's or the ones asked for (blobs are never listed).
+    const projects = options?.projects;
+    const prefixes =
+      projects === undefined
+        ? ['layers/', 'projects/']
+        : [
+            'layers/',
+            ...[...new Set(projects)]
+              .filter((p) => LAYER_PROJECT_PATTERN.test(p))
+              .map((p) => `projects/${p}/layers/`),
+          ];
+    for (const under of prefixes) {
       let token: string | undefined;
       do {
         const page = await client

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { lstat, mkdir, readdir, readFile, readlink, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { isDsecError, type LayerInfo } from '@dsec/core';
@@ -39,6 +39,24 @@ async function tree(root: string): Promise<string[]> {
         await walk(r);
       } else if (e.isCharacterDevice()) out.push(`${r} (whiteout)`);
       else out.push(`${r}=${(await readFile(join(root, r), 'utf8')).trim()}`);
+    }
+  };
+  await walk('');
+  return out;
+}
+
+/** Names, types and contents below `root`, links read as links. */
+async function listing(root: string): Promise<string[]> {
+  const out: string[] = [];
+  const walk = async (rel: string): Promise<void> => {
+    for (const name of (await readdir(join(root, rel))).sort()) {
+      const r = rel ? `${rel}/${name}` : name;
+      const st = await lstat(join(root, r));
+      if (st.isDirectory()) {
+        out.push(`${r}/ ${st.mode.toString(8)}`);
+        await walk(r);
+      } else if (st.isSymbolicLink()) out.push(`${r} -> ${await readlink(join(root, r))}`);
+      else out.push(`${r} ${st.mode.toString(8)} ${await readFile(join(root, r), 'utf8')}`);
     }
   };
   await walk('');
@@ -165,5 +183,41 @@ void describe('collapseLayers keeps overlay semantics', () => {
     await assert.rejects(collapseLayers(store, { refs: ['cb'], name: 'bad', mounter }), (e) =>
       isDsecError(e, 'invalid_argument'),
     );
+  });
+
+  void test('layers a sandbox shaped (symlinks to a host directory) collapse without touching the host', async () => {
+    const victim = join(t.dir, 'victim');
+    await writeTree(victim, { a: 'host a', 'sub/b': 'host b', 'd/in/y': 'host y' });
+    const before = await listing(victim);
+    // A snapshot's tree: links to the host directory where the layers above put directories.
+    const evil = join(t.dir, 'evil');
+    await writeTree(evil, { 'd/keep': 'evil keep' });
+    await symlink(victim, join(evil, 'root'));
+    await symlink(`${'../'.repeat(30)}${victim.slice(1)}`, join(evil, 'rel'));
+    await symlink(victim, join(evil, 'd', 'in'));
+    await symlink(victim, join(evil, 'kept-link'));
+    await buildLayer(store, { name: 'evil', kind: 'workspace', from: { dir: evil } });
+    const over = join(t.dir, 'over');
+    await writeTree(over, {
+      'root/x': 'over x',
+      'd/in/y': 'over y',
+      rel: 'WHITEOUT',
+      'sub/b': 'WHITEOUT',
+    });
+    await buildLayer(store, { name: 'over', kind: 'toolkit', from: { dir: over } });
+    for (const refs of [
+      ['evil', 'over'],
+      ['cb', 'evil', 'over'],
+    ]) {
+      const merged = await collapseLayers(store, { refs, name: `evil-${refs.length}`, mounter });
+      assert.deepEqual(await listing(victim), before, `the host directory is untouched (${refs})`);
+      const mnt = await mountLayer(merged);
+      assert.equal(await readlink(join(mnt, 'kept-link')), victim);
+      assert.equal(await readFile(join(mnt, 'd', 'in', 'y'), 'utf8'), 'over y');
+      assert.equal(await readFile(join(mnt, 'root', 'x'), 'utf8'), 'over x');
+      // Under the lower link, the upper's directory: opaque over it, the link gone from view.
+      assert.deepEqual(await readdir(join(mnt, 'root')), ['x']);
+      assert.deepEqual((await readdir(join(mnt, 'd'))).sort(), ['in', 'keep']);
+    }
   });
 });

@@ -1214,7 +1214,7 @@ export interface components {
       };
     };
     /**
-     * @description The closed set of error codes (docs/errors.md). Clients match on the code, never the message. `invalid_argument` (400), `unauthenticated` (401), `permission_denied` (403), `not_found` (404), `sandbox_not_found` (404), `image_not_found` (404), `command_not_found` (404), `conflict` (409), `sandbox_not_running` (409), `payload_too_large` (413), `quota_exceeded` (429, retryable), `resource_exhausted` (429, retryable), `capacity_exhausted` (503, retryable), `unavailable` (503, retryable), `deadline_exceeded` (504, retryable), `aborted` (499, retryable), `internal` (500, retryable)
+     * @description The closed set of error codes (docs/errors.md). Clients match on the code, never the message. `invalid_argument` (400), `unauthenticated` (401), `permission_denied` (403), `not_found` (404), `sandbox_not_found` (404), `image_not_found` (404), `command_not_found` (404), `conflict` (409), `sandbox_not_running` (409), `payload_too_large` (413), `quota_exceeded` (429, retryable), `resource_exhausted` (429, retryable), `rate_limited` (429, retryable), `capacity_exhausted` (503, retryable), `unavailable` (503, retryable), `deadline_exceeded` (504, retryable), `aborted` (499, retryable), `internal` (500, retryable)
      * @enum {string}
      */
     ErrorCode:
@@ -1230,6 +1230,7 @@ export interface components {
       | 'payload_too_large'
       | 'quota_exceeded'
       | 'resource_exhausted'
+      | 'rate_limited'
       | 'capacity_exhausted'
       | 'unavailable'
       | 'deadline_exceeded'
@@ -1726,7 +1727,7 @@ export interface components {
         'application/json': components['schemas']['Error'];
       };
     };
-    /** @description Error: `quota_exceeded`, `resource_exhausted`. */
+    /** @description Error: `quota_exceeded`, `resource_exhausted`, `rate_limited`. */
     TooManyRequests: {
       headers: {
         [name: string]: unknown;

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { chmodSync, chownSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, mkdirSync, writeFileSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '@dsec/core';
@@ -9,6 +9,7 @@ import {
   findChronus,
   isChronus,
   prepareChronus,
+  removeTree,
   rootfsCommandPrefix,
   startChronus,
   unmount,
@@ -227,7 +228,7 @@ export class ContainerBackend implements Backend {
       });
       phaseDone('runtime');
       // The runtime's umask may have narrowed the GPU nodes' modes (device-modes.ts).
-      if (rec.gpu) applyGpuDeviceModes(running.initPid, rec.gpu.devices);
+      if (rec.gpu) await applyGpuDeviceModes(running.initPid, rec.gpu.devices);
       await Promise.all([
         chronus.attach(running.initPid),
         this.options.network?.attach(rec, running.initPid, chronus.configureNetwork),
@@ -300,7 +301,9 @@ export class ContainerBackend implements Backend {
     await network;
     // Only rootfs mounts made in the host namespace (by older edges) need this.
     if ((await mountPoints()).has(p.rootfs)) await unmount([p.rootfs], { detach: true });
-    rmSync(p.dir, { recursive: true, force: true });
+    // The writable layer is the sandbox's tree: removed without following anything in it,
+    // at any depth (a plain recursive rm overflows its stack on a few thousand levels).
+    await removeTree(p.dir);
     for (const layer of rec.layers) this.options.layers.release(layer.digest);
   }
 

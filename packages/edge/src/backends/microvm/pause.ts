@@ -1,4 +1,4 @@
-import { chownSync, mkdirSync, rmSync } from 'node:fs';
+import { chownSync, lchownSync, mkdirSync, rmSync } from 'node:fs';
 import { open, readFile, rename, stat, unlink, writeFile, type FileHandle } from 'node:fs/promises';
 import { createServer, type Socket } from 'node:net';
 import { join } from 'node:path';
@@ -103,7 +103,8 @@ export async function saveVm(options: {
         server.once('error', reject);
         server.listen(paths.migrateSocket, () => resolve());
       });
-      chownSync(paths.migrateSocket, hostId, hostId);
+      // The directory is QEMU's uid's: never follow what may stand at the socket's name now.
+      lchownSync(paths.migrateSocket, hostId, hostId);
       received = accepted.then((sock) => writeAll(sock, out));
       received.catch(() => undefined);
       await qmp.execute(

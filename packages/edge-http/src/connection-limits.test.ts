@@ -1,0 +1,41 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import { FakeEdge } from '@dsec/apiserver/testing';
+import { newEdgeSecret, RemoteEdge, serveEdge } from './index.js';
+
+// SECURITY J38 on the edge protocol listener: anyone who reaches its port can connect, signed
+// or not. Idle connections make room for new ones, so they neither pile up without bound nor
+// lock the apiservers out.
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+test('idle connections are bounded and cannot lock a signed client out', async (t) => {
+  const secret = newEdgeSecret();
+  const server = await serveEdge({
+    edge: new FakeEdge({ edgeId: 'edge-c' }),
+    secret,
+    connectionLimits: { maxConnections: 30 },
+  });
+  const edge = new RemoteEdge({ edgeId: 'edge-c', url: server.url, secret });
+  const sockets: net.Socket[] = [];
+  t.after(async () => {
+    for (const s of sockets) s.destroy();
+    edge.close();
+    await server.close();
+  });
+  const { port } = new URL(server.url);
+  for (let i = 0; i < 40; i++) {
+    const s = net.connect(Number(port), '127.0.0.1');
+    s.on('error', () => {});
+    sockets.push(s);
+    await new Promise<void>((r) => s.once('connect', () => r()));
+    // An unsigned request, refused with 401; the connection then idles.
+    s.write('GET /edge/v1/status HTTP/1.1\r\nHost: x\r\n\r\n');
+    await new Promise<void>((r) => s.once('data', () => r()));
+  }
+  await sleep(200);
+  const open = sockets.filter((s) => s.readyState === 'open').length;
+  assert.ok(open <= 30, `${open} idle connections held open at a cap of 30`);
+  assert.equal((await edge.status(AbortSignal.timeout(10_000))).edgeId, 'edge-c');
+});
