@@ -2,8 +2,7 @@ import { createHash } from 'node:crypto';
 import http from 'node:http';
 import type { IncomingMessage, OutgoingHttpHeaders } from 'node:http';
 import https from 'node:https';
-import { Duplex, PassThrough } from 'node:stream';
-import type { Readable } from 'node:stream';
+import { Duplex, PassThrough, Readable } from 'node:stream';
 import { DsecError, toDsecError } from '@dsec/core';
 import type {
   DisplayInput,
@@ -42,6 +41,9 @@ import {
 } from './auth.js';
 import type { SignedExchange } from './auth.js';
 import {
+  BODY_DATA,
+  BODY_END,
+  BODY_FRAME_BYTES,
   CMD_ERROR,
   CMD_RESULT,
   CMD_STDERR,
@@ -865,24 +867,23 @@ class EdgeLink {
     if (signal?.aborted) return Promise.reject(abortedError(signal));
     const path = EDGE_PATH_PREFIX + x.path;
     let payload: Buffer | undefined;
-    const stream = x.body !== undefined && !Buffer.isBuffer(x.body) ? x.body : undefined;
+    // A raw body (stdin, an upload), a buffer too, goes in frames the edge checks one by one
+    // before it passes their bytes on.
+    const stream =
+      x.body === undefined ? undefined : Buffer.isBuffer(x.body) ? Readable.from([x.body]) : x.body;
     let contentType: string | undefined;
     if (x.json !== undefined) {
       payload = Buffer.from(JSON.stringify(x.json));
       contentType = 'application/json';
-    } else if (Buffer.isBuffer(x.body)) {
-      payload = x.body;
-      contentType = 'application/octet-stream';
     } else if (stream) {
-      contentType = 'application/octet-stream';
+      contentType = FRAMES_CONTENT_TYPE;
     }
     const { headers: auth, exchange } = signRequest(this.#secret, this.edgeId, x.method, path, {
       body: stream ? STREAMED : (payload ?? Buffer.alloc(0)),
     });
     const headers: OutgoingHttpHeaders = auth;
     if (contentType) headers['content-type'] = contentType;
-    if (stream) headers.trailer = TRAILER_BODY_MAC;
-    else if (x.method !== 'GET') headers['content-length'] = payload?.length ?? 0;
+    if (!stream && x.method !== 'GET') headers['content-length'] = payload?.length ?? 0;
 
     return new Promise<Answer>((resolve, reject) => {
       let settled = false;
@@ -988,8 +989,9 @@ class EdgeLink {
   }
 
   /**
-   * A streamed request body, with back-pressure, then the MAC trailer over
-   * its SHA-256 that lets the edge check it was not changed on the way.
+   * A raw request body in `BODY_DATA` frames with their MACs, with
+   * back-pressure, then `BODY_END`: the edge passes on only bytes whose
+   * frame checked out, and ends the body only at its checked end.
    */
   #sendStream(
     stream: Readable,
@@ -997,17 +999,16 @@ class EdgeLink {
     exchange: SignedExchange,
     fail: (err: Error) => void,
   ): void {
-    const hash = createHash('sha256');
+    const up = exchange.sealer('request');
     stream.on('data', (chunk: Buffer | string) => {
       const bytes = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
-      hash.update(bytes);
-      if (!request.write(bytes)) stream.pause();
+      let ok = true;
+      for (let at = 0; at < bytes.length; at += BODY_FRAME_BYTES)
+        ok = request.write(frame(up, BODY_DATA, bytes.subarray(at, at + BODY_FRAME_BYTES)));
+      if (!ok) stream.pause();
     });
     request.on('drain', () => stream.resume());
-    stream.once('end', () => {
-      request.addTrailers({ [TRAILER_BODY_MAC]: exchange.bodyMac('request', digestOf(hash)) });
-      request.end();
-    });
+    stream.once('end', () => request.end(frame(up, BODY_END, Buffer.alloc(0))));
     stream.once('error', (err) => fail(toDsecError(err, 'aborted')));
   }
 

@@ -1049,3 +1049,106 @@ test('relayed: a request turned into an upgrade on the way is refused, not answe
     await s.close();
   }
 });
+
+/**
+ * A stdin or upload body the impostor changes, reorders or cuts on the way: the command and the
+ * file must get none of the changed bytes (a shell reading stdin would run them), only a prefix
+ * of what the client sent, and never its end. Raw bytes used to reach the edge as they came and
+ * be checked against the trailer MAC at the end, after the command had read them.
+ */
+test('relayed: changed, reordered or cut bytes of a streamed body never reach the command or the file', async () => {
+  const { edge: files, uploads } = fileEdge();
+  const stdin: { bytes: Buffer; eof: boolean; error?: unknown }[] = [];
+  const io: Partial<SandboxIoApi> = {
+    ...files.io,
+    writeStdin: async (_id, _cid, data, options = {}) => {
+      const rec: { bytes: Buffer; eof: boolean; error?: unknown } = {
+        bytes: Buffer.alloc(0),
+        eof: false,
+      };
+      stdin.push(rec);
+      const chunks: Buffer[] = [];
+      try {
+        if (Buffer.isBuffer(data)) chunks.push(data);
+        else if (data) for await (const c of data) chunks.push(c as Buffer);
+      } catch (err) {
+        rec.error = err;
+        throw err;
+      } finally {
+        rec.bytes = Buffer.concat(chunks);
+      }
+      rec.eof = options.eof === true;
+      return { bytes: rec.bytes.length };
+    },
+  };
+  const s = await setting({ ...files, io: io as SandboxIoApi });
+  // Several socket writes' worth, the marker well past the first of them.
+  const script = Buffer.concat([
+    Buffer.alloc(200 * 1024, '# filler\n'),
+    Buffer.from('echo safe\n'),
+    Buffer.alloc(200 * 1024, '# filler\n'),
+  ]);
+  const attacks: [string, (body: Buffer) => Buffer][] = [
+    ['a changed byte', (b) => swap(b, 'echo safe', 'rm -rf /;')],
+    [
+      'halves swapped',
+      (b) => Buffer.concat([b.subarray(b.length >> 1), b.subarray(0, b.length >> 1)]),
+    ],
+    ['cut in half', (b) => b.subarray(0, b.length >> 1)],
+  ];
+  try {
+    for (const [what, change] of attacks) {
+      const { client } = await s.through(async (seen, e) =>
+        e.relay(
+          { ...seen, trailers: what === 'cut in half' ? {} : seen.trailers },
+          {
+            body: change(seen.body),
+          },
+        ),
+      );
+      for (const kind of ['a stream', 'a buffer']) {
+        const data = () => (kind === 'a buffer' ? script : Readable.from([script]));
+        await mustRefuse(
+          client.io
+            .writeStdin('sb', 'cmd-1', data(), { eof: true })
+            .then((r) => `stdin accepted: ${r.bytes} bytes`),
+          `${what}, ${kind} on stdin`,
+        );
+        await mustRefuse(
+          client.io
+            .writeFile('sb', '/tests/run.sh', data())
+            .then((info) => `upload accepted: ${info.size} bytes`),
+          `${what}, ${kind} uploaded`,
+        );
+      }
+      client.close();
+    }
+    for (const [where, recs] of [
+      ['stdin', stdin],
+      ['the file', uploads],
+    ] as const) {
+      assert.equal(recs.length, attacks.length * 2, `every body reached ${where}'s consumer`);
+      for (const rec of recs) {
+        assert.ok(
+          rec.bytes.equals(script.subarray(0, rec.bytes.length)),
+          `${where} got only bytes the client sent, in its order (${rec.bytes.length} bytes, ` +
+            `"rm -rf" ${rec.bytes.includes('rm -rf') ? 'among them' : 'not there'})`,
+        );
+        assert.ok(rec.error !== undefined, `${where}'s body failed instead of ending`);
+      }
+    }
+    assert.deepEqual(
+      stdin.filter((w) => w.eof),
+      [],
+      'no command was sent an EOF',
+    );
+    // Unchanged, both work, and an empty upload too.
+    assert.deepEqual(await s.direct.io.writeStdin('sb', 'cmd-1', script, { eof: true }), {
+      bytes: script.length,
+    });
+    assert.equal((await s.direct.io.writeFile('sb', '/tests/e', Buffer.alloc(0))).size, 0);
+    assert.ok(uploads.at(-1)!.bytes.length === 0 && uploads.at(-1)!.error === undefined);
+  } finally {
+    await s.close();
+  }
+});

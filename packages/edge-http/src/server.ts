@@ -5,7 +5,7 @@ import https from 'node:https';
 import net from 'node:net';
 import { TLSSocket } from 'node:tls';
 import type { AddressInfo } from 'node:net';
-import { Readable, Transform } from 'node:stream';
+import { PassThrough, Readable } from 'node:stream';
 import type { Duplex } from 'node:stream';
 import { pino } from 'pino';
 import { ConnectionGuard, DsecError, requireIo, requireLifecycle, toDsecError } from '@dsec/core';
@@ -34,6 +34,8 @@ import {
 } from './auth.js';
 import type { SignedExchange, VerifiedRequest } from './auth.js';
 import {
+  BODY_DATA,
+  BODY_END,
   CMD_ERROR,
   CMD_RESULT,
   CMD_STDERR,
@@ -43,6 +45,7 @@ import {
   FrameMacError,
   FrameReader,
   FRAMES_CONTENT_TYPE,
+  MAX_BODY_FRAME_BYTES,
   MAX_PORT_FRAME_BYTES,
   MAX_PTY_FRAME_BYTES,
   PORT_FRAME_BYTES,
@@ -466,31 +469,60 @@ class Call {
   }
 
   /**
-   * The raw body as a stream that fails, instead of ending, when its bytes
-   * are not the ones the request signed (a digest, or a trailer MAC after
-   * them). Bytes stream on as they come: what a consumer took before a
-   * mismatch shows cannot be taken back, but its call fails.
+   * The raw body as a stream of the bytes of its `BODY_DATA` frames, each
+   * passed on only once its MAC checks out, and ended only by its `BODY_END`
+   * frame. A frame that fails, a byte after the end, or a body that stops
+   * without its end fails the stream (and so the call), and nothing of that
+   * frame or after it is passed on: a command reading stdin never reads a
+   * byte the client did not send, in the order it sent them.
    */
   rawBody(): Readable {
     const req = this.req;
-    const hash = createHash('sha256');
-    const out = new Transform({
-      transform(chunk: Buffer, _enc, cb) {
-        hash.update(chunk);
-        cb(null, chunk);
+    const out = new PassThrough();
+    if (this.verified.body !== STREAMED) {
+      // RemoteEdge frames every raw body; bytes under a whole digest would be passed on
+      // before the digest could be checked.
+      this.bodyError = new DsecError('invalid_argument', 'a raw request body is sent in frames', {
+        details: { signedBody: this.verified.body },
+      });
+      out.destroy(this.bodyError);
+      req.resume();
+      return out;
+    }
+    let ended = false;
+    const fail = (err: DsecError) => {
+      this.bodyError ??= err;
+      out.destroy(this.bodyError);
+      req.off('data', onData);
+      req.resume();
+    };
+    const reader = new FrameReader(
+      MAX_BODY_FRAME_BYTES,
+      this.exchange.sealer('request'),
+      (type, payload) => {
+        if (ended || (type !== BODY_DATA && type !== BODY_END)) throw new FrameMacError();
+        if (type === BODY_END) ended = true;
+        else if (payload.length > 0 && !out.write(payload)) req.pause();
       },
-      flush: (cb) => {
-        if (bodyMatches(this.verified, digestOf(hash), req.trailers)) cb();
-        else {
-          this.bodyError = badBody();
-          cb(this.bodyError);
-        }
-      },
+    );
+    const onData = (chunk: Buffer) => {
+      try {
+        reader.push(chunk);
+      } catch {
+        // A frame that fails its MAC, or a length no client sends: the bytes were changed.
+        fail(badBody());
+      }
+    };
+    out.on('drain', () => req.resume());
+    req.on('data', onData);
+    req.once('end', () => {
+      if (out.destroyed) return;
+      if (ended && reader.pending === 0) out.end();
+      else fail(badBody());
     });
     req.once('close', () => {
       if (!req.complete) out.destroy(new DsecError('aborted', 'the client closed the connection'));
     });
-    req.pipe(out);
     return out;
   }
 
