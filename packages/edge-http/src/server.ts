@@ -280,14 +280,17 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
     void onUpgrade(req, socket, head, { edge, verifier, log });
   });
 
-  // Connection caps on the HTTP(S) server; a TLS edge's front listener holds no more sockets
-  // waiting for their first byte than the caps allow connections.
+  // Connection caps on the HTTP(S) server. A TLS edge's front listener holds no more sockets
+  // waiting for their first byte (or refused as plaintext) than the caps allow connections, the
+  // longest waiting making room for a new one; Node's own cap on it is only a backstop above
+  // both (at the guard's cap it would drop a new connection before an idle one made room).
   const connectionGuard = new ConnectionGuard(options.connectionLimits);
   connectionGuard.attach(server);
+  const cap = connectionGuard.limits.maxConnections;
   const guard = options.tls
-    ? plaintextGuard(server as https.Server, edgeId, log, headMs)
+    ? plaintextGuard(server as https.Server, edgeId, log, headMs, cap)
     : undefined;
-  if (guard) guard.listener.maxConnections = connectionGuard.limits.maxConnections;
+  if (guard) guard.listener.maxConnections = 2 * cap + 1;
   const listener = guard?.listener ?? server;
   await new Promise<void>((resolve, reject) => {
     listener.once('error', reject);
@@ -326,20 +329,37 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
  * for a TLS edge) with a plain `400` that says so, instead of the reset
  * TLS would give it. That answer has no proof: the client refuses it as
  * not authenticated, with its text as an unverified hint.
+ *
+ * `server`'s ConnectionGuard sees a connection only once it is handed
+ * over, so the ones not handed over (waiting for their first byte, or
+ * refused as plaintext) are bounded here: at `maxWaiting`, the longest
+ * waiting is closed to make room, as the guard closes its longest idle.
  */
 function plaintextGuard(
   server: https.Server,
   edgeId: string,
   log: EdgeLogger | undefined,
   headMs: number,
+  maxWaiting: number,
 ): { listener: net.Server; sockets: Set<net.Socket> } {
   // `server` never listens itself; its connection tracking (header timeouts) starts here.
   server.emit('listening');
   const sockets = new Set<net.Socket>();
+  /** Not handed to `server`, longest waiting first. */
+  const waiting = new Set<net.Socket>();
   const listener = net.createServer({ pauseOnConnect: true, noDelay: true }, (socket) => {
     sockets.add(socket);
-    socket.once('close', () => sockets.delete(socket));
+    socket.once('close', () => {
+      sockets.delete(socket);
+      waiting.delete(socket);
+    });
     socket.on('error', () => undefined);
+    if (waiting.size >= maxWaiting) {
+      const oldest = waiting.values().next().value!;
+      waiting.delete(oldest);
+      oldest.destroy();
+    }
+    waiting.add(socket);
     // As long as the HTTP server would wait for headers.
     socket.setTimeout(headMs, () => socket.destroy());
     socket.once('data', (first: Buffer) => {
@@ -347,6 +367,7 @@ function plaintextGuard(
       socket.setTimeout(0);
       socket.unshift(first);
       if (first[0] === TLS_HANDSHAKE) {
+        waiting.delete(socket);
         server.emit('connection', socket);
         return;
       }
