@@ -194,12 +194,13 @@ test('an edge registration cannot empty its pins or keep them on a plaintext URL
   await db.edges.register({ ...edge, tlsPins: [pin] });
   // A join's input that would leave the edge pinned to nothing (any certificate, or none),
   // or dialled in plaintext with its pins kept: refused, the registration as it was.
-  for (const [what, bad, field] of [
+  const attempts: [string, { url?: string; tlsPins: string[] }, string][] = [
     ['no pins', { tlsPins: [] }, 'tlsPins'],
     ['an empty pin', { tlsPins: [''] }, 'tlsPins'],
     ['a short pin', { tlsPins: ['AB:CD'] }, 'tlsPins'],
     ['pins on http:', { url: 'http://127.0.0.1:1', tlsPins: [pin] }, 'url'],
-  ] as const) {
+  ];
+  for (const [what, bad, field] of attempts) {
     await assert.rejects(
       db.edges.register({ ...edge, ...bad }),
       (e) => isDsecError(e, 'invalid_argument') && e.field === field,
