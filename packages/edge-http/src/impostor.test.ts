@@ -1137,6 +1137,21 @@ test('relayed: changed, reordered or cut bytes of a streamed body never reach th
         assert.ok(rec.error !== undefined, `${where}'s body failed instead of ending`);
       }
     }
+    // Bytes added to a request that signed no body (a chunked or a sized one).
+    for (const trailers of [{}, { 'x-pad': '1' }]) {
+      const { client } = await s.through(async (seen, e) =>
+        e.relay({ ...seen, trailers }, { body: Buffer.from('rm -rf /;\n') }),
+      );
+      await mustRefuse(
+        client.io
+          .writeStdin('sb', 'cmd-1', undefined, { eof: true })
+          .then((r) => `stdin accepted: ${r.bytes} bytes`),
+        'bytes added',
+      );
+      client.close();
+    }
+    for (const rec of stdin.slice(attacks.length * 2))
+      assert.equal(rec.bytes.length, 0, `added bytes reached stdin: ${rec.bytes.toString()}`);
     assert.deepEqual(
       stdin.filter((w) => w.eof),
       [],
