@@ -699,3 +699,27 @@ test('a genuine large JSON answer (a command result) arrives whole, as the same 
     assert.equal(waited.stdout.length, stdout.length, 'waited');
   });
 });
+
+test('a body whose consumer stops reading early (the command exited) still gets its answer', async () => {
+  const edge = scripted({
+    writeStdin: async (_id, _cid, data) => {
+      let bytes = 0;
+      for await (const chunk of data as Readable) {
+        bytes += (chunk as Buffer).length;
+        break; // the command took one chunk and exited
+      }
+      return { bytes };
+    },
+  });
+  await withServed(edge, async (remote) => {
+    for (let i = 0; i < 2; i++) {
+      const body = Readable.from(
+        (function* () {
+          for (let n = 0; n < 128; n++) yield Buffer.alloc(64 * 1024, 0x61);
+        })(),
+      );
+      const { bytes } = await remote.io.writeStdin('sb', 'cmd', body, { eof: true });
+      assert.ok(bytes > 0 && bytes < 8 * 1024 * 1024, `${bytes} bytes taken`);
+    }
+  });
+});

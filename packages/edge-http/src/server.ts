@@ -521,7 +521,8 @@ class Call {
       (type, payload) => {
         if (ended || (type !== BODY_DATA && type !== BODY_END)) throw new FrameMacError();
         if (type === BODY_END) ended = true;
-        else if (payload.length > 0 && !out.write(payload)) req.pause();
+        // A consumer that stopped reading (the command exited) holds nothing back.
+        else if (payload.length > 0 && !out.destroyed && !out.write(payload)) req.pause();
       },
     );
     const onData = (chunk: Buffer) => {
