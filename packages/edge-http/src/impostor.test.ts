@@ -1138,7 +1138,7 @@ test('relayed: changed, reordered or cut bytes of a streamed body never reach th
       }
     }
     // Bytes added to a request that signed no body (a chunked or a sized one).
-    for (const trailers of [{}, { 'x-pad': '1' }]) {
+    for (const trailers of [{}, { 'x-pad': '1' }] as Record<string, string>[]) {
       const { client } = await s.through(async (seen, e) =>
         e.relay({ ...seen, trailers }, { body: Buffer.from('rm -rf /;\n') }),
       );
