@@ -12,9 +12,15 @@ const principals = new WeakMap<FastifyRequest, Principal>();
  * Failures are limited per client address (`rate_limited` past the budget).
  */
 export async function authenticateRequest(iam: Iam, req: FastifyRequest): Promise<void> {
-  const header = req.headers.authorization;
-  const m = typeof header === 'string' ? /^Bearer +(\S+) *$/i.exec(header) : null;
-  principals.set(req, await iam.authenticate(m?.[1], { source: sourceOf(req.raw) }));
+  principals.set(
+    req,
+    await iam.authenticate(bearerKey(req.headers.authorization), { source: sourceOf(req.raw) }),
+  );
+}
+
+/** The key of an `Authorization: Bearer <key>` header; undefined for any other value. */
+export function bearerKey(header: string | undefined): string | undefined {
+  return typeof header === 'string' ? /^Bearer +(\S+) *$/i.exec(header)?.[1] : undefined;
 }
 
 /** The unit failed authentications are counted in: the client's address (`addressKey`). */

@@ -520,7 +520,7 @@ test('a path parameter over 256 characters, a bad escape and an over-long URL ge
   const long = 'x'.repeat(300);
   for (const path of [`/v1/sandboxes/${long}`, `/v1/sandboxes/${long}/commands/abc`]) {
     const res = await request(port, path, { headers: bearer(a.rootKey) });
-    assert.equal(res.status, 414, res.body);
+    assert.equal(res.status, 400, res.body);
     const e = (JSON.parse(res.body) as { error: { code: string; field?: string } }).error;
     assert.deepEqual([e.code, e.field], ['invalid_argument', 'path']);
     assert.ok(!res.body.includes(long), 'the URL echoed back');
@@ -535,13 +535,13 @@ test('a path parameter over 256 characters, a bad escape and an over-long URL ge
   const huge = await request(port, `/v1/sandboxes?labels=${'a'.repeat(9000)}`, {
     headers: bearer(a.rootKey),
   });
-  assert.equal(huge.status, 414, huge.body);
+  assert.equal(huge.status, 400, huge.body);
   assert.equal(
     (JSON.parse(huge.body) as { error: { code: string } }).error.code,
     'invalid_argument',
   );
   // inject() takes the same path.
   const injected = await a.app.inject({ method: 'GET', url: `/v1/sandboxes/${long}` });
-  assert.equal(injected.statusCode, 414);
+  assert.equal(injected.statusCode, 400);
   assert.equal(injected.json<{ error: { code: string } }>().error.code, 'invalid_argument');
 });

@@ -39,6 +39,12 @@ export function toHttpError(err: unknown, requestId: string): DsecError {
     return new DsecError('invalid_argument', 'request body is not valid JSON', { cause: err });
   }
   if (status === 404) return new DsecError('not_found', 'no such route', { cause: err });
+  if (code === 'FST_ERR_MAX_PARAM_LENGTH') {
+    return new DsecError('invalid_argument', 'a path parameter is longer than 256 characters', {
+      field: 'path',
+      cause: err,
+    });
+  }
   if (status !== undefined && status >= 400 && status < 500) {
     return new DsecError('invalid_argument', 'malformed request', { cause: err });
   }

@@ -50,5 +50,10 @@ export { hostAllowed, hostAllowList, isAllowedHostPattern, MAX_URL_BYTES } from 
 export { sourceOf } from './auth.js';
 export { toHttpError } from './errors.js';
 export { forwardToPort, responseHeaders } from './routes/ports.js';
+export {
+  carriesCredential,
+  sandboxBoundHeaders,
+  sandboxBoundUrl,
+} from './routes/port-credentials.js';
 export { clientGone } from './routes/io-common.js';
 export * as schemas from './schemas.js';

@@ -238,6 +238,8 @@ export function operations(): Operation[] {
           content: json(z.object({ sandboxes: z.array(SandboxInfoSchema) })),
         },
       },
+      // 404: a `projectId` the key cannot see.
+      errors: [...AUTHED, 404],
     },
     {
       method: 'get',
@@ -757,6 +759,8 @@ export function operations(): Operation[] {
         (action === 'extend' ? '`seconds` is required here.' : '`seconds` is for `:extend` only.'),
       request: { body: { content: json(JobBody), required: true } },
       responses: { 200: { description: 'Per sandbox.', content: json(JobResultSchema) } },
+      // 404: a `projectId` the key cannot see.
+      errors: [...AUTHED, 404],
     });
   }
   for (const [route, params] of [
@@ -772,7 +776,9 @@ export function operations(): Operation[] {
         summary: 'An HTTP request to a service inside the sandbox',
         description:
           'One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. ' +
-          '`Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, ' +
+          'Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, ' +
+          '`X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that ' +
+          'carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, ' +
           'except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.',
         request: {
           params,
@@ -826,7 +832,9 @@ export function buildOpenApiDocument(version: string): Record<string, unknown> {
     });
   }
   for (const op of operations()) {
-    const errors = op.errors ?? AUTHED;
+    // Any JSON body may be past the 1 MiB limit.
+    const jsonBody = op.request?.body?.content && 'application/json' in op.request.body.content;
+    const errors = [...(op.errors ?? AUTHED), ...(jsonBody ? [413 as const] : [])];
     const responses: Record<number, ResponseConfig | { $ref: string }> = { ...op.responses };
     for (const status of errors) {
       responses[status] = { $ref: `#/components/responses/${ERROR_RESPONSES[status]}` };

@@ -24,7 +24,7 @@ import { randomId } from '@dsec/core';
  *
  * Refusals are DSec error bodies: `invalid_argument` with `field: "host"`
  * (400), and `invalid_argument` with `field: "url"` for a URL over
- * `MAX_URL_BYTES` (414); the connection is closed after them.
+ * `MAX_URL_BYTES` (400 `invalid_argument`, field `url`: a code has one status everywhere); the connection is closed after them.
  */
 export const MAX_URL_BYTES = 8192;
 
@@ -117,7 +117,7 @@ export function installRequestGate(
       ];
     }
     if ((req.url?.length ?? 0) > MAX_URL_BYTES) {
-      return [414, 'url', `the URL is longer than ${MAX_URL_BYTES} bytes`];
+      return [400, 'url', `the URL is longer than ${MAX_URL_BYTES} bytes`];
     }
     return undefined;
   };

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { DEFAULT_COMMAND_TIMEOUT_MS, parseLayerRef } from '@dsec/core';
-import { requestIdString } from './schemas.js';
+import { requestIdString, userName } from './schemas.js';
 
 /**
  * Request schemas of the in-sandbox routes (commands by ID, sessions, files,
@@ -21,9 +21,6 @@ const intText = (min: number, max: number) =>
     .transform(Number)
     .pipe(int(min, max));
 const flagText = z.enum(['1', '0', 'true', 'false']).transform((v) => v === '1' || v === 'true');
-const userName = z
-  .string()
-  .regex(/^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,10})$/, 'must be a user name or a numeric uid');
 const path = text(4096).refine((s) => s.length > 0, 'must not be empty');
 const mode = int(0, 0o7777);
 const envMap = z

@@ -1,5 +1,11 @@
 import { z } from 'zod';
-import { DsecError, parseLayerRef, DEFAULT_COMMAND_TIMEOUT_MS } from '@dsec/core';
+import {
+  DsecError,
+  isSandboxUser,
+  parseLayerRef,
+  DEFAULT_COMMAND_TIMEOUT_MS,
+  SANDBOX_ID_COUNT,
+} from '@dsec/core';
 import type { SandboxSpec } from '@dsec/core';
 
 /**
@@ -21,9 +27,11 @@ const layerRef = z
     (s) => parseLayerRef(s) !== undefined,
     'must be a layer reference `name` or `name:version`',
   );
-const userName = z
+/** Who a sandbox, a command or a file call runs as: a name, or a uid of the sandbox's own range. */
+export const userName = z
   .string()
-  .regex(/^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,10})$/, 'must be a user name or a numeric uid');
+  .regex(/^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,5})$/, 'must be a user name or a numeric uid')
+  .refine(isSandboxUser, `must be a user name or a uid below ${SANDBOX_ID_COUNT}`);
 /** IDs are opaque to the API layer; IAM and the edges decide whether they exist. */
 const opaqueId = z
   .string()

@@ -35,7 +35,7 @@ import type { EdgeDirectory } from './sandbox-service.js';
 
 export const API_VERSION = '0.1.0';
 export const BODY_LIMIT_BYTES = 1024 * 1024;
-/** Longest path segment (an ID); longer is 414 `invalid_argument`. Sandbox IDs run past fastify's 100. */
+/** Longest path segment (an ID); longer is 400 `invalid_argument` (the status a code has everywhere). Sandbox IDs run past fastify's 100. */
 export const MAX_PARAM_LENGTH = 256;
 
 export interface ApiServerOptions {
@@ -198,7 +198,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
       const tooLong = err.code === 'FST_ERR_MAX_PARAM_LENGTH';
       const reply = rawReply as unknown as FastifyReply;
       void reply
-        .code(tooLong ? 414 : 400)
+        .code(400)
         .header('x-request-id', req.id)
         .header('content-type', 'application/json; charset=utf-8')
         .send({

@@ -54,6 +54,13 @@ const Network = z
     publicRanges: z.array(z.string()),
     /** DNS queries per second per sandbox; the firewall drops the rest (SECURITY.md J38, L40). */
     dnsQueriesPerSecond: z.number().int().positive(),
+    /**
+     * CIDRs no sandbox rule opens, besides the node's own networks, metadata
+     * addresses and the cluster's own service addresses (ADR 0005, SECURITY.md L40).
+     */
+    protectedRanges: z.array(z.string()),
+    /** The node's NAT64 translator prefixes besides 64:ff9b::/96 (RFC 6052; ADR 0005). */
+    nat64Prefixes: z.array(z.string()),
   })
   .partial()
   .strict();

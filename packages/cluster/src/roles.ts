@@ -49,6 +49,7 @@ import {
 import { RegistryFleet } from './fleet.js';
 import { e2bExtension } from './extensions.js';
 import { listenApi } from './listen.js';
+import { clusterServices, withServiceRanges } from './service-ranges.js';
 
 /**
  * Reads a secret file, creating it (0600) with `make()` when missing. A file
@@ -116,7 +117,8 @@ export async function startEdgeServer(
     store,
     labels: ec.labels,
     admission: ec.admission,
-    network: ec.network,
+    // The cluster's own services (database, image store, listeners) stay closed to sandboxes.
+    network: withServiceRanges(ec.network, clusterServices(config, ec, url)),
     cgroupParent: ec.cgroupParent ?? `dsec-${ec.id}`,
     blobCacheBytes: ec.blobCacheBytes,
     cgroupFavorDynmods: ec.cgroupFavorDynmods,

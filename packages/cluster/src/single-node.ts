@@ -44,6 +44,7 @@ import { apiBoundsOptions, type ApiBoundsConfig } from './config.js';
 import { e2bExtension, type E2bOptions, type LifecycleOptions } from './extensions.js';
 import { listenApi } from './listen.js';
 import { newClusterSecret, readOrCreateSecret, stopAll } from './roles.js';
+import { withServiceRanges } from './service-ranges.js';
 
 export interface SingleNodeOptions {
   /** Everything durable lives here: IAM, image store, edge state, the admin key. */
@@ -167,7 +168,11 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
       admission: options.admission,
       capacity: options.capacity,
       ttlSweepMs: options.ttlSweepMs,
-      network: options.network,
+      // The node's own services (its API listener, an image store's endpoint) stay closed to sandboxes.
+      network: withServiceRanges(options.network, {
+        urls: [options.imageStore],
+        hosts: [options.host],
+      }),
       cgroupParent: options.cgroupParent,
       blobCacheBytes: options.blobCacheBytes,
       ...(options.erofsMount ? { erofsMount: options.erofsMount } : {}),

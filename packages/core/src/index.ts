@@ -23,3 +23,4 @@ export * from './fncall.js';
 export * from './display.js';
 export * from './connection-limits.js';
 export * from './output-budget.js';
+export * from './users.js';

@@ -1,5 +1,5 @@
 import type { IncomingHttpHeaders } from 'node:http';
-import { DsecError, isDsecError } from '@dsec/core';
+import { checkSandboxUser, DsecError, isDsecError } from '@dsec/core';
 import type { Iam, Principal } from '@dsec/iam';
 
 /**
@@ -55,8 +55,6 @@ export async function authenticateE2b(
   return { principal: await iam.authenticate(found.key, { source }), ...found };
 }
 
-const USER = /^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,10})$/;
-
 /**
  * The user an envd call runs as: `Authorization: Basic base64(user:)`, as the
  * SDKs send it; undefined means the sandbox's own user (`initUser`).
@@ -69,17 +67,8 @@ export function envdUser(headers: Headers | IncomingHttpHeaders): string | undef
   return checkUser(decoded.split(':')[0] ?? '');
 }
 
-/** A user name or uid as DSec accepts it; empty means the sandbox's own user. */
+/** A user name or uid as DSec accepts it (`checkSandboxUser`); empty means the sandbox's own user. */
 export function checkUser(user: string | undefined): string | undefined {
   if (user === undefined || user === '') return undefined;
-  if (!USER.test(user)) {
-    throw new DsecError(
-      'invalid_argument',
-      `${JSON.stringify(user.slice(0, 40))} is not a user name or uid`,
-      {
-        field: 'user',
-      },
-    );
-  }
-  return user;
+  return checkSandboxUser(user, 'user');
 }

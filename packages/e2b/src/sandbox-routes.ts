@@ -165,7 +165,7 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
         return reply.send((await deps.service.get(caller.principal, sandboxId, signal)).spec.env);
       }
       if (envd) throw new DsecError('not_found', `envd has no ${req.method} ${path.slice(0, 200)}`);
-      return await proxyToPort(sb, address.port, address.url, req, reply, signal, caller.header);
+      return await proxyToPort(sb, address.port, address.url, req, reply, signal, caller.key);
     } catch (err) {
       if (reply.sent || reply.raw.headersSent) {
         reply.raw.destroy();

@@ -1,5 +1,6 @@
 import { join } from 'node:path';
 import {
+  checkSandboxUser,
   DsecError,
   formatLayerKey,
   LAYER_PROJECT_PATTERN,
@@ -41,6 +42,7 @@ import type { LayerMountCache } from './layers/layer-cache.js';
 import { EdgeStore, type SandboxRecord } from './state/edge-store.js';
 import { ensureDir, TRAVERSE_DIR_MODE } from './state/host-state.js';
 import { SandboxIo } from './sessions/sandbox-io.js';
+import { needsInitUserProbe, probeInitUser } from './sessions/spawn-user.js';
 import { effectiveExpiresAt, Lifecycle } from './lifecycle/lifecycle.js';
 import type { SwapArea } from './lifecycle/swap-area.js';
 import {
@@ -325,6 +327,7 @@ export class Edge implements EdgeApi {
     start: EdgeStartOptions = {},
   ): Promise<SandboxInfo> {
     const { spec } = req;
+    checkSandboxUser(spec.initUser, 'initUser');
     if (start.gpu && spec.backend !== 'container')
       throw new DsecError('unavailable', `GPUs are given to container sandboxes only`, {
         field: 'gpu',
@@ -589,6 +592,12 @@ export class Edge implements EdgeApi {
         () => this.options.backend.start(start.gpu ? { ...rec, gpu: start.gpu } : rec, signal),
         signal,
       );
+      // A named initUser the image does not have would fail every call: refuse the create.
+      if (needsInitUserProbe(rec.spec.initUser))
+        await probeInitUser(
+          await this.options.backend.channel({ ...rec, ...started }),
+          rec.spec.initUser,
+        );
       this.#store.update(rec.id, { state: 'running', ...started });
       const ms = performance.now() - startMs;
       metrics?.observePhase('total', ms / 1000);

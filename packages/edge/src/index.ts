@@ -353,6 +353,7 @@ export async function openContainerEdge(options: ContainerEdgeOptions): Promise<
   const { metrics } = options;
   const events = new EventLog(join(options.stateDir, 'events.db'), {
     onRecord: metrics && ((kind) => metrics.sandboxEvent(kind)),
+    onDrop: metrics && ((kind) => metrics.sandboxEventDropped(kind)),
   });
   const network = await openNetwork(options.stateDir, options.network, events, options.log);
   const cgroups = detectCgroupDriver();

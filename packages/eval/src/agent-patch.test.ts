@@ -1,10 +1,10 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtemp, readFile, readlink, rm, stat, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, readlink, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { parseListing, resolveWithin } from './agent-patch.js';
+import { READ_SCRIPT, parseListing, resolveWithin } from './agent-patch.js';
 import { diffOfChanges } from './patch-text.js';
 import type { Change } from './steering.js';
 
@@ -43,6 +43,31 @@ test('parseListing reads types, modes and times, and sets aside names it cannot 
     'x/../y',
     'sub/.GIT/config\nnot a line at all',
   ]);
+});
+
+test('READ_SCRIPT reads files and symlinks, and nothing through a symlinked directory (a forged listing line cannot make it)', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'dsec-read-'));
+  try {
+    const work = join(dir, 'work');
+    await mkdir(join(dir, 'outside'), { recursive: true });
+    await writeFile(join(dir, 'outside', 'secret'), 'root only\n');
+    await mkdir(join(work, 'pkg'), { recursive: true });
+    await writeFile(join(work, 'pkg', 'a.py'), 'A = 1\n');
+    await symlink(join(dir, 'outside'), join(work, 'pkg', 'out'));
+    await symlink('a.py', join(work, 'pkg', 'alias'));
+    const out = execFileSync('sh', ['-c', READ_SCRIPT], {
+      cwd: work,
+      input: 'pkg/a.py\npkg/out/secret\npkg/alias\npkg/gone\n',
+      encoding: 'utf8',
+    }).split('\n');
+    assert.match(out[0]!, /^F \d+ /);
+    assert.equal(Buffer.from(out[0]!.split(' ')[2]!, 'base64').toString(), 'A = 1\n');
+    assert.equal(out[1], 'M');
+    assert.equal(Buffer.from(out[2]!.slice(2), 'base64').toString(), 'a.py\n');
+    assert.equal(out[3], 'M');
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
 });
 
 test('resolveWithin follows a symlink lexically and refuses one that leaves the repository', () => {

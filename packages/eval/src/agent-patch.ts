@@ -68,9 +68,27 @@ const AS_ROOT = '0';
 export const LIST_SCRIPT =
   "find . -name .git -prune -o ! -type d -exec stat -c '%f %s %Y %Z %n' {} +";
 
-/** Reads the paths on stdin, one record per line: `F <mode> <base64>`, `L <base64 target>` or `M` (missing). */
-export const READ_SCRIPT = `while IFS= read -r p; do
-  if [ -L "$p" ]; then printf 'L %s\\n' "$(readlink -- "$p" | base64 -w 0)"
+/** Fails when a directory on the way to \`$1\` (relative to the workdir) is a symlink. */
+const SAFE_PATH_FUNCTION = `safe() {
+  rest=$1; cur=.
+  while :; do
+    case $rest in
+      */*) cur=$cur/\${rest%%/*}; rest=\${rest#*/}; [ -L "$cur" ] && return 1 ;;
+      *) return 0 ;;
+    esac
+  done
+}`;
+
+/**
+ * Reads the paths on stdin, one record per line: `F <mode> <base64>`, `L
+ * <base64 target>` or `M` (missing). Never through a symlink: a path with one
+ * among its directories is `M`, whatever the listing said (a name with a
+ * newline can forge listing lines, and the read runs as root).
+ */
+export const READ_SCRIPT = `${SAFE_PATH_FUNCTION}
+while IFS= read -r p; do
+  if ! safe "$p"; then echo M
+  elif [ -L "$p" ]; then printf 'L %s\\n' "$(readlink -- "$p" | base64 -w 0)"
   elif [ -f "$p" ] && c=$(base64 -w 0 < "$p"); then printf 'F %s %s\\n' "$(stat -c %a -- "$p")" "$c"
   else echo M; fi
 done`;
@@ -83,15 +101,7 @@ done`;
  * whose path has one among its directories fails (\`fail <record>\` on stdout),
  * as does one that cannot be applied; the others go on.
  */
-export const APPLY_SCRIPT = `safe() {
-  rest=$1; cur=.
-  while :; do
-    case $rest in
-      */*) cur=$cur/\${rest%%/*}; rest=\${rest#*/}; [ -L "$cur" ] && return 1 ;;
-      *) return 0 ;;
-    esac
-  done
-}
+export const APPLY_SCRIPT = `${SAFE_PATH_FUNCTION}
 put() {
   if [ -L "$1" ] || [ -f "$1" ]; then rm -f -- "$1" || return 1
   elif [ -d "$1" ]; then rmdir -- "$1" || return 1; fi

@@ -73,7 +73,7 @@ export interface GradeResult {
   /** How the task was graded: `patch` (a fresh sandbox) or `in_place` (the agent's). */
   grading?: 'patch' | 'in_place' | undefined;
   agentPatch?: AgentPatchRecord | undefined;
-  /** In place: the agent's processes killed before the tests were written. */
+  /** The agent's processes killed before grading: before the patch was taken, or in place before the tests were written. */
   killedProcesses?: number | undefined;
 }
 
@@ -162,6 +162,10 @@ export async function gradeByPatch(
   const originals = new Map([...testPaths].map((p) => [p, options.original(p)] as const));
   for (const pending of originals.values()) pending.catch(() => undefined);
   const original = (p: string) => originals.get(p) ?? options.original(p);
+  // Nothing of the agent runs while its workdir is read: a leftover could otherwise swap a file for
+  // a FIFO between the read's test and its open (the read would wait out its timeout and the fix be
+  // lost), or a directory for a symlink to what only root may read.
+  const killedProcesses = await killLeftovers(agent);
   const patch = await takeAgentPatch(agent, graderSandbox, (base: Listing) => {
     const dirs = new Set<string>();
     for (const p of base.entries.keys()) {
@@ -173,6 +177,7 @@ export async function gradeByPatch(
       baseKind: (p) => (base.entries.has(p) ? 'file' : dirs.has(p) ? 'dir' : undefined),
       // The base's packages only: an __init__.py the agent adds does not take a module off sys.path.
       isPackage: (dir) => base.entries.has(dir === '' ? '__init__.py' : `${dir}/__init__.py`),
+      baseFiles: base.entries.keys(),
     });
   });
   const grader = await graderSandbox;
@@ -207,5 +212,5 @@ export async function gradeByPatch(
     ...(applyFailed.length > 0 ? { applyFailed } : {}),
     ...(diffError !== undefined ? { diffError } : {}),
   };
-  return { ...graded, grading: 'patch', agentPatch: record };
+  return { ...graded, grading: 'patch', agentPatch: record, killedProcesses };
 }

@@ -12,7 +12,12 @@ import type { SandboxTools } from './tools.js';
  * reaper (the shell's parent, a platform process) is continued at once; then
  * every other process is SIGKILLed and the scan repeats until none is left
  * (zombies wait for init). Builtins only in the loop, so the shell forks
- * nothing the scan would see. Prints `killed N left M`; exits 1 when
+ * nothing the scan would see. The state is read from /proc/PID/status,
+ * where the name is escaped (in /proc/PID/stat a name with a newline, which
+ * PR_SET_NAME allows, can put a forged state on the first line). A zombie is
+ * passed over unless it is a thread-group leader whose other threads live on
+ * (its main thread exited alone): SIGKILL to its pid ends them. Prints
+ * `killed N left M`; exits 1 when
  * something outlived two seconds of rounds (a process stuck in the kernel).
  * The platform's chronus daemon is outside the sandbox's pid namespace and
  * is not touched; the session shells and idle reapers it kept are killed
@@ -29,10 +34,16 @@ while :; do
   for d in /proc/[0-9]*; do
     p=\${d#/proc/}
     if [ "$p" = 1 ] || [ "$p" = "$me" ] || [ "$p" = "$reaper" ]; then continue; fi
-    { IFS= read -r st < "$d/stat"; } 2>/dev/null || continue
-    st=\${st##*) }
-    st=\${st%% *}
-    if [ "$st" = Z ] || [ "$st" = X ]; then continue; fi
+    st=
+    { while IFS= read -r l; do
+        case $l in State:*) st=\${l#State:}; break ;; esac
+      done < "$d/status"; } 2>/dev/null
+    set -- $st
+    [ "$#" = 0 ] && continue
+    if [ "$1" = Z ] || [ "$1" = X ]; then
+      set -- "$d"/task/*
+      [ "$#" -le 1 ] && continue
+    fi
     kill -KILL "$p" 2>/dev/null && [ "$round" = 0 ] && killed=$((killed + 1))
     left=$((left + 1))
   done

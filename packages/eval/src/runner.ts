@@ -40,7 +40,7 @@ export interface EvalResult {
   gradingSandboxId?: string | undefined;
   /** What the grader carried from the agent's sandbox, and what it left out and why (patch grading). */
   agentPatch?: AgentPatchRecord | undefined;
-  /** Processes of the agent killed before grading in place. */
+  /** Processes of the agent killed before grading: before its patch was taken, or in place before the tests were written. */
   killedProcesses?: number | undefined;
   /** Commands of this task the sandboxes' logs show as run (each request ID once, if all is well). */
   executedSteps: number;

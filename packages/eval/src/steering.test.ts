@@ -35,6 +35,7 @@ function scope(testCommand = 'python3 -m pytest -rA tests', testPaths = ['tests/
     testCommand,
     baseKind: (p) => (BASE_FILES.has(p) ? 'file' : BASE_DIRS.has(p) ? 'dir' : undefined),
     isPackage: (dir) => BASE_FILES.has(dir === '' ? '__init__.py' : `${dir}/__init__.py`),
+    baseFiles: BASE_FILES,
   });
 }
 
@@ -79,6 +80,8 @@ test('every steering file an attacker reaches for is left out, by the rule that 
     ['anything.pth', 'python-startup'],
     ['pkg.egg-info/entry_points.txt', 'python-metadata'],
     ['x-1.0.dist-info/METADATA', 'python-metadata'],
+    ['pkg_steer.EGG-INFO/entry_points.txt', 'python-metadata'],
+    ['pkg_steer-0.1.Dist-Info/entry_points.txt', 'python-metadata'],
     ['__editable___pkg_finder.py', 'python-metadata'],
     ['pytest.py', 'python-shadowing'],
     ['_pytest/__init__.py', 'python-shadowing'],
@@ -117,6 +120,27 @@ test('ordinary source changes are carried: edits, new modules inside packages, d
   for (const c of carried) assert.equal(leaveOut(c, scope()), undefined, c.path);
 });
 
+test('a new package or extension module beside a base module of the same name is shadowing; a new module is not', () => {
+  for (const p of [
+    'pkg/core/__init__.py',
+    'pkg/core.cpython-311-x86_64-linux-gnu.so',
+    'pkg/core.abi3.so',
+  ]) {
+    assert.equal(ruleOf(added(p)), 'python-shadowing', p);
+  }
+  for (const p of ['pkg/core2/__init__.py', 'pkg/core.v2.py', 'pkg/core/data.json']) {
+    assert.equal(ruleOf(added(p)), undefined, p);
+  }
+});
+
+test('a new top-level copy of a package the repository keeps elsewhere (a src layout) is shadowing', () => {
+  // `python -m pytest` puts the working directory first on sys.path, before the editable src/.
+  assert.equal(ruleOf(added('lib.py')), 'python-shadowing');
+  assert.equal(ruleOf(added('lib/__init__.py')), 'python-shadowing');
+  assert.equal(ruleOf(added('src/lib2.py')), undefined);
+  assert.equal(ruleOf(added('pkg/lib.py')), undefined); // pkg.lib, inside a package
+});
+
 test('an existing top-level module may change; only new ones are taken as shadowing', () => {
   const c: Change = { path: 'src/lib.py', base: file('a\n'), next: file('b\n') };
   assert.equal(ruleOf(c), undefined);
@@ -133,6 +157,43 @@ test('the test command protects the files it names, test directories, and absent
   const npm = scope('npm test');
   assert.ok(npm.commandPaths.has('test'));
   assert.equal(ruleOf(added('test/fixture.json'), npm), 'test-command-path');
+});
+
+test('beside the tests: a test command that names files still keeps their directories out', () => {
+  const s = scope('python3 -m pytest -rA tests/test_core.py', ['tests/test_new.py']);
+  // What pytest imports before the test modules, and what would shadow the code for them.
+  for (const p of [
+    'tests/__init__.py',
+    'tests/pkg/core.py',
+    'tests/pkg/__init__.py',
+    'tests/helpers.py',
+  ]) {
+    assert.equal(ruleOf(added(p), s), 'test-directory', p);
+  }
+  assert.equal(ruleOf(added('pkg/helpers.py'), s), undefined);
+  const deep = scope('pytest', [
+    'astropy/io/tests/test_a.py',
+    'testfixtures/tests/test_b.py',
+    'tests/unit/test_models/test_c.py',
+    'sympy/testing/tests/test_d.py',
+    'web/foo_test.go',
+  ]);
+  assert.deepEqual([...deep.testDirs].sort(), [
+    'astropy/io/tests',
+    'sympy/testing/tests',
+    'testfixtures/tests',
+    'tests',
+    'tests/unit/test_models',
+  ]);
+  // The code beside a test directory stays the fix's.
+  for (const p of [
+    'astropy/io/fits.py',
+    'testfixtures/core.py',
+    'sympy/testing/runtests.py',
+    'web/foo.go',
+  ]) {
+    assert.equal(ruleOf(added(p), deep), undefined, p);
+  }
 });
 
 test('make and tox files are left out only when the test command runs them', () => {

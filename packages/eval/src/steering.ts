@@ -24,8 +24,14 @@ export interface GradingScope {
   commandPaths: ReadonlySet<string>;
   /** Every word of the test command (`make`, `npm`, `tox`… decide some rules). */
   commandWords: ReadonlySet<string>;
+  /** Directories that hold the tests rather than the code (see `testDirectoriesOf`). */
+  testDirs: ReadonlySet<string>;
   /** Whether a directory of the repository (`''` for its root) holds an `__init__.py` in the base tree. */
   isPackage(dir: string): boolean;
+  /** Whether the base tree has this file. */
+  isBaseFile(path: string): boolean;
+  /** Modules and packages of the base tree outside any package (`src/pkg/` → `pkg`), by name: where they are. */
+  rootModules: ReadonlyMap<string, ReadonlySet<string>>;
 }
 
 /**
@@ -244,6 +250,16 @@ export const LEAVE_OUT_RULES: readonly LeaveOutRule[] = [
     },
   },
   {
+    id: 'test-directory',
+    paths:
+      'everything under a directory above a test file (of `test_patch` or the test command) named `test`, `tests` or `__tests__`, or the nearest one above it whose name holds `test`',
+    why: 'pytest imports the test packages’ `__init__.py` and puts the tests’ directory first on `sys.path`; helpers beside the tests are the task’s, not the fix’s',
+    test: (c, s) => {
+      for (const d of s.testDirs) if (within(c.path, d)) return `beside the tests, under ${d}`;
+      return false;
+    },
+  },
+  {
     id: 'python-test-file',
     paths: '`test_*.py`, `*_test.py`, `tests.py` anywhere',
     why: 'pytest and Django collect them: code the task did not ship would run as tests',
@@ -351,7 +367,8 @@ export const LEAVE_OUT_RULES: readonly LeaveOutRule[] = [
     paths: '`*.egg-info/`, `*.dist-info/`, `*.egg-link`, `__editable__*` anywhere',
     why: 'distribution metadata: entry points load pytest plugins (`pytest11`), editable-install finders redirect imports',
     test: (c) => {
-      const segs = c.path.split('/');
+      // importlib.metadata lower-cases names before it compares them: `X.EGG-INFO` counts too.
+      const segs = c.path.toLowerCase().split('/');
       const n = segs[segs.length - 1]!;
       return segs.some((s) => s.endsWith('.egg-info') || s.endsWith('.dist-info')) ||
         n.endsWith('.egg-link') ||
@@ -363,12 +380,23 @@ export const LEAVE_OUT_RULES: readonly LeaveOutRule[] = [
   {
     id: 'python-shadowing',
     paths:
-      'a new top-level module or package (outside any package) named like the standard library or a test-runner package (`pytest.py`, `_pytest/`, `pluggy/`, `json.py`…)',
-    why: 'the working directory comes first on `sys.path`: it would be imported instead of the real one',
+      'a new module or package outside any package named like one of the repository’s own elsewhere (`pkg/` beside `src/pkg/`), the standard library or a test-runner package (`pytest.py`, `_pytest/`, `pluggy/`, `json.py`…); a new package or extension module beside a module of the base tree of the same name (`calc/__init__.py`, `calc.*.so` beside `calc.py`)',
+    why: 'the working directory comes first on `sys.path`, and a package or an extension module is imported before a `.py` of the same name: it would be imported instead of the real one',
     test: (c, s) => {
       if (c.base !== undefined) return false;
       const m = pythonModuleOf(c.path);
-      if (!m || s.isPackage(m.dir)) return false;
+      if (!m) return false;
+      const beside = `${m.dir === '' ? '' : `${m.dir}/`}${m.name}.py`;
+      const ext = extensionOf(c.path);
+      const shadows = baseName(c.path) === '__init__.py' || ext === 'so' || ext === 'pyd';
+      if (shadows && s.isBaseFile(beside)) {
+        return `imported instead of ${beside}, which stays as it was`;
+      }
+      if (s.isPackage(m.dir)) return false;
+      const elsewhere = [...(s.rootModules.get(m.name) ?? [])].find((d) => d !== m.dir);
+      if (elsewhere !== undefined) {
+        return `shadows the repository's own ${m.name} (in ${elsewhere === '' ? 'the root' : elsewhere})`;
+      }
       if (PYTHON_RUNNER_MODULES.has(m.name)) return `shadows the test runner's ${m.name}`;
       if (PYTHON_STDLIB_MODULES.has(m.name)) return `shadows the standard library's ${m.name}`;
       return false;
@@ -501,7 +529,18 @@ export function gradingScope(options: {
   /** What the path is in the base tree. */
   baseKind: (path: string) => 'file' | 'dir' | undefined;
   isPackage: (dir: string) => boolean;
+  /** Every file of the base tree. */
+  baseFiles?: Iterable<string> | undefined;
 }): GradingScope {
+  const baseKind = options.baseKind;
+  const rootModules = new Map<string, Set<string>>();
+  for (const f of options.baseFiles ?? []) {
+    const m = pythonModuleOf(f);
+    if (!m || options.isPackage(m.dir)) continue;
+    const dirs = rootModules.get(m.name) ?? new Set<string>();
+    dirs.add(m.dir);
+    rootModules.set(m.name, dirs);
+  }
   const words = new Set<string>();
   let word = '';
   for (const ch of options.testCommand) {
@@ -519,12 +558,39 @@ export function gradingScope(options: {
     if (options.baseKind(p) !== 'dir' || baseName(p).toLowerCase().includes('test'))
       commandPaths.add(p);
   }
+  const testPaths = new Set(options.testPaths);
   return {
-    testPaths: new Set(options.testPaths),
+    testPaths,
     commandPaths,
     commandWords: words,
+    testDirs: testDirectoriesOf([...testPaths, ...commandPaths]),
     isPackage: options.isPackage,
+    isBaseFile: (p) => baseKind(p) === 'file',
+    rootModules,
   };
+}
+
+/**
+ * The directories that hold the tests of `paths` (test files): above each,
+ * every directory named `test`, `tests` or `__tests__`, and the nearest one
+ * whose name holds `test` (`astropy/io/tests`, `testing`, `sympy/testing/tests`).
+ * The nearest, not the farthest: `testfixtures/tests` keeps `testfixtures`, the
+ * code, out of it. What lies there is the tests' (helpers, `__init__.py`,
+ * modules that would shadow the code for them), never the fix's.
+ */
+export function testDirectoriesOf(paths: Iterable<string>): Set<string> {
+  const out = new Set<string>();
+  for (const p of paths) {
+    let nearest = true;
+    for (let d = dirName(p); d !== ''; d = dirName(d)) {
+      const n = baseName(d).toLowerCase();
+      if (n === 'test' || n === 'tests' || n === '__tests__' || (nearest && n.includes('test'))) {
+        out.add(d);
+      }
+      if (n.includes('test')) nearest = false;
+    }
+  }
+  return out;
 }
 
 /** `./a//b/` → `a/b`; undefined for anything with `..`, a NUL or a leading `/`. */

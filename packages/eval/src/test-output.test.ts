@@ -26,6 +26,32 @@ test('pytest -rA: summary lines with node IDs, messages after " - ", verbose lin
   });
 });
 
+test('pytest -rA: parametrised IDs with spaces and " - " in them', () => {
+  // What pytest 7.2 prints for @pytest.mark.parametrize("x", ["a b", "c - d", "e f"]).
+  const out = [
+    'PASSED test_p.py::test_x[a b]',
+    'FAILED test_p.py::test_x[c - d] - AssertionError: assert 1',
+    'FAILED test_p.py::test_x[e f] - AssertionError: assert 2',
+    'PASSED test_p.py::test_y[e g]',
+    'PASSED test_p.py::test_y[e h]',
+    'FAILED test_p.py::test_y[e i] - assert 3',
+    'PASSED  test_p.py::test_z',
+  ].join('\n');
+  assert.deepEqual(parseTestOutput(out), {
+    'test_p.py::test_x[a b]': 'passed',
+    // Cut at the first " - ": the real ID is missing, so not passing.
+    'test_p.py::test_x[c': 'failed',
+    'test_p.py::test_x[e f]': 'failed',
+    // SWE-bench's form of a spaced ID: its first word; the worst of the cases sharing it.
+    'test_p.py::test_x[a': 'passed',
+    'test_p.py::test_x[e': 'failed',
+    'test_p.py::test_y[e g]': 'passed',
+    'test_p.py::test_y[e h]': 'passed',
+    'test_p.py::test_y[e i]': 'failed',
+    'test_p.py::test_y[e': 'failed',
+  });
+});
+
 test('TAP (node --test, prove): ok / not ok, SKIP and TODO directives, indented subtests', () => {
   const out = [
     'TAP version 13',

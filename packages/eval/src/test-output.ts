@@ -51,8 +51,9 @@ export function parseTestOutput(output: string): Record<string, TestOutcome> {
     const line = raw.replace(ANSI, '').replace(/\r$/, '');
     let m: RegExpExecArray | null;
     // pytest -rA short summary. SKIPPED lines name a location, not a node ID.
-    if ((m = /^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S+?)(?: - .*)?$/.exec(line))) {
-      record(m[2]!, PYTEST_STATUS[m[1]!]!);
+    const summary = pytestSummary(line);
+    if (summary) {
+      for (const id of summary.ids) record(id, summary.outcome);
     } else if (
       (m = /^(\S+::\S.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?:\s+\[\s*\d+%\])?$/.exec(line))
     ) {
@@ -78,6 +79,33 @@ export function parseTestOutput(output: string): Record<string, TestOutcome> {
     }
   }
   return tests;
+}
+
+/**
+ * A pytest `-rA` summary line: `PASSED <id>`, or `FAILED|ERROR|XFAIL|XPASS
+ * <id>[ - <message>]`. A parametrised ID may hold spaces (`test_x[a b]`): a
+ * PASSED line's ID is the rest of the line; the others' ends at the first
+ * ` - ` (an ID with ` - ` in it is then cut short there, and so missing: not
+ * passing). An ID with a space is also recorded by its first word, the form
+ * SWE-bench's log parser gives datasets; every case sharing that prefix
+ * counts, the worst wins.
+ */
+function pytestSummary(line: string): { ids: string[]; outcome: TestOutcome } | undefined {
+  const sp = line.indexOf(' ');
+  if (sp <= 0) return undefined;
+  const status = line.slice(0, sp);
+  if (status === 'SKIPPED' || !Object.hasOwn(PYTEST_STATUS, status)) return undefined;
+  let id = line.slice(sp + 1);
+  if (status !== 'PASSED') {
+    const dash = id.indexOf(' - ');
+    if (dash >= 0) id = id.slice(0, dash);
+  }
+  id = id.trim();
+  if (id === '' || id !== line.slice(sp + 1, sp + 1 + id.length)) return undefined;
+  const ids = [id];
+  const word = id.split(/\s/)[0]!;
+  if (word !== id) ids.push(word);
+  return { ids, outcome: PYTEST_STATUS[status]! };
 }
 
 export function isPassing(outcome: TestOutcome | undefined): boolean {

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { isDsecError } from '@dsec/core';
-import { mayRunImage, openControlDb } from './index.js';
+import { MAX_CHILD_PROJECTS, MAX_KEYS_PER_PROJECT, mayRunImage, openControlDb } from './index.js';
 import type { Iam, Principal } from './index.js';
 
 // Issue 24 point 3 / SECURITY.md G34: a key grants only rights it holds. Each test is one
@@ -51,7 +51,11 @@ test('a root-project member cannot mint itself metrics:read, and the attempt is 
     );
   }
   const audits = await deniedAudits(iam, member.keyId, 'key.create');
-  assert.equal(audits.length, 3);
+  // Aggregated per caller, action, target and reason (SECURITY.md J38): the three, counted.
+  assert.equal(
+    audits.reduce((n, e) => n + Number(e.details?.['count'] ?? 1), 0),
+    3,
+  );
   assert.deepEqual(audits[0]?.details?.['ungrantable'], ['metrics:read']);
   // Nor through a child project it may make keys in: the right is not its to hand down.
   const child = await iam.createProject(root, { name: 'child' });
@@ -287,5 +291,31 @@ test('a revoked key mints no key: not while another instance still trusts it, no
       (e) => e.actorKeyId === leaked.id && e.action === 'key.create' && e.outcome === 'denied',
     ),
     'the attempt is audited',
+  );
+});
+
+test('a project holds MAX_KEYS_PER_PROJECT live keys and MAX_CHILD_PROJECTS children at most', async (t) => {
+  const { iam, root, keyOf } = await setup(t);
+  const project = await iam.createProject(root, { name: 'tenant' });
+  const admin = await keyOf(root, { projectId: project.id, role: 'admin' });
+  // The admin key is the first; a member mints the rest, as an attacker with one key would.
+  const member = await keyOf(admin, { projectId: project.id });
+  const minted: string[] = [];
+  for (let i = 2; i < MAX_KEYS_PER_PROJECT; i++)
+    minted.push((await iam.createKey(member, { projectId: project.id })).id);
+  await assert.rejects(
+    iam.createKey(member, { projectId: project.id }),
+    (e) => isDsecError(e, 'quota_exceeded') && e.field === 'projectId',
+  );
+  // Revoking one makes room; keys elsewhere are not counted against it.
+  await iam.revokeKey(admin, minted[0]!);
+  await iam.createKey(member, { projectId: project.id });
+  await iam.createKey(root, { projectId: root.projectId });
+
+  for (let i = 0; i < MAX_CHILD_PROJECTS; i++)
+    await iam.createProject(admin, { parentId: project.id, name: `c${i}` });
+  await assert.rejects(
+    iam.createProject(admin, { parentId: project.id, name: 'one-more' }),
+    (e) => isDsecError(e, 'quota_exceeded') && e.field === 'parentId',
   );
 });

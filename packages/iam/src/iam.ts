@@ -129,6 +129,13 @@ const QUOTA_FIELDS = [
  * and cached chains grow with it; an edge takes views of 64 at most.
  */
 export const MAX_PROJECT_DEPTH = 16;
+/**
+ * Live (unrevoked) keys one project holds, and child projects one project has, at most: any
+ * member can mint keys and any tenant admin projects, and each is a row on every authentication
+ * path's table (SECURITY.md J38). Past it: `quota_exceeded`, naming the limit.
+ */
+export const MAX_KEYS_PER_PROJECT = 1000;
+export const MAX_CHILD_PROJECTS = 1000;
 
 /** Keys and ancestor chains held in memory at most; past it the cache starts over. */
 const CACHE_MAX_ENTRIES = 10_000;
@@ -418,6 +425,18 @@ export class Iam {
           input.name,
         ]);
         if (exists) throw conflict();
+        const children = await q.get<{ n: number }>(
+          'SELECT COUNT(*) AS n FROM projects WHERE parent_id = ?',
+          [parentId],
+        );
+        if (Number(children?.n ?? 0) >= MAX_CHILD_PROJECTS) {
+          deny(caller.keyId, 'project.create', parentId, 'denied', { reason: 'too many projects' });
+          throw new DsecError(
+            'quota_exceeded',
+            `a project has ${MAX_CHILD_PROJECTS} child projects at most; remove one first`,
+            { field: 'parentId', details: { limit: 'projects', max: MAX_CHILD_PROJECTS } },
+          );
+        }
         const id = randomId('prj');
         const at = this.#iso();
         await q.run(
@@ -565,6 +584,18 @@ export class Iam {
           'permission_denied',
           `a key can only grant rights it holds: not ${beyond.map((b) => JSON.stringify(b)).join(', ')}`,
           { field: 'scopes', details: { scopes: beyond } },
+        );
+      }
+      const live = await q.get<{ n: number }>(
+        'SELECT COUNT(*) AS n FROM api_keys WHERE project_id = ? AND revoked_at IS NULL',
+        [input.projectId],
+      );
+      if (Number(live?.n ?? 0) >= MAX_KEYS_PER_PROJECT) {
+        deny(caller.keyId, 'key.create', input.projectId, 'denied', { reason: 'too many keys' });
+        throw new DsecError(
+          'quota_exceeded',
+          `a project holds ${MAX_KEYS_PER_PROJECT} live keys at most; revoke one first`,
+          { field: 'projectId', details: { limit: 'keys', max: MAX_KEYS_PER_PROJECT } },
         );
       }
       const { id, key } = await this.#insertKey(

@@ -22,7 +22,13 @@
  */
 export { openControlDb, isPostgresLocation } from './control-db.js';
 export type { ControlDb, ControlDbOptions } from './control-db.js';
-export { Iam, MAX_PROJECT_DEPTH, PROJECT_NAME_PATTERN } from './iam.js';
+export {
+  Iam,
+  MAX_CHILD_PROJECTS,
+  MAX_KEYS_PER_PROJECT,
+  MAX_PROJECT_DEPTH,
+  PROJECT_NAME_PATTERN,
+} from './iam.js';
 export { FnCallRateLimiter } from './fncall-rate-limiter.js';
 export type { FnCallRateLimiterOptions, FnCallRateLimitSource } from './fncall-rate-limiter.js';
 export type { AuthStats, IamOptions } from './iam.js';

@@ -19,6 +19,7 @@
 #include <sys/capability.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -209,6 +210,21 @@ static void join_cgroups(const char **dirs, int n)
     }
 }
 
+/* Whether one of the joined cgroups limits CPU (v1 cpu, or v2 with the cpu controller). */
+static int in_cpu_cgroup(const char **dirs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/cpu.shares", dirs[i]);
+        if (access(path, F_OK) == 0)
+            return 1;
+        snprintf(path, sizeof path, "%s/cpu.weight", dirs[i]);
+        if (access(path, F_OK) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* Parses "CAP_A,cap_b,..." into values; dies on unknown names. */
 static int parse_caps(const char *list, cap_value_t *out, int max)
 {
@@ -306,6 +322,11 @@ _Noreturn void chronus_daemon(const struct chronus_request *req, int conn, int s
     st.init_pidfd = (int)syscall(SYS_pidfd_open, init_pid, 0);
     if (st.init_pidfd < 0)
         dief(errno, "pidfd_open %d", init_pid);
+    /* Best effort: without it (no CAP_SYS_NICE) the platform only competes as before. */
+    if (in_cpu_cgroup(req->cgroups, req->ncgroups)) {
+        (void)!setpriority(PRIO_PROCESS, 0, PLATFORM_NICE);
+        (void)!setpriority(PRIO_PROCESS, (id_t)init_pid, PLATFORM_NICE);
+    }
     int nsfds[NNS];
     open_namespaces(init_pid, nsfds);
     enter_namespaces(nsfds);

@@ -98,6 +98,17 @@ struct reclaim_stats {
  */
 pid_t fork_reclaiming(struct reclaim_stats *stats);
 
+/*
+ * The nice value of the daemon, its reapers and the sandbox's init (set
+ * while the daemon still holds the host's CAP_SYS_NICE, and only when it sits
+ * in a CPU cgroup of the sandbox, where weights count against the sandbox's
+ * own processes alone): a sandbox that saturates its CPU share (a fork bomb's
+ * thousand runnable processes) cannot starve the platform's next command.
+ * Commands never inherit it: a reaper sets SCHED_RESET_ON_FORK, so what it
+ * starts begins at nice 0 (at the daemon's own nice when that was higher).
+ */
+#define PLATFORM_NICE (-20)
+
 /* Runs in the forked reaper (inside the sandbox pid namespace); never returns. */
 _Noreturn void reaper_main(const struct spawn_request *req, const struct reaper_fds *fds);
 

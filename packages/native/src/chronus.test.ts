@@ -72,7 +72,18 @@ describe('chronus against a runc sandbox', { skip }, () => {
       conn.spawn({ argv: ['true'], cwd: '/nope' }).started,
       (e: ChronusError) => e.errno === 2,
     );
-    await assert.rejects(conn.spawn({ argv: ['true'], user: 'mallory' }).started, /unknown user/);
+    // A user the sandbox cannot run as is ESRCH: a name it does not have, a uid outside its ids.
+    await assert.rejects(
+      conn.spawn({ argv: ['true'], user: 'mallory' }).started,
+      (e: ChronusError) => e.code === 'ESRCH' && /unknown user/.test(e.message),
+    );
+    for (const user of ['70000', '9999999999']) {
+      await assert.rejects(
+        conn.spawn({ argv: ['true'], user }).started,
+        (e: ChronusError) => e.code === 'ESRCH',
+        user,
+      );
+    }
   });
 
   test('user resolution from the sandbox passwd/group, home as cwd, HOME/USER', async () => {

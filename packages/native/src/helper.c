@@ -1,8 +1,9 @@
 /*
  * dsec-helper: the few host operations Node cannot do itself (mount(2),
- * idmapped mounts, FUSE mounts, setns), plus chronusd, the node's supervisor
- * of the per-sandbox command daemons, and `confine`/`tree`, through which
- * every operation on a directory tree a sandbox made runs (confine.c).
+ * idmapped mounts, FUSE mounts, setns, conntrack entries), plus chronusd, the
+ * node's supervisor of the per-sandbox command daemons, `confine`/`tree`,
+ * through which every operation on a directory tree a sandbox made runs
+ * (confine.c), and pids-reclaim (reclaim.c).
  * Usage: dsec-helper <subcommand> [args...]; errors are one line on stderr
  * and exit status 1.
  */
@@ -22,8 +23,10 @@ static const struct {
     { "mount-rootfs", cmd_mount_rootfs },
     { "chronusd", cmd_chronusd },
     { "seccomp-bpf", cmd_seccomp_bpf },
+    { "conntrack", cmd_conntrack },
     { "confine", cmd_confine },
     { "tree", cmd_tree },
+    { "pids-reclaim", cmd_pids_reclaim },
 };
 
 int main(int argc, char **argv)
@@ -35,6 +38,6 @@ int main(int argc, char **argv)
                 return commands[i].run(argc - 2, argv + 2);
         }
     }
-    fprintf(stderr, "usage: dsec-helper mount-erofs|mount-fuse|umount|mount-rootfs|chronusd|seccomp-bpf|confine|tree ...\n");
+    fprintf(stderr, "usage: dsec-helper mount-erofs|mount-fuse|umount|mount-rootfs|chronusd|seccomp-bpf|conntrack|confine|tree|pids-reclaim ...\n");
     return 2;
 }

@@ -5,7 +5,8 @@
  * - `dsec-helper`: file-backed EROFS mounts, FUSE mounts (the blob daemon),
  *   the overlay root filesystem over idmapped layers, and `chronusd`, the
  *   node's supervisor of chronus, the per-sandbox command daemon that runs
- *   commands inside a sandbox's namespaces while staying out of its reach.
+ *   commands inside a sandbox's namespaces while staying out of its reach,
+ *   and `pids-reclaim` ({@link reclaimLeftovers}).
  * - `dsec-init`: PID 1 of every container sandbox (bind-mount {@link initPath}).
  * - `dsec-helper confine` / `tree`: the one way the platform works on a
  *   directory tree a sandbox made ({@link confinedCommand}, {@link removeTree}).
@@ -57,6 +58,8 @@ export type {
 } from './confine.js';
 
 export { ChronusConnection, CommandHandle } from './chronus-client.js';
+export { reclaimLeftovers } from './pids-reclaim.js';
+export type { ReclaimedProcesses } from './pids-reclaim.js';
 export {
   ChronusSupervisor,
   findChronus,

@@ -14,7 +14,6 @@
  * the next command (REAPER_RUN, with the command's pipes attached) instead
  * of forking a new reaper, which is most of what a short command costs.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -291,13 +290,18 @@ static int env_has(char **envp, const char *key)
     return 0;
 }
 
-/* Resolves the user and builds the environment; 0, or -errno with `why` filled in. */
+/*
+ * Resolves the user and builds the environment; 0, or -errno with `why`
+ * filled in. A user the sandbox cannot run as (no such name in its
+ * /etc/passwd, or a uid outside its id range: see switch_identity) is ESRCH,
+ * as getpwnam(3) reports a missing entry, so the edge can name the field.
+ */
 static int prepare_command(const struct spawn_request *req, struct command *cmd, char *why, size_t whylen)
 {
     *cmd = (struct command){ .req = req };
     if (resolve_identity(req, cmd) < 0) {
         snprintf(why, whylen, "unknown user %s", req->user);
-        return -ENOENT;
+        return -ESRCH;
     }
     size_t n = 0;
     while (req->envp[n])
@@ -326,12 +330,15 @@ static void free_command(struct command *cmd)
 static void switch_identity(const struct identity *id)
 {
     /* setgroups is refused where the sandbox's user namespace denies it; then groups stay empty. */
+    /* EINVAL (here and below): an id not mapped in the sandbox's user namespace (outside its range). */
     if (setgroups((size_t)id->ngroups, id->groups) < 0 && errno != EPERM)
-        child_fail(errno, "setgroups%s", "");
+        child_fail(errno == EINVAL ? ESRCH : errno, "setgroups%s: a group is outside the sandbox's ids", "");
     if (setresgid(id->gid, id->gid, id->gid) < 0)
-        child_fail(errno, "setgid %s", id->name ? id->name : "");
+        child_fail(errno == EINVAL ? ESRCH : errno, "setgid %s: the group is outside the sandbox's ids",
+                   id->name ? id->name : "");
     if (setresuid(id->uid, id->uid, id->uid) < 0)
-        child_fail(errno, "setuid %s", id->name ? id->name : "");
+        child_fail(errno == EINVAL ? ESRCH : errno, "setuid %s: the user is outside the sandbox's ids",
+                   id->name ? id->name : "");
 }
 
 /* execvpe() with the PATH taken from the command's environment, not ours. */
@@ -402,289 +409,6 @@ static _Noreturn void run_command(const struct command *cmd)
         child_fail(errno, "exec platform shell%s", "");
     }
     exec_path(req->argv, cmd->env);
-}
-
-/* ---- reclaiming processes at the sandbox's pids limit ---- */
-
-/*
- * A fork refused with EAGAIN means the sandbox's pids cgroup is full (or the
- * kernel's pid space is, which the same cure helps). The platform must still
- * run the next command, so it takes processes back, in this order:
- *
- *  1. Leftovers of finished commands: once a command's reaper exits, its
- *     orphans re-parent to the sandbox's init. They keep the session of the
- *     reaper that started them (every command runs in the session its reaper
- *     created), so a fork bomb is one big session. Sessions are killed
- *     biggest first until at least half of the leftover processes are gone:
- *     the bomb goes, a lone `nohup server &` usually stays.
- *  2. Only if that frees nothing: the biggest tree under a running command's
- *     reaper (a bomb inside a live session shell, say). Its command then
- *     ends by SIGKILL.
- *
- * Processes are found in the sandbox's /proc (the daemon and reapers live in
- * its mount namespace) and signalled through a /proc/PID directory fd with
- * pidfd_send_signal, which needs no pid translation (the daemon is outside
- * the sandbox's pid namespace) and cannot hit a recycled pid: the fd pins
- * the process, and its start time is checked against the scan.
- */
-
-#define RECLAIM_BUDGET_MS 1500 /* the whole reclaim-and-retry, per fork */
-#define RECLAIM_PASSES 16      /* rescans per round, for children born while killing */
-
-struct proc_entry {
-    pid_t pid, ppid, sid;
-    unsigned long long start;
-    pid_t key;  /* group: session (leftovers) or root reaper (running trees); 0: not a candidate */
-    char state; /* Z: a zombie, which holds its pid until reaped but cannot be killed */
-    int kind;   /* K_* below */
-};
-
-enum { K_UNKNOWN, K_INIT, K_REAPER, K_LEFTOVER, K_RUNNING };
-
-static long mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* Reads pid, ppid, session and start time from an open /proc/PID directory; 0 or -1. */
-static int read_stat(int dirfd, struct proc_entry *e)
-{
-    char buf[1024];
-    int fd = openat(dirfd, "stat", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-    if (!p)
-        return -1;
-    char state;
-    long ppid, pgrp, sid;
-    unsigned long long start;
-    /* state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
-       cutime cstime priority nice threads itrealvalue starttime */
-    if (sscanf(p + 1, " %c %ld %ld %ld %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-               &state, &ppid, &pgrp, &sid, &start) != 5)
-        return -1;
-    e->state = state;
-    e->ppid = (pid_t)ppid;
-    e->sid = (pid_t)sid;
-    e->start = start;
-    return 0;
-}
-
-static int by_pid(const void *a, const void *b)
-{
-    pid_t x = ((const struct proc_entry *)a)->pid, y = ((const struct proc_entry *)b)->pid;
-    return (x > y) - (x < y);
-}
-
-static struct proc_entry *find_proc(struct proc_entry *v, size_t n, pid_t pid)
-{
-    struct proc_entry k = { .pid = pid };
-    return bsearch(&k, v, n, sizeof *v, by_pid);
-}
-
-/* Every process of the sandbox, classified; NULL when /proc cannot be read. */
-static struct proc_entry *scan_procs(size_t *count)
-{
-    DIR *d = opendir("/proc");
-    if (!d)
-        return NULL;
-    size_t n = 0, cap = 256;
-    struct proc_entry *v = malloc(cap * sizeof *v);
-    struct dirent *de;
-    while (v && (de = readdir(d))) {
-        uint64_t pid;
-        if (parse_u64(de->d_name, INT32_MAX, &pid))
-            continue;
-        int fd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        struct proc_entry e = { .pid = (pid_t)pid };
-        int r = read_stat(fd, &e);
-        close(fd);
-        if (r < 0)
-            continue; /* exited meanwhile */
-        if (n == cap) {
-            struct proc_entry *bigger = realloc(v, (cap *= 2) * sizeof *v);
-            if (!bigger) {
-                free(v);
-                v = NULL;
-                break;
-            }
-            v = bigger;
-        }
-        v[n++] = e;
-    }
-    closedir(d);
-    if (!v)
-        return NULL;
-    qsort(v, n, sizeof *v, by_pid);
-    /* Parent 0 means outside the namespace: the init, or a reaper (the daemon's child). */
-    for (size_t i = 0; i < n; i++)
-        if (v[i].ppid == 0)
-            v[i].kind = v[i].pid == 1 ? K_INIT : K_REAPER;
-    for (size_t i = 0; i < n; i++) {
-        if (v[i].kind != K_UNKNOWN)
-            continue;
-        struct proc_entry *up = &v[i];
-        size_t depth = 0;
-        while (up && up->kind == K_UNKNOWN && up->ppid != 0 && depth++ < n)
-            up = find_proc(v, n, up->ppid);
-        if (!up || up->kind == K_UNKNOWN)
-            continue; /* the chain broke (a parent exited mid-scan): the next pass sees it */
-        if (up->kind == K_INIT || up->kind == K_LEFTOVER) {
-            v[i].kind = K_LEFTOVER;
-            v[i].key = v[i].sid;
-        } else {
-            v[i].kind = K_RUNNING;
-            v[i].key = up->kind == K_REAPER ? up->pid : up->key;
-        }
-    }
-    *count = n;
-    return v;
-}
-
-/* SIGKILLs one scanned process if it is still the same one; returns 1 if signalled. */
-static int kill_proc(const struct proc_entry *e)
-{
-    char name[24];
-    snprintf(name, sizeof name, "/proc/%d", (int)e->pid);
-    int fd = open(name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    struct proc_entry now = { .pid = e->pid };
-    int ok = read_stat(fd, &now) == 0 && now.start == e->start &&
-             syscall(SYS_pidfd_send_signal, fd, SIGKILL, NULL, 0) == 0;
-    close(fd);
-    return ok;
-}
-
-struct proc_group {
-    pid_t key;
-    size_t size;
-};
-
-static int by_key(const void *a, const void *b)
-{
-    pid_t x = *(const pid_t *)a, y = *(const pid_t *)b;
-    return (x > y) - (x < y);
-}
-
-static int by_size_desc(const void *a, const void *b)
-{
-    size_t x = ((const struct proc_group *)a)->size, y = ((const struct proc_group *)b)->size;
-    return (x < y) - (x > y);
-}
-
-/* Whether `key` is one of the sorted `keys`. */
-static int key_in(pid_t key, const pid_t *keys, size_t n)
-{
-    return n && bsearch(&key, keys, n, sizeof *keys, by_key) != NULL;
-}
-
-/*
- * One round: picks the groups of `kind` to kill (leftovers: sessions biggest
- * first until half the leftovers; running: the biggest tree), kills them,
- * then rescans and kills their members born meanwhile. Returns how many
- * processes it signalled, plus the chosen groups' zombies (pids on their way
- * back); 0: nothing of that kind to take.
- */
-static uint32_t reclaim_round(int kind, struct reclaim_stats *stats)
-{
-    size_t n = 0;
-    struct proc_entry *v = scan_procs(&n);
-    if (!v)
-        return 0;
-    /*
-     * Group sizes: candidates' keys sorted, counted in runs, biggest run first.
-     * A leftover zombie counts: a group killed in an earlier round holds its
-     * pids until init reaps them (promptly), and a round that left them out
-     * would take the next group (a lone background process) while the bomb's
-     * pids are on their way back. (A running tree's zombies wait for their own
-     * parent, which may never reap them: they do not count.) Only live members
-     * are signalled.
-     */
-    size_t nc = 0, nkeys = 0, taken = 0;
-    struct proc_group *g = malloc((n + 1) * sizeof *g);
-    pid_t *keys = malloc((n + 1) * sizeof *keys);
-    for (size_t i = 0; g && keys && i < n; i++)
-        if (v[i].kind == kind && (v[i].state != 'Z' || kind == K_LEFTOVER))
-            keys[nc++] = v[i].key;
-    if (g && keys) {
-        qsort(keys, nc, sizeof *keys, by_key);
-        size_t ng = 0;
-        for (size_t i = 0; i < nc; i++) {
-            if (ng && g[ng - 1].key == keys[i])
-                g[ng - 1].size++;
-            else
-                g[ng++] = (struct proc_group){ .key = keys[i], .size = 1 };
-        }
-        qsort(g, ng, sizeof *g, by_size_desc);
-        size_t want = kind == K_LEFTOVER ? (nc + 1) / 2 : 1;
-        while (nkeys < ng && taken < want) {
-            keys[nkeys] = g[nkeys].key;
-            taken += g[nkeys++].size;
-        }
-        qsort(keys, nkeys, sizeof *keys, by_key);
-    }
-    uint32_t killed = 0, dying = 0;
-    for (size_t i = 0; i < n; i++)
-        dying += kind == K_LEFTOVER && v[i].kind == kind && v[i].state == 'Z' && key_in(v[i].key, keys, nkeys);
-    for (int pass = 0; nkeys && pass < RECLAIM_PASSES; pass++) {
-        uint32_t round = 0;
-        for (size_t i = 0; i < n; i++)
-            if (v[i].kind == kind && v[i].state != 'Z' && key_in(v[i].key, keys, nkeys))
-                round += (uint32_t)kill_proc(&v[i]);
-        killed += round;
-        free(v);
-        v = NULL;
-        if (!round || !(v = scan_procs(&n)))
-            break;
-    }
-    if (killed) {
-        stats->killed += killed;
-        stats->groups += (uint32_t)nkeys;
-    }
-    free(v);
-    free(g);
-    free(keys);
-    /* Zombies of the chosen groups free their pids once reaped: progress to wait for. */
-    return killed + dying;
-}
-
-pid_t fork_reclaiming(struct reclaim_stats *stats)
-{
-    pid_t pid = fork();
-    if (pid >= 0 || errno != EAGAIN)
-        return pid;
-    long deadline = mono_ms() + RECLAIM_BUDGET_MS;
-    int kind = K_LEFTOVER;
-    while (mono_ms() < deadline) {
-        if (!reclaim_round(kind, stats)) {
-            if (kind == K_RUNNING)
-                break;
-            kind = K_RUNNING;
-            continue;
-        }
-        /* A killed process frees its pid once reaped (by the init, mostly): retry for a while. */
-        for (int wait_ms = 1;; wait_ms *= 2) {
-            pid = fork();
-            if (pid >= 0 || errno != EAGAIN)
-                return pid;
-            if (wait_ms > 256 || mono_ms() >= deadline)
-                break;
-            struct timespec ts = { 0, wait_ms * 1000000L };
-            nanosleep(&ts, NULL);
-        }
-    }
-    return fork(); /* whatever the rounds freed last; EAGAIN if nothing */
 }
 
 /* ---- the reaper ---- */
@@ -970,6 +694,11 @@ _Noreturn void reaper_main(const struct spawn_request *req, const struct reaper_
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     setsid();
+    /* Commands start at nice 0, not at the daemon's PLATFORM_NICE (chronus.h). */
+    struct sched_param param = { 0 };
+    int policy = sched_getscheduler(0);
+    if (policy >= 0 && sched_getparam(0, &param) == 0)
+        (void)!sched_setscheduler(0, policy | SCHED_RESET_ON_FORK, &param);
     arrange_fds(fds, FD_SIGNAL);
     struct posture posture;
     take_posture(&posture);

@@ -5,26 +5,13 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
 import type { PtySession } from '@dsec/core';
 import type { Iam } from '@dsec/iam';
-import { sourceOf } from '../auth.js';
 import { parse } from '../schemas.js';
 import { PortParams, PtyQuery } from '../schemas-io.js';
 import type { SandboxService } from '../sandbox-service.js';
+import { bearerKey, sourceOf } from '../auth.js';
 import { bodyStream, clientGone, openIo, rawBodies, requireIo } from './io-common.js';
+import { sandboxBoundHeaders, sandboxBoundUrl } from './port-credentials.js';
 
-/** Hop-by-hop headers, and the caller's credentials, never reach the sandbox. */
-const DROP_REQUEST = new Set([
-  'authorization',
-  'connection',
-  'keep-alive',
-  'proxy-authorization',
-  'proxy-connection',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-  'host',
-  'expect',
-]);
 const DROP_RESPONSE = new Set([
   'connection',
   'keep-alive',
@@ -49,18 +36,24 @@ export function portRoutes(app: FastifyInstance, service: SandboxService): void 
   });
   const handler = async (req: FastifyRequest, reply: FastifyReply) => {
     const params = parse(PortParams, req.params, 'path');
+    // The path as the client sent it (still percent-encoded: `%2F` or `%3F` must not turn into
+    // a separator for the service), after `/v1/sandboxes/:id/ports/:port`.
+    const url = req.raw.url ?? '/';
+    const q = url.indexOf('?');
+    const rest = (q >= 0 ? url.slice(0, q) : url).split('/').slice(6).join('/');
+    // Hop-by-hop headers and every credential of the caller stay here (port-credentials.ts).
+    const secrets = [bearerKey(req.headers.authorization) ?? ''];
+    const path = sandboxBoundUrl(`/${rest}${q >= 0 ? url.slice(q) : ''}`, secrets);
+    const headers = sandboxBoundHeaders(req.headers, {
+      secrets,
+      dropAuthorization: true,
+      dropHost: true,
+    });
+    headers.host = `127.0.0.1:${params.port}`;
+    headers.connection = 'close';
     const signal = clientGone(reply);
     const io = await openIo(service, req, params.id, signal);
     const socket = await io.connectPort(params.id, params.port, { signal });
-    const url = req.raw.url ?? '/';
-    const q = url.indexOf('?');
-    const path = `/${params['*'] ?? ''}${q >= 0 ? url.slice(q) : ''}`;
-    const headers: http.OutgoingHttpHeaders = {};
-    for (const [k, v] of Object.entries(req.headers)) {
-      if (!DROP_REQUEST.has(k.toLowerCase()) && v !== undefined) headers[k] = v;
-    }
-    headers.host = `127.0.0.1:${params.port}`;
-    headers.connection = 'close';
     const res = await forwardToPort(socket, req.method, path, headers, bodyStream(req), signal);
     return reply
       .code(res.statusCode ?? 502)
@@ -94,13 +87,21 @@ export function forwardToPort(
   signal: AbortSignal,
 ): Promise<IncomingMessage> {
   return new Promise((resolve, reject) => {
-    const upstream = http.request({
-      method,
-      path,
-      headers,
-      createConnection: () => socket,
-      signal,
-    });
+    let upstream: http.ClientRequest;
+    try {
+      upstream = http.request({
+        method,
+        path,
+        headers,
+        createConnection: () => socket,
+        signal,
+      });
+    } catch (err) {
+      // A method or header value Node will not send (the path is encoded already).
+      socket.destroy();
+      reject(new DsecError('invalid_argument', `cannot forward this request: ${String(err)}`));
+      return;
+    }
     let answered = false;
     upstream.on('response', (res) => {
       answered = true;
@@ -170,9 +171,9 @@ async function handleUpgrade(
     if (!m || String(req.headers.upgrade).toLowerCase() !== PTY_UPGRADE) {
       throw new DsecError('not_found', 'no such upgrade route');
     }
-    const auth = req.headers.authorization;
-    const key = typeof auth === 'string' ? /^Bearer +(\S+) *$/i.exec(auth)?.[1] : undefined;
-    const principal = await iam.authenticate(key, { source: sourceOf(req) });
+    const principal = await iam.authenticate(bearerKey(req.headers.authorization), {
+      source: sourceOf(req),
+    });
     const q = parse(PtyQuery, Object.fromEntries(url.searchParams), 'query');
     const id = decodeURIComponent(m[1] ?? '');
     const ac = new AbortController();

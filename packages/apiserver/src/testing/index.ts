@@ -19,3 +19,12 @@ export { ScriptedEdge, startTestServer, TEST_LAYERS } from './scripted-edge.js';
 export { addFnCall, FnCallDouble } from './fncall-double.js';
 export type { FnCallScript } from './fncall-double.js';
 export type { RecordedRequest, ScriptedCommand, TestServer } from './scripted-edge.js';
+export { runApiFuzz } from './api-fuzz/api-fuzz.js';
+export type {
+  ApiFuzzOptions,
+  ApiFuzzReport,
+  FuzzProperty,
+  FuzzRequest,
+  FuzzViolation,
+} from './api-fuzz/api-fuzz.js';
+export { FuzzEdge } from './api-fuzz/fuzz-edge.js';

@@ -16,6 +16,7 @@ import { benchQos } from '../bench/qos.js';
 import { benchBounds, FLOOD_KINDS, type FloodKind } from '../bench/bounds.js';
 import { registerEvalBench } from '../bench/eval.js';
 import { registerFnCallBench } from '../bench/fncall.js';
+import { registerFuzzBench } from '../bench/fuzz.js';
 import { registerRegistryBench } from '../bench/registry.js';
 import { registerMicrovmBench } from '../bench/microvm.js';
 import { benchSdk } from '../bench/sdk.js';
@@ -585,6 +586,7 @@ export function register(program: Command): void {
     });
   registerEvalBench(bench);
   registerFnCallBench(bench);
+  registerFuzzBench(bench);
   registerRegistryBench(bench);
   registerMicrovmBench(bench);
 }

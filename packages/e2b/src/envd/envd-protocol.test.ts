@@ -183,6 +183,12 @@ test('credentials and the envd user come from the headers the SDKs send', () => 
     () => envdUser(new Headers({ authorization: `Basic ${btoa('../x:')}` })),
     (e) => isDsecError(e, 'invalid_argument'),
   );
+  // A uid no process of the sandbox can take (its ids are 0–65535).
+  for (const uid of ['9999999999', '65536'])
+    assert.throws(
+      () => envdUser(new Headers({ authorization: `Basic ${btoa(`${uid}:`)}` })),
+      (e) => isDsecError(e, 'invalid_argument') && e.field === 'user',
+    );
 });
 
 test('permissions read like Go’s FileMode strings', () => {

@@ -1,7 +1,7 @@
 import { DsecError } from '@dsec/core';
 import type { BackendKind, DisplayInput } from '@dsec/core';
 import type { Backend, BackendSandbox, PauseResult, StartedSandbox } from './backend.js';
-import type { SandboxChannel } from './channel.js';
+import type { PidsLimitEvent, SandboxChannel } from './channel.js';
 
 /**
  * Several backends behind one: each call goes to the backend of the
@@ -55,6 +55,10 @@ export class BackendSet implements Backend {
   async oomKilled(rec: BackendSandbox): Promise<boolean> {
     const b = this.for(rec);
     return b.oomKilled ? b.oomKilled(rec) : false;
+  }
+
+  relieve(rec: BackendSandbox): Promise<PidsLimitEvent> | undefined {
+    return this.for(rec).relieve?.(rec);
   }
 
   pause(rec: BackendSandbox): Promise<PauseResult> {

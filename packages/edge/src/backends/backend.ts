@@ -1,6 +1,6 @@
 import type { BackendKind, DisplayInput } from '@dsec/core';
 import type { SandboxRecord } from '../state/edge-store.js';
-import type { SandboxChannel } from './channel.js';
+import type { PidsLimitEvent, SandboxChannel } from './channel.js';
 import type { GpuSpecFragment } from '../gpu/oci-fragment.js';
 
 export type { SandboxChannel, SandboxCommand } from './channel.js';
@@ -72,6 +72,15 @@ export interface Backend {
   channel(rec: BackendSandbox, options?: { dedicated?: boolean }): Promise<SandboxChannel>;
   /** Whether the OOM killer struck the sandbox since this was last asked. */
   oomKilled?(rec: BackendSandbox): Promise<boolean>;
+  /**
+   * Called before every spawn in the sandbox (commands, sessions, files,
+   * ports): undefined at once unless forks were refused in the sandbox since
+   * the last call and it is at its pids limit; then it takes back leftovers
+   * of finished commands and resolves with what it did, before the spawn
+   * goes out (container/pids-relief.ts). Optional: without it only the
+   * channel's own reclaim on a refused fork applies.
+   */
+  relieve?(rec: BackendSandbox): Promise<PidsLimitEvent> | undefined;
   /**
    * Pause (docs/adr/0012-pause-and-resume.md): stops every process of the
    * sandbox and gives its memory back to the host, keeping all of its state.

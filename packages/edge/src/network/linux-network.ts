@@ -14,6 +14,7 @@ import type {
   TapLink,
 } from './network-manager.js';
 import { MicroBatcher } from './batcher.js';
+import { ConntrackSession, markTag, newMark, type ConntrackEntry } from './conntrack.js';
 import {
   addLines,
   addressElements,
@@ -24,6 +25,7 @@ import {
   legacyObjectsScript,
   policyChain,
   policyChainLines,
+  protectedSetLines,
   refId,
   SANDBOX_SET_NAMES,
   tableScript,
@@ -38,6 +40,7 @@ import {
   DEFAULT_NETWORK_CATALOGUE,
   ipToBigInt,
   matchDomain,
+  formatCidr,
   parseCidr,
   type Cidr,
   type CompiledPolicy,
@@ -49,7 +52,19 @@ import {
   PlatformResolver,
   type DroppedRecord,
 } from './resolver.js';
-import { nodeNetworks, reservedOverlap, screenAddress, type NodeRanges } from './special-ranges.js';
+import {
+  checkNat64Prefix,
+  classifyAddress,
+  METADATA_ADDRESSES,
+  NAT64_WELL_KNOWN,
+  nat64Image,
+  nodeNetworks,
+  reservedCidrs,
+  reservedOverlap,
+  screenAddress,
+  type NodeRanges,
+  type ProtectedRange,
+} from './special-ranges.js';
 import { IpSession, nft, nftBatcher, NftSession, runTool, startTool } from './sys.js';
 
 export interface NetworkOptions {
@@ -88,6 +103,28 @@ export interface NetworkOptions {
    * subnets, and the node's own networks stay filtered. Default none.
    */
   publicRanges?: string[];
+  /**
+   * Destinations no sandbox rule can open (CIDRs): the operator's LAN, its
+   * databases and object stores, other clouds' metadata services. Always
+   * protected besides these: the node's own networks (its interfaces'
+   * prefixes, less sandbox links, re-read every 5 s), the cloud metadata
+   * addresses of {@link METADATA_ADDRESSES}, and the NAT64 forms of all of
+   * them (and of the reserved IPv4 ranges). The firewall denies them before
+   * any CIDR rule and DNS answers never carry them; a rule that overlaps them
+   * is accepted, and the protected part stays closed (a `network_denied`
+   * event says so). The cluster adds its own services' addresses (database,
+   * image store, apiserver and edge listeners) when they are IP literals.
+   */
+  protectedRanges?: string[];
+  /**
+   * NAT64 prefixes of the node's translator besides the well-known
+   * 64:ff9b::/96 (RFC 6052 lengths: /32, /40, /48, /56, /64, /96). An
+   * address in one is judged by the IPv4 address it embeds: a reserved or
+   * protected one is never reachable (the firewall denies its NAT64 form
+   * too); any other needs a CIDR rule over the prefix, as for the
+   * well-known prefix. Default none.
+   */
+  nat64Prefixes?: string[];
   onEvent?: NetworkEventSink;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
 }
@@ -123,6 +160,14 @@ const EVENT_WINDOW_MS = 10_000;
  * client connects to within its answers' TTLs.
  */
 const MAX_ALLOW_ELEMENTS = 4096;
+/** Addresses whose opening names a sandbox's record keeps ({@link Live.openedBy}). */
+const MAX_OPENED_ADDRESSES = 4096;
+/**
+ * How long after a teardown the flows of sandboxes that are gone are swept
+ * (one kernel walk of the conntrack table for every teardown meanwhile).
+ * They are dead weight only: the slot's next sandbox has another mark.
+ */
+const SWEEP_DELAY_MS = 5000;
 
 interface Live {
   sb: NetworkSandbox;
@@ -138,6 +183,17 @@ interface Live {
   elements: Map<string, { ref: ElementRef; expiresAt?: number }>;
   /** Serialises nft changes of one sandbox (DNS answers vs. policy updates). */
   queue: Promise<unknown>;
+  /**
+   * The sandbox's conntrack mark (conntrack.ts): written on each flow the
+   * firewall admits from it, required on every later packet.
+   */
+  mark: number;
+  /**
+   * The names whose answers opened each address (newest last, at most
+   * {@link MAX_OPENED_ADDRESSES}): a live update keeps a flow to an address a
+   * still-allowed name opened, even after the answer's TTL, and cuts the rest.
+   */
+  openedBy: Map<string, string[]>;
 }
 
 /** A denied connection recorded by the firewall (`denied4/6`). */
@@ -194,6 +250,17 @@ export class LinuxNetwork implements NetworkManager {
   readonly #nftSession = new NftSession();
   readonly #nft = nftBatcher((commands) => this.#nftSession.run(commands));
   readonly #ip = new IpSession();
+  readonly #conntrack = new ConntrackSession();
+  /** The high byte of this edge's conntrack marks (conntrack.ts). */
+  readonly #markTag: number;
+  #sweepTimer: NodeJS.Timeout | undefined;
+  #sweeping: Promise<void> | undefined;
+  /** Protected by configuration: the operator's ranges and the metadata addresses. */
+  readonly #protectedStatic: ProtectedRange[];
+  /** The NAT64 prefixes whose embedded IPv4 is judged: the well-known one and the operator's. */
+  readonly #nat64: Cidr[];
+  /** The protected ranges as last installed in the firewall (`protected4/6`), to skip unchanged ones. */
+  #protectedInstalled = '';
   /** Denied-set reads; a caller arriving mid-read shares the next read (it may hold news). */
   readonly #denied = new MicroBatcher<void, DeniedEntry[]>(async (items) => {
     const entries = await this.#readDenied();
@@ -212,6 +279,8 @@ export class LinuxNetwork implements NetworkManager {
   #ranges: NodeRanges;
   #rangesTimer: NodeJS.Timeout | undefined;
   #rangesReading = false;
+  /** The node's own networks as last read ({@link #refreshNodeNetworks}). */
+  #nodeNetworks: Cidr[] = [];
   /** Per sandbox: events left to record one by one in the current window ({@link EVENT_BUDGET}). */
   readonly #eventBudget = new Map<string, { until: number; left: number }>();
   /**
@@ -235,10 +304,23 @@ export class LinuxNetwork implements NetworkManager {
     this.table = `dsec_${subnet4.address.split('.').slice(0, 2).join('_')}`;
     this.#catalogue = { ...(o.catalogue ?? DEFAULT_NETWORK_CATALOGUE) };
     this.#resolver = resolver;
+    this.#markTag = markTag(this.table);
+    this.#nat64 = [
+      parseCidr(NAT64_WELL_KNOWN, 'nat64'),
+      ...(o.nat64Prefixes ?? []).map((p, i) => checkNat64Prefix(p, `nat64Prefixes.${i}`)),
+    ];
+    this.#protectedStatic = [
+      ...(o.protectedRanges ?? []).map((r, i) => ({
+        cidr: parseCidr(r, `protectedRanges.${i}`),
+        what: 'a protected range of the operator',
+      })),
+      ...METADATA_ADDRESSES.map((m) => ({ cidr: parseCidr(m.cidr, 'metadata'), what: m.what })),
+    ];
     this.#ranges = {
       reserved: [subnet4, ...(subnet6 ? [subnet6] : [])],
-      node: [],
+      protected: [],
       public: (o.publicRanges ?? []).map((r, i) => parseCidr(r, `publicRanges.${i}`)),
+      nat64: this.#nat64,
     };
   }
 
@@ -250,6 +332,9 @@ export class LinuxNetwork implements NetworkManager {
   /** Probes nftables and netns support, claims an address range, installs the table. */
   static async open(o: NetworkOptions): Promise<LinuxNetwork> {
     checkPublicRanges(o.publicRanges ?? []);
+    for (const [i, r] of (o.protectedRanges ?? []).entries()) parseCidr(r, `protectedRanges.${i}`);
+    for (const [i, p] of (o.nat64Prefixes ?? []).entries())
+      checkNat64Prefix(p, `nat64Prefixes.${i}`);
     const rate = o.dnsQueriesPerSecond;
     if (rate !== undefined && (!Number.isInteger(rate) || rate < 1))
       throw new DsecError('invalid_argument', 'dnsQueriesPerSecond: a positive integer', {
@@ -284,8 +369,14 @@ export class LinuxNetwork implements NetworkManager {
     for (const dev of uplinks) await enableForwarding(dev, subnet6 !== undefined);
     net.#poller = setInterval(() => void net.collectEvents(), 2000);
     net.#poller.unref();
-    // Before the first answer is screened; then again and again.
+    // Before the first answer is screened (and the protected ranges are in the
+    // firewall before the first sandbox); then again and again.
     await net.#refreshNodeNetworks();
+    if (net.#protectedInstalled === '') {
+      clearInterval(net.#poller);
+      net.#nftSession.close();
+      throw new DsecError('unavailable', 'the protected ranges could not be installed in nftables');
+    }
     net.#rangesTimer = setInterval(() => void net.#refreshNodeNetworks(), NODE_NETWORKS_REFRESH_MS);
     net.#rangesTimer.unref();
     return net;
@@ -316,9 +407,15 @@ export class LinuxNetwork implements NetworkManager {
     };
   }
 
-  /** Interface and addresses of a sandbox this edge networks (undefined if none). */
-  sandboxNetwork(id: string): ReturnType<LinuxNetwork['names']> | undefined {
-    return this.#live.get(id)?.names;
+  /** Interface, addresses and conntrack mark of a sandbox this edge networks (undefined if none). */
+  sandboxNetwork(id: string): (ReturnType<LinuxNetwork['names']> & { mark: number }) | undefined {
+    const live = this.#live.get(id);
+    return live && { ...live.names, mark: live.mark };
+  }
+
+  /** The protected ranges now in force (for logs and tests). */
+  protectedRanges(): string[] {
+    return this.#ranges.protected.map((p) => formatCidr(p.cidr));
   }
 
   async setup(sb: NetworkSandbox): Promise<SandboxNetwork> {
@@ -328,8 +425,11 @@ export class LinuxNetwork implements NetworkManager {
       mode: 0o644,
     });
     const live = this.#track(sb, policy);
+    // A retried setup keeps its mark; a new sandbox on the slot gets another.
+    if (live.mark === 0) live.mark = this.#newMark();
+    this.#protectedOverlap(live);
     const chain = policyChain(policy, this.subnet6 !== undefined);
-    const base = baseElements(n, chain);
+    const base = baseElements(n, chain, live.mark);
     // The sandbox's elements are installed while the runtime starts the
     // sandbox; `attach` waits for them before wiring the veth, so no packet
     // ever crosses an interface without its rules.
@@ -486,9 +586,10 @@ export class LinuxNetwork implements NetworkManager {
     if (!live) throw new DsecError('sandbox_not_running', `sandbox ${sb.id} has no network`);
     live.sb = sb;
     live.policy = policy;
+    this.#protectedOverlap(live);
     const now = Date.now();
     const chain = policyChain(policy, this.subnet6 !== undefined);
-    const next = baseElements(live.names, chain);
+    const next = baseElements(live.names, chain, live.mark);
     // Newest answers first, within the sandbox's bound (new ports multiply elements).
     const reopened = new Set<string>();
     for (const [name, entry] of [...live.resolved].reverse()) {
@@ -521,6 +622,43 @@ export class LinuxNetwork implements NetworkManager {
           ...this.#dropChains(sb.id, chain?.name),
         ]),
       );
+    });
+    // New flows meet the new policy now; the established ones it no longer allows go too.
+    await this.#cutFlows(live);
+  }
+
+  /**
+   * Deletes the sandbox's established flows (by its conntrack mark) that its
+   * policy, as it stands, would not admit as new ones (SECURITY.md C19):
+   * their next packet is then judged like a new flow's and refused (a TCP
+   * reset, ICMP for the rest), and replies find no flow to return by. A flow
+   * to an address a still-allowed name opened is kept, even once the
+   * answer's TTL has run out (so a long download survives an unrelated
+   * update), as are flows to the sandbox's own gateway (its resolver).
+   */
+  async #cutFlows(live: Live): Promise<void> {
+    const flows = await this.#conntrack.list(live.mark);
+    const cut = flows.filter((f) => !this.#flowAllowed(live, f)).map((f) => f.key);
+    if (cut.length > 0) await this.#conntrack.delete(cut);
+  }
+
+  #flowAllowed(live: Live, f: ConntrackEntry): boolean {
+    const n = live.names;
+    if (f.destination === n.host4 || f.destination === n.host6) return true;
+    const ported = f.protocol === 6 || f.protocol === 17;
+    const onPorts = (ports: number[]) =>
+      ports.length === 0 || (ported && f.port !== undefined && ports.includes(f.port));
+    const verdict = screenAddress(live.policy, f.destination, this.#ranges);
+    if (verdict.verdict === 'drop' && verdict.why === 'a denied CIDR') return false;
+    const special = classifyAddress(f.destination, this.#ranges);
+    if (special?.reserved || special?.protected) return false;
+    if (live.policy.allowCidrs.some((r) => cidrContains(r.cidr, f.destination) && onPorts(r.ports)))
+      return true;
+    // By name: only what a name's answer may open (public addresses), on the name's ports.
+    if (verdict.verdict !== 'open') return false;
+    return (live.openedBy.get(f.destination) ?? []).some((name) => {
+      const d = matchDomain(live.policy, name);
+      return d.allowed && onPorts(d.ports);
     });
   }
 
@@ -556,7 +694,9 @@ export class LinuxNetwork implements NetworkManager {
     const deniedRead = this.#denied.submit().catch(() => [] as DeniedEntry[]);
     const sources = new Set([n.sandbox4, n.sandbox6]);
     const refs = [
-      ...(live ? [...live.elements.values()].map((e) => e.ref) : baseElements(n, undefined)),
+      ...(live
+        ? [...live.elements.values()].map((e) => e.ref)
+        : baseElements(n, undefined, undefined)),
       ...this.#takeOrphans(n.sandbox4, n.sandbox6),
       // Made by the firewall itself on the sandbox's first DNS query (its rate limit's state).
       { set: 'dnsrate' as const, key: `"${n.veth}"` },
@@ -579,6 +719,8 @@ export class LinuxNetwork implements NetworkManager {
     }
     // One unlink: synchronous, as a thread-pool round trip costs more on a busy host.
     rmSync(n.resolvConf, { force: true });
+    // Its flows are dead now (no interface carries its mark); deleted in a while, with others'.
+    this.#scheduleSweep();
     await tap;
     if (errors.length > 0) throw errors[0];
   }
@@ -619,14 +761,30 @@ export class LinuxNetwork implements NetworkManager {
     // Elements are owned by the veth or address they start with: the live
     // sandboxes' DNS allows are adopted (so their teardown removes them),
     // their bindings and CIDR policy entries re-made (idempotent), the rest go.
+    // A live sandbox keeps its conntrack mark (its flows carry it); one adopted
+    // from an edge before marks gets one now, and its flows are marked again
+    // by their next packet out.
+    const marks = new Map<string, number>();
+    for (const obj of state.nftables) {
+      if (obj.map?.name !== 'ctmark') continue;
+      for (const raw of obj.map.elem ?? []) {
+        const e = elementFromJson('ctmark', raw);
+        const mark = Number(e?.value);
+        if (e && Number.isInteger(mark) && mark > 0) marks.set(e.owner, mark);
+      }
+    }
     const owners = new Map<string, Live>();
     const bases = new Map<Live, ElementRef[]>();
     const lines: string[] = [];
     for (const l of this.#live.values()) {
       for (const k of [l.names.veth, l.names.sandbox4, l.names.sandbox6]) if (k) owners.set(k, l);
+      const kept = marks.get(l.names.veth);
+      if (l.mark === 0)
+        l.mark =
+          kept !== undefined && (kept & 0xff000000) === this.#markTag ? kept : this.#newMark();
       const chain = policyChain(l.policy, this.subnet6 !== undefined);
       lines.push(...this.#useChain(l.sb.id, chain));
-      const base = baseElements(l.names, chain);
+      const base = baseElements(l.names, chain, l.mark);
       bases.set(l, base);
       for (const r of base) l.elements.set(refId(r), { ref: r });
     }
@@ -676,6 +834,9 @@ export class LinuxNetwork implements NetworkManager {
       .catch((err: unknown) =>
         this.#o.log?.('removing stale firewall entries failed', { err: String(err) }),
       );
+    // Flows of sandboxes that went while no edge ran (or whose teardown an edge
+    // crash cut short): inert already, deleted now.
+    this.#scheduleSweep(0);
   }
 
   async collectEvents(): Promise<void> {
@@ -692,6 +853,14 @@ export class LinuxNetwork implements NetworkManager {
     await this.drained();
     clearInterval(this.#poller);
     clearInterval(this.#rangesTimer);
+    // The flows of what was torn down go now rather than with the timer.
+    if (this.#sweepTimer) {
+      clearTimeout(this.#sweepTimer);
+      this.#sweepTimer = undefined;
+      await this.#sweep();
+    }
+    await this.#sweeping;
+    this.#conntrack.close();
     await this.#denied.idle();
     await this.#nft.idle();
     this.#resolver.close();
@@ -714,6 +883,8 @@ export class LinuxNetwork implements NetworkManager {
       resolved: new Map(),
       elements: new Map(),
       queue: Promise.resolve(),
+      mark: 0,
+      openedBy: new Map(),
     };
     live.sb = sb;
     live.policy = policy;
@@ -721,6 +892,74 @@ export class LinuxNetwork implements NetworkManager {
     this.#bySource.set(n.sandbox4, sb.id);
     if (n.sandbox6) this.#bySource.set(n.sandbox6, sb.id);
     return live;
+  }
+
+  /** A mark for a new sandbox: this edge's tag, none of a live sandbox's. */
+  #newMark(): number {
+    return newMark(this.#markTag, new Set([...this.#live.values()].map((l) => l.mark)));
+  }
+
+  /**
+   * Sweeps the conntrack entries of this edge's subnets whose mark is no
+   * live sandbox's, `delayMs` from now (teardowns meanwhile share the sweep).
+   */
+  #scheduleSweep(delayMs = SWEEP_DELAY_MS): void {
+    if (this.#sweepTimer) return;
+    this.#sweepTimer = setTimeout(() => {
+      this.#sweepTimer = undefined;
+      void this.#sweep();
+    }, delayMs);
+    this.#sweepTimer.unref();
+  }
+
+  async #sweep(): Promise<void> {
+    await this.#sweeping;
+    const cidrs = [this.subnet4, ...(this.subnet6 ? [this.subnet6] : [])].map(formatCidr);
+    const keep = [...this.#live.values()].map((l) => l.mark).filter((m) => m !== 0);
+    const run = this.#conntrack
+      .sweep(this.#markTag, cidrs, keep)
+      .then(
+        (deleted) => {
+          if (deleted > 0) this.#o.log?.('swept the flows of stopped sandboxes', { deleted });
+        },
+        (err: unknown) => {
+          this.#o.log?.("sweeping stopped sandboxes' flows failed", { err: String(err) });
+          // They stay inert meanwhile (no interface carries their marks); try again later.
+          this.#scheduleSweep(SWEEP_DELAY_MS * 6);
+        },
+      )
+      .finally(() => {
+        if (this.#sweeping === run) this.#sweeping = undefined;
+      });
+    this.#sweeping = run;
+    await run;
+  }
+
+  /**
+   * A CIDR rule that overlaps protected ranges is accepted, and those parts
+   * stay closed: the sandbox's events say which (one per rule and window).
+   */
+  #protectedOverlap(live: Live): void {
+    for (const rule of live.policy.allowCidrs) {
+      const hits = this.#ranges.protected.filter(
+        (p) => within(p.cidr, rule.cidr) || within(rule.cidr, p.cidr),
+      );
+      if (hits.length === 0) continue;
+      const listed = hits.slice(0, MAX_EVENT_RECORDS).map((p) => ({
+        range: formatCidr(p.cidr),
+        what: p.what,
+      }));
+      const ruleText = formatCidr(rule.cidr);
+      this.#event(
+        live.sb.id,
+        'network_denied',
+        `network rule ${ruleText} overlaps protected ranges, which stay closed: ${listed
+          .map((p) => p.range)
+          .join(', ')}${hits.length > listed.length ? ', …' : ''}`,
+        { reason: 'protected', rule: ruleText, protected: listed, protectedCount: hits.length },
+        `protected-rule:${ruleText}`,
+      );
+    }
   }
 
   #tracked(ref: ElementRef, now: number): { ref: ElementRef; expiresAt?: number } {
@@ -857,17 +1096,63 @@ export class LinuxNetwork implements NetworkManager {
         (l) => l !== 'lo' && !l.startsWith('dsv') && /^[A-Za-z0-9_.@-]{1,15}$/.test(l),
       );
       const cidrs = await readInterfaceCidrs(links);
-      this.#ranges = {
-        ...this.#ranges,
-        node: nodeNetworks(cidrs, this.#ranges.reserved, this.#ranges.public),
-      };
+      this.#nodeNetworks = nodeNetworks(cidrs, this.#ranges.reserved);
     } catch (err) {
       // Keep the last good list (links that went away meanwhile are read around, so this is
       // `ip` itself failing; the next read comes in NODE_NETWORKS_REFRESH_MS).
       this.#o.log?.('reading the node networks failed', { err: String(err) });
+    }
+    try {
+      await this.#applyProtected();
+    } catch (err) {
+      this.#o.log?.('installing the protected ranges failed', { err: String(err) });
     } finally {
       this.#rangesReading = false;
     }
+  }
+
+  /**
+   * The protected ranges from the configured ones, the node's networks and
+   * the NAT64 forms of the IPv4 ones (and of the reserved IPv4 ranges) under
+   * each NAT64 prefix; installed in the firewall when they changed, in one
+   * transaction (the sets are never empty in between), then used by the DNS
+   * screen.
+   */
+  async #applyProtected(): Promise<void> {
+    const base: ProtectedRange[] = [
+      ...this.#protectedStatic,
+      ...this.#nodeNetworks.map((cidr) => ({ cidr, what: "the node's own network" })),
+    ];
+    const images: ProtectedRange[] = [];
+    const v4 = [
+      ...RESERVED4.map((cidr) => ({ cidr, what: 'a reserved range' })),
+      ...base.filter((p) => p.cidr.family === 4),
+    ];
+    for (const prefix of this.#nat64)
+      for (const p of v4)
+        images.push({
+          cidr: nat64Image(prefix, p.cidr),
+          what: `the NAT64 form of ${formatCidr(p.cidr)} (${p.what})`,
+        });
+    const all = [...base, ...images];
+    const text = (family: 4 | 6) =>
+      [...new Set(all.filter((p) => p.cidr.family === family).map((p) => formatCidr(p.cidr)))]
+        .sort()
+        .join(', ');
+    const key = `${text(4)} / ${text(6)}`;
+    if (key !== this.#protectedInstalled) {
+      await this.#nft.submit(
+        script(
+          protectedSetLines(
+            this.table,
+            all.filter((p) => p.cidr.family === 4).map((p) => p.cidr),
+            all.filter((p) => p.cidr.family === 6).map((p) => p.cidr),
+          ),
+        ),
+      );
+      this.#protectedInstalled = key;
+    }
+    this.#ranges = { ...this.#ranges, protected: all };
   }
 
   async #allow(
@@ -912,6 +1197,15 @@ export class LinuxNetwork implements NetworkManager {
     }
     live.resolved.delete(name);
     live.resolved.set(name, { records, expiresAt });
+    for (const r of records) {
+      const names = live.openedBy.get(r.address) ?? [];
+      live.openedBy.delete(r.address);
+      live.openedBy.set(r.address, [...names.filter((n) => n !== name), name].slice(-8));
+      if (live.openedBy.size > MAX_OPENED_ADDRESSES) {
+        const oldest = live.openedBy.keys().next().value;
+        if (oldest !== undefined) live.openedBy.delete(oldest);
+      }
+    }
     for (const r of refs) live.elements.set(refId(r), this.#tracked(r, now));
     await this.#serial(live, () => this.#nft.submit(script(addLines(this.table, refs))));
     return true;
@@ -1108,11 +1402,15 @@ export class LinuxNetwork implements NetworkManager {
           const id = this.#bySource.get(src);
           if (!id) continue;
           const ported = protocol === 'tcp' || protocol === 'udp';
+          const special = classifyAddress(dst, this.#ranges);
+          const guarded = special?.protected ? { reason: 'protected', range: special.range } : {};
           this.#event(
             id,
             'network_denied',
-            `connection denied: ${protocol} to ${dst}${ported ? ` port ${entry.port}` : ''}`,
-            { destination: dst, protocol, ...(ported ? { port: entry.port } : {}) },
+            `connection denied: ${protocol} to ${dst}${ported ? ` port ${entry.port}` : ''}${
+              special?.protected ? ` (${special.what})` : ''
+            }`,
+            { destination: dst, protocol, ...(ported ? { port: entry.port } : {}), ...guarded },
             `net:${dst}:${protocol}:${entry.port}`,
           );
         }
@@ -1238,6 +1536,8 @@ export function elementFromJson(
   // A map element is `[key, value]`; a verdict value is `{ jump: { target } }`.
   if (Array.isArray(e)) {
     const k = elementFromJson(set, e[0]);
+    // A mark (`ctmark`): a number.
+    if (typeof e[1] === 'number') return k && { ...k, value: String(e[1]) };
     const v = e[1] as { jump?: { target?: string }; goto?: { target?: string } } | undefined;
     const verdict = v?.jump ? 'jump' : v?.goto ? 'goto' : undefined;
     const target = v?.jump?.target ?? v?.goto?.target;
@@ -1248,6 +1548,8 @@ export function elementFromJson(
   // Interface names are strings in nft's syntax; addresses, ports and protocols are not.
   const quoteFirst =
     set === 'ifaces' ||
+    set === 'ctmark' ||
+    set === 'ctcur' ||
     set === 'src4' ||
     set === 'src6' ||
     set === 'cidr_policy' ||
@@ -1374,6 +1676,17 @@ function checkPublicRanges(ranges: string[]): void {
       });
   }
 }
+
+/** Whether `outer` contains all of `inner`. */
+function within(outer: Cidr, inner: Cidr): boolean {
+  return (
+    outer.family === inner.family &&
+    outer.prefix <= inner.prefix &&
+    cidrContains(outer, inner.address)
+  );
+}
+
+const RESERVED4 = reservedCidrs(4).map((c) => parseCidr(c, 'reserved'));
 
 function overlaps(a: Cidr, b: Cidr): boolean {
   return cidrContains(a, b.address) || cidrContains(b, a.address);

@@ -33,9 +33,21 @@ describe('nft ruleset', () => {
       deniedWindowSeconds: 60,
     });
     assert.doesNotMatch(table, /sb_\d|_\d+ \{/);
-    const base = baseElements(sb, undefined);
+    const base = baseElements(sb, undefined, 0xd5000001);
     assert.deepEqual(
       base.map((r) => r.set),
+      ['ifaces', 'ctmark', 'ctcur', 'src4', 'src6', 'dns4'],
+    );
+    assert.deepEqual(
+      base.filter((r) => r.set.startsWith('ct')).map((r) => [r.key, r.value]),
+      [
+        [`"${sb.veth}"`, String(0xd5000001)],
+        [`"${sb.veth}" . ${0xd5000001}`, undefined],
+      ],
+    );
+    // A teardown that does not know the mark leaves those two to the reconcile.
+    assert.deepEqual(
+      baseElements(sb, undefined, undefined).map((r) => r.set),
       ['ifaces', 'src4', 'src6', 'dns4'],
     );
     for (const r of base) assert.ok(r.key.startsWith(`"${sb.veth}"`), r.key);
@@ -77,7 +89,7 @@ describe('nft ruleset', () => {
       'add rule inet t from_sandbox_to_host icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } accept',
     ]);
     assert.deepEqual(
-      baseElements(sb, undefined).find((r) => r.set === 'dns4'),
+      baseElements(sb, undefined, 1).find((r) => r.set === 'dns4'),
       { set: 'dns4', key: `"${sb.veth}" . ${sb.host4}` },
     );
     assert.match(
@@ -88,6 +100,42 @@ describe('nft ruleset', () => {
       table,
       /egress6 ip6 daddr \{ fd5e:c0de:d5::\/48, ::\/128, ::1\/128, ::ffff:0:0\/96, fe80::\/10, ff00::\/8 \} goto deny/,
     );
+  });
+
+  it("accepts a flow's later packets only with its sandbox's mark, and marks what it allows", () => {
+    const table = tableScript({
+      table: 't',
+      subnet4: parseCidr('10.213.0.0/16', 's'),
+      subnet6: parseCidr('fd5e:c0de:d5::/48', 's'),
+      deniedWindowSeconds: 60,
+    });
+    const lines = table.split('\n');
+    const accepts = lines.filter(
+      (l) => / (egress4|egress6|forward_hook|allow) /.test(l) && / accept$/.test(l),
+    );
+    // No bare `ct state established accept`: every one names the interface and its mark.
+    assert.deepEqual(accepts, [
+      'add rule inet t forward_hook ip daddr 10.213.0.0/16 ct state established,related oifname . ct mark @ctcur accept',
+      'add rule inet t forward_hook ip6 daddr fd5e:c0de:d5::/48 ct state established,related oifname . ct mark @ctcur accept',
+      'add rule inet t egress4 ct state established,related iifname . ct mark @ctcur accept',
+      'add rule inet t egress6 ct state established,related iifname . ct mark @ctcur accept',
+      'add rule inet t allow ct mark set iifname map @ctmark accept',
+    ]);
+    // Every other way out of the egress chains is through `allow` (which marks) or `deny`.
+    for (const l of lines.filter((x) => / egress[46] /.test(x) && !x.includes('@ctcur')))
+      assert.match(l, /(goto (allow|deny)|vmap @cidr_policy|ct state invalid drop)$/, l);
+    const chain = policyChain(
+      policy([{ cidr: '10.9.0.0/16' }, { cidr: '8.8.8.0/24', ports: [53] }]),
+      true,
+    )!;
+    for (const r of chain.rules) assert.match(r, /goto (allow|deny)$/, r);
+    // The protected ranges come before any CIDR rule, in both families.
+    const e4 = lines.filter((l) => l.includes(' egress4 '));
+    assert.ok(
+      e4.findIndex((l) => l.includes('@protected4')) <
+        e4.findIndex((l) => l.includes('@cidr_policy')),
+    );
+    assert.ok(lines.some((l) => l.includes('egress6 ip6 daddr @protected6 goto deny')));
   });
 
   it('shares one chain among sandboxes with the same CIDR rules, whatever their order', () => {
@@ -113,7 +161,7 @@ describe('nft ruleset', () => {
     assert.match(a.rules[0]!, /^ip daddr \{ 198\.18\.5\.0\/24 \} goto deny$/);
     const other = policyChain(policy([{ cidr: '10.9.0.0/16' }]), true);
     assert.notEqual(other?.name, a.name);
-    const withChain = baseElements(sb, a);
+    const withChain = baseElements(sb, a, 1);
     assert.deepEqual(withChain.at(-1), {
       set: 'cidr_policy',
       key: `"${sb.veth}"`,
@@ -132,7 +180,7 @@ describe('nft ruleset', () => {
       'add element inet t a4 { 10.213.0.6 . 198.18.1.10 timeout 30s }',
     ]);
     const chain = policyChain(policy([{ cidr: '10.9.0.0/16' }]), false)!;
-    const entry = baseElements(sb, chain).at(-1)!;
+    const entry = baseElements(sb, chain, 1).at(-1)!;
     assert.deepEqual(deleteLines('t', [entry]), [
       `add chain inet t ${chain.name}`,
       `add element inet t cidr_policy { "${sb.veth}" : jump ${chain.name} }`,
@@ -158,6 +206,15 @@ describe('nft ruleset', () => {
       elementFromJson('cidr_policy', [sb.veth, { jump: { target: 'pol_0123456789abcdef' } }]),
       { key: `"${sb.veth}"`, owner: sb.veth, value: 'jump pol_0123456789abcdef' },
     );
+    assert.deepEqual(elementFromJson('ctmark', [sb.veth, 3573547009]), {
+      key: `"${sb.veth}"`,
+      owner: sb.veth,
+      value: '3573547009',
+    });
+    assert.deepEqual(elementFromJson('ctcur', { concat: [sb.veth, 3573547009] }), {
+      key: `"${sb.veth}" . 3573547009`,
+      owner: sb.veth,
+    });
     assert.deepEqual(elementFromJson('dns4', { concat: [sb.veth, sb.host4] }), {
       key: `"${sb.veth}" . ${sb.host4}`,
       owner: sb.veth,

@@ -49,6 +49,8 @@ import { reservedCidrs } from './special-ranges.js';
  */
 export const SANDBOX_SET_NAMES = [
   'ifaces',
+  'ctmark',
+  'ctcur',
   'src4',
   'src6',
   'a4',
@@ -63,6 +65,10 @@ export type SandboxSetName = (typeof SANDBOX_SET_NAMES)[number];
 
 const SET_TYPES: Record<SandboxSetName, string> = {
   ifaces: 'type ifname;',
+  // The sandbox's conntrack mark (written on every flow it is allowed), and the pair checked
+  // on every later packet: a flow of another sandbox on the same addresses has another mark.
+  ctmark: 'type ifname : mark;',
+  ctcur: 'type ifname . mark;',
   src4: 'type ifname . ipv4_addr;',
   src6: 'type ifname . ipv6_addr;',
   a4: 'type ipv4_addr . ipv4_addr; flags timeout;',
@@ -74,6 +80,9 @@ const SET_TYPES: Record<SandboxSetName, string> = {
   // Per veth, the state of its DNS rate limit: made by the input hook's rule, removed at teardown.
   dnsrate: 'type ifname; flags dynamic,timeout; timeout 60s; size 65535;',
 };
+
+/** The per-sandbox sets that are maps (element `key : value`). */
+const MAPS = new Set<SandboxSetName>(['cidr_policy', 'ctmark']);
 
 const RESERVED4 = reservedCidrs(4);
 const RESERVED6 = reservedCidrs(6);
@@ -107,6 +116,7 @@ export function tableScript(t: TableInput): string {
     'from_sandbox',
     'egress4',
     'egress6',
+    'allow',
     'deny',
     'from_sandbox_to_host',
     'forward_hook',
@@ -116,8 +126,12 @@ export function tableScript(t: TableInput): string {
   return [
     `add table ${T}`,
     ...SANDBOX_SET_NAMES.map(
-      (name) => `add ${name === 'cidr_policy' ? 'map' : 'set'} ${T} ${name} { ${SET_TYPES[name]} }`,
+      (name) => `add ${MAPS.has(name) ? 'map' : 'set'} ${T} ${name} { ${SET_TYPES[name]} }`,
     ),
+    // Destinations no sandbox rule opens (`NetworkOptions.protectedRanges`, the node's own
+    // networks, metadata addresses): filled and kept current by the edge.
+    `add set ${T} protected4 { type ipv4_addr; flags interval; auto-merge; }`,
+    `add set ${T} protected6 { type ipv6_addr; flags interval; auto-merge; }`,
     `add set ${T} denied4 { type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags dynamic,timeout; timeout ${t.deniedWindowSeconds}s; size 8192; }`,
     `add set ${T} denied6 { type ipv6_addr . ipv6_addr . inet_proto . inet_service; flags dynamic,timeout; timeout ${t.deniedWindowSeconds}s; size 8192; }`,
     `add chain ${T} forward_hook { type filter hook forward priority filter - 5; policy accept; }`,
@@ -128,31 +142,42 @@ export function tableScript(t: TableInput): string {
     `add rule ${T} forward_hook iifname @ifaces jump from_sandbox`,
     // A sandbox address from an interface that is not (or no longer) a sandbox's goes nowhere.
     `add rule ${T} forward_hook ip saddr ${s4} reject with icmpx admin-prohibited`,
-    `add rule ${T} forward_hook ip daddr ${s4} ct state established,related accept`,
+    // Replies, of flows the sandbox on that interface opened (its mark: not a predecessor's).
+    `add rule ${T} forward_hook ip daddr ${s4} ct state established,related oifname . ct mark @ctcur accept`,
     `add rule ${T} forward_hook ip daddr ${s4} drop`,
     ...(s6
       ? [
           `add rule ${T} forward_hook ip6 saddr ${s6} reject with icmpx admin-prohibited`,
-          `add rule ${T} forward_hook ip6 daddr ${s6} ct state established,related accept`,
+          `add rule ${T} forward_hook ip6 daddr ${s6} ct state established,related oifname . ct mark @ctcur accept`,
           `add rule ${T} forward_hook ip6 daddr ${s6} drop`,
         ]
       : []),
     `add rule ${T} from_sandbox iifname . ip saddr @src4 goto egress4`,
     `add rule ${T} from_sandbox iifname . ip6 saddr @src6 goto egress6`,
     `add rule ${T} from_sandbox drop`,
-    `add rule ${T} egress4 ct state established,related accept`,
+    // A flow this sandbox was allowed; one with another mark (a predecessor's on the same
+    // addresses, an older edge's) is judged like a new one, and marked if allowed.
+    `add rule ${T} egress4 ct state established,related iifname . ct mark @ctcur accept`,
+    // Conntrack could not place it: it would leave without its masquerade.
+    `add rule ${T} egress4 ct state invalid drop`,
     `add rule ${T} egress4 ip daddr { ${reserved4} } goto deny`,
+    // The operator's protected ranges: before any CIDR rule.
+    `add rule ${T} egress4 ip daddr @protected4 goto deny`,
     // CIDR rules (deny first, then allows); the chain returns when none decides.
     `add rule ${T} egress4 iifname vmap @cidr_policy`,
-    `add rule ${T} egress4 ip saddr . ip daddr @a4 accept`,
-    `add rule ${T} egress4 meta l4proto { tcp, udp } ip saddr . ip daddr . th dport @p4 accept`,
+    `add rule ${T} egress4 ip saddr . ip daddr @a4 goto allow`,
+    `add rule ${T} egress4 meta l4proto { tcp, udp } ip saddr . ip daddr . th dport @p4 goto allow`,
     `add rule ${T} egress4 goto deny`,
-    `add rule ${T} egress6 ct state established,related accept`,
+    `add rule ${T} egress6 ct state established,related iifname . ct mark @ctcur accept`,
+    `add rule ${T} egress6 ct state invalid drop`,
     `add rule ${T} egress6 ip6 daddr { ${reserved6} } goto deny`,
+    `add rule ${T} egress6 ip6 daddr @protected6 goto deny`,
     `add rule ${T} egress6 iifname vmap @cidr_policy`,
-    `add rule ${T} egress6 ip6 saddr . ip6 daddr @a6 accept`,
-    `add rule ${T} egress6 meta l4proto { tcp, udp } ip6 saddr . ip6 daddr . th dport @p6 accept`,
+    `add rule ${T} egress6 ip6 saddr . ip6 daddr @a6 goto allow`,
+    `add rule ${T} egress6 meta l4proto { tcp, udp } ip6 saddr . ip6 daddr . th dport @p6 goto allow`,
     `add rule ${T} egress6 goto deny`,
+    // Every allowed packet writes the sandbox's mark on its flow (a new one, or one taken over).
+    `add rule ${T} allow ct mark set iifname map @ctmark accept`,
     `add rule ${T} deny meta l4proto { tcp, udp } add @denied4 { ip saddr . ip daddr . meta l4proto . th dport }`,
     `add rule ${T} deny meta l4proto != { tcp, udp } add @denied4 { ip saddr . ip daddr . meta l4proto . 0 }`,
     `add rule ${T} deny meta l4proto { tcp, udp } add @denied6 { ip6 saddr . ip6 daddr . meta l4proto . th dport }`,
@@ -205,14 +230,23 @@ export interface SandboxAddresses {
 
 /**
  * The elements a sandbox has from the moment it is set up: its interface
- * binding, its resolver's address and, with CIDR rules, its entry in the `cidr_policy` map (whose chain,
- * {@link policyChain}, must exist first).
+ * binding, its conntrack mark (`mark`, see conntrack.ts; undefined: leave
+ * the mark's elements out, for a teardown that does not know it), its resolver's
+ * address and, with CIDR rules, its entry in the `cidr_policy` map (whose
+ * chain, {@link policyChain}, must exist first).
  */
-export function baseElements(s: SandboxAddresses, chain: PolicyChain | undefined): ElementRef[] {
-  const out: ElementRef[] = [
-    { set: 'ifaces', key: `"${s.veth}"` },
-    { set: 'src4', key: `"${s.veth}" . ${s.sandbox4}` },
-  ];
+export function baseElements(
+  s: SandboxAddresses,
+  chain: PolicyChain | undefined,
+  mark: number | undefined,
+): ElementRef[] {
+  const out: ElementRef[] = [{ set: 'ifaces', key: `"${s.veth}"` }];
+  if (mark !== undefined)
+    out.push(
+      { set: 'ctmark', key: `"${s.veth}"`, value: String(mark) },
+      { set: 'ctcur', key: `"${s.veth}" . ${mark}` },
+    );
+  out.push({ set: 'src4', key: `"${s.veth}" . ${s.sandbox4}` });
   if (s.sandbox6) out.push({ set: 'src6', key: `"${s.veth}" . ${s.sandbox6}` });
   out.push({ set: 'dns4', key: `"${s.veth}" . ${s.host4}` });
   if (chain) out.push({ set: 'cidr_policy', key: `"${s.veth}"`, value: `jump ${chain.name}` });
@@ -238,9 +272,9 @@ export function policyChain(policy: CompiledPolicy, hasV6: boolean): PolicyChain
     const ported = allow.flatMap((c) => c.ports.map((p) => `${formatCidr(c.cidr)} . ${p}`));
     const set = (elems: string[]) => `{ ${[...new Set(elems)].sort().join(', ')} }`;
     if (deny.length > 0) rules.push(`${ip} daddr ${set(deny)} goto deny`);
-    if (anyPort.length > 0) rules.push(`${ip} daddr ${set(anyPort)} accept`);
+    if (anyPort.length > 0) rules.push(`${ip} daddr ${set(anyPort)} goto allow`);
     if (ported.length > 0)
-      rules.push(`meta l4proto { tcp, udp } ${ip} daddr . th dport ${set(ported)} accept`);
+      rules.push(`meta l4proto { tcp, udp } ${ip} daddr . th dport ${set(ported)} goto allow`);
   }
   if (rules.length === 0) return undefined;
   const hash = createHash('sha256').update(rules.join('\n')).digest('hex').slice(0, 16);
@@ -361,4 +395,23 @@ export function legacyObjectsScript(
     ...objects.counters.map((c) => `delete counter ${T} ${c}`),
     '',
   ].join('\n');
+}
+
+/**
+ * Replaces the protected ranges (`protected4/6`) in one transaction: the
+ * flush and the new elements commit together, so no packet sees the sets
+ * empty (overlapping ranges merge: the sets have `auto-merge`).
+ */
+export function protectedSetLines(table: string, v4: Cidr[], v6: Cidr[]): string[] {
+  const T = `inet ${table}`;
+  const out: string[] = [];
+  for (const [name, cidrs] of [
+    ['protected4', v4],
+    ['protected6', v6],
+  ] as const) {
+    out.push(`flush set ${T} ${name}`);
+    const elems = [...new Set(cidrs.map(formatCidr))];
+    if (elems.length > 0) out.push(`add element ${T} ${name} { ${elems.join(', ')} }`);
+  }
+  return out;
 }

@@ -1,4 +1,5 @@
 import { isIP } from 'node:net';
+import { DsecError } from '@dsec/core';
 import {
   bigIntToIp,
   cidrContains,
@@ -75,6 +76,77 @@ export const SPECIAL_RANGES: readonly SpecialRange[] = [
   { cidr: 'ff00::/8', what: 'multicast', rfc: 'RFC 4291', reserved: true },
 ];
 
+/**
+ * Cloud metadata and platform services outside the reserved ranges (the
+ * IPv4 ones, 169.254.169.254 and its neighbours, are link-local and so
+ * reserved already): always protected (see {@link NodeRanges.protected}), so
+ * no tenant CIDR rule (`fc00::/7`, `100.64.0.0/10`, `::/0`) opens them.
+ */
+export const METADATA_ADDRESSES: readonly { cidr: string; what: string }[] = [
+  { cidr: 'fd00:ec2::254/128', what: 'the AWS instance metadata service (IPv6)' },
+  { cidr: 'fd00:ec2::253/128', what: 'the AWS DNS resolver (IPv6)' },
+  { cidr: 'fd00:ec2::123/128', what: 'the AWS time service (IPv6)' },
+  { cidr: '100.100.100.200/32', what: 'the Alibaba Cloud metadata service' },
+];
+
+/** The NAT64 well-known prefix (RFC 6052): its addresses embed an IPv4 address in their last 32 bits. */
+export const NAT64_WELL_KNOWN = '64:ff9b::/96';
+
+/** The prefix lengths RFC 6052 (section 2.2) defines for NAT64 prefixes. */
+const NAT64_LENGTHS = new Set([32, 40, 48, 56, 64, 96]);
+
+/**
+ * An operator's NAT64 prefix (`NetworkOptions.nat64Prefixes`): one of the
+ * RFC 6052 lengths, and no reserved range (the IPv4-mapped range is no
+ * translator's prefix). Throws `invalid_argument` naming `field`.
+ */
+export function checkNat64Prefix(prefix: string, field: string): Cidr {
+  const c = parseCidr(prefix, field);
+  const hit = reservedOverlap(c);
+  if (c.family !== 6 || !NAT64_LENGTHS.has(c.prefix) || hit)
+    throw new DsecError(
+      'invalid_argument',
+      `${field}: ${prefix} is not a NAT64 prefix (an IPv6 /32, /40, /48, /56, /64 or /96${
+        hit ? ` outside ${hit.cidr}` : ''
+      }, RFC 6052)`,
+      { field },
+    );
+  return c;
+}
+
+/**
+ * Where bit `i` (0 = most significant) of the embedded IPv4 address sits in
+ * an address under a NAT64 prefix of length `length` (RFC 6052 section 2.2):
+ * right after the prefix, skipping bits 64–71 (the "u" octet) below /96.
+ */
+function nat64Bit(length: number, i: number): number {
+  const at = length + i;
+  return length < 96 && at >= 64 ? at + 8 : at;
+}
+
+/** The IPv4 address an address under `prefix` embeds. */
+export function nat64Embedded(prefix: Cidr, address: bigint): bigint {
+  let v4 = 0n;
+  for (let i = 0; i < 32; i++)
+    v4 = (v4 << 1n) | ((address >> BigInt(127 - nat64Bit(prefix.prefix, i))) & 1n);
+  return v4;
+}
+
+/**
+ * The IPv6 range under a NAT64 prefix whose addresses embed the IPv4
+ * addresses of `v4` (the "u" octet, zero, counts as part of the range once
+ * the embedded bits pass it).
+ */
+export function nat64Image(prefix: Cidr, v4: Cidr): Cidr {
+  let n = ipToBigInt(prefix.address);
+  const bits = ipToBigInt(v4.address);
+  for (let i = 0; i < v4.prefix; i++)
+    n |= ((bits >> BigInt(31 - i)) & 1n) << BigInt(127 - nat64Bit(prefix.prefix, i));
+  const end = prefix.prefix + v4.prefix;
+  const length = prefix.prefix < 96 && end > 64 ? end + 8 : end;
+  return { family: 6, address: bigIntToIp(n, 6), prefix: length };
+}
+
 /** The 6to4 prefix: `2002:AABB:CCDD::/48` carries the IPv4 address `AA.BB.CC.DD` (RFC 3056). */
 const SIX_TO_FOUR = parseCidr('2002::/16', '6to4');
 
@@ -138,27 +210,52 @@ export interface AddressClass {
   what: string;
   /** Reserved: never reachable from a sandbox (see {@link SpecialRange}). */
   reserved: boolean;
-  /** True for the operator's own networks (the node's interfaces): `publicRanges` never exempts them. */
-  node?: boolean;
+  /**
+   * Protected ({@link NodeRanges.protected}): never reachable either, though
+   * a tenant's CIDR rule may name it (the rule's other addresses open).
+   */
+  protected?: boolean;
+}
+
+/** A range no sandbox rule opens, and why. */
+export interface ProtectedRange {
+  cidr: Cidr;
+  what: string;
 }
 
 /** The node-specific context of {@link classifyAddress}. */
 export interface NodeRanges {
   /** Always denied, like the table's reserved ranges (the edge's sandbox subnets). */
   reserved: Cidr[];
-  /** The networks of the host's interfaces (see {@link nodeNetworks}). */
-  node: Cidr[];
+  /**
+   * Never opened by a rule: the operator's protected ranges, the metadata
+   * addresses, the node's own networks ({@link nodeNetworks}) and the NAT64
+   * forms of their IPv4 ones. `publicRanges` never exempts them.
+   */
+  protected: ProtectedRange[];
   /** Ranges of the table the operator declares public (`NetworkOptions.publicRanges`). */
   public: Cidr[];
+  /**
+   * NAT64 prefixes (the well-known one and the operator's): an address in
+   * one is as reserved or protected as the IPv4 address it embeds, and
+   * special otherwise (a CIDR rule over the prefix releases it).
+   */
+  nat64: Cidr[];
 }
 
-export const NO_NODE_RANGES: NodeRanges = { reserved: [], node: [], public: [] };
+export const NO_NODE_RANGES: NodeRanges = {
+  reserved: [],
+  protected: [],
+  public: [],
+  nat64: [parseCidr(NAT64_WELL_KNOWN, 'nat64')],
+};
 
 /**
  * Whether `address` is special, and how; undefined for a public address.
- * Order: reserved (table and sandbox subnets), the node's own networks, then
- * the table's other ranges unless the operator declared them public. A 6to4
- * address is classified by the IPv4 address it embeds.
+ * Order: reserved (table and sandbox subnets), protected (the node's own
+ * networks among them), NAT64 prefixes (judged by the IPv4 address they
+ * embed), then the table's other ranges unless the operator declared them
+ * public. A 6to4 address is classified by the IPv4 address it embeds.
  */
 export function classifyAddress(
   address: string,
@@ -175,9 +272,21 @@ function classifyBits(b: Bits, ranges: NodeRanges): AddressClass | undefined {
   for (const r of PARSED)
     if (r.reserved && contains(r.parsed, b))
       return { range: r.cidr, what: `${r.what} (${r.rfc})`, reserved: true };
-  for (const c of ranges.node)
-    if (contains(c, b))
-      return { range: formatCidr(c), what: "the node's own network", reserved: false, node: true };
+  for (const p of ranges.protected)
+    if (contains(p.cidr, b))
+      return { range: formatCidr(p.cidr), what: p.what, reserved: false, protected: true };
+  if (b.family === 6) {
+    for (const prefix of ranges.nat64) {
+      if (!contains(prefix, b)) continue;
+      const v4 = Number(nat64Embedded(prefix, b.n));
+      const inner = classifyBits({ family: 4, n: v4 }, ranges);
+      const range = formatCidr(prefix);
+      const of = `NAT64 (${range}) of ${bigIntToIp(BigInt(v4), 4)}`;
+      if (inner?.reserved || inner?.protected)
+        return { ...inner, range, what: `${of}: ${inner.what}` };
+      return { range, what: `${of} (RFC 6052)`, reserved: false };
+    }
+  }
   if (ranges.public.some((c) => contains(c, b))) return undefined;
   for (const r of PARSED)
     if (!r.reserved && contains(r.parsed, b))
@@ -190,6 +299,7 @@ function classifyBits(b: Bits, ranges: NodeRanges): AddressClass | undefined {
         range: '2002::/16',
         what: `6to4 of ${bigIntToIp(BigInt(v4), 4)}: ${inner.what} (RFC 3056)`,
         reserved: inner.reserved,
+        ...(inner.protected ? { protected: true } : {}),
       };
   }
   return undefined;
@@ -198,14 +308,11 @@ function classifyBits(b: Bits, ranges: NodeRanges): AddressClass | undefined {
 /**
  * The node's own networks from its interface addresses (`10.1.2.3/24`, as
  * `ip addr` lists them), less those `exclude` (the edge's own sandbox
- * subnets) or a table range nobody declared public already covers: what is
- * left is short, the operator's LAN or a public prefix on an uplink.
+ * subnets) or a reserved range covers (loopback, link-local): the
+ * operator's LAN, private or not, and any public prefix on an uplink. They
+ * are protected (no CIDR rule opens them).
  */
-export function nodeNetworks(
-  cidrs: Iterable<string>,
-  exclude: Cidr[],
-  publicRanges: Cidr[] = [],
-): Cidr[] {
+export function nodeNetworks(cidrs: Iterable<string>, exclude: Cidr[]): Cidr[] {
   const out = new Map<string, Cidr>();
   for (const cidr of cidrs) {
     let c: Cidr;
@@ -215,8 +322,7 @@ export function nodeNetworks(
       continue;
     }
     if (exclude.some((x) => within(x, c))) continue;
-    const overlapsPublic = publicRanges.some((p) => within(p, c) || within(c, p));
-    if (!overlapsPublic && PARSED.some((r) => within(r.parsed, c))) continue;
+    if (PARSED.some((r) => r.reserved && within(r.parsed, c))) continue;
     out.set(formatCidr(c), c);
   }
   return [...out.values()];
@@ -237,9 +343,9 @@ export type AddressVerdict =
 /**
  * The verdict on an address of an allowed name's answer (SECURITY.md L40):
  * an address the policy refuses as an IP must not be opened by a name. A
- * denied CIDR or a reserved range drops it; a private or special-use range
- * or the node's own networks drop it unless an allowed CIDR covers it; a
- * public address is opened.
+ * denied CIDR, a reserved or a protected range (the node's own networks
+ * among them) drops it; a private or special-use range drops it unless an
+ * allowed CIDR covers it; a public address is opened.
  */
 export function screenAddress(
   policy: Pick<CompiledPolicy, 'allowCidrs' | 'denyCidrs'>,
@@ -250,7 +356,8 @@ export function screenAddress(
   if (denied) return { verdict: 'drop', range: formatCidr(denied), why: 'a denied CIDR' };
   const special = classifyAddress(address, ranges);
   if (!special) return { verdict: 'open' };
-  if (special.reserved) return { verdict: 'drop', range: special.range, why: special.what };
+  if (special.reserved || special.protected)
+    return { verdict: 'drop', range: special.range, why: special.what };
   if (policy.allowCidrs.some((r) => cidrContains(r.cidr, address))) return { verdict: 'release' };
   return {
     verdict: 'drop',

@@ -95,6 +95,7 @@ test('refusals, command outcomes, events and DNS denials are counted with their 
   m.commandFinished('oom');
   m.sandboxEvent('dns_blocked');
   m.sandboxEvent('network_denied');
+  m.sandboxEventDropped('network_denied');
   m.started(true);
   m.started(false);
   const text = await m.registry.metrics();
@@ -109,6 +110,7 @@ test('refusals, command outcomes, events and DNS denials are counted with their 
   assert.equal(sample(text, 'dsec_command_outcomes_total{outcome="oom"}'), 1);
   assert.equal(sample(text, 'dsec_dns_denials_total'), 1);
   assert.equal(sample(text, 'dsec_sandbox_events_total{kind="network_denied"}'), 1);
+  assert.equal(sample(text, 'dsec_sandbox_events_dropped_total{kind="network_denied"}'), 1);
   assert.equal(sample(text, 'dsec_sandbox_starts_total{result="failed"}'), 1);
 });
 

@@ -107,6 +107,7 @@ export class EdgeMetrics {
   readonly admissionRefusals: Counter<'resource' | 'measure'>;
   readonly commandOutcomes: Counter<'outcome'>;
   readonly sandboxEvents: Counter<'kind'>;
+  readonly sandboxEventsDropped: Counter<'kind'>;
   readonly dnsDenials: Counter;
   readonly sandboxStarts: Counter<'result'>;
   readonly fncallCalls: Counter<'runtime' | 'outcome'>;
@@ -143,6 +144,12 @@ export class EdgeMetrics {
     this.sandboxEvents = new Counter({
       name: 'dsec_sandbox_events_total',
       help: 'Misbehaviour events of sandboxes, by kind, counting repeats the event log folds.',
+      labelNames: ['kind'] as const,
+      registers,
+    });
+    this.sandboxEventsDropped = new Counter({
+      name: 'dsec_sandbox_events_dropped_total',
+      help: "Sandbox events not stored: the event log's write queue was full, or its write failed.",
       labelNames: ['kind'] as const,
       registers,
     });
@@ -417,6 +424,11 @@ export class EdgeMetrics {
   sandboxEvent(kind: SandboxEventKind): void {
     this.sandboxEvents.inc({ kind });
     if (kind === 'dns_blocked') this.dnsDenials.inc();
+  }
+
+  /** One event the event log could not store (its queue full, or its write failed). */
+  sandboxEventDropped(kind: SandboxEventKind): void {
+    this.sandboxEventsDropped.inc({ kind });
   }
 }
 

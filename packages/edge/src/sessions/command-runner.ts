@@ -5,6 +5,7 @@ import type { CommandExit, SandboxChannel } from '../backends/channel.js';
 import type { SandboxRecord } from '../state/edge-store.js';
 import type { LiveCommand } from './command-registry.js';
 import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
+import { callUser, isUserRefusal, userRefused } from './spawn-user.js';
 
 export const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
@@ -24,12 +25,13 @@ export async function runChronusCommand(
   const started = Date.now();
   const argv = spec.shell !== undefined ? ['sh', '-c', spec.shell] : (spec.argv ?? []);
   const wantsStdin = spec.stdin !== undefined || spec.stdinOpen === true;
+  const { user, userField } = callUser(spec.user, rec.spec.initUser);
   const handle = conn.spawn({
     argv,
     shell: spec.shell !== undefined,
     env: { PATH: DEFAULT_PATH, ...rec.spec.env, ...spec.env },
     cwd: spec.cwd ?? '',
-    user: spec.user ?? rec.spec.initUser,
+    user,
     stdin: wantsStdin,
   });
   handle.onStdout((chunk) => live.stdout(chunk));
@@ -38,6 +40,7 @@ export async function runChronusCommand(
     await handle.started;
   } catch (e) {
     if (isPidsRefusal(e)) throw pidsExhausted(rec.spec.pidsLimit, e);
+    if (isUserRefusal(e)) throw userRefused(user, userField, e);
     const errno = (e as { code?: string }).code;
     throw new DsecError(
       errno === 'ECONNRESET' ? 'unavailable' : 'invalid_argument',

@@ -10,6 +10,8 @@ import {
   pidsExhausted,
   pidsExhaustedDuring,
 } from './exhaustion.js';
+import { isUserRefusal, userRefused } from './spawn-user.js';
+import type { UserField } from './spawn-user.js';
 
 /**
  * File operations inside a sandbox. Each one is a small script run by the
@@ -86,6 +88,8 @@ const MAX_SMALL_OUTPUT = 64 * 1024 * 1024;
 
 export interface FileCallOptions {
   user: string;
+  /** Where `user` came from, named if the sandbox cannot run as it (spawn-user.ts). */
+  userField?: UserField | undefined;
   signal?: AbortSignal | undefined;
   /** The sandbox's limits, named in `resource_exhausted` errors. */
   pidsLimit?: number | undefined;
@@ -156,6 +160,7 @@ function verdict(
 /** A spawn refused at the pids limit, or a lost connection. */
 function channelError(e: unknown, options: FileCallOptions): DsecError {
   if (isPidsRefusal(e)) return pidsExhausted(options.pidsLimit, e);
+  if (isUserRefusal(e)) return userRefused(options.user, options.userField ?? 'user', e);
   return new DsecError('unavailable', `lost the sandbox's command channel: ${String(e)}`, {
     cause: e,
   });
@@ -423,6 +428,7 @@ export async function writeFileStream(
     h.endStdin();
   } catch (e) {
     if (isPidsRefusal(e)) throw pidsExhausted(options.pidsLimit, e); // it never started
+    if (isUserRefusal(e)) throw userRefused(options.user, options.userField ?? 'user', e);
     // TERM, not KILL: the script's trap removes its temp file.
     h.signal('SIGTERM');
     await exit.catch(() => undefined);

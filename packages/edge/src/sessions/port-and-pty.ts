@@ -3,6 +3,8 @@ import { DsecError } from '@dsec/core';
 import type { PtyOptions, PtySession } from '@dsec/core';
 import type { SandboxChannel } from '../backends/channel.js';
 import { DEFAULT_PATH } from './command-runner.js';
+import { isUserRefusal, userRefused } from './spawn-user.js';
+import type { UserField } from './spawn-user.js';
 
 /**
  * A byte stream to `127.0.0.1:port` in the sandbox's network namespace: the
@@ -70,6 +72,7 @@ export async function connectPort(
     await h.started;
   } catch (e) {
     conn.close();
+    if (isUserRefusal(e)) throw userRefused(user, 'initUser', e);
     throw new DsecError('unavailable', `cannot reach port ${port}: ${(e as Error).message}`);
   }
   h.exited.then(
@@ -97,7 +100,7 @@ export async function connectPort(
 /** An interactive shell on a new pty (chronus PTY flag), over a dedicated connection. */
 export async function openPty(
   conn: SandboxChannel,
-  options: PtyOptions & { user: string; env: Record<string, string> },
+  options: PtyOptions & { user: string; userField: UserField; env: Record<string, string> },
 ): Promise<PtySession> {
   const h = conn.spawn({
     argv: options.shell !== undefined ? [options.shell] : ['sh'],
@@ -118,6 +121,7 @@ export async function openPty(
     await h.started;
   } catch (e) {
     conn.close();
+    if (isUserRefusal(e)) throw userRefused(options.user, options.userField, e);
     throw new DsecError('invalid_argument', `cannot start the shell: ${(e as Error).message}`, {
       field: 'shell',
     });

@@ -1,5 +1,10 @@
 import type { Duplex, Readable } from 'node:stream';
-import { DsecError, requestFingerprint, DEFAULT_MAX_OUTPUT_BYTES } from '@dsec/core';
+import {
+  checkSandboxUser,
+  DsecError,
+  requestFingerprint,
+  DEFAULT_MAX_OUTPUT_BYTES,
+} from '@dsec/core';
 import type {
   CommandInfo,
   CommandResult,
@@ -23,6 +28,7 @@ import { runChronusCommand } from './command-runner.js';
 import * as files from './files.js';
 import { connectPort, openPty } from './port-and-pty.js';
 import { ShellSession } from './shell-session.js';
+import { callUser } from './spawn-user.js';
 
 export interface SandboxIoOptions {
   /** The edge's SQLite file; the command log is its own table there. */
@@ -101,6 +107,7 @@ export class SandboxIo implements SandboxIoApi {
     options: RunCommandOptions = {},
   ): Promise<CommandResult> {
     const rec = await this.#rec(sandboxId, options.projectId);
+    if (spec.user !== undefined) checkSandboxUser(spec.user, 'user');
     const begun = this.registry.begin(
       sandboxId,
       {
@@ -118,6 +125,7 @@ export class SandboxIo implements SandboxIoApi {
 
   async startCommand(sandboxId: string, spec: StartCommandSpec): Promise<CommandInfo> {
     const rec = await this.#rec(sandboxId);
+    if (spec.user !== undefined) checkSandboxUser(spec.user, 'user');
     const begun = this.registry.begin(
       sandboxId,
       {
@@ -324,10 +332,11 @@ export class SandboxIo implements SandboxIoApi {
 
   async openPty(sandboxId: string, options: PtyOptions = {}): Promise<PtySession> {
     const rec = await this.#rec(sandboxId);
+    if (options.user !== undefined) checkSandboxUser(options.user, 'user');
     const conn = await this.#channel(rec, true);
     return openPty(conn, {
       ...options,
-      user: options.user ?? rec.spec.initUser,
+      ...callUser(options.user, rec.spec.initUser),
       env: { ...rec.spec.env, ...options.env },
     });
   }
@@ -402,6 +411,7 @@ export class SandboxIo implements SandboxIoApi {
     if (!byName) this.#sessions.set(rec.id, (byName = new Map()));
     let session = byName.get(name);
     if (!session) {
+      if (spec.user !== undefined) checkSandboxUser(spec.user, 'user');
       if (byName.size >= (this.#o.maxSessionsPerSandbox ?? 64)) {
         throw new DsecError('quota_exceeded', `sandbox ${rec.id} has ${byName.size} sessions`);
       }
@@ -409,7 +419,7 @@ export class SandboxIo implements SandboxIoApi {
         name,
         channel: () => this.#channel(rec, false),
         shell: spec.shell,
-        user: spec.user ?? rec.spec.initUser,
+        ...callUser(spec.user, rec.spec.initUser),
         env: { ...rec.spec.env, ...spec.env },
         cwd: spec.cwd,
         pidsLimit: rec.spec.pidsLimit,
@@ -427,8 +437,14 @@ export class SandboxIo implements SandboxIoApi {
   }
 
   async #channel(rec: SandboxRecord, dedicated: boolean): Promise<SandboxChannel> {
-    const conn = await this.#o.backend.channel(rec, { dedicated });
     const onPidsLimit = this.#o.onPidsLimit;
+    // A sandbox at its pids limit after refused forks (a fork bomb): leftovers go first.
+    const relief = this.#o.backend.relieve?.(rec);
+    if (relief) {
+      const event = await relief;
+      if (event.reclaimedProcesses > 0) onPidsLimit?.(rec, event);
+    }
+    const conn = await this.#o.backend.channel(rec, { dedicated });
     if (onPidsLimit && !conn.onPidsLimit) conn.onPidsLimit = (event) => onPidsLimit(rec, event);
     return conn;
   }
@@ -445,8 +461,9 @@ export class SandboxIo implements SandboxIoApi {
 
   /** Who file calls run as, and the limits their `resource_exhausted` errors name. */
   #fileContext(rec: SandboxRecord, options: FileOptions) {
+    if (options.user !== undefined) checkSandboxUser(options.user, 'user');
     return {
-      user: options.user ?? rec.spec.initUser,
+      ...callUser(options.user, rec.spec.initUser),
       pidsLimit: rec.spec.pidsLimit,
       diskLimitMb: rec.spec.diskLimitMb,
     };

@@ -4,6 +4,8 @@ import type { CommandExit, SandboxChannel, SandboxCommand } from '../backends/ch
 import type { LiveCommand } from './command-registry.js';
 import { DEFAULT_PATH, resultOf } from './command-runner.js';
 import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
+import { isUserRefusal, userRefused } from './spawn-user.js';
+import type { UserField } from './spawn-user.js';
 import { MarkerScanner } from './marker-scanner.js';
 
 /** After a timeout or kill, how long the shell has to report the end of the call before it is killed itself. */
@@ -34,6 +36,8 @@ export interface ShellSessionOptions {
   /** A shell path inside the sandbox; undefined: the platform's busybox `sh`. */
   shell?: string | undefined;
   user: string;
+  /** Where `user` came from, named if the sandbox cannot run as it. */
+  userField: UserField;
   env: Record<string, string>;
   cwd?: string | undefined;
   /** The sandbox's pids limit, named when the shell cannot start there. */
@@ -191,6 +195,7 @@ export class ShellSession {
       this.#pid = (await handle.started).pid;
     } catch (e) {
       if (isPidsRefusal(e)) throw pidsExhausted(this.#o.pidsLimit, e);
+      if (isUserRefusal(e)) throw userRefused(this.#o.user, this.#o.userField, e);
       const errno = (e as { code?: string }).code;
       throw new DsecError(
         errno === 'ECONNRESET' ? 'unavailable' : 'invalid_argument',

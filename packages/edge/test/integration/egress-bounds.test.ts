@@ -9,6 +9,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
@@ -45,6 +46,8 @@ describe(
           upstream: [fake.dns],
           uplinks: [fake.uplink],
           publicRanges: fake.publicRanges,
+          // zero-ttl.test's answers expire within the C19 test.
+          minDnsTtlSeconds: 1,
         },
       });
       net = node.edge.options.network as LinuxNetwork;
@@ -194,27 +197,108 @@ describe(
       }
     });
 
-    // Known gap (not of the DNS change): the firewall accepts `ct state established` before any
-    // policy, and a stopped sandbox's conntrack entries outlive it, so the slot's next sandbox
-    // (same address) can send on an old UDP flow's 5-tuple for the conntrack timeout, which each
-    // packet renews. Needs the entries of a sandbox's addresses deleted at teardown (ctnetlink).
-    it(
-      "a sandbox cannot ride the conntrack entries of the slot's previous sandbox",
-      { todo: 'conntrack entries are not flushed at teardown' },
-      async () => {
-        const a = await create({
-          image: 'busybox',
-          networkAllow: [{ cidr: `${fake.allowedIp}/32`, ports: [7] }],
-        });
-        const before = { ...addr(a) };
-        assert.match(await sh(a, `probe udp ${fake.allowedIp} 7 first 2000 40000`), /^reply first/);
-        await a.stop();
-        const b = await create(); // no egress at all
-        assert.equal(addr(b).sandbox4, before.sandbox4, 'the same slot');
-        assert.match(await sh(b, `probe udp ${fake.allowedIp} 7 fresh 2000 40001`), /^error /);
-        const reused = await sh(b, `probe udp ${fake.allowedIp} 7 reused 2000 40000`);
-        assert.match(reused, /^error /, reused);
-      },
-    );
+    /** The firewall's conntrack entries with this original source (SECURITY.md C19, A10). */
+    function flowsFrom(source: string): string[] {
+      const table = readFileSync('/proc/net/nf_conntrack', 'utf8');
+      return table.split('\n').filter((l) => l.includes(` src=${source} `));
+    }
+
+    // The firewall accepts a flow's later packets by its conntrack entry; a stopped sandbox's
+    // entries outlive it, and the slot's next sandbox has the same addresses (and 5-tuples).
+    it("a sandbox cannot ride the conntrack entries of the slot's previous sandbox (IPv4, IPv6)", async () => {
+      const rules = [
+        { cidr: `${fake.allowedIp}/32`, ports: [7] },
+        { cidr: `${fake.allowedIp6}/128`, ports: [7] },
+      ];
+      const a = await create({ image: 'busybox', networkAllow: rules });
+      const slot = { ...addr(a) };
+      assert.match(await sh(a, `probe udp ${fake.allowedIp} 7 first 2000 40000`), /^reply first/);
+      assert.match(
+        await sh(a, `probe udp ${fake.allowedIp6} 7 first6 2000 40000`),
+        /^reply first6/,
+      );
+      assert.ok(flowsFrom(slot.sandbox4).length > 0, 'the flow is tracked');
+      await a.stop();
+      const b = await create(); // no egress at all, same slot
+      assert.equal(addr(b).sandbox4, slot.sandbox4, 'the same slot');
+      assert.match(await sh(b, `probe udp ${fake.allowedIp} 7 fresh 2000 40001`), /^error /);
+      const reused = await sh(b, `probe udp ${fake.allowedIp} 7 reused 2000 40000`);
+      assert.match(reused, /^error /, reused);
+      const reused6 = await sh(b, `probe udp ${fake.allowedIp6} 7 reused6 2000 40000`);
+      assert.match(reused6, /^error /, reused6);
+      // Nothing of the previous sandbox's flows reaches it either way.
+      assert.deepEqual(
+        (await fake.log()).filter((e) => e.kind === 'udp' && /reused|fresh/.test(e.data ?? '')),
+        [],
+      );
+      await b.stop();
+      // A sandbox allowed the same meets the old entry on its own 5-tuple: it is its flow now.
+      const c = await create({ image: 'busybox', networkAllow: rules });
+      assert.equal(addr(c).sandbox4, slot.sandbox4, 'the same slot');
+      assert.match(await sh(c, `probe udp ${fake.allowedIp} 7 again 2000 40000`), /^reply again/);
+      assert.match(
+        await sh(c, `probe udp ${fake.allowedIp6} 7 again6 2000 40000`),
+        /^reply again6/,
+      );
+      assert.match(await sh(c, `probe udp ${fake.allowedIp} 7 twice 2000 40000`), /^reply twice/);
+      await c.stop();
+      // And the flows of the sandboxes that are gone are deleted, not left for the timeout.
+      const deadline = Date.now() + 30_000;
+      while (flowsFrom(slot.sandbox4).length > 0 && Date.now() < deadline)
+        await new Promise((r) => setTimeout(r, 500));
+      assert.deepEqual(flowsFrom(slot.sandbox4), []);
+      assert.deepEqual(flowsFrom(slot.sandbox6!), []);
+    });
+
+    it('a live update that removes a rule cuts the flows it allowed, and only those (C19)', async () => {
+      const sb = await create({
+        image: 'busybox',
+        networkAllow: [
+          { domain: 'allowed.test' },
+          { domain: 'zero-ttl.test' },
+          { cidr: '10.199.53.0/24', ports: [7] },
+        ],
+      });
+      assert.match(await sh(sb, 'nslookup allowed.test'), /198\.18\.1\.10/);
+      assert.match(await sh(sb, 'nslookup zero-ttl.test'), /198\.18\.1\.11/);
+      const hold = (host: string, out: string) =>
+        sb.runShell(`probe hold ${host} 7 /tmp/go 30000 >/tmp/${out} 2>&1 &`);
+      await hold(fake.allowedIp, 'by-name');
+      await hold(fake.laterIp, 'expired');
+      await hold(fake.privateIp, 'by-cidr');
+      const read = (f: string) => sh(sb, `cat /tmp/${f}`);
+      for (const f of ['by-name', 'expired', 'by-cidr']) {
+        const deadline = Date.now() + 10_000;
+        while (!/first reply/.test(await read(f)) && Date.now() < deadline)
+          await new Promise((r) => setTimeout(r, 200));
+        assert.match(await read(f), /^first reply one/, f);
+      }
+      assert.match(
+        await sh(sb, `probe udp ${fake.privateIp} 7 before 2000 40100`),
+        /^reply before/,
+      );
+      // zero-ttl.test's answer has expired (floor 1 s here): its connection lives on its name.
+      await new Promise((r) => setTimeout(r, 2500));
+      await sb.updateNetworkRules({ allow: [{ domain: 'zero-ttl.test' }] });
+      await sb.runShell('touch /tmp/go');
+      const second = async (f: string) => {
+        const deadline = Date.now() + 10_000;
+        let out = await read(f);
+        while (!/second/.test(out) && Date.now() < deadline) {
+          await new Promise((r) => setTimeout(r, 200));
+          out = await read(f);
+        }
+        return out;
+      };
+      assert.match(await second('by-cidr'), /second error/, 'the removed CIDR rule cuts its flow');
+      assert.match(await second('by-name'), /second error/, 'the removed name cuts its flow');
+      assert.match(
+        await second('expired'),
+        /second reply two/,
+        'a name still allowed keeps its flow',
+      );
+      const udp = await sh(sb, `probe udp ${fake.privateIp} 7 after 2000 40100`);
+      assert.match(udp, /^error /, udp);
+    });
   },
 );

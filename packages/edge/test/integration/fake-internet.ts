@@ -33,6 +33,14 @@ export interface FakeInternet {
   privateIp: string;
   privateIp6: string;
   nat64Ip6: string;
+  /**
+   * A network-specific NAT64 prefix (RFC 6052 /96) inside the public part,
+   * and its forms of `privateIp` and `allowedIp`: hosts of the fake internet
+   * standing for what a translator would reach (`network.nat64Prefixes`).
+   */
+  nat64Prefix: string;
+  nspPrivateIp6: string;
+  nspPublicIp6: string;
   /** The part of the fake internet the edge treats as public (`network.publicRanges`). */
   publicRanges: string[];
   zone: Record<
@@ -48,7 +56,7 @@ export interface FakeInternet {
 }
 
 export interface FakeLogEntry {
-  kind: 'dns' | 'dns-tcp' | 'http' | 'proxy' | 'proxy-connect' | 'udp';
+  kind: 'dns' | 'dns-tcp' | 'http' | 'proxy' | 'proxy-connect' | 'udp' | 'tcp-echo';
   server: string;
   name?: string;
   port?: number;
@@ -80,6 +88,9 @@ export async function startFakeInternet(): Promise<FakeInternet> {
     privateIp6: 'fdff:5ec:2::10',
     // 64:ff9b::10.199.53.10 (RFC 6052 well-known prefix).
     nat64Ip6: '64:ff9b::ac7:350a',
+    nat64Prefix: 'fdff:5ec:1::64:0:0/96',
+    nspPrivateIp6: 'fdff:5ec:1::64:ac7:350a', // 10.199.53.10
+    nspPublicIp6: 'fdff:5ec:1::64:c612:10a', // 198.18.1.10
     // The uplink's own /30 and /64 (198.18.0.0/30, fdff:5ec::/64) are the node's
     // networks: the edge must filter them even inside a public range.
     publicRanges: ['198.18.0.0/15', 'fdff:5ec:1::/64'],
@@ -97,6 +108,10 @@ export async function startFakeInternet(): Promise<FakeInternet> {
     'nat64.test': { aaaa: [fake.nat64Ip6], ttl: 60 },
     'cname.test': { cname: 'private.test', ttl: 60 },
     'node.test': { a: ['198.18.0.1'], aaaa: ['fdff:5ec::1'], ttl: 60 },
+    // The other end of the uplink: a host on the node's own network (protected).
+    'lan.test': { a: ['198.18.0.2'], aaaa: ['fdff:5ec::2'], ttl: 60 },
+    'nsp-private.test': { aaaa: [fake.nspPrivateIp6], ttl: 60 },
+    'nsp-public.test': { aaaa: [fake.nspPublicIp6], ttl: 60 },
     // A zone that answers every query with addresses it never gave before (of 198.19.0.0/16).
     'fresh.test': { fresh: 48, ttl: 300 },
     '*.fresh.test': { fresh: 48, ttl: 300 },
@@ -137,8 +152,15 @@ export async function startFakeInternet(): Promise<FakeInternet> {
       fake.privateIp,
     ];
     for (const ip of v4) inNs('addr', 'add', `${ip}/32`, 'dev', 'lo');
-    for (const ip of [fake.allowedIp6, fake.deniedIp6, fake.privateIp6, fake.nat64Ip6])
-      inNs('-6', 'addr', 'add', `${ip}/128`, 'dev', 'lo', 'nodad');
+    const v6 = [
+      fake.allowedIp6,
+      fake.deniedIp6,
+      fake.privateIp6,
+      fake.nat64Ip6,
+      fake.nspPrivateIp6,
+      fake.nspPublicIp6,
+    ];
+    for (const ip of v6) inNs('-6', 'addr', 'add', `${ip}/128`, 'dev', 'lo', 'nodad');
     inNs('route', 'add', 'default', 'via', '198.18.0.1');
     inNs('-6', 'route', 'add', 'default', 'via', 'fdff:5ec::1');
     sh('ip', ['route', 'add', '198.18.1.0/24', 'via', '198.18.0.2', 'dev', uplink]);
@@ -162,9 +184,12 @@ export async function startFakeInternet(): Promise<FakeInternet> {
         fake.privateIp,
         fake.privateIp6,
         fake.nat64Ip6,
+        fake.nspPrivateIp6,
+        fake.nspPublicIp6,
       ],
       proxy: [fake.allowedIp],
-      udpEcho: [fake.allowedIp, fake.deniedIp],
+      // UDP and TCP echo on port 7.
+      udpEcho: [fake.allowedIp, fake.laterIp, fake.deniedIp, fake.allowedIp6, fake.privateIp],
       control: '198.18.0.2',
     };
     const child = spawn(

@@ -170,11 +170,11 @@ test('gold scores every task 1 and none every task 0, through logged steps with 
     assert.equal(r.error, undefined);
     assert.equal(r.duplicateExecutions, 0);
     assert.equal(r.replayedSteps, 0);
-    // Gold: a read and a write of the one file. Taking its patch: the agent's workdir listed and
-    // the changed file read; grading, in a fresh sandbox: its workdir listed, the base file read,
+    // Gold: a read and a write of the one file. Taking its patch: the agent's processes killed, its
+    // workdir listed and the changed file read; grading, in a fresh sandbox: its workdir listed, the base file read,
     // the patch applied, the test file written, then the test run.
     assert.equal(r.toolCalls, 2);
-    assert.equal(r.executedSteps, 2 + 2 + 5);
+    assert.equal(r.executedSteps, 2 + 3 + 5);
     assert.ok(r.sandboxId);
     assert.equal(r.grading, 'patch');
     assert.ok(r.gradingSandboxId && r.gradingSandboxId !== r.sandboxId);

@@ -246,6 +246,47 @@ describe('grading integrity (K39)', { skip, timeout: 1_800_000 }, () => {
     await grader.stop();
   });
 
+  it('a leftover that swaps repository files for FIFOs while the grader reads them neither stalls the grading nor loses the fix', async () => {
+    // Four paths, two per process, each flipped between a regular file and a FIFO with no writer as
+    // fast as the process can: often enough one is a file when the reader tests it and a FIFO when it
+    // opens it, and the open then waits out the read's timeout.
+    const swapper = `import os
+import sys
+
+k = int(sys.argv[1])
+os.makedirs(".swap", exist_ok=True)
+paths = ["pyapp/swap%d.txt" % (2 * k + i) for i in range(2)]
+while True:
+    for i, p in enumerate(paths):
+        t = ".swap/%d-%d" % (k, i)
+        os.mkfifo(t)
+        os.rename(t, p)
+        with open(t, "w") as f:
+            f.write("x")
+        os.rename(t, p)
+`;
+    const agent = new ScriptedAgent('fifo-swapper', () => [
+      { edit: 'pyapp/calc.py', old: 'return a - b\n\n\ndef sub', new: 'return a + b\n\n\ndef sub' },
+      { write: '/tmp/.swap.py', content: swapper },
+      { shell: '(python3 /tmp/.swap.py 0 & python3 /tmp/.swap.py 1 &) >/dev/null 2>&1' },
+      {
+        // Set up as meant: the path is seen both as a FIFO and as a file.
+        shell:
+          'for i in $(seq 200); do [ -e pyapp/swap3.txt ] && break; usleep 50000; done; ' +
+          'f=; r=; i=0; while [ $i -lt 200000 ]; do [ -p pyapp/swap0.txt ] && f=1; [ -f pyapp/swap0.txt ] && r=1; ' +
+          '[ "$f$r" = 11 ] && exit 0; i=$((i + 1)); done; exit 1',
+      },
+    ]);
+    const started = Date.now();
+    const r = (await run(agent, ['pyapp__add-1']))['pyapp__add-1']!;
+    const seconds = (Date.now() - started) / 1000;
+    console.log(`fifo-swapper: reward ${r.reward} in ${seconds.toFixed(1)} s`);
+    assert.equal(r.error, undefined, JSON.stringify(r.error));
+    assert.equal(r.reward, 1, JSON.stringify(r));
+    const lost = r.agentPatch?.leftOut.filter((l) => l.rule === 'changed-while-read') ?? [];
+    assert.deepEqual(lost, [], JSON.stringify(r.agentPatch?.leftOut));
+  });
+
   it('in place, every leftover of the agent is dead before the tests are written', async () => {
     const stubborn = IN_PLACE_ATTACKS.find((a) => a.name === 'inplace-stubborn-leftovers')!;
     const id = stubborn.instance;

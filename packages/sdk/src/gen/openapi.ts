@@ -712,37 +712,37 @@ export interface paths {
     };
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     get: operations['portGet'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     put: operations['portPut'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     post: operations['portPost'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     delete: operations['portDelete'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     options: operations['portOptions'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     head: operations['portHead'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     patch: operations['portPatch'];
     trace?: never;
@@ -756,37 +756,37 @@ export interface paths {
     };
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     get: operations['portGetPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     put: operations['portPutPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     post: operations['portPostPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     delete: operations['portDeletePath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     options: operations['portOptionsPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     head: operations['portHeadPath'];
     /**
      * An HTTP request to a service inside the sandbox
-     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. `Authorization` and hop-by-hop headers are not forwarded. Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
+     * @description One HTTP/1.1 request to `127.0.0.1:port` inside the sandbox, bodies streamed both ways. Hop-by-hop headers and every credential of the caller are not forwarded: `Authorization`, `X-API-Key`, `X-Access-Token`, `X-Dsec-*`, and any header, cookie or query parameter that carries a DSec key (400 `invalid_argument` for a path that does). Any status is the service’s own, except answers carrying `x-dsec-error: 1`, which are DSec `Error` answers.
      */
     patch: operations['portPatchPath'];
     trace?: never;
@@ -1917,6 +1917,7 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
@@ -2038,6 +2039,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2121,6 +2123,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2150,6 +2153,7 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2181,6 +2185,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
@@ -2211,6 +2216,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2239,6 +2246,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2267,6 +2276,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2295,6 +2306,8 @@ export interface operations {
       };
       400: components['responses']['BadRequest'];
       401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
@@ -2424,6 +2437,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2544,6 +2558,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2784,6 +2799,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2816,6 +2832,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2848,6 +2865,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2915,6 +2933,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
@@ -2947,6 +2966,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -2980,6 +3000,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -3653,6 +3674,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -3687,6 +3709,7 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
@@ -3720,6 +3743,7 @@ export interface operations {
       401: components['responses']['Unauthenticated'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
       429: components['responses']['TooManyRequests'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];

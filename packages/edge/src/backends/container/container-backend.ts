@@ -34,6 +34,7 @@ import { makeScratchDisk } from '../scratch-disk.js';
 import { seccompLines } from './seccomp.js';
 import { buildContainerConfig, SANDBOX_CAPABILITIES } from './spec.js';
 import { applyQos } from './qos.js';
+import { PidsRelief } from './pids-relief.js';
 import type { EdgeLogFn } from '../../observability/log.js';
 
 /** Each sandbox gets its own 65536-id range of host uids/gids, starting here. */
@@ -80,6 +81,7 @@ export class ContainerBackend implements Backend {
   readonly kind = 'container' as const;
   readonly #connections = new Map<string, Promise<ChronusConnection>>();
   readonly #oomKillsSeen = new Map<string, number>();
+  readonly #relief = new PidsRelief();
   #seccompBpf: string | undefined;
   readonly #pause: CgroupPause;
   /** The chronus supervisor pid last seen, to log when it is (re)started. */
@@ -120,6 +122,7 @@ export class ContainerBackend implements Backend {
     this.#connections.clear();
     for (const c of await Promise.allSettled(connections))
       if (c.status === 'fulfilled') c.value.close();
+    this.#relief.close();
     await this.options.chronus.stop();
     // The node's parent goes with its last sandbox; running ones keep it (and are adopted).
     this.options.cgroups.removeIfEmpty(`/${this.options.cgroupParent}`);
@@ -265,6 +268,7 @@ export class ContainerBackend implements Backend {
     const conn = this.#connections.get(rec.id);
     this.#connections.delete(rec.id);
     this.#oomKillsSeen.delete(rec.id);
+    this.#relief.forget(rec.id);
     if (conn) (await conn.catch(() => undefined))?.close();
 
     // The daemon goes first: it sits in the sandbox's cgroups, and the runtime
@@ -336,6 +340,18 @@ export class ContainerBackend implements Backend {
   ): Promise<ChronusConnection> {
     if (options.dedicated) return ChronusConnection.connect(this.paths(rec).socket);
     return this.#connection(rec);
+  }
+
+  /** See `PidsRelief`: one pread unless the sandbox is at its pids limit after refused forks. */
+  relieve(rec: BackendSandbox) {
+    if (rec.initPid === undefined || rec.chronusPid === undefined) return undefined;
+    return this.#relief.check({
+      id: rec.id,
+      cgroupDirs: () => this.options.cgroups.dirs(this.paths(rec).cgroupsPath),
+      pidsLimit: rec.spec.pidsLimit,
+      initPid: rec.initPid,
+      chronusPid: rec.chronusPid,
+    });
   }
 
   /** Whether the OOM killer struck the sandbox since this was last asked. */

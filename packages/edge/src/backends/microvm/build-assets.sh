@@ -31,8 +31,8 @@ fi
 KREL=$(ls kernel/lib/modules | head -1)
 MODDIR=kernel/lib/modules/$KREL/kernel
 
-AGENT_SRCS="guest_agent.c chronus_loop.c chronus_net.c reaper.c util.c"
-HASH=$( (cd "$SRC" && cat $AGENT_SRCS chronus.h util.h; cat "$SELF") | sha256sum | cut -c1-16)
+AGENT_SRCS="guest_agent.c chronus_loop.c chronus_net.c reaper.c reclaim.c util.c"
+HASH=$( (cd "$SRC" && cat $AGENT_SRCS chronus.h cmds.h util.h; cat "$SELF") | sha256sum | cut -c1-16)
 if [ -s initramfs.cpio ] && [ "$(cat VERSION 2>/dev/null)" = "$KREL $HASH" ]; then exit 0; fi
 
 rm -rf root && mkdir -p root/bin root/modules root/proc root/sys root/dev root/run root/newroot root/rw root/layers
