@@ -121,7 +121,11 @@ export class RegistryFleet {
         this.#clients.delete(r.edgeId);
         continue;
       }
-      known?.client.close();
+      // Only the pins changed (a certificate rotation): calls in flight on a certificate
+      // still pinned finish (closing would cut them, killing their commands).
+      if (known && r.tlsPins && known.pins && known.url === r.url && known.secret === r.secret)
+        known.client.retire(r.tlsPins);
+      else known?.client.close();
       this.#clients.set(r.edgeId, { client, url: r.url, secret: r.secret, pins });
     }
     for (const [id, known] of this.#clients) {

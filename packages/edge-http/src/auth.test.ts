@@ -217,11 +217,30 @@ test('a timestamp beyond ±60 s of the edge clock is refused', async () => {
       assert.equal(code(a), 'unauthenticated');
     }
     assert.equal(s.calls(), 0);
-    const within = signRequest(s.secret, EDGE, 'GET', path, { nowMs: now - 30_000 });
+    // (A client behind the edge's clock is tested below: a fresh server refuses what was
+    // signed before it started.)
+    const within = signRequest(s.secret, EDGE, 'GET', path, { nowMs: now + 30_000 });
     assert.equal((await raw(s.server.url, path, within.headers)).status, 200);
   } finally {
     await s.close();
   }
+});
+
+test('a client behind the edge clock is accepted, except for what it signed before the edge started', () => {
+  let now = 1_000_000;
+  const secret = newEdgeSecret();
+  const v = new RequestVerifier({ secret, edgeId: EDGE, now: () => now });
+  const path = '/edge/v1/status';
+  // Signed 30 s behind, right after the start: it may be a request the previous process took.
+  const early = signRequest(secret, EDGE, 'GET', path, { nowMs: now - 30_000 });
+  assert.throws(
+    () => v.verify('GET', path, early.headers),
+    (e) => isDsecError(e, 'unauthenticated') && /before the edge's server started/.test(e.message),
+  );
+  now += 40_000;
+  const behind = signRequest(secret, EDGE, 'GET', path, { nowMs: now - 30_000 });
+  v.verify('GET', path, behind.headers);
+  assert.equal(v.rememberedNonces, 1);
 });
 
 test('nonces are forgotten once a replay would be stale anyway', () => {
@@ -244,6 +263,29 @@ test('nonces are forgotten once a replay would be stale anyway', () => {
     () => v.verify('GET', '/edge/v1/status', first.headers),
     (e) => isDsecError(e, 'unauthenticated') && /timestamp/.test(e.message),
   );
+});
+
+test('a request signed a full skew ahead cannot be replayed at the moment its nonce is forgotten', () => {
+  // Stale when more than the skew from the clock, forgotten when its memory ends: the two must
+  // not meet at one millisecond (signed 60 s ahead, replayed exactly 120 s after arrival).
+  let now = 1_000_000;
+  const secret = newEdgeSecret();
+  const v = new RequestVerifier({ secret, edgeId: EDGE, now: () => now });
+  const path = '/edge/v1/sandboxes/sb-1/stop';
+  const ahead = signRequest(secret, EDGE, 'POST', path, { nowMs: now + MAX_CLOCK_SKEW_MS });
+  v.verify('POST', path, ahead.headers);
+  for (const later of [
+    2 * MAX_CLOCK_SKEW_MS - 1,
+    2 * MAX_CLOCK_SKEW_MS,
+    2 * MAX_CLOCK_SKEW_MS + 1,
+  ]) {
+    now = 1_000_000 + later;
+    assert.throws(
+      () => v.verify('POST', path, ahead.headers),
+      (e) => isDsecError(e, 'unauthenticated'),
+      `replayed ${later} ms after arrival`,
+    );
+  }
 });
 
 test('an impostor server is refused: other secret, no proof, a replayed proof, a bare 101', async () => {

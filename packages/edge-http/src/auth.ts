@@ -75,6 +75,12 @@ export function digestOf(hash: ReturnType<typeof createHash>): string {
   return `sha256:${hash.digest('base64url')}`;
 }
 
+/**
+ * `upgrade` is the protocol an upgrade request asks for (its `Upgrade`
+ * header) and '' for any other request: which one the server takes it for
+ * must be what the client signed, or a header added or dropped on the way
+ * would make a request the other kind (and its refusal a proven answer).
+ */
 export function requestSignature(
   secret: string,
   edgeId: string,
@@ -83,10 +89,11 @@ export function requestSignature(
   time: string,
   nonce: string,
   body: string,
+  upgrade = '',
 ): string {
   return createHmac('sha256', secret)
     .update(
-      `dsec-edge-request\n${edgeId}\n${method.toUpperCase()}\n${path}\n${time}\n${nonce}\n${body}`,
+      `dsec-edge-request\n${edgeId}\n${method.toUpperCase()}\n${path}\n${time}\n${nonce}\n${body}\n${upgrade}`,
     )
     .digest('base64url');
 }
@@ -194,19 +201,29 @@ export function signRequest(
   edgeId: string,
   method: string,
   path: string,
-  options: { body?: Buffer | typeof STREAMED; nowMs?: number } = {},
+  options: { body?: Buffer | typeof STREAMED; nowMs?: number; upgrade?: string } = {},
 ): { headers: Record<string, string>; exchange: SignedExchange } {
   const nonce = randomBytes(16).toString('base64url');
   const time = String(options.nowMs ?? Date.now());
   const body = options.body ?? Buffer.alloc(0);
   const digest = body === STREAMED ? STREAMED : bodyDigest(body);
+  const upgrade = options.upgrade ?? '';
   return {
     exchange: new SignedExchange(secret, edgeId, nonce, method, path),
     headers: {
       [HEADER_TIME]: time,
       [HEADER_NONCE]: nonce,
       [HEADER_BODY]: digest,
-      [HEADER_SIGNATURE]: requestSignature(secret, edgeId, method, path, time, nonce, digest),
+      [HEADER_SIGNATURE]: requestSignature(
+        secret,
+        edgeId,
+        method,
+        path,
+        time,
+        nonce,
+        digest,
+        upgrade,
+      ),
     },
   };
 }
@@ -230,7 +247,12 @@ export interface VerifiedRequest {
  * twice the skew window from their arrival, long enough that a replay is
  * either refused as seen or as stale. Only correctly signed requests are
  * remembered, so the set grows with the authenticated request rate alone
- * (a client without the secret cannot fill it).
+ * (a client without the secret cannot fill it). The set lives in memory,
+ * so a request signed before this verifier existed is refused too: the
+ * nonces a previous process of the edge accepted are gone, and without
+ * this an edge restart would take again every request of the minute before
+ * it. (A client whose clock is behind the edge's by d is refused for d
+ * after a restart.)
  */
 export class RequestVerifier {
   readonly #secret: string;
@@ -238,19 +260,29 @@ export class RequestVerifier {
   readonly #now: () => number;
   /** nonce → when it may be forgotten; insertion order is (nearly) expiry order. */
   readonly #seen = new Map<string, number>();
+  /** Requests signed earlier may have been accepted by a process before this one. */
+  readonly #startedAt: number;
 
   constructor(options: { secret: string; edgeId: string; now?: () => number }) {
     this.#secret = options.secret;
     this.#edgeId = options.edgeId;
     this.#now = options.now ?? Date.now;
+    this.#startedAt = this.#now();
   }
 
   /**
    * Returns the verified request when it is authentic and fresh; throws
    * `unauthenticated` otherwise. The body is checked later, by whoever
-   * reads it (`checkBody`, `BodyVerifier`), against what this returns.
+   * reads it (`bodyMatches`, `Call.rawBody`), against what this returns.
+   * `upgrade` is the `Upgrade` header of a request taken as an upgrade,
+   * '' for one taken as a plain request (whatever its headers say).
    */
-  verify(method: string, path: string, headers: IncomingHttpHeaders): VerifiedRequest {
+  verify(
+    method: string,
+    path: string,
+    headers: IncomingHttpHeaders,
+    upgrade = '',
+  ): VerifiedRequest {
     const time = headers[HEADER_TIME];
     const nonce = headers[HEADER_NONCE];
     const signature = headers[HEADER_SIGNATURE];
@@ -273,9 +305,24 @@ export class RequestVerifier {
         { skewMs: Number(time) - now },
       );
     }
-    const expected = requestSignature(this.#secret, this.#edgeId, method, path, time, nonce, body);
+    const expected = requestSignature(
+      this.#secret,
+      this.#edgeId,
+      method,
+      path,
+      time,
+      nonce,
+      body,
+      upgrade,
+    );
     if (!safeEqual(signature, expected)) {
       throw unauthenticated('bad request signature (a different secret, or not this edge)');
+    }
+    if (Number(time) < this.#startedAt) {
+      throw unauthenticated(
+        "the request was signed before the edge's server started (a replay across a restart?)",
+        { skewMs: Number(time) - now },
+      );
     }
     this.#forgetExpired(now);
     if (this.#seen.has(nonce)) throw unauthenticated('replayed request (nonce already used)');
@@ -290,7 +337,9 @@ export class RequestVerifier {
 
   #forgetExpired(now: number): void {
     for (const [nonce, until] of this.#seen) {
-      if (until > now) break;
+      // Kept through its last millisecond: at `until` a request signed a full skew ahead is
+      // still within the skew, one millisecond later it is not.
+      if (until >= now) break;
       this.#seen.delete(nonce);
     }
   }

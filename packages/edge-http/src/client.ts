@@ -2,8 +2,7 @@ import { createHash } from 'node:crypto';
 import http from 'node:http';
 import type { IncomingMessage, OutgoingHttpHeaders } from 'node:http';
 import https from 'node:https';
-import { Duplex, PassThrough } from 'node:stream';
-import type { Readable } from 'node:stream';
+import { Duplex, PassThrough, Readable } from 'node:stream';
 import { DsecError, toDsecError } from '@dsec/core';
 import type {
   DisplayInput,
@@ -42,6 +41,9 @@ import {
 } from './auth.js';
 import type { SignedExchange } from './auth.js';
 import {
+  BODY_DATA,
+  BODY_END,
+  BODY_FRAME_BYTES,
   CMD_ERROR,
   CMD_RESULT,
   CMD_STDERR,
@@ -65,13 +67,8 @@ import {
   PTY_RESIZE,
   PTY_UPGRADE,
 } from './frames.js';
-import {
-  decodeStreamError,
-  EDGE_PATH_PREFIX,
-  HEADER_STREAM_ERROR,
-  MAX_JSON_BODY_BYTES,
-} from './protocol.js';
-import { normalizeFingerprint, PinnedAgent } from './tls.js';
+import { decodeStreamError, EDGE_PATH_PREFIX, HEADER_STREAM_ERROR } from './protocol.js';
+import { normalizeFingerprint, PinnedAgent, shownFingerprint } from './tls.js';
 
 export interface RemoteEdgeOptions {
   /** The edge's ID; it is part of every signature, so a misdirected call is refused. */
@@ -103,12 +100,14 @@ export interface RemoteEdgeOptions {
 const CONNECT_ERRORS = new Set(['ECONNREFUSED', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT']);
 /**
  * Whole answers are read before they are believed, so they are bounded: an
- * error body (the edge's are a few hundred bytes) and a JSON answer (the
- * largest, a listing, is far below the request bodies' own cap). An answer
- * past its bound is dropped: no honest edge sends one.
+ * error body (the edge's are a few hundred bytes) and a JSON answer. The
+ * largest JSON answer is a command's result from `waitCommand`, as large as
+ * the same result in a command stream's last frame (both streams' kept
+ * output, up to 64 MiB each, and every control byte is six bytes of JSON),
+ * so it has that frame's bound. An answer past its bound is dropped.
  */
 const MAX_ERROR_BODY_BYTES = 1 << 20;
-const MAX_JSON_ANSWER_BYTES = MAX_JSON_BODY_BYTES;
+const MAX_JSON_ANSWER_BYTES = MAX_COMMAND_FRAME_BYTES;
 
 interface Exchange {
   method: 'GET' | 'POST' | 'PUT' | 'DELETE';
@@ -165,6 +164,17 @@ export class RemoteEdge implements EdgeApi {
   /** Drops pooled sockets; later calls reject with `unavailable`. */
   close(): void {
     this.#link.close();
+  }
+
+  /**
+   * Hands over to a client of the same edge with other pins (a certificate
+   * rotation): later calls here reject with `unavailable`, idle sockets
+   * close now, and a call in flight finishes on its connection if that
+   * connection's certificate is one of `pinSha256`, or is cut now (a pin
+   * withdrawn). `close()` cuts every call in flight, which kills commands.
+   */
+  retire(pinSha256: readonly string[]): void {
+    this.#link.retire(new Set(pinSha256.map((p) => normalizeFingerprint(p))));
   }
 
   status(signal?: AbortSignal): Promise<EdgeStatus> {
@@ -659,6 +669,21 @@ class EdgeLink {
     if (this.#upgradeAgent) this.#upgradeAgent.destroy();
   }
 
+  retire(pins: ReadonlySet<string>): void {
+    this.#closed = true;
+    for (const agent of [this.#agent, this.#upgradeAgent]) {
+      if (!agent) continue;
+      // A socket a call frees is closed instead of pooled.
+      agent.maxFreeSockets = 0;
+      for (const list of Object.values(agent.freeSockets)) for (const s of list ?? []) s.destroy();
+      for (const list of Object.values(agent.sockets))
+        for (const s of list ?? []) {
+          const fingerprint = shownFingerprint(s);
+          if (fingerprint === undefined || !pins.has(fingerprint)) s.destroy();
+        }
+    }
+  }
+
   /** A verified 2xx answer whose body streams, unread; any other status rejects with its `DsecError`. */
   open(x: Exchange): Promise<Answer> {
     return this.#attempt({ ...x, stream: true }, true);
@@ -773,7 +798,9 @@ class EdgeLink {
     if (this.#closed) return Promise.reject(this.#closedError());
     if (signal?.aborted) return Promise.reject(abortedError(signal));
     const full = EDGE_PATH_PREFIX + path;
-    const { headers: auth, exchange } = signRequest(this.#secret, this.edgeId, 'GET', full);
+    const { headers: auth, exchange } = signRequest(this.#secret, this.edgeId, 'GET', full, {
+      upgrade: protocol,
+    });
     return new Promise((resolve, reject) => {
       const request = this.#request({
         ...this.#target,
@@ -840,24 +867,23 @@ class EdgeLink {
     if (signal?.aborted) return Promise.reject(abortedError(signal));
     const path = EDGE_PATH_PREFIX + x.path;
     let payload: Buffer | undefined;
-    const stream = x.body !== undefined && !Buffer.isBuffer(x.body) ? x.body : undefined;
+    // A raw body (stdin, an upload), a buffer too, goes in frames the edge checks one by one
+    // before it passes their bytes on.
+    const stream =
+      x.body === undefined ? undefined : Buffer.isBuffer(x.body) ? Readable.from([x.body]) : x.body;
     let contentType: string | undefined;
     if (x.json !== undefined) {
       payload = Buffer.from(JSON.stringify(x.json));
       contentType = 'application/json';
-    } else if (Buffer.isBuffer(x.body)) {
-      payload = x.body;
-      contentType = 'application/octet-stream';
     } else if (stream) {
-      contentType = 'application/octet-stream';
+      contentType = FRAMES_CONTENT_TYPE;
     }
     const { headers: auth, exchange } = signRequest(this.#secret, this.edgeId, x.method, path, {
       body: stream ? STREAMED : (payload ?? Buffer.alloc(0)),
     });
     const headers: OutgoingHttpHeaders = auth;
     if (contentType) headers['content-type'] = contentType;
-    if (stream) headers.trailer = TRAILER_BODY_MAC;
-    else if (x.method !== 'GET') headers['content-length'] = payload?.length ?? 0;
+    if (!stream && x.method !== 'GET') headers['content-length'] = payload?.length ?? 0;
 
     return new Promise<Answer>((resolve, reject) => {
       let settled = false;
@@ -963,8 +989,9 @@ class EdgeLink {
   }
 
   /**
-   * A streamed request body, with back-pressure, then the MAC trailer over
-   * its SHA-256 that lets the edge check it was not changed on the way.
+   * A raw request body in `BODY_DATA` frames with their MACs, with
+   * back-pressure, then `BODY_END`: the edge passes on only bytes whose
+   * frame checked out, and ends the body only at its checked end.
    */
   #sendStream(
     stream: Readable,
@@ -972,17 +999,16 @@ class EdgeLink {
     exchange: SignedExchange,
     fail: (err: Error) => void,
   ): void {
-    const hash = createHash('sha256');
+    const up = exchange.sealer('request');
     stream.on('data', (chunk: Buffer | string) => {
       const bytes = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
-      hash.update(bytes);
-      if (!request.write(bytes)) stream.pause();
+      let ok = true;
+      for (let at = 0; at < bytes.length; at += BODY_FRAME_BYTES)
+        ok = request.write(frame(up, BODY_DATA, bytes.subarray(at, at + BODY_FRAME_BYTES)));
+      if (!ok) stream.pause();
     });
     request.on('drain', () => stream.resume());
-    stream.once('end', () => {
-      request.addTrailers({ [TRAILER_BODY_MAC]: exchange.bodyMac('request', digestOf(hash)) });
-      request.end();
-    });
+    stream.once('end', () => request.end(frame(up, BODY_END, Buffer.alloc(0))));
     stream.once('error', (err) => fail(toDsecError(err, 'aborted')));
   }
 

@@ -668,3 +668,58 @@ test('a command result of many MiB crosses the wire copied a bounded number of t
     assert.ok(copied <= 4 * (17 << 20), `${copied} bytes copied for a 17 MiB result`);
   });
 });
+
+test('a genuine large JSON answer (a command result) arrives whole, as the same result streamed does', async () => {
+  // What the real edge answers to a wait on `head -c 12M /dev/zero` run with
+  // `maxOutputBytes: 16 MiB` (the API allows 64 MiB a stream): every NUL is six
+  // bytes of JSON, 72 MiB in all, beyond the 64 MiB the client used to take whole
+  // (it refused the edge's genuine answer as `unavailable`), and well within what
+  // the same result is allowed as the last frame of a command stream.
+  const stdout = '\0'.repeat(12 << 20);
+  const result: CommandResult = {
+    commandId: 'cmd-big',
+    exitCode: 0,
+    outcome: 'exited',
+    stdout,
+    stderr: '',
+    truncated: false,
+    stdoutBytes: stdout.length,
+    stderrBytes: 0,
+    durationMs: 1,
+  };
+  assert.ok(JSON.stringify(result).length > 64 << 20);
+  const edge = scripted({
+    waitCommand: async () => result,
+    runCommand: async () => result,
+  });
+  await withServed(edge, async (remote) => {
+    const streamed = await remote.io.runCommand('sb', { argv: ['head'] });
+    assert.equal(streamed.stdout.length, stdout.length, 'streamed');
+    const waited = await remote.io.waitCommand('sb', 'cmd-big');
+    assert.equal(waited.stdout.length, stdout.length, 'waited');
+  });
+});
+
+test('a body whose consumer stops reading early (the command exited) still gets its answer', async () => {
+  const edge = scripted({
+    writeStdin: async (_id, _cid, data) => {
+      let bytes = 0;
+      for await (const chunk of data as Readable) {
+        bytes += (chunk as Buffer).length;
+        break; // the command took one chunk and exited
+      }
+      return { bytes };
+    },
+  });
+  await withServed(edge, async (remote) => {
+    for (let i = 0; i < 2; i++) {
+      const body = Readable.from(
+        (function* () {
+          for (let n = 0; n < 128; n++) yield Buffer.alloc(64 * 1024, 0x61);
+        })(),
+      );
+      const { bytes } = await remote.io.writeStdin('sb', 'cmd', body, { eof: true });
+      assert.ok(bytes > 0 && bytes < 8 * 1024 * 1024, `${bytes} bytes taken`);
+    }
+  });
+});

@@ -32,6 +32,15 @@ export const PTY_KILL = 4;
 export const PORT_DATA = 0;
 export const PORT_END = 1;
 
+/**
+ * A streamed request body (stdin, an upload), client → server, sent as the
+ * body of its request: bytes, then the end. Each frame is checked before its
+ * bytes go on, so none the client did not send reaches a command or a file,
+ * and only a checked END ends the body (a cut is not an EOF).
+ */
+export const BODY_DATA = 0;
+export const BODY_END = 1;
+
 export const PTY_UPGRADE = 'dsec-edge-pty';
 export const PORT_UPGRADE = 'dsec-edge-port';
 
@@ -40,6 +49,9 @@ export const MAX_PTY_FRAME_BYTES = 1 << 20;
 /** Largest port frame accepted; senders cut their bytes into frames of `PORT_FRAME_BYTES`. */
 export const MAX_PORT_FRAME_BYTES = 1 << 20;
 export const PORT_FRAME_BYTES = 64 * 1024;
+/** Largest request body frame accepted; senders cut their bytes into frames of `BODY_FRAME_BYTES`. */
+export const MAX_BODY_FRAME_BYTES = 1 << 20;
+export const BODY_FRAME_BYTES = 64 * 1024;
 /** Largest command frame accepted: a result carries both streams' kept output. */
 export const MAX_COMMAND_FRAME_BYTES = 256 << 20;
 

@@ -866,3 +866,304 @@ test('an error answer past its bound is dropped, not buffered', async () => {
     await s.close();
   }
 });
+
+// ---- review of the edge protocol change (issue 24 point 7) ----
+
+test('relayed: a stdin body stripped on the way is refused, and the command sees no EOF', async () => {
+  const fake = new FakeEdge({ edgeId: EDGE });
+  const writes: { bytes: number; eof: boolean }[] = [];
+  const io: Partial<SandboxIoApi> = {
+    writeStdin: async (_id, _cid, data, options = {}) => {
+      let bytes = 0;
+      if (Buffer.isBuffer(data)) bytes = data.length;
+      else if (data) for await (const c of data) bytes += (c as Buffer).length;
+      writes.push({ bytes, eof: options.eof === true });
+      return { bytes };
+    },
+  };
+  const edge: EdgeApi = {
+    edgeId: EDGE,
+    status: (sig) => fake.status(sig),
+    createSandbox: (r, sig) => fake.createSandbox(r, sig),
+    getSandbox: (id, sig) => fake.getSandbox(id, sig),
+    listSandboxes: (f, sig) => fake.listSandboxes(f, sig),
+    stopSandbox: (id, sig) => fake.stopSandbox(id, sig),
+    runCommand: (id, c, o) => fake.runCommand(id, c, o),
+    io: io as SandboxIoApi,
+  };
+  const s = await setting(edge);
+  try {
+    // The impostor drops the body (and its trailer): what reaches the edge is a request
+    // with no body at all, which the edge took for "no bytes, then EOF".
+    const { client } = await s.through(async (seen, e) =>
+      e.relay({ ...seen, trailers: {} }, { body: Buffer.alloc(0) }),
+    );
+    for (const [what, data] of [
+      ['a buffer', Buffer.from('yes\n')],
+      ['a stream', Readable.from([Buffer.from('yes\n')])],
+    ] as const) {
+      await mustRefuse(
+        client.io
+          .writeStdin('sb', 'cmd-1', data, { eof: true })
+          .then((r) => `${what}: accepted, ${r.bytes} bytes`),
+        what,
+      );
+    }
+    assert.deepEqual(
+      writes.filter((w) => w.eof),
+      [],
+      'the command was never sent an EOF it did not get from the client',
+    );
+    // Unchanged, the same calls work.
+    const direct = s.direct;
+    assert.deepEqual(
+      await direct.io.writeStdin('sb', 'cmd-1', Buffer.from('yes\n'), { eof: true }),
+      { bytes: 4 },
+    );
+    assert.deepEqual(await direct.io.writeStdin('sb', 'cmd-1', undefined, { eof: true }), {
+      bytes: 0,
+    });
+  } finally {
+    await s.close();
+  }
+});
+
+test('replayed: a request the edge ran before a restart is refused by the restarted edge', async () => {
+  const fake = new FakeEdge({ edgeId: EDGE });
+  let ran = 0;
+  const counted: EdgeApi = {
+    edgeId: EDGE,
+    status: (sig) => fake.status(sig),
+    createSandbox: (r, sig) => fake.createSandbox(r, sig),
+    getSandbox: (id, sig) => fake.getSandbox(id, sig),
+    listSandboxes: (f, sig) => fake.listSandboxes(f, sig),
+    stopSandbox: (id, sig) => fake.stopSandbox(id, sig),
+    runCommand: (id, c, o) => {
+      ran++;
+      return fake.runCommand(id, c, o);
+    },
+  };
+  const s = await setting(counted);
+  let restarted: Awaited<ReturnType<typeof serveEdge>> | undefined;
+  try {
+    const sb = await running(fake);
+    // The impostor relays (and records) a command, as anyone on the path can.
+    const { client, seen } = await s.through(async (x, edge) => edge.relay(x));
+    assert.equal((await client.runCommand(sb.id, { argv: ['echo', 'rm -rf /work'] })).exitCode, 0);
+    assert.equal(ran, 1);
+    // The edge restarts (an upgrade, a crash) within the minute a signature is good for;
+    // its memory of nonces went with the old process.
+    await s.server.close();
+    restarted = await serveEdge({ edge: counted, secret: s.secret });
+    const x = seen[0]!;
+    const replay = await send(
+      new URL(restarted.url),
+      x.method,
+      x.url,
+      forwardable(x.headers),
+      x.body,
+      x.trailers,
+    );
+    assert.equal(replay.status, 401, `the restarted edge took the replay: ${replay.status}`);
+    assert.equal(replay.headers[HEADER_PROOF], undefined);
+    assert.equal(ran, 1, 'the command ran once');
+    // A request signed after the restart works.
+    const fresh = new RemoteEdge({ edgeId: EDGE, url: restarted.url, secret: s.secret });
+    assert.equal((await fresh.runCommand(sb.id, { argv: ['true'] })).exitCode, 0);
+    fresh.close();
+  } finally {
+    await restarted?.close();
+    await s.close();
+  }
+});
+
+test('relayed: a request turned into an upgrade on the way is refused, not answered as the edge', async () => {
+  const fake = new FakeEdge({ edgeId: EDGE });
+  const s = await setting(fake);
+  try {
+    const sb = await running(fake);
+    // The impostor adds `Upgrade` to a genuine signed GET (or strips it from a terminal's
+    // request): the edge took the unsigned header and proved its "no such route" 404.
+    const { client } = await s.through(async (seen, _edge) => {
+      const target = new URL(s.server.url);
+      let head = `${seen.method} ${seen.url} HTTP/1.1\r\n`;
+      for (const [k, v] of Object.entries(forwardable(seen.headers)))
+        head += `${k}: ${String(v)}\r\n`;
+      head += 'connection: Upgrade\r\nupgrade: dsec-edge-pty\r\n\r\n';
+      const { socket, answer } = await rawUpgrade(target, head);
+      const chunks: Buffer[] = [];
+      socket.on('data', (c: Buffer) => chunks.push(c));
+      const closed = new Promise((r) => socket.once('close', r));
+      socket.resume();
+      await closed;
+      const [statusLine, ...lines] = answer.split('\r\n');
+      const headers: IncomingHttpHeaders = {};
+      for (const line of lines) {
+        const colon = line.indexOf(':');
+        headers[line.slice(0, colon).toLowerCase()] = line.slice(colon + 1).trim();
+      }
+      return {
+        status: Number(statusLine!.split(' ')[1]),
+        headers,
+        body: Buffer.concat(chunks),
+        trailers: {},
+      };
+    });
+    await mustRefuse(
+      client.getSandbox(sb.id).then(
+        (got) => `accepted: ${got.state}`,
+        (e: unknown) => {
+          if (isDsecError(e) && e.code !== 'unavailable') return `a proven ${e.code}: ${e.message}`;
+          throw e;
+        },
+      ),
+    );
+    // The other way: a terminal's request relayed without its upgrade headers.
+    const { client: stripped } = await s.through(
+      async () => json(500, {}),
+      (req, socket, _head, target) => {
+        let head = `${req.method} ${req.url} HTTP/1.1\r\n`;
+        for (let i = 0; i < req.rawHeaders.length; i += 2) {
+          const name = req.rawHeaders[i]!.toLowerCase();
+          if (name !== 'upgrade' && name !== 'connection')
+            head += `${req.rawHeaders[i]}: ${req.rawHeaders[i + 1]}\r\n`;
+        }
+        head += 'connection: close\r\n\r\n';
+        void rawUpgrade(target, head).then(({ socket: edgeSocket, answer }) => {
+          socket.write(answer + '\r\n\r\n');
+          edgeSocket.pipe(socket);
+          edgeSocket.resume();
+        });
+      },
+    );
+    await mustRefuse(
+      stripped.io.openPty(sb.id).then(
+        () => 'terminal accepted',
+        (e: unknown) => {
+          if (isDsecError(e) && e.code !== 'unavailable') return `a proven ${e.code}: ${e.message}`;
+          throw e;
+        },
+      ),
+    );
+  } finally {
+    await s.close();
+  }
+});
+
+/**
+ * A stdin or upload body the impostor changes, reorders or cuts on the way: the command and the
+ * file must get none of the changed bytes (a shell reading stdin would run them), only a prefix
+ * of what the client sent, and never its end. Raw bytes used to reach the edge as they came and
+ * be checked against the trailer MAC at the end, after the command had read them.
+ */
+test('relayed: changed, reordered or cut bytes of a streamed body never reach the command or the file', async () => {
+  const { edge: files, uploads } = fileEdge();
+  const stdin: { bytes: Buffer; eof: boolean; error?: unknown }[] = [];
+  const io: Partial<SandboxIoApi> = {
+    ...files.io,
+    writeStdin: async (_id, _cid, data, options = {}) => {
+      const rec: { bytes: Buffer; eof: boolean; error?: unknown } = {
+        bytes: Buffer.alloc(0),
+        eof: false,
+      };
+      stdin.push(rec);
+      const chunks: Buffer[] = [];
+      try {
+        if (Buffer.isBuffer(data)) chunks.push(data);
+        else if (data) for await (const c of data) chunks.push(c as Buffer);
+      } catch (err) {
+        rec.error = err;
+        throw err;
+      } finally {
+        rec.bytes = Buffer.concat(chunks);
+      }
+      rec.eof = options.eof === true;
+      return { bytes: rec.bytes.length };
+    },
+  };
+  const s = await setting({ ...files, io: io as SandboxIoApi });
+  // Several socket writes' worth, the marker well past the first of them.
+  const script = Buffer.concat([
+    Buffer.alloc(200 * 1024, '# filler\n'),
+    Buffer.from('echo safe\n'),
+    Buffer.alloc(200 * 1024, '# filler\n'),
+  ]);
+  const attacks: [string, (body: Buffer) => Buffer][] = [
+    ['a changed byte', (b) => swap(b, 'echo safe', 'rm -rf /;')],
+    [
+      'halves swapped',
+      (b) => Buffer.concat([b.subarray(b.length >> 1), b.subarray(0, b.length >> 1)]),
+    ],
+    ['cut in half', (b) => b.subarray(0, b.length >> 1)],
+  ];
+  try {
+    for (const [what, change] of attacks) {
+      const { client } = await s.through(async (seen, e) =>
+        e.relay(
+          { ...seen, trailers: what === 'cut in half' ? {} : seen.trailers },
+          {
+            body: change(seen.body),
+          },
+        ),
+      );
+      for (const kind of ['a stream', 'a buffer']) {
+        const data = () => (kind === 'a buffer' ? script : Readable.from([script]));
+        await mustRefuse(
+          client.io
+            .writeStdin('sb', 'cmd-1', data(), { eof: true })
+            .then((r) => `stdin accepted: ${r.bytes} bytes`),
+          `${what}, ${kind} on stdin`,
+        );
+        await mustRefuse(
+          client.io
+            .writeFile('sb', '/tests/run.sh', data())
+            .then((info) => `upload accepted: ${info.size} bytes`),
+          `${what}, ${kind} uploaded`,
+        );
+      }
+      client.close();
+    }
+    for (const [where, recs] of [
+      ['stdin', stdin],
+      ['the file', uploads],
+    ] as const) {
+      assert.equal(recs.length, attacks.length * 2, `every body reached ${where}'s consumer`);
+      for (const rec of recs) {
+        assert.ok(
+          rec.bytes.equals(script.subarray(0, rec.bytes.length)),
+          `${where} got only bytes the client sent, in its order (${rec.bytes.length} bytes, ` +
+            `"rm -rf" ${rec.bytes.includes('rm -rf') ? 'among them' : 'not there'})`,
+        );
+        assert.ok(rec.error !== undefined, `${where}'s body failed instead of ending`);
+      }
+    }
+    // Bytes added to a request that signed no body (a chunked or a sized one).
+    for (const trailers of [{}, { 'x-pad': '1' }] as Record<string, string>[]) {
+      const { client } = await s.through(async (seen, e) =>
+        e.relay({ ...seen, trailers }, { body: Buffer.from('rm -rf /;\n') }),
+      );
+      await mustRefuse(
+        client.io
+          .writeStdin('sb', 'cmd-1', undefined, { eof: true })
+          .then((r) => `stdin accepted: ${r.bytes} bytes`),
+        'bytes added',
+      );
+      client.close();
+    }
+    for (const rec of stdin.slice(attacks.length * 2))
+      assert.equal(rec.bytes.length, 0, `added bytes reached stdin: ${rec.bytes.toString()}`);
+    assert.deepEqual(
+      stdin.filter((w) => w.eof),
+      [],
+      'no command was sent an EOF',
+    );
+    // Unchanged, both work, and an empty upload too.
+    assert.deepEqual(await s.direct.io.writeStdin('sb', 'cmd-1', script, { eof: true }), {
+      bytes: script.length,
+    });
+    assert.equal((await s.direct.io.writeFile('sb', '/tests/e', Buffer.alloc(0))).size, 0);
+    assert.ok(uploads.at(-1)!.bytes.length === 0 && uploads.at(-1)!.error === undefined);
+  } finally {
+    await s.close();
+  }
+});

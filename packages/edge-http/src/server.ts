@@ -5,7 +5,7 @@ import https from 'node:https';
 import net from 'node:net';
 import { TLSSocket } from 'node:tls';
 import type { AddressInfo } from 'node:net';
-import { Readable, Transform } from 'node:stream';
+import { PassThrough, Readable } from 'node:stream';
 import type { Duplex } from 'node:stream';
 import { pino } from 'pino';
 import { ConnectionGuard, DsecError, requireIo, requireLifecycle, toDsecError } from '@dsec/core';
@@ -34,6 +34,8 @@ import {
 } from './auth.js';
 import type { SignedExchange, VerifiedRequest } from './auth.js';
 import {
+  BODY_DATA,
+  BODY_END,
   CMD_ERROR,
   CMD_RESULT,
   CMD_STDERR,
@@ -43,6 +45,7 @@ import {
   FrameMacError,
   FrameReader,
   FRAMES_CONTENT_TYPE,
+  MAX_BODY_FRAME_BYTES,
   MAX_PORT_FRAME_BYTES,
   MAX_PTY_FRAME_BYTES,
   PORT_FRAME_BYTES,
@@ -93,6 +96,14 @@ export interface EdgeServerOptions {
    * is answered with a plain `400` naming the problem, and closed.
    */
   tls?: EdgeTlsOptions | undefined;
+  /**
+   * How long a connection may take to bring a request head: from its first
+   * byte to a TLS handshake's end, from there (or from a plaintext accept)
+   * to its first request head, and for every later head (Node's own).
+   * Default 30 000. A peer needs no secret to open connections, so each is
+   * bounded in time.
+   */
+  headersTimeoutMs?: number | undefined;
   /**
    * Connection caps (`ConnectionGuard`: idle connections make room for new
    * ones, per-address cap, keep-alive shortened under pressure). Anyone who
@@ -169,12 +180,13 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
     );
   }
   const upgraded = new Set<Duplex>();
+  const headMs = options.headersTimeoutMs ?? 30_000;
 
   const httpOptions = {
     // Streamed bodies (stdin, uploads) and quiet commands may take as long as
     // they take; only the headers are bounded in time.
     requestTimeout: 0,
-    headersTimeout: 30_000,
+    headersTimeout: headMs,
     // Longer than a busy apiserver's gap between calls, so pooled sockets stay warm.
     keepAliveTimeout: 65_000,
     noDelay: true,
@@ -186,11 +198,25 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
         key: options.tls.key,
         // Both ends are DSec: nothing older needs to be spoken.
         minVersion: 'TLSv1.3',
+        handshakeTimeout: headMs,
       })
     : http.createServer(httpOptions);
   server.timeout = 0;
+  // Node's header timeout starts with a connection's second request: the first one gets
+  // its own deadline here, from the accept (or the TLS handshake's end) to its head.
+  const firstHead = new WeakMap<Duplex, NodeJS.Timeout>();
+  server.on(options.tls ? 'secureConnection' : 'connection', (socket: Duplex) => {
+    const timer = setTimeout(() => socket.destroy(), headMs);
+    firstHead.set(socket, timer);
+    socket.once('close', () => clearTimeout(timer));
+  });
+  const headArrived = (socket: Duplex) => {
+    clearTimeout(firstHead.get(socket));
+    firstHead.delete(socket);
+  };
 
   server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    headArrived(req.socket);
     const method = req.method ?? 'GET';
     const url = req.url ?? '/';
     let verified: VerifiedRequest;
@@ -248,17 +274,23 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
   });
 
   server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    headArrived(socket);
     upgraded.add(socket);
     socket.once('close', () => upgraded.delete(socket));
     void onUpgrade(req, socket, head, { edge, verifier, log });
   });
 
-  // Connection caps on the HTTP(S) server; a TLS edge's front listener holds no more sockets
-  // waiting for their first byte than the caps allow connections.
+  // Connection caps on the HTTP(S) server. A TLS edge's front listener holds no more sockets
+  // waiting for their first byte (or refused as plaintext) than the caps allow connections, the
+  // longest waiting making room for a new one; Node's own cap on it is only a backstop above
+  // both (at the guard's cap it would drop a new connection before an idle one made room).
   const connectionGuard = new ConnectionGuard(options.connectionLimits);
   connectionGuard.attach(server);
-  const guard = options.tls ? plaintextGuard(server as https.Server, edgeId, log) : undefined;
-  if (guard) guard.listener.maxConnections = connectionGuard.limits.maxConnections;
+  const cap = connectionGuard.limits.maxConnections;
+  const guard = options.tls
+    ? plaintextGuard(server as https.Server, edgeId, log, headMs, cap)
+    : undefined;
+  if (guard) guard.listener.maxConnections = 2 * cap + 1;
   const listener = guard?.listener ?? server;
   await new Promise<void>((resolve, reject) => {
     listener.once('error', reject);
@@ -297,26 +329,45 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
  * for a TLS edge) with a plain `400` that says so, instead of the reset
  * TLS would give it. That answer has no proof: the client refuses it as
  * not authenticated, with its text as an unverified hint.
+ *
+ * `server`'s ConnectionGuard sees a connection only once it is handed
+ * over, so the ones not handed over (waiting for their first byte, or
+ * refused as plaintext) are bounded here: at `maxWaiting`, the longest
+ * waiting is closed to make room, as the guard closes its longest idle.
  */
 function plaintextGuard(
   server: https.Server,
   edgeId: string,
   log: EdgeLogger | undefined,
+  headMs: number,
+  maxWaiting: number,
 ): { listener: net.Server; sockets: Set<net.Socket> } {
   // `server` never listens itself; its connection tracking (header timeouts) starts here.
   server.emit('listening');
   const sockets = new Set<net.Socket>();
+  /** Not handed to `server`, longest waiting first. */
+  const waiting = new Set<net.Socket>();
   const listener = net.createServer({ pauseOnConnect: true, noDelay: true }, (socket) => {
     sockets.add(socket);
-    socket.once('close', () => sockets.delete(socket));
+    socket.once('close', () => {
+      sockets.delete(socket);
+      waiting.delete(socket);
+    });
     socket.on('error', () => undefined);
+    if (waiting.size >= maxWaiting) {
+      const oldest = waiting.values().next().value!;
+      waiting.delete(oldest);
+      oldest.destroy();
+    }
+    waiting.add(socket);
     // As long as the HTTP server would wait for headers.
-    socket.setTimeout(30_000, () => socket.destroy());
+    socket.setTimeout(headMs, () => socket.destroy());
     socket.once('data', (first: Buffer) => {
       socket.pause();
       socket.setTimeout(0);
       socket.unshift(first);
       if (first[0] === TLS_HANDSHAKE) {
+        waiting.delete(socket);
         server.emit('connection', socket);
         return;
       }
@@ -421,41 +472,77 @@ class Call {
     return body as Record<string, unknown>;
   }
 
-  /** The raw body as a stream, or undefined when the request has none. */
+  /**
+   * The raw body as a stream, or undefined when the request has none; "none"
+   * must be what the request signed, or a body stripped on the way would
+   * pass for an empty one (stdin: no bytes, then EOF).
+   */
   body(): Readable | undefined {
     const h = this.req.headers;
     if (h['transfer-encoding'] === undefined && (h['content-length'] ?? '0') === '0') {
+      if (!bodyMatches(this.verified, bodyDigest(EMPTY), this.req.trailers)) {
+        this.bodyError = badBody();
+        throw this.bodyError;
+      }
       return undefined;
     }
     return this.rawBody();
   }
 
   /**
-   * The raw body as a stream that fails, instead of ending, when its bytes
-   * are not the ones the request signed (a digest, or a trailer MAC after
-   * them). Bytes stream on as they come: what a consumer took before a
-   * mismatch shows cannot be taken back, but its call fails.
+   * The raw body as a stream of the bytes of its `BODY_DATA` frames, each
+   * passed on only once its MAC checks out, and ended only by its `BODY_END`
+   * frame. A frame that fails, a byte after the end, or a body that stops
+   * without its end fails the stream (and so the call), and nothing of that
+   * frame or after it is passed on: a command reading stdin never reads a
+   * byte the client did not send, in the order it sent them.
    */
   rawBody(): Readable {
     const req = this.req;
-    const hash = createHash('sha256');
-    const out = new Transform({
-      transform(chunk: Buffer, _enc, cb) {
-        hash.update(chunk);
-        cb(null, chunk);
+    const out = new PassThrough();
+    if (this.verified.body !== STREAMED) {
+      // RemoteEdge frames every raw body and signs a digest only for none: bytes here were
+      // added on the way (or come from a release before frames, refused as such).
+      this.bodyError = badBody();
+      out.destroy(this.bodyError);
+      req.resume();
+      return out;
+    }
+    let ended = false;
+    const fail = (err: DsecError) => {
+      this.bodyError ??= err;
+      out.destroy(this.bodyError);
+      req.off('data', onData);
+      req.resume();
+    };
+    const reader = new FrameReader(
+      MAX_BODY_FRAME_BYTES,
+      this.exchange.sealer('request'),
+      (type, payload) => {
+        if (ended || (type !== BODY_DATA && type !== BODY_END)) throw new FrameMacError();
+        if (type === BODY_END) ended = true;
+        // A consumer that stopped reading (the command exited) holds nothing back.
+        else if (payload.length > 0 && !out.destroyed && !out.write(payload)) req.pause();
       },
-      flush: (cb) => {
-        if (bodyMatches(this.verified, digestOf(hash), req.trailers)) cb();
-        else {
-          this.bodyError = badBody();
-          cb(this.bodyError);
-        }
-      },
+    );
+    const onData = (chunk: Buffer) => {
+      try {
+        reader.push(chunk);
+      } catch {
+        // A frame that fails its MAC, or a length no client sends: the bytes were changed.
+        fail(badBody());
+      }
+    };
+    out.on('drain', () => req.resume());
+    req.on('data', onData);
+    req.once('end', () => {
+      if (out.destroyed) return;
+      if (ended && reader.pending === 0) out.end();
+      else fail(badBody());
     });
     req.once('close', () => {
       if (!req.complete) out.destroy(new DsecError('aborted', 'the client closed the connection'));
     });
-    req.pipe(out);
     return out;
   }
 
@@ -920,7 +1007,8 @@ async function onUpgrade(
   let wire: () => void;
   try {
     try {
-      exchange = ctx.verifier.verify(req.method ?? 'GET', url, req.headers).exchange;
+      const asked = req.headers.upgrade ?? '';
+      exchange = ctx.verifier.verify(req.method ?? 'GET', url, req.headers, asked).exchange;
     } catch (err) {
       ctx.log?.warn({ remote: req.socket.remoteAddress, url, err: String(err) }, 'refused');
       throw err;

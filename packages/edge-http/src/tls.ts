@@ -46,6 +46,17 @@ export function certificateSha256(pem: string | Buffer, field = 'tls.certFile'):
 }
 
 /**
+ * The certificate each admitted connection showed: a TLS 1.3 client no
+ * longer has its peer's certificate once the handshake is over.
+ */
+const shown = new WeakMap<Duplex, string>();
+
+/** The SHA-256 of the certificate a `PinnedAgent` connection showed (undefined for any other). */
+export function shownFingerprint(socket: Duplex): string | undefined {
+  return shown.get(socket);
+}
+
+/**
  * An HTTPS agent that admits a connection only once the edge has shown a
  * pinned certificate: the socket reaches the HTTP client after the check,
  * so not a byte of a request (its signature included) goes to anyone else.
@@ -89,6 +100,7 @@ export class PinnedAgent extends https.Agent {
         handOver(this.#refuse(fingerprint));
         return;
       }
+      shown.set(socket, fingerprint);
       handOver(null, socket);
     });
     return undefined;

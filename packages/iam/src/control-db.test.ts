@@ -179,3 +179,33 @@ test('canonical request fingerprints ignore key order and undefined members', ()
   assert.notEqual(a, c);
   assert.match(a, /^[0-9a-f]{64}$/);
 });
+
+test('an edge registration cannot empty its pins or keep them on a plaintext URL', async (t) => {
+  const db = await openControlDb(':memory:');
+  t.after(() => db.close());
+  const pin = `${'AB:'.repeat(31)}AB`;
+  const edge = {
+    edgeId: 'edge-tls',
+    url: 'https://127.0.0.1:1',
+    secret: 'x'.repeat(43),
+    labels: {},
+    backends: ['container'],
+  };
+  await db.edges.register({ ...edge, tlsPins: [pin] });
+  // A join's input that would leave the edge pinned to nothing (any certificate, or none),
+  // or dialled in plaintext with its pins kept: refused, the registration as it was.
+  const attempts: [string, { url?: string; tlsPins: string[] }, string][] = [
+    ['no pins', { tlsPins: [] }, 'tlsPins'],
+    ['an empty pin', { tlsPins: [''] }, 'tlsPins'],
+    ['a short pin', { tlsPins: ['AB:CD'] }, 'tlsPins'],
+    ['pins on http:', { url: 'http://127.0.0.1:1', tlsPins: [pin] }, 'url'],
+  ];
+  for (const [what, bad, field] of attempts) {
+    await assert.rejects(
+      db.edges.register({ ...edge, ...bad }),
+      (e) => isDsecError(e, 'invalid_argument') && e.field === field,
+      what,
+    );
+    assert.deepEqual((await db.edges.get('edge-tls'))?.tlsPins, [pin], `${what}: unchanged`);
+  }
+});
