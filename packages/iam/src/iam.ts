@@ -52,6 +52,13 @@ export interface IamOptions {
   /** How long audit rows are kept; older ones are deleted in the background. Default 90 days. */
   auditRetentionMs?: number;
   /**
+   * How long a create's idempotency record (`requestId` → sandbox) is kept:
+   * a retry within it is answered with the same sandbox, one after it
+   * creates anew. Older records are deleted in the background, so the table
+   * holds at most the creates of this period. Default 7 days.
+   */
+  idempotencyRetentionMs?: number;
+  /**
    * How often aggregated denials of the minutes that have ended are written
    * (one transaction each time). Default 5000.
    */
@@ -191,6 +198,7 @@ export class Iam {
   readonly #failures: AuthFailureLimiter;
   readonly #denials: DenialAggregator;
   readonly #auditRetentionMs: number;
+  readonly #idempotencyRetentionMs: number;
   readonly #auditFlushIntervalMs: number;
   #auditTimer: NodeJS.Timeout | undefined;
   /** The flush (or sweep) in progress: flushes run one after another. */
@@ -226,6 +234,7 @@ export class Iam {
       groupsPerMinute: options.auditDenialGroupsPerMinute ?? 100,
     });
     this.#auditRetentionMs = options.auditRetentionMs ?? 90 * DAY_MS;
+    this.#idempotencyRetentionMs = options.idempotencyRetentionMs ?? 7 * DAY_MS;
     this.#auditFlushIntervalMs = options.auditFlushIntervalMs ?? 5000;
     this.#startAuditTimer();
   }
@@ -1123,6 +1132,15 @@ export class Iam {
     return this.#auditSerial(() => this.#sweepAudit(options.maxBatches ?? Infinity));
   }
 
+  /**
+   * Deletes idempotency records older than `idempotencyRetentionMs`, in
+   * batches of 1000 (at most `maxBatches`); returns how many went. The
+   * background sweep runs this with the audit's.
+   */
+  sweepIdempotency(options: { maxBatches?: number } = {}): Promise<number> {
+    return this.#auditSerial(() => this.#sweepIdempotency(options.maxBatches ?? Infinity));
+  }
+
   /** Writes what is pending and stops the background writer; `ControlDb.close` calls this. */
   async close(): Promise<void> {
     if (this.#closed) return;
@@ -1188,7 +1206,10 @@ export class Iam {
         const now = this.#now();
         // Closed minutes only: the open one keeps aggregating.
         await this.#writeDenials(now - (now % 60_000));
-        if (now >= this.#nextAuditSweepMs) await this.#sweepAudit(AUDIT_SWEEP_BATCHES);
+        if (now >= this.#nextAuditSweepMs) {
+          await this.#sweepIdempotency(AUDIT_SWEEP_BATCHES);
+          await this.#sweepAudit(AUDIT_SWEEP_BATCHES);
+        }
       }).catch(() => undefined);
     }, this.#auditFlushIntervalMs);
     this.#auditTimer.unref();
@@ -1233,6 +1254,22 @@ export class Iam {
       this.#stats.auditGroupsDropped += retry.length;
       throw err;
     }
+  }
+
+  async #sweepIdempotency(maxBatches: number): Promise<number> {
+    const cutoff = this.#now() - this.#idempotencyRetentionMs;
+    let removed = 0;
+    for (let batch = 0; batch < maxBatches; batch++) {
+      // Row values: the table's key is (project_id, request_id), it has no single id.
+      const r = await this.#db.run(
+        `DELETE FROM idempotency WHERE (project_id, request_id) IN
+           (SELECT project_id, request_id FROM idempotency WHERE created_at < ? LIMIT ?)`,
+        [cutoff, AUDIT_SWEEP_BATCH_ROWS],
+      );
+      removed += r.changes;
+      if (r.changes < AUDIT_SWEEP_BATCH_ROWS) break;
+    }
+    return removed;
   }
 
   async #sweepAudit(maxBatches: number): Promise<number> {

@@ -671,6 +671,35 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.deepEqual(await iam.claimRequest(other.id, 'r1', 'h6', fp), { state: 'claimed' });
     });
 
+    test('idempotency records are kept for their retention period, then swept', async (t) => {
+      // Each create with a requestId leaves a row; without a retention the table grows with
+      // every create ever made (issue 24 point 4: no request costs unbounded disk).
+      let now = 1_000_000;
+      const day = 24 * 3_600_000;
+      const { iam, root } = await fresh(t, { now: () => now, idempotencyRetentionMs: 7 * day });
+      const fp = requestFingerprint({ projectId: root.projectId, spec: { image: 'base' } });
+      const claim = (requestId: string, holder: string) =>
+        iam.claimRequest(root.projectId, requestId, holder, fp);
+      for (const r of ['r1', 'r2', 'r3']) {
+        assert.deepEqual(await claim(r, `h-${r}`), { state: 'claimed' });
+        await iam.reserve(root.projectId, { memoryMb: 1, cpuCores: 1 }, `h-${r}`);
+        await iam.bindReservation(`h-${r}`, `sb-${r}`, { expiresAt: now + 60_000, requestId: r });
+      }
+      assert.deepEqual(await claim('r4', 'h-r4'), { state: 'claimed' }); // never bound
+      now += 6 * day;
+      assert.deepEqual(await claim('r5', 'h-r5'), { state: 'claimed' });
+      await iam.reserve(root.projectId, { memoryMb: 1, cpuCores: 1 }, 'h-r5');
+      await iam.bindReservation('h-r5', 'sb-r5', { expiresAt: now + 60_000, requestId: 'r5' });
+      // Within the retention period a retry is still answered with its sandbox.
+      assert.deepEqual(await claim('r1', 'h-x'), { state: 'done', sandboxId: 'sb-r1' });
+      now += 2 * day;
+      assert.equal(await iam.sweepIdempotency(), 4);
+      assert.equal(await iam.sweepIdempotency(), 0);
+      // Past it the ID is free again; the younger record stays.
+      assert.deepEqual(await claim('r1', 'h-y'), { state: 'claimed' });
+      assert.deepEqual(await claim('r5', 'h-z'), { state: 'done', sandboxId: 'sb-r5' });
+    });
+
     test('idempotency keys are bound to their request: another body is conflict', async (t) => {
       const { iam, root } = await fresh(t);
       const fp1 = requestFingerprint({ projectId: root.projectId, spec: { image: 'base' } });
