@@ -187,7 +187,7 @@ async function handleUpgrade(
     // A terminal is a stream of its key (`maxStreamsPerKey`), and its unread output counts
     // against the output budget: a client that stops reading is cut, its backlog dropped.
     const stream = limits?.openStream(
-      principal.keyId,
+      principal,
       () => socket.writableLength,
       () => {
         pty?.kill();

@@ -145,7 +145,7 @@ function serve(
     // A terminal is a stream of its key (`maxStreamsPerKey`) whose unread output counts
     // against the output budget: a client that stops reading is cut, its backlog dropped.
     ticket = limits?.openStream(
-      principal.keyId,
+      principal,
       () => ws.bufferedAmount,
       () => {
         pty?.kill();
