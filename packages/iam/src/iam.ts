@@ -42,6 +42,12 @@ export interface IamOptions {
    */
   authCacheTtlMs?: number;
   /**
+   * Keys the authentication cache, and the memory of keys that authenticated
+   * (they pass a rate-limited address), hold at most; past it the least
+   * recently authenticated goes, never all at once. Default 10 000.
+   */
+  authCacheMaxEntries?: number;
+  /**
    * Failed authentications a source (client address) may have in a row
    * before it is refused with `rate_limited`; they come back at
    * `authFailuresPerSecond`. Default 30.
@@ -191,6 +197,7 @@ export class Iam {
   readonly #pendingTtlMs: number;
   readonly #expiryGraceMs: number;
   readonly #authCacheTtlMs: number;
+  readonly #authCacheMaxEntries: number;
   /** Key hash → principal and until when it may be served from memory. */
   readonly #keys = new Map<string, { principal: Principal; untilMs: number }>();
   /** Key hash → until when it counts as a key that authenticated (it passes a limited source). */
@@ -226,6 +233,7 @@ export class Iam {
     this.#pendingTtlMs = options.pendingTtlMs ?? 10 * 60_000;
     this.#expiryGraceMs = options.expiryGraceMs ?? 60_000;
     this.#authCacheTtlMs = options.authCacheTtlMs ?? 1000;
+    this.#authCacheMaxEntries = Math.max(1, options.authCacheMaxEntries ?? CACHE_MAX_ENTRIES);
     this.#failures = new AuthFailureLimiter({
       burst: options.authFailureBurst ?? 30,
       perSecond: options.authFailuresPerSecond ?? 1,
@@ -332,12 +340,13 @@ export class Iam {
     const principal: Principal = { keyId: row.id, projectId: row.project_id, role: row.role };
     const scopes = parseScopes(row.scopes);
     if (scopes) principal.scopes = Object.freeze(scopes);
+    // Least recently authenticated first (Map order): one tenant's many keys push out the
+    // oldest entries only, where clearing the lot made every other key a stranger again.
+    const max = this.#authCacheMaxEntries;
     if (this.#authCacheTtlMs > 0) {
-      if (this.#keys.size >= CACHE_MAX_ENTRIES) this.#keys.clear();
-      this.#keys.set(hash, { principal, untilMs: now + this.#authCacheTtlMs });
+      setNewest(this.#keys, hash, { principal, untilMs: now + this.#authCacheTtlMs }, max);
     }
-    if (this.#knownKeys.size >= CACHE_MAX_ENTRIES) this.#knownKeys.clear();
-    this.#knownKeys.set(hash, now + KNOWN_KEY_TTL_MS);
+    setNewest(this.#knownKeys, hash, now + KNOWN_KEY_TTL_MS, max);
     return { ...principal };
   }
 
@@ -1483,6 +1492,17 @@ export class Iam {
     await this.#db
       .run('DELETE FROM image_reservations WHERE expires_at <= ?', [now])
       .catch(() => undefined);
+  }
+}
+
+/** Sets `key` as the newest entry of `map`, dropping the oldest past `max` entries. */
+function setNewest<K, V>(map: Map<K, V>, key: K, value: V, max: number): void {
+  map.delete(key);
+  map.set(key, value);
+  while (map.size > max) {
+    const oldest = map.keys().next();
+    if (oldest.done) break;
+    map.delete(oldest.value);
   }
 }
 

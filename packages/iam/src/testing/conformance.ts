@@ -221,6 +221,35 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       );
     });
 
+    test('keys that authenticated stay known however many other keys authenticate (no wipe)', async (t) => {
+      // A tenant that may mint keys authenticates more of them than the memory keeps: that
+      // must not make every other key "unknown" again, or its next flood of bogus keys from
+      // a shared address (loopback, a NAT) would lock those keys out with rate_limited.
+      let now = 5_000_000;
+      const { iam, root } = await fresh(t, {
+        now: () => now,
+        authFailureBurst: 5,
+        authFailuresPerSecond: 1,
+        authCacheMaxEntries: 50,
+      });
+      const shared = { source: '192.0.2.9' };
+      const victim = await iam.createKey(root, { projectId: root.projectId });
+      const minted = [];
+      for (let i = 0; i < 60; i++) minted.push(await iam.createKey(root, { projectId: root.projectId }));
+      const other = { source: '192.0.2.10' };
+      for (const k of minted.slice(0, 45)) await iam.authenticate(k.key, other);
+      // The victim authenticates; a few more of the tenant's keys pass the memory's cap: the
+      // oldest entries make room, not all of them.
+      await iam.authenticate(victim.key, shared);
+      for (const k of minted.slice(45)) await iam.authenticate(k.key, other);
+      // Its cache entry lapses; then a flood of bogus keys from the shared address.
+      now += 1001;
+      for (let i = 0; i < 6; i++) {
+        await assert.rejects(iam.authenticate('dsk_' + 'C'.repeat(43), shared));
+      }
+      assert.equal((await iam.authenticate(victim.key, shared)).keyId, victim.id);
+    });
+
     test('authentication cache: other instances see a revocation within the TTL', async (t) => {
       let now = 1_000_000;
       const clock = { now: () => now, authCacheTtlMs: 1000 };
