@@ -299,3 +299,109 @@ test('WebSockets that never authenticate cannot lock other clients out (total an
   for (let i = 0; i < 40; i++) await unauthenticatedWs(port, '127.0.0.5').catch(() => undefined);
   assert.equal(busy.ws.readyState, WebSocket.OPEN);
 });
+
+/** Sends an upgrade request and reads the answer's head, then never closes its side. */
+async function refusedUpgrade(
+  port: number,
+  localAddress: string,
+  request: string,
+): Promise<{ socket: net.Socket; head: string }> {
+  const socket = net.connect({ port, host: '127.0.0.1', localAddress });
+  sockets.add(socket);
+  socket.on('error', () => undefined);
+  await new Promise((resolve) => socket.once('connect', resolve));
+  socket.write(request);
+  let head = '';
+  await new Promise<void>((resolve) => {
+    socket.on('data', (d: Buffer) => {
+      head += d.toString('latin1');
+      if (head.includes('\r\n\r\n')) resolve();
+    });
+    socket.once('end', () => resolve());
+  });
+  return { socket, head };
+}
+
+test('refused upgrades are closed by the server: a client that never closes its side holds nothing', async (t) => {
+  const { a, port, id } = await listening(t, {
+    transport: { maxConnections: 1000 },
+    limits: { maxConnectionsPerAddress: 12 },
+  });
+  const ws =
+    'Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n' +
+    'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n';
+  const refusals = [
+    // No such upgrade route (WebSocket, and any other protocol).
+    `GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\n${ws}`,
+    'GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n',
+    // A terminal query out of range.
+    `GET /v1/sandboxes/${id}/pty?rows=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n${ws}`,
+    // A Host this server does not answer to (the request gate).
+    `GET /v1/sandboxes/${id}/pty HTTP/1.1\r\nHost: evil.example\r\n${ws}`,
+    // A dsec-pty terminal with a wrong key.
+    `GET /v1/sandboxes/${id}/pty HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer dsk_${'A'.repeat(43)}\r\n` +
+      `Connection: Upgrade\r\nUpgrade: ${PTY_UPGRADE}\r\n\r\n`,
+    // A dsec-pty terminal for an unknown sandbox.
+    `GET /v1/sandboxes/sb-nope/pty HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${a.rootKey}\r\n` +
+      `Connection: Upgrade\r\nUpgrade: ${PTY_UPGRADE}\r\n\r\n`,
+  ];
+  for (const [i, r] of refusals.entries()) {
+    const held = [];
+    for (let j = 0; j < 12; j++) held.push(await refusedUpgrade(port, `127.0.1.${i + 1}`, r));
+    for (const h of held) assert.match(h.head, /^HTTP\/1\.1 [45]\d\d /, r);
+    // The server closes each after its answer, though the client keeps its side open...
+    await within(
+      Promise.all(
+        held.map(
+          (h) =>
+            new Promise<void>((resolve) => {
+              if (h.socket.readableEnded) resolve();
+              else h.socket.once('end', () => resolve());
+            }),
+        ),
+      ),
+      10_000,
+      `refusals closed by the server: ${r.split('\r\n')[0]}`,
+    );
+    // ...so the address has its room back, and the server holds none of them.
+    const res = await within(get(port, '/healthz', a.rootKey, `127.0.1.${i + 1}`), 10_000, r);
+    assert.equal(res.status, 200, `${r.split('\r\n')[0]}: ${res.body}`);
+    const text = (await get(port, '/metrics', a.rootKey)).body;
+    assert.ok(metric(text, 'dsec_http_connections') < held.length, `${r.split('\r\n')[0]}: ${text}`);
+  }
+});
+
+test('slow bodies of requests refused before their body (no key, a bogus key, no route) hold no busy connection', async (t) => {
+  const { a, port } = await listening(t, {
+    transport: { maxConnections: 1000 },
+    limits: { maxConnectionsPerAddress: 10 },
+  });
+  const heads = [
+    'POST /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\n',
+    `POST /v1/sandboxes HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer dsk_${'Q'.repeat(43)}\r\n`,
+    'POST /nope HTTP/1.1\r\nHost: 127.0.0.1\r\n',
+    'PUT /v1/sandboxes/x/files?path=/a HTTP/1.1\r\nHost: 127.0.0.1\r\n',
+  ];
+  for (const [i, head] of heads.entries()) {
+    const address = `127.0.2.${i + 1}`;
+    const held: net.Socket[] = [];
+    for (let j = 0; j < 10; j++) {
+      const s = net.connect({ port, host: '127.0.0.1', localAddress: address });
+      sockets.add(s);
+      s.on('error', () => undefined);
+      await new Promise((resolve) => s.once('connect', resolve));
+      // A body announced at 100 MB, of which a trickle ever comes.
+      s.write(`${head}Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n{`);
+      held.push(s);
+    }
+    const timer = setInterval(() => {
+      for (const s of held) if (!s.destroyed) s.write(' ');
+    }, 100);
+    try {
+      const res = await within(get(port, '/healthz', a.rootKey, address), 10_000, head);
+      assert.equal(res.status, 200, `${head.split('\r\n')[0]}: ${res.body}`);
+    } finally {
+      clearInterval(timer);
+    }
+  }
+});
