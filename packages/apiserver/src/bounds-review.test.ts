@@ -367,7 +367,10 @@ test('refused upgrades are closed by the server: a client that never closes its 
     const res = await within(get(port, '/healthz', a.rootKey, `127.0.1.${i + 1}`), 10_000, r);
     assert.equal(res.status, 200, `${r.split('\r\n')[0]}: ${res.body}`);
     const text = (await get(port, '/metrics', a.rootKey)).body;
-    assert.ok(metric(text, 'dsec_http_connections') < held.length, `${r.split('\r\n')[0]}: ${text}`);
+    assert.ok(
+      metric(text, 'dsec_http_connections') < held.length,
+      `${r.split('\r\n')[0]}: ${text}`,
+    );
   }
 });
 

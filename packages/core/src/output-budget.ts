@@ -86,11 +86,7 @@ export class OutputBudget {
    * buffers and its socket's); `cut` is called at most once, to stop it.
    * `owner` names whom the stream is charged to (the caller's project).
    */
-  open(
-    measure: () => number,
-    cut: (reason: OutputCutReason) => void,
-    owner = '',
-  ): OutputAccount {
+  open(measure: () => number, cut: (reason: OutputCutReason) => void, owner = ''): OutputAccount {
     let o = this.#owners.get(owner);
     if (!o) {
       o = { id: owner, entries: new Set(), total: 0 };

@@ -235,7 +235,8 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       const shared = { source: '192.0.2.9' };
       const victim = await iam.createKey(root, { projectId: root.projectId });
       const minted = [];
-      for (let i = 0; i < 60; i++) minted.push(await iam.createKey(root, { projectId: root.projectId }));
+      for (let i = 0; i < 60; i++)
+        minted.push(await iam.createKey(root, { projectId: root.projectId }));
       const other = { source: '192.0.2.10' };
       for (const k of minted.slice(0, 45)) await iam.authenticate(k.key, other);
       // The victim authenticates; a few more of the tenant's keys pass the memory's cap: the
