@@ -90,18 +90,19 @@ export class CallerLimits {
   }
 
   /**
-   * Opens a stream of `keyId` whose backlog `measure` reports; `cut` stops it
-   * (it must destroy the stream's socket). `rate_limited` past
-   * `maxStreamsPerKey`.
+   * Opens a stream of `caller`'s key whose backlog `measure` reports; `cut`
+   * stops it (it must destroy the stream's socket). `rate_limited` past
+   * `maxStreamsPerKey`. Over the output budget, the project whose streams
+   * hold the most pays first (`OutputBudget`).
    */
   openStream(
-    keyId: string,
+    caller: { keyId: string; projectId: string },
     measure: () => number,
     cut: (reason: OutputCutReason) => void,
   ): StreamTicket {
     const leave = this.#enter(
       this.#streams,
-      keyId,
+      caller.keyId,
       this.limits.maxStreamsPerKey,
       'streams_per_key',
     );
@@ -112,11 +113,15 @@ export class CallerLimits {
       account.close();
       leave();
     };
-    const account: OutputAccount = this.budget.open(measure, (reason) => {
-      this.#onCut?.(reason);
-      release();
-      cut(reason);
-    });
+    const account: OutputAccount = this.budget.open(
+      measure,
+      (reason) => {
+        this.#onCut?.(reason);
+        release();
+        cut(reason);
+      },
+      caller.projectId,
+    );
     return { check: () => account.check(), release };
   }
 

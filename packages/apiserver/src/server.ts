@@ -226,6 +226,15 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     open: limits.budget.streams,
     queuedBytes: limits.budget.queuedBytes(),
   });
+  // Attached last (below); the browser terminal tells it which upgraded connections still wait.
+  const guard = new ConnectionGuard(
+    {
+      maxConnections: options.maxConnections ?? TRANSPORT_DEFAULTS.maxConnections,
+      maxConnectionsPerAddress: limits.limits.maxConnectionsPerAddress,
+      pressureKeepAliveMs: limits.limits.pressureKeepAliveMs,
+    },
+    { onEvent: (reason) => metrics.connectionEvents.inc({ reason }) },
+  );
   const images = new ImageService({
     iam,
     catalog: options.imagesList && {
@@ -301,7 +310,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   void app.register(async (scope) => commandRoutes(scope, service));
   void app.register(async (scope) => fileRoutes(scope, service));
   void app.register(async (scope) => portRoutes(scope, service));
-  ptyUpgrade(app, service, iam);
+  ptyUpgrade(app, service, iam, limits);
   // Calls per second per project (IAM quota `fncallsPerSecond`), counted by this apiserver.
   const fncallLimiter = new FnCallRateLimiter({
     limits: (p) => iam.fncallRateLimits(p),
@@ -317,7 +326,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
       audit: (keyId, action, outcome, details) => iam.audit(keyId, action, '', outcome, details),
     }),
   );
-  ptyWebSocket(app, service, iam);
+  ptyWebSocket(app, service, iam, { limits, guard });
   uiRoutes(app);
   adminRoutes(app, { iam, fleet: () => watcher.view(), images });
   options.extend?.(app, { service, iam, metrics, limits });
@@ -327,14 +336,6 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     allowedHosts: options.allowedHosts,
     onRefused: (reason) => metrics.requestsRefused.inc({ reason }),
   });
-  const guard = new ConnectionGuard(
-    {
-      maxConnections: options.maxConnections ?? TRANSPORT_DEFAULTS.maxConnections,
-      maxConnectionsPerAddress: limits.limits.maxConnectionsPerAddress,
-      pressureKeepAliveMs: limits.limits.pressureKeepAliveMs,
-    },
-    { onEvent: (reason) => metrics.connectionEvents.inc({ reason }) },
-  );
   guard.attach(app.server);
   metrics.sources.openConnections = () => guard.open;
   return app;

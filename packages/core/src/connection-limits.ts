@@ -11,7 +11,8 @@ import type { Duplex } from 'node:stream';
  *
  * Vocabulary:
  * - a connection is *busy* while a request on it is being answered (or it
- *   was upgraded: a terminal, a port stream), *idle* otherwise: a keep-alive
+ *   was upgraded: a terminal, a port stream, unless its handler says it is
+ *   `waiting` for its client), *idle* otherwise: a keep-alive
  *   connection between requests, or one that has not sent a whole request
  *   header yet (a slow or silent client);
  * - an *address* is a client IPv4 address, or the /64 of an IPv6 one (one
@@ -127,13 +128,33 @@ export class ConnectionGuard {
       this.#setBusy(conn, +1);
       res.once('close', () => this.#setBusy(conn, -1));
     });
-    server.on('upgrade', (req: IncomingMessage, socket: Duplex) => {
+    // First, so an upgrade handler that calls `waiting` finds its connection busy already.
+    server.prependListener('upgrade', (req: IncomingMessage, socket: Duplex) => {
       const conn = this.#connOf(socket);
       if (conn) this.#setBusy(conn, +1);
       // Without another listener Node would have destroyed it; so do we.
       if (server.listenerCount('upgrade') === 1) socket.destroy();
     });
     server.once('close', () => this.#stopSweeper());
+  }
+
+  /**
+   * An upgraded connection that waits for its client before it does any
+   * work (a WebSocket whose key comes in its first message) counts as idle
+   * until the returned function is called: a handshake that never
+   * authenticates holds no room another client needs. Call it once the
+   * client has authenticated.
+   */
+  waiting(socket: Duplex): () => void {
+    const conn = this.#connOf(socket);
+    if (!conn || conn.busy === 0) return () => undefined;
+    this.#setBusy(conn, -1);
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      this.#setBusy(conn, +1);
+    };
   }
 
   #admit(socket: Socket): boolean {

@@ -56,3 +56,41 @@ test('backlogs are measured afresh before anything is cut: drained streams are n
   assert.equal(budget.streams, 0);
   assert.equal(budget.queuedBytes(), 0);
 });
+
+test('over the budget the owner holding the most pays: many small stalled streams of one tenant cannot cut another tenant', () => {
+  // One tenant fills the budget with many streams, each with a backlog below what a reading
+  // client has queued right after a write (one 64 KiB chunk, base64 in JSON, is ~87 KiB).
+  const budget = new OutputBudget({ maxBytes: 1000, maxStreamBytes: 1000 });
+  const open = (owner: string) => {
+    const s = { queued: 0, cut: undefined as string | undefined };
+    const account = budget.open(
+      () => s.queued,
+      (reason) => (s.cut = reason),
+      owner,
+    );
+    return Object.assign(s, { account });
+  };
+  const stalled = Array.from({ length: 20 }, () => open('prj-attacker'));
+  for (const s of stalled) {
+    s.queued = 50;
+    assert.equal(s.account.check(), true);
+  }
+  const reader = open('prj-victim');
+  reader.queued = 100; // 1100 > 1000
+  assert.equal(reader.account.check(), true, 'the other tenant keeps its stream');
+  assert.equal(reader.cut, undefined);
+  assert.equal(stalled.filter((s) => s.cut === 'output_budget').length, 2);
+  assert.ok(budget.queuedBytes() <= 1000);
+  // Within one owner the biggest backlog still goes first.
+  const big = open('prj-victim');
+  big.queued = 200; // 1200: the attacker still holds the most (900), four more of its go
+  big.account.check();
+  assert.equal(big.cut, undefined);
+  assert.equal(stalled.filter((s) => s.cut === 'output_budget').length, 6);
+  // An owner alone over the budget pays with its own biggest stream.
+  for (const s of stalled) s.account.close();
+  reader.queued = 900; // 1100, all of it the victim's now
+  reader.account.check();
+  assert.equal(reader.cut, 'output_budget');
+  assert.equal(big.cut, undefined);
+});

@@ -8,10 +8,13 @@
  * - a stream with more than `maxStreamBytes` queued is cut (`stream_buffer`):
  *   its client has stopped reading;
  * - when all streams together hold more than `maxBytes`, the streams'
- *   backlogs are measured afresh and the biggest are cut (`output_budget`)
- *   until the total is within it: the stream that holds the most memory
- *   pays, not the one that happened to write last, so a client that reads
- *   keeps its stream while another stalls.
+ *   backlogs are measured afresh and streams are cut (`output_budget`)
+ *   until the total is within it: the owner (a tenant: the caller's
+ *   project) whose streams hold the most memory pays, its biggest backlog
+ *   first, not the stream that happened to write last. So a client that
+ *   reads keeps its stream while another stalls, and one tenant's many
+ *   small stalled streams cannot make another tenant's one reading stream
+ *   the biggest there is.
  *
  * The cut callback must end the stream and drop what it holds (destroy its
  * socket): memory held then is at most `maxBytes` plus one write per stream.
@@ -41,14 +44,23 @@ export interface OutputAccount {
 interface Entry {
   measure: () => number;
   cut: (reason: OutputCutReason) => void;
+  owner: Owner;
   last: number;
   done: boolean;
+}
+
+/** One owner's streams and the sum of their last measurements. */
+interface Owner {
+  id: string;
+  entries: Set<Entry>;
+  total: number;
 }
 
 export class OutputBudget {
   readonly maxBytes: number;
   readonly maxStreamBytes: number;
   readonly #entries = new Set<Entry>();
+  readonly #owners = new Map<string, Owner>();
   /** The sum of the entries' last measurements. */
   #total = 0;
 
@@ -72,10 +84,17 @@ export class OutputBudget {
   /**
    * Registers a stream. `measure` returns the bytes it has queued now (its
    * buffers and its socket's); `cut` is called at most once, to stop it.
+   * `owner` names whom the stream is charged to (the caller's project).
    */
-  open(measure: () => number, cut: (reason: OutputCutReason) => void): OutputAccount {
-    const entry: Entry = { measure, cut, last: 0, done: false };
+  open(measure: () => number, cut: (reason: OutputCutReason) => void, owner = ''): OutputAccount {
+    let o = this.#owners.get(owner);
+    if (!o) {
+      o = { id: owner, entries: new Set(), total: 0 };
+      this.#owners.set(owner, o);
+    }
+    const entry: Entry = { measure, cut, owner: o, last: 0, done: false };
     this.#entries.add(entry);
+    o.entries.add(entry);
     return {
       check: () => this.#check(entry),
       close: () => this.#drop(entry),
@@ -92,9 +111,12 @@ export class OutputBudget {
     if (this.#total > this.maxBytes) {
       for (const e of this.#entries) this.#remeasure(e);
       while (this.#total > this.maxBytes) {
+        let most: Owner | undefined;
+        for (const o of this.#owners.values()) if (!most || o.total > most.total) most = o;
+        if (!most || most.total === 0) break;
         let biggest: Entry | undefined;
-        for (const e of this.#entries) if (!biggest || e.last > biggest.last) biggest = e;
-        if (!biggest || biggest.last === 0) break;
+        for (const e of most.entries) if (!biggest || e.last > biggest.last) biggest = e;
+        if (!biggest) break;
         this.#cut(biggest, 'output_budget');
       }
     }
@@ -104,6 +126,7 @@ export class OutputBudget {
   #remeasure(e: Entry): void {
     const now = Math.max(0, e.measure());
     this.#total += now - e.last;
+    e.owner.total += now - e.last;
     e.last = now;
   }
 
@@ -117,6 +140,10 @@ export class OutputBudget {
     entry.done = true;
     this.#entries.delete(entry);
     this.#total -= entry.last;
+    const o = entry.owner;
+    o.total -= entry.last;
+    o.entries.delete(entry);
+    if (o.entries.size === 0) this.#owners.delete(o.id);
     entry.last = 0;
   }
 }

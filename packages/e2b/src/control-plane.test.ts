@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { ApiMetrics, SandboxService } from '@dsec/apiserver';
-import { createTestApi, FakeEdge } from '@dsec/apiserver/testing';
+import { ApiMetrics, CallerLimits, SandboxService } from '@dsec/apiserver';
+import { createTestApi, FakeEdge, ScriptedEdge } from '@dsec/apiserver/testing';
 import type { TestApi } from '@dsec/apiserver/testing';
 import { isDsecError } from '@dsec/core';
 import { PowerOfKPlacer } from '@dsec/placement';
@@ -294,4 +294,52 @@ test('E2B network entries become CIDRs or domains; metadata filters decode both 
       labels: { [TEMPLATE_LABEL]: 't' },
     },
   );
+});
+
+test('control-plane requests count against the requests in flight of their key, as /v1 ones do', async () => {
+  // issue 24 point 4: `maxRequestsPerKey` bounds one key's requests at once on every door.
+  const edge = new ScriptedEdge();
+  edge.hangCreates = true;
+  const api = await createTestApi({ edges: [edge] });
+  const limits = new CallerLimits({ maxRequestsPerKey: 1 });
+  registerE2bRoutes(api.app, {
+    service: new SandboxService({
+      iam: api.iam,
+      edges: api.edges,
+      watcher: api.watcher,
+      placer: new PowerOfKPlacer({ view: () => api.watcher.view() }),
+      ids: api.ids,
+      metrics: new ApiMetrics(),
+    }),
+    iam: api.iam,
+    limits,
+  });
+  const headers = { 'x-api-key': api.rootKey, 'content-type': 'application/json' };
+  try {
+    // One create hangs on the edge: the key's one request in flight.
+    const hanging = api.app.inject({
+      method: 'POST',
+      url: '/sandboxes',
+      headers,
+      payload: JSON.stringify({ templateID: 'busybox' }),
+    });
+    await new Promise((r) => setTimeout(r, 200));
+    const second = await api.app.inject({ method: 'GET', url: '/sandboxes', headers });
+    assert.equal(second.statusCode, 429, second.body);
+    assert.equal((JSON.parse(second.body) as { error_code: string }).error_code, 'rate_limited');
+    assert.ok(second.headers['retry-after']);
+    // Another key is not affected.
+    const other = await api.iam.createKey(await api.iam.authenticate(api.rootKey), {
+      projectId: api.rootProjectId,
+    });
+    const third = await api.app.inject({
+      method: 'GET',
+      url: '/sandboxes',
+      headers: { 'x-api-key': other.key },
+    });
+    assert.equal(third.statusCode, 200, third.body);
+    void hanging.catch(() => undefined);
+  } finally {
+    await api.close();
+  }
 });

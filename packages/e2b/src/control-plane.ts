@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError } from '@dsec/core';
 import type { NetworkTarget, SandboxInfo, SnapshotInfo, SnapshotRequest } from '@dsec/core';
 import { clientGone, retryAfterSeconds, schemas, sourceOf, toHttpError } from '@dsec/apiserver';
-import type { SandboxService } from '@dsec/apiserver';
+import type { CallerLimits, SandboxService } from '@dsec/apiserver';
 import type { Iam, Principal } from '@dsec/iam';
 import { authenticateE2b } from './auth.js';
 import type { E2bCaller } from './auth.js';
@@ -41,6 +41,8 @@ export interface ControlPlaneDeps {
   templates?: E2bTemplates | undefined;
   /** The wildcard domain of the host-routed form, answered as `domain` (null without). */
   sandboxDomain?: string | undefined;
+  /** The apiserver's per-key bounds: a key's control-plane requests count as its /v1 ones do. */
+  limits?: CallerLimits | undefined;
 }
 
 /** The lifecycle methods SandboxService gains with issue 11; absent on servers without them. */
@@ -295,8 +297,12 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
     return { info, state };
   };
 
-  scope.addHook('onRequest', async (req) => {
-    callers.set(req, await authenticateE2b(iam, req.headers, sourceOf(req.raw)));
+  scope.addHook('onRequest', async (req, reply) => {
+    const caller = await authenticateE2b(iam, req.headers, sourceOf(req.raw));
+    callers.set(req, caller);
+    // One key's requests in flight are bounded (`maxRequestsPerKey`), on this door too.
+    const leave = deps.limits?.enterRequest(caller.principal.keyId);
+    if (leave) reply.raw.once('close', leave).once('finish', leave);
   });
   scope.setErrorHandler((err, req, reply) => {
     const e = toHttpError(err, req.id);

@@ -53,6 +53,7 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
       access,
       templates: deps.templates,
       sandboxDomain: deps.sandboxDomain,
+      limits: deps.limits,
     });
   });
   void app.register(async (scope) => {

@@ -112,3 +112,30 @@ for (const how of [
     assert.equal((await edge.status(AbortSignal.timeout(10_000))).edgeId, 'edge-c');
   });
 }
+
+test('a flood of unsigned requests costs no log line each: refusals are logged at most once a window, with a count', async (t) => {
+  const lines: { obj: Record<string, unknown>; msg: string }[] = [];
+  const logger = {
+    info: () => undefined,
+    warn: (obj: object, msg: string) =>
+      void lines.push({ obj: obj as Record<string, unknown>, msg }),
+    error: () => undefined,
+  };
+  const server = await serveEdge({
+    edge: new FakeEdge({ edgeId: 'edge-d' }),
+    secret: newEdgeSecret(),
+    logger,
+  });
+  t.after(() => server.close());
+  const { port } = new URL(server.url);
+  const s = net.connect(Number(port), '127.0.0.1');
+  s.on('error', () => {});
+  t.after(() => s.destroy());
+  await new Promise<void>((r) => s.once('connect', () => r()));
+  let answers = 0;
+  s.on('data', (d: Buffer) => (answers += d.toString('latin1').split('HTTP/1.1 401').length - 1));
+  for (let i = 0; i < 200; i++) s.write('GET /edge/v1/status HTTP/1.1\r\nHost: x\r\n\r\n');
+  while (answers < 200) await sleep(20);
+  const refused = lines.filter((l) => l.msg === 'refused');
+  assert.ok(refused.length >= 1 && refused.length <= 2, `${refused.length} lines for 200 refusals`);
+});

@@ -168,6 +168,7 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
   const { edge, secret } = options;
   const edgeId = edge.edgeId;
   const log = loggerOf(options.logger);
+  const refused = refusalLog(log);
   const verifier = new RequestVerifier({ secret, edgeId });
   const routes = edgeRoutes(edge);
   const { metrics } = options;
@@ -223,7 +224,7 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
     try {
       verified = verifier.verify(method, url, req.headers);
     } catch (err) {
-      log?.warn({ remote: req.socket.remoteAddress, method, url, err: String(err) }, 'refused');
+      refused({ remote: req.socket.remoteAddress, method, url, err: String(err) }, 'refused');
       req.resume();
       // No proof: only an answer to a verified request is ever proven.
       sendError(res, err, log, undefined);
@@ -267,7 +268,7 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
       (err: unknown) => {
         req.resume();
         if (call.bodyError)
-          log?.warn({ remote: req.socket.remoteAddress, method, url }, 'refused a request body');
+          refused({ remote: req.socket.remoteAddress, method, url }, 'refused a request body');
         sendError(res, call.bodyError ?? err, log, x);
       },
     );
@@ -277,7 +278,7 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
     headArrived(socket);
     upgraded.add(socket);
     socket.once('close', () => upgraded.delete(socket));
-    void onUpgrade(req, socket, head, { edge, verifier, log });
+    void onUpgrade(req, socket, head, { edge, verifier, log, refused });
   });
 
   // Connection caps on the HTTP(S) server. A TLS edge's front listener holds no more sockets
@@ -288,7 +289,7 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
   connectionGuard.attach(server);
   const cap = connectionGuard.limits.maxConnections;
   const guard = options.tls
-    ? plaintextGuard(server as https.Server, edgeId, log, headMs, cap)
+    ? plaintextGuard(server as https.Server, edgeId, refused, headMs, cap)
     : undefined;
   if (guard) guard.listener.maxConnections = 2 * cap + 1;
   const listener = guard?.listener ?? server;
@@ -338,7 +339,7 @@ export async function serveEdge(options: EdgeServerOptions): Promise<EdgeServer>
 function plaintextGuard(
   server: https.Server,
   edgeId: string,
-  log: EdgeLogger | undefined,
+  refused: RefusalLog,
   headMs: number,
   maxWaiting: number,
 ): { listener: net.Server; sockets: Set<net.Socket> } {
@@ -371,7 +372,7 @@ function plaintextGuard(
         server.emit('connection', socket);
         return;
       }
-      log?.warn({ remote: socket.remoteAddress }, 'refused a plaintext connection to a TLS edge');
+      refused({ remote: socket.remoteAddress }, 'refused a plaintext connection to a TLS edge');
       const body = JSON.stringify(
         new DsecError(
           'invalid_argument',
@@ -973,6 +974,38 @@ function sendError(
   writeWhole(res, e.status, Buffer.from(JSON.stringify(e.toJSON())), 'application/json', exchange);
 }
 
+type RefusalLog = (obj: object, msg: string) => void;
+
+/** Refusals are logged at most once per this long; the line then says how many were not. */
+export const REFUSAL_LOG_INTERVAL_MS = 10_000;
+
+/**
+ * A warning for refused callers (unsigned or badly signed requests, frames,
+ * plaintext to a TLS edge), written at most once per `everyMs` with the
+ * number left out since the last one (`suppressed`): anyone who reaches the
+ * port can send those, and a flood of them must not cost a log line each
+ * (SECURITY J38: no disk in proportion to what an unauthenticated caller sends).
+ */
+export function refusalLog(
+  log: EdgeLogger | undefined,
+  everyMs = REFUSAL_LOG_INTERVAL_MS,
+  now: () => number = Date.now,
+): RefusalLog {
+  let nextMs = 0;
+  let suppressed = 0;
+  return (obj, msg) => {
+    if (!log) return;
+    const t = now();
+    if (t < nextMs) {
+      suppressed++;
+      return;
+    }
+    nextMs = t + everyMs;
+    log.warn(suppressed > 0 ? { ...obj, suppressed } : obj, msg);
+    suppressed = 0;
+  };
+}
+
 function loggerOf(option: EdgeLogger | boolean | undefined): EdgeLogger | undefined {
   if (option === true) return pino({ name: 'dsec-edge-http' });
   if (!option) return undefined;
@@ -988,6 +1021,7 @@ interface UpgradeContext {
   edge: EdgeApi;
   verifier: RequestVerifier;
   log: EdgeLogger | undefined;
+  refused: RefusalLog;
 }
 
 async function onUpgrade(
@@ -1010,7 +1044,7 @@ async function onUpgrade(
       const asked = req.headers.upgrade ?? '';
       exchange = ctx.verifier.verify(req.method ?? 'GET', url, req.headers, asked).exchange;
     } catch (err) {
-      ctx.log?.warn({ remote: req.socket.remoteAddress, url, err: String(err) }, 'refused');
+      ctx.refused({ remote: req.socket.remoteAddress, url, err: String(err) }, 'refused');
       throw err;
     }
     const x = exchange;
@@ -1022,7 +1056,7 @@ async function onUpgrade(
     const pty = PTY_PATH.exec(rest);
     const port = PORT_PATH.exec(rest);
     const refusedFrame = () =>
-      ctx.log?.warn({ remote: req.socket.remoteAddress, url }, 'refused a stream frame');
+      ctx.refused({ remote: req.socket.remoteAddress, url }, 'refused a stream frame');
     if (pty && want === PTY_UPGRADE) {
       protocol = PTY_UPGRADE;
       const id = decodeURIComponent(pty[1] ?? '');

@@ -42,6 +42,12 @@ export interface IamOptions {
    */
   authCacheTtlMs?: number;
   /**
+   * Keys the authentication cache, and the memory of keys that authenticated
+   * (they pass a rate-limited address), hold at most; past it the least
+   * recently authenticated goes, never all at once. Default 10 000.
+   */
+  authCacheMaxEntries?: number;
+  /**
    * Failed authentications a source (client address) may have in a row
    * before it is refused with `rate_limited`; they come back at
    * `authFailuresPerSecond`. Default 30.
@@ -51,6 +57,13 @@ export interface IamOptions {
   authFailuresPerSecond?: number;
   /** How long audit rows are kept; older ones are deleted in the background. Default 90 days. */
   auditRetentionMs?: number;
+  /**
+   * How long a create's idempotency record (`requestId` → sandbox) is kept:
+   * a retry within it is answered with the same sandbox, one after it
+   * creates anew. Older records are deleted in the background, so the table
+   * holds at most the creates of this period. Default 7 days.
+   */
+  idempotencyRetentionMs?: number;
   /**
    * How often aggregated denials of the minutes that have ended are written
    * (one transaction each time). Default 5000.
@@ -191,6 +204,7 @@ export class Iam {
   readonly #pendingTtlMs: number;
   readonly #expiryGraceMs: number;
   readonly #authCacheTtlMs: number;
+  readonly #authCacheMaxEntries: number;
   /** Key hash → principal and until when it may be served from memory. */
   readonly #keys = new Map<string, { principal: Principal; untilMs: number }>();
   /** Key hash → until when it counts as a key that authenticated (it passes a limited source). */
@@ -198,6 +212,7 @@ export class Iam {
   readonly #failures: AuthFailureLimiter;
   readonly #denials: DenialAggregator;
   readonly #auditRetentionMs: number;
+  readonly #idempotencyRetentionMs: number;
   readonly #auditFlushIntervalMs: number;
   #auditTimer: NodeJS.Timeout | undefined;
   /** The flush (or sweep) in progress: flushes run one after another. */
@@ -225,6 +240,7 @@ export class Iam {
     this.#pendingTtlMs = options.pendingTtlMs ?? 10 * 60_000;
     this.#expiryGraceMs = options.expiryGraceMs ?? 60_000;
     this.#authCacheTtlMs = options.authCacheTtlMs ?? 1000;
+    this.#authCacheMaxEntries = Math.max(1, options.authCacheMaxEntries ?? CACHE_MAX_ENTRIES);
     this.#failures = new AuthFailureLimiter({
       burst: options.authFailureBurst ?? 30,
       perSecond: options.authFailuresPerSecond ?? 1,
@@ -233,6 +249,7 @@ export class Iam {
       groupsPerMinute: options.auditDenialGroupsPerMinute ?? 100,
     });
     this.#auditRetentionMs = options.auditRetentionMs ?? 90 * DAY_MS;
+    this.#idempotencyRetentionMs = options.idempotencyRetentionMs ?? 7 * DAY_MS;
     this.#auditFlushIntervalMs = options.auditFlushIntervalMs ?? 5000;
     this.#startAuditTimer();
   }
@@ -330,12 +347,13 @@ export class Iam {
     const principal: Principal = { keyId: row.id, projectId: row.project_id, role: row.role };
     const scopes = parseScopes(row.scopes);
     if (scopes) principal.scopes = Object.freeze(scopes);
+    // Least recently authenticated first (Map order): one tenant's many keys push out the
+    // oldest entries only, where clearing the lot made every other key a stranger again.
+    const max = this.#authCacheMaxEntries;
     if (this.#authCacheTtlMs > 0) {
-      if (this.#keys.size >= CACHE_MAX_ENTRIES) this.#keys.clear();
-      this.#keys.set(hash, { principal, untilMs: now + this.#authCacheTtlMs });
+      setNewest(this.#keys, hash, { principal, untilMs: now + this.#authCacheTtlMs }, max);
     }
-    if (this.#knownKeys.size >= CACHE_MAX_ENTRIES) this.#knownKeys.clear();
-    this.#knownKeys.set(hash, now + KNOWN_KEY_TTL_MS);
+    setNewest(this.#knownKeys, hash, now + KNOWN_KEY_TTL_MS, max);
     return { ...principal };
   }
 
@@ -1154,6 +1172,15 @@ export class Iam {
     return this.#auditSerial(() => this.#sweepAudit(options.maxBatches ?? Infinity));
   }
 
+  /**
+   * Deletes idempotency records older than `idempotencyRetentionMs`, in
+   * batches of 1000 (at most `maxBatches`); returns how many went. The
+   * background sweep runs this with the audit's.
+   */
+  sweepIdempotency(options: { maxBatches?: number } = {}): Promise<number> {
+    return this.#auditSerial(() => this.#sweepIdempotency(options.maxBatches ?? Infinity));
+  }
+
   /** Writes what is pending and stops the background writer; `ControlDb.close` calls this. */
   async close(): Promise<void> {
     if (this.#closed) return;
@@ -1219,7 +1246,10 @@ export class Iam {
         const now = this.#now();
         // Closed minutes only: the open one keeps aggregating.
         await this.#writeDenials(now - (now % 60_000));
-        if (now >= this.#nextAuditSweepMs) await this.#sweepAudit(AUDIT_SWEEP_BATCHES);
+        if (now >= this.#nextAuditSweepMs) {
+          await this.#sweepIdempotency(AUDIT_SWEEP_BATCHES);
+          await this.#sweepAudit(AUDIT_SWEEP_BATCHES);
+        }
       }).catch(() => undefined);
     }, this.#auditFlushIntervalMs);
     this.#auditTimer.unref();
@@ -1264,6 +1294,22 @@ export class Iam {
       this.#stats.auditGroupsDropped += retry.length;
       throw err;
     }
+  }
+
+  async #sweepIdempotency(maxBatches: number): Promise<number> {
+    const cutoff = this.#now() - this.#idempotencyRetentionMs;
+    let removed = 0;
+    for (let batch = 0; batch < maxBatches; batch++) {
+      // Row values: the table's key is (project_id, request_id), it has no single id.
+      const r = await this.#db.run(
+        `DELETE FROM idempotency WHERE (project_id, request_id) IN
+           (SELECT project_id, request_id FROM idempotency WHERE created_at < ? LIMIT ?)`,
+        [cutoff, AUDIT_SWEEP_BATCH_ROWS],
+      );
+      removed += r.changes;
+      if (r.changes < AUDIT_SWEEP_BATCH_ROWS) break;
+    }
+    return removed;
   }
 
   async #sweepAudit(maxBatches: number): Promise<number> {
@@ -1477,6 +1523,17 @@ export class Iam {
     await this.#db
       .run('DELETE FROM image_reservations WHERE expires_at <= ?', [now])
       .catch(() => undefined);
+  }
+}
+
+/** Sets `key` as the newest entry of `map`, dropping the oldest past `max` entries. */
+function setNewest<K, V>(map: Map<K, V>, key: K, value: V, max: number): void {
+  map.delete(key);
+  map.set(key, value);
+  while (map.size > max) {
+    const oldest = map.keys().next();
+    if (oldest.done) break;
+    map.delete(oldest.value);
   }
 }
 

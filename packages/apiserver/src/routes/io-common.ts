@@ -33,7 +33,7 @@ export function openStream(
   };
   const limits = limitsOf(req);
   const ticket: StreamTicket = limits
-    ? limits.openStream(principalOf(req).keyId, measure, cut)
+    ? limits.openStream(principalOf(req), measure, cut)
     : {
         check: () => {
           if (measure() <= MAX_STREAM_BUFFER_BYTES) return true;

@@ -1,10 +1,12 @@
 import http from 'node:http';
+import type net from 'node:net';
 import type { IncomingMessage } from 'node:http';
 import type { Duplex, Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
 import type { PtySession } from '@dsec/core';
 import type { Iam } from '@dsec/iam';
+import type { CallerLimits, StreamTicket } from '../limits.js';
 import { parse } from '../schemas.js';
 import { PortParams, PtyQuery } from '../schemas-io.js';
 import type { SandboxService } from '../sandbox-service.js';
@@ -148,11 +150,16 @@ export const PTY_UPGRADE = 'dsec-pty';
  * An upgraded connection is outside the HTTP request timeouts, as a terminal
  * session must be.
  */
-export function ptyUpgrade(app: FastifyInstance, service: SandboxService, iam: Iam): void {
+export function ptyUpgrade(
+  app: FastifyInstance,
+  service: SandboxService,
+  iam: Iam,
+  limits?: CallerLimits,
+): void {
   app.server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     // Browsers' WebSocket terminals are served by ./pty-ws.ts.
     if (String(req.headers.upgrade).toLowerCase() === 'websocket') return;
-    void handleUpgrade(req, socket, head, service, iam);
+    void handleUpgrade(req, socket, head, service, iam, limits);
   });
 }
 
@@ -162,9 +169,11 @@ async function handleUpgrade(
   head: Buffer,
   service: SandboxService,
   iam: Iam,
+  limits: CallerLimits | undefined,
 ): Promise<void> {
   socket.on('error', () => undefined);
   let pty: PtySession | undefined;
+  let ticket: StreamTicket | undefined;
   try {
     const url = new URL(req.url ?? '/', 'http://x');
     const m = /^\/v1\/sandboxes\/([^/]{1,256})\/pty$/.exec(url.pathname);
@@ -176,6 +185,18 @@ async function handleUpgrade(
     });
     const q = parse(PtyQuery, Object.fromEntries(url.searchParams), 'query');
     const id = decodeURIComponent(m[1] ?? '');
+    // A terminal is a stream of its key (`maxStreamsPerKey`), and its unread output counts
+    // against the output budget: a client that stops reading is cut, its backlog dropped.
+    const stream = limits?.openStream(
+      principal,
+      () => socket.writableLength,
+      () => {
+        pty?.kill();
+        resetAndDestroy(socket);
+      },
+    );
+    ticket = stream;
+    socket.once('close', () => stream?.release());
     const ac = new AbortController();
     socket.once('close', () => ac.abort());
     const { edge } = await service.open(principal, id, ac.signal);
@@ -199,7 +220,11 @@ async function handleUpgrade(
   socket.write(
     `HTTP/1.1 101 Switching Protocols\r\nupgrade: ${PTY_UPGRADE}\r\nconnection: Upgrade\r\n\r\n`,
   );
-  session.onOutput((chunk) => socket.write(ptyFrame(PTY_DATA, chunk)));
+  session.onOutput((chunk) => {
+    if (socket.destroyed) return;
+    socket.write(ptyFrame(PTY_DATA, chunk));
+    ticket?.check();
+  });
   void session.exited.then(({ exitCode }) => {
     const p = Buffer.alloc(4);
     p.writeInt32BE(exitCode, 0);
@@ -220,6 +245,13 @@ async function handleUpgrade(
       socket.destroy();
     }
   });
+}
+
+/** Closes with a TCP reset where it can: what is queued for the socket goes with it. */
+export function resetAndDestroy(socket: Duplex): void {
+  const s = socket as Partial<net.Socket> & Duplex;
+  if (typeof s.resetAndDestroy === 'function') s.resetAndDestroy();
+  else socket.destroy();
 }
 
 export function ptyFrame(type: number, payload: Buffer): Buffer {

@@ -6,9 +6,11 @@ import { WebSocketServer } from 'ws';
 import { z } from 'zod';
 import type { RawData, WebSocket } from 'ws';
 import { DsecError, requireIo, toDsecError } from '@dsec/core';
-import type { PtySession } from '@dsec/core';
+import type { ConnectionGuard, PtySession } from '@dsec/core';
 import type { Iam } from '@dsec/iam';
 import { sourceOf } from '../auth.js';
+import type { CallerLimits, StreamTicket } from '../limits.js';
+import { resetAndDestroy } from './ports.js';
 import { parse } from '../schemas.js';
 import { PtyQuery } from '../schemas-io.js';
 import type { SandboxService } from '../sandbox-service.js';
@@ -47,7 +49,12 @@ const ControlMessage = z.discriminatedUnion('type', [
  * Handles every `Upgrade: websocket` request on the server (answering 404 to
  * paths that are not a terminal), so the `dsec-pty` handler skips them.
  */
-export function ptyWebSocket(app: FastifyInstance, service: SandboxService, iam: Iam): void {
+export function ptyWebSocket(
+  app: FastifyInstance,
+  service: SandboxService,
+  iam: Iam,
+  bounds: { limits?: CallerLimits; guard?: ConnectionGuard } = {},
+): void {
   const wss = new WebSocketServer({ noServer: true, maxPayload: MAX_MESSAGE_BYTES });
   app.server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     if (String(req.headers.upgrade).toLowerCase() !== 'websocket') return;
@@ -63,7 +70,11 @@ export function ptyWebSocket(app: FastifyInstance, service: SandboxService, iam:
       return;
     }
     const id = decodeURIComponent(m[1] ?? '');
-    wss.handleUpgrade(req, socket, head, (ws) => serve(ws, id, query, service, iam, sourceOf(req)));
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      // Until its key has authenticated, the connection holds no room another client needs.
+      const authenticated = bounds.guard?.waiting(socket) ?? (() => undefined);
+      serve(ws, socket, id, query, { service, iam, limits: bounds.limits, authenticated }, req);
+    });
   });
   app.addHook('onClose', async () => {
     for (const ws of wss.clients) ws.terminate();
@@ -89,23 +100,33 @@ function sendError(ws: WebSocket, err: unknown): void {
 
 function serve(
   ws: WebSocket,
+  socket: Duplex,
   id: string,
   query: ReturnType<typeof PtyQuery.parse>,
-  service: SandboxService,
-  iam: Iam,
-  source: string,
+  deps: {
+    service: SandboxService;
+    iam: Iam;
+    limits: CallerLimits | undefined;
+    authenticated: () => void;
+  },
+  req: IncomingMessage,
 ): void {
+  const { service, iam, limits } = deps;
+  const source = sourceOf(req);
   const ac = new AbortController();
   let pty: PtySession | undefined;
-  ws.once('close', () => {
-    ac.abort();
-    pty?.kill();
-  });
-  ws.on('error', () => ws.terminate());
+  let ticket: StreamTicket | undefined;
   const authTimer = setTimeout(
     () => sendError(ws, new DsecError('unauthenticated', 'no key sent in time')),
     PTY_WS_AUTH_TIMEOUT_MS,
   );
+  ws.once('close', () => {
+    clearTimeout(authTimer);
+    ac.abort();
+    pty?.kill();
+    ticket?.release();
+  });
+  ws.on('error', () => ws.terminate());
   ws.once('message', (data, isBinary) => {
     clearTimeout(authTimer);
     void open(data, isBinary).catch((err: unknown) => {
@@ -119,6 +140,18 @@ function serve(
       throw new DsecError('unauthenticated', 'the first message must be {"type":"auth","key":...}');
     }
     const principal = await iam.authenticate(first.data.key, { source });
+    if (ws.readyState !== ws.OPEN) return;
+    deps.authenticated();
+    // A terminal is a stream of its key (`maxStreamsPerKey`) whose unread output counts
+    // against the output budget: a client that stops reading is cut, its backlog dropped.
+    ticket = limits?.openStream(
+      principal,
+      () => ws.bufferedAmount,
+      () => {
+        pty?.kill();
+        resetAndDestroy(socket);
+      },
+    );
     const { edge } = await service.open(principal, id, ac.signal);
     const session = await requireIo(edge).openPty(id, {
       rows: query.rows,
@@ -132,7 +165,11 @@ function serve(
       return;
     }
     pty = session;
-    session.onOutput((chunk) => ws.send(chunk, { binary: true }));
+    session.onOutput((chunk) => {
+      if (ws.readyState !== ws.OPEN) return;
+      ws.send(chunk, { binary: true });
+      ticket?.check();
+    });
     void session.exited.then(({ exitCode }) => {
       if (ws.readyState !== ws.OPEN) return;
       ws.send(JSON.stringify({ type: 'exit', exitCode }));

@@ -232,7 +232,7 @@ export class ConnectStreamServer {
     if (!this.#o.limits || !target) return;
     const backlog: StreamBacklog = { check: () => true };
     const ticket = this.#o.limits.openStream(
-      target.caller.principal.keyId,
+      target.caller.principal,
       () => res.writableLength + (backlog.measure?.() ?? 0),
       () => resetConnection(res),
     );

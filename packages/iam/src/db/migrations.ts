@@ -257,6 +257,17 @@ export const MIGRATIONS: readonly Migration[] = [
   CREATE INDEX audit_at ON audit(at);`,
     },
   },
+  {
+    version: 10,
+    name: 'idempotency retention index',
+    // The idempotency sweep deletes records past `idempotencyRetentionMs` by age.
+    sql: {
+      sqlite: `
+  CREATE INDEX idempotency_created ON idempotency(created_at);`,
+      postgres: `
+  CREATE INDEX idempotency_created ON idempotency(created_at);`,
+    },
+  },
 ];
 
 /** The newest layout this release knows. */

@@ -221,6 +221,36 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       );
     });
 
+    test('keys that authenticated stay known however many other keys authenticate (no wipe)', async (t) => {
+      // A tenant that may mint keys authenticates more of them than the memory keeps: that
+      // must not make every other key "unknown" again, or its next flood of bogus keys from
+      // a shared address (loopback, a NAT) would lock those keys out with rate_limited.
+      let now = 5_000_000;
+      const { iam, root } = await fresh(t, {
+        now: () => now,
+        authFailureBurst: 5,
+        authFailuresPerSecond: 1,
+        authCacheMaxEntries: 50,
+      });
+      const shared = { source: '192.0.2.9' };
+      const victim = await iam.createKey(root, { projectId: root.projectId });
+      const minted = [];
+      for (let i = 0; i < 60; i++)
+        minted.push(await iam.createKey(root, { projectId: root.projectId }));
+      const other = { source: '192.0.2.10' };
+      for (const k of minted.slice(0, 45)) await iam.authenticate(k.key, other);
+      // The victim authenticates; a few more of the tenant's keys pass the memory's cap: the
+      // oldest entries make room, not all of them.
+      await iam.authenticate(victim.key, shared);
+      for (const k of minted.slice(45)) await iam.authenticate(k.key, other);
+      // Its cache entry lapses; then a flood of bogus keys from the shared address.
+      now += 1001;
+      for (let i = 0; i < 6; i++) {
+        await assert.rejects(iam.authenticate('dsk_' + 'C'.repeat(43), shared));
+      }
+      assert.equal((await iam.authenticate(victim.key, shared)).keyId, victim.id);
+    });
+
     test('authentication cache: other instances see a revocation within the TTL', async (t) => {
       let now = 1_000_000;
       const clock = { now: () => now, authCacheTtlMs: 1000 };
@@ -669,6 +699,35 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       // Request IDs are per project.
       const other = await iam.createProject(root, { name: 'other' });
       assert.deepEqual(await iam.claimRequest(other.id, 'r1', 'h6', fp), { state: 'claimed' });
+    });
+
+    test('idempotency records are kept for their retention period, then swept', async (t) => {
+      // Each create with a requestId leaves a row; without a retention the table grows with
+      // every create ever made (issue 24 point 4: no request costs unbounded disk).
+      let now = 1_000_000;
+      const day = 24 * 3_600_000;
+      const { iam, root } = await fresh(t, { now: () => now, idempotencyRetentionMs: 7 * day });
+      const fp = requestFingerprint({ projectId: root.projectId, spec: { image: 'base' } });
+      const claim = (requestId: string, holder: string) =>
+        iam.claimRequest(root.projectId, requestId, holder, fp);
+      for (const r of ['r1', 'r2', 'r3']) {
+        assert.deepEqual(await claim(r, `h-${r}`), { state: 'claimed' });
+        await iam.reserve(root.projectId, { memoryMb: 1, cpuCores: 1 }, `h-${r}`);
+        await iam.bindReservation(`h-${r}`, `sb-${r}`, { expiresAt: now + 60_000, requestId: r });
+      }
+      assert.deepEqual(await claim('r4', 'h-r4'), { state: 'claimed' }); // never bound
+      now += 6 * day;
+      assert.deepEqual(await claim('r5', 'h-r5'), { state: 'claimed' });
+      await iam.reserve(root.projectId, { memoryMb: 1, cpuCores: 1 }, 'h-r5');
+      await iam.bindReservation('h-r5', 'sb-r5', { expiresAt: now + 60_000, requestId: 'r5' });
+      // Within the retention period a retry is still answered with its sandbox.
+      assert.deepEqual(await claim('r1', 'h-x'), { state: 'done', sandboxId: 'sb-r1' });
+      now += 2 * day;
+      assert.equal(await iam.sweepIdempotency(), 4);
+      assert.equal(await iam.sweepIdempotency(), 0);
+      // Past it the ID is free again; the younger record stays.
+      assert.deepEqual(await claim('r1', 'h-y'), { state: 'claimed' });
+      assert.deepEqual(await claim('r5', 'h-z'), { state: 'done', sandboxId: 'sb-r5' });
     });
 
     test('idempotency keys are bound to their request: another body is conflict', async (t) => {
