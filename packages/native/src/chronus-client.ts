@@ -17,6 +17,7 @@
  * conn.close();
  * ```
  */
+import { randomInt } from 'node:crypto';
 import { createConnection } from 'node:net';
 import type { Socket } from 'node:net';
 import { constants as osConstants } from 'node:os';
@@ -317,7 +318,13 @@ export class ChronusConnection {
    */
   onPidsLimit: ((event: PidsLimitEvent) => void) | undefined;
   private readonly handles = new Map<number, CommandHandle>();
-  private nextStream = 1;
+  /**
+   * Stream ids start at a random point: a microVM restored from a saved
+   * state can keep its old connection's commands (virtio-serial shows the
+   * guest no hang-up), and a new connection counting from 1 again met
+   * `stream id already in use` for ids those still held.
+   */
+  private nextStream = 1 + randomInt(0x7fff_ffff);
   private closedError: ChronusError | null = null;
   /** Unparsed bytes; `parts` collects chunks until the frame at the head is complete. */
   private head: Buffer = Buffer.alloc(0);
@@ -363,7 +370,8 @@ export class ChronusConnection {
 
   spawn(request: SpawnRequest): CommandHandle {
     const payload = encodeSpawn(request);
-    const stream = this.nextStream++;
+    const stream = this.nextStream;
+    this.nextStream = stream >= 0xffff_ffff ? 1 : stream + 1;
     const handle = new CommandHandle(this, stream);
     if (this.closedError) {
       handle.fail(this.closedError);
