@@ -156,10 +156,14 @@ async function countNftElements(table: string): Promise<number> {
   );
   if (!out) return 0;
   const parsed = JSON.parse(out.stdout) as {
-    nftables: { set?: { elem?: unknown[] }; map?: { elem?: unknown[] } }[];
+    nftables: { set?: { name: string; elem?: unknown[] }; map?: { elem?: unknown[] } }[];
   };
   let n = 0;
-  for (const obj of parsed.nftables) n += (obj.set?.elem ?? obj.map?.elem ?? []).length;
+  for (const obj of parsed.nftables) {
+    // The protected ranges are the node's own (filled at start), not a sandbox's leftovers.
+    if (obj.set?.name.startsWith('protected')) continue;
+    n += (obj.set?.elem ?? obj.map?.elem ?? []).length;
+  }
   return n;
 }
 

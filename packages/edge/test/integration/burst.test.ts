@@ -289,12 +289,19 @@ function linkExists(name: string): boolean {
   return existsSync(`/sys/class/net/${name}`);
 }
 
-/** Elements in every set and map of the edge's table (0 when the table is gone). */
+/**
+ * Elements in every set and map of the edge's table that sandboxes fill (0 when the table is
+ * gone); the protected ranges are the node's own, filled at start.
+ */
 function nftElements(table: string): number {
   const r = spawnSync('nft', ['-j', 'list', 'table', 'inet', table], { encoding: 'utf8' });
   if (r.status !== 0) return 0;
   const parsed = JSON.parse(r.stdout) as {
-    nftables: { set?: { elem?: unknown[] }; map?: { elem?: unknown[] } }[];
+    nftables: { set?: { name: string; elem?: unknown[] }; map?: { elem?: unknown[] } }[];
   };
-  return parsed.nftables.reduce((n, o) => n + (o.set?.elem ?? o.map?.elem ?? []).length, 0);
+  return parsed.nftables.reduce(
+    (n, o) =>
+      o.set?.name.startsWith('protected') ? n : n + (o.set?.elem ?? o.map?.elem ?? []).length,
+    0,
+  );
 }

@@ -395,11 +395,9 @@ test('B11+B12: right after a fork bomb and a memory hog the next exec answers (t
           (await readFile(join(cg, 'pids.max'), 'utf8')).trim(),
           String(limits.pidsLimit),
         );
-        if (scenario === 'bomb' || scenario === 'both') {
-          const events = await edge.listEvents(sb.id);
-          const limit = events.find((e) => e.kind === 'pids_limit');
-          assert.ok(limit && Number(limit.details.reclaimedProcesses) > 0, JSON.stringify(events));
-        }
+        // No check of a `pids_limit` event here: a bomb's process count swings, and when the exec
+        // comes while it is below the reclaim threshold nothing is taken back (the exec simply
+        // gets a process). The B11 tests above check the reclaim and its event.
         await edge.stopSandbox(sb.id);
       }
     }

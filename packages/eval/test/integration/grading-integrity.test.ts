@@ -296,8 +296,9 @@ while True:
     assert.equal(r.reward, 0, JSON.stringify(r));
     assert.equal(r.grading, 'in_place');
     assert.equal(r.gradingSandboxId, undefined);
-    // Three respawning loops, each with a running watcher, and the session shell.
-    assert.ok((r.killedProcesses ?? 0) >= 6, JSON.stringify(r));
+    // Three respawning loops and the session shell, and the watchers running at that instant (a
+    // loop may be between two runs of its watcher): what matters is that none is left, below.
+    assert.ok((r.killedProcesses ?? 0) >= 4, JSON.stringify(r));
     const sb = client.sandbox(r.sandboxId!);
     const ps = await sb.commands.run('ps -o pid,user,args');
     const lines = ps.stdout.trim().split('\n').slice(1);
