@@ -23,7 +23,8 @@ fi
 
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules ]; then
   echo "==> installing npm dependencies"
-  npm ci --no-audit --no-fund --loglevel=error
+  # --prefer-offline: what the local npm cache holds is not asked for again (CI clones afresh).
+  npm ci --prefer-offline --no-audit --no-fund --loglevel=error
 fi
 
 echo "==> building"
