@@ -139,3 +139,59 @@ test('sandboxBoundUrl drops credential parameters, keeps the rest, refuses a key
     (e: unknown) => isDsecError(e, 'invalid_argument') && e.field === 'path',
   );
 });
+
+// Review of issue 24 point 9: encodings the first scanner missed.
+const hexOf = (s: string) => Buffer.from(s).toString('hex');
+const pctEvery = (s: string) =>
+  [...s].map((c) => `%${c.charCodeAt(0).toString(16).padStart(2, '0')}`).join('');
+
+test('carriesCredential: base64 glued to other base64 characters (any alignment)', () => {
+  const key = newApiKey();
+  for (const prefix of ['x', 'xy', 'v1_', 'token-', 'abcd', 'sess_2026']) {
+    const b64 = Buffer.from(key).toString('base64');
+    assert.ok(carriesCredential(`${prefix}${b64}`, []), prefix);
+    assert.ok(
+      carriesCredential(`a=${prefix}${Buffer.from(key).toString('base64url')}`, []),
+      prefix,
+    );
+  }
+});
+
+test('carriesCredential: nested encodings, hex, UTF-16, percent-encoding past three levels', () => {
+  const key = newApiKey();
+  const b64 = (s: string, enc: BufferEncoding = 'utf8') => Buffer.from(s, enc).toString('base64');
+  let deep = pctEvery(key);
+  for (let i = 0; i < 5; i++) deep = encodeURIComponent(deep);
+  for (const v of [
+    b64(b64(key)),
+    b64(pctEvery(key)),
+    b64(key, 'utf16le'),
+    hexOf(key),
+    hexOf(key).toUpperCase(),
+    `0x${hexOf(`k=${key}`)}`,
+    deep,
+  ]) {
+    assert.ok(carriesCredential(v, []), v.slice(0, 40));
+  }
+  // Ordinary values still pass: hex digests, a once-encoded URL, a percent sign.
+  for (const v of [hexOf('a'.repeat(64)), 'a%20b%2520c', '100%', randomBytes(48).toString('hex')]) {
+    assert.equal(carriesCredential(v, []), false, v);
+  }
+});
+
+test('sandboxBoundHeaders: a header whose name carries the key goes', () => {
+  const key = newApiKey();
+  const out = sandboxBoundHeaders(
+    { [`x-${key}`]: '1', [`x-${hexOf(key)}`]: '1', accept: '*/*' },
+    { secrets: [key], dropAuthorization: true },
+  );
+  assert.deepEqual(out, { accept: '*/*' });
+});
+
+test('carriesCredential stays linear on nested-looking input', () => {
+  assert.equal(carriesCredential('%25'.repeat(1 << 18), []), false);
+  // Encoded nine times or more: no ordinary value is, so it fails closed (after eight rounds).
+  assert.equal(carriesCredential(`%${'25'.repeat(1 << 18)}41`, []), true);
+  assert.equal(carriesCredential('64736b5f2e'.repeat(1 << 17), []), false);
+  assert.equal(carriesCredential(Buffer.from('Z'.repeat(1 << 19)).toString('base64'), []), false);
+});

@@ -57,6 +57,7 @@ export function sandboxBoundHeaders(
     const name = key.toLowerCase();
     if (HOP_BY_HOP.has(name) || CREDENTIAL_HEADERS.has(name) || name.startsWith('x-dsec-'))
       continue;
+    if (carriesCredential(name, options.secrets)) continue;
     if (name === 'authorization' && options.dropAuthorization) continue;
     if (name === 'host' && options.dropHost) continue;
     if (name === 'cookie') {
@@ -120,14 +121,49 @@ function withoutCredentialCookies(cookie: string, secrets: readonly string[]): s
 
 /**
  * Whether `value` carries a credential: one of `secrets`, or a DSec API key,
- * in the value as sent, percent-decoded, or in a base64 token within it.
+ * in the value as sent, percent-decoded (eight levels; a value still encoded
+ * after that counts as carrying one), hex, or in a base64 token within it at
+ * any alignment (UTF-16 too), and those nested once (base64 of base64, of a
+ * percent-encoded key). Each level costs a few linear passes.
  */
 export function carriesCredential(value: string, secrets: readonly string[]): boolean {
-  if (plainCarries(value, secrets)) return true;
+  return carries(value, secrets, 1);
+}
+
+function carries(value: string, secrets: readonly string[], nested: number): boolean {
+  if (plainOrHexCarries(value, secrets)) return true;
   const decoded = percentDecoded(value);
-  if (decoded !== value && plainCarries(decoded, secrets)) return true;
+  if (decoded === undefined) return true;
+  if (decoded !== value && plainOrHexCarries(decoded, secrets)) return true;
   for (const token of base64Tokens(decoded)) {
-    if (plainCarries(Buffer.from(token, 'base64').toString('latin1'), secrets)) return true;
+    // A token glued to base64 characters before it ('v1_', 'token-') starts off the grid.
+    for (let skip = 0; skip < 4 && token.length - skip >= MIN_KEY_BASE64; skip++) {
+      const text = Buffer.from(token.slice(skip), 'base64').toString('latin1');
+      if (plainOrHexCarries(text, secrets)) return true;
+      if (text.includes('\0') && plainCarries(text.replaceAll('\0', ''), secrets)) return true;
+      if (nested > 0 && carries(text, secrets, nested - 1)) return true;
+    }
+  }
+  return false;
+}
+
+function plainOrHexCarries(value: string, secrets: readonly string[]): boolean {
+  return plainCarries(value, secrets) || hexCarries(value, secrets);
+}
+
+/** `dsk_` in hex (either case), then the key's 43 characters, also in hex. */
+const HEX_PREFIXES = ['64736b5f', '64736B5F'];
+const HEX_KEY_CHARS = 2 * (4 + 43);
+
+function hexCarries(value: string, secrets: readonly string[]): boolean {
+  for (const prefix of HEX_PREFIXES) {
+    for (let at = value.indexOf(prefix); at >= 0; at = value.indexOf(prefix, at + 1)) {
+      const run = value.slice(at, at + HEX_KEY_CHARS);
+      let n = 0;
+      while (n < run.length && hexValue(run.charCodeAt(n)) >= 0) n++;
+      if (n < HEX_KEY_CHARS) continue;
+      if (plainCarries(Buffer.from(run, 'hex').toString('latin1'), secrets)) return true;
+    }
   }
   return false;
 }
@@ -174,10 +210,16 @@ function* base64Tokens(value: string): Generator<string> {
   }
 }
 
-/** `%XX` decoded, three times over at most (double encoding); malformed escapes stay. */
-function percentDecoded(value: string): string {
+const PERCENT_ROUNDS = 8;
+
+/**
+ * `%XX` decoded until nothing changes, {@link PERCENT_ROUNDS} times at most;
+ * malformed escapes stay. Undefined when the value is still encoded after
+ * that (what a sandbox's server could go on decoding is treated as a key).
+ */
+function percentDecoded(value: string): string | undefined {
   let current = value;
-  for (let round = 0; round < 3 && current.includes('%'); round++) {
+  for (let round = 0; round <= PERCENT_ROUNDS && current.includes('%'); round++) {
     let next = '';
     for (let i = 0; i < current.length; i++) {
       const hi = hexValue(current.charCodeAt(i + 1));
@@ -188,6 +230,7 @@ function percentDecoded(value: string): string {
       } else next += current[i];
     }
     if (next === current) break;
+    if (round === PERCENT_ROUNDS) return undefined;
     current = next;
   }
   return current;
