@@ -11,74 +11,36 @@
  */
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { rm } from 'node:fs/promises';
-import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { startSingleNode, type SingleNode } from '@dsec/cluster';
-import { DSecClient, type Sandbox } from '@dsec/sdk';
+import type { SingleNode } from '@dsec/cluster';
+import type { DSecClient, Sandbox } from '@dsec/sdk';
 import type { LinuxNetwork } from '../../src/network/linux-network.js';
-import { startFakeInternet, type FakeInternet } from './fake-internet.js';
-import { buildTestLayers, hasGcc, workDir } from './network-helpers.js';
+import type { FakeInternet } from './fake-internet.js';
+import { hasGcc, startEgressNode, type EgressNode } from './network-helpers.js';
 
 const root = process.getuid?.() === 0;
 const nftOk = spawnSync('nft', ['list', 'tables']).status === 0;
 const skip = !root || !nftOk || !hasGcc() ? 'needs root, nftables and gcc' : false;
 
 describe('protected ranges and NAT64 prefixes (fake internet)', { skip, timeout: 600_000 }, () => {
-  let work = '';
   let fake: FakeInternet;
   let node: SingleNode;
-  let client: DSecClient;
   let net: LinuxNetwork;
-  const sandboxes: Sandbox[] = [];
+  let env: EgressNode;
 
   before(async () => {
-    work = await workDir('dsec-egress-protected-');
-    fake = await startFakeInternet();
-    node = await startSingleNode({
-      stateDir: join(work, 'state'),
-      port: 0,
-      network: {
-        mode: 'isolated',
-        upstream: [fake.dns],
-        uplinks: [fake.uplink],
-        publicRanges: fake.publicRanges,
-        // The operator's database network.
-        protectedRanges: ['10.199.53.0/24'],
-        nat64Prefixes: [fake.nat64Prefix],
-      },
-    });
-    net = node.edge.options.network as LinuxNetwork;
-    fake.guard({
-      subnet4: `${net.subnet4.address}/${net.subnet4.prefix}`,
-      subnet6: net.subnet6 && `${net.subnet6.address}/${net.subnet6.prefix}`,
-    });
-    await buildTestLayers(node, work);
-    client = new DSecClient({ url: node.url, apiKey: node.adminKey });
-    await client.open();
+    env = await startEgressNode('dsec-egress-protected-', (fake) => ({
+      // The operator's database network.
+      protectedRanges: ['10.199.53.0/24'],
+      nat64Prefixes: [fake.nat64Prefix],
+    }));
+    ({ fake, node, net } = env);
   });
 
-  after(async () => {
-    try {
-      for (const sb of sandboxes) await sb.stop().catch(() => undefined);
-      client?.close();
-      await node?.close({ stopSandboxes: true });
-    } finally {
-      await fake?.close();
-      if (work) await rm(work, { recursive: true, force: true });
-    }
-    if (net) assert.notEqual(spawnSync('nft', ['list', 'table', 'inet', net.table]).status, 0);
-  });
+  after(() => env?.close());
 
-  async function create(opts: Parameters<DSecClient['runContainer']>[0] = { image: 'busybox' }) {
-    const sb = await client.runContainer({ toolkits: ['probe'], ...opts, image: 'busybox' });
-    sandboxes.push(sb);
-    return sb;
-  }
-  async function sh(sb: Sandbox, line: string): Promise<string> {
-    const r = await sb.runShell(`${line} 2>&1`, { timeoutMs: 60_000 });
-    return r.stdout;
-  }
+  const create = (opts?: Parameters<DSecClient['runContainer']>[0]) => env.create(opts);
+  const sh = (sb: Sandbox, line: string, timeoutMs = 60_000) => env.sh(sb, line, timeoutMs);
   /** The firewall's protected set of a family, as nft lists it. */
   function protectedSet(family: 4 | 6): string {
     return spawnSync('nft', ['list', 'set', 'inet', net.table, `protected${family}`], {
