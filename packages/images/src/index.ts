@@ -51,6 +51,8 @@ export {
   REGISTRY_DEFAULT_COMPRESSION,
 } from './oci/registry.js';
 export type { ImportRegistryOptions, RegistryImportResult } from './oci/registry.js';
+export { isInsecureRegistry, registriesConf, registrySettings } from './oci/registries.js';
+export type { RegistryConfig, RegistrySettings } from './oci/registries.js';
 export { readOciImage } from './oci/read-image.js';
 export type { OciImage } from './oci/read-image.js';
 export { collapseLayers, DEFAULT_COLLAPSE_MAX_BYTES } from './collapse.js';
