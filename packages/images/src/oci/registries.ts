@@ -98,9 +98,13 @@ function splitList(text: string | undefined): string[] {
 
 function checkHost(host: string, where: string): string {
   if (typeof host !== 'string' || host.length > 261 || !HOST_PORT.test(host)) {
-    throw new DsecError('invalid_argument', `${where}: ${JSON.stringify(host)} is not host[:port]`, {
-      field: where,
-    });
+    throw new DsecError(
+      'invalid_argument',
+      `${where}: ${JSON.stringify(host)} is not host[:port]`,
+      {
+        field: where,
+      },
+    );
   }
   return host.toLowerCase();
 }
