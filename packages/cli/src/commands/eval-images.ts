@@ -1,5 +1,5 @@
-import type { DsecError } from '@dsec/core';
-import { importTaskImages } from '@dsec/eval';
+import { toDsecError, type DsecError } from '@dsec/core';
+import { importTaskImages, resolveTaskImage, type TaskImage } from '@dsec/eval';
 import type { CliContext } from '../context.js';
 import { createProgress } from '../progress.js';
 import { cliRegistrySettings } from '../registries.js';
@@ -54,4 +54,33 @@ export async function prepareTaskImages(
   } finally {
     bar.done();
   }
+}
+
+/**
+ * Each instance's image under an `--image` value (`resolveTaskImage`): a
+ * `docker://` template gives the layer and the reference to import it from,
+ * a local layer template the layer alone. A malformed template or instance
+ * ID is the `DsecError` of that instance (one bad ID fails one task).
+ *
+ * @example
+ * ```ts
+ * const images = taskImagesOf(tasks.map((t) => t.instance_id), opts.image);
+ * const sources = [...images.values()].flatMap((i) => ('source' in i && i.source ? [i.source] : []));
+ * const imported = await prepareTaskImages(ctx, sources, { concurrency: opts.concurrency });
+ * // a task whose source maps to a DsecError gets a result line with that error's code
+ * ```
+ */
+export function taskImagesOf(
+  instanceIds: Iterable<string>,
+  template: string,
+): Map<string, TaskImage | DsecError> {
+  const out = new Map<string, TaskImage | DsecError>();
+  for (const id of instanceIds) {
+    try {
+      out.set(id, resolveTaskImage(template, id));
+    } catch (err) {
+      out.set(id, toDsecError(err));
+    }
+  }
+  return out;
 }
