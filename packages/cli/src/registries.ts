@@ -13,7 +13,7 @@ import type { CliContext } from './context.js';
  */
 export async function cliRegistrySettings(
   ctx: CliContext,
-  configFile?: string  ,
+  configFile?: string,
 ): Promise<RegistrySettings> {
   const file = configFile ?? (ctx.io.env.DSEC_CONFIG || undefined);
   const config = file !== undefined ? await loadClusterConfig(file) : undefined;
