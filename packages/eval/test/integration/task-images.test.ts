@@ -68,7 +68,7 @@ test('images by convention: imported once, base layers shared, a missing one fai
     store: node.store,
     registries,
     mounter,
-    concurrency: 1,
+    concurrency: 2,
     onProgress: (p) => seen.push(p),
   });
   assert.deepEqual([...first.keys()], [...refs, missing]);
