@@ -94,3 +94,21 @@ export type { Agent, AgentContext, AgentOutcome, TokenUsage } from './agents/age
 export { GoldAgent, NoneAgent } from './agents/scripted.js';
 export { HttpAgent, TOOL_SCHEMAS } from './agents/http.js';
 export type { HttpAgentOptions, ChatMessage, ToolCall } from './agents/http.js';
+export {
+  checkTemplate,
+  DEFAULT_IMAGE_CONCURRENCY,
+  importTaskImages,
+  INSTANCE_ID_PLACEHOLDER,
+  isImageTemplate,
+  parseDockerImageRef,
+  resolveTaskImage,
+  swebenchImageKey,
+  swebenchImageRef,
+  taskImageLayerRef,
+} from './task-images.js';
+export type {
+  DockerImageRef,
+  ImportTaskImagesOptions,
+  TaskImage,
+  TaskImageProgress,
+} from './task-images.js';
