@@ -63,6 +63,10 @@ void test('the recipe digest ignores key order and follows the recipe and the ba
     recipeDigest({ ...tk, debs: ['python3'] } as typeof tk, base1),
   );
   assert.match(recipeDigest(recipes['base']!), /^sha256:[0-9a-f]{64}$/);
+  // The suite the base is: bookworm (what every layer was resolved from before) keeps the
+  // digest; another suite gives another, so a layer resolved from the wrong one is rebuilt.
+  assert.equal(recipeDigest(tk, base1, 'bookworm'), recipeDigest(tk, base1));
+  assert.notEqual(recipeDigest(tk, base1, 'bullseye'), recipeDigest(tk, base1));
 });
 
 void test('ensureEnvironment refuses a name the recipes lack, before touching the store', async () => {

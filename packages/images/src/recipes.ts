@@ -11,7 +11,8 @@ import {
   type LayerInfo,
 } from '@dsec/core';
 import { buildLayer, type BuildProgress } from './build.js';
-import { buildFromDebs, rememberBaseStatus, type DebsManifest } from './debs.js';
+import { baseFacts, buildFromDebs, rememberBaseStatus, type DebsManifest } from './debs.js';
+import { baseReleaseOfTree, chooseDebianSuite } from './debs-suite.js';
 import { makeDebianRootfs } from './rootfs/debian.js';
 import { assertLayerName } from './store/validate.js';
 import { withLockFile } from './util/lock-file.js';
@@ -203,14 +204,22 @@ function canonical(v: unknown): string {
 /**
  * The digest that decides whether a stored layer still matches its recipe:
  * the recipe itself, plus for a debs layer the digest of the base it was
- * resolved against (a new base means new exclusions).
+ * resolved against (a new base means new exclusions) and the Debian suite
+ * it is resolved from (the base's: `debs-suite.ts`).
  */
-export function recipeDigest(recipe: EnvironmentRecipe, baseLayerDigest?: string): string {
+export function recipeDigest(
+  recipe: EnvironmentRecipe,
+  baseLayerDigest?: string,
+  suite?: string,
+): string {
   // A debs layer built by an older builder (one without bytecode) is rebuilt once.
   const input = canonical({
     recipe,
     base: baseLayerDigest,
     builder: recipe.kind === 'base' ? undefined : DEBS_BUILDER_REVISION,
+    // Every debs layer was resolved from bookworm before the base's suite was read: those
+    // digests stay, and a layer wrongly resolved from bookworm on another base is rebuilt.
+    suite: suite === 'bookworm' ? undefined : suite,
   });
   return `sha256:${createHash('sha256').update(input).digest('hex')}`;
 }
@@ -260,7 +269,16 @@ export async function ensureEnvironment(
     }
     base = await ensureEnvironment(store, recipe.base, recipes, options);
   }
-  const digest = recipeDigest(recipe, base?.layer.digest);
+  // A toolkit takes its base's suite; one its recipe names must agree (`invalid_argument`).
+  const suite =
+    base === undefined
+      ? undefined
+      : chooseDebianSuite(
+          recipe.kind === 'base' ? undefined : recipe.suite,
+          (await baseFacts(store, base.layer, cacheDir, signal)).release,
+          `${name}.suite`,
+        );
+  const digest = recipeDigest(recipe, base?.layer.digest, suite);
   const ref = `${name}:${recipe.version ?? DEFAULT_LAYER_VERSION}`;
   const recordDir = join(cacheDir, 'environments');
   await mkdir(recordDir, { recursive: true, mode: 0o700 });
@@ -300,7 +318,7 @@ export async function ensureEnvironment(
               packages: recipe.debs,
               base: formatLayerRef(base!.layer),
               cacheDir,
-              ...(recipe.suite !== undefined ? { suite: recipe.suite } : {}),
+              ...(suite !== undefined ? { suite } : {}),
               ...(recipe.split !== undefined ? { split: recipe.split } : {}),
               ...(signal ? { signal } : {}),
               onProgress: (p) => progress(p),
@@ -367,7 +385,7 @@ async function buildBase(
       ...(signal ? { signal } : {}),
       onProgress: progress,
     });
-    await rememberBaseStatus(cacheDir, layer.digest, status);
+    await rememberBaseStatus(cacheDir, layer.digest, status, await baseReleaseOfTree(root));
     return layer;
   } finally {
     await rm(work, { recursive: true, force: true });
