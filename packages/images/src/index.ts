@@ -94,7 +94,15 @@ export type {
   UpperScan,
   UpperSource,
 } from './upper-pack.js';
-export { buildFromDebs, baseDpkgStatus, rememberBaseStatus, DEBS_MANIFEST_DIR } from './debs.js';
+export {
+  buildFromDebs,
+  baseDpkgStatus,
+  baseFacts,
+  rememberBaseStatus,
+  DEBS_MANIFEST_DIR,
+} from './debs.js';
+export type { BaseFacts } from './debs.js';
+export { chooseDebianSuite, type BaseRelease } from './debs-suite.js';
 export type {
   BuildFromDebsOptions,
   BuildFromDebsResult,
