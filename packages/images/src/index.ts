@@ -139,3 +139,10 @@ export type {
   EnvironmentRecipe,
   EnvironmentRecipes,
 } from './recipes.js';
+export {
+  EGRESS_POLICIES,
+  INSTALL_OUTPUT_TAIL_BYTES,
+  installCommandFailed,
+  installDomains,
+} from './install-recipe.js';
+export type { InstallRecipe, InstallRequest, InstallRunner } from './install-recipe.js';

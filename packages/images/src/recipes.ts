@@ -13,6 +13,12 @@ import {
 import { buildLayer, type BuildProgress } from './build.js';
 import { baseFacts, buildFromDebs, rememberBaseStatus, type DebsManifest } from './debs.js';
 import { baseReleaseOfTree, chooseDebianSuite } from './debs-suite.js';
+import {
+  buildInstall,
+  checkInstallRecipe,
+  type InstallRecipe,
+  type InstallRunner,
+} from './install-recipe.js';
 import { makeDebianRootfs } from './rootfs/debian.js';
 import { assertLayerName } from './store/validate.js';
 import { withLockFile } from './util/lock-file.js';
@@ -45,7 +51,7 @@ export interface DebsRecipe {
   split?: boolean;
 }
 
-export type EnvironmentRecipe = BaseRecipe | DebsRecipe;
+export type EnvironmentRecipe = BaseRecipe | DebsRecipe | InstallRecipe;
 export type EnvironmentRecipes = Record<string, EnvironmentRecipe>;
 
 export interface EnvironmentProgress extends BuildProgress {
@@ -58,6 +64,12 @@ export interface EnsureEnvironmentOptions {
   cacheDir: string;
   /** Rebuild even when the recorded recipe matches. */
   force?: boolean;
+  /**
+   * Runs an `install` recipe's builder sandbox (`@dsec/eval`'s
+   * `clusterInstallRunner`). Without one, an install recipe that needs
+   * building is `invalid_argument` (`details.reason: install_needs_cluster`).
+   */
+  installer?: InstallRunner | undefined;
   signal?: AbortSignal;
   /** `check`, then the builder's phases, then `done` or `skip` (already built). */
   onProgress?(p: EnvironmentProgress): void;
@@ -83,7 +95,7 @@ interface EnvironmentRecord {
 }
 
 /**
- * Bumped when the same debs recipe builds different content (2: Python
+ * Bumped when the same debs (or install) recipe builds different content (2: Python
  * bytecode compiled, unchecked; 3: checked-hash bytecode).
  */
 const DEBS_BUILDER_REVISION = 3;
@@ -146,14 +158,23 @@ export function parseEnvironmentRecipes(json: unknown): EnvironmentRecipes {
       if ((r['debs'] as string[]).length === 0) bad(`${name}.debs`, 'name at least one package');
       if (typeof r['base'] !== 'string') return bad(`${name}.base`, 'must name an environment');
       optString(r['suite'], `${name}.suite`);
+    } else if (r['kind'] === 'install') {
+      checkInstallRecipe(name, r, bad);
     } else {
-      return bad(`${name}.kind`, 'must be base, toolkit or workspace');
+      return bad(`${name}.kind`, 'must be base, toolkit, workspace or install');
     }
     out[name] = r as unknown as EnvironmentRecipe;
   }
   for (const [name, r] of Object.entries(out)) {
     if (r.kind !== 'base' && out[r.base]?.kind !== 'base') {
       bad(`${name}.base`, `${JSON.stringify(r.base)} is not a base recipe in this file`);
+    }
+    if (r.kind === 'install') {
+      (r.toolkits ?? []).forEach((t, i) => {
+        const tk = out[t];
+        if (tk?.kind !== 'toolkit' || tk.base !== r.base)
+          bad(`${name}.toolkits.${i}`, `${JSON.stringify(t)} is not a toolkit recipe on ${r.base}`);
+      });
     }
   }
   return out;
@@ -270,15 +291,25 @@ export async function ensureEnvironment(
     base = await ensureEnvironment(store, recipe.base, recipes, options);
   }
   // A toolkit takes its base's suite; one its recipe names must agree (`invalid_argument`).
+  // An install recipe runs on its base and toolkits: each is built first, and its digest covers theirs.
+  const under: LayerInfo[] = base === undefined ? [] : [base.layer];
+  if (recipe.kind === 'install') {
+    for (const t of recipe.toolkits ?? [])
+      under.push((await ensureEnvironment(store, t, recipes, options)).layer);
+  }
   const suite =
-    base === undefined
+    base === undefined || recipe.kind === 'install'
       ? undefined
       : chooseDebianSuite(
-          recipe.kind === 'base' ? undefined : recipe.suite,
+          recipe.kind === 'toolkit' || recipe.kind === 'workspace' ? recipe.suite : undefined,
           (await baseFacts(store, base.layer, cacheDir, signal)).release,
           `${name}.suite`,
         );
-  const digest = recipeDigest(recipe, base?.layer.digest, suite);
+  const digest = recipeDigest(
+    recipe,
+    recipe.kind === 'install' ? under.map((l) => l.digest).join(',') : base?.layer.digest,
+    suite,
+  );
   const ref = `${name}:${recipe.version ?? DEFAULT_LAYER_VERSION}`;
   const recordDir = join(cacheDir, 'environments');
   await mkdir(recordDir, { recursive: true, mode: 0o700 });
@@ -311,18 +342,30 @@ export async function ensureEnvironment(
               layer: await buildBase(store, name, recipe, cacheDir, progress, signal),
               manifest: undefined,
             }
-          : await buildFromDebs(store, {
-              name,
-              ...(recipe.version !== undefined ? { version: recipe.version } : {}),
-              kind: recipe.kind,
-              packages: recipe.debs,
-              base: formatLayerRef(base!.layer),
-              cacheDir,
-              ...(suite !== undefined ? { suite } : {}),
-              ...(recipe.split !== undefined ? { split: recipe.split } : {}),
-              ...(signal ? { signal } : {}),
-              onProgress: (p) => progress(p),
-            });
+          : recipe.kind === 'install'
+            ? {
+                layer: await buildInstall(store, {
+                  name,
+                  recipe,
+                  layers: under,
+                  recipeDigest: digest,
+                  runner: options.installer,
+                  signal,
+                }),
+                manifest: undefined,
+              }
+            : await buildFromDebs(store, {
+                name,
+                ...(recipe.version !== undefined ? { version: recipe.version } : {}),
+                kind: recipe.kind,
+                packages: recipe.debs,
+                base: formatLayerRef(base!.layer),
+                cacheDir,
+                ...(suite !== undefined ? { suite } : {}),
+                ...(recipe.split !== undefined ? { split: recipe.split } : {}),
+                ...(signal ? { signal } : {}),
+                onProgress: (p) => progress(p),
+              });
       const next: EnvironmentRecord = {
         name,
         ref,
