@@ -280,16 +280,22 @@ export async function buildInstall(
     version: recipe.version ?? DEFAULT_LAYER_VERSION,
     kind: 'toolkit',
     source: 'install',
-    project: undefined,
     parents: o.layers.map(formatLayerRef),
     parentDigests: o.layers.map((l) => l.digest),
     createdAt: new Date().toISOString(),
   };
-  delete layer.project;
-  await store.putLayer(layer);
-  // The builder's record goes; its blobs stay (the platform record uses them).
-  await store
-    .removeLayer(formatLayerRef(snap), snap.project !== undefined ? { project: snap.project } : {})
-    .catch(() => undefined);
+  delete layer.project; // the platform's namespace
+  try {
+    await store.putLayer(layer);
+  } finally {
+    // The builder's record goes whether or not the platform's was made: its blobs stay only
+    // while the platform record uses them, so a failed promotion leaves nothing behind.
+    await store
+      .removeLayer(
+        formatLayerRef(snap),
+        snap.project !== undefined ? { project: snap.project } : {},
+      )
+      .catch(() => undefined);
+  }
   return await store.getLayer(formatLayerRef(layer));
 }
