@@ -33,6 +33,7 @@ export function clusterInstallRunner(
       {
         image: req.image,
         toolkits: req.toolkits,
+        ...(req.workspace !== undefined ? { workspace: req.workspace } : {}),
         memoryLimitMb: limits.memoryLimitMb ?? 2048,
         cpuCoresLimit: limits.cpuCoresLimit ?? 2,
         pidsLimit: limits.pidsLimit ?? 1024,

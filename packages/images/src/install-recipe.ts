@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import {
   DEFAULT_LAYER_VERSION,
   DsecError,
@@ -31,6 +32,12 @@ export interface InstallRecipe {
   base: string;
   /** Toolkit recipes of the same file stacked over the base while the commands run (in order). */
   toolkits?: string[];
+  /**
+   * Stack the task's workspace (its repository at `base_commit`) under the
+   * commands, for `pip install -e .`-style steps: the layer is then built
+   * once per workspace, named {@link installLayerName}.
+   */
+  workspace?: boolean;
   /** Shell commands (`sh -c`, as root), run in order; the first that fails stops the build. */
   commands: string[];
   /**
@@ -62,6 +69,8 @@ export interface InstallRequest {
   /** `name:version` of the base layer, and of each toolkit over it (bottom first). */
   image: string;
   toolkits: string[];
+  /** `name:version` of the task's workspace layer, for a recipe with `workspace: true`. */
+  workspace?: string | undefined;
   commands: string[];
   /** Domains the sandbox may reach on ports 80 and 443; empty: no egress. */
   allowDomains: string[];
@@ -104,6 +113,7 @@ export function checkInstallRecipe(
     'kind',
     'base',
     'toolkits',
+    'workspace',
     'commands',
     'egress',
     'workdir',
@@ -128,6 +138,8 @@ export function checkInstallRecipe(
       assertLayerName(t, `${name}.toolkits.${i}`),
     );
   }
+  if (r['workspace'] !== undefined && typeof r['workspace'] !== 'boolean')
+    bad(`${name}.workspace`, 'must be a boolean');
   const commands = strings(r['commands'], `${name}.commands`, MAX_COMMANDS);
   if (commands.length === 0) bad(`${name}.commands`, 'name at least one command');
   commands.forEach((c, i) => {
@@ -183,6 +195,16 @@ export function checkInstallRecipe(
     });
   }
   return r as unknown as InstallRecipe;
+}
+
+/**
+ * The layer an install recipe with `workspace: true` builds for one
+ * workspace: `RECIPE.ws-` and 12 hex digits of the workspace ref's SHA-256
+ * (a valid layer name whatever the two names' lengths).
+ */
+export function installLayerName(recipe: string, workspaceRef: string): string {
+  const h = createHash('sha256').update(workspaceRef).digest('hex').slice(0, 12);
+  return `${recipe.slice(0, 100)}.ws-${h}`;
 }
 
 /** The domains an install recipe's egress allows. */
@@ -242,6 +264,10 @@ export async function buildInstall(
     name: string;
     recipe: InstallRecipe;
     layers: LayerInfo[];
+    /** The layer's name when not `name` (a per-workspace build: {@link installLayerName}). */
+    layerName?: string | undefined;
+    /** The workspace under the commands, for a recipe with `workspace: true`. */
+    workspace?: LayerInfo | undefined;
     recipeDigest: string;
     runner?: InstallRunner | undefined;
     signal?: AbortSignal | undefined;
@@ -258,11 +284,15 @@ export async function buildInstall(
   }
   throwIfAborted(signal);
   const [base, ...toolkits] = o.layers;
+  // Bottom first, as a snapshot's parents: base, workspace, toolkits.
+  const stack = [base!, ...(o.workspace ? [o.workspace] : []), ...toolkits];
+  const layerName = o.layerName ?? name;
   const snapshotName = `${name.slice(0, 100)}-install-${o.recipeDigest.slice(7, 19)}`;
   const snap = await o.runner({
     recipe: name,
     image: formatLayerRef(base!),
     toolkits: toolkits.map(formatLayerRef),
+    workspace: o.workspace && formatLayerRef(o.workspace),
     commands: [...recipe.commands],
     allowDomains: installDomains(recipe),
     workdir: recipe.workdir ?? '/',
@@ -276,12 +306,12 @@ export async function buildInstall(
     throw new DsecError('internal', `the builder of ${name} returned no layer`);
   const layer: LayerInfo = {
     ...snap,
-    name,
+    name: layerName,
     version: recipe.version ?? DEFAULT_LAYER_VERSION,
     kind: 'toolkit',
     source: 'install',
-    parents: o.layers.map(formatLayerRef),
-    parentDigests: o.layers.map((l) => l.digest),
+    parents: stack.map(formatLayerRef),
+    parentDigests: stack.map((l) => l.digest),
     createdAt: new Date().toISOString(),
   };
   delete layer.project; // the platform's namespace

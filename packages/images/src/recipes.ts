@@ -16,6 +16,7 @@ import { baseReleaseOfTree, chooseDebianSuite } from './debs-suite.js';
 import {
   buildInstall,
   checkInstallRecipe,
+  installLayerName,
   type InstallRecipe,
   type InstallRunner,
 } from './install-recipe.js';
@@ -70,6 +71,13 @@ export interface EnsureEnvironmentOptions {
    * building is `invalid_argument` (`details.reason: install_needs_cluster`).
    */
   installer?: InstallRunner | undefined;
+  /**
+   * The task's workspace layer, for an install recipe with `workspace: true`
+   * (built per workspace, as `installLayerName(name, workspace)`); without
+   * it such a recipe is `invalid_argument`, `details.reason:
+   * install_needs_workspace`. Other recipes ignore it.
+   */
+  workspace?: LayerInfo | undefined;
   signal?: AbortSignal;
   /** `check`, then the builder's phases, then `done` or `skip` (already built). */
   onProgress?(p: EnvironmentProgress): void;
@@ -293,9 +301,25 @@ export async function ensureEnvironment(
   // A toolkit takes its base's suite; one its recipe names must agree (`invalid_argument`).
   // An install recipe runs on its base and toolkits: each is built first, and its digest covers theirs.
   const under: LayerInfo[] = base === undefined ? [] : [base.layer];
+  let layerName = name;
+  let workspace: LayerInfo | undefined;
   if (recipe.kind === 'install') {
     for (const t of recipe.toolkits ?? [])
       under.push((await ensureEnvironment(store, t, recipes, options)).layer);
+    if (recipe.workspace === true) {
+      workspace = options.workspace;
+      if (workspace === undefined) {
+        throw new DsecError(
+          'invalid_argument',
+          `${name} is built on a task's workspace (workspace: true): name the workspace`,
+          {
+            field: `${name}.workspace`,
+            details: { reason: 'install_needs_workspace', layer: name },
+          },
+        );
+      }
+      layerName = installLayerName(name, formatLayerRef(workspace));
+    }
   }
   const suite =
     base === undefined || recipe.kind === 'install'
@@ -307,10 +331,12 @@ export async function ensureEnvironment(
         );
   const digest = recipeDigest(
     recipe,
-    recipe.kind === 'install' ? under.map((l) => l.digest).join(',') : base?.layer.digest,
+    recipe.kind === 'install'
+      ? [...under, ...(workspace ? [workspace] : [])].map((l) => l.digest).join(',')
+      : base?.layer.digest,
     suite,
   );
-  const ref = `${name}:${recipe.version ?? DEFAULT_LAYER_VERSION}`;
+  const ref = `${layerName}:${recipe.version ?? DEFAULT_LAYER_VERSION}`;
   const recordDir = join(cacheDir, 'environments');
   await mkdir(recordDir, { recursive: true, mode: 0o700 });
   const recordFile = join(recordDir, `${ref.replace(':', '_')}.json`);
@@ -346,6 +372,8 @@ export async function ensureEnvironment(
             ? {
                 layer: await buildInstall(store, {
                   name,
+                  layerName,
+                  workspace,
                   recipe,
                   layers: under,
                   recipeDigest: digest,

@@ -455,9 +455,10 @@ export async function environmentBuilder(
         },
       );
     }
-    await ensureEnvironment(store, name, recipes, {
+    return await ensureEnvironment(store, name, recipes, {
       cacheDir,
       installer,
+      workspace: options.workspace,
       ...(options.signal ? { signal: options.signal } : {}),
     });
   };

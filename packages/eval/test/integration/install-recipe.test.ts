@@ -45,11 +45,16 @@ function runner() {
   });
 }
 
-async function build(name: string, recipe: Omit<InstallRecipe, 'kind' | 'base'>) {
+async function build(
+  name: string,
+  recipe: Omit<InstallRecipe, 'kind' | 'base'>,
+  workspace?: LayerInfo,
+) {
   const recipes = { busybox: BASE, [name]: { kind: 'install', base: 'busybox', ...recipe } };
   return await ensureEnvironment(egress.node.store, name, recipes as never, {
     cacheDir: `${egress.work}/cache`,
     installer: runner(),
+    workspace,
   });
 }
 
@@ -126,6 +131,50 @@ test(
     });
     assert.equal(changed.built, true);
     assert.notEqual(changed.recipeDigest, first.recipeDigest);
+    assert.equal(await sandboxCount(), 0);
+  },
+);
+
+test(
+  'an install recipe on the task workspace (pip install -e . style) is built per workspace',
+  { skip },
+  async () => {
+    await seedBaseRecord();
+    const { mkdir, writeFile } = await import('node:fs/promises');
+    const tree = `${egress.work}/ws-tree`;
+    await mkdir(`${tree}/repo`, { recursive: true });
+    await writeFile(`${tree}/repo/setup.txt`, 'name = demo\n');
+    const ws = await egress.node.buildLayer({
+      name: 'ws-demo',
+      kind: 'workspace',
+      from: { dir: tree },
+    });
+    const recipe = {
+      workspace: true,
+      workdir: '/repo',
+      // Reads the repository and writes beside it, as `pip install -e .` writes its egg-info.
+      commands: ['cat setup.txt > installed.txt', 'mkdir -p /opt/ws && cp setup.txt /opt/ws/'],
+    };
+    const e = await refused(build('env-ws', recipe));
+    assert.ok(isDsecError(e, 'invalid_argument') && e.field === 'env-ws.workspace', String(e));
+    const r = await build('env-ws', recipe, ws);
+    assert.equal(r.built, true);
+    assert.match(r.layer.name, /^env-ws\.ws-[0-9a-f]{12}$/);
+    assert.deepEqual(r.layer.parents, ['busybox:latest', 'ws-demo:latest']);
+    assert.equal((await build('env-ws', recipe, ws)).built, false);
+    const sb = await egress.client.runContainer({
+      image: 'busybox',
+      workspace: 'ws-demo',
+      toolkits: [r.layer.name],
+    });
+    try {
+      assert.equal(
+        (await sb.runShell('cat /repo/installed.txt /opt/ws/setup.txt')).stdout,
+        'name = demo\nname = demo\n',
+      );
+    } finally {
+      await sb.stop();
+    }
     assert.equal(await sandboxCount(), 0);
   },
 );
