@@ -27,11 +27,17 @@ const layerRef = z
     (s) => parseLayerRef(s) !== undefined,
     'must be a layer reference `name` or `name:version`',
   );
-/** Who a sandbox, a command or a file call runs as: a name, or a uid of the sandbox's own range. */
+/**
+ * Who a sandbox, a command or a file call runs as: `USER` or `USER:GROUP`
+ * (docker's `--user`), each a name or an id of the sandbox's own range.
+ */
 export const userName = z
   .string()
-  .regex(/^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,5})$/, 'must be a user name or a numeric uid')
-  .refine(isSandboxUser, `must be a user name or a uid below ${SANDBOX_ID_COUNT}`);
+  .regex(
+    /^(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,5})(?::(?:[a-z_][a-z0-9_-]{0,31}|[0-9]{1,5}))?$/,
+    'must be USER or USER:GROUP, each a name or a numeric id',
+  )
+  .refine(isSandboxUser, `must be USER[:GROUP], each a name or an id below ${SANDBOX_ID_COUNT}`);
 /** IDs are opaque to the API layer; IAM and the edges decide whether they exist. */
 const opaqueId = z
   .string()

@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { isDsecError } from './errors.js';
-import { checkSandboxUser, isSandboxUser, SANDBOX_ID_COUNT } from './users.js';
+import { checkSandboxUser, isSandboxUser, namesSandboxIds, SANDBOX_ID_COUNT } from './users.js';
 
 test('a sandbox runs as a uid of its own range or a user name', () => {
   for (const ok of [
@@ -14,6 +14,11 @@ test('a sandbox runs as a uid of its own range or a user name', () => {
     '_apt',
     'www-data',
     'a1',
+    'root:root',
+    'alice:wheel',
+    '1000:1000',
+    'user:0',
+    '0:staff',
   ])
     assert.equal(isSandboxUser(ok), true, ok);
   for (const bad of [
@@ -33,6 +38,13 @@ test('a sandbox runs as a uid of its own range or a user name', () => {
     'user\0',
     'u'.repeat(33),
     '../etc',
+    ':',
+    'root:',
+    ':root',
+    'a:b:c',
+    '0:100000',
+    'root:Wheel',
+    'root:../x',
   ])
     assert.equal(isSandboxUser(bad), false, JSON.stringify(bad));
 });
@@ -43,4 +55,11 @@ test('checkSandboxUser names the field it refuses', () => {
     () => checkSandboxUser('9999999999', 'initUser'),
     (e: unknown) => isDsecError(e, 'invalid_argument') && e.field === 'initUser',
   );
+});
+
+test('namesSandboxIds: only a name other than root needs the image to define it', () => {
+  for (const u of ['root', '0', '1000', 'root:root', '0:0', '1000:1000', 'root:0'])
+    assert.equal(namesSandboxIds(u), false, u);
+  for (const u of ['alice', 'root:wheel', '0:staff', 'alice:0'])
+    assert.equal(namesSandboxIds(u), true, u);
 });

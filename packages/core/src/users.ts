@@ -11,14 +11,31 @@ const NAME_MAX = 32;
 
 /**
  * Whether `user` is something a sandbox can run as, as far as can be told
- * without looking inside it: a uid below {@link SANDBOX_ID_COUNT}, or a user
- * name (`[a-z_][a-z0-9_-]*`, at most 32 characters, as useradd takes them).
- * Whether the name exists is the sandbox's /etc/passwd's to say.
+ * without looking inside it: `USER` or `USER:GROUP` (docker's `--user`), each
+ * part a uid/gid below {@link SANDBOX_ID_COUNT} or a name
+ * (`[a-z_][a-z0-9_-]*`, at most 32 characters, as useradd takes them).
+ * Whether a name exists is the sandbox's /etc/passwd's (or /etc/group's) to
+ * say; `root` always does (uid 0, as `docker run` without `--user`).
  */
 export function isSandboxUser(user: string): boolean {
+  const colon = user.indexOf(':');
+  if (colon < 0) return isIdPart(user);
+  return isIdPart(user.slice(0, colon)) && isIdPart(user.slice(colon + 1));
+}
+
+/** Whether `user` (a valid {@link isSandboxUser}) names a user or group other than `root` by name. */
+export function namesSandboxIds(user: string): boolean {
+  return user.split(':').some((p) => p !== 'root' && !isNumericId(p));
+}
+
+function isNumericId(part: string): boolean {
+  const first = part.charCodeAt(0);
+  return first >= 48 && first <= 57;
+}
+
+function isIdPart(user: string): boolean {
   if (user.length === 0 || user.length > NAME_MAX) return false;
-  const first = user.charCodeAt(0);
-  if (first >= 48 && first <= 57) {
+  if (isNumericId(user)) {
     if (user.length > 5) return false;
     for (let i = 0; i < user.length; i++) {
       const c = user.charCodeAt(i);
@@ -40,7 +57,7 @@ export function checkSandboxUser(user: string, field: string): string {
   if (!isSandboxUser(user)) {
     throw new DsecError(
       'invalid_argument',
-      `${field} must be a user name or a uid below ${SANDBOX_ID_COUNT}, not ${JSON.stringify(user.slice(0, 40))}`,
+      `${field} must be USER or USER:GROUP, each a name or an id below ${SANDBOX_ID_COUNT}, not ${JSON.stringify(user.slice(0, 40))}`,
       { field },
     );
   }

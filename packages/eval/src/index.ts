@@ -75,6 +75,8 @@ export { diffOfChanges } from './patch-text.js';
 export { killLeftovers, KILL_LEFTOVERS_SCRIPT } from './in-place.js';
 export { RepoCache, workspaceLayerName, ensureWorkspace } from './workspace.js';
 export { prepareTasks } from './prepare.js';
+export { clusterInstallRunner } from './install-runner.js';
+export type { InstallSandboxLimits } from './install-runner.js';
 export type {
   EnvironmentBuilder,
   PrepareOptions,

@@ -165,3 +165,36 @@ void test('prepare refuses, loudly and without deleting, a platform layer that i
     );
   }
 });
+
+void test('an install toolkit on the workspace is built per task after its workspace, and the task runs on it', async (t) => {
+  const { store, put } = await tempStore(t);
+  await put({ name: 'base', kind: 'base' });
+  await put({ name: 'by-hand', kind: 'toolkit' });
+  const ws = await put({
+    name: workspaceLayerName(TASK),
+    kind: 'workspace',
+    source: workspaceSource(TASK),
+  });
+  const calls: string[] = [];
+  const report = await prepareTasks([TASK], {
+    store,
+    repos: new RepoCache('/nonexistent'),
+    buildEnvironment: async (name, o) => {
+      calls.push(`${name}${o.workspace ? `@${o.workspace.name}` : ''}`);
+      if (name === 'tk' && o.workspace === undefined) {
+        throw new DsecError('invalid_argument', 'needs the workspace', {
+          field: 'tk.workspace',
+          details: { reason: 'install_needs_workspace', layer: 'tk' },
+        });
+      }
+      if (name === 'tk') {
+        assert.equal(o.workspace?.digest, ws.digest);
+        return { layer: await put({ name: 'tk.ws-0123456789ab', kind: 'toolkit' }), built: true };
+      }
+      return await noRecipe(name);
+    },
+  });
+  assert.deepEqual(calls, ['base', 'tk', 'by-hand', `tk@${workspaceLayerName(TASK)}`]);
+  assert.deepEqual(report.tasks[0]?.toolkits, ['tk.ws-0123456789ab:latest', 'by-hand']);
+  assert.ok(report.built.includes('tk.ws-0123456789ab:latest'));
+});

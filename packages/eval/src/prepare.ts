@@ -1,12 +1,28 @@
-import { DsecError, isDsecError, type ImageStore, type LayerInfo } from '@dsec/core';
+import {
+  DsecError,
+  formatLayerRef,
+  isDsecError,
+  type ImageStore,
+  type LayerInfo,
+} from '@dsec/core';
 import type { PreparedTask } from './runner.js';
 import type { EvalTask } from './task.js';
 import { ensureWorkspace, foreignLayer, workspaceLayerName, type RepoCache } from './workspace.js';
 
-/** Builds a missing environment layer (base image or toolkit) by name; from `@dsec/images`' recipes. */
+/**
+ * Builds a missing environment layer (base image or toolkit) by name; from
+ * `@dsec/images`' recipes. With `workspace`, an install recipe built on a
+ * task's workspace; it then resolves with the layer it made (`{ layer }`,
+ * named after the recipe and the workspace), and without it such a recipe
+ * rejects with `details.reason: 'install_needs_workspace'`.
+ */
 export type EnvironmentBuilder = (
   name: string,
-  options: { signal?: AbortSignal | undefined; onPhase?: ((phase: string) => void) | undefined },
+  options: {
+    signal?: AbortSignal | undefined;
+    onPhase?: ((phase: string) => void) | undefined;
+    workspace?: LayerInfo | undefined;
+  },
 ) => Promise<unknown>;
 
 export interface PrepareProgress {
@@ -68,6 +84,8 @@ export async function prepareTasks(
     options.onProgress?.({ done, total, layer, phase });
 
   const images = new Set(tasks.map((t) => t.environment.image));
+  // Toolkits built per task workspace (install recipes with `workspace: true`): after the workspaces.
+  const perWorkspace = new Set<string>();
   for (const layer of envLayers) {
     report(layer, 'check');
     const before = await layerDigest(options.store, layer);
@@ -84,12 +102,27 @@ export async function prepareTasks(
     } else {
       // Also when the layer exists: the builder rebuilds one its recipe (or builder) no longer
       // matches, and only checks a record otherwise. A layer no recipe names (built by hand) stays.
-      await options.buildEnvironment(layer, { signal: options.signal }).catch((err: unknown) => {
-        const noRecipe =
-          isDsecError(err, 'image_not_found') &&
-          (err.details as { layer?: unknown } | undefined)?.layer === layer;
-        if (!(noRecipe && before !== undefined)) throw err;
-      });
+      const needsWorkspace = await options
+        .buildEnvironment(layer, { signal: options.signal })
+        .then(() => false)
+        .catch((err: unknown) => {
+          const details = (isDsecError(err) ? err.details : undefined) as
+            { layer?: unknown; reason?: unknown } | undefined;
+          if (
+            isDsecError(err, 'invalid_argument') &&
+            details?.reason === 'install_needs_workspace' &&
+            !images.has(layer)
+          )
+            return true;
+          const noRecipe = isDsecError(err, 'image_not_found') && details?.layer === layer;
+          if (!(noRecipe && before !== undefined)) throw err;
+          return false;
+        });
+      if (needsWorkspace) {
+        perWorkspace.add(layer);
+        done++;
+        continue;
+      }
     }
     const found = await platformLayer(options.store, layer);
     const after = found?.digest;
@@ -112,11 +145,34 @@ export async function prepareTasks(
     done++;
     report(name, r.built ? 'built' : 'present');
   }
+  // Each task's per-workspace toolkits, on its own workspace; the task runs on those layers.
+  const toolkitsOf = new Map<string, string[]>();
+  for (const t of tasks) {
+    const names: string[] = [];
+    for (const tk of t.environment.toolkits) {
+      if (!perWorkspace.has(tk)) {
+        names.push(tk);
+        continue;
+      }
+      const ws = await options.store.getLayer(workspaceLayerName(t));
+      const r = (await options.buildEnvironment!(tk, { signal: options.signal, workspace: ws })) as
+        { layer?: LayerInfo; built?: boolean } | undefined;
+      if (r?.layer?.kind !== 'toolkit') {
+        throw new DsecError('image_not_found', `the recipe for ${tk} did not produce it`, {
+          details: { layer: tk },
+        });
+      }
+      const name = formatLayerRef(r.layer);
+      if (!built.includes(name) && !present.includes(name)) (r.built ? built : present).push(name);
+      names.push(name);
+    }
+    toolkitsOf.set(t.instance_id, names);
+  }
   return {
     tasks: tasks.map((t) => ({
       instance_id: t.instance_id,
       image: t.environment.image,
-      toolkits: t.environment.toolkits,
+      toolkits: toolkitsOf.get(t.instance_id) ?? t.environment.toolkits,
       workspace: workspaceLayerName(t),
       workdir: t.workdir,
     })),

@@ -34,6 +34,12 @@ import {
 } from './debs-resolve.js';
 import { DEFAULT_DEBIAN_MIRROR, hostAptMirror } from './rootfs/debian.js';
 import { assertLayerKind, assertLayerName, assertLayerVersion } from './store/validate.js';
+import {
+  baseReleaseOfTree,
+  chooseDebianSuite,
+  readFileInRoot,
+  type BaseRelease,
+} from './debs-suite.js';
 import { compilePythonBytecode } from './python-bytecode.js';
 import { withLockFile } from './util/lock-file.js';
 import { runTool } from './util/run-tool.js';
@@ -51,7 +57,11 @@ import { runTool } from './util/run-tool.js';
 export interface DebsAptOptions {
   /** Holds the private apt state (`apt/`), downloaded .debs (`debs/`) and base statuses (`base-status/`). */
   cacheDir: string;
-  /** Default `bookworm`. */
+  /**
+   * Default: the base's suite (its /etc/os-release, else its apt sources:
+   * `debs-suite.ts`), else `bookworm`. One that contradicts the base's is
+   * `invalid_argument`.
+   */
   suite?: string;
   /** Suites to index (default just `suite`, as debootstrap installs the base from it). */
   suites?: string[];
@@ -108,6 +118,8 @@ export interface BuildFromDebsResult {
 const DEBIAN_KEYRING = '/usr/share/keyrings/debian-archive-keyring.gpg';
 const PACKAGE_SPEC = /^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?$/;
 const SUITE_PATTERN = /^[a-z][a-z0-9-]*$/;
+/** A dpkg status larger than this is not a base we can read (a full desktop's is ~10 MiB). */
+const MAX_STATUS_BYTES = 64 * 1024 * 1024;
 /** Directories merged-/usr Debian keeps as symlinks into /usr: a real one in a layer would hide the base's. */
 const MERGED_USR_DIRS = ['bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32'];
 /** Where a layer's manifest lives inside it, so a sandbox can tell what it runs on. */
@@ -161,18 +173,23 @@ export async function buildFromDebs(
   const cacheDir = resolve(options.cacheDir);
   await mkdir(cacheDir, { recursive: true, mode: 0o700 });
 
-  let base: { ref: string; digest: string; installed: DebPackage[] } | undefined;
+  let base:
+    { ref: string; digest: string; installed: DebPackage[]; release: BaseRelease } | undefined;
   if (options.base !== undefined) {
     const layer = await store.getLayer(options.base);
-    const status = await baseDpkgStatus(store, layer, cacheDir, signal);
+    const facts = await baseFacts(store, layer, cacheDir, signal);
     base = {
       ref: formatLayerRef(layer),
       digest: layer.digest,
-      installed: installedFromStatus(status),
+      installed: installedFromStatus(facts.status),
+      release: facts.release,
     };
   }
+  // The base's suite, unless the caller names one (which must agree with it).
+  const suite = chooseDebianSuite(options.suite, base?.release);
+  options.suites?.forEach((s, i) => chooseDebianSuite(s, base?.release, `suites.${i}`));
 
-  const apt = await openAptIndex({ ...options, cacheDir }, progress);
+  const apt = await openAptIndex({ ...options, suite, cacheDir }, progress);
   progress({ phase: 'resolve' });
   let closure: DebClosure;
   try {
@@ -254,17 +271,28 @@ export async function buildFromDebs(
   }
 }
 
-/** Keeps a base's dpkg status by its digest, so debs layers built on it need not unpack it. */
+/** Keeps a base's dpkg status (and release) by its digest, so debs layers built on it need not unpack it. */
 export async function rememberBaseStatus(
   cacheDir: string,
   digest: string,
   statusText: string,
+  release?: BaseRelease,
 ): Promise<void> {
   const dir = join(cacheDir, 'base-status');
   await mkdir(dir, { recursive: true, mode: 0o700 });
   const file = join(dir, digest.replace(/^sha256:/, ''));
   await writeFile(`${file}.tmp${process.pid}`, statusText);
   await rename(`${file}.tmp${process.pid}`, file);
+  if (release !== undefined) {
+    await writeFile(`${file}.release.tmp${process.pid}`, JSON.stringify(release));
+    await rename(`${file}.release.tmp${process.pid}`, `${file}.release.json`);
+  }
+}
+
+/** What debs layers need to know of their base: its installed packages and its Debian release. */
+export interface BaseFacts {
+  status: string;
+  release: BaseRelease;
 }
 
 /**
@@ -277,9 +305,29 @@ export async function baseDpkgStatus(
   cacheDir: string,
   signal?: AbortSignal,
 ): Promise<string> {
+  return (await baseFacts(store, layer, cacheDir, signal)).status;
+}
+
+/**
+ * The dpkg status and Debian release (`debs-suite.ts`) of a base layer, from
+ * the cache, or read out of the layer with `fsck.erofs --extract` into a
+ * private work tree (the layer is not mounted) and cached by its digest.
+ * Both files are read with their symlinks resolved inside that tree, never
+ * on the host (`readFileInRoot`): an imported base is whatever its image
+ * holds.
+ */
+export async function baseFacts(
+  store: ImageStore,
+  layer: LayerInfo,
+  cacheDir: string,
+  signal?: AbortSignal,
+): Promise<BaseFacts> {
   const cached = join(cacheDir, 'base-status', layer.digest.replace(/^sha256:/, ''));
   const hit = await readFile(cached, 'utf8').catch(() => undefined);
-  if (hit !== undefined) return hit;
+  const hitRelease = await readFile(`${cached}.release.json`, 'utf8')
+    .then((t) => JSON.parse(t) as BaseRelease)
+    .catch(() => undefined);
+  if (hit !== undefined && hitRelease !== undefined) return { status: hit, release: hitRelease };
   await mkdir(join(cacheDir, 'work'), { recursive: true, mode: 0o700 });
   const work = await mkdtemp(join(cacheDir, 'work', 'status-'));
   try {
@@ -290,7 +338,9 @@ export async function baseDpkgStatus(
     }
     args.push(image);
     await runTool('fsck.erofs', args, { signal });
-    const text = await readFile(join(work, 'root/var/lib/dpkg/status'), 'utf8').catch(() => {
+    const root = join(work, 'root');
+    const text = await readFileInRoot(root, 'var/lib/dpkg/status', MAX_STATUS_BYTES);
+    if (text === undefined) {
       throw new DsecError(
         'invalid_argument',
         `${formatLayerRef(layer)} has no dpkg status: not a Debian base`,
@@ -298,12 +348,35 @@ export async function baseDpkgStatus(
           field: 'base',
         },
       );
-    });
-    await rememberBaseStatus(cacheDir, layer.digest, text);
-    return text;
+    }
+    const release = await baseReleaseOfTree(root);
+    await rememberBaseStatus(cacheDir, layer.digest, text, release);
+    return { status: text, release };
   } finally {
     await rm(work, { recursive: true, force: true });
   }
+}
+
+/**
+ * The private apt state directory for one set of sources (under
+ * `cacheDir/apt/<hash of architecture and sources>`), and those sources.
+ * Exported for tests that seed an index there.
+ */
+export async function aptStateDir(
+  cacheDir: string,
+  o: { suites: string[]; mirror: string; components: string[]; architecture: string },
+): Promise<{ sources: string; dir: string }> {
+  const keyring = (await stat(DEBIAN_KEYRING).catch(() => undefined))
+    ? `[signed-by=${DEBIAN_KEYRING}] `
+    : '';
+  const sources = o.suites
+    .map((s) => `deb ${keyring}${o.mirror} ${s} ${o.components.join(' ')}\n`)
+    .join('');
+  const id = createHash('sha256')
+    .update(`${o.architecture}\n${sources}`)
+    .digest('hex')
+    .slice(0, 16);
+  return { sources, dir: join(resolve(cacheDir), 'apt', id) };
 }
 
 interface AptIndex {
@@ -353,14 +426,12 @@ async function openAptIndex(
   const architecture =
     options.architecture ??
     (await runTool('dpkg', ['--print-architecture'], { signal })).stdout.trim();
-  const keyring = (await stat(DEBIAN_KEYRING).catch(() => undefined))
-    ? `[signed-by=${DEBIAN_KEYRING}] `
-    : '';
-  const sources = suites
-    .map((s) => `deb ${keyring}${mirror} ${s} ${components.join(' ')}\n`)
-    .join('');
-  const id = createHash('sha256').update(`${architecture}\n${sources}`).digest('hex').slice(0, 16);
-  const dir = join(cacheDir, 'apt', id);
+  const { sources, dir } = await aptStateDir(cacheDir, {
+    suites,
+    mirror,
+    components,
+    architecture,
+  });
   const debsDir = join(cacheDir, 'debs');
   const lock = join(cacheDir, 'apt.lock');
   await mkdir(join(dir, 'empty.d'), { recursive: true, mode: 0o700 });

@@ -104,7 +104,15 @@ export type {
   UpperScan,
   UpperSource,
 } from './upper-pack.js';
-export { buildFromDebs, baseDpkgStatus, rememberBaseStatus, DEBS_MANIFEST_DIR } from './debs.js';
+export {
+  buildFromDebs,
+  baseDpkgStatus,
+  baseFacts,
+  rememberBaseStatus,
+  DEBS_MANIFEST_DIR,
+} from './debs.js';
+export type { BaseFacts } from './debs.js';
+export { chooseDebianSuite, type BaseRelease } from './debs-suite.js';
 export type {
   BuildFromDebsOptions,
   BuildFromDebsResult,
@@ -141,3 +149,10 @@ export type {
   EnvironmentRecipe,
   EnvironmentRecipes,
 } from './recipes.js';
+export {
+  EGRESS_POLICIES,
+  INSTALL_OUTPUT_TAIL_BYTES,
+  installCommandFailed,
+  installDomains,
+} from './install-recipe.js';
+export type { InstallRecipe, InstallRequest, InstallRunner } from './install-recipe.js';

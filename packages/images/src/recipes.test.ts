@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
-import { readFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { isDsecError } from '@dsec/core';
@@ -63,6 +64,10 @@ void test('the recipe digest ignores key order and follows the recipe and the ba
     recipeDigest({ ...tk, debs: ['python3'] } as typeof tk, base1),
   );
   assert.match(recipeDigest(recipes['base']!), /^sha256:[0-9a-f]{64}$/);
+  // The suite the base is: bookworm (what every layer was resolved from before) keeps the
+  // digest; another suite gives another, so a layer resolved from the wrong one is rebuilt.
+  assert.equal(recipeDigest(tk, base1, 'bookworm'), recipeDigest(tk, base1));
+  assert.notEqual(recipeDigest(tk, base1, 'bullseye'), recipeDigest(tk, base1));
 });
 
 void test('ensureEnvironment refuses a name the recipes lack, before touching the store', async () => {
@@ -73,4 +78,102 @@ void test('ensureEnvironment refuses a name the recipes lack, before touching th
     }),
     (e) => isDsecError(e, 'invalid_argument') && e.field === 'environment',
   );
+});
+
+void test('install recipes: checked strictly, stacked on a base and its toolkits', () => {
+  const ok = parseEnvironmentRecipes({
+    ...RECIPES,
+    env: {
+      kind: 'install',
+      base: 'base',
+      toolkits: ['tk'],
+      commands: ['apt-get update', 'apt-get install -y python3-yaml'],
+      egress: 'debian',
+      workdir: '/opt',
+      env: { DEBIAN_FRONTEND: 'noninteractive' },
+      timeoutSeconds: 900,
+      scrub: ['/var/lib/apt/lists/**'],
+    },
+    env2: {
+      kind: 'install',
+      base: 'base',
+      commands: ['true'],
+      egress: { allow: ['*.example.org'] },
+    },
+  });
+  assert.equal(ok['env']?.kind, 'install');
+  const refused = (recipe: Record<string, unknown>, field: string): void => {
+    assert.throws(
+      () =>
+        parseEnvironmentRecipes({ ...RECIPES, x: { kind: 'install', base: 'base', ...recipe } }),
+      (e: unknown) => isDsecError(e, 'invalid_argument') && e.field === field,
+      `${JSON.stringify(recipe)} → ${field}`,
+    );
+  };
+  refused({}, 'x.commands');
+  refused({ commands: [] }, 'x.commands');
+  refused({ commands: [''] }, 'x.commands.0');
+  refused({ commands: ['a\0b'] }, 'x.commands.0');
+  refused({ commands: ['x'.repeat(16 * 1024 + 1)] }, 'x.commands.0');
+  refused({ commands: Array(65).fill('true') }, 'x.commands');
+  refused({ commands: ['true'], egress: 'internet' }, 'x.egress');
+  refused(
+    { commands: ['true'], egress: { allow: ['deb.debian.org; rm -rf /'] } },
+    'x.egress.allow.0',
+  );
+  refused({ commands: ['true'], egress: { allow: ['10.0.0.1/8'] } }, 'x.egress.allow.0');
+  refused({ commands: ['true'], egress: { allow: [], deny: [] } }, 'x.egress.deny');
+  refused({ commands: ['true'], workdir: 'relative' }, 'x.workdir');
+  refused({ commands: ['true'], env: { 'BAD-NAME': 'v' } }, 'x.env.BAD-NAME');
+  refused({ commands: ['true'], timeoutSeconds: 0 }, 'x.timeoutSeconds');
+  refused({ commands: ['true'], timeoutSeconds: 3601 }, 'x.timeoutSeconds');
+  refused({ commands: ['true'], scrub: ['relative/**'] }, 'x.scrub.0');
+  refused({ commands: ['true'], toolkits: ['missing'] }, 'x.toolkits.0');
+  refused({ commands: ['true'], toolkits: ['base'] }, 'x.toolkits.0');
+  refused({ commands: ['true'], network: 'debian' }, 'x.network');
+  assert.throws(
+    () =>
+      parseEnvironmentRecipes({
+        ...RECIPES,
+        x: { kind: 'install', base: 'tk', commands: ['true'] },
+      }),
+    (e: unknown) => isDsecError(e, 'invalid_argument') && e.field === 'x.base',
+  );
+});
+
+void test('an install recipe needing a build without a cluster says so, naming the recipe', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'dsec-install-unit-'));
+  try {
+    const { buildInstall } = await import('./install-recipe.js');
+    await assert.rejects(
+      buildInstall(new DirImageStore(join(dir, 'store')), {
+        name: 'env',
+        recipe: { kind: 'install', base: 'base', commands: ['true'] },
+        layers: [],
+        recipeDigest: `sha256:${'0'.repeat(64)}`,
+      }),
+      (e: unknown) =>
+        isDsecError(e, 'invalid_argument') &&
+        e.field === 'env.kind' &&
+        (e.details as { reason?: string }).reason === 'install_needs_cluster',
+    );
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+void test('installCommandFailed keeps the tail of the output and names the command', async () => {
+  const { installCommandFailed, INSTALL_OUTPUT_TAIL_BYTES } = await import('./install-recipe.js');
+  const e = installCommandFailed('env', 2, 'make install', {
+    exitCode: 2,
+    outcome: 'exited',
+    stdout: `${'x'.repeat(10_000)}END-OUT`,
+    stderr: 'make: *** [install] Error 1',
+  });
+  assert.equal(e.field, 'env.commands.2');
+  assert.match(e.message, /install recipe env: command 3 "make install" exited 2/);
+  assert.match(e.message, /Error 1$/);
+  const d = e.details as { stdoutTail: string; stderrTail: string };
+  assert.equal(d.stdoutTail.length, INSTALL_OUTPUT_TAIL_BYTES);
+  assert.ok(d.stdoutTail.endsWith('END-OUT'));
 });

@@ -11,7 +11,15 @@ import {
   type LayerInfo,
 } from '@dsec/core';
 import { buildLayer, type BuildProgress } from './build.js';
-import { buildFromDebs, rememberBaseStatus, type DebsManifest } from './debs.js';
+import { baseFacts, buildFromDebs, rememberBaseStatus, type DebsManifest } from './debs.js';
+import { baseReleaseOfTree, chooseDebianSuite } from './debs-suite.js';
+import {
+  buildInstall,
+  checkInstallRecipe,
+  installLayerName,
+  type InstallRecipe,
+  type InstallRunner,
+} from './install-recipe.js';
 import { makeDebianRootfs } from './rootfs/debian.js';
 import { assertLayerName } from './store/validate.js';
 import { withLockFile } from './util/lock-file.js';
@@ -44,7 +52,7 @@ export interface DebsRecipe {
   split?: boolean;
 }
 
-export type EnvironmentRecipe = BaseRecipe | DebsRecipe;
+export type EnvironmentRecipe = BaseRecipe | DebsRecipe | InstallRecipe;
 export type EnvironmentRecipes = Record<string, EnvironmentRecipe>;
 
 export interface EnvironmentProgress extends BuildProgress {
@@ -57,6 +65,19 @@ export interface EnsureEnvironmentOptions {
   cacheDir: string;
   /** Rebuild even when the recorded recipe matches. */
   force?: boolean;
+  /**
+   * Runs an `install` recipe's builder sandbox (`@dsec/eval`'s
+   * `clusterInstallRunner`). Without one, an install recipe that needs
+   * building is `invalid_argument` (`details.reason: install_needs_cluster`).
+   */
+  installer?: InstallRunner | undefined;
+  /**
+   * The task's workspace layer, for an install recipe with `workspace: true`
+   * (built per workspace, as `installLayerName(name, workspace)`); without
+   * it such a recipe is `invalid_argument`, `details.reason:
+   * install_needs_workspace`. Other recipes ignore it.
+   */
+  workspace?: LayerInfo | undefined;
   signal?: AbortSignal;
   /** `check`, then the builder's phases, then `done` or `skip` (already built). */
   onProgress?(p: EnvironmentProgress): void;
@@ -82,7 +103,7 @@ interface EnvironmentRecord {
 }
 
 /**
- * Bumped when the same debs recipe builds different content (2: Python
+ * Bumped when the same debs (or install) recipe builds different content (2: Python
  * bytecode compiled, unchecked; 3: checked-hash bytecode).
  */
 const DEBS_BUILDER_REVISION = 3;
@@ -145,14 +166,23 @@ export function parseEnvironmentRecipes(json: unknown): EnvironmentRecipes {
       if ((r['debs'] as string[]).length === 0) bad(`${name}.debs`, 'name at least one package');
       if (typeof r['base'] !== 'string') return bad(`${name}.base`, 'must name an environment');
       optString(r['suite'], `${name}.suite`);
+    } else if (r['kind'] === 'install') {
+      checkInstallRecipe(name, r, bad);
     } else {
-      return bad(`${name}.kind`, 'must be base, toolkit or workspace');
+      return bad(`${name}.kind`, 'must be base, toolkit, workspace or install');
     }
     out[name] = r as unknown as EnvironmentRecipe;
   }
   for (const [name, r] of Object.entries(out)) {
     if (r.kind !== 'base' && out[r.base]?.kind !== 'base') {
       bad(`${name}.base`, `${JSON.stringify(r.base)} is not a base recipe in this file`);
+    }
+    if (r.kind === 'install') {
+      (r.toolkits ?? []).forEach((t, i) => {
+        const tk = out[t];
+        if (tk?.kind !== 'toolkit' || tk.base !== r.base)
+          bad(`${name}.toolkits.${i}`, `${JSON.stringify(t)} is not a toolkit recipe on ${r.base}`);
+      });
     }
   }
   return out;
@@ -203,14 +233,22 @@ function canonical(v: unknown): string {
 /**
  * The digest that decides whether a stored layer still matches its recipe:
  * the recipe itself, plus for a debs layer the digest of the base it was
- * resolved against (a new base means new exclusions).
+ * resolved against (a new base means new exclusions) and the Debian suite
+ * it is resolved from (the base's: `debs-suite.ts`).
  */
-export function recipeDigest(recipe: EnvironmentRecipe, baseLayerDigest?: string): string {
+export function recipeDigest(
+  recipe: EnvironmentRecipe,
+  baseLayerDigest?: string,
+  suite?: string,
+): string {
   // A debs layer built by an older builder (one without bytecode) is rebuilt once.
   const input = canonical({
     recipe,
     base: baseLayerDigest,
     builder: recipe.kind === 'base' ? undefined : DEBS_BUILDER_REVISION,
+    // Every debs layer was resolved from bookworm before the base's suite was read: those
+    // digests stay, and a layer wrongly resolved from bookworm on another base is rebuilt.
+    suite: suite === 'bookworm' ? undefined : suite,
   });
   return `sha256:${createHash('sha256').update(input).digest('hex')}`;
 }
@@ -260,8 +298,45 @@ export async function ensureEnvironment(
     }
     base = await ensureEnvironment(store, recipe.base, recipes, options);
   }
-  const digest = recipeDigest(recipe, base?.layer.digest);
-  const ref = `${name}:${recipe.version ?? DEFAULT_LAYER_VERSION}`;
+  // A toolkit takes its base's suite; one its recipe names must agree (`invalid_argument`).
+  // An install recipe runs on its base and toolkits: each is built first, and its digest covers theirs.
+  const under: LayerInfo[] = base === undefined ? [] : [base.layer];
+  let layerName = name;
+  let workspace: LayerInfo | undefined;
+  if (recipe.kind === 'install') {
+    for (const t of recipe.toolkits ?? [])
+      under.push((await ensureEnvironment(store, t, recipes, options)).layer);
+    if (recipe.workspace === true) {
+      workspace = options.workspace;
+      if (workspace === undefined) {
+        throw new DsecError(
+          'invalid_argument',
+          `${name} is built on a task's workspace (workspace: true): name the workspace`,
+          {
+            field: `${name}.workspace`,
+            details: { reason: 'install_needs_workspace', layer: name },
+          },
+        );
+      }
+      layerName = installLayerName(name, formatLayerRef(workspace));
+    }
+  }
+  const suite =
+    base === undefined || recipe.kind === 'install'
+      ? undefined
+      : chooseDebianSuite(
+          recipe.kind === 'toolkit' || recipe.kind === 'workspace' ? recipe.suite : undefined,
+          (await baseFacts(store, base.layer, cacheDir, signal)).release,
+          `${name}.suite`,
+        );
+  const digest = recipeDigest(
+    recipe,
+    recipe.kind === 'install'
+      ? [...under, ...(workspace ? [workspace] : [])].map((l) => l.digest).join(',')
+      : base?.layer.digest,
+    suite,
+  );
+  const ref = `${layerName}:${recipe.version ?? DEFAULT_LAYER_VERSION}`;
   const recordDir = join(cacheDir, 'environments');
   await mkdir(recordDir, { recursive: true, mode: 0o700 });
   const recordFile = join(recordDir, `${ref.replace(':', '_')}.json`);
@@ -293,18 +368,32 @@ export async function ensureEnvironment(
               layer: await buildBase(store, name, recipe, cacheDir, progress, signal),
               manifest: undefined,
             }
-          : await buildFromDebs(store, {
-              name,
-              ...(recipe.version !== undefined ? { version: recipe.version } : {}),
-              kind: recipe.kind,
-              packages: recipe.debs,
-              base: formatLayerRef(base!.layer),
-              cacheDir,
-              ...(recipe.suite !== undefined ? { suite: recipe.suite } : {}),
-              ...(recipe.split !== undefined ? { split: recipe.split } : {}),
-              ...(signal ? { signal } : {}),
-              onProgress: (p) => progress(p),
-            });
+          : recipe.kind === 'install'
+            ? {
+                layer: await buildInstall(store, {
+                  name,
+                  layerName,
+                  workspace,
+                  recipe,
+                  layers: under,
+                  recipeDigest: digest,
+                  runner: options.installer,
+                  signal,
+                }),
+                manifest: undefined,
+              }
+            : await buildFromDebs(store, {
+                name,
+                ...(recipe.version !== undefined ? { version: recipe.version } : {}),
+                kind: recipe.kind,
+                packages: recipe.debs,
+                base: formatLayerRef(base!.layer),
+                cacheDir,
+                ...(suite !== undefined ? { suite } : {}),
+                ...(recipe.split !== undefined ? { split: recipe.split } : {}),
+                ...(signal ? { signal } : {}),
+                onProgress: (p) => progress(p),
+              });
       const next: EnvironmentRecord = {
         name,
         ref,
@@ -367,7 +456,7 @@ async function buildBase(
       ...(signal ? { signal } : {}),
       onProgress: progress,
     });
-    await rememberBaseStatus(cacheDir, layer.digest, status);
+    await rememberBaseStatus(cacheDir, layer.digest, status, await baseReleaseOfTree(root));
     return layer;
   } finally {
     await rm(work, { recursive: true, force: true });

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { readFile } from 'node:fs/promises';
+import { readFile, rename, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import { createConnection } from 'node:net';
 import { join } from 'node:path';
@@ -98,6 +98,80 @@ describe('chronus against a runc sandbox', { skip }, () => {
     assert.equal(env, '/home/alice alice');
     const n = await runCollect(conn, { argv: ['id', '-u'], uid: 1234, gid: 1234 });
     assert.equal(n.stdout.toString(), '1234\n');
+  });
+
+  test('an image without /etc/passwd runs root as uid 0; other names stay refused', async () => {
+    // A FROM scratch image: no /etc/passwd, no /etc/group (the test edits the rootfs from the host).
+    const etc = join(d.sandbox.dir, 'rootfs/etc');
+    await rename(join(etc, 'passwd'), join(etc, 'passwd.away'));
+    await rename(join(etc, 'group'), join(etc, 'group.away'));
+    try {
+      for (const user of ['root', 'root:root', '0', '0:0']) {
+        const r = await runCollect(conn, { argv: ['id'], shell: true, user });
+        assert.equal(r.exit.exitCode, 0, user);
+        assert.match(r.stdout.toString(), /^uid=0(\(root\))? gid=0/, user);
+      }
+      const env = await runCollect(conn, {
+        argv: ['sh', '-c', 'echo $HOME $USER; pwd'],
+        shell: true,
+        user: 'root',
+      });
+      assert.equal(env.stdout.toString(), '/root root\n/\n'); // no /root: cwd falls back to /
+      const n = await runCollect(conn, { argv: ['id'], shell: true, user: '1234:4321' });
+      assert.match(n.stdout.toString(), /^uid=1234 gid=4321/);
+      for (const [user, what] of [
+        ['alice', 'unknown user alice'],
+        ['root:wheel', 'unknown group in root:wheel'],
+        ['1000:staff', 'unknown group in 1000:staff'],
+      ] as const) {
+        await assert.rejects(
+          conn.spawn({ argv: ['true'], user }).started,
+          (e: ChronusError) => e.code === 'ESRCH' && e.message.includes(what),
+          user,
+        );
+      }
+    } finally {
+      await rename(join(etc, 'passwd.away'), join(etc, 'passwd'));
+      await rename(join(etc, 'group.away'), join(etc, 'group'));
+    }
+  });
+
+  test('USER:GROUP takes the group from /etc/group; crafted passwd lines confuse nothing', async () => {
+    const g = await runCollect(conn, { argv: ['id'], shell: true, user: 'alice:wheel' });
+    assert.match(g.stdout.toString(), /^uid=1000\(alice\) gid=10\(wheel\)/);
+    const etc = join(d.sandbox.dir, 'rootfs/etc');
+    const saved = await readFile(join(etc, 'passwd'), 'utf8');
+    // What a sandbox could write into its own /etc/passwd to fool a sloppy parser: short lines,
+    // ids that are not numbers or overflow, a NUL that ends the text early, a CR, a name
+    // with a colon's worth of fields folded in, an empty name.
+    await writeFile(
+      join(etc, 'passwd'),
+      [
+        'mallory:x:0:0',
+        'eve:x:0x0:0::/:/bin/sh',
+        'trudy:x:4294967296:0::/:/bin/sh',
+        'oscar:x:-1:0::/:/bin/sh',
+        ':x:0:0::/:/bin/sh',
+        'bob\r:x:0:0::/:/bin/sh',
+        'alice:x:1000:1000::/home/alice:/bin/sh',
+        'carol:x:2000:2000::/:/bin/sh\0\nzed:x:0:0::/:/bin/sh',
+      ].join('\n') + '\n',
+    );
+    try {
+      for (const user of ['mallory', 'eve', 'trudy', 'oscar', 'bob', 'zed']) {
+        await assert.rejects(
+          conn.spawn({ argv: ['true'], user }).started,
+          (e: ChronusError) => e.code === 'ESRCH',
+          user,
+        );
+      }
+      const a = await runCollect(conn, { argv: ['id', '-u'], shell: true, user: 'alice' });
+      assert.equal(a.stdout.toString(), '1000\n');
+      const c = await runCollect(conn, { argv: ['id', '-u'], shell: true, user: 'carol' });
+      assert.equal(c.stdout.toString(), '2000\n');
+    } finally {
+      await writeFile(join(etc, 'passwd'), saved);
+    }
   });
 
   test('a command sees only fds 0, 1, 2', async () => {

@@ -236,6 +236,31 @@ static int lookup_passwd(const char *name, uid_t uid, struct identity *id, char 
     return 0;
 }
 
+/*
+ * Looks a group name up in /etc/group; 1 with *gid set, else 0. Fields are
+ * split in place on a private copy, so a crafted line (missing fields, a
+ * gid that is not a number or out of range) is skipped, never half-read.
+ */
+static int lookup_group_name(const char *name, gid_t *gid)
+{
+    char *text = read_small_file("/etc/group"), *save = NULL;
+    int found = 0;
+    if (!text)
+        return 0;
+    for (char *line = strtok_r(text, "\n", &save); line && !found; line = strtok_r(NULL, "\n", &save)) {
+        char *f[4];
+        uint64_t g;
+        if (split_fields(line, f, 4) < 3 || parse_u64(f[2], UINT32_MAX - 1, &g))
+            continue;
+        if (strcmp(f[0], name) == 0) {
+            *gid = (gid_t)g;
+            found = 1;
+        }
+    }
+    free(text);
+    return found;
+}
+
 /* Supplementary groups: every /etc/group entry listing the user, plus the primary group. */
 static void lookup_groups(struct identity *id)
 {
@@ -259,23 +284,57 @@ static void lookup_groups(struct identity *id)
     free(text);
 }
 
-/* 0, or -1 for an unknown user name. */
+/*
+ * `user` is USER[:GROUP], each a name or a number (docker's --user). 0, or
+ * -1 for a user name the sandbox does not define, -2 for a group name.
+ *
+ * `root` is uid 0 even where /etc/passwd lacks it or is missing (a FROM
+ * scratch image): it is the platform's default user and stands for what
+ * `docker run` does without --user, uid 0 with gid 0. Any other name must be
+ * in the sandbox's /etc/passwd; a numeric uid always works (within the
+ * sandbox's ids), its passwd entry only supplying HOME and USER.
+ */
 static int resolve_identity(const struct spawn_request *req, struct command *cmd)
 {
     struct identity *id = &cmd->id;
     *id = (struct identity){ .uid = req->uid, .gid = req->gid };
     uint64_t num;
-    if (!req->user[0]) {
+    char user[128];
+    const char *group = NULL;
+    if (strlen(req->user) >= sizeof user)
+        return -1;
+    strcpy(user, req->user);
+    char *colon = strchr(user, ':');
+    if (colon) {
+        *colon = 0;
+        group = colon + 1;
+        if (!user[0] || !group[0])
+            return -1;
+    }
+    if (!user[0]) {
         struct identity found = *id;
         if (lookup_passwd(NULL, req->uid, &found, &cmd->passwd)) { /* only for HOME/USER/cwd defaults */
             id->name = found.name;
             id->home = found.home;
         }
-    } else if (!parse_u64(req->user, UINT32_MAX - 1, &num)) {
+    } else if (!parse_u64(user, UINT32_MAX - 1, &num)) {
         id->uid = id->gid = (uid_t)num;
         lookup_passwd(NULL, id->uid, id, &cmd->passwd);
-    } else if (!lookup_passwd(req->user, 0, id, &cmd->passwd)) {
-        return -1;
+    } else if (!lookup_passwd(user, 0, id, &cmd->passwd)) {
+        if (strcmp(user, "root") != 0)
+            return -1;
+        id->uid = 0;
+        id->gid = 0;
+        id->name = "root";
+        id->home = "/root";
+    }
+    if (group) {
+        gid_t gid = 0;
+        if (!parse_u64(group, UINT32_MAX - 1, &num))
+            gid = (gid_t)num;
+        else if (!lookup_group_name(group, &gid) && strcmp(group, "root") != 0)
+            return -2; /* `root` is gid 0 without an /etc/group, as user root is uid 0 */
+        id->gid = gid;
     }
     lookup_groups(id);
     return 0;
@@ -299,8 +358,9 @@ static int env_has(char **envp, const char *key)
 static int prepare_command(const struct spawn_request *req, struct command *cmd, char *why, size_t whylen)
 {
     *cmd = (struct command){ .req = req };
-    if (resolve_identity(req, cmd) < 0) {
-        snprintf(why, whylen, "unknown user %s", req->user);
+    int who = resolve_identity(req, cmd);
+    if (who < 0) {
+        snprintf(why, whylen, who == -2 ? "unknown group in %s" : "unknown user %s", req->user);
         return -ESRCH;
     }
     size_t n = 0;

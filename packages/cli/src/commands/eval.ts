@@ -14,6 +14,7 @@ import {
   gradeInPlace,
   loadTasks,
   prepareTasks,
+  clusterInstallRunner,
   runEval,
   workspaceLayerName,
   type Agent,
@@ -22,7 +23,7 @@ import {
   type EvalTask,
   type PreparedTask,
 } from '@dsec/eval';
-import { ensureEnvironment, loadEnvironmentRecipes } from '@dsec/images';
+import { ensureEnvironment, loadEnvironmentRecipes, type InstallRunner } from '@dsec/images';
 import { contextOf, type CliContext } from '../context.js';
 import { formatTable } from '../format.js';
 import { collect, collectKeyValue, parseInteger, parseNumber } from '../parse.js';
@@ -415,6 +416,8 @@ async function prepare(ctx: CliContext, file: string, tasks: EvalTask[], opts: T
         store,
         recipesFile(file, opts),
         join(ctx.options.stateDir, 'cache', 'debs'),
+        // Install recipes build in a sandbox of the cluster the command talks to.
+        clusterInstallRunner(ctx.client()),
       ),
       signal: ctx.signal,
       onProgress: (p) => bar.update(p.done, p.total),
@@ -438,6 +441,7 @@ export async function environmentBuilder(
   store: ImageStore,
   recipesPath: string | undefined,
   cacheDir: string,
+  installer?: InstallRunner,
 ): Promise<EnvironmentBuilder | undefined> {
   if (!recipesPath) return undefined;
   const recipes = await loadEnvironmentRecipes(recipesPath);
@@ -451,8 +455,10 @@ export async function environmentBuilder(
         },
       );
     }
-    await ensureEnvironment(store, name, recipes, {
+    return await ensureEnvironment(store, name, recipes, {
       cacheDir,
+      installer,
+      workspace: options.workspace,
       ...(options.signal ? { signal: options.signal } : {}),
     });
   };

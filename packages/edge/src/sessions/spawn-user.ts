@@ -1,4 +1,4 @@
-import { DsecError } from '@dsec/core';
+import { DsecError, namesSandboxIds } from '@dsec/core';
 import type { SandboxChannel } from '../backends/channel.js';
 
 /**
@@ -21,9 +21,10 @@ export type UserField = 'user' | 'initUser';
 export function userRefused(user: string, field: UserField, cause?: unknown): DsecError {
   return new DsecError(
     'invalid_argument',
-    `the sandbox cannot run as ${JSON.stringify(user.slice(0, 40))}: no such user in its ` +
-      '/etc/passwd, or an id outside its range',
-    { field, details: { user: user.slice(0, 40) }, cause },
+    `the sandbox cannot run as ${JSON.stringify(user.slice(0, 70))}: no such user in its ` +
+      '/etc/passwd (or group in its /etc/group), or an id outside its range; name one the ' +
+      'image defines, or a numeric uid[:gid]',
+    { field, details: { user: user.slice(0, 70) }, cause },
   );
 }
 
@@ -37,10 +38,13 @@ export function callUser(
     : { user: initUser, userField: 'initUser' };
 }
 
-/** Whether a create must look for its `initUser`: a name other than root (a uid in range always runs). */
+/**
+ * Whether a create must look for its `initUser`: one naming a user or group
+ * other than root (ids in range always run; root is uid 0 and gid 0 even in
+ * an image without /etc/passwd, as with `docker run`).
+ */
 export function needsInitUserProbe(initUser: string): boolean {
-  const c = initUser.charCodeAt(0);
-  return initUser !== 'root' && !(c >= 48 && c <= 57);
+  return namesSandboxIds(initUser);
 }
 
 /**

@@ -5,11 +5,15 @@
  * sandbox's 65536 ids, a name its /etc/passwd lacks, a passwd entry whose
  * uid is outside the range, and a user the agent deleted after create.
  */
+import { copyFile, mkdir } from 'node:fs/promises';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { isDsecError, randomId } from '@dsec/core';
+import { isDsecError, randomId, type ImageStore } from '@dsec/core';
 import type { DsecError } from '@dsec/core';
 import { openContainerEdge, type Edge } from '@dsec/edge';
+import { importOci } from '@dsec/images';
+import { makeOciLayoutFromDirs } from '@dsec/images/testing/registry';
 import { hostResources, makeStateDir, spec } from './fixture.js';
 
 const root = process.getuid?.() === 0;
@@ -27,7 +31,9 @@ function assertRefused(e: DsecError, field: string, what: string): void {
   assert.equal(e.field, field, `${what}: ${e.message}`);
 }
 
-async function withEdge(fn: (edge: Edge, dir: string) => Promise<void>): Promise<void> {
+async function withEdge(
+  fn: (edge: Edge, dir: string, store: ImageStore) => Promise<void>,
+): Promise<void> {
   const { dir, store, cgroupParent, cleanup } = await makeStateDir();
   let edge: Edge | undefined;
   try {
@@ -37,7 +43,7 @@ async function withEdge(fn: (edge: Edge, dir: string) => Promise<void>): Promise
       store,
       cgroupParent,
     });
-    await fn(edge, dir);
+    await fn(edge, dir, store);
   } finally {
     if (edge) {
       for (const sb of await edge.listSandboxes({}))
@@ -138,4 +144,51 @@ test('an initUser the agent removed afterwards is named as initUser', opts, () =
     const r = await edge.runCommand(sb.id, { argv: ['true'], user: 'root' });
     assert.equal(r.exitCode, 0);
   }),
+);
+
+test(
+  'a FROM scratch image (static busybox, no /etc/passwd) runs as root; names it lacks are refused at create',
+  opts,
+  () =>
+    withEdge(async (edge, dir, store) => {
+      // Issue 25 point 5: what `docker run` accepts. One layer: the static busybox, nothing else.
+      const tree = join(dir, 'scratch-tree');
+      await mkdir(join(tree, 'bin'), { recursive: true });
+      await copyFile('/usr/bin/busybox', join(tree, 'bin/busybox'));
+      const layout = join(dir, 'scratch-oci');
+      await makeOciLayoutFromDirs(layout, [tree], { Cmd: ['/bin/busybox', 'sh'] });
+      await importOci(store, { path: layout, name: 'scratch-busybox', kind: 'base' });
+      const image = 'scratch-busybox';
+      for (const [initUser, ids] of [
+        ['root', '0 0'],
+        ['0', '0 0'],
+        ['root:root', '0 0'],
+        ['1234:4321', '1234 4321'],
+      ] as const) {
+        const sb = await edge.createSandbox({
+          id: randomId('sb'),
+          projectId: 'p',
+          spec: spec({ image, initUser }),
+        });
+        const r = await edge.runCommand(sb.id, {
+          argv: ['/bin/busybox', 'sh', '-c', 'echo $(/bin/busybox id -u) $(/bin/busybox id -g)'],
+        });
+        assert.equal(r.exitCode, 0, `${initUser}: ${r.stderr}`);
+        assert.equal(r.stdout.trim(), ids, initUser);
+        await edge.stopSandbox(sb.id);
+      }
+      const before = await hostResources(dir);
+      for (const initUser of ['user', 'root:wheel', '0:staff']) {
+        const e = await refusal(
+          edge.createSandbox({
+            id: randomId('sb'),
+            projectId: 'p',
+            spec: spec({ image, initUser }),
+          }),
+        );
+        assertRefused(e, 'initUser', initUser);
+        assert.match(e.message, /uid\[:gid\]/, 'says what to do next');
+      }
+      assert.deepEqual(await hostResources(dir), before, 'a refused create leaves nothing');
+    }),
 );

@@ -1,0 +1,90 @@
+import { DsecError, type LayerInfo } from '@dsec/core';
+import { installCommandFailed, type InstallRequest, type InstallRunner } from '@dsec/images';
+import type { DSecClient, Sandbox } from '@dsec/sdk';
+
+/** Limits of a builder sandbox: what an install step may use, no more. */
+export interface InstallSandboxLimits {
+  /** Default 2048. */
+  memoryLimitMb?: number | undefined;
+  /** Default 2. */
+  cpuCoresLimit?: number | undefined;
+  /** Default 1024: a fork bomb stops there. */
+  pidsLimit?: number | undefined;
+  /** Writable-layer quota (default 8192): a command that fills the disk fails, the node does not. */
+  diskLimitMb?: number | undefined;
+}
+
+/**
+ * An {@link InstallRunner} that builds through the cluster, as `dsec eval
+ * prepare` and `run` do: a builder sandbox on the recipe's base and toolkits
+ * with egress to the recipe's domains only (ports 80, 443; everything else
+ * is the platform's default-deny), each command run with the sandbox's shell
+ * in order, then a snapshot of its writable layer. The sandbox is stopped on
+ * every path: success, a failed command, an error or an abort.
+ */
+export function clusterInstallRunner(
+  client: DSecClient,
+  limits: InstallSandboxLimits = {},
+): InstallRunner {
+  return async (req: InstallRequest): Promise<LayerInfo> => {
+    const { signal } = req;
+    const timeoutSeconds = Math.ceil(req.timeoutMs / 1000);
+    const sb: Sandbox = await client.runContainer(
+      {
+        image: req.image,
+        toolkits: req.toolkits,
+        ...(req.workspace !== undefined ? { workspace: req.workspace } : {}),
+        memoryLimitMb: limits.memoryLimitMb ?? 2048,
+        cpuCoresLimit: limits.cpuCoresLimit ?? 2,
+        pidsLimit: limits.pidsLimit ?? 1024,
+        diskLimitMb: limits.diskLimitMb ?? 8192,
+        // The whole build, with room for the snapshot: the TTL is the last word.
+        ttlSeconds: Math.min(604_800, timeoutSeconds * req.commands.length + 900),
+        ...(req.allowDomains.length > 0
+          ? { networkAllow: req.allowDomains.map((domain) => ({ domain, ports: [80, 443] })) }
+          : {}),
+        labels: { 'dsec.install': req.recipe.slice(0, 63) },
+      },
+      signal ? { signal } : {},
+    );
+    try {
+      // As a Dockerfile's WORKDIR: made when missing (part of the layer, like any other write).
+      if (req.workdir !== '/') {
+        const mk = await sb.runShell(`mkdir -p -- '${req.workdir.replaceAll("'", "'\\''")}'`, {
+          ...(signal ? { signal } : {}),
+        });
+        if (mk.exitCode !== 0) {
+          throw new DsecError(
+            'invalid_argument',
+            `${req.recipe}.workdir: cannot make ${req.workdir}: ${mk.stderr.slice(-500)}`,
+            {
+              field: `${req.recipe}.workdir`,
+            },
+          );
+        }
+      }
+      for (const [i, command] of req.commands.entries()) {
+        const r = await sb.runShell(command, {
+          timeoutMs: req.timeoutMs,
+          cwd: req.workdir,
+          env: req.env,
+          ...(signal ? { signal } : {}),
+        });
+        if (r.exitCode !== 0 || r.outcome !== 'exited')
+          throw installCommandFailed(req.recipe, i, command, r);
+      }
+      const snap = await sb.snapshot({
+        name: req.snapshotName,
+        ...(req.scrub.length > 0 ? { scrub: req.scrub } : {}),
+        ...(signal ? { signal } : {}),
+      });
+      if (snap.layer === undefined) {
+        throw new DsecError('internal', `the snapshot of ${req.recipe}'s builder has no layer`);
+      }
+      return snap.layer;
+    } finally {
+      // Not under the caller's signal: an aborted build still removes its sandbox.
+      await sb.stop().catch(() => undefined);
+    }
+  };
+}
