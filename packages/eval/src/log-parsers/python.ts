@@ -89,7 +89,6 @@ export function parsePytestOptions(log: string): StatusMap {
 }
 
 // Control characters 1–31 (tab and newline included), removed from each line.
-// eslint-disable-next-line no-control-regex
 const CONTROL = /[\x01-\x1f]/g;
 
 /**
