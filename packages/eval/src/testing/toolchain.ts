@@ -45,7 +45,12 @@ const SKIPPED = [
  */
 export async function makeToolchainRootfs(
   dir: string,
-  options: { python?: boolean; node?: boolean } = {},
+  options: {
+    python?: boolean;
+    node?: boolean;
+    /** More host files (programs such as `/bin/bash`, `/usr/bin/git`), with the libraries they load. */
+    extraFiles?: string[];
+  } = {},
 ): Promise<{ files: number }> {
   await makeBusyboxRootfs(dir);
   // Merged /usr, as Debian has it: the libraries' paths resolve through these.
@@ -68,6 +73,7 @@ export async function makeToolchainRootfs(
       listed.add(p);
     }
   }
+  for (const p of options.extraFiles ?? []) listed.add(p);
   const files = new Set<string>();
   const elves: string[] = [];
   for (const p of listed) {

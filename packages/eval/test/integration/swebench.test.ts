@@ -1,0 +1,370 @@
+/**
+ * A SWE-bench dataset as published, end to end: a dataset file exactly in
+ * SWE-bench's shape over a small real Python repository (pytest `addopts`
+ * with `-v`, a parametrised test whose ID holds a space, a binary hunk in a
+ * patch and in a test patch), instance images of SWE-bench's shape (the
+ * repository at /testbed at its base commit, a conda-like
+ * /opt/miniconda3/bin/activate that activates an environment `testbed`)
+ * pushed to a local docker-registry and imported by `dsec eval run
+ * --dataset swebench --image TEMPLATE`. Gold scores every instance 1, none
+ * 0; an instance whose image does not exist and one the spec table lacks
+ * error alone; `--retry-errors` reruns only those.
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { chmod, cp, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { startSingleNode, type SingleNode } from '@dsec/cluster';
+import { main } from '@dsec/cli/main';
+import {
+  makeOciLayoutFromDirs,
+  pushToRegistry,
+  startLocalRegistry,
+  type LocalRegistry,
+} from '@dsec/images/testing/registry';
+import { swebenchImageKey, type EvalResult } from '../../src/index.js';
+import { makeToolchainRootfs } from '../../src/testing/index.js';
+
+const skip =
+  spawnSync('dpkg', ['-s', 'python3-pytest'], { stdio: 'ignore' }).status === 0
+    ? false
+    : 'needs the host package python3-pytest';
+
+let node: SingleNode;
+let registry: LocalRegistry;
+let work: string;
+let dataset: string;
+let specs: string;
+let template: string;
+let env: Record<string, string>;
+
+const GIT_ENV = {
+  ...process.env,
+  GIT_AUTHOR_NAME: 't',
+  GIT_AUTHOR_EMAIL: 't@t',
+  GIT_COMMITTER_NAME: 't',
+  GIT_COMMITTER_EMAIL: 't@t',
+  GIT_AUTHOR_DATE: '2020-01-01T00:00:00Z',
+  GIT_COMMITTER_DATE: '2020-01-01T00:00:00Z',
+  GIT_CONFIG_NOSYSTEM: '1',
+  GIT_CONFIG_GLOBAL: '/dev/null',
+};
+
+function git(cwd: string, ...args: string[]): string {
+  return execFileSync('git', args, { cwd, env: GIT_ENV, encoding: 'utf8' });
+}
+
+async function dsec(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  const run = { code: -1, stdout: '', stderr: '' };
+  run.code = await main(['--state-dir', join(work, 'state'), ...args], {
+    stdout: { write: (s: string) => (run.stdout += s) },
+    stderr: { write: (s: string) => (run.stderr += s) },
+    env,
+  });
+  return run;
+}
+
+function results(path: string): Record<string, EvalResult> {
+  return Object.fromEntries(
+    readFileSync(path, 'utf8')
+      .split('\n')
+      .filter((l) => l.trim() !== '')
+      .map((l) => JSON.parse(l) as EvalResult)
+      .map((r) => [r.instance_id, r]),
+  );
+}
+
+const CALC_V1 = 'def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n';
+const CALC_V2 = 'def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n';
+const CALC_FIXED = 'def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n';
+const TESTS_BASE =
+  'import pytest\n\nfrom calc import add, mul\n\n\n' +
+  '@pytest.mark.parametrize("expr", ["1 + 1", "2*3"])\n' +
+  'def test_expr(expr):\n    assert eval(expr) > 0\n\n\n' +
+  'def test_mul():\n    assert mul(2, 0) == 0\n';
+
+/**
+ * The repository's history: base commits of the two instances, with the
+ * dataset's `patch` (the fix) and `test_patch` (tests that fail before it)
+ * taken from real commits by `git diff --binary`, binary hunks included.
+ */
+async function makeRepo(dir: string) {
+  await mkdir(join(dir, 'tests'), { recursive: true });
+  git(dir, 'init', '-q', '-b', 'main');
+  // SWE-bench cuts an ID at its first space, whatever -v makes of it.
+  await writeFile(join(dir, 'setup.cfg'), '[tool:pytest]\naddopts = -v\n');
+  await writeFile(join(dir, 'calc.py'), CALC_V1);
+  await writeFile(join(dir, 'tests', 'test_calc.py'), TESTS_BASE);
+  git(dir, 'add', '-A');
+  git(dir, 'commit', '-qm', 'base 1');
+  const base1 = git(dir, 'rev-parse', 'HEAD').trim();
+
+  // Instance 1: add() subtracts. Its fix; its test.
+  await writeFile(join(dir, 'calc.py'), CALC_V1.replace('a - b', 'a + b'));
+  const patch1 = git(dir, 'diff', '--binary');
+  git(dir, 'checkout', '-q', '--', '.');
+  await writeFile(
+    join(dir, 'tests', 'test_calc.py'),
+    TESTS_BASE + '\n\ndef test_add():\n    assert add(2, 3) == 5\n',
+  );
+  const testPatch1 = git(dir, 'diff', '--binary');
+  git(dir, 'checkout', '-q', '--', '.');
+
+  // Instance 2, a later base: add() fixed, mul() adds. The fix ships a binary table; the test reads
+  // it from a binary fixture the test patch adds.
+  await writeFile(join(dir, 'calc.py'), CALC_V2);
+  git(dir, 'commit', '-qam', 'base 2');
+  const base2 = git(dir, 'rev-parse', 'HEAD').trim();
+  await writeFile(join(dir, 'calc.py'), CALC_FIXED);
+  await writeFile(join(dir, 'table.bin'), Buffer.from([0, 1, 2, 3, 255, 0, 7]));
+  git(dir, 'add', '-A');
+  const patch2 = git(dir, 'diff', '--cached', '--binary');
+  git(dir, 'reset', '-q', '--hard');
+  await writeFile(join(dir, 'tests', 'six.bin'), Buffer.from([6, 0, 0, 0, 0]));
+  await writeFile(
+    join(dir, 'tests', 'test_calc.py'),
+    TESTS_BASE +
+      '\n\ndef test_mul_table():\n' +
+      '    import pathlib\n' +
+      '    six = pathlib.Path(__file__).with_name("six.bin").read_bytes()[0]\n' +
+      '    assert mul(2, 3) == six\n',
+  );
+  git(dir, 'add', '-A');
+  const testPatch2 = git(dir, 'diff', '--cached', '--binary');
+  git(dir, 'reset', '-q', '--hard');
+  return { base1, base2, patch1, testPatch1, patch2, testPatch2 };
+}
+
+/** SWE-bench's conda layout, in miniature: `activate` defines `conda`, `conda activate testbed` puts the env first. */
+async function writeConda(root: string) {
+  const bin = join(root, 'opt/miniconda3/bin');
+  const env = join(root, 'opt/miniconda3/envs/testbed/bin');
+  await mkdir(bin, { recursive: true });
+  await mkdir(env, { recursive: true });
+  await writeFile(
+    join(bin, 'activate'),
+    [
+      'conda() {',
+      '  [ "$1" = activate ] || return 1',
+      '  [ -d "/opt/miniconda3/envs/$2" ] || { echo "no environment $2" >&2; return 1; }',
+      '  export CONDA_DEFAULT_ENV="$2" VIRTUAL_ENV="/opt/miniconda3/envs/$2"',
+      '  export PATH="/opt/miniconda3/envs/$2/bin:$PATH"',
+      '}',
+      'export PATH="/opt/miniconda3/bin:$PATH"',
+      '',
+    ].join('\n'),
+  );
+  await writeFile(join(env, 'python'), '#!/bin/sh\nexec /usr/bin/python3 "$@"\n', { mode: 0o755 });
+  await writeFile(join(env, 'pytest'), '#!/bin/sh\nexec /usr/bin/python3 -m pytest "$@"\n', {
+    mode: 0o755,
+  });
+}
+
+function instance(
+  id: string,
+  version: string,
+  base: string,
+  patch: string,
+  testPatch: string,
+  f2p: string[],
+) {
+  return {
+    repo: 'dsec-test/calc',
+    instance_id: id,
+    base_commit: base,
+    patch,
+    test_patch: testPatch,
+    problem_statement: `Fix ${id}.`,
+    hints_text: '',
+    created_at: '2020-01-01T00:00:00Z',
+    version,
+    FAIL_TO_PASS: JSON.stringify(f2p),
+    // `test_expr[1 + 1]` as SWE-bench's parser keys it.
+    PASS_TO_PASS: JSON.stringify(
+      [
+        'tests/test_calc.py::test_expr[1',
+        'tests/test_calc.py::test_expr[2*3]',
+        'tests/test_calc.py::test_mul',
+      ].filter((t) => !(id.endsWith('-2') && t.endsWith('test_mul'))),
+    ),
+    environment_setup_commit: base,
+  };
+}
+
+before(async () => {
+  if (skip) return;
+  work = await mkdtemp(join(tmpdir(), 'dsec-swebench-it-'));
+  await chmod(work, 0o711);
+  registry = await startLocalRegistry({ dir: join(work, 'registry') });
+  node = await startSingleNode({ stateDir: join(work, 'state'), port: 0, edgeId: 'swebench-node' });
+  template = `docker://${registry.host}/swebench/sweb.eval.x86_64.{id}:latest`;
+  env = {
+    DSEC_URL: node.url,
+    DSEC_API_KEY: node.adminKey,
+    DSEC_INSECURE_REGISTRIES: registry.host,
+  };
+
+  const repo = join(work, 'repo');
+  const h = await makeRepo(repo);
+  // One lower layer for every image: Python, pytest, bash and git from the host's packages.
+  const toolchain = join(work, 'toolchain');
+  await makeToolchainRootfs(toolchain, {
+    node: false,
+    extraFiles: ['/usr/bin/bash', '/usr/bin/git'],
+  });
+  await mkdir(join(toolchain, 'root'), { recursive: true });
+  await writeConda(toolchain);
+  // Per instance, the repository at its base commit in /testbed (with its history, as SWE-bench's).
+  const images: [string, string][] = [
+    ['dsec-test__calc-1', h.base1],
+    ['dsec-test__calc-2', h.base2],
+  ];
+  for (const [id, base] of images) {
+    const top = join(work, 'top', id);
+    await cp(repo, join(top, 'testbed'), { recursive: true });
+    git(join(top, 'testbed'), 'checkout', '-q', base);
+    const layout = join(work, 'oci', id);
+    await makeOciLayoutFromDirs(layout, [toolchain, top], { WorkingDir: '/testbed' });
+    await pushToRegistry(
+      layout,
+      'latest',
+      `docker://${registry.host}/swebench/sweb.eval.x86_64.${swebenchImageKey(id)}:latest`,
+    );
+  }
+  const rows = [
+    instance('dsec-test__calc-1', '0.1', h.base1, h.patch1, h.testPatch1, [
+      'tests/test_calc.py::test_add',
+    ]),
+    instance('dsec-test__calc-2', '0.1', h.base2, h.patch2, h.testPatch2, [
+      'tests/test_calc.py::test_mul_table',
+    ]),
+    // No image was pushed for this one.
+    instance('dsec-test__calc-3', '0.1', h.base1, h.patch1, h.testPatch1, [
+      'tests/test_calc.py::test_add',
+    ]),
+    // The spec table has no version 0.9 of the repository.
+    instance('dsec-test__calc-4', '0.9', h.base1, h.patch1, h.testPatch1, [
+      'tests/test_calc.py::test_add',
+    ]),
+  ];
+  dataset = join(work, 'dataset.json');
+  await writeFile(dataset, JSON.stringify(rows, null, 2));
+  specs = join(work, 'specs.json');
+  await writeFile(
+    specs,
+    JSON.stringify({
+      $schema_version: 1,
+      repos: {
+        'dsec-test/calc': {
+          parser: 'pytest',
+          directives: 'paths',
+          versions: { '0.1': { test_cmd: 'pytest -rA -p no:cacheprovider' } },
+        },
+      },
+    }),
+  );
+});
+
+after(async () => {
+  if (skip) return;
+  await node?.close({ stopSandboxes: true });
+  await registry?.close();
+  await rm(work, { recursive: true, force: true });
+});
+
+test(
+  'gold scores every instance 1, none 0; a missing image and a missing spec error alone; --retry-errors reruns them',
+  { skip },
+  async () => {
+    const common = ['--dataset', 'swebench', '--image', template, '--specs', specs];
+    const goldOut = join(work, 'gold.jsonl');
+    const gold = await dsec([
+      '--json',
+      'eval',
+      'run',
+      dataset,
+      ...common,
+      '--agent',
+      'gold',
+      '--out',
+      goldOut,
+    ]);
+    assert.equal(gold.code, 0, gold.stderr);
+    const summary = JSON.parse(gold.stdout) as { tasks: number; solved: number; errors: number };
+    assert.deepEqual([summary.tasks, summary.solved, summary.errors], [4, 2, 2], gold.stdout);
+    const rs = results(goldOut);
+    for (const id of ['dsec-test__calc-1', 'dsec-test__calc-2']) {
+      const r = rs[id]!;
+      assert.equal(r.reward, 1, JSON.stringify(r));
+      assert.equal(r.error, undefined);
+      assert.deepEqual(r.failing, []);
+      assert.equal(r.duplicateExecutions, 0);
+    }
+    // The IDs are SWE-bench's: the parametrised one cut at its space, verbose lines not read.
+    assert.equal(rs['dsec-test__calc-1']!.tests['tests/test_calc.py::test_expr[1'], 'passed');
+    assert.equal(rs['dsec-test__calc-1']!.tests['tests/test_calc.py::test_add'], 'passed');
+    assert.ok(!Object.keys(rs['dsec-test__calc-1']!.tests).some((k) => k.includes(' ')));
+    // The fix's binary file reached the grading sandbox.
+    assert.equal(rs['dsec-test__calc-2']!.tests['tests/test_calc.py::test_mul_table'], 'passed');
+    assert.equal(rs['dsec-test__calc-3']!.reward, null);
+    assert.equal(
+      rs['dsec-test__calc-3']!.error?.code,
+      'image_not_found',
+      JSON.stringify(rs['dsec-test__calc-3']),
+    );
+    assert.equal(rs['dsec-test__calc-4']!.error?.code, 'invalid_argument');
+    assert.equal(rs['dsec-test__calc-4']!.error?.reason, 'no_spec');
+
+    const noneOut = join(work, 'none.jsonl');
+    const none = await dsec([
+      '--json',
+      'eval',
+      'run',
+      dataset,
+      ...common,
+      '--agent',
+      'none',
+      '--out',
+      noneOut,
+    ]);
+    assert.equal(none.code, 0, none.stderr);
+    const nrs = results(noneOut);
+    for (const id of ['dsec-test__calc-1', 'dsec-test__calc-2']) {
+      assert.equal(nrs[id]!.reward, 0, JSON.stringify(nrs[id]));
+      assert.equal(nrs[id]!.error, undefined);
+    }
+    assert.equal(nrs['dsec-test__calc-1']!.tests['tests/test_calc.py::test_add'], 'failed');
+    assert.deepEqual(nrs['dsec-test__calc-1']!.failing, ['tests/test_calc.py::test_add']);
+
+    // The missing image arrives (the same as instance 1's); --retry-errors runs only the errored two.
+    const layout = join(work, 'oci', 'dsec-test__calc-1');
+    await pushToRegistry(
+      layout,
+      'latest',
+      `docker://${registry.host}/swebench/sweb.eval.x86_64.${swebenchImageKey('dsec-test__calc-3')}:latest`,
+    );
+    const retry = await dsec([
+      '--json',
+      'eval',
+      'run',
+      dataset,
+      ...common,
+      '--agent',
+      'gold',
+      '--out',
+      goldOut,
+      '--retry-errors',
+    ]);
+    assert.equal(retry.code, 0, retry.stderr);
+    const after = results(goldOut);
+    assert.equal(after['dsec-test__calc-3']!.reward, 1, JSON.stringify(after['dsec-test__calc-3']));
+    assert.equal(after['dsec-test__calc-3']!.attempt, 2);
+    assert.equal(after['dsec-test__calc-4']!.error?.reason, 'no_spec');
+    // The instances that had a result kept it: same sandbox, not run again.
+    assert.equal(after['dsec-test__calc-1']!.sandboxId, rs['dsec-test__calc-1']!.sandboxId);
+    assert.equal(after['dsec-test__calc-1']!.attempt, 1);
+  },
+);
