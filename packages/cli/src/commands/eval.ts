@@ -584,7 +584,9 @@ async function prepareSwebench(ctx: CliContext, tasks: SwebenchTask[], opts: Tas
         ? {
             error: {
               code: err.code,
-              message: `${t.environment.image}: ${err.message}`,
+              message: err.message.includes(t.environment.image)
+                ? err.message
+                : `${t.environment.image}: ${err.message}`,
               ...(typeof reason === 'string' ? { reason } : {}),
             },
           }

@@ -123,13 +123,13 @@ async function makeRepo(dir: string) {
   git(dir, 'add', '-A');
   const patch2 = git(dir, 'diff', '--cached', '--binary');
   git(dir, 'reset', '-q', '--hard');
-  await writeFile(join(dir, 'tests', 'six.bin'), Buffer.from([6, 0, 0, 0, 0]));
+  await writeFile(join(dir, 'tests', 'six.png'), Buffer.from([6, 0, 0, 0, 0]));
   await writeFile(
     join(dir, 'tests', 'test_calc.py'),
     TESTS_BASE +
       '\n\ndef test_mul_table():\n' +
       '    import pathlib\n' +
-      '    six = pathlib.Path(__file__).with_name("six.bin").read_bytes()[0]\n' +
+      '    six = pathlib.Path(__file__).with_name("six.png").read_bytes()[0]\n' +
       '    assert mul(2, 3) == six\n',
   );
   git(dir, 'add', '-A');
@@ -294,7 +294,11 @@ test(
     ]);
     assert.equal(gold.code, 0, gold.stderr);
     const summary = JSON.parse(gold.stdout) as { tasks: number; solved: number; errors: number };
-    assert.deepEqual([summary.tasks, summary.solved, summary.errors], [4, 2, 2], gold.stdout);
+    assert.deepEqual(
+      [summary.tasks, summary.solved, summary.errors],
+      [4, 2, 2],
+      readFileSync(goldOut, 'utf8'),
+    );
     const rs = results(goldOut);
     for (const id of ['dsec-test__calc-1', 'dsec-test__calc-2']) {
       const r = rs[id]!;
