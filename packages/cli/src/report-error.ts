@@ -35,7 +35,13 @@ const FIELD_FLAGS: Record<string, string> = {
 
 /** `dsec image import --from-registry` failures, by `details.reason` (the code alone would point at the cluster). */
 const REGISTRY_HINTS: Record<string, string> = {
-  registry_unreachable: 'check the registry host and port; a registry without TLS needs --insecure',
+  registry_unreachable:
+    "check the registry host and port; a registry without TLS needs --insecure, or its host:port in DSEC_INSECURE_REGISTRIES or the config file's registries.insecure",
+  too_many_layers:
+    'the image is deeper than an import takes; flatten it (or raise maxLayers in code)',
+  image_too_large: 'the image is larger than an import takes (64 GiB by default)',
+  registry_timeout:
+    'the registry is too slow or stalled; check it, or use a mirror (registries.mirrors)',
   registry_auth:
     'pass --authfile, or set DSEC_REGISTRY_USERNAME and DSEC_REGISTRY_PASSWORD (or REGISTRY_AUTH_FILE)',
   unknown_tag: 'check the repository and tag (`skopeo list-tags docker://HOST/REPO`)',

@@ -16,6 +16,12 @@ import { z } from 'zod';
 import { isAllowedHostPattern } from '@dsec/apiserver';
 import { DsecError } from '@dsec/core';
 import { normalizeFingerprint } from '@dsec/edge-http';
+import {
+  MAX_MIRRORS_PER_REGISTRY,
+  MAX_REGISTRY_ENTRIES,
+  registrySettings,
+  type RegistrySettings,
+} from '@dsec/images';
 
 const Port = z.number().int().min(0).max(65535);
 const Host = z.string().min(1).max(255);
@@ -306,6 +312,27 @@ const UpSection = EdgeSection.pick({
   })
   .strict();
 
+/**
+ * How this node reaches image registries (docs/cluster.md "Registries"),
+ * for registry imports, Dockerfile builds and evaluations alike; the
+ * environment adds to it (`DSEC_INSECURE_REGISTRIES`, `DSEC_REGISTRY_MIRRORS`,
+ * `REGISTRY_AUTH_FILE`). Each host is checked by `registrySettings`.
+ */
+const RegistriesSection = z
+  .object({
+    /** `host[:port]` of registries without TLS (or with an unverified certificate). */
+    insecure: z.array(z.string().min(1).max(261)).max(MAX_REGISTRY_ENTRIES),
+    /** Registry host → mirrors tried first, in order (`host[:port][/namespace]`). */
+    mirrors: z.record(
+      z.string().min(1).max(261),
+      z.array(z.string().min(1).max(517)).min(1).max(MAX_MIRRORS_PER_REGISTRY),
+    ),
+    /** A containers-auth.json with credentials (relative to the config file). */
+    authFile: z.string().min(1).max(4096),
+  })
+  .partial()
+  .strict();
+
 export const ClusterConfigSchema = z
   .object({
     /** A SQLite file path (embedded) or a `postgres://` URL shared by every apiserver. */
@@ -320,6 +347,8 @@ export const ClusterConfigSchema = z
     watcher: WatcherSection.optional(),
     edge: EdgeSection.optional(),
     up: UpSection.optional(),
+    /** Registries for imports, builds and evaluations: insecure hosts, mirrors, the auth file. */
+    registries: RegistriesSection.optional(),
   })
   .strict();
 
@@ -371,6 +400,18 @@ export function apiBoundsOptions(
   };
 }
 export type WatcherConfig = z.infer<typeof WatcherSection>;
+export type RegistriesConfig = z.infer<typeof RegistriesSection>;
+
+/**
+ * The node's registry settings: the config's `registries` section plus the
+ * environment (`registrySettings`). `invalid_argument` naming the entry.
+ */
+export function nodeRegistrySettings(
+  config: Pick<ClusterConfig, 'registries'> | undefined,
+  env: NodeJS.ProcessEnv = process.env,
+): RegistrySettings {
+  return registrySettings(config?.registries, env);
+}
 export type UpConfig = z.infer<typeof UpSection>;
 
 /** What an edge gets of a config's `fncall` section: `false` when it is disabled. */
@@ -416,6 +457,11 @@ export function parseClusterConfig(input: unknown, baseDir = process.cwd()): Clu
   if (config.apiserver?.adminKeyFile)
     config.apiserver.adminKeyFile = abs(config.apiserver.adminKeyFile);
   if (config.up?.stateDir) config.up.stateDir = abs(config.up.stateDir);
+  if (config.registries) {
+    if (config.registries.authFile) config.registries.authFile = abs(config.registries.authFile);
+    // Hosts checked now, so a typo fails the start, not the first pull.
+    registrySettings(config.registries, {});
+  }
   for (const section of [config.up, config.edge]) {
     const gpus = section?.gpus;
     if (typeof gpus === 'object' && gpus.inventoryFile)

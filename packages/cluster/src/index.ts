@@ -11,6 +11,7 @@ export {
   ClusterConfigSchema,
   fncallOptions,
   loadClusterConfig,
+  nodeRegistrySettings,
   parseClusterConfig,
   type ApiBoundsConfig,
   type ApiLimitsConfig,
@@ -18,6 +19,7 @@ export {
   type ClusterConfig,
   type EdgeConfig,
   type FnCallConfig,
+  type RegistriesConfig,
   type UpConfig,
   type WatcherConfig,
 } from './config.js';

@@ -34,12 +34,13 @@ import {
   type EdgeTlsOptions,
 } from '@dsec/edge-http';
 import { openControlDb, type ControlDb, type EdgeRecord } from '@dsec/iam';
-import { DirImageStore, listImages, openImageStore } from '@dsec/images';
+import { DirImageStore, listImages, openImageStore, type RegistrySettings } from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import {
   apiBoundsOptions,
   apiserverDefaults,
   fncallOptions,
+  nodeRegistrySettings,
   requireSection,
   watcherDefaults,
   type ClusterConfig,
@@ -93,6 +94,8 @@ export interface EdgeServerHandle {
   /** The edge's metrics; served at `metricsUrl` when the config has `metricsListen`. */
   metrics: EdgeMetrics;
   metricsUrl?: string | undefined;
+  /** The registry settings of this node (the config's `registries` plus the environment). */
+  registries: RegistrySettings;
   close(options?: { stopSandboxes?: boolean }): Promise<void>;
 }
 
@@ -102,6 +105,8 @@ export async function startEdgeServer(
   options: RoleLogging = {},
 ): Promise<EdgeServerHandle> {
   const ec = requireSection(config, 'edge', 'an edge');
+  // Checked before anything starts: a malformed DSEC_INSECURE_REGISTRIES fails the start.
+  const registries = nodeRegistrySettings(config, process.env);
   const logger = options.logger?.child({ component: 'edge', edgeId: ec.id });
   const log = options.log ?? (logger && edgeLog(logger));
   const metrics = new EdgeMetrics({ defaultLabels: { edge: ec.id } });
@@ -163,6 +168,7 @@ export async function startEdgeServer(
     edge,
     metrics,
     metricsUrl: admin?.url,
+    registries,
     async close(closeOptions = {}) {
       await admin?.close();
       await server.close();

@@ -36,7 +36,14 @@ import {
 } from '@dsec/edge';
 import { openControlDb } from '@dsec/iam';
 import type { Iam } from '@dsec/iam';
-import { buildLayer, DirImageStore, listImages, openImageStore } from '@dsec/images';
+import {
+  buildLayer,
+  DirImageStore,
+  listImages,
+  openImageStore,
+  registrySettings,
+  type RegistrySettings,
+} from '@dsec/images';
 import { PowerOfKPlacer } from '@dsec/placement';
 import { Watcher } from '@dsec/watcher';
 import type { Logger } from 'pino';
@@ -100,6 +107,12 @@ export interface SingleNodeOptions {
    * (a cluster config's `apiserver` section; docs/security.md).
    */
   apiBounds?: ApiBoundsConfig | undefined;
+  /**
+   * How this node reaches image registries (a config's `registries` section
+   * plus the environment, `nodeRegistrySettings`): what its registry imports
+   * and builds use. Default: the environment alone.
+   */
+  registries?: RegistrySettings | undefined;
 }
 
 export interface SingleNode {
@@ -111,6 +124,8 @@ export interface SingleNode {
   edge: Edge;
   store: ImageStore;
   iam: Iam;
+  /** The registry settings its imports and builds use (`SingleNodeOptions.registries`). */
+  registries: RegistrySettings;
   /** Builds a layer into this node's image store. */
   buildLayer(input: Omit<Parameters<typeof buildLayer>[1], 'signal'>): Promise<LayerInfo>;
   /**
@@ -239,6 +254,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     edge,
     store,
     iam,
+    registries: options.registries ?? registrySettings(undefined, process.env),
     buildLayer: (input) => buildLayer(store, input),
     async close(closeOptions = {}) {
       await admin?.close();

@@ -112,16 +112,21 @@ export {
   START_TEST_OUTPUT,
   END_TEST_OUTPUT,
 } from './swebench/grade.js';
-export {
-  ensureInstanceImages,
-  instanceImageRef,
-  layerNameForRef,
-  swebenchImageKey,
-} from './swebench/images.js';
-export type { EnsureImagesOptions, TaskImageImporter } from './swebench/images.js';
 export { parseLog, LOG_PARSER_NAMES } from './log-parsers/python.js';
 export type { LogParserName, StatusMap, SwebenchStatus } from './log-parsers/python.js';
 export type { Agent, AgentContext, AgentOutcome, TokenUsage } from './agents/agent.js';
 export { GoldAgent, NoneAgent, gitApplyInSandbox } from './agents/scripted.js';
 export { HttpAgent, TOOL_SCHEMAS } from './agents/http.js';
 export type { HttpAgentOptions, ChatMessage, ToolCall } from './agents/http.js';
+export {
+  checkTemplate,
+  DEFAULT_IMAGE_CONCURRENCY,
+  importTaskImages,
+  INSTANCE_ID_PLACEHOLDER,
+  isImageTemplate,
+  parseDockerImageRef,
+  swebenchImageKey,
+  swebenchImageRef,
+  taskImageLayerRef,
+} from './task-images.js';
+export type { DockerImageRef, ImportTaskImagesOptions, TaskImageProgress } from './task-images.js';

@@ -47,11 +47,21 @@ export {
   importFromRegistry,
   isOciDiffLayer,
   listImages,
+  MAX_IMAGE_BYTES,
+  MAX_IMAGE_LAYERS,
   OCI_DIFF_LAYER_NAME,
   REGISTRY_DEFAULT_COMPRESSION,
+  REGISTRY_IMPORT_TIMEOUT_MS,
 } from './oci/registry.js';
 export type { ImportRegistryOptions, RegistryImportResult } from './oci/registry.js';
-export { isInsecureRegistry, registriesConf, registrySettings } from './oci/registries.js';
+export {
+  isInsecureRegistry,
+  MAX_MIRRORS_PER_REGISTRY,
+  MAX_REGISTRY_ENTRIES,
+  pullSources,
+  registriesConf,
+  registrySettings,
+} from './oci/registries.js';
 export type { RegistryConfig, RegistrySettings } from './oci/registries.js';
 export { readOciImage } from './oci/read-image.js';
 export type { OciImage } from './oci/read-image.js';

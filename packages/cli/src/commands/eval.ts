@@ -13,15 +13,15 @@ import {
   gradeByPatch,
   gradeInPlace,
   gradeSwebench,
-  ensureInstanceImages,
-  instanceImageRef,
+  checkTemplate,
   isSwebenchTask,
-  layerNameForRef,
   loadSpecs,
   loadSwebenchDataset,
   loadTasks,
   prepareTasks,
   runEval,
+  swebenchImageRef,
+  taskImageLayerRef,
   workspaceLayerName,
   type Agent,
   type EnvironmentBuilder,
@@ -31,19 +31,13 @@ import {
   type SwebenchTask,
   type UnrunnableTask,
 } from '@dsec/eval';
-import { erofsMountFromEnv, hostErofsMounter } from '@dsec/edge';
-import {
-  ensureEnvironment,
-  importFromRegistry,
-  isInsecureRegistry,
-  loadEnvironmentRecipes,
-  registrySettings,
-} from '@dsec/images';
+import { ensureEnvironment, loadEnvironmentRecipes } from '@dsec/images';
 import { contextOf, type CliContext } from '../context.js';
 import { formatTable } from '../format.js';
 import { collect, collectKeyValue, parseInteger, parseNumber } from '../parse.js';
 import { createProgress } from '../progress.js';
 import { localStore } from '../stores.js';
+import { prepareTaskImages } from './eval-images.js';
 
 /** Exit code after SIGTERM (128 + 15): the job's sandboxes are paused, `--resume` continues. */
 const EXIT_TERMINATED = 143;
@@ -341,7 +335,7 @@ async function runCommand(ctx: CliContext, file: string, opts: RunOptions): Prom
         isSwebenchTask(t)
           ? {
               instance_id: t.instance_id,
-              image: layerNameForRef(t.environment.image),
+              image: taskImageLayerRef(t.environment.image),
               toolkits: [],
               workdir: t.workdir,
             }
@@ -503,11 +497,11 @@ async function loadSwebenchBatch(file: string, opts: TaskOptions): Promise<Batch
       field: 'toolkit',
     });
   }
-  instanceImageRef(template, 'check__template');
+  checkTemplate(template);
   const specs = await loadSpecs(opts.specs === undefined ? undefined : resolve(opts.specs));
   const ds = await loadSwebenchDataset(file, {
     specs,
-    image: (id) => instanceImageRef(template, id),
+    image: (id) => swebenchImageRef(template, id),
   });
   return {
     file: ds.file,
@@ -534,70 +528,44 @@ async function prepareBatch(ctx: CliContext, file: string, batch: Batch, opts: T
  */
 async function prepareSwebench(ctx: CliContext, tasks: SwebenchTask[], opts: TaskOptions) {
   const store = localStore(ctx);
-  const settings = registrySettings(undefined, ctx.io.env);
-  const mounter = hostErofsMounter({
-    probeDir: join(ctx.options.stateDir, 'tmp', `erofs-probe-${process.pid}`),
-    setting: erofsMountFromEnv(ctx.io.env),
-  });
   const refs = [...new Set(tasks.map((t) => t.environment.image))];
-  const bar = createProgress({
-    label: 'eval prepare (images)',
-    total: refs.length,
-    enabled: !ctx.json,
-    stream: ctx.io.stderr,
-  });
-  const built: string[] = [];
-  let failed: Map<string, DsecError>;
-  try {
-    failed = await ensureInstanceImages(refs, {
-      store,
-      concurrency: opts.importConcurrency,
-      signal: ctx.signal,
-      onProgress: (p) => bar.update(p.done, p.total),
-      importer: async (ref, name, o) => {
-        const host = ref.slice('docker://'.length).split('/')[0] ?? '';
-        await importFromRegistry(store, {
-          source: ref,
-          name,
-          kind: 'base',
-          ...(isInsecureRegistry(settings, host) ? { insecure: true } : {}),
-          ...(settings.authFile !== undefined ? { authFile: settings.authFile } : {}),
-          env: ctx.io.env,
-          mounter,
-          ...(o.signal ? { signal: o.signal } : {}),
-        });
-        built.push(name);
-      },
-    });
-  } finally {
-    bar.done();
+  const before = new Map<string, boolean>();
+  for (const ref of refs) {
+    before.set(
+      ref,
+      await store.getLayer(taskImageLayerRef(ref)).then(
+        () => true,
+        () => false,
+      ),
+    );
   }
+  const imported = await prepareTaskImages(ctx, refs, { concurrency: opts.importConcurrency });
   const prepared = tasks.map((t): PreparedTask => {
-    const err = failed.get(t.environment.image);
-    const reason = (err?.details as { reason?: unknown } | undefined)?.reason;
-    return {
+    const got = imported.get(t.environment.image);
+    const base = {
       instance_id: t.instance_id,
-      image: layerNameForRef(t.environment.image),
+      image: typeof got === 'string' ? got : taskImageLayerRef(t.environment.image),
       toolkits: [],
       workdir: t.workdir,
-      ...(err
-        ? {
-            error: {
-              code: err.code,
-              message: err.message.includes(t.environment.image)
-                ? err.message
-                : `${t.environment.image}: ${err.message}`,
-              ...(typeof reason === 'string' ? { reason } : {}),
-            },
-          }
-        : {}),
+    };
+    if (got === undefined || typeof got === 'string') return base;
+    const reason = (got.details as { reason?: unknown } | undefined)?.reason;
+    return {
+      ...base,
+      error: {
+        code: got.code,
+        message: got.message.includes(t.environment.image)
+          ? got.message
+          : `${t.environment.image}: ${got.message}`,
+        ...(typeof reason === 'string' ? { reason } : {}),
+      },
     };
   });
-  const names = refs.map(layerNameForRef);
+  const ok = refs.filter((r) => typeof imported.get(r) === 'string');
   return {
     tasks: prepared,
-    built,
-    present: names.filter((n, i) => !built.includes(n) && !failed.has(refs[i]!)),
+    built: ok.filter((r) => !before.get(r)).map((r) => imported.get(r) as string),
+    present: ok.filter((r) => before.get(r)).map((r) => imported.get(r) as string),
   };
 }
 

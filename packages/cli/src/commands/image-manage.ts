@@ -30,6 +30,7 @@ import { formatBytes } from '../format.js';
 import { createProgress, type Progress } from '../progress.js';
 import { imageCommand } from './image.js';
 import { localStore } from '../stores.js';
+import { cliRegistrySettings } from '../registries.js';
 
 export function parseRefOrThrow(text: string, field = 'name'): { name: string; version: string } {
   const ref = parseLayerRef(text);
@@ -96,6 +97,7 @@ interface ImportOptions {
   fromRegistry?: string;
   insecure?: boolean;
   authfile?: string;
+  config?: string;
   ref?: string;
   kind: string;
   split?: boolean;
@@ -147,7 +149,14 @@ export function register(program: Command): void {
       '--from-registry <ref>',
       'pull docker://HOST/REPO:TAG with skopeo (layers already converted are reused)',
     )
-    .option('--insecure', 'with --from-registry: plain HTTP or an unverified TLS certificate')
+    .option(
+      '--insecure',
+      'with --from-registry: plain HTTP or an unverified TLS certificate for every host (not needed for a host in DSEC_INSECURE_REGISTRIES or the config file’s registries.insecure)',
+    )
+    .option(
+      '--config <file>',
+      'with --from-registry: a cluster config file whose `registries` section applies (default DSEC_CONFIG)',
+    )
     .option(
       '--authfile <file>',
       'with --from-registry: a containers auth.json (default REGISTRY_AUTH_FILE, then $XDG_RUNTIME_DIR/containers/auth.json; or DSEC_REGISTRY_USERNAME/DSEC_REGISTRY_PASSWORD)',
@@ -189,9 +198,11 @@ export function register(program: Command): void {
         onProgress: progress.onProgress,
       };
       if (opts.fromRegistry) {
+        const registries = await cliRegistrySettings(ctx, opts.config);
         const result = await importFromRegistry(localStore(ctx), {
           ...common,
           source: opts.fromRegistry,
+          registries,
           ...(opts.insecure ? { insecure: true } : {}),
           ...(opts.authfile !== undefined ? { authFile: opts.authfile } : {}),
           env: ctx.io.env,
@@ -205,6 +216,7 @@ export function register(program: Command): void {
               ...result.layer,
               layers: result.layers,
               pulledBytes: result.pulledBytes,
+              pulledFrom: result.pulledFrom,
             }),
           );
         } else {
@@ -402,7 +414,7 @@ export function register(program: Command): void {
  * the state dir's filesystem (where the layers are) unless `DSEC_EROFS_MOUNT`
  * says which.
  */
-function layerMounter(ctx: CliContext): ReturnType<typeof hostErofsMounter> {
+export function layerMounter(ctx: CliContext): ReturnType<typeof hostErofsMounter> {
   return hostErofsMounter({
     probeDir: join(ctx.options.stateDir, 'tmp', `erofs-probe-${process.pid}`),
     setting: erofsMountFromEnv(ctx.io.env),

@@ -1,6 +1,7 @@
 import type { Command } from 'commander';
 import {
   loadClusterConfig,
+  nodeRegistrySettings,
   type ApiBoundsConfig,
   type ClusterConfig,
   type FnCallConfig,
@@ -11,6 +12,7 @@ import {
   type EdgeNetworkOptions,
   type ErofsMountSetting,
 } from '@dsec/edge';
+import type { RegistrySettings } from '@dsec/images';
 import type { CliContext } from '../context.js';
 import { admissionConfig, type AdmissionFlags } from './up-admission.js';
 
@@ -59,6 +61,8 @@ export interface UpSettings {
   e2b: NonNullable<ClusterConfig['e2b']>;
   /** The `apiserver` section's Host allow-list, limits and audit retention. */
   apiBounds: ApiBoundsConfig;
+  /** The `registries` section plus the environment (DSEC_INSECURE_REGISTRIES, …). */
+  registries: RegistrySettings;
 }
 
 /** Drops keys whose value is undefined, so they do not hide the config file's. */
@@ -115,5 +119,6 @@ export async function upSettings(
       limits: file.apiserver?.limits,
       auditRetentionDays: file.apiserver?.auditRetentionDays,
     }),
+    registries: nodeRegistrySettings(file, ctx.io.env),
   };
 }

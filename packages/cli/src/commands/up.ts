@@ -22,7 +22,7 @@ export function register(program: Command): void {
     )
     .option(
       '--config <file>',
-      'a cluster config file (JSON, docs/cluster.md): its `up`, `apiserver`, `imageStore` and `e2b` sections; flags override it',
+      'a cluster config file (JSON, docs/cluster.md): its `up`, `apiserver`, `imageStore`, `e2b` and `registries` sections; flags override it',
     )
     .option('--port <n>', 'port to listen on', '7420')
     .option('--host <addr>', 'address to listen on', '127.0.0.1')
@@ -108,6 +108,7 @@ export function register(program: Command): void {
               ...(up.network ? { network: up.network } : {}),
               ...(up.blobCacheBytes ? { blobCacheBytes: up.blobCacheBytes } : {}),
               e2b: up.e2b,
+              registries: up.registries,
               logger,
               metricsListen,
             })

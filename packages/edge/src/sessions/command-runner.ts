@@ -5,6 +5,7 @@ import type { CommandExit, SandboxChannel } from '../backends/channel.js';
 import type { SandboxRecord } from '../state/edge-store.js';
 import type { LiveCommand } from './command-registry.js';
 import { isPidsRefusal, pidsExhausted } from './exhaustion.js';
+import { imageDefaults } from './image-defaults.js';
 import { callUser, isUserRefusal, userRefused } from './spawn-user.js';
 
 export const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
@@ -26,11 +27,13 @@ export async function runChronusCommand(
   const argv = spec.shell !== undefined ? ['sh', '-c', spec.shell] : (spec.argv ?? []);
   const wantsStdin = spec.stdin !== undefined || spec.stdinOpen === true;
   const { user, userField } = callUser(spec.user, rec.spec.initUser);
+  // The image's own Env and WorkingDir (a registry image's conda PATH, its /testbed) come first.
+  const image = imageDefaults(rec.layers);
   const handle = conn.spawn({
     argv,
     shell: spec.shell !== undefined,
-    env: { PATH: DEFAULT_PATH, ...rec.spec.env, ...spec.env },
-    cwd: spec.cwd ?? '',
+    env: { PATH: DEFAULT_PATH, ...image.env, ...rec.spec.env, ...spec.env },
+    cwd: spec.cwd ?? image.cwd ?? '',
     user,
     stdin: wantsStdin,
   });

@@ -28,6 +28,7 @@ import { runChronusCommand } from './command-runner.js';
 import * as files from './files.js';
 import { connectPort, openPty } from './port-and-pty.js';
 import { ShellSession } from './shell-session.js';
+import { imageDefaults } from './image-defaults.js';
 import { callUser } from './spawn-user.js';
 
 export interface SandboxIoOptions {
@@ -334,10 +335,12 @@ export class SandboxIo implements SandboxIoApi {
     const rec = await this.#rec(sandboxId);
     if (options.user !== undefined) checkSandboxUser(options.user, 'user');
     const conn = await this.#channel(rec, true);
+    const image = imageDefaults(rec.layers);
     return openPty(conn, {
       ...options,
       ...callUser(options.user, rec.spec.initUser),
-      env: { ...rec.spec.env, ...options.env },
+      env: { ...image.env, ...rec.spec.env, ...options.env },
+      ...(options.cwd === undefined && image.cwd !== undefined ? { cwd: image.cwd } : {}),
     });
   }
 
@@ -420,8 +423,8 @@ export class SandboxIo implements SandboxIoApi {
         channel: () => this.#channel(rec, false),
         shell: spec.shell,
         ...callUser(spec.user, rec.spec.initUser),
-        env: { ...rec.spec.env, ...spec.env },
-        cwd: spec.cwd,
+        env: { ...imageDefaults(rec.layers).env, ...rec.spec.env, ...spec.env },
+        cwd: spec.cwd ?? imageDefaults(rec.layers).cwd,
         pidsLimit: rec.spec.pidsLimit,
       });
       byName.set(name, session);

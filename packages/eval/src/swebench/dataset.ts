@@ -56,7 +56,11 @@ const testList = z.union([z.array(z.string()), z.string()]);
 
 const instanceSchema = z
   .object({
-    instance_id: z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:/-]{0,255}$/),
+    // What an image name can hold (`task-images.ts`' swebenchImageKey): no `/`, `:` or `@`.
+    instance_id: z
+      .string()
+      .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/)
+      .refine((id) => !id.includes('..'), 'must not contain ".."'),
     repo: z.string().regex(/^[A-Za-z0-9_.-]+\/[A-Za-z0-9_.-]+$/),
     base_commit: z.string().regex(/^[0-9a-f]{7,64}$/),
     patch: z.string(),
@@ -87,7 +91,7 @@ const NON_TEST_SUFFIXES = [
   '.toml',
 ];
 
-/** The DSec image name a template gives an instance (`{id}` replaced; see `imageRefFor`). */
+/** The image reference a template gives an instance (`swebenchImageRef` of task-images.ts). */
 export type ImageNamer = (instanceId: string) => string;
 
 /**

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { isDsecError } from '@dsec/core';
 import { loadSwebenchDataset, testDirectives } from './dataset.js';
 import { swebenchEvalScript, swebenchVerdict, testOutputOf } from './grade.js';
-import { instanceImageRef, layerNameForRef, swebenchImageKey } from './images.js';
+import { swebenchImageRef } from '../task-images.js';
 import { patchFiles } from './patch-files.js';
 import { loadSpecs, specFor } from './specs.js';
 
@@ -71,7 +71,7 @@ test('a dataset as published, JSON array or JSONL, loads unedited; a missing spe
   for (const file of [asJson, asJsonl]) {
     const ds = await loadSwebenchDataset(file, {
       specs,
-      image: (id) => instanceImageRef(TEMPLATE, id),
+      image: (id) => swebenchImageRef(TEMPLATE, id),
     });
     assert.deepEqual(
       ds.tasks.map((t) => t.instance_id),
@@ -135,7 +135,7 @@ test('a file that is not a dataset names the entry and the field', async () => {
     const file = join(dir, 'bad.jsonl');
     writeFileSync(file, text);
     await assert.rejects(
-      loadSwebenchDataset(file, { specs, image: (id) => instanceImageRef(TEMPLATE, id) }),
+      loadSwebenchDataset(file, { specs, image: (id) => swebenchImageRef(TEMPLATE, id) }),
       (err: unknown) => isDsecError(err, 'invalid_argument') && message.test(err.message),
     );
   }
@@ -166,17 +166,6 @@ test('patchFiles reads headers only: binary hunks, creations, deletions, renames
       ['gone.py', 'gone.py', false, true],
     ],
   );
-});
-
-test("SWE-bench's image names: __ is _1776_, lower case; each reference its own stable layer", () => {
-  assert.equal(swebenchImageKey('Django__Django-11099'), 'django_1776_django-11099');
-  assert.throws(() => instanceImageRef('docker://r/x:latest', 'a__b'), /must contain \{id\}/);
-  assert.throws(() => instanceImageRef('r/{id}', 'a__b'), /docker:\/\//);
-  const a = layerNameForRef('docker://r1:5000/swebench/sweb.eval.x86_64.a_1776_b-1:latest');
-  const b = layerNameForRef('docker://r2:5000/swebench/sweb.eval.x86_64.a_1776_b-1:latest');
-  assert.match(a, /^sweb\.eval\.x86_64\.a_1776_b-1-[0-9a-f]{10}$/);
-  assert.notEqual(a, b);
-  assert.equal(a, layerNameForRef('docker://r1:5000/swebench/sweb.eval.x86_64.a_1776_b-1:latest'));
 });
 
 test('the spec table: the shipped one validates; --specs merges over it; errors name file and key', async () => {
@@ -247,7 +236,7 @@ test("the evaluation script: SWE-bench's steps, files reset and test_patch appli
   const file = join(dir, 'one.json');
   writeFileSync(file, JSON.stringify([instance('django__django-1', 'django/django', '3.0')]));
   const [task] = (
-    await loadSwebenchDataset(file, { specs, image: (id) => instanceImageRef(TEMPLATE, id) })
+    await loadSwebenchDataset(file, { specs, image: (id) => swebenchImageRef(TEMPLATE, id) })
   ).tasks;
   const script = swebenchEvalScript(task!);
   const lines = script.trimEnd().split('\n');
@@ -274,7 +263,7 @@ test('the verdict: only the marked output counts; missing tests fail; a failing 
   const file = join(dir, 'two.json');
   writeFileSync(file, JSON.stringify([instance('psf__requests-1', 'pytest-dev/pytest', '7.0')]));
   const [task] = (
-    await loadSwebenchDataset(file, { specs, image: (id) => instanceImageRef(TEMPLATE, id) })
+    await loadSwebenchDataset(file, { specs, image: (id) => swebenchImageRef(TEMPLATE, id) })
   ).tasks;
   const log = (body: string) =>
     `PASSED tests/test_calc.py::test_new\n+ : '>>>>> Start Test Output'\n${body}\n+ : '>>>>> End Test Output'\n`;

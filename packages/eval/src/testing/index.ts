@@ -321,3 +321,9 @@ export {
   SHCALC_FIXED_LIB,
 } from './integrity.js';
 export type { IntegrityTaskSet, SteeringAttack, ToolStep } from './integrity.js';
+export { pushSwebenchImages, SWEBENCH_IMAGE_CONFIG, TESTBED_ENV_BIN } from './swebench-images.js';
+export type {
+  PushedSwebenchImages,
+  PushSwebenchImagesOptions,
+  SwebenchFixtureInstance,
+} from './swebench-images.js';

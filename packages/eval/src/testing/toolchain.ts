@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { lstat, mkdir, open, realpath, symlink, writeFile } from 'node:fs/promises';
+import { lstat, mkdir, open, realpath, stat, symlink, writeFile } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { promisify } from 'node:util';
 import { makeBusyboxRootfs } from '@dsec/images';
@@ -45,12 +45,7 @@ const SKIPPED = [
  */
 export async function makeToolchainRootfs(
   dir: string,
-  options: {
-    python?: boolean;
-    node?: boolean;
-    /** More host files (programs such as `/bin/bash`, `/usr/bin/git`), with the libraries they load. */
-    extraFiles?: string[];
-  } = {},
+  options: { python?: boolean; node?: boolean; packages?: readonly string[] } = {},
 ): Promise<{ files: number }> {
   await makeBusyboxRootfs(dir);
   // Merged /usr, as Debian has it: the libraries' paths resolve through these.
@@ -63,6 +58,8 @@ export async function makeToolchainRootfs(
   const packages = [
     ...(options.python !== false ? PYTHON_PACKAGES : []),
     ...(options.node !== false ? NODE_PACKAGES : []),
+    // More of the host's Debian packages (git, bash for SWE-bench-shaped images).
+    ...(options.packages ?? []),
   ];
   const listed = new Set<string>();
   for (const pkg of packages) {
@@ -73,12 +70,13 @@ export async function makeToolchainRootfs(
       listed.add(p);
     }
   }
-  for (const p of options.extraFiles ?? []) listed.add(p);
   const files = new Set<string>();
   const elves: string[] = [];
   for (const p of listed) {
     const st = await lstat(p).catch(() => undefined);
     if (!st || st.isDirectory()) continue;
+    // A merged-/usr host's `/bin` → `usr/bin` (listed by bash and git): the rootfs has its own.
+    if (st.isSymbolicLink() && (await stat(p).catch(() => undefined))?.isDirectory()) continue;
     files.add(p);
     if (st.isFile() && (await isElf(p))) elves.push(p);
     if (p.endsWith('.py')) {

@@ -14,19 +14,14 @@ import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { chmod, cp, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startSingleNode, type SingleNode } from '@dsec/cluster';
 import { main } from '@dsec/cli/main';
-import {
-  makeOciLayoutFromDirs,
-  pushToRegistry,
-  startLocalRegistry,
-  type LocalRegistry,
-} from '@dsec/images/testing/registry';
-import { swebenchImageKey, type EvalResult } from '../../src/index.js';
-import { makeToolchainRootfs } from '../../src/testing/index.js';
+import { startLocalRegistry, type LocalRegistry } from '@dsec/images/testing/registry';
+import type { EvalResult } from '../../src/index.js';
+import { pushSwebenchImages } from '../../src/testing/index.js';
 
 const skip =
   spawnSync('dpkg', ['-s', 'python3-pytest'], { stdio: 'ignore' }).status === 0
@@ -80,11 +75,19 @@ function results(path: string): Record<string, EvalResult> {
 const CALC_V1 = 'def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n';
 const CALC_V2 = 'def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a + b\n';
 const CALC_FIXED = 'def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n';
+const SETUP_CFG = '[tool:pytest]\naddopts = -v\n';
 const TESTS_BASE =
   'import pytest\n\nfrom calc import add, mul\n\n\n' +
   '@pytest.mark.parametrize("expr", ["1 + 1", "2*3"])\n' +
   'def test_expr(expr):\n    assert eval(expr) > 0\n\n\n' +
   'def test_mul():\n    assert mul(2, 0) == 0\n';
+// SWE-bench cuts an ID at its first space, whatever -v makes of it.
+const BASE1_FILES = {
+  'setup.cfg': SETUP_CFG,
+  'calc.py': CALC_V1,
+  'tests/test_calc.py': TESTS_BASE,
+};
+const BASE2_FILES = { ...BASE1_FILES, 'calc.py': CALC_V2 };
 
 /**
  * The repository's history: base commits of the two instances, with the
@@ -94,8 +97,7 @@ const TESTS_BASE =
 async function makeRepo(dir: string) {
   await mkdir(join(dir, 'tests'), { recursive: true });
   git(dir, 'init', '-q', '-b', 'main');
-  // SWE-bench cuts an ID at its first space, whatever -v makes of it.
-  await writeFile(join(dir, 'setup.cfg'), '[tool:pytest]\naddopts = -v\n');
+  await writeFile(join(dir, 'setup.cfg'), SETUP_CFG);
   await writeFile(join(dir, 'calc.py'), CALC_V1);
   await writeFile(join(dir, 'tests', 'test_calc.py'), TESTS_BASE);
   git(dir, 'add', '-A');
@@ -138,31 +140,6 @@ async function makeRepo(dir: string) {
   return { base1, base2, patch1, testPatch1, patch2, testPatch2 };
 }
 
-/** SWE-bench's conda layout, in miniature: `activate` defines `conda`, `conda activate testbed` puts the env first. */
-async function writeConda(root: string) {
-  const bin = join(root, 'opt/miniconda3/bin');
-  const env = join(root, 'opt/miniconda3/envs/testbed/bin');
-  await mkdir(bin, { recursive: true });
-  await mkdir(env, { recursive: true });
-  await writeFile(
-    join(bin, 'activate'),
-    [
-      'conda() {',
-      '  [ "$1" = activate ] || return 1',
-      '  [ -d "/opt/miniconda3/envs/$2" ] || { echo "no environment $2" >&2; return 1; }',
-      '  export CONDA_DEFAULT_ENV="$2" VIRTUAL_ENV="/opt/miniconda3/envs/$2"',
-      '  export PATH="/opt/miniconda3/envs/$2/bin:$PATH"',
-      '}',
-      'export PATH="/opt/miniconda3/bin:$PATH"',
-      '',
-    ].join('\n'),
-  );
-  await writeFile(join(env, 'python'), '#!/bin/sh\nexec /usr/bin/python3 "$@"\n', { mode: 0o755 });
-  await writeFile(join(env, 'pytest'), '#!/bin/sh\nexec /usr/bin/python3 -m pytest "$@"\n', {
-    mode: 0o755,
-  });
-}
-
 function instance(
   id: string,
   version: string,
@@ -200,53 +177,40 @@ before(async () => {
   await chmod(work, 0o711);
   registry = await startLocalRegistry({ dir: join(work, 'registry') });
   node = await startSingleNode({ stateDir: join(work, 'state'), port: 0, edgeId: 'swebench-node' });
-  template = `docker://${registry.host}/swebench/sweb.eval.x86_64.{id}:latest`;
   env = {
     DSEC_URL: node.url,
     DSEC_API_KEY: node.adminKey,
     DSEC_INSECURE_REGISTRIES: registry.host,
   };
 
-  const repo = join(work, 'repo');
-  const h = await makeRepo(repo);
-  // One lower layer for every image: Python, pytest, bash and git from the host's packages.
-  const toolchain = join(work, 'toolchain');
-  await makeToolchainRootfs(toolchain, {
-    node: false,
-    extraFiles: ['/usr/bin/bash', '/usr/bin/git'],
+  // The dataset's patches, from real commits of a scratch repository (`git diff --binary`).
+  const h = await makeRepo(join(work, 'repo'));
+  // The images: the shared cached layers (Python, pytest, git, bash; the conda shim and its
+  // testbed environment), and per instance the repository at /testbed, one commit of these files.
+  const pushed = await pushSwebenchImages({
+    registry: registry.host,
+    dir: join(work, 'images'),
+    instances: [
+      { instanceId: 'dsec-test__calc-1', files: BASE1_FILES },
+      { instanceId: 'dsec-test__calc-2', files: BASE2_FILES },
+    ],
   });
-  await mkdir(join(toolchain, 'root'), { recursive: true });
-  await writeConda(toolchain);
-  // Per instance, the repository at its base commit in /testbed (with its history, as SWE-bench's).
-  const images: [string, string][] = [
-    ['dsec-test__calc-1', h.base1],
-    ['dsec-test__calc-2', h.base2],
-  ];
-  for (const [id, base] of images) {
-    const top = join(work, 'top', id);
-    await cp(repo, join(top, 'testbed'), { recursive: true });
-    git(join(top, 'testbed'), 'checkout', '-q', base);
-    const layout = join(work, 'oci', id);
-    await makeOciLayoutFromDirs(layout, [toolchain, top], { WorkingDir: '/testbed' });
-    await pushToRegistry(
-      layout,
-      'latest',
-      `docker://${registry.host}/swebench/sweb.eval.x86_64.${swebenchImageKey(id)}:latest`,
-    );
-  }
+  template = pushed.template;
+  const base1 = pushed.images.get('dsec-test__calc-1')!.baseCommit;
+  const base2 = pushed.images.get('dsec-test__calc-2')!.baseCommit;
   const rows = [
-    instance('dsec-test__calc-1', '0.1', h.base1, h.patch1, h.testPatch1, [
+    instance('dsec-test__calc-1', '0.1', base1, h.patch1, h.testPatch1, [
       'tests/test_calc.py::test_add',
     ]),
-    instance('dsec-test__calc-2', '0.1', h.base2, h.patch2, h.testPatch2, [
+    instance('dsec-test__calc-2', '0.1', base2, h.patch2, h.testPatch2, [
       'tests/test_calc.py::test_mul_table',
     ]),
     // No image was pushed for this one.
-    instance('dsec-test__calc-3', '0.1', h.base1, h.patch1, h.testPatch1, [
+    instance('dsec-test__calc-3', '0.1', base1, h.patch1, h.testPatch1, [
       'tests/test_calc.py::test_add',
     ]),
     // The spec table has no version 0.9 of the repository.
-    instance('dsec-test__calc-4', '0.9', h.base1, h.patch1, h.testPatch1, [
+    instance('dsec-test__calc-4', '0.9', base1, h.patch1, h.testPatch1, [
       'tests/test_calc.py::test_add',
     ]),
   ];
@@ -344,12 +308,11 @@ test(
     assert.deepEqual(nrs['dsec-test__calc-1']!.failing, ['tests/test_calc.py::test_add']);
 
     // The missing image arrives (the same as instance 1's); --retry-errors runs only the errored two.
-    const layout = join(work, 'oci', 'dsec-test__calc-1');
-    await pushToRegistry(
-      layout,
-      'latest',
-      `docker://${registry.host}/swebench/sweb.eval.x86_64.${swebenchImageKey('dsec-test__calc-3')}:latest`,
-    );
+    await pushSwebenchImages({
+      registry: registry.host,
+      dir: join(work, 'images'),
+      instances: [{ instanceId: 'dsec-test__calc-3', files: BASE1_FILES }],
+    });
     const retry = await dsec([
       '--json',
       'eval',

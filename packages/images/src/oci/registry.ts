@@ -23,6 +23,7 @@ import { DirImageStore } from '../store/dir-store.js';
 import { assertLayerKind, assertLayerName } from '../store/validate.js';
 import { runTool } from '../util/run-tool.js';
 import { diffIdsOf, imageConfig, readOciImage, type OciImage } from './read-image.js';
+import { isInsecureRegistry, pullSources, type RegistrySettings } from './registries.js';
 
 /**
  * The name under which one converted OCI layer is kept, versioned by the hex
@@ -74,10 +75,30 @@ export interface ImportRegistryOptions {
   name: string;
   version?: string;
   kind: LayerKind;
-  /** Plain HTTP or an unverified certificate (a registry on loopback or a lab network). */
+  /**
+   * Plain HTTP or an unverified certificate for every registry and mirror
+   * this import reaches. Without it, TLS is decided per host by `registries`
+   * (a host listed as insecure there needs no flag).
+   */
   insecure?: boolean;
-  /** A containers-auth.json file; default `REGISTRY_AUTH_FILE`, else `$XDG_RUNTIME_DIR/containers/auth.json`. */
+  /**
+   * The node's registry settings (`registrySettings`: the config file's
+   * `registries` section and the environment): insecure hosts, mirrors tried
+   * in order before the registry itself, the auth file. Default: none.
+   */
+  registries?: RegistrySettings;
+  /**
+   * A containers-auth.json file; default `DSEC_REGISTRY_USERNAME`/`PASSWORD`,
+   * then `registries.authFile` (the config's, or `REGISTRY_AUTH_FILE`), then
+   * `$XDG_RUNTIME_DIR/containers/auth.json`.
+   */
   authFile?: string;
+  /** Most layers an image may have (default `MAX_IMAGE_LAYERS`). */
+  maxLayers?: number;
+  /** Most bytes the image's layers may take, as the manifest says and as pulled (default `MAX_IMAGE_BYTES`). */
+  maxBytes?: number;
+  /** The whole import's deadline (default `REGISTRY_IMPORT_TIMEOUT_MS`): a registry that stalls ends it. */
+  timeoutMs?: number;
   /**
    * Where `DSEC_REGISTRY_USERNAME`/`DSEC_REGISTRY_PASSWORD`, `REGISTRY_AUTH_FILE`
    * and `XDG_RUNTIME_DIR` are read (default `process.env`).
@@ -96,8 +117,19 @@ export interface ImportRegistryOptions {
   onProgress?(p: BuildProgress): void;
 }
 
+/** Most layers an imported image may have (SWE-bench's have about 10; Docker's own limit is 127). */
+export const MAX_IMAGE_LAYERS = 256;
+/** Most bytes of (compressed) layer blobs one import may pull: 64 GiB. */
+export const MAX_IMAGE_BYTES = 64 * 1024 ** 3;
+/** How long one import may take by default: an hour. */
+export const REGISTRY_IMPORT_TIMEOUT_MS = 60 * 60_000;
+/** Most bytes of a manifest or config skopeo may print (a registry's own limit is 4 MiB). */
+const MAX_DOCUMENT_BYTES = 4 * 1024 * 1024;
+
 export interface RegistryImportResult {
   layer: LayerInfo;
+  /** The reference the image was read from: `source`, or a mirror's rewrite of it. */
+  pulledFrom: string;
   /** The image's layers bottom first: their diff ID, the per-layer record, and whether it was reused. */
   layers: { diffId: string; ref: string; reused: boolean }[];
   /** Bytes skopeo wrote into the temporary layout (compressed blobs, manifests, config). */
@@ -130,32 +162,42 @@ export async function importFromRegistry(
   assertLayerKind(options.kind);
   const source = parseDockerSource(options.source);
   const compression = erofsCompression(options.compress, REGISTRY_DEFAULT_COMPRESSION);
-  const { signal } = options;
+  const maxLayers = positive(options.maxLayers, MAX_IMAGE_LAYERS, 'maxLayers');
+  const maxBytes = positive(options.maxBytes, MAX_IMAGE_BYTES, 'maxBytes');
+  const timeoutMs = positive(options.timeoutMs, REGISTRY_IMPORT_TIMEOUT_MS, 'timeoutMs');
+  const deadline = AbortSignal.timeout(timeoutMs);
+  const signal = options.signal ? AbortSignal.any([options.signal, deadline]) : deadline;
   const env = options.env ?? process.env;
   const progress = (p: BuildProgress): void => options.onProgress?.(p);
   const workRoot = options.workDir ?? (store instanceof DirImageStore ? store.tmpDir : tmpdir());
   await mkdir(workRoot, { recursive: true });
   const work = await mkdtemp(join(workRoot, 'registry-'));
   try {
-    const authArgs = await credentials(options.authFile, env, source.host, work);
-    const tlsArgs = options.insecure ? ['--tls-verify=false'] : [];
-
     progress({ phase: 'inspect' });
-    const inspected = await skopeo(
-      ['inspect', '--retry-times', '0', ...tlsArgs, ...authArgs, source.ref],
-      source.ref,
-      signal,
-    );
-    const info = parseInspect(inspected.stdout);
-    checkMediaTypes(info.mediaTypes, source.ref);
+    const { from, info, args } = await firstSource(source, options, env, work, signal);
+    if (info.sizes.length > maxLayers) {
+      throw new DsecError(
+        'invalid_argument',
+        `${from.ref}: the image has ${info.sizes.length} layers, more than ${maxLayers}`,
+        { field: 'source', details: { reason: 'too_many_layers', layers: info.sizes.length } },
+      );
+    }
     const totalBytes = info.sizes.reduce((a, b) => a + b, 0);
+    if (totalBytes > maxBytes) throw tooBig(from.ref, totalBytes, maxBytes);
 
     // Every layer already converted (a re-import, a new tag of the same
     // layers): the config, checked by skopeo against the manifest, says so,
     // and no blob needs to travel.
-    const known = await knownImage(store, source.ref, [...tlsArgs, ...authArgs], signal);
-    const pulled = known ?? (await pull(work, source.ref, totalBytes, options, authArgs, progress));
+    const known = await knownImage(store, from.ref, args, signal);
+    const pulled = known ?? (await pull(work, from, totalBytes, maxBytes, args, signal, progress));
     const { image, pulledBytes } = pulled;
+    if (image.diffIds.length > maxLayers) {
+      throw new DsecError(
+        'invalid_argument',
+        `${from.ref}: the image has ${image.diffIds.length} layers, more than ${maxLayers}`,
+        { field: 'source', details: { reason: 'too_many_layers', layers: image.diffIds.length } },
+      );
+    }
 
     const trees: LayerTree[] = [];
     const layers: RegistryImportResult['layers'] = [];
@@ -187,7 +229,7 @@ export async function importFromRegistry(
           // compressed as asked.
           compress: false,
           workDir: work,
-          ...(signal ? { signal } : {}),
+          signal,
         });
         trees.push(tree);
         layers.push({ diffId, ref, reused: false });
@@ -213,13 +255,102 @@ export async function importFromRegistry(
       ...(options.split !== undefined ? { split: options.split } : {}),
       compress: compression,
       workDir: work,
-      ...(signal ? { signal } : {}),
+      signal,
       onProgress: progress,
     });
-    return { layer, layers, pulledBytes };
+    return { layer, layers, pulledBytes, pulledFrom: from.ref };
+  } catch (err) {
+    if (deadline.aborted && !options.signal?.aborted) {
+      throw new DsecError(
+        'deadline_exceeded',
+        `${options.source}: the import took longer than ${timeoutMs} ms`,
+        { field: 'source', details: { reason: 'registry_timeout', timeoutMs }, cause: err },
+      );
+    }
+    throw err;
   } finally {
     await rm(work, { recursive: true, force: true });
   }
+}
+
+interface Source extends DockerSource {
+  /** skopeo's TLS and credential arguments for this host (inspect form). */
+  args: string[];
+}
+
+/**
+ * The first of the image's pull sources (its mirrors in order, then the
+ * registry itself) that answers `skopeo inspect`, with the TLS and
+ * credentials for that host. A mirror that cannot serve the image (down,
+ * no such tag, refusing us) is passed over; when none can, the registry's
+ * own answer is the error.
+ */
+async function firstSource(
+  source: DockerSource,
+  options: ImportRegistryOptions,
+  env: NodeJS.ProcessEnv,
+  work: string,
+  signal: AbortSignal,
+): Promise<{ from: Source; info: { mediaTypes: string[]; sizes: number[] }; args: string[] }> {
+  const settings = options.registries ?? { insecure: [], mirrors: {} };
+  const hosts = pullSources(settings, source.host);
+  let last: unknown;
+  for (const [i, host] of hosts.entries()) {
+    const from = rewrite(source, host);
+    const insecure = options.insecure === true || isInsecureRegistry(settings, from.host);
+    const authArgs = await credentials(
+      options.authFile,
+      settings.authFile,
+      env,
+      source.host,
+      from.host,
+      join(work, `auth-${i}.json`),
+    );
+    const args = [...(insecure ? ['--tls-verify=false'] : []), ...authArgs];
+    try {
+      const inspected = await skopeo(
+        ['inspect', '--retry-times', '0', ...args, from.ref],
+        from.ref,
+        signal,
+      );
+      const info = parseInspect(inspected.stdout);
+      checkMediaTypes(info.mediaTypes, from.ref);
+      return { from: { ...from, args }, info, args };
+    } catch (err) {
+      last = err;
+      const passOver =
+        i < hosts.length - 1 &&
+        (isDsecError(err, 'unavailable') ||
+          isDsecError(err, 'image_not_found') ||
+          isDsecError(err, 'permission_denied'));
+      if (!passOver) throw err;
+    }
+  }
+  throw last;
+}
+
+/** `source` as pulled from `host` (a mirror `host[:port][/namespace]`, or the registry itself). */
+function rewrite(source: DockerSource, host: string): DockerSource {
+  if (host === source.host) return source;
+  const rest = source.ref.slice('docker://'.length + source.host.length);
+  const slash = host.indexOf('/');
+  return { ref: `docker://${host}${rest}`, host: slash < 0 ? host : host.slice(0, slash) };
+}
+
+function positive(value: number | undefined, fallback: number, field: string): number {
+  if (value === undefined) return fallback;
+  if (!Number.isSafeInteger(value) || value <= 0) {
+    throw new DsecError('invalid_argument', `${field} must be a positive integer`, { field });
+  }
+  return value;
+}
+
+function tooBig(ref: string, bytes: number, maxBytes: number): DsecError {
+  return new DsecError(
+    'resource_exhausted',
+    `${ref}: the image's layers take ${bytes} bytes, more than ${maxBytes}`,
+    { field: 'source', details: { reason: 'image_too_large', bytes, maxBytes } },
+  );
 }
 
 /**
@@ -235,6 +366,7 @@ async function knownImage(
 ): Promise<{ image: OciImage; pulledBytes: number } | undefined> {
   const json = async (flag: string): Promise<unknown> => {
     const out = await skopeo(['inspect', flag, '--retry-times', '0', ...args, ref], ref, signal);
+    // skopeo checked the document against its digest; a huge one was refused in skopeo().
     try {
       return JSON.parse(out.stdout) as unknown;
     } catch {
@@ -271,20 +403,34 @@ async function knownImage(
   };
 }
 
-/** `skopeo copy` into an OCI layout under `work`, with progress; the image read back and checked. */
+/**
+ * `skopeo copy` into an OCI layout under `work`, with progress, stopped as
+ * soon as it has written more than `maxBytes` (a manifest can understate
+ * its sizes); the image read back and checked.
+ */
 async function pull(
   work: string,
-  ref: string,
+  from: Source,
   totalBytes: number,
-  options: ImportRegistryOptions,
-  authArgs: string[],
+  maxBytes: number,
+  args: string[],
+  outer: AbortSignal,
   progress: (p: BuildProgress) => void,
 ): Promise<{ image: OciImage; pulledBytes: number }> {
-  const { signal } = options;
+  const ref = from.ref;
   progress({ phase: 'pull', done: 0, total: totalBytes });
   const layout = join(work, 'layout');
+  const over = new AbortController();
+  const signal = AbortSignal.any([outer, over.signal]);
+  let overBytes = 0;
   const poll = setInterval(() => {
-    void dirBytes(layout).then((done) => progress({ phase: 'pull', done, total: totalBytes }));
+    void dirBytes(layout).then((done) => {
+      if (done > maxBytes && !over.signal.aborted) {
+        overBytes = done;
+        over.abort();
+      }
+      progress({ phase: 'pull', done, total: totalBytes });
+    });
   }, 250);
   try {
     await skopeo(
@@ -293,18 +439,23 @@ async function pull(
         '--quiet',
         '--retry-times',
         '0',
-        ...(options.insecure ? ['--src-tls-verify=false'] : []),
-        ...authArgs.map((a) => a.replace(/^--authfile/, '--src-authfile')),
+        ...args.map((a) =>
+          a.replace(/^--authfile/, '--src-authfile').replace(/^--tls-verify/, '--src-tls-verify'),
+        ),
         ref,
         `oci:${layout}:image`,
       ],
       ref,
       signal,
     );
+  } catch (err) {
+    if (over.signal.aborted && !outer.aborted) throw tooBig(ref, overBytes, maxBytes);
+    throw err;
   } finally {
     clearInterval(poll);
   }
   const pulledBytes = await dirBytes(layout);
+  if (pulledBytes > maxBytes) throw tooBig(ref, pulledBytes, maxBytes);
   progress({ phase: 'pull', done: pulledBytes, total: Math.max(totalBytes, pulledBytes) });
 
   const image = await readOciImage(layout, { ref: 'image', signal });
@@ -343,12 +494,21 @@ function parseDockerSource(text: string): DockerSource {
   return { ref: text, host: m[1]! };
 }
 
-/** `--authfile` arguments for skopeo, writing a private auth file for environment credentials. */
+/**
+ * `--authfile` arguments for skopeo reaching `host` for an image of
+ * `origin`: the caller's file, else `DSEC_REGISTRY_USERNAME`/`PASSWORD`
+ * written to a private (0600) file, keyed by the origin registry only (a
+ * mirror gets them from an auth file, not by forwarding), else the
+ * settings' auth file (the config's, or `REGISTRY_AUTH_FILE`), else
+ * `$XDG_RUNTIME_DIR/containers/auth.json` when it exists.
+ */
 async function credentials(
   authFile: string | undefined,
+  settingsFile: string | undefined,
   env: NodeJS.ProcessEnv,
+  origin: string,
   host: string,
-  work: string,
+  file: string,
 ): Promise<string[]> {
   if (authFile !== undefined) {
     if (!(await stat(authFile).catch(() => undefined))?.isFile()) {
@@ -360,25 +520,24 @@ async function credentials(
   }
   const user = env['DSEC_REGISTRY_USERNAME'];
   const password = env['DSEC_REGISTRY_PASSWORD'];
-  if (user !== undefined && user !== '') {
-    const file = join(work, 'auth.json');
+  if (user !== undefined && user !== '' && host === origin) {
     const auth = Buffer.from(`${user}:${password ?? ''}`).toString('base64');
     await writeFile(file, JSON.stringify({ auths: { [host]: { auth } } }), { mode: 0o600 });
     return [`--authfile=${file}`];
   }
   const candidates = [
-    env['REGISTRY_AUTH_FILE'],
+    settingsFile ?? env['REGISTRY_AUTH_FILE'],
     env['XDG_RUNTIME_DIR'] ? join(env['XDG_RUNTIME_DIR'], 'containers', 'auth.json') : undefined,
   ];
-  for (const file of candidates) {
+  for (const candidate of candidates) {
     if (
-      file &&
-      (await access(file).then(
+      candidate &&
+      (await access(candidate).then(
         () => true,
         () => false,
       ))
     )
-      return [`--authfile=${file}`];
+      return [`--authfile=${candidate}`];
   }
   return [];
 }
@@ -392,7 +551,7 @@ async function skopeo(
     // skopeo reads REGISTRY_AUTH_FILE itself; the file chosen above is passed explicitly instead.
     const env = { ...process.env };
     delete env['REGISTRY_AUTH_FILE'];
-    return await runTool('skopeo', args, { signal, env });
+    return await runTool('skopeo', args, { signal, env, maxStdoutBytes: MAX_DOCUMENT_BYTES });
   } catch (err) {
     throw classifySkopeoError(err, ref);
   }
