@@ -84,6 +84,9 @@ const TESTS_BASE =
 // SWE-bench cuts an ID at its first space, whatever -v makes of it.
 const BASE1_FILES = {
   'setup.cfg': SETUP_CFG,
+  // Puts the repository's root on sys.path for the `pytest` entry point (SWE-bench's images
+  // install the repository instead: `pip install -e .`, which these have no pip for).
+  'conftest.py': '',
   'calc.py': CALC_V1,
   'tests/test_calc.py': TESTS_BASE,
 };
@@ -98,6 +101,7 @@ async function makeRepo(dir: string) {
   await mkdir(join(dir, 'tests'), { recursive: true });
   git(dir, 'init', '-q', '-b', 'main');
   await writeFile(join(dir, 'setup.cfg'), SETUP_CFG);
+  await writeFile(join(dir, 'conftest.py'), '');
   await writeFile(join(dir, 'calc.py'), CALC_V1);
   await writeFile(join(dir, 'tests', 'test_calc.py'), TESTS_BASE);
   git(dir, 'add', '-A');
