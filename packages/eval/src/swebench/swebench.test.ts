@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { isDsecError } from '@dsec/core';
@@ -290,4 +291,95 @@ test('the verdict: only the marked output counts; missing tests fail; a failing 
     'SKIPPED tests/test_calc.py::test_new',
   );
   assert.equal(swebenchVerdict(task!, log(skipped), { exitCode: 0, timedOut: false }).reward, 0);
+});
+
+test('attack: file names in a dataset’s test_patch reach bash as data, never as code', async () => {
+  const work = mkdtempSync(join(tmpdir(), 'swebench-quote-'));
+  const evil = [
+    'tests/$(touch pwned-subst).py',
+    "tests/a'b;touch pwned-semi;'.py",
+    'tests/`touch pwned-tick`.py',
+    'tests/-rf --no-preserve-root.py',
+  ];
+  const patch = evil
+    .map((p) => `diff --git a/${p} b/${p}\n--- a/${p}\n+++ b/${p}\n@@ -1 +1 @@\n-a\n+b\n`)
+    .join('');
+  const specsFile = join(work, 'specs.json');
+  writeFileSync(
+    specsFile,
+    JSON.stringify({
+      $schema_version: 1,
+      repos: {
+        'evil/repo': {
+          parser: 'pytest',
+          directives: 'paths',
+          activate: 'true',
+          versions: { '1': { test_cmd: 'pytest' } },
+        },
+      },
+    }),
+  );
+  const file = join(work, 'ds.json');
+  writeFileSync(
+    file,
+    JSON.stringify([{ ...instance('evil__repo-1', 'evil/repo', '1'), test_patch: patch }]),
+  );
+  const [task] = (
+    await loadSwebenchDataset(file, {
+      specs: await loadSpecs(specsFile),
+      image: (id) => swebenchImageRef(TEMPLATE, id),
+    })
+  ).tasks;
+  // Every program the script calls records its arguments instead of acting.
+  const prelude = [
+    'log() { printf "%s|" "$@" >> calls.log; printf "\\n" >> calls.log; }',
+    'git() { log git "$@"; }',
+    'pytest() { log pytest "$@"; }',
+    'rm() { log rm "$@"; }',
+    'cd() { :; }',
+  ].join('\n');
+  const script = swebenchEvalScript({ ...task!, workdir: work }).replace(
+    'set -uxo pipefail',
+    `set -uxo pipefail\n${prelude}`,
+  );
+  const r = spawnSync('/bin/bash', ['-c', script], { cwd: work, input: patch, encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stdout + r.stderr);
+  assert.deepEqual(
+    readdirSync(work).filter((f) => f.startsWith('pwned')),
+    [],
+    'nothing in a file name ran',
+  );
+  const calls = readFileSync(join(work, 'calls.log'), 'utf8').split('\n');
+  const pytest = calls.find((l) => l.startsWith('pytest|'))!;
+  assert.equal(pytest, `pytest|${evil.join('|')}|`);
+  const checkout = calls.find((l) => l.startsWith('git|checkout|'))!;
+  assert.equal(checkout, `git|checkout|${task!.base_commit}|--|${evil.join('|')}|`);
+});
+
+test('attack: a spec table cannot pollute prototypes or answer for keys it does not own', async () => {
+  const overlay = join(dir, 'proto.json');
+  writeFileSync(
+    overlay,
+    '{"$schema_version":1,"repos":{"django/django":{"versions":{"__proto__":{"test_cmd":"evil"},"constructor":{"test_cmd":"c"}}}}}',
+  );
+  const table = await loadSpecs(overlay);
+  assert.equal(({} as Record<string, unknown>).test_cmd, undefined);
+  assert.equal(specFor(table, 'django/django', 'toString'), undefined);
+  assert.equal(specFor(table, 'django/django', 'hasOwnProperty'), undefined);
+  assert.equal(specFor(table, 'django/django', 'constructor')?.testCmd, 'c');
+  writeFileSync(overlay, '{"$schema_version":1,"repos":{"__proto__":{"versions":{}}}}');
+  await assert.rejects(loadSpecs(overlay), (err: unknown) => isDsecError(err, 'invalid_argument'));
+});
+
+test('attack: an instance_id cannot steer its image to another repository or registry', async () => {
+  const specs = await loadSpecs();
+  for (const id of ['a/../../evil', 'evil:tag', 'a@sha256', '..', 'x..y', '-x']) {
+    const file = join(dir, 'id.json');
+    writeFileSync(file, JSON.stringify([instance(id, 'psf/requests', '2.3')]));
+    await assert.rejects(
+      loadSwebenchDataset(file, { specs, image: (i) => swebenchImageRef(TEMPLATE, i) }),
+      (err: unknown) => isDsecError(err, 'invalid_argument') && /instance_id/.test(err.message),
+      id,
+    );
+  }
 });
