@@ -18,6 +18,7 @@ import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startSingleNode, type SingleNode } from '@dsec/cluster';
+import { DSecClient } from '@dsec/sdk';
 import { main } from '@dsec/cli/main';
 import { startLocalRegistry, type LocalRegistry } from '@dsec/images/testing/registry';
 import type { EvalResult } from '../../src/index.js';
@@ -301,6 +302,7 @@ test(
       'none',
       '--out',
       noneOut,
+      '--keep-sandboxes',
     ]);
     assert.equal(none.code, 0, none.stderr);
     const nrs = results(noneOut);
@@ -310,6 +312,39 @@ test(
     }
     assert.equal(nrs['dsec-test__calc-1']!.tests['tests/test_calc.py::test_add'], 'failed');
     assert.deepEqual(nrs['dsec-test__calc-1']!.failing, ['tests/test_calc.py::test_add']);
+
+    // `eval grade` on an agent's sandbox (what dsec.eval's Python runner calls): an agent that fixed
+    // calc.py by hand scores 1, graded in a fresh sandbox of the instance's image.
+    const agentSandbox = nrs['dsec-test__calc-1']!.sandboxId!;
+    const client = new DSecClient({ url: node.url, apiKey: node.adminKey });
+    try {
+      const fixed = await client
+        .sandbox(agentSandbox)
+        .runShell('cat > /testbed/calc.py', { stdin: CALC_FIXED });
+      assert.equal(fixed.exitCode, 0, fixed.stderr);
+    } finally {
+      client.close();
+    }
+    const graded = await dsec([
+      '--json',
+      'eval',
+      'grade',
+      dataset,
+      ...common,
+      '--instance',
+      'dsec-test__calc-1',
+      '--sandbox',
+      agentSandbox,
+      '--run-id',
+      'grade-check',
+    ]);
+    assert.equal(graded.code, 0, graded.stderr);
+    const g = JSON.parse(graded.stdout) as {
+      reward: number;
+      failing: string[];
+      agentPatch: { files: number };
+    };
+    assert.deepEqual([g.reward, g.failing, g.agentPatch.files], [1, [], 1], graded.stdout);
 
     // The missing image arrives (the same as instance 1's); --retry-errors runs only the errored two.
     await pushSwebenchImages({
