@@ -185,3 +185,17 @@ test('parseLog dispatches by name', () => {
   assert.deepEqual(parseLog('pytest', 'PASSED a::b'), { 'a::b': 'PASSED' });
   assert.deepEqual(parseLog('django', 'x (a.B) ... ok'), { 'x (a.B)': 'PASSED' });
 });
+
+test('pytest-v2 over a recorded `-rA -vv -o console_output_style=classic` log (astropy’s command)', () => {
+  // Verbose lines end in their status here; `test_eval[1 + 1] PASSED` splits into words whose
+  // second is `+`, no status: SWE-bench stores it as that non-status (not passing), DSec drops it
+  // (missing: not passing); the summary line after it decides either way.
+  assert.deepEqual(parsePytestV2(fixture('pytest-rA-vv-classic.log')), {
+    'test_calc.py::test_eval[1': 'PASSED',
+    'test_calc.py::test_eval[2*3]': 'PASSED',
+    'test_calc.py::test_fail': 'FAILED',
+    'test_calc.py::test_xfail': 'XFAIL',
+    'test_calc.py::test_error': 'ERROR',
+    'test_calc.py::TestThing::test_method': 'PASSED',
+  });
+});
