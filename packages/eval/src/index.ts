@@ -125,8 +125,14 @@ export {
   INSTANCE_ID_PLACEHOLDER,
   isImageTemplate,
   parseDockerImageRef,
+  resolveTaskImage,
   swebenchImageKey,
   swebenchImageRef,
   taskImageLayerRef,
 } from './task-images.js';
-export type { DockerImageRef, ImportTaskImagesOptions, TaskImageProgress } from './task-images.js';
+export type {
+  DockerImageRef,
+  ImportTaskImagesOptions,
+  TaskImage,
+  TaskImageProgress,
+} from './task-images.js';

@@ -12,6 +12,7 @@ import {
   checkTemplate,
   importTaskImages,
   parseDockerImageRef,
+  resolveTaskImage,
   swebenchImageKey,
   swebenchImageRef,
   taskImageLayerRef,
@@ -181,4 +182,18 @@ test('importTaskImages: options are checked', async () => {
     }),
     (err: unknown) => isDsecError(err, 'aborted'),
   );
+});
+
+test('resolveTaskImage: registry templates import, local layer templates name a layer', () => {
+  assert.deepEqual(resolveTaskImage(TEMPLATE, 'astropy__astropy-12907'), {
+    layer: 'sweb.eval.x86_64.astropy_1776_astropy-12907:latest',
+    source: 'docker://127.0.0.1:5000/swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest',
+  });
+  assert.deepEqual(resolveTaskImage('sweb.eval.x86_64.{id}:latest', 'astropy__astropy-12907'), {
+    layer: 'sweb.eval.x86_64.astropy_1776_astropy-12907:latest',
+  });
+  assert.deepEqual(resolveTaskImage('toolbox', 'a__b-1'), { layer: 'toolbox:latest' });
+  refused(() => resolveTaskImage('../{id}', 'a__b-1'), 'image');
+  refused(() => resolveTaskImage('env/{id}', 'a__b-1'), 'image');
+  refused(() => resolveTaskImage('env-{id}', 'a/b'), 'instance_id');
 });

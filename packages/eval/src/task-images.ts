@@ -222,6 +222,46 @@ export function taskImageLayerRef(ref: string): string {
   return `${name}:${version}`;
 }
 
+/** Where an instance's image comes from: a local layer, and the registry reference it is imported from. */
+export interface TaskImage {
+  /** The local layer (`name:version`) the sandbox starts from. */
+  layer: string;
+  /** The `docker://` reference it is imported from on first use; absent for a local layer template. */
+  source?: string | undefined;
+}
+
+/**
+ * An instance's image from an `--image` value: a `docker://` template (see
+ * `swebenchImageRef`) is imported as `taskImageLayerRef(ref)`; anything else
+ * is a local layer template (`sweb.eval.x86_64.{id}:latest`, a layer built or
+ * imported beforehand, `dsec image import NAME --from-oci …`) whose `{id}`
+ * becomes `swebenchImageKey(instanceId)`, checked as a layer reference.
+ * `invalid_argument` naming `image` or `instance_id`.
+ */
+export function resolveTaskImage(template: string, instanceId: string): TaskImage {
+  if (template.startsWith('docker://')) {
+    const source = swebenchImageRef(template, instanceId);
+    return { layer: taskImageLayerRef(source), source };
+  }
+  if (typeof template !== 'string' || template.length > 256) {
+    throw new DsecError('invalid_argument', 'image: a layer template is at most 256 characters', {
+      field: 'image',
+    });
+  }
+  const layer = template.replaceAll(INSTANCE_ID_PLACEHOLDER, swebenchImageKey(instanceId));
+  const i = layer.lastIndexOf(':');
+  const name = i < 0 ? layer : layer.slice(0, i);
+  const version = i < 0 ? 'latest' : layer.slice(i + 1);
+  if (!LAYER_NAME_PATTERN.test(name) || !LAYER_VERSION_PATTERN.test(version)) {
+    throw new DsecError(
+      'invalid_argument',
+      `image: ${JSON.stringify(layer.slice(0, 120))} is not a layer NAME[:VERSION] (or a docker:// reference)`,
+      { field: 'image' },
+    );
+  }
+  return { layer: `${name}:${version}` };
+}
+
 /** One image's progress in `importTaskImages`. */
 export interface TaskImageProgress {
   ref: string;

@@ -386,4 +386,59 @@ void describe('image import --from-registry', { timeout: 10 * 60_000 }, () => {
     const bad = await dsec(['image', 'import', 'x', '--from-registry', 'busybox:latest']);
     assert.match(bad.stderr, /\[invalid_argument\]/);
   });
+  void test('registries set once: insecure hosts and mirrors from the environment or the config file, no --insecure', async () => {
+    // The origin is a port nothing listens on; its mirror has the image.
+    const gone = await startLocalRegistry({ dir: join(dir, 'registry-origin') });
+    await gone.close();
+    const viaEnv = await dsec(
+      [
+        'image',
+        'import',
+        'mirrored:v1',
+        '--from-registry',
+        `docker://${gone.host}/test/a:v1`,
+        '--json',
+      ],
+      {
+        DSEC_REGISTRY_MIRRORS: `${gone.host}=${registry.host}`,
+        DSEC_INSECURE_REGISTRIES: `${gone.host},${registry.host}`,
+      },
+    );
+    assert.equal(viaEnv.code, 0, viaEnv.stderr);
+    assert.equal(
+      (JSON.parse(viaEnv.stdout) as { pulledFrom: string }).pulledFrom,
+      `docker://${registry.host}/test/a:v1`,
+    );
+
+    const config = join(dir, 'dsec.json');
+    await writeFile(config, JSON.stringify({ registries: { insecure: [registry.host] } }));
+    const viaConfig = await dsec([
+      'image',
+      'import',
+      'configured:v1',
+      '--from-registry',
+      `docker://${registry.host}/test/a:v1`,
+      '--config',
+      config,
+    ]);
+    assert.equal(viaConfig.code, 0, viaConfig.stderr);
+    const viaDsecConfig = await dsec(
+      [
+        'image',
+        'import',
+        'configured:v2',
+        '--from-registry',
+        `docker://${registry.host}/test/a:v1`,
+      ],
+      { DSEC_CONFIG: config },
+    );
+    assert.equal(viaDsecConfig.code, 0, viaDsecConfig.stderr);
+
+    // A malformed entry names where it came from.
+    const bad = await dsec(
+      ['image', 'import', 'x', '--from-registry', `docker://${registry.host}/test/a:v1`],
+      { DSEC_INSECURE_REGISTRIES: 'not a host' },
+    );
+    assert.match(bad.stderr, /DSEC_INSECURE_REGISTRIES.*\[invalid_argument\]/);
+  });
 });

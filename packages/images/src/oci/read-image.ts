@@ -195,19 +195,60 @@ export function diffIdsOf(config: unknown, layers: number): string[] {
     : [];
 }
 
-/** The parts of an OCI/docker image config a sandbox uses. */
+/** Most entries of an image config's `Env`, `Cmd` or `Entrypoint` an import takes. */
+export const MAX_CONFIG_ENTRIES = 1024;
+/** Most bytes of one of those lists, all entries together. */
+export const MAX_CONFIG_LIST_BYTES = 256 * 1024;
+// `name`, `uid`, `name:group`, `uid:gid`: what `docker run --user` takes, and nothing path-like.
+const CONFIG_USER = /^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?$/;
+
+/**
+ * The parts of an OCI/docker image config a sandbox uses. The config is the
+ * registry's (or the archive's) word: `Env`, `Cmd` and `Entrypoint` are
+ * bounded (`MAX_CONFIG_ENTRIES`, `MAX_CONFIG_LIST_BYTES`, each `Env` entry
+ * `NAME=value` without NUL), `User` must be a user or uid (optionally with
+ * `:group`), never a path, and `WorkingDir` an absolute path of at most 4096
+ * bytes without NUL. Anything else is `invalid_argument` naming the field
+ * (`config.Env`, …) with `details.reason` `image_config`: the image is
+ * refused, rather than run with half its config.
+ */
 export function imageConfig(value: unknown): ImageConfig {
   const c = (value as { config?: Record<string, unknown> } | undefined)?.config ?? {};
-  const strings = (v: unknown): string[] | undefined =>
-    Array.isArray(v) && v.every((s) => typeof s === 'string') ? v : undefined;
+  const refuse = (field: string, why: string): never => {
+    throw new DsecError('invalid_argument', `the image config's ${field} ${why}`, {
+      field: `config.${field}`,
+      details: { reason: 'image_config' },
+    });
+  };
+  const strings = (v: unknown, field: string): string[] | undefined => {
+    if (v === undefined || v === null) return undefined;
+    if (!Array.isArray(v) || !v.every((s) => typeof s === 'string')) return undefined;
+    if (v.length > MAX_CONFIG_ENTRIES) refuse(field, `has more than ${MAX_CONFIG_ENTRIES} entries`);
+    let bytes = 0;
+    for (const s of v) {
+      bytes += Buffer.byteLength(s);
+      if (s.includes('\0')) refuse(field, 'holds a NUL byte');
+    }
+    if (bytes > MAX_CONFIG_LIST_BYTES)
+      refuse(field, `is larger than ${MAX_CONFIG_LIST_BYTES} bytes`);
+    return v;
+  };
   const str = (v: unknown): string | undefined =>
     typeof v === 'string' && v !== '' ? v : undefined;
   const out: ImageConfig = {};
-  const env = strings(c['Env']);
-  const cmd = strings(c['Cmd']);
-  const entrypoint = strings(c['Entrypoint']);
+  const env = strings(c['Env'], 'Env');
+  if (env?.some((e) => !/^[^=\0]+=/.test(e))) refuse('Env', 'has an entry that is not NAME=value');
+  const cmd = strings(c['Cmd'], 'Cmd');
+  const entrypoint = strings(c['Entrypoint'], 'Entrypoint');
   const workingDir = str(c['WorkingDir']);
+  if (
+    workingDir !== undefined &&
+    (!workingDir.startsWith('/') || workingDir.length > 4096 || workingDir.includes('\0'))
+  )
+    refuse('WorkingDir', 'must be an absolute path');
   const user = str(c['User']);
+  if (user !== undefined && !CONFIG_USER.test(user))
+    refuse('User', 'must be a user name or uid, optionally with :group (not a path)');
   if (env) out.env = env;
   if (cmd) out.cmd = cmd;
   if (entrypoint) out.entrypoint = entrypoint;

@@ -188,7 +188,7 @@ export async function importFromRegistry(
     // Every layer already converted (a re-import, a new tag of the same
     // layers): the config, checked by skopeo against the manifest, says so,
     // and no blob needs to travel.
-    const known = await knownImage(store, from.ref, args, signal);
+    const known = await knownImage(store, from.ref, info.mediaTypes, args, signal);
     const pulled = known ?? (await pull(work, from, totalBytes, maxBytes, args, signal, progress));
     const { image, pulledBytes } = pulled;
     if (image.diffIds.length > maxLayers) {
@@ -309,11 +309,11 @@ async function firstSource(
     const args = [...(insecure ? ['--tls-verify=false'] : []), ...authArgs];
     try {
       const inspected = await skopeo(
-        ['inspect', '--retry-times', '0', ...args, from.ref],
+        ['inspect', '--raw', '--retry-times', '0', ...args, from.ref],
         from.ref,
         signal,
       );
-      const info = parseInspect(inspected.stdout);
+      const info = parseManifest(inspected.stdout, from.ref);
       checkMediaTypes(info.mediaTypes, from.ref);
       return { from: { ...from, args }, info, args };
     } catch (err) {
@@ -361,6 +361,7 @@ function tooBig(ref: string, bytes: number, maxBytes: number): DsecError {
 async function knownImage(
   store: ImageStore,
   ref: string,
+  mediaTypes: string[],
   args: string[],
   signal: AbortSignal | undefined,
 ): Promise<{ image: OciImage; pulledBytes: number } | undefined> {
@@ -374,12 +375,7 @@ async function knownImage(
     }
   };
   // A list of platforms has no layers of its own: the pull resolves it.
-  const manifest = (await json('--raw')) as { layers?: { mediaType?: unknown }[] } | undefined;
-  if (!Array.isArray(manifest?.layers) || manifest.layers.length === 0) return undefined;
-  const mediaTypes = manifest.layers.map((l) =>
-    typeof l.mediaType === 'string' ? l.mediaType : '',
-  );
-  checkMediaTypes(mediaTypes, ref);
+  if (mediaTypes.length === 0) return undefined;
   const config = await json('--config');
   const diffIds = diffIdsOf(config, mediaTypes.length);
   if (diffIds.length === 0) return undefined;
@@ -580,7 +576,7 @@ export function classifySkopeoError(err: unknown, ref: string): unknown {
       'unsupported_media_type',
     ],
     [
-      /connection refused|no such host|i\/o timeout|network is unreachable|connection reset|dial tcp|server gave HTTP response to HTTPS client|tls:|x509:|EOF/i,
+      /connection refused|no such host|i\/o timeout|network is unreachable|connection reset|dial tcp|server gave HTTP response to HTTPS client|tls:|x509:|EOF|stopped after \d+ redirects|too many redirects/i,
       'unavailable',
       'registry_unreachable',
     ],
@@ -597,17 +593,38 @@ export function classifySkopeoError(err: unknown, ref: string): unknown {
   return err;
 }
 
-function parseInspect(stdout: string): { mediaTypes: string[]; sizes: number[] } {
-  let parsed: { LayersData?: { MIMEType?: string; Size?: number }[] | null };
+/**
+ * The layers a manifest (`skopeo inspect --raw`) names: media type and the
+ * size it claims, checked against the limits before anything is pulled. An
+ * image index names none (the pull picks the platform's manifest, and the
+ * limits are checked on what it brings).
+ */
+function parseManifest(stdout: string, ref: string): { mediaTypes: string[]; sizes: number[] } {
+  let parsed: { layers?: unknown };
   try {
     parsed = JSON.parse(stdout) as typeof parsed;
   } catch (err) {
-    throw new DsecError('internal', 'skopeo inspect printed no JSON', { cause: err });
+    throw new DsecError(
+      'invalid_argument',
+      `${ref}: the registry sent a manifest that is not JSON`,
+      {
+        field: 'source',
+        details: { reason: 'unsupported_media_type' },
+        cause: err,
+      },
+    );
   }
-  const data = parsed.LayersData ?? [];
+  const layers = Array.isArray(parsed?.layers) ? (parsed.layers as unknown[]) : [];
+  const field = (l: unknown, k: string): unknown => (l as Record<string, unknown> | null)?.[k];
   return {
-    mediaTypes: data.map((l) => l.MIMEType ?? ''),
-    sizes: data.map((l) => (typeof l.Size === 'number' && l.Size > 0 ? l.Size : 0)),
+    mediaTypes: layers.map((l) => {
+      const t = field(l, 'mediaType');
+      return typeof t === 'string' ? t : '';
+    }),
+    sizes: layers.map((l) => {
+      const n = field(l, 'size');
+      return typeof n === 'number' && Number.isFinite(n) && n > 0 ? n : 0;
+    }),
   };
 }
 
