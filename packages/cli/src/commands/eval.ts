@@ -13,15 +13,13 @@ import {
   gradeByPatch,
   gradeInPlace,
   gradeSwebench,
-  checkTemplate,
   isSwebenchTask,
   loadSpecs,
   loadSwebenchDataset,
   loadTasks,
   prepareTasks,
   runEval,
-  swebenchImageRef,
-  taskImageLayerRef,
+  resolveTaskImage,
   workspaceLayerName,
   type Agent,
   type EnvironmentBuilder,
@@ -49,7 +47,8 @@ interface TaskOptions {
   toolkit?: string[];
   dataset: 'dsec' | 'swebench';
   specs?: string;
-  importConcurrency: number;
+  /** `eval prepare`: images imported at once; `eval run`: tasks in flight (and images imported at once). */
+  concurrency?: number;
 }
 
 interface RunOptions extends TaskOptions {
@@ -89,7 +88,12 @@ export function register(program: Command): void {
       .description(
         'build every layer the tasks need: environments from recipes, and a workspace layer per repository and commit (skips what exists)',
       )
-      .argument('<tasks>', 'task file (JSONL, SWE-bench instance format)'),
+      .argument('<tasks>', 'task file (JSONL, SWE-bench instance format)')
+      .option(
+        '--concurrency <n>',
+        'with --dataset swebench: instance images imported at once (default 4)',
+        parseInteger,
+      ),
   ).action(async (file: string, opts: TaskOptions, command: Command) => {
     const ctx = contextOf(command);
     const batch = await loadBatch(file, opts);
@@ -304,12 +308,6 @@ function taskOptions(command: Command): Command {
     .option(
       '--specs <file>',
       'with --dataset swebench: a spec table merged over the shipped one (packages/eval/specs/swebench.json)',
-    )
-    .option(
-      '--import-concurrency <n>',
-      'with --dataset swebench: instance images imported at once',
-      parseInteger,
-      4,
     );
 }
 
@@ -335,7 +333,7 @@ async function runCommand(ctx: CliContext, file: string, opts: RunOptions): Prom
         isSwebenchTask(t)
           ? {
               instance_id: t.instance_id,
-              image: taskImageLayerRef(t.environment.image),
+              image: resolveTaskImage(opts.image!, t.instance_id).layer,
               toolkits: [],
               workdir: t.workdir,
             }
@@ -497,11 +495,16 @@ async function loadSwebenchBatch(file: string, opts: TaskOptions): Promise<Batch
       field: 'toolkit',
     });
   }
-  checkTemplate(template);
+  // The template checked once, before any instance (`docker://…{id}…` or a local layer template).
+  resolveTaskImage(template, 'check__template');
   const specs = await loadSpecs(opts.specs === undefined ? undefined : resolve(opts.specs));
   const ds = await loadSwebenchDataset(file, {
     specs,
-    image: (id) => swebenchImageRef(template, id),
+    // The `docker://` reference an instance's image is imported from, or its local layer.
+    image: (id) => {
+      const image = resolveTaskImage(template, id);
+      return image.source ?? image.layer;
+    },
   });
   return {
     file: ds.file,
@@ -522,33 +525,52 @@ async function prepareBatch(ctx: CliContext, file: string, batch: Batch, opts: T
 
 /**
  * Imports every instance's image ahead (the registry import: layers shared
- * between images are reused by diff ID), `--import-concurrency` at once,
+ * between images are reused by diff ID), `--concurrency` at once (or a local layer template checked present),
  * with a progress bar. An image that cannot be imported fails its instance
  * alone: the prepared task carries the error, the run gives it an error line.
  */
 async function prepareSwebench(ctx: CliContext, tasks: SwebenchTask[], opts: TaskOptions) {
   const store = localStore(ctx);
-  const refs = [...new Set(tasks.map((t) => t.environment.image))];
-  const before = new Map<string, boolean>();
-  for (const ref of refs) {
-    before.set(
-      ref,
-      await store.getLayer(taskImageLayerRef(ref)).then(
-        () => true,
-        () => false,
-      ),
+  const images = new Map(
+    tasks.map((t) => [t.environment.image, resolveTaskImage(opts.image!, t.instance_id)]),
+  );
+  const present = new Set<string>();
+  for (const { layer } of images.values()) {
+    const found = await store.getLayer(layer).then(
+      () => true,
+      () => false,
     );
+    if (found) present.add(layer);
   }
-  const imported = await prepareTaskImages(ctx, refs, { concurrency: opts.importConcurrency });
+  // `docker://` images are imported (present ones cost a lookup); a local layer template names
+  // layers that must exist already.
+  const refs = [...images.values()].flatMap((i) => (i.source ? [i.source] : []));
+  const imported =
+    refs.length > 0
+      ? await prepareTaskImages(ctx, refs, {
+          ...(opts.concurrency !== undefined ? { concurrency: opts.concurrency } : {}),
+        })
+      : new Map<string, string | DsecError>();
+  const outcome = (image: string): string | DsecError => {
+    const resolved = images.get(image)!;
+    if (resolved.source) return imported.get(resolved.source)!;
+    return present.has(resolved.layer)
+      ? resolved.layer
+      : new DsecError(
+          'image_not_found',
+          `layer ${resolved.layer} is not in the store: import it (dsec image import ${resolved.layer} --from-oci …) or name a docker:// template`,
+          { details: { layer: resolved.layer } },
+        );
+  };
   const prepared = tasks.map((t): PreparedTask => {
-    const got = imported.get(t.environment.image);
+    const got = outcome(t.environment.image);
     const base = {
       instance_id: t.instance_id,
-      image: typeof got === 'string' ? got : taskImageLayerRef(t.environment.image),
+      image: typeof got === 'string' ? got : images.get(t.environment.image)!.layer,
       toolkits: [],
       workdir: t.workdir,
     };
-    if (got === undefined || typeof got === 'string') return base;
+    if (typeof got === 'string') return base;
     const reason = (got.details as { reason?: unknown } | undefined)?.reason;
     return {
       ...base,
@@ -561,11 +583,11 @@ async function prepareSwebench(ctx: CliContext, tasks: SwebenchTask[], opts: Tas
       },
     };
   });
-  const ok = refs.filter((r) => typeof imported.get(r) === 'string');
+  const ok = [...new Set(prepared.filter((p) => !p.error).map((p) => p.image))];
   return {
     tasks: prepared,
-    built: ok.filter((r) => !before.get(r)).map((r) => imported.get(r) as string),
-    present: ok.filter((r) => before.get(r)).map((r) => imported.get(r) as string),
+    built: ok.filter((l) => !present.has(l)),
+    present: ok.filter((l) => present.has(l)),
   };
 }
 

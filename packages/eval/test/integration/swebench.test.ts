@@ -372,5 +372,28 @@ test(
     // The instances that had a result kept it: same sandbox, not run again.
     assert.equal(after['dsec-test__calc-1']!.sandboxId, rs['dsec-test__calc-1']!.sandboxId);
     assert.equal(after['dsec-test__calc-1']!.attempt, 1);
+
+    // Without a registry: a local layer template names the layers imported above; nothing is pulled.
+    await registry.close();
+    const localOut = join(work, 'local.jsonl');
+    const local = await dsec([
+      '--json',
+      'eval',
+      'run',
+      dataset,
+      '--dataset',
+      'swebench',
+      '--image',
+      'sweb.eval.x86_64.{id}:latest',
+      '--specs',
+      specs,
+      '--agent',
+      'gold',
+      '--out',
+      localOut,
+    ]);
+    assert.equal(local.code, 0, local.stderr);
+    const ls = JSON.parse(local.stdout) as { tasks: number; solved: number; errors: number };
+    assert.deepEqual([ls.tasks, ls.solved, ls.errors], [4, 3, 1], readFileSync(localOut, 'utf8'));
   },
 );
