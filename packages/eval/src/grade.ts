@@ -10,6 +10,7 @@ import { parsePatch } from './diff.js';
 import { killLeftovers } from './in-place.js';
 import { diffOfChanges } from './patch-text.js';
 import { gradingScope } from './steering.js';
+import { patchFiles } from './swebench/patch-files.js';
 import type { EvalTask } from './task.js';
 import { computeReward, isPassing, parseTestOutput, type TestOutcome } from './test-output.js';
 import type { SandboxTools } from './tools.js';
@@ -31,7 +32,7 @@ export const GRADER_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
  * with (PYTHONPATH, LD_PRELOAD, NODE_OPTIONS…), PATH is fixed. `env` and
  * `sh` here are the platform's sealed busybox applets, not the sandbox's.
  */
-const TEST_WRAPPER =
+export const GRADER_TEST_WRAPPER =
   'set -- PATH="$DSEC_GRADER_PATH"; ' +
   '[ -n "${HOME+x}" ] && set -- "$@" HOME="$HOME"; ' +
   '[ -n "${USER+x}" ] && set -- "$@" USER="$USER"; ' +
@@ -81,12 +82,18 @@ export interface GradeOptions {
   /** A file's content at `base_commit` (the source of the test files). */
   original: (path: string) => Promise<string | undefined>;
   testTimeoutMs?: number | undefined;
+  /**
+   * Runs the tests and grades them instead of the default (test files
+   * written from `original` and `test_patch`, `test_command`, DSec's parser):
+   * a SWE-bench instance's evaluation script (`gradeSwebench`).
+   */
+  runTests?: ((tools: SandboxTools, task: EvalTask) => Promise<GradeResult>) | undefined;
 }
 
 /**
  * Writes every file `test_patch` touches in its base-plus-test-patch state
  * (from the repository at `base_commit`), runs `test_command` in the workdir
- * with a clean environment (TEST_WRAPPER), parses per-test outcomes and
+ * with a clean environment (GRADER_TEST_WRAPPER), parses per-test outcomes and
  * computes SWE-bench's reward. It trusts the sandbox `tools` act on: call it
  * on a fresh grading sandbox (`gradeByPatch`) or after `killLeftovers`
  * (`gradeInPlace`). Every step goes through `tools` (phase `g`), so a resumed
@@ -97,8 +104,9 @@ export async function gradeSandbox(
   task: EvalTask,
   options: GradeOptions,
 ): Promise<GradeResult> {
+  if (options.runTests) return await options.runTests(tools, task);
   await writePatchedFiles(tools, task.test_patch, options.original);
-  const r = await tools.exec(TEST_WRAPPER, {
+  const r = await tools.exec(GRADER_TEST_WRAPPER, {
     timeoutMs: options.testTimeoutMs ?? DEFAULT_TEST_TIMEOUT_MS,
     maxOutputBytes: TEST_OUTPUT_CAP_BYTES,
     env: { DSEC_GRADER_PATH: GRADER_PATH, DSEC_GRADER_TEST: task.test_command },
@@ -153,8 +161,20 @@ export async function gradeByPatch(
   task: EvalTask,
   options: GradeOptions,
 ): Promise<GradeResult> {
+  // From the headers alone: a binary hunk (which `git apply` takes in the sandbox) parses too.
   const testPaths = new Set<string>();
-  for (const fp of parsePatch(task.test_patch)) {
+  for (const fp of patchFiles(task.test_patch)) {
+    testPaths.add(fp.oldPath);
+    testPaths.add(fp.path);
+  }
+  // And every path a plain unified diff (no `diff --git` header) names.
+  let parsed: ReturnType<typeof parsePatch> = [];
+  try {
+    parsed = parsePatch(task.test_patch);
+  } catch {
+    // Binary hunks: the headers above named their files.
+  }
+  for (const fp of parsed) {
     if (fp.oldPath !== undefined) testPaths.add(fp.oldPath);
     if (fp.newPath !== undefined) testPaths.add(fp.newPath);
   }

@@ -49,6 +49,7 @@ export {
   gradeInPlace,
   DEFAULT_TEST_TIMEOUT_MS,
   GRADER_PATH,
+  GRADER_TEST_WRAPPER,
   RECORDED_DIFF_CHARS,
   RECORDED_LEFT_OUT,
 } from './grade.js';
@@ -91,9 +92,32 @@ export type {
   PreparedTask,
   RunEvalOptions,
   SandboxLimits,
+  TaskError,
+  UnrunnableTask,
 } from './runner.js';
+export { loadSwebenchDataset, isSwebenchTask, testDirectives } from './swebench/dataset.js';
+export type {
+  InstanceError,
+  LoadedDataset,
+  SwebenchInstanceInfo,
+  SwebenchTask,
+} from './swebench/dataset.js';
+export { patchFiles } from './swebench/patch-files.js';
+export type { PatchFile } from './swebench/patch-files.js';
+export { loadSpecs, specFor, SHIPPED_SPECS_PATH, DEFAULT_ACTIVATE } from './swebench/specs.js';
+export type { InstanceSpec, SpecTable } from './swebench/specs.js';
+export {
+  gradeSwebench,
+  swebenchEvalScript,
+  swebenchVerdict,
+  testOutputOf,
+  START_TEST_OUTPUT,
+  END_TEST_OUTPUT,
+} from './swebench/grade.js';
+export { parseLog, LOG_PARSER_NAMES } from './log-parsers/python.js';
+export type { LogParserName, StatusMap, SwebenchStatus } from './log-parsers/python.js';
 export type { Agent, AgentContext, AgentOutcome, TokenUsage } from './agents/agent.js';
-export { GoldAgent, NoneAgent } from './agents/scripted.js';
+export { GoldAgent, NoneAgent, gitApplyInSandbox } from './agents/scripted.js';
 export { HttpAgent, TOOL_SCHEMAS } from './agents/http.js';
 export type { HttpAgentOptions, ChatMessage, ToolCall } from './agents/http.js';
 export {

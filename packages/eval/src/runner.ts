@@ -1,11 +1,13 @@
 import { appendFileSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
-import { DsecError, isDsecError } from '@dsec/core';
+import { DsecError, isDsecError, type ErrorCode } from '@dsec/core';
 import type { DSecClient, Sandbox } from '@dsec/sdk';
 import type { Agent, TokenUsage } from './agents/agent.js';
 import { gradeByPatch, gradeInPlace, type AgentPatchRecord, type GradeResult } from './grade.js';
 import { Journal } from './journal.js';
 import { RequestIds, newRunId } from './request-ids.js';
+import { gradeSwebench } from './swebench/grade.js';
+import { isSwebenchTask } from './swebench/dataset.js';
 import type { EvalTask } from './task.js';
 import type { TestOutcome } from './test-output.js';
 import { SandboxTools, ToolError } from './tools.js';
@@ -15,8 +17,24 @@ export interface PreparedTask {
   instance_id: string;
   image: string;
   toolkits: string[];
-  workspace: string;
+  /** None for an image that holds the repository itself (SWE-bench's instance images). */
+  workspace?: string | undefined;
   workdir: string;
+  /** Why the task's environment could not be made ready (an image import failed): its result line's `error`. */
+  error?: TaskError | undefined;
+}
+
+/** Why a task has no reward: a stable code (`docs/errors.md`), `reason` for the sub-case. */
+export interface TaskError {
+  code: string;
+  message: string;
+  reason?: string | undefined;
+}
+
+/** A task that cannot run at all (no spec for its repository, a patch that cannot be read): one error line. */
+export interface UnrunnableTask {
+  instance_id: string;
+  error: TaskError;
 }
 
 /** One line of `--out`. */
@@ -54,7 +72,7 @@ export interface EvalResult {
   attempt: number;
   runId: string;
   agent: string;
-  error?: { code: string; message: string } | undefined;
+  error?: TaskError | undefined;
 }
 
 export interface EvalProgress {
@@ -85,6 +103,14 @@ export interface RunEvalOptions {
   journalPath?: string | undefined;
   /** Continue the run the journal describes: re-attach to its sandboxes, skip tasks with a result. */
   resume?: boolean | undefined;
+  /**
+   * Continue the run the journal describes and run again only the tasks
+   * whose result line has an `error` (a new attempt each, new sandboxes);
+   * the other lines stay.
+   */
+  retryErrors?: boolean | undefined;
+  /** Tasks that cannot run: each gets its error line (and counts in `tasks` and `errors`). */
+  unrunnable?: readonly UnrunnableTask[] | undefined;
   /** Tasks in flight at once (default 4). */
   concurrency?: number | undefined;
   /** The job's labels (`{ job: 'x' }`), on every sandbox; default `{ job: 'eval-<runId>' }`. */
@@ -138,7 +164,9 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
   const signal = options.signal ?? new AbortController().signal;
   let journal: Journal;
   let previous: EvalResult[] = [];
-  if (options.resume) {
+  const reuse = options.resume === true || options.retryErrors === true;
+  let retried = new Set<string>();
+  if (reuse) {
     journal = Journal.open(journalPath);
     if (journal.header.agent !== options.agent.name) {
       throw new DsecError(
@@ -148,6 +176,11 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
       );
     }
     previous = readResults(options.outPath);
+    if (options.retryErrors) {
+      retried = new Set(previous.filter((r) => r.error).map((r) => r.instance_id));
+      previous = previous.filter((r) => !r.error);
+      writeFileSync(options.outPath, previous.map((r) => JSON.stringify(r) + '\n').join(''));
+    }
     // Paused by a preemption notice (or not: resuming a running sandbox is a no-op).
     await options.client.resumeJob(journal.header.labels, { signal });
     journal.mark('resumed');
@@ -165,10 +198,13 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
     });
     writeFileSync(options.outPath, '');
   }
-  const runner = new TaskRunner(options, journal, signal);
+  for (const id of retried) {
+    if (options.tasks.some((t) => t.instance_id === id)) journal.newAttempt(id, 'retry-errors');
+  }
+  const runner = new TaskRunner({ ...options, resume: reuse }, journal, signal);
   const done = new Set(previous.map((r) => r.instance_id));
   // Tasks finished before the kill may have left their sandbox running (killed between the result and the stop).
-  if (options.resume && !options.keepSandboxes) {
+  if (reuse && !options.keepSandboxes) {
     for (const task of options.tasks) {
       if (!done.has(task.instance_id)) continue;
       const jt = journal.task(task.instance_id);
@@ -176,12 +212,37 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
     }
   }
   const todo = options.tasks.filter((t) => !done.has(t.instance_id));
-  const results = [
-    ...previous.filter((r) => options.tasks.some((t) => t.instance_id === r.instance_id)),
-  ];
+  const unrunnable = (options.unrunnable ?? []).filter((u) => !done.has(u.instance_id));
+  const known = new Set([
+    ...options.tasks.map((t) => t.instance_id),
+    ...(options.unrunnable ?? []).map((u) => u.instance_id),
+  ]);
+  const total = known.size;
+  const results = [...previous.filter((r) => known.has(r.instance_id))];
+  for (const u of unrunnable) {
+    const line: EvalResult = {
+      instance_id: u.instance_id,
+      reward: null,
+      tests: {},
+      toolCalls: 0,
+      durations: { setupMs: 0, agentMs: 0, gradingMs: 0, totalMs: 0 },
+      sandboxId: undefined,
+      executedSteps: 0,
+      replayedSteps: 0,
+      duplicateExecutions: 0,
+      attempt: journal.task(u.instance_id).attempt,
+      runId: journal.header.runId,
+      agent: options.agent.name,
+      error: u.error,
+    };
+    appendFileSync(options.outPath, JSON.stringify(line) + '\n');
+    journal.done(u.instance_id);
+    results.push(line);
+    options.onResult?.(line);
+  }
   const progress: EvalProgress = {
     done: results.length,
-    total: options.tasks.length,
+    total,
     solved: results.filter((r) => r.reward === 1).length,
     errors: results.filter((r) => r.error).length,
     running: 0,
@@ -219,10 +280,10 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
   return {
     runId: journal.header.runId,
     labels: journal.header.labels,
-    tasks: options.tasks.length,
+    tasks: total,
     solved: progress.solved,
     errors: progress.errors,
-    pending: options.tasks.length - results.length,
+    pending: total - results.length,
     interrupted: signal.aborted,
     results,
   };
@@ -345,6 +406,13 @@ class TaskRunner {
     try {
       const prepared = this.#o.prepared.get(id);
       if (!prepared) throw new DsecError('image_not_found', `${id} was not prepared`);
+      if (prepared.error) {
+        throw new DsecError(
+          prepared.error.code as ErrorCode,
+          prepared.error.message,
+          prepared.error.reason ? { details: { reason: prepared.error.reason } } : {},
+        );
+      }
       const attached = await this.#attach(task, prepared);
       sandbox = attached.sandbox;
       ids = attached.ids;
@@ -377,9 +445,16 @@ class TaskRunner {
       durations.agentMs = Math.round(performance.now() - t1);
 
       const t2 = performance.now();
+      const testTimeoutMs = this.#o.testTimeoutMs;
       const gradeOptions = {
-        original: (path: string) => this.#o.original(task, path),
-        testTimeoutMs: this.#o.testTimeoutMs,
+        // A SWE-bench instance's test files come from its own sandbox (`git checkout`), not the host.
+        original: isSwebenchTask(task)
+          ? () => Promise.resolve(undefined)
+          : (path: string) => this.#o.original(task, path),
+        testTimeoutMs,
+        runTests: isSwebenchTask(task)
+          ? (tools: SandboxTools) => gradeSwebench(tools, task, { testTimeoutMs })
+          : undefined,
       };
       let graded: GradeResult;
       if (task.grading === 'in_place') {
@@ -414,7 +489,17 @@ class TaskRunner {
       if (this.#signal.aborted) return undefined;
       const code =
         err instanceof ToolError ? 'tool_error' : isDsecError(err) ? err.code : 'internal';
-      return finish({ reward: null, error: { code, message: (err as Error).message } });
+      const reason = isDsecError(err)
+        ? (err.details as { reason?: unknown } | undefined)?.reason
+        : undefined;
+      return finish({
+        reward: null,
+        error: {
+          code,
+          message: (err as Error).message,
+          ...(typeof reason === 'string' ? { reason } : {}),
+        },
+      });
     }
   }
 

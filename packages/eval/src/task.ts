@@ -23,7 +23,7 @@ export interface EvalTask {
   FAIL_TO_PASS: string[];
   PASS_TO_PASS: string[];
   environment: { image: string; toolkits: string[] };
-  /** Run in `workdir` by the platform's `sh`; default pytest `-rA` over the files `test_patch` touches. */
+  /** Run in `workdir` by the platform's `sh`; default `python3 -B -m pytest -rA` over the files `test_patch` touches. */
   test_command: string;
   /** A git bundle (absolute once loaded); exclusive with `repo_dir`. */
   repo_archive?: string | undefined;
@@ -40,6 +40,11 @@ export interface EvalTask {
    * task whose outcome is the environment itself (a verifier checking state).
    */
   grading: 'patch' | 'in_place';
+  /**
+   * Why the task cannot run although its line was read (a patch the grader
+   * cannot parse): the batch gives it an error line and runs the rest.
+   */
+  unrunnable?: { code: string; reason: string; message: string } | undefined;
   /** The task line's other fields, kept as they were. */
   [field: string]: unknown;
 }
@@ -145,21 +150,31 @@ export function normalizeTask(
   }
   const testPatch = str('test_patch', true) ?? '';
   const patch = str('patch', true) ?? '';
-  for (const field of ['patch', 'test_patch'] as const) {
+  // A patch the grader cannot read (a binary hunk in test_patch, which it writes from the
+  // host) makes this task unrunnable, not the file: it gets its own error line.
+  let unrunnable: EvalTask['unrunnable'];
+  let testFiles: string[] = [];
+  try {
+    testFiles = parsePatch(testPatch)
+      .map((f) => f.newPath)
+      .filter((p): p is string => p !== undefined);
+  } catch (err) {
+    unrunnable = patchProblem(where, 'test_patch', err);
+  }
+  if (!BINARY_HUNK.test(patch)) {
+    // The gold agent applies a patch with a binary hunk with `git apply` in the sandbox.
     try {
-      parsePatch(field === 'patch' ? patch : testPatch);
+      parsePatch(patch);
     } catch (err) {
-      throw invalid(where, field, (err as Error).message);
+      unrunnable ??= patchProblem(where, 'patch', err);
     }
   }
   let command = str('test_command', true);
   if (command === undefined) {
-    const files = parsePatch(testPatch)
-      .map((f) => f.newPath)
-      .filter((p): p is string => p !== undefined);
-    if (files.length === 0)
+    if (testFiles.length === 0 && unrunnable === undefined)
       throw invalid(where, 'test_command', 'is missing and test_patch names no test file');
-    command = `python3 -m pytest -rA ${files.map(shellQuote).join(' ')}`;
+    // -B: no bytecode written, so no stale .pyc of the agent's stands in for a source.
+    command = `python3 -B -m pytest -rA ${testFiles.map(shellQuote).join(' ')}`;
   }
   return {
     ...o,
@@ -177,6 +192,22 @@ export function normalizeTask(
     repo_dir: dir === undefined ? undefined : resolve(baseDir, dir),
     workdir: workdir.replace(/\/+$/, ''),
     grading,
+    ...(unrunnable ? { unrunnable } : {}),
+  };
+}
+
+const BINARY_HUNK = /^(GIT binary patch|Binary files .* differ)$/m;
+
+function patchProblem(
+  where: string,
+  field: string,
+  err: unknown,
+): { code: string; reason: string; message: string } {
+  const message = (err as Error).message;
+  return {
+    code: 'invalid_argument',
+    reason: /binary patch/.test(message) ? 'binary_patch' : 'bad_patch',
+    message: `${where}: ${field} ${message}`,
   };
 }
 

@@ -201,7 +201,7 @@ export async function benchEval(options: EvalBenchOptions): Promise<EvalBenchRep
       const root = join(work, 'rootfs', t.instance_id.replace(/[^A-Za-z0-9_.-]/g, '_'));
       await unpackLayers(
         options.store,
-        [p.image, ...p.toolkits, p.workspace],
+        [p.image, ...p.toolkits, ...(p.workspace ? [p.workspace] : [])],
         root,
         join(work, 'mnt'),
       );

@@ -12,16 +12,23 @@ import {
   SandboxTools,
   gradeByPatch,
   gradeInPlace,
+  gradeSwebench,
+  isSwebenchTask,
+  loadSpecs,
+  loadSwebenchDataset,
   loadTasks,
   prepareTasks,
   clusterInstallRunner,
   runEval,
+  resolveTaskImage,
   workspaceLayerName,
   type Agent,
   type EnvironmentBuilder,
   type EvalResult,
   type EvalTask,
   type PreparedTask,
+  type SwebenchTask,
+  type UnrunnableTask,
 } from '@dsec/eval';
 import { ensureEnvironment, loadEnvironmentRecipes, type InstallRunner } from '@dsec/images';
 import { contextOf, type CliContext } from '../context.js';
@@ -29,6 +36,7 @@ import { formatTable } from '../format.js';
 import { collect, collectKeyValue, parseInteger, parseNumber } from '../parse.js';
 import { createProgress } from '../progress.js';
 import { localStore } from '../stores.js';
+import { prepareTaskImages } from './eval-images.js';
 
 /** Exit code after SIGTERM (128 + 15): the job's sandboxes are paused, `--resume` continues. */
 const EXIT_TERMINATED = 143;
@@ -38,6 +46,10 @@ interface TaskOptions {
   cacheDir?: string;
   image?: string;
   toolkit?: string[];
+  dataset: 'dsec' | 'swebench';
+  specs?: string;
+  /** `eval prepare`: images imported at once; `eval run`: tasks in flight (and images imported at once). */
+  concurrency?: number;
 }
 
 interface RunOptions extends TaskOptions {
@@ -50,6 +62,7 @@ interface RunOptions extends TaskOptions {
   label?: Record<string, string>;
   out: string;
   resume?: boolean;
+  retryErrors?: boolean;
   prepare: boolean;
   keepSandboxes?: boolean;
   memoryMb?: number;
@@ -76,22 +89,41 @@ export function register(program: Command): void {
       .description(
         'build every layer the tasks need: environments from recipes, and a workspace layer per repository and commit (skips what exists)',
       )
-      .argument('<tasks>', 'task file (JSONL, SWE-bench instance format)'),
+      .argument('<tasks>', 'task file (JSONL, SWE-bench instance format)')
+      .option(
+        '--concurrency <n>',
+        'with --dataset swebench: instance images imported at once (default 4)',
+        parseInteger,
+      ),
   ).action(async (file: string, opts: TaskOptions, command: Command) => {
     const ctx = contextOf(command);
-    const { tasks } = await loadTasks(file, { image: opts.image, toolkits: opts.toolkit });
-    const report = await prepare(ctx, file, tasks, opts);
+    const batch = await loadBatch(file, opts);
+    const report = await prepareBatch(ctx, file, batch, opts);
     if (ctx.json) {
-      ctx.printJson(report);
+      ctx.printJson({ ...report, unrunnable: batch.unrunnable });
       return;
     }
     ctx.io.stdout.write(
       formatTable(
         ['INSTANCE', 'IMAGE', 'TOOLKITS', 'WORKSPACE'],
-        report.tasks.map((t) => [t.instance_id, t.image, t.toolkits.join(',') || '-', t.workspace]),
+        report.tasks.map((t) => [
+          t.instance_id,
+          t.image,
+          t.toolkits.join(',') || '-',
+          t.workspace ?? '-',
+        ]),
       ),
     );
     ctx.out(`built ${report.built.length} layers, ${report.present.length} already present`);
+    const broken = [
+      ...batch.unrunnable,
+      ...report.tasks.flatMap((t) =>
+        t.error ? [{ instance_id: t.instance_id, error: t.error }] : [],
+      ),
+    ];
+    for (const u of broken) ctx.err(`${u.instance_id}: ${u.error.code}: ${u.error.message}`);
+    if (broken.length > 0)
+      ctx.err(`${broken.length} instances cannot run (their result lines will say why)`);
   });
 
   taskOptions(
@@ -135,6 +167,10 @@ export function register(program: Command): void {
         '--resume',
         "continue the run in --out's journal: re-attach to its sandboxes, skip finished tasks",
       )
+      .option(
+        '--retry-errors',
+        "continue the run in --out's journal, running again only the tasks whose result line has an error",
+      )
       .option('--no-prepare', 'do not build missing layers first (they must exist on the cluster)')
       .option(
         '--keep-sandboxes',
@@ -176,8 +212,15 @@ export function register(program: Command): void {
       command: Command,
     ) => {
       const ctx = contextOf(command);
-      const { tasks } = await loadTasks(file, { image: opts.image, toolkits: opts.toolkit });
-      const task = tasks.find((t) => t.instance_id === opts.instance);
+      const batch = await loadBatch(file, opts);
+      const broken = batch.unrunnable.find((u) => u.instance_id === opts.instance);
+      if (broken) {
+        throw new DsecError(broken.error.code as 'invalid_argument', broken.error.message, {
+          field: 'instance',
+          ...(broken.error.reason ? { details: { reason: broken.error.reason } } : {}),
+        });
+      }
+      const task = batch.tasks.find((t) => t.instance_id === opts.instance);
       if (!task) {
         throw new DsecError('not_found', `${file} has no task ${opts.instance}`, {
           field: 'instance',
@@ -194,10 +237,7 @@ export function register(program: Command): void {
           workdir: task.workdir,
           signal: ctx.signal,
         });
-      const options = {
-        original: (path: string) => repos.fileAtBase(task, path),
-        testTimeoutMs: opts.testTimeoutMs,
-      };
+      const options = gradeOptionsFor(task, repos, opts.testTimeoutMs);
       let graded;
       let gradingSandboxId: string | undefined;
       if (task.grading === 'in_place') {
@@ -209,7 +249,8 @@ export function register(program: Command): void {
           {
             image: agent.spec.image,
             toolkits: agent.spec.toolkits,
-            workspace: agent.spec.workspace ?? workspaceLayerName(task),
+            workspace:
+              agent.spec.workspace ?? (isSwebenchTask(task) ? undefined : workspaceLayerName(task)),
             memoryLimitMb: agent.spec.memoryLimitMb,
             cpuCoresLimit: agent.spec.cpuCoresLimit,
             diskLimitMb: agent.spec.diskLimitMb,
@@ -252,19 +293,32 @@ function taskOptions(command: Command): Command {
       '--cache-dir <dir>',
       'repository clones and build scratch (default <state-dir>/eval-cache)',
     )
-    .option('--image <name>', 'base image of tasks that name none')
-    .option('--toolkit <name>', 'toolkit of tasks that name none (repeatable)', collect);
+    .option(
+      '--image <name>',
+      "base image of tasks that name none; with --dataset swebench the instance images' template, docker://REGISTRY/swebench/sweb.eval.x86_64.{id}:latest",
+    )
+    .option('--toolkit <name>', 'toolkit of tasks that name none (repeatable)', collect)
+    .addOption(
+      new Option(
+        '--dataset <kind>',
+        "the task file's format: dsec (DSec's task lines) or swebench (a SWE-bench dataset as published, JSON or JSONL)",
+      )
+        .choices(['dsec', 'swebench'])
+        .default('dsec'),
+    )
+    .option(
+      '--specs <file>',
+      'with --dataset swebench: a spec table merged over the shipped one (packages/eval/specs/swebench.json)',
+    );
 }
 
 async function runCommand(ctx: CliContext, file: string, opts: RunOptions): Promise<void> {
-  const { file: tasksFile, tasks } = await loadTasks(file, {
-    image: opts.image,
-    toolkits: opts.toolkit,
-  });
+  const batch = await loadBatch(file, opts);
+  const { file: tasksFile, tasks } = batch;
   const agent = makeAgent(ctx, opts);
   const out = resolve(opts.out);
   let labels = opts.label;
-  if (opts.resume) {
+  if (opts.resume || opts.retryErrors) {
     // The run's labels and task file are the journal's; flags that disagree are a mistake.
     const header = Journal.open(`${out}.journal`).header;
     if (header.tasksFile !== tasksFile) {
@@ -275,14 +329,23 @@ async function runCommand(ctx: CliContext, file: string, opts: RunOptions): Prom
     labels = header.labels;
   }
   const prepared = opts.prepare
-    ? (await prepare(ctx, file, tasks, opts)).tasks
-    : tasks.map((t): PreparedTask => ({
-        instance_id: t.instance_id,
-        image: t.environment.image,
-        toolkits: t.environment.toolkits,
-        workspace: workspaceLayerName(t),
-        workdir: t.workdir,
-      }));
+    ? (await prepareBatch(ctx, file, batch, opts)).tasks
+    : tasks.map((t): PreparedTask =>
+        isSwebenchTask(t)
+          ? {
+              instance_id: t.instance_id,
+              image: resolveTaskImage(opts.image!, t.instance_id).layer,
+              toolkits: [],
+              workdir: t.workdir,
+            }
+          : {
+              instance_id: t.instance_id,
+              image: t.environment.image,
+              toolkits: t.environment.toolkits,
+              workspace: workspaceLayerName(t),
+              workdir: t.workdir,
+            },
+      );
   const repos = new RepoCache(cacheDirOf(ctx, opts));
 
   const stop = new AbortController();
@@ -297,7 +360,7 @@ async function runCommand(ctx: CliContext, file: string, opts: RunOptions): Prom
   process.on('SIGTERM', onTerm);
   const bar = createProgress({
     label: `eval ${agent.name}`,
-    total: tasks.length,
+    total: tasks.length + batch.unrunnable.length,
     enabled: !ctx.json,
     stream: ctx.io.stderr,
   });
@@ -311,6 +374,8 @@ async function runCommand(ctx: CliContext, file: string, opts: RunOptions): Prom
       agent,
       outPath: out,
       resume: opts.resume,
+      retryErrors: opts.retryErrors,
+      unrunnable: batch.unrunnable,
       concurrency: opts.concurrency,
       labels,
       sandbox: {
@@ -394,6 +459,151 @@ function makeAgent(ctx: CliContext, opts: RunOptions): Agent {
   });
 }
 
+/** A task file read in its format: the tasks that run, and those that cannot (one error line each). */
+interface Batch {
+  file: string;
+  tasks: EvalTask[];
+  unrunnable: UnrunnableTask[];
+}
+
+async function loadBatch(file: string, opts: TaskOptions): Promise<Batch> {
+  if (opts.dataset === 'swebench') return await loadSwebenchBatch(file, opts);
+  const loaded = await loadTasks(file, { image: opts.image, toolkits: opts.toolkit });
+  return {
+    file: loaded.file,
+    tasks: loaded.tasks.filter((t) => t.unrunnable === undefined),
+    unrunnable: loaded.tasks.flatMap((t) =>
+      t.unrunnable ? [{ instance_id: t.instance_id, error: t.unrunnable }] : [],
+    ),
+  };
+}
+
+/**
+ * `--dataset swebench`: the dataset as published, the spec table (shipped,
+ * with `--specs` over it), and `--image` as the instance images' template.
+ */
+async function loadSwebenchBatch(file: string, opts: TaskOptions): Promise<Batch> {
+  const template = opts.image;
+  if (template === undefined) {
+    throw new DsecError(
+      'invalid_argument',
+      "--dataset swebench needs --image 'docker://REGISTRY/swebench/sweb.eval.x86_64.{id}:latest' (the instance images' template)",
+      { field: 'image' },
+    );
+  }
+  if (opts.toolkit?.length) {
+    throw new DsecError('invalid_argument', '--toolkit does not apply to --dataset swebench', {
+      field: 'toolkit',
+    });
+  }
+  // The template checked once, before any instance (`docker://…{id}…` or a local layer template).
+  resolveTaskImage(template, 'check__template');
+  const specs = await loadSpecs(opts.specs === undefined ? undefined : resolve(opts.specs));
+  const ds = await loadSwebenchDataset(file, {
+    specs,
+    // The `docker://` reference an instance's image is imported from, or its local layer.
+    image: (id) => {
+      const image = resolveTaskImage(template, id);
+      return image.source ?? image.layer;
+    },
+  });
+  return {
+    file: ds.file,
+    tasks: ds.tasks,
+    unrunnable: ds.errors.map((e) => ({
+      instance_id: e.instance_id,
+      error: { code: e.code, message: e.message, reason: e.reason },
+    })),
+  };
+}
+
+async function prepareBatch(ctx: CliContext, file: string, batch: Batch, opts: TaskOptions) {
+  if (opts.dataset === 'swebench') {
+    return await prepareSwebench(ctx, batch.tasks.filter(isSwebenchTask), opts);
+  }
+  return await prepare(ctx, file, batch.tasks, opts);
+}
+
+/**
+ * Imports every instance's image ahead (the registry import: layers shared
+ * between images are reused by diff ID), `--concurrency` at once (or a local layer template checked present),
+ * with a progress bar. An image that cannot be imported fails its instance
+ * alone: the prepared task carries the error, the run gives it an error line.
+ */
+async function prepareSwebench(ctx: CliContext, tasks: SwebenchTask[], opts: TaskOptions) {
+  const store = localStore(ctx);
+  const images = new Map(
+    tasks.map((t) => [t.environment.image, resolveTaskImage(opts.image!, t.instance_id)]),
+  );
+  const present = new Set<string>();
+  for (const { layer } of images.values()) {
+    const found = await store.getLayer(layer).then(
+      () => true,
+      () => false,
+    );
+    if (found) present.add(layer);
+  }
+  // `docker://` images are imported (present ones cost a lookup); a local layer template names
+  // layers that must exist already.
+  const refs = [...images.values()].flatMap((i) => (i.source ? [i.source] : []));
+  const imported =
+    refs.length > 0
+      ? await prepareTaskImages(ctx, refs, {
+          ...(opts.concurrency !== undefined ? { concurrency: opts.concurrency } : {}),
+        })
+      : new Map<string, string | DsecError>();
+  const outcome = (image: string): string | DsecError => {
+    const resolved = images.get(image)!;
+    if (resolved.source) return imported.get(resolved.source)!;
+    return present.has(resolved.layer)
+      ? resolved.layer
+      : new DsecError(
+          'image_not_found',
+          `layer ${resolved.layer} is not in the store: import it (dsec image import ${resolved.layer} --from-oci …) or name a docker:// template`,
+          { details: { layer: resolved.layer } },
+        );
+  };
+  const prepared = tasks.map((t): PreparedTask => {
+    const got = outcome(t.environment.image);
+    const base = {
+      instance_id: t.instance_id,
+      image: typeof got === 'string' ? got : images.get(t.environment.image)!.layer,
+      toolkits: [],
+      workdir: t.workdir,
+    };
+    if (typeof got === 'string') return base;
+    const reason = (got.details as { reason?: unknown } | undefined)?.reason;
+    return {
+      ...base,
+      error: {
+        code: got.code,
+        message: got.message.includes(t.environment.image)
+          ? got.message
+          : `${t.environment.image}: ${got.message}`,
+        ...(typeof reason === 'string' ? { reason } : {}),
+      },
+    };
+  });
+  const ok = [...new Set(prepared.filter((p) => !p.error).map((p) => p.image))];
+  return {
+    tasks: prepared,
+    built: ok.filter((l) => !present.has(l)),
+    present: ok.filter((l) => present.has(l)),
+  };
+}
+
+/** How a task is graded: a SWE-bench instance by its evaluation script, in its own sandbox. */
+function gradeOptionsFor(task: EvalTask, repos: RepoCache, testTimeoutMs: number | undefined) {
+  if (isSwebenchTask(task)) {
+    return {
+      original: () => Promise.resolve(undefined),
+      testTimeoutMs,
+      runTests: (tools: SandboxTools) => gradeSwebench(tools, task, { testTimeoutMs }),
+    };
+  }
+  return { original: (path: string) => repos.fileAtBase(task, path), testTimeoutMs };
+}
+
 function cacheDirOf(ctx: CliContext, opts: TaskOptions): string {
   return resolve(opts.cacheDir ?? join(ctx.options.stateDir, 'eval-cache'));
 }
@@ -427,7 +637,10 @@ async function prepare(ctx: CliContext, file: string, tasks: EvalTask[], opts: T
   }
 }
 
-export function recipesFile(tasksFile: string, opts: TaskOptions): string | undefined {
+export function recipesFile(
+  tasksFile: string,
+  opts: Pick<TaskOptions, 'environments'>,
+): string | undefined {
   if (opts.environments) return resolve(opts.environments);
   const beside = join(dirname(resolve(tasksFile)), 'environments.json');
   return existsSync(beside) ? beside : undefined;
