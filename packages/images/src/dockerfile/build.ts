@@ -49,7 +49,10 @@ const MAX_BUILD_ARG_BYTES = 64 * 1024;
 const CACHE_FORMAT = 'dsec-dockerfile-v1';
 
 export interface DockerfileBuildProgress extends BuildProgress {
-  /** Phase `step`: buildah's line as it printed it (`STEP 3/7: RUN …`). */
+  /**
+   * Phase `step`: buildah's line as it printed it (`STEP 3/7: RUN …`);
+   * phase `output`: one line of a step's output (cut at 8 KiB).
+   */
   message?: string | undefined;
   /** Phase `step`: the instruction's line in the Dockerfile. */
   line?: number | undefined;
@@ -456,6 +459,7 @@ async function runBud(
       return;
     }
     if (line.startsWith('Error: ')) lastError = line;
+    input.progress({ phase: 'output', message: line });
     sinceStep.push(line);
     sinceStepBytes += line.length + 1;
     while (sinceStepBytes > maxOutput && sinceStep.length > 1)
