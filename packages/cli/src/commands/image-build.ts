@@ -4,7 +4,7 @@ import type { Command } from 'commander';
 import { DsecError, parseLayerRef } from '@dsec/core';
 import type { ImageStore, LayerKind, LayerRef } from '@dsec/core';
 import { loadClusterConfig } from '@dsec/cluster';
-import { LinuxNetwork } from '@dsec/edge';
+import { LinuxNetwork, type NetworkOptions } from '@dsec/edge';
 import { mountErofs, unmount } from '@dsec/native';
 import {
   buildDockerfile,
@@ -257,17 +257,9 @@ async function buildFromDockerfile(
   await mkdir(stateDir, { recursive: true, mode: 0o711 });
   // The node's egress machinery with a table and addresses of its own, so a
   // running edge's sandboxes and this build never share a slot.
-  const manager =
-    process.getuid?.() === 0
-      ? await LinuxNetwork.open({ ...netOptions, stateDir: join(stateDir, 'build') }).catch(
-          (err: unknown) => {
-            ctx.err(`note: no isolated network for RUN steps (${String(err)}): they get none`);
-            return undefined;
-          },
-        )
-      : undefined;
-  const network: BuildNetwork | undefined =
-    manager && egressBuildNetwork(manager, { first: 0, count: 256 });
+  const network =
+    process.getuid?.() === 0 ? nodeBuildNetwork(join(stateDir, 'build'), netOptions) : undefined;
+  if (!network) ctx.err('note: not root, so no isolated network: RUN steps get none');
   const progress = phaseProgress(ctx, `building ${ref.name}:${ref.version}`);
   try {
     const result = await buildDockerfile(store, {
@@ -318,6 +310,50 @@ async function buildFromDockerfile(
     }
   } finally {
     progress.done();
-    await manager?.close();
   }
+}
+
+/**
+ * The node's egress machinery for one build, opened only when a build runs
+ * (a cached build costs nothing): a `LinuxNetwork` with a table and address
+ * range of its own under `stateDir`, so a running edge's sandboxes and the
+ * build never share a slot; closed (table and range given back) with the
+ * build's namespace.
+ */
+function nodeBuildNetwork(
+  stateDir: string,
+  options: Omit<NetworkOptions, 'stateDir'>,
+): BuildNetwork {
+  return {
+    async open(request) {
+      const manager = await LinuxNetwork.open({ ...options, stateDir });
+      const close = async (): Promise<void> => {
+        // The manager waits for the kernel to drop the build's veth on unref'd
+        // timers: hold the process until its table and address range are gone.
+        const hold = setInterval(() => undefined, 1000);
+        try {
+          await manager.close();
+        } finally {
+          clearInterval(hold);
+        }
+      };
+      try {
+        const handle = await egressBuildNetwork(manager, { first: 0, count: 1 }).open(request);
+        return {
+          nsPath: handle.nsPath,
+          nameserver: handle.nameserver,
+          close: async () => {
+            try {
+              await handle.close();
+            } finally {
+              await close();
+            }
+          },
+        };
+      } catch (err) {
+        await close();
+        throw err;
+      }
+    },
+  };
 }
