@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { cp, mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, cp, mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -85,6 +85,8 @@ export async function benchBuild(options: BuildBenchOptions): Promise<BuildBench
   const count = options.sandboxes ?? 16;
   const { signal } = options;
   const work = await mkdtemp(join(tmpdir(), 'dsec-bench-build-'));
+  // Sandboxes of the node under it reach their root filesystem through it.
+  await chmod(work, 0o711);
   const cleanups: (() => Promise<unknown>)[] = [() => rm(work, { recursive: true, force: true })];
   let done = 0;
   const step = (): void => options.onProgress?.(++done, 5);
