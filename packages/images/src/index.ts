@@ -59,6 +59,7 @@ export {
   buildDockerfile,
   defaultAllow,
   DEFAULT_BUILD_TIMEOUT_MS,
+  DEFAULT_MAX_BUILD_BYTES,
   DEFAULT_MAX_OUTPUT_BYTES,
 } from './dockerfile/build.js';
 export type {

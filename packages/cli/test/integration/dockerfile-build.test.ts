@@ -327,6 +327,18 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
         e.details?.['reason'] === 'remote_add' &&
         e.details['line'] === 2,
     );
+    // RUN steps writing without end are stopped at the build's disk bound.
+    const disk = await context(
+      'disk',
+      `FROM ${baseRef}\nRUN i=0; while [ $i -lt 64 ]; do dd if=/dev/zero of=/big$i bs=1M count=8 2>/dev/null; i=$((i+1)); done\n`,
+    );
+    await assert.rejects(
+      buildDockerfile(store, options(disk, { name: 'df-disk', maxBuildBytes: 32 * 2 ** 20 })),
+      (e: unknown) =>
+        isDsecError(e, 'resource_exhausted') &&
+        e.details?.['reason'] === 'build_disk' &&
+        e.details['line'] === 2,
+    );
     const mount = await context(
       'mount',
       `FROM ${baseRef}\nRUN --mount=type=bind,source=/,target=/host cat /host/etc/shadow\n`,

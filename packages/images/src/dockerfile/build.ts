@@ -45,6 +45,13 @@ const MAX_LINE_BYTES = 8 * 1024;
 /** Build arguments, and the bytes of each. */
 const MAX_BUILD_ARGS = 256;
 const MAX_BUILD_ARG_BYTES = 64 * 1024;
+/**
+ * 32 GiB: what one build may add to buildah's storage (pulled bases and what
+ * its steps write) before it is stopped (`resource_exhausted`, `build_disk`).
+ */
+export const DEFAULT_MAX_BUILD_BYTES = 32 * 2 ** 30;
+/** How often the storage is measured during a build (a step can overshoot by what it writes meanwhile). */
+const DISK_POLL_MS = 1000;
 /** Bumped when what the cache digest covers changes. */
 const CACHE_FORMAT = 'dsec-dockerfile-v1';
 
@@ -88,6 +95,8 @@ export interface DockerfileBuildOptions extends DockerfileLimits, ContextLimits 
   split?: boolean | undefined;
   /** Default {@link DEFAULT_BUILD_TIMEOUT_MS}. */
   timeoutMs?: number | undefined;
+  /** Default {@link DEFAULT_MAX_BUILD_BYTES}. */
+  maxBuildBytes?: number | undefined;
   /** Default {@link DEFAULT_MAX_OUTPUT_BYTES}. */
   maxOutputBytes?: number | undefined;
   /**
@@ -488,12 +497,50 @@ async function runBud(
     }
   };
   signal.addEventListener('abort', kill, { once: true });
+  // What the build adds to buildah's storage (pulled bases and what steps
+  // write), sampled while it runs: past the bound, the build is stopped.
+  const maxBytes = input.options.maxBuildBytes ?? DEFAULT_MAX_BUILD_BYTES;
+  const storageDir = join(input.buildahRoot, 'root');
+  const before = await duBytes(storageDir);
+  let overBytes: number | undefined;
+  let sampling = false;
+  const poll = setInterval(() => {
+    if (sampling) return;
+    sampling = true;
+    void duBytes(storageDir)
+      .then((now) => {
+        if (now - before > maxBytes && overBytes === undefined) {
+          overBytes = now - before;
+          kill();
+        }
+      })
+      .finally(() => {
+        sampling = false;
+      });
+  }, DISK_POLL_MS);
   const code = await new Promise<number | null>((res, rej) => {
     child.once('error', (err) =>
       rej(new DsecError('internal', `cannot run buildah: ${err.message}`, { cause: err })),
     );
     child.once('close', (c) => res(c));
-  }).finally(() => signal.removeEventListener('abort', kill));
+  }).finally(() => {
+    signal.removeEventListener('abort', kill);
+    clearInterval(poll);
+  });
+  if (overBytes !== undefined) {
+    throw new DsecError(
+      'resource_exhausted',
+      `the build wrote more than ${maxBytes} bytes${current ? ` (at Dockerfile line ${current.line}: ${current.text})` : ''}; raise maxBuildBytes`,
+      {
+        field: 'dockerfile',
+        details: {
+          reason: 'build_disk',
+          maxBuildBytes: maxBytes,
+          ...(current ? { line: current.line, instruction: current.text } : {}),
+        },
+      },
+    );
+  }
   for (const which of ['out', 'err'] as const) if (partial[which] !== '') onLine(partial[which]);
   if (signal.aborted) {
     throw new DsecError('aborted', 'the Dockerfile build was stopped', { cause: signal.reason });
@@ -740,4 +787,10 @@ function withTimeout(
       outer?.removeEventListener('abort', onAbort);
     },
   };
+}
+
+/** Bytes under `dir` on its filesystem (`du -sxb`), 0 when it is not there yet. */
+async function duBytes(dir: string): Promise<number> {
+  const r = await runTool('du', ['-sxb', '--', dir]).catch(() => ({ stdout: '0' }));
+  return Number(r.stdout.split('\t')[0]) || 0;
 }
