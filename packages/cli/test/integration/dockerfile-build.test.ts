@@ -131,12 +131,17 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
     await net?.close();
     await fake?.close();
     await registry?.close();
+    // No mount of the builds is left (buildah's storage home, working containers).
+    const mounts = (await readFile('/proc/mounts', 'utf8'))
+      .split('\n')
+      .filter((l) => dir && l.includes(dir));
     if (dir) {
       await rm(dir, { recursive: true, force: true });
       for (const ctrl of await readdir('/sys/fs/cgroup'))
         await rmdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent()}`).catch(() => undefined);
     }
     if (table) assert.notEqual(spawnSync('nft', ['list', 'table', 'inet', table]).status, 0);
+    assert.deepEqual(mounts, []);
   });
 
   void test('FROM an insecure registry, ARG, RUN under the egress policy, COPY, --target; cached; base shared by diff ID; a sandbox sees it', async () => {

@@ -401,6 +401,11 @@ async function runBuild(
       await runTool('buildah', [...storage, 'rmi', '--force', tag], { env }).catch(() => undefined);
     }
   } finally {
+    // A failed or stopped build leaves its working container mounted; and the
+    // storage keeps its own home mounted: nothing of the build stays mounted.
+    await runTool('buildah', [...storage, 'rm', '--all'], { env }).catch(() => undefined);
+    await runTool('buildah', [...storage, 'rmi', '--force', tag], { env }).catch(() => undefined);
+    await runTool('umount', [join(buildahRoot, 'root', 'overlay')]).catch(() => undefined);
     await net?.close();
   }
 }
