@@ -469,6 +469,8 @@ class TaskRunner {
           return gradeTools;
         });
         pendingGrader = fresh;
+        // An interrupt returns before `finish` awaits it: its rejection must not end the process.
+        fresh.catch(() => undefined);
         graded = await gradeByPatch(patchTools, fresh, task, gradeOptions);
       }
       durations.gradingMs = Math.round(performance.now() - t2);
