@@ -427,9 +427,14 @@ async function makeWorkspace(
   );
 }
 
-/** The script of a gold run, the same for both systems. */
+/**
+ * The script of a gold run, the same for both systems. Tools by full path:
+ * a DSec sandbox's PATH also holds the platform's busybox applets, whose
+ * `patch` is not GNU patch.
+ */
 export const GOLD_RUN_SCRIPT =
-  'cd /workspace/repo && patch -p1 -s -i /workspace/gold.diff && python3 -B -m unittest discover -q -s tests -t .';
+  'cd /workspace/repo && /usr/bin/patch -p1 -s -i /workspace/gold.diff && ' +
+  '/usr/bin/python3 -B -m unittest discover -q -s tests -t .';
 
 /** `tar` of a directory into a gzipped layer blob (what `docker build` pushes), streamed; its digests. */
 async function gzipLayer(
