@@ -10,6 +10,7 @@ import {
   envsRatios,
   envsReport,
   registerEnvsBench,
+  summarizePhase,
   type EnvsSide,
 } from './envs.js';
 
@@ -52,8 +53,7 @@ void test('bad flags are invalid_argument naming the flag', () => {
   for (const [flags, field] of cases) {
     assert.throws(
       () => envsBenchOptions(flags),
-      (err: unknown) =>
-        isDsecError(err) && err.code === 'invalid_argument' && err.field === field,
+      (err: unknown) => isDsecError(err) && err.code === 'invalid_argument' && err.field === field,
       JSON.stringify(flags),
     );
   }
@@ -157,4 +157,10 @@ void test('runs go round-robin: each wave of 16 holds 16 distinct environments',
   assert.equal(new Set(wave).size, 16);
   const all = Array.from({ length: 64 }, (_, k) => envOfRun(k, 16));
   for (let i = 0; i < 16; i++) assert.equal(all.filter((e) => e === i).length, 4);
+});
+
+void test('phase summaries: median of odd and even counts, max, sum; nothing is zeros', () => {
+  assert.deepEqual(summarizePhase([30, 10, 20]), { medianMs: 20, maxMs: 30, totalMs: 60 });
+  assert.deepEqual(summarizePhase([4, 1, 3, 2]), { medianMs: 3, maxMs: 4, totalMs: 10 });
+  assert.deepEqual(summarizePhase([]), { medianMs: 0, maxMs: 0, totalMs: 0 });
 });

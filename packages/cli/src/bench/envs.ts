@@ -127,6 +127,33 @@ export interface EnvsSide {
   failed: number;
   /** loadavg (1 min) when the side started, to show how busy the shared machine was. */
   loadAverage: number;
+  /**
+   * Where a run's time went, over all runs (the profile): `prepare` is
+   * dsec's runContainer (layers mounted, sandbox started) or podman's
+   * `podman pull`; `run` is the script through runShell, or `podman run
+   * --rm` (create, start, script, remove).
+   */
+  phasesMs?: { prepare: PhaseSummary; run: PhaseSummary };
+}
+
+export interface PhaseSummary {
+  medianMs: number;
+  maxMs: number;
+  /** Summed over runs: with `concurrency` in flight, up to that many × the wall time. */
+  totalMs: number;
+}
+
+/** Median, max and sum of phase durations (pure). */
+export function summarizePhase(samples: number[]): PhaseSummary {
+  if (samples.length === 0) return { medianMs: 0, maxMs: 0, totalMs: 0 };
+  const sorted = [...samples].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  const median = sorted.length % 2 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2;
+  return {
+    medianMs: Math.round(median),
+    maxMs: Math.round(sorted[sorted.length - 1]!),
+    totalMs: Math.round(sorted.reduce((a, b) => a + b, 0)),
+  };
 }
 
 export interface EnvsRatios {
@@ -795,6 +822,8 @@ async function dsecSide(
     const before = await disk.written();
     link.resetCounters();
     log('dsec: running');
+    const prepare: number[] = [];
+    const run: number[] = [];
     const t0 = performance.now();
     const outcomes = await pool(
       Array.from({ length: options.runs }, (_, k) => envOfRun(k, options.envs)),
@@ -802,6 +831,7 @@ async function dsecSide(
       async (i) => {
         let ok = false;
         try {
+          const p0 = performance.now();
           const sb = await client.runContainer({
             image: 'envs-base',
             toolkits: [`envs-tk-${i}`],
@@ -809,8 +839,11 @@ async function dsecSide(
             memoryLimitMb: 512,
             cpuCoresLimit: 1,
           });
+          const r0 = performance.now();
+          prepare.push(r0 - p0);
           try {
             const r = await sb.runShell(GOLD_RUN_SCRIPT, { timeoutMs: 1_800_000 });
+            run.push(performance.now() - r0);
             ok = r.exitCode === 0;
             if (!ok) log(`dsec run on env ${i} failed (${r.exitCode}): ${r.stderr.slice(-400)}`);
           } finally {
@@ -833,6 +866,7 @@ async function dsecSide(
       passed: outcomes.filter(Boolean).length,
       failed: outcomes.filter((o) => !o).length,
       loadAverage: load,
+      phasesMs: { prepare: summarizePhase(prepare), run: summarizePhase(run) },
     };
   } finally {
     client.close();
@@ -889,6 +923,8 @@ async function podmanSide(
   const before = await disk.written();
   link.resetCounters();
   log('podman: running');
+  const prepare: number[] = [];
+  const run: number[] = [];
   const t0 = performance.now();
   const outcomes = await pool(
     Array.from({ length: options.runs }, (_, k) => envOfRun(k, options.envs)),
@@ -897,7 +933,10 @@ async function podmanSide(
       const image = `${host}/bench-envs/env-${i}:v1`;
       let ok = false;
       try {
+        const p0 = performance.now();
         await podman(['pull', '--quiet', '--tls-verify=false', image]);
+        const r0 = performance.now();
+        prepare.push(r0 - p0);
         await podman([
           'run',
           '--rm',
@@ -919,6 +958,7 @@ async function podmanSide(
           '-c',
           GOLD_RUN_SCRIPT,
         ]);
+        run.push(performance.now() - r0);
         ok = true;
       } catch (err) {
         log(`podman run on env ${i} failed: ${(err as Error).message.slice(-400)}`);
@@ -937,6 +977,7 @@ async function podmanSide(
     passed: outcomes.filter(Boolean).length,
     failed: outcomes.filter((o) => !o).length,
     loadAverage: load,
+    phasesMs: { prepare: summarizePhase(prepare), run: summarizePhase(run) },
     storageDriver: 'overlay',
   };
 }
