@@ -1,7 +1,17 @@
 import { execFile } from 'node:child_process';
 import { createCipheriv, createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import { chmod, mkdir, mkdtemp, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import {
+  chmod,
+  mkdir,
+  mkdtemp,
+  readdir,
+  readFile,
+  rename,
+  rm,
+  stat,
+  writeFile,
+} from 'node:fs/promises';
 import { loadavg } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -585,6 +595,9 @@ async function ensureEnvironments(
     });
     await writeFile(marker, BASE_MARKER);
   }
+  // Scratch of an interrupted build (a run killed mid-way): never live, since runs do not share a cache.
+  for (const entry of await readdir(cache))
+    if (entry.startsWith('build-')) await rm(join(cache, entry), { recursive: true, force: true });
   const store = new DirImageStore(join(cache, 'store'));
   const blobs = join(cache, 'oci-blobs');
   await mkdir(blobs, { recursive: true });
