@@ -842,6 +842,8 @@ async function dsecSide(
       Array.from({ length: options.runs }, (_, k) => envOfRun(k, options.envs)),
       options.concurrency,
       async (i) => {
+        // Ctrl-C: no new runs; the ones in flight finish, then everything is cleaned up.
+        throwIfAborted(options.signal);
         let ok = false;
         try {
           const p0 = performance.now();
@@ -943,6 +945,7 @@ async function podmanSide(
     Array.from({ length: options.runs }, (_, k) => envOfRun(k, options.envs)),
     options.concurrency,
     async (i) => {
+      throwIfAborted(options.signal);
       const image = `${host}/bench-envs/env-${i}:v1`;
       let ok = false;
       try {
