@@ -9,6 +9,7 @@ import {
   readFile,
   rename,
   rm,
+  rmdir,
   stat,
   writeFile,
 } from 'node:fs/promises';
@@ -746,7 +747,16 @@ export async function benchEnvs(
   const cache = join(options.cacheDir, ENVS_CACHE_VERSION);
   const work = await mkdtemp(join('/var/tmp', 'dsec-bench-envs-'));
   await chmod(work, 0o711);
-  const cleanups: (() => Promise<unknown>)[] = [() => rm(work, { recursive: true, force: true })];
+  // The node's trees (sandboxes' writable layers among them) go with the loop device, never by
+  // a recursive removal here: the work dir is emptied of what this process made, then removed.
+  const cleanups: (() => Promise<unknown>)[] = [
+    async () => {
+      await rm(join(work, 'upload-cache'), { recursive: true, force: true });
+      await rm(join(work, 'node-disk.img'), { force: true });
+      await rmdir(join(work, 'node')).catch(() => undefined);
+      await rmdir(work);
+    },
+  ];
   const total = 2 * options.runs;
   let ticks = 0;
   const tick = () => options.onProgress?.(++ticks, total);
@@ -890,7 +900,6 @@ async function dsecSide(
     await link.close().catch(() => undefined);
     await s3.close().catch(() => undefined);
     closeS3 = undefined;
-    await rm(join(disk.mnt, 'dsec-state'), { recursive: true, force: true });
   }
 }
 
