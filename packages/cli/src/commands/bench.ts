@@ -14,6 +14,7 @@ import { benchPause } from '../bench/pause.js';
 import { benchPlacement, PLACEMENT_STRATEGIES } from '../bench/placement.js';
 import { benchQos } from '../bench/qos.js';
 import { benchBounds, FLOOD_KINDS, type FloodKind } from '../bench/bounds.js';
+import { registerEnvsBench } from '../bench/envs.js';
 import { registerEvalBench } from '../bench/eval.js';
 import { registerFnCallBench } from '../bench/fncall.js';
 import { registerFuzzBench } from '../bench/fuzz.js';
@@ -586,6 +587,7 @@ export function register(program: Command): void {
       ctx.out(`ratios (dsec ÷ eager): ${JSON.stringify(report.ratios)}`);
     });
   registerEvalBench(bench);
+  registerEnvsBench(bench);
   registerFnCallBench(bench);
   registerFuzzBench(bench);
   registerRegistryBench(bench);
