@@ -94,3 +94,4 @@ export type { Agent, AgentContext, AgentOutcome, TokenUsage } from './agents/age
 export { GoldAgent, NoneAgent } from './agents/scripted.js';
 export { HttpAgent, TOOL_SCHEMAS } from './agents/http.js';
 export type { HttpAgentOptions, ChatMessage, ToolCall } from './agents/http.js';
+export * from './harbor/index.js';
