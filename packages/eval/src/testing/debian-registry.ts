@@ -6,7 +6,9 @@
  * packed once as an OCI layout, and pushed with skopeo to Debian's
  * `docker-registry` started on 127.0.0.1 at a free port. The caller sets
  * `DSEC_INSECURE_REGISTRIES` to `host` (`registryEnv`) so builds, imports
- * and evaluations reach it over plain HTTP.
+ * and evaluations reach it over plain HTTP; it also holds
+ * `library/debian:SUITE`, so with `DSEC_REGISTRY_MIRRORS=docker.io=HOST` an
+ * unedited `FROM debian:bookworm` finds it.
  */
 import { existsSync } from 'node:fs';
 import { mkdir, rename, rm, writeFile } from 'node:fs/promises';
@@ -104,6 +106,12 @@ export async function startDebianRegistry(options: DebianRegistryOptions): Promi
     const image = `${registry.host}/${DEBIAN_REPOSITORY}:${tag}`;
     options.onProgress?.(`pushing ${image}`);
     await pushToRegistry(layout, tag, `docker://${image}`);
+    // Docker Hub's name for it too, so an unedited `FROM debian:bookworm` finds it through the mirror.
+    await pushToRegistry(
+      layout,
+      tag,
+      `docker://${registry.host}/library/${DEBIAN_REPOSITORY}:${tag}`,
+    );
     return { ...registry, image, env: registryEnv(registry.host) };
   } catch (err) {
     await registry.close();
@@ -111,16 +119,26 @@ export async function startDebianRegistry(options: DebianRegistryOptions): Promi
   }
 }
 
-/** `DSEC_INSECURE_REGISTRIES` with `host` added to what `env` already names. */
+/**
+ * `DSEC_INSECURE_REGISTRIES` with `host` added to what `env` already names,
+ * and `DSEC_REGISTRY_MIRRORS` with `host` as a mirror of docker.io (after
+ * any the environment names), so `FROM debian:bookworm` resolves here.
+ */
 export function registryEnv(
   host: string,
   env: NodeJS.ProcessEnv = process.env,
 ): Record<string, string> {
-  const known = (env['DSEC_INSECURE_REGISTRIES'] ?? '')
-    .split(',')
-    .map((h) => h.trim())
-    .filter((h) => h !== '' && h !== host);
-  return { DSEC_INSECURE_REGISTRIES: [...known, host].join(',') };
+  const list = (v: string | undefined) =>
+    (v ?? '')
+      .split(',')
+      .map((h) => h.trim())
+      .filter((h) => h !== '');
+  const insecure = list(env['DSEC_INSECURE_REGISTRIES']).filter((h) => h !== host);
+  const mirrors = list(env['DSEC_REGISTRY_MIRRORS']);
+  return {
+    DSEC_INSECURE_REGISTRIES: [...insecure, host].join(','),
+    DSEC_REGISTRY_MIRRORS: [...mirrors, `docker.io=${host}`].join(','),
+  };
 }
 
 /** Writes `KEY=VALUE` lines a shell can source (`set -a; . FILE`). */
