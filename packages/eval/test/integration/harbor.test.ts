@@ -1,0 +1,196 @@
+/**
+ * Harbor task directories end to end on a single node: two of the shipped
+ * tasks with `--agent oracle` (reward 1) and `none` (0), then the attacks
+ * an agent can make on the verifier, each written as a task whose
+ * `solution/solve.sh` is the attack (`--agent oracle` runs it as the
+ * agent). The environment is the Debian bookworm root the demo mirrors into
+ * its registry (`ensureDebianLayout`, cached under /var/cache/dsec), built
+ * into one base layer: tasks whose Dockerfile only needs that base run on
+ * it, so no Dockerfile build is repeated per test. Needs root, runc and
+ * Debian's mirror on the first run (debootstrap).
+ */
+import { after, before, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { chmod, cp, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { startSingleNode, type SingleNode } from '@dsec/cluster';
+import { DSecClient } from '@dsec/sdk';
+import {
+  NoneAgent,
+  OracleAgent,
+  loadHarborTasks,
+  runHarbor,
+  type Agent,
+  type HarborResult,
+} from '../../src/index.js';
+import { ensureDebianLayout } from '../../src/testing/debian-registry.js';
+
+const REPO = resolve(fileURLToPath(new URL('../../../..', import.meta.url)));
+const SHIPPED = join(REPO, 'examples/harbor-tasks');
+
+let node: SingleNode;
+let client: DSecClient;
+let work: string;
+let image: string;
+
+before(async () => {
+  work = await mkdtemp(join(tmpdir(), 'dsec-harbor-it-'));
+  await chmod(work, 0o711);
+  node = await startSingleNode({ stateDir: join(work, 'state'), port: 0, edgeId: 'harbor-node' });
+  const { layout } = await ensureDebianLayout();
+  const layer = await node.buildLayer({
+    name: 'debian-harbor',
+    kind: 'base',
+    from: { dir: join(layout, '..', 'rootfs') },
+  });
+  image = `${layer.name}:${layer.version}`;
+  client = new DSecClient({ url: node.url, apiKey: node.adminKey });
+});
+
+after(async () => {
+  client?.close();
+  await node?.close({ stopSandboxes: true });
+  await rm(work, { recursive: true, force: true });
+});
+
+async function run(
+  dir: string,
+  agent: Agent,
+  out: string,
+  workspace?: string,
+): Promise<Record<string, HarborResult>> {
+  const tasks = await loadHarborTasks(dir);
+  const summary = await runHarbor({
+    client,
+    tasks,
+    agent,
+    environment: async () => ({ image, workspace, cached: true }),
+    tasksPath: dir,
+    outPath: join(work, out),
+    concurrency: 4,
+    sandbox: { memoryLimitMb: 256 },
+  });
+  assert.equal(summary.pending, 0);
+  return Object.fromEntries(summary.results.map((r) => [r.instance_id, r]));
+}
+
+test('a shipped task: oracle scores 1, none scores 0', async () => {
+  // log-top-ips's Dockerfile is the Debian base plus one COPY: that file is a workspace layer here.
+  const tree = join(work, 'log-top-ips-app');
+  await mkdir(join(tree, 'app'), { recursive: true });
+  await cp(join(SHIPPED, 'log-top-ips/environment/access.log'), join(tree, 'app/access.log'));
+  const ws = await node.buildLayer({
+    name: 'log-top-ips-app',
+    kind: 'workspace',
+    from: { dir: tree },
+  });
+  const workspace = `${ws.name}:${ws.version}`;
+  const dir = join(SHIPPED, 'log-top-ips');
+  const oracle = (await run(dir, new OracleAgent(), 'oracle.jsonl', workspace))['log-top-ips']!;
+  assert.equal(oracle.error, undefined, JSON.stringify(oracle));
+  assert.equal(oracle.reward, 1, JSON.stringify(oracle));
+  assert.equal(oracle.verifier?.source, 'reward.txt');
+  assert.equal(oracle.grading, 'harbor');
+  assert.ok(oracle.sandboxId);
+  const none = (await run(dir, new NoneAgent(), 'none.jsonl', workspace))['log-top-ips']!;
+  assert.equal(none.error, undefined, JSON.stringify(none));
+  assert.equal(none.reward, 0, JSON.stringify(none));
+});
+
+/** One attack task: `solve` is what the agent does, `test` the verifier's test.sh. */
+async function attackTask(
+  root: string,
+  name: string,
+  solve: string,
+  testSh: string,
+  toml = '[agent]\ntimeout_sec = 60.0\n\n[verifier]\ntimeout_sec = 30.0\n',
+): Promise<void> {
+  const dir = join(root, name);
+  await mkdir(join(dir, 'environment'), { recursive: true });
+  await mkdir(join(dir, 'tests'), { recursive: true });
+  await mkdir(join(dir, 'solution'), { recursive: true });
+  await writeFile(join(dir, 'task.toml'), toml);
+  await writeFile(join(dir, 'instruction.md'), `attack ${name}\n`);
+  await writeFile(join(dir, 'environment', 'Dockerfile'), 'FROM debian:bookworm\n');
+  await writeFile(join(dir, 'solution', 'solve.sh'), `#!/bin/bash\n${solve}\n`, { mode: 0o755 });
+  await writeFile(join(dir, 'tests', 'test.sh'), `#!/bin/bash\n${testSh}\n`, { mode: 0o755 });
+}
+
+test('the agent cannot fool the verifier; a bad reward is a 0 with a reason', async () => {
+  const root = join(work, 'attacks');
+  const honest0 = 'mkdir -p /logs/verifier; echo 0 > /logs/verifier/reward.txt';
+  const silent = 'true';
+  await attackTask(
+    root,
+    'prewritten-reward',
+    'mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; echo "{\\"reward\\": 1}" > /logs/verifier/reward.json',
+    silent,
+  );
+  await attackTask(
+    root,
+    'replaced-tests',
+    'rm -rf /tests; mkdir -p /tests; printf "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\\n" > /tests/test.sh; chattr +i /tests/test.sh 2>/dev/null || true',
+    honest0,
+  );
+  await attackTask(
+    root,
+    'leftover-rewriter',
+    "setsid bash -c 'while :; do mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt 2>/dev/null; sleep 0.01; done' </dev/null >/dev/null 2>&1 &\nsleep 0.2",
+    'sleep 1',
+  );
+  await attackTask(
+    root,
+    'symlinked-logs',
+    'mkdir -p /tmp/fake/verifier; echo 1 > /tmp/fake/verifier/reward.txt; rm -rf /logs; ln -s /tmp/fake /logs',
+    silent,
+  );
+  await attackTask(
+    root,
+    'symlinked-reward',
+    'echo 1 > /tmp/one',
+    'mkdir -p /logs/verifier; ln -sf /tmp/one /logs/verifier/reward.txt',
+  );
+  await attackTask(root, 'garbled-reward', 'true', 'echo yes > /logs/verifier/reward.txt');
+  await attackTask(
+    root,
+    'huge-reward',
+    'true',
+    'head -c 100000 /dev/zero | tr "\\0" 1 > /logs/verifier/reward.txt',
+  );
+  await attackTask(
+    root,
+    'json-reward',
+    'true',
+    'echo \'{"reward": 0.5, "passed": 3}\' > /logs/verifier/reward.json',
+  );
+  await attackTask(
+    root,
+    'agent-timeout',
+    'sleep 600',
+    'mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt',
+    '[agent]\ntimeout_sec = 2.0\n',
+  );
+  const rs = await run(root, new OracleAgent(), 'attacks.jsonl');
+  const want: Record<string, [number, string | undefined]> = {
+    'prewritten-reward': [0, 'reward_missing'],
+    'replaced-tests': [0, undefined],
+    'leftover-rewriter': [0, 'reward_missing'],
+    'symlinked-logs': [0, 'reward_missing'],
+    'symlinked-reward': [0, 'reward_not_regular'],
+    'garbled-reward': [0, 'reward_garbled'],
+    'huge-reward': [0, 'reward_too_large'],
+    'json-reward': [0.5, undefined],
+    'agent-timeout': [1, undefined],
+  };
+  for (const [name, [reward, reason]] of Object.entries(want)) {
+    const r = rs[name]!;
+    assert.equal(r.error, undefined, `${name}: ${JSON.stringify(r)}`);
+    assert.equal(r.reward, reward, `${name}: ${JSON.stringify(r)}`);
+    assert.equal(r.details?.reason, reason, `${name}: ${JSON.stringify(r)}`);
+  }
+  assert.ok((rs['leftover-rewriter']!.killedProcesses ?? 0) >= 1);
+  assert.equal(rs['agent-timeout']!.agentTimedOut, true);
+  assert.deepEqual(rs['json-reward']!.verifier?.metrics, { reward: 0.5, passed: 3 });
+});
