@@ -14,6 +14,8 @@ import { listUpload, runVerifier, uploadDir, type VerifierResult } from './verif
 /** Where `solution/` is put for `--agent oracle`. */
 export const SOLUTION_DIR = '/solution';
 const DEFAULT_TTL_SECONDS = 4 * 3600;
+/** The agent's last words kept in a result line. */
+const AGENT_MESSAGE_CHARS = 2000;
 
 /** The layers a task's sandbox is made of, as the environment builder made them. */
 export interface HarborEnvironment {
@@ -46,6 +48,8 @@ export interface HarborResult {
   toolCalls: number;
   tokens?: TokenUsage | undefined;
   agentFinished?: boolean | undefined;
+  /** The agent's last words (a model's final message; the end of solve.sh's output for oracle). */
+  agentMessage?: string | undefined;
   /** The agent ran past `[agent] timeout_sec` and was stopped; the verifier still ran. */
   agentTimedOut?: boolean | undefined;
   durations: {
@@ -316,6 +320,8 @@ async function runTask(
       { signal },
     );
     journal.sandbox(id, sandbox.id);
+    // Docker's WORKDIR makes the directory; the agent's shell and the verifier start there.
+    await sandbox.files.mkdir(task.workdir, { parents: true, user: 'root', signal });
     durations.setupMs = Math.round(performance.now() - t0);
 
     // The agent's limit: its tools are cut off when it passes, and the verifier still runs.
@@ -374,6 +380,7 @@ async function runTask(
       reward: verified.reward,
       tokens: outcome?.tokens,
       agentFinished: outcome?.finished ?? false,
+      agentMessage: outcome?.message?.slice(-AGENT_MESSAGE_CHARS),
       ...(timedOut ? { agentTimedOut: true } : {}),
       verifier: {
         source: verified.source,

@@ -1,29 +1,34 @@
 /**
  * Harbor task directories end to end on a single node: two of the shipped
- * tasks with `--agent oracle` (reward 1) and `none` (0), then the attacks
- * an agent can make on the verifier, each written as a task whose
- * `solution/solve.sh` is the attack (`--agent oracle` runs it as the
- * agent). The environment is the Debian bookworm root the demo mirrors into
- * its registry (`ensureDebianLayout`, cached under /var/cache/dsec), built
- * into one base layer: tasks whose Dockerfile only needs that base run on
- * it, so no Dockerfile build is repeated per test. Needs root, runc and
- * Debian's mirror on the first run (debootstrap).
+ * tasks (all four with DSEC_HARBOR_ALL_TASKS=1) with `--agent oracle`
+ * (reward 1) and `none` (0), then the attacks an agent can make on the
+ * verifier, each written as a task whose `solution/solve.sh` is the attack
+ * (`--agent oracle` runs it as the agent). The base is the Debian bookworm
+ * root the demo mirrors into its registry (`ensureDebianLayout`, cached
+ * under /var/cache/dsec); a task's Dockerfile is stood in for by layers on
+ * it (`emulatedBuild`: its apt packages as a toolkit, its COPYs as a
+ * workspace), so no base is rebuilt per task. Needs root, runc and Debian's
+ * mirror on the first run (debootstrap, apt).
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
-import { chmod, cp, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, cp, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startSingleNode, type SingleNode } from '@dsec/cluster';
 import { DSecClient } from '@dsec/sdk';
+import { buildFromDebs } from '@dsec/images';
 import {
   NoneAgent,
   OracleAgent,
   loadHarborTasks,
   runHarbor,
   type Agent,
+  type HarborEnvironment,
+  type HarborEnvironmentBuilder,
   type HarborResult,
+  type HarborTask,
 } from '../../src/index.js';
 import { ensureDebianLayout } from '../../src/testing/debian-registry.js';
 
@@ -55,48 +60,102 @@ after(async () => {
   await rm(work, { recursive: true, force: true });
 });
 
+/** Where the emulated builds keep apt's state and .debs between runs (apt resolves on the host). */
+const DEBS_CACHE = '/var/cache/dsec/harbor-test-debs';
+
+/**
+ * A stand-in for the Dockerfile build, for the shipped tasks' simple
+ * Dockerfiles (`FROM` the Debian base, `RUN apt-get install … PKGS`,
+ * `COPY SRC DEST`): the packages become a toolkit layer on the base
+ * (`buildFromDebs`), the copied files a workspace layer. The layers are
+ * what the build would make, without building the same base per task.
+ */
+async function emulatedBuild(task: HarborTask): Promise<HarborEnvironment> {
+  const text = (await readFile(task.dockerfile, 'utf8')).replace(/\\\n/g, ' ');
+  const packages: string[] = [];
+  const tree = join(work, 'ws', task.name);
+  await mkdir(tree, { recursive: true });
+  let workdir = '/';
+  for (const line of text.split('\n').map((l) => l.trim())) {
+    const install = /apt-get install ([^&]*)/.exec(line);
+    if (line.startsWith('RUN ') && install) {
+      packages.push(...install[1]!.split(/\s+/).filter((w) => w !== '' && !w.startsWith('-')));
+    }
+    const wd = /^WORKDIR (\S+)$/.exec(line);
+    if (wd) {
+      workdir = wd[1]!;
+      await mkdir(join(tree, workdir), { recursive: true });
+    }
+    const copy = /^COPY (\S+) (\S+)$/.exec(line);
+    if (copy) {
+      const dest = copy[2]!.startsWith('/') ? copy[2]! : join(workdir, copy[2]!);
+      await cp(join(task.environmentDir, copy[1]!), join(tree, dest), { recursive: true });
+    }
+  }
+  const ws = await node.buildLayer({
+    name: `ws-${task.name}`,
+    kind: 'workspace',
+    from: { dir: tree },
+  });
+  const toolkits: string[] = [];
+  if (packages.length > 0) {
+    await mkdir(DEBS_CACHE, { recursive: true });
+    const tk = await buildFromDebs(node.store, {
+      name: `tk-${task.name}`,
+      packages,
+      base: image,
+      cacheDir: DEBS_CACHE,
+    });
+    toolkits.push(`${tk.layer.name}:${tk.layer.version}`);
+  }
+  return { image, toolkits, workspace: `${ws.name}:${ws.version}`, cached: false };
+}
+
 async function run(
   dir: string,
   agent: Agent,
   out: string,
-  workspace?: string,
+  environment: HarborEnvironmentBuilder = async () => ({ image, cached: true }),
 ): Promise<Record<string, HarborResult>> {
   const tasks = await loadHarborTasks(dir);
   const summary = await runHarbor({
     client,
     tasks,
     agent,
-    environment: async () => ({ image, workspace, cached: true }),
+    environment,
     tasksPath: dir,
     outPath: join(work, out),
     concurrency: 4,
-    sandbox: { memoryLimitMb: 256 },
+    sandbox: { memoryLimitMb: 512 },
   });
   assert.equal(summary.pending, 0);
   return Object.fromEntries(summary.results.map((r) => [r.instance_id, r]));
 }
 
-test('a shipped task: oracle scores 1, none scores 0', async () => {
-  // log-top-ips's Dockerfile is the Debian base plus one COPY: that file is a workspace layer here.
-  const tree = join(work, 'log-top-ips-app');
-  await mkdir(join(tree, 'app'), { recursive: true });
-  await cp(join(SHIPPED, 'log-top-ips/environment/access.log'), join(tree, 'app/access.log'));
-  const ws = await node.buildLayer({
-    name: 'log-top-ips-app',
-    kind: 'workspace',
-    from: { dir: tree },
-  });
-  const workspace = `${ws.name}:${ws.version}`;
-  const dir = join(SHIPPED, 'log-top-ips');
-  const oracle = (await run(dir, new OracleAgent(), 'oracle.jsonl', workspace))['log-top-ips']!;
-  assert.equal(oracle.error, undefined, JSON.stringify(oracle));
-  assert.equal(oracle.reward, 1, JSON.stringify(oracle));
-  assert.equal(oracle.verifier?.source, 'reward.txt');
-  assert.equal(oracle.grading, 'harbor');
-  assert.ok(oracle.sandboxId);
-  const none = (await run(dir, new NoneAgent(), 'none.jsonl', workspace))['log-top-ips']!;
-  assert.equal(none.error, undefined, JSON.stringify(none));
-  assert.equal(none.reward, 0, JSON.stringify(none));
+test('shipped tasks: oracle scores 1, none scores 0', async () => {
+  // Two of them (DSEC_HARBOR_ALL_TASKS=1: all four), copied so the batch is just those.
+  const names = process.env['DSEC_HARBOR_ALL_TASKS']
+    ? ['log-top-ips', 'make-c-tool', 'python-fix-median', 'serve-status-page']
+    : ['log-top-ips', 'python-fix-median'];
+  const dir = join(work, 'shipped');
+  for (const n of names) await cp(join(SHIPPED, n), join(dir, n), { recursive: true });
+  const built = new Map<string, Promise<HarborEnvironment>>();
+  const build: HarborEnvironmentBuilder = (task) => {
+    if (!built.has(task.name)) built.set(task.name, emulatedBuild(task));
+    return built.get(task.name)!;
+  };
+  const oracle = await run(dir, new OracleAgent(), 'oracle.jsonl', build);
+  const none = await run(dir, new NoneAgent(), 'none.jsonl', build);
+  for (const n of names) {
+    const r = oracle[n]!;
+    assert.equal(r.error, undefined, JSON.stringify(r));
+    assert.equal(r.reward, 1, JSON.stringify(r));
+    assert.equal(r.verifier?.source, 'reward.txt');
+    assert.equal(r.grading, 'harbor');
+    assert.ok(r.sandboxId);
+    assert.equal(none[n]!.error, undefined, JSON.stringify(none[n]));
+    assert.equal(none[n]!.reward, 0, JSON.stringify(none[n]));
+  }
 });
 
 /** One attack task: `solve` is what the agent does, `test` the verifier's test.sh. */
