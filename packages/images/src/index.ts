@@ -53,6 +53,39 @@ export {
 export type { ImportRegistryOptions, RegistryImportResult } from './oci/registry.js';
 export { isInsecureRegistry, registriesConf, registrySettings } from './oci/registries.js';
 export type { RegistryConfig, RegistrySettings } from './oci/registries.js';
+export { convertDiffLayers } from './oci/diff-layers.js';
+export type { ConvertDiffLayersOptions, DiffLayer } from './oci/diff-layers.js';
+export {
+  buildDockerfile,
+  defaultAllow,
+  DEFAULT_BUILD_TIMEOUT_MS,
+  DEFAULT_MAX_OUTPUT_BYTES,
+} from './dockerfile/build.js';
+export type {
+  DockerfileBuildOptions,
+  DockerfileBuildProgress,
+  DockerfileBuildResult,
+} from './dockerfile/build.js';
+export { egressBuildNetwork } from './dockerfile/network.js';
+export type {
+  BuildNetwork,
+  BuildNetworkHandle,
+  EgressManager,
+  EgressSandbox,
+} from './dockerfile/network.js';
+export {
+  parseDockerfile,
+  DEFAULT_MAX_DOCKERFILE_BYTES,
+  DEFAULT_MAX_INSTRUCTIONS,
+} from './dockerfile/parse.js';
+export type {
+  DockerfileInstruction,
+  DockerfileLimits,
+  DockerfileStage,
+  ParsedDockerfile,
+} from './dockerfile/parse.js';
+export { DEFAULT_MAX_CONTEXT_BYTES, DEFAULT_MAX_CONTEXT_ENTRIES } from './dockerfile/context.js';
+export type { ContextLimits } from './dockerfile/context.js';
 export { readOciImage } from './oci/read-image.js';
 export type { OciImage } from './oci/read-image.js';
 export { collapseLayers, DEFAULT_COLLAPSE_MAX_BYTES } from './collapse.js';

@@ -2,20 +2,28 @@ import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Command } from 'commander';
 import { DsecError, parseLayerRef } from '@dsec/core';
-import type { LayerKind } from '@dsec/core';
+import type { ImageStore, LayerKind, LayerRef } from '@dsec/core';
+import { loadClusterConfig } from '@dsec/cluster';
+import { LinuxNetwork, type NetworkOptions } from '@dsec/edge';
+import { mountErofs, unmount } from '@dsec/native';
 import {
+  buildDockerfile,
+  egressBuildNetwork,
+  registrySettings,
+  type BuildNetwork,
+  type RegistryConfig,
   buildFromDebs,
   buildLayer,
   importOci,
   makeBusyboxRootfs,
   makeDebianRootfs,
 } from '@dsec/images';
-import { contextOf } from '../context.js';
+import { contextOf, type CliContext } from '../context.js';
 import { imageCommand } from './image.js';
 import { localStore } from '../stores.js';
 import { phaseProgress, printLayer, register as registerManage } from './image-manage.js';
 
-interface BuildOptions {
+interface BuildOptions extends DockerfileCliOptions {
   fromDir?: string;
   fromTar?: string;
   fromOci?: string;
@@ -43,8 +51,32 @@ function registerBuild(program: Command): void {
   imageCommand(program)
     .command('build <ref>')
     .description(
-      'build an image layer (EROFS) from a directory, a tarball, an OCI image, busybox or debootstrap',
+      'build an image layer (EROFS) from a Dockerfile, a directory, a tarball, an OCI image, busybox or debootstrap',
     )
+    .option(
+      '--dockerfile <dir>',
+      'a Dockerfile build context (buildah; RUN steps under an egress policy)',
+    )
+    .option('--file <path>', 'with --dockerfile: the Dockerfile (default DIR/Dockerfile)')
+    .option(
+      '--build-arg <k=v>',
+      'with --dockerfile: a build argument (repeatable)',
+      (v: string, acc: string[]) => [...acc, v],
+      [] as string[],
+    )
+    .option('--target <stage>', 'with --dockerfile: build up to this stage')
+    .option(
+      '--network-allow <domain>',
+      "with --dockerfile: a domain RUN steps may reach besides Debian's mirrors and the configured registries (repeatable)",
+      (v: string, acc: string[]) => [...acc, v],
+      [] as string[],
+    )
+    .option('--no-cache', 'with --dockerfile: build even when an identical build is stored')
+    .option(
+      '--config <file>',
+      "with --dockerfile: the node's config file (its registries section, and up.network or edge.network for RUN steps' egress)",
+    )
+    .option('--timeout <seconds>', 'with --dockerfile: stop a build running longer (default 3600)')
     .option('--from-dir <dir>', 'a directory tree')
     .option('--from-tar <file>', 'a tarball (plain, .gz, .xz, .zst)')
     .option('--from-oci <path>', 'an OCI image: layout dir, or a tar of one, or a docker-archive')
@@ -75,6 +107,7 @@ function registerBuild(program: Command): void {
         });
       }
       const sources = [
+        opts.dockerfile,
         opts.fromDir,
         opts.fromTar,
         opts.fromOci,
@@ -85,13 +118,17 @@ function registerBuild(program: Command): void {
       if (sources.length !== 1) {
         throw new DsecError(
           'invalid_argument',
-          'give exactly one of --from-dir, --from-tar, --from-oci, --from-busybox, --from-debootstrap, --from-debs',
+          'give exactly one of --dockerfile, --from-dir, --from-tar, --from-oci, --from-busybox, --from-debootstrap, --from-debs',
           {
             field: 'from',
           },
         );
       }
       const store = localStore(ctx);
+      if (opts.dockerfile) {
+        await buildFromDockerfile(ctx, store, ref, opts.kind as LayerKind, opts);
+        return;
+      }
       const progress = phaseProgress(ctx, `building ${ref.name}:${ref.version}`);
       let scratch: string | undefined;
       try {
@@ -159,4 +196,164 @@ function registerBuild(program: Command): void {
         if (scratch) await rm(scratch, { recursive: true, force: true });
       }
     });
+}
+
+interface DockerfileCliOptions {
+  dockerfile?: string;
+  file?: string;
+  buildArg: string[];
+  target?: string;
+  networkAllow: string[];
+  /** `--no-cache` sets it false. */
+  cache: boolean;
+  timeout?: string;
+  config?: string;
+}
+
+/**
+ * `dsec image build NAME --dockerfile DIR`: `buildDockerfile` with the
+ * node's registry settings (`DSEC_INSECURE_REGISTRIES`,
+ * `DSEC_REGISTRY_MIRRORS`, `REGISTRY_AUTH_FILE`), buildah's storage under
+ * `<state-dir>/buildah`, and RUN steps on a network namespace of the node's
+ * egress machinery (its own nftables table and addresses, under
+ * `<state-dir>/build`, removed afterwards). Prints buildah's `STEP` lines on
+ * stderr as they come; `--json`: `{ layer, cached, layers, steps }`.
+ */
+async function buildFromDockerfile(
+  ctx: CliContext,
+  store: ImageStore,
+  ref: LayerRef,
+  kind: LayerKind,
+  opts: DockerfileCliOptions,
+): Promise<void> {
+  const buildArgs: Record<string, string> = {};
+  for (const a of opts.buildArg) {
+    const eq = a.indexOf('=');
+    if (eq <= 0) {
+      throw new DsecError('invalid_argument', `--build-arg ${JSON.stringify(a)}: give NAME=VALUE`, {
+        field: 'buildArgs',
+      });
+    }
+    buildArgs[a.slice(0, eq)] = a.slice(eq + 1);
+  }
+  let timeoutMs: number | undefined;
+  if (opts.timeout !== undefined) {
+    const seconds = Number(opts.timeout);
+    if (!Number.isFinite(seconds) || seconds <= 0) {
+      throw new DsecError('invalid_argument', '--timeout: seconds, a positive number', {
+        field: 'timeoutMs',
+      });
+    }
+    timeoutMs = Math.ceil(seconds * 1000);
+  }
+  const config = opts.config !== undefined ? await loadClusterConfig(opts.config) : undefined;
+  const registries = registrySettings(
+    (config as { registries?: RegistryConfig } | undefined)?.registries,
+    ctx.io.env,
+  );
+  // The node's egress settings (upstream resolvers, public and protected ranges), not its mode.
+  const { mode: _mode, ...netOptions } = config?.up?.network ?? config?.edge?.network ?? {};
+  const { stateDir } = ctx.options;
+  await mkdir(stateDir, { recursive: true, mode: 0o711 });
+  // The node's egress machinery with a table and addresses of its own, so a
+  // running edge's sandboxes and this build never share a slot.
+  const network =
+    process.getuid?.() === 0 ? nodeBuildNetwork(join(stateDir, 'build'), netOptions) : undefined;
+  if (!network) ctx.err('note: not root, so no isolated network: RUN steps get none');
+  const progress = phaseProgress(ctx, `building ${ref.name}:${ref.version}`);
+  try {
+    const result = await buildDockerfile(store, {
+      name: ref.name,
+      version: ref.version,
+      kind,
+      contextDir: opts.dockerfile!,
+      ...(opts.file !== undefined ? { dockerfile: opts.file } : {}),
+      buildArgs,
+      ...(opts.target !== undefined ? { target: opts.target } : {}),
+      networkAllow: opts.networkAllow,
+      registries,
+      mounter: { mountErofs, unmount },
+      network,
+      noCache: !opts.cache,
+      ...(timeoutMs !== undefined ? { timeoutMs } : {}),
+      buildahRoot: join(stateDir, 'buildah'),
+      env: ctx.io.env,
+      signal: ctx.signal,
+      onProgress: (p) => {
+        if (p.phase === 'step' || p.phase === 'output') {
+          if (!ctx.json) ctx.err(p.phase === 'step' ? (p.message ?? '') : `  ${p.message ?? ''}`);
+          return;
+        }
+        progress.onProgress(p);
+      },
+    });
+    progress.done();
+    if (ctx.json) {
+      ctx.out(
+        JSON.stringify({
+          layer: result.layer,
+          cached: result.cached,
+          layers: result.layers,
+          steps: result.steps,
+        }),
+      );
+      return;
+    }
+    printLayer(ctx, result.layer);
+    if (result.cached)
+      ctx.out('cached: the same Dockerfile, context, arguments and target were built before');
+    else {
+      const reused = result.layers.filter((l) => l.reused).length;
+      ctx.out(
+        `${result.steps.length} steps; ${result.layers.length} image layers, ${reused} reused`,
+      );
+    }
+  } finally {
+    progress.done();
+  }
+}
+
+/**
+ * The node's egress machinery for one build, opened only when a build runs
+ * (a cached build costs nothing): a `LinuxNetwork` with a table and address
+ * range of its own under `stateDir`, so a running edge's sandboxes and the
+ * build never share a slot; closed (table and range given back) with the
+ * build's namespace.
+ */
+function nodeBuildNetwork(
+  stateDir: string,
+  options: Omit<NetworkOptions, 'stateDir'>,
+): BuildNetwork {
+  return {
+    async open(request) {
+      const manager = await LinuxNetwork.open({ ...options, stateDir });
+      const close = async (): Promise<void> => {
+        // The manager waits for the kernel to drop the build's veth on unref'd
+        // timers: hold the process until its table and address range are gone.
+        const hold = setInterval(() => undefined, 1000);
+        try {
+          await manager.close();
+        } finally {
+          clearInterval(hold);
+        }
+      };
+      try {
+        const handle = await egressBuildNetwork(manager, { first: 0, count: 1 }).open(request);
+        return {
+          nsPath: handle.nsPath,
+          nameserver: handle.nameserver,
+          close: async () => {
+            try {
+              await handle.close();
+            } finally {
+              await close();
+            }
+          },
+        };
+      } catch (err) {
+        await close();
+        throw err;
+      }
+    },
+  };
 }

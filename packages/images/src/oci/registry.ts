@@ -1,36 +1,25 @@
-import { createHash } from 'node:crypto';
-import { createReadStream, createWriteStream } from 'node:fs';
-import { access, mkdir, mkdtemp, open, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { access, mkdir, mkdtemp, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Transform } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
-import { spawn } from 'node:child_process';
-import { createGunzip } from 'node:zlib';
 import {
   DsecError,
   isDsecError,
-  throwIfAborted,
   type ImageStore,
   type LayerInfo,
   type LayerKind,
 } from '@dsec/core';
-import { buildLayer, extractTar, type BuildProgress } from '../build.js';
+import { buildLayer, type BuildProgress } from '../build.js';
 import { erofsCompression, type ErofsCompression } from '../erofs.js';
-import { copyLayer, type ErofsMounter } from '../collapse.js';
-import { mergeImageLayers, ociLayerToOverlay, type LayerTree } from '../overlay/merge.js';
+import type { ErofsMounter } from '../collapse.js';
+import { mergeImageLayers } from '../overlay/merge.js';
 import { DirImageStore } from '../store/dir-store.js';
 import { assertLayerKind, assertLayerName } from '../store/validate.js';
 import { runTool } from '../util/run-tool.js';
 import { diffIdsOf, imageConfig, readOciImage, type OciImage } from './read-image.js';
+import { convertDiffLayers, OCI_DIFF_LAYER_NAME } from './diff-layers.js';
 
-/**
- * The name under which one converted OCI layer is kept, versioned by the hex
- * of its diff ID: the store's layer records are the diff-ID index, so a
- * layer shared by many images (a distro base under thousands of task images)
- * is converted once.
- */
-export const OCI_DIFF_LAYER_NAME = 'oci-diff';
+// The per-layer conversion (diff-ID check, reuse, record) is shared with Dockerfile builds.
+export { OCI_DIFF_LAYER_NAME } from './diff-layers.js';
 
 /** A per-OCI-layer conversion record (`oci-diff:<hex>`): plumbing that `dsec image ls` hides without `--all`. */
 export function isOciDiffLayer(layer: Pick<LayerInfo, 'name'>): boolean {
@@ -157,45 +146,14 @@ export async function importFromRegistry(
     const pulled = known ?? (await pull(work, source.ref, totalBytes, options, authArgs, progress));
     const { image, pulledBytes } = pulled;
 
-    const trees: LayerTree[] = [];
-    const layers: RegistryImportResult['layers'] = [];
-    for (const [i, diffId] of image.diffIds.entries()) {
-      progress({ phase: 'convert', done: i, total: image.diffIds.length });
-      throwIfAborted(signal);
-      const version = diffId.slice('sha256:'.length);
-      const ref = `${OCI_DIFF_LAYER_NAME}:${version}`;
-      const dir = join(work, 'layers', String(i));
-      const existing = await store.getLayer(ref).catch((err: unknown) => {
-        if (isDsecError(err, 'image_not_found')) return undefined;
-        throw err;
-      });
-      if (existing) {
-        trees.push(await copyLayer(store, existing, dir, options.mounter, signal));
-        layers.push({ diffId, ref, reused: true });
-      } else {
-        const blob = image.layers[i]!;
-        await extractVerified(blob, diffId, dir, join(work, `layer-${i}.tar`), signal);
-        const tree = await ociLayerToOverlay(dir, signal);
-        await buildLayer(store, {
-          name: OCI_DIFF_LAYER_NAME,
-          version,
-          kind: 'toolkit',
-          from: { dir },
-          source: 'oci-layer',
-          // A cache read back once per image that shares it: compressing it would
-          // cost more time here than the reuse saves. The merged image below is
-          // compressed as asked.
-          compress: false,
-          workDir: work,
-          ...(signal ? { signal } : {}),
-        });
-        trees.push(tree);
-        layers.push({ diffId, ref, reused: false });
-      }
-      // The compressed blob is no longer needed: free its space before the next one.
-      if (image.layers[i] !== undefined) await rm(image.layers[i], { force: true });
-    }
-    progress({ phase: 'convert', done: image.diffIds.length, total: image.diffIds.length });
+    const { trees, layers } = await convertDiffLayers(store, {
+      diffIds: image.diffIds,
+      blobs: image.layers,
+      work,
+      mounter: options.mounter,
+      signal,
+      onProgress: progress,
+    });
     progress({ phase: 'merge' });
     const rootDir = await mergeImageLayers(trees, {
       emptyDir: join(work, 'layers', 'empty'),
@@ -461,57 +419,6 @@ function checkMediaTypes(types: string[], ref: string): void {
       { field: 'source', details: { reason: 'unsupported_media_type', mediaTypes: bad } },
     );
   }
-}
-
-/**
- * Decompresses a layer blob into a plain tar while hashing it, refuses it when
- * the hash is not its diff ID (the key it would be reused under by other
- * images), then extracts it.
- */
-async function extractVerified(
-  blob: string,
-  diffId: string,
-  dest: string,
-  tarFile: string,
-  signal: AbortSignal | undefined,
-): Promise<void> {
-  const magic = Buffer.alloc(4);
-  const fh = await open(blob, 'r');
-  try {
-    await fh.read(magic, 0, 4, 0);
-  } finally {
-    await fh.close();
-  }
-  const hash = createHash('sha256');
-  const hashing = new Transform({
-    transform(chunk: Buffer, _enc, done) {
-      hash.update(chunk);
-      done(null, chunk);
-    },
-  });
-  const out = createWriteStream(tarFile);
-  if (magic[0] === 0x1f && magic[1] === 0x8b) {
-    await pipeline(createReadStream(blob), createGunzip(), hashing, out, { signal });
-  } else if (magic.readUInt32LE(0) === 0xfd2fb528) {
-    const zstd = spawn('zstd', ['-dc', '--', blob], { stdio: ['ignore', 'pipe', 'inherit'] });
-    const exited = new Promise<number | null>((res) => zstd.once('close', res));
-    await pipeline(zstd.stdout, hashing, out, { signal });
-    if ((await exited) !== 0) {
-      throw new DsecError('invalid_argument', `cannot decompress layer ${diffId} (zstd)`, {
-        field: 'source',
-      });
-    }
-  } else {
-    await pipeline(createReadStream(blob), hashing, out, { signal });
-  }
-  if (`sha256:${hash.digest('hex')}` !== diffId) {
-    throw new DsecError('invalid_argument', `a layer does not match its diff ID ${diffId}`, {
-      field: 'source',
-    });
-  }
-  await mkdir(join(dest, '..'), { recursive: true });
-  await extractTar(tarFile, dest, signal, 'source');
-  await rm(tarFile, { force: true });
 }
 
 async function dirBytes(dir: string): Promise<number> {

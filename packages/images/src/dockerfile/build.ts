@@ -1,0 +1,743 @@
+import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdir, mkdtemp, readFile, readdir, rm, stat, writeFile, lstat } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import {
+  DEFAULT_LAYER_VERSION,
+  DsecError,
+  isDsecError,
+  throwIfAborted,
+  type ImageStore,
+  type LayerInfo,
+  type LayerKind,
+  type NetworkTarget,
+} from '@dsec/core';
+import { buildLayer, type BuildProgress } from '../build.js';
+import type { ErofsMounter } from '../collapse.js';
+import { erofsCompression, type ErofsCompression } from '../erofs.js';
+import { convertDiffLayers, type DiffLayer } from '../oci/diff-layers.js';
+import { readOciImage } from '../oci/read-image.js';
+import { registriesConf, type RegistrySettings } from '../oci/registries.js';
+import { REGISTRY_DEFAULT_COMPRESSION } from '../oci/registry.js';
+import { mergeImageLayers } from '../overlay/merge.js';
+import { DirImageStore } from '../store/dir-store.js';
+import { assertLayerKind, assertLayerName, assertLayerVersion } from '../store/validate.js';
+import { withLockFile } from '../util/lock-file.js';
+import { runTool } from '../util/run-tool.js';
+import { stageContext, type ContextLimits } from './context.js';
+import type { BuildNetwork, BuildNetworkHandle } from './network.js';
+import {
+  parseDockerfile,
+  StepTracker,
+  type DockerfileLimits,
+  type ParsedDockerfile,
+} from './parse.js';
+
+/** One hour: a build that runs longer is stopped (`deadline_exceeded`). */
+export const DEFAULT_BUILD_TIMEOUT_MS = 60 * 60 * 1000;
+/** The build output kept for a failure's tail and the result (the rest streams past). */
+export const DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024;
+/** Lines of a failed step's output quoted in the error. */
+const TAIL_LINES = 30;
+/** One output line is cut here: a step printing without newlines costs bounded memory. */
+const MAX_LINE_BYTES = 8 * 1024;
+/** Build arguments, and the bytes of each. */
+const MAX_BUILD_ARGS = 256;
+const MAX_BUILD_ARG_BYTES = 64 * 1024;
+/** Bumped when what the cache digest covers changes. */
+const CACHE_FORMAT = 'dsec-dockerfile-v1';
+
+export interface DockerfileBuildProgress extends BuildProgress {
+  /**
+   * Phase `step`: buildah's line as it printed it (`STEP 3/7: RUN …`);
+   * phase `output`: one line of a step's output (cut at 8 KiB).
+   */
+  message?: string | undefined;
+  /** Phase `step`: the instruction's line in the Dockerfile. */
+  line?: number | undefined;
+}
+
+export interface DockerfileBuildOptions extends DockerfileLimits, ContextLimits {
+  name: string;
+  version?: string | undefined;
+  /** Default `base`. */
+  kind?: LayerKind | undefined;
+  /** The build context directory. */
+  contextDir: string;
+  /** The Dockerfile: relative to `contextDir` or absolute (default `Dockerfile` in the context). */
+  dockerfile?: string | undefined;
+  buildArgs?: Record<string, string> | undefined;
+  /** Build up to this stage (`--target`). */
+  target?: string | undefined;
+  /** Domains `RUN` steps may reach besides Debian's mirrors and the configured registries. */
+  networkAllow?: string[] | undefined;
+  /** How this node reaches registries (`registrySettings`): `FROM` pulls follow it as imports do. */
+  registries: RegistrySettings;
+  /** Mounts stored per-layer images to copy reused base layers out of them. */
+  mounter: ErofsMounter;
+  /**
+   * Where `RUN` steps get their network: the node's egress machinery
+   * (`egressBuildNetwork`). Without it they get none at all (loopback only).
+   */
+  network?: BuildNetwork | undefined;
+  /** Build even when an identical build is stored (the result must still match it). */
+  noCache?: boolean | undefined;
+  /** Compression of the merged image (default `lz4`, as registry imports). */
+  compress?: boolean | ErofsCompression | undefined;
+  split?: boolean | undefined;
+  /** Default {@link DEFAULT_BUILD_TIMEOUT_MS}. */
+  timeoutMs?: number | undefined;
+  /** Default {@link DEFAULT_MAX_OUTPUT_BYTES}. */
+  maxOutputBytes?: number | undefined;
+  /**
+   * buildah's storage (images pulled for `FROM`, kept between builds), under
+   * a lock: default `<store tmp>/../buildah` for a directory store, else
+   * `<workDir>/buildah`. Never the host's `/var/lib/containers`.
+   */
+  buildahRoot?: string | undefined;
+  /** Scratch space (default: the store's `tmp/`, else the OS temp dir). */
+  workDir?: string | undefined;
+  /** Where `DSEC_REGISTRY_USERNAME`/`DSEC_REGISTRY_PASSWORD` are read (default `process.env`). */
+  env?: NodeJS.ProcessEnv | undefined;
+  signal?: AbortSignal | undefined;
+  onProgress?(p: DockerfileBuildProgress): void;
+}
+
+export interface DockerfileBuildResult {
+  layer: LayerInfo;
+  /** True when an identical build was stored and nothing ran. */
+  cached: boolean;
+  /** The image's layers bottom first: base layers are shared by diff ID (`oci-diff:<hex>`). */
+  layers: DiffLayer[];
+  /** buildah's `STEP k/n: …` lines, in order (empty when cached). */
+  steps: string[];
+  /** The digest of the build's inputs, recorded with the layer (`source: dockerfile@<digest>`). */
+  inputDigest: string;
+}
+
+/**
+ * Builds a Dockerfile into an EROFS layer `name:version`: DSec's one
+ * Dockerfile builder (`dsec image build --dockerfile`, Harbor task
+ * environments, and the E2B template build to come all call it).
+ *
+ * The context is copied (bounded, never following a link out of it) into
+ * scratch space and hashed with the Dockerfile, build arguments, target,
+ * kind and network allowlist; a stored layer of that name whose
+ * `source` records the same digest is the answer (`cached: true`) and
+ * nothing runs. Otherwise buildah 1.28 (`buildah bud`) builds it in a
+ * private storage root under a lock: `FROM` through `registriesConf(registries)`
+ * (insecure registries, mirrors, no short-name search) and the same
+ * credentials as imports; each `RUN` in a runc container (`--isolation
+ * oci`, docs/adr/0021-dockerfile-builds.md) on the network of `network`
+ * (DSec's egress policy: Debian's mirrors, the configured registries and
+ * `networkAllow`) or on none. The image is pushed to an OCI layout and
+ * imported layer by layer: layers of the pulled base images are converted
+ * once and shared by diff ID (`oci-diff:<hex>`, as registry imports keep
+ * them); layers the build made are sandbox-made and lose device nodes,
+ * set-id bits and file capabilities; then they are merged into the layer.
+ *
+ * Errors (all `DsecError`): `invalid_argument` for a bad Dockerfile,
+ * context or option (`field`, `details.reason`, `details.line`), and for a
+ * failed step (`details.reason: build_step_failed` with `instruction`,
+ * `line`, `outputTail`); `deadline_exceeded` past `timeoutMs`
+ * (`build_timeout`); `unavailable` for an unreachable registry; `conflict`
+ * when `name:version` holds another build; `aborted` on `signal`. Nothing
+ * is left behind on failure: the namespace, the scratch space and the
+ * build's container and image are removed.
+ */
+export async function buildDockerfile(
+  store: ImageStore,
+  options: DockerfileBuildOptions,
+): Promise<DockerfileBuildResult> {
+  assertLayerName(options.name);
+  const version = options.version ?? DEFAULT_LAYER_VERSION;
+  assertLayerVersion(version);
+  const kind = options.kind ?? 'base';
+  assertLayerKind(kind);
+  const compression = erofsCompression(options.compress, REGISTRY_DEFAULT_COMPRESSION);
+  const buildArgs = checkBuildArgs(options.buildArgs ?? {});
+  const networkAllow = (options.networkAllow ?? []).map(checkDomain);
+  const timeoutMs = options.timeoutMs ?? DEFAULT_BUILD_TIMEOUT_MS;
+  if (!Number.isInteger(timeoutMs) || timeoutMs <= 0) {
+    throw new DsecError('invalid_argument', 'timeoutMs must be a positive integer', {
+      field: 'timeoutMs',
+    });
+  }
+  const progress = (p: DockerfileBuildProgress): void => options.onProgress?.(p);
+  const contextDir = resolve(options.contextDir);
+  const dockerfilePath = resolve(contextDir, options.dockerfile ?? 'Dockerfile');
+  const dockerfileText = await readDockerfile(dockerfilePath, options);
+  const parsed = parseDockerfile(dockerfileText, options);
+  if (
+    options.target !== undefined &&
+    !parsed.stages.some((s) => s.name === options.target!.toLowerCase())
+  ) {
+    throw new DsecError('invalid_argument', `--target ${options.target}: no stage of that name`, {
+      field: 'target',
+      details: {
+        reason: 'unknown_target',
+        stages: parsed.stages.flatMap((s) => (s.name ? [s.name] : [])),
+      },
+    });
+  }
+
+  const workRoot = options.workDir ?? (store instanceof DirImageStore ? store.tmpDir : tmpdir());
+  await mkdir(workRoot, { recursive: true });
+  const work = await mkdtemp(join(workRoot, 'dockerfile-'));
+  const signal = withTimeout(options.signal, timeoutMs);
+  try {
+    progress({ phase: 'context' });
+    const staged = await stageContext(contextDir, join(work, 'context'), options, signal.signal);
+    const inputDigest = digestInputs({
+      dockerfile: dockerfileText,
+      context: staged.digest,
+      buildArgs,
+      target: options.target?.toLowerCase() ?? '',
+      kind,
+      networkAllow: [...networkAllow].sort(),
+    });
+    const source = `dockerfile@${inputDigest}`;
+    if (!options.noCache) {
+      const existing = await store.getLayer(`${options.name}:${version}`).catch((err: unknown) => {
+        if (isDsecError(err, 'image_not_found')) return undefined;
+        throw err;
+      });
+      if (existing?.source === source) {
+        progress({ phase: 'done' });
+        return { layer: existing, cached: true, layers: [], steps: [], inputDigest };
+      }
+    }
+
+    const buildahRoot =
+      options.buildahRoot ??
+      (store instanceof DirImageStore
+        ? join(store.tmpDir, '..', 'buildah')
+        : join(workRoot, 'buildah'));
+    await mkdir(buildahRoot, { recursive: true, mode: 0o700 });
+    const layoutDir = join(work, 'layout');
+    const built = await withLockFile(
+      join(buildahRoot, 'lock'),
+      async () =>
+        await runBuild({
+          options,
+          parsed,
+          buildArgs,
+          networkAllow,
+          buildahRoot,
+          work,
+          dockerfileText,
+          layoutDir,
+          signal: signal.signal,
+          timedOut: signal.timedOut,
+          progress,
+        }),
+      signal.signal,
+    );
+
+    progress({ phase: 'read' });
+    const image = await readOciImage(layoutDir, { ref: 'image', signal: signal.signal });
+    if (image.diffIds.length !== image.layers.length) {
+      throw new DsecError(
+        'internal',
+        'buildah wrote an image whose config lacks one diff ID per layer',
+      );
+    }
+    const { trees, layers } = await convertDiffLayers(store, {
+      diffIds: image.diffIds,
+      blobs: image.layers,
+      work,
+      mounter: options.mounter,
+      sandboxMade: (i) => !built.baseDiffIds.has(image.diffIds[i]!),
+      field: 'dockerfile',
+      signal: signal.signal,
+      onProgress: progress,
+    });
+    progress({ phase: 'merge' });
+    const rootDir = await mergeImageLayers(trees, {
+      emptyDir: join(work, 'layers', 'empty'),
+      keepMarks: kind !== 'base',
+      signal: signal.signal,
+    });
+    const parents = layers.filter((l) => l.ref !== '').map((l) => l.ref);
+    const layer = await buildLayer(store, {
+      name: options.name,
+      version,
+      kind,
+      from: { dir: rootDir },
+      source,
+      config: image.config,
+      ...(parents.length > 0 ? { parents } : {}),
+      ...(options.split !== undefined ? { split: options.split } : {}),
+      compress: compression,
+      workDir: work,
+      signal: signal.signal,
+      onProgress: progress,
+    });
+    return { layer, cached: false, layers, steps: built.steps, inputDigest };
+  } catch (err) {
+    if (signal.timedOut() && !options.signal?.aborted) {
+      throw new DsecError('deadline_exceeded', `the build ran past ${timeoutMs} ms`, {
+        field: 'timeoutMs',
+        details: { reason: 'build_timeout', timeoutMs },
+        cause: err,
+      });
+    }
+    throw err;
+  } finally {
+    signal.dispose();
+    await rm(work, { recursive: true, force: true });
+  }
+}
+
+interface RunBuildInput {
+  options: DockerfileBuildOptions;
+  parsed: ParsedDockerfile;
+  buildArgs: Record<string, string>;
+  networkAllow: string[];
+  buildahRoot: string;
+  work: string;
+  dockerfileText: string;
+  layoutDir: string;
+  signal: AbortSignal;
+  timedOut: () => boolean;
+  progress: (p: DockerfileBuildProgress) => void;
+}
+
+/** `buildah bud`, then `push` to an OCI layout, under the storage lock; the build's image is removed. */
+async function runBuild(
+  input: RunBuildInput,
+): Promise<{ steps: string[]; baseDiffIds: Set<string> }> {
+  const { options, buildahRoot, work, signal } = input;
+  const storage = [
+    '--root',
+    join(buildahRoot, 'root'),
+    '--runroot',
+    join(buildahRoot, 'run'),
+    '--storage-driver',
+    'overlay',
+  ];
+  const registriesFile = join(work, 'registries.conf');
+  await writeFile(registriesFile, registriesConf(options.registries), { mode: 0o600 });
+  const authFile = await credentials(options, input.parsed, work);
+  const dockerfileCopy = join(work, 'Dockerfile');
+  await writeFile(dockerfileCopy, input.dockerfileText, { mode: 0o600 });
+  const env: NodeJS.ProcessEnv = {
+    PATH: process.env['PATH'] ?? '/usr/sbin:/usr/bin:/sbin:/bin',
+    HOME: work,
+    CONTAINERS_REGISTRIES_CONF: registriesFile,
+    // No containers.conf or storage.conf of the host's changes what runs.
+    CONTAINERS_CONF: join(work, 'containers.conf'),
+    CONTAINERS_STORAGE_CONF: join(work, 'storage.conf'),
+    TMPDIR: work,
+  };
+  await writeFile(join(work, 'containers.conf'), '');
+  await writeFile(join(work, 'storage.conf'), '[storage]\ndriver = "overlay"\n');
+  const tag = `localhost/dsec-build-${createHash('sha256').update(work).digest('hex').slice(0, 16)}`;
+
+  let net: BuildNetworkHandle | undefined;
+  try {
+    if (options.network) {
+      input.progress({ phase: 'network' });
+      net = await options.network.open({
+        allow: await defaultAllow(options.registries, input.networkAllow),
+        signal,
+      });
+    }
+    const args = [
+      ...storage,
+      'bud',
+      '--isolation',
+      'oci',
+      '--runtime',
+      'runc',
+      '--format',
+      'oci',
+      '--layers=false',
+      '--pull=true',
+      '--retry',
+      '0',
+      '--network',
+      net ? `ns:${net.nsPath}` : 'none',
+      ...(net ? ['--dns', net.nameserver] : []),
+      ...(authFile ? ['--authfile', authFile] : []),
+      '--iidfile',
+      join(work, 'iid'),
+      '-f',
+      dockerfileCopy,
+      '-t',
+      tag,
+      ...Object.entries(input.buildArgs).flatMap(([k, v]) => ['--build-arg', `${k}=${v}`]),
+      ...(options.target !== undefined ? ['--target', options.target] : []),
+      join(work, 'context'),
+    ];
+    const steps = await runBud(args, env, input);
+    try {
+      input.progress({ phase: 'export' });
+      await runTool(
+        'buildah',
+        [
+          ...storage,
+          'push',
+          '--quiet',
+          '--disable-compression',
+          tag,
+          `oci:${input.layoutDir}:image`,
+        ],
+        { env, signal },
+      );
+      const baseDiffIds = await pulledDiffIds(storage, env, tag, signal);
+      return { steps, baseDiffIds };
+    } finally {
+      await runTool('buildah', [...storage, 'rmi', '--force', tag], { env }).catch(() => undefined);
+    }
+  } finally {
+    await net?.close();
+  }
+}
+
+/**
+ * The diff IDs of the images buildah pulled (named, not this build's):
+ * layers the build's image shares with them came from a registry, as an
+ * import would have taken them; the rest a `RUN` or `COPY` made.
+ */
+async function pulledDiffIds(
+  storage: string[],
+  env: NodeJS.ProcessEnv,
+  tag: string,
+  signal: AbortSignal,
+): Promise<Set<string>> {
+  const { stdout } = await runTool('buildah', [...storage, 'images', '--json'], { env, signal });
+  const images = JSON.parse(stdout || '[]') as { id?: string; names?: string[] | null }[];
+  const ids = new Set<string>();
+  for (const img of images) {
+    const names = img.names ?? [];
+    if (typeof img.id !== 'string' || names.length === 0) continue;
+    if (names.some((n) => n.startsWith('localhost/dsec-build-') || n.startsWith(`${tag}:`)))
+      continue;
+    const out = await runTool('buildah', [...storage, 'inspect', '--type', 'image', img.id], {
+      env,
+      signal,
+    });
+    const inspected = JSON.parse(out.stdout) as { OCIv1?: { rootfs?: { diff_ids?: unknown } } };
+    const diffIds = inspected.OCIv1?.rootfs?.diff_ids;
+    if (Array.isArray(diffIds)) for (const d of diffIds) if (typeof d === 'string') ids.add(d);
+  }
+  return ids;
+}
+
+/** Runs `buildah bud`, streaming its `STEP` lines; a failure names the step, its line and its output's tail. */
+async function runBud(
+  args: string[],
+  env: NodeJS.ProcessEnv,
+  input: RunBuildInput,
+): Promise<string[]> {
+  const { signal } = input;
+  throwIfAborted(signal);
+  const maxOutput = input.options.maxOutputBytes ?? DEFAULT_MAX_OUTPUT_BYTES;
+  const tracker = new StepTracker(input.parsed);
+  const steps: string[] = [];
+  let current: { text: string; line: number } | undefined;
+  let sinceStep: string[] = [];
+  let sinceStepBytes = 0;
+  let lastError = '';
+  const onLine = (raw: string): void => {
+    const line = raw.length > MAX_LINE_BYTES ? `${raw.slice(0, MAX_LINE_BYTES)}…` : raw;
+    const step = tracker.step(line);
+    if (step) {
+      steps.push(line);
+      current = { text: step.instruction.text, line: step.instruction.line };
+      sinceStep = [];
+      sinceStepBytes = 0;
+      input.progress({
+        phase: 'step',
+        done: step.done,
+        total: step.total,
+        message: line,
+        line: step.instruction.line,
+      });
+      return;
+    }
+    if (line.startsWith('Error: ')) lastError = line;
+    input.progress({ phase: 'output', message: line });
+    sinceStep.push(line);
+    sinceStepBytes += line.length + 1;
+    while (sinceStepBytes > maxOutput && sinceStep.length > 1)
+      sinceStepBytes -= sinceStep.shift()!.length + 1;
+  };
+  const child = spawn('buildah', args, { env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
+  const partial = { out: '', err: '' };
+  const feed = (which: 'out' | 'err', chunk: string): void => {
+    const parts = (partial[which] + chunk).split(/\r?\n/);
+    partial[which] = parts.pop() ?? '';
+    // A line without end is cut, not buffered without bound.
+    if (partial[which].length > MAX_LINE_BYTES) {
+      parts.push(partial[which]);
+      partial[which] = '';
+    }
+    for (const p of parts) if (p !== '') onLine(p);
+  };
+  child.stdout.setEncoding('utf8').on('data', (c: string) => feed('out', c));
+  child.stderr.setEncoding('utf8').on('data', (c: string) => feed('err', c));
+  const kill = (): void => {
+    // The process group: buildah and the runc it started.
+    try {
+      if (child.pid !== undefined) process.kill(-child.pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+  };
+  signal.addEventListener('abort', kill, { once: true });
+  const code = await new Promise<number | null>((res, rej) => {
+    child.once('error', (err) =>
+      rej(new DsecError('internal', `cannot run buildah: ${err.message}`, { cause: err })),
+    );
+    child.once('close', (c) => res(c));
+  }).finally(() => signal.removeEventListener('abort', kill));
+  for (const which of ['out', 'err'] as const) if (partial[which] !== '') onLine(partial[which]);
+  if (signal.aborted) {
+    throw new DsecError('aborted', 'the Dockerfile build was stopped', { cause: signal.reason });
+  }
+  if (code === 0) return steps;
+  const tail = sinceStep.filter((l) => !l.startsWith('Error: ')).slice(-TAIL_LINES);
+  const registry = classifyPullError(lastError);
+  if (registry && current?.text.startsWith('FROM ')) {
+    throw new DsecError(
+      registry.code,
+      `Dockerfile line ${current.line}: ${current.text}: ${lastError.slice(7)}`,
+      {
+        field: 'dockerfile',
+        details: { reason: registry.reason, instruction: current.text, line: current.line },
+      },
+    );
+  }
+  if (!current) {
+    throw new DsecError(
+      'invalid_argument',
+      `buildah refused the Dockerfile: ${lastError.slice(7) || tail.join('\n')}`,
+      {
+        field: 'dockerfile',
+        details: { reason: 'syntax', outputTail: tail.join('\n') },
+      },
+    );
+  }
+  throw new DsecError(
+    'invalid_argument',
+    `Dockerfile line ${current.line}: ${current.text} failed${lastError ? ` (${lastError.slice(7)})` : ''}${tail.length > 0 ? `:\n${tail.join('\n')}` : ''}`,
+    {
+      field: 'dockerfile',
+      details: {
+        reason: 'build_step_failed',
+        instruction: current.text,
+        line: current.line,
+        exitCode: code,
+        outputTail: tail.join('\n'),
+      },
+    },
+  );
+}
+
+function classifyPullError(
+  text: string,
+): { code: 'unavailable' | 'permission_denied' | 'image_not_found'; reason: string } | undefined {
+  if (text === '') return undefined;
+  if (/unauthorized|authentication required|denied|401|403/i.test(text)) {
+    return { code: 'permission_denied', reason: 'registry_auth' };
+  }
+  if (/manifest unknown|name unknown|not found|\b404\b/i.test(text)) {
+    return { code: 'image_not_found', reason: 'unknown_tag' };
+  }
+  if (
+    /connection refused|no such host|i\/o timeout|network is unreachable|server gave HTTP response|x509|tls:/i.test(
+      text,
+    )
+  ) {
+    return { code: 'unavailable', reason: 'registry_unreachable' };
+  }
+  return undefined;
+}
+
+/**
+ * An auth file for buildah: the configured one, else one written from
+ * `DSEC_REGISTRY_USERNAME`/`DSEC_REGISTRY_PASSWORD` for every registry a
+ * `FROM` names (0600, in scratch space; never on a command line).
+ */
+async function credentials(
+  options: DockerfileBuildOptions,
+  parsed: ParsedDockerfile,
+  work: string,
+): Promise<string | undefined> {
+  if (options.registries.authFile !== undefined) {
+    if (!(await stat(options.registries.authFile).catch(() => undefined))?.isFile()) {
+      throw new DsecError(
+        'invalid_argument',
+        `auth file ${options.registries.authFile} does not exist`,
+        {
+          field: 'authFile',
+        },
+      );
+    }
+    return options.registries.authFile;
+  }
+  const env = options.env ?? process.env;
+  const user = env['DSEC_REGISTRY_USERNAME'];
+  if (user === undefined || user === '') return undefined;
+  const auth = Buffer.from(`${user}:${env['DSEC_REGISTRY_PASSWORD'] ?? ''}`).toString('base64');
+  const stageNames = new Set(parsed.stages.flatMap((s) => (s.name ? [s.name] : [])));
+  const hosts = new Set<string>();
+  for (const s of parsed.stages) {
+    if (stageNames.has(s.from.toLowerCase())) continue;
+    const host = s.from.split('/')[0]!;
+    if (s.from.includes('/') && /[.:]|^localhost$/.test(host)) hosts.add(host);
+  }
+  const file = join(work, 'auth.json');
+  await writeFile(
+    file,
+    JSON.stringify({ auths: Object.fromEntries([...hosts].map((h) => [h, { auth }])) }),
+    {
+      mode: 0o600,
+    },
+  );
+  return file;
+}
+
+/**
+ * What `RUN` steps reach by default: Debian's mirrors (`deb.debian.org`,
+ * `security.debian.org` and every host the node's apt sources name), the
+ * configured registries (their host names; IP literals as /32 or /128 on
+ * their port), and `extra`.
+ */
+export async function defaultAllow(
+  registries: RegistrySettings,
+  extra: string[],
+): Promise<NetworkTarget[]> {
+  const domains = new Set(['deb.debian.org', 'security.debian.org', ...extra]);
+  for (const host of await aptHosts()) domains.add(host);
+  const cidrs: NetworkTarget[] = [];
+  const hosts = new Set([
+    ...registries.insecure,
+    ...Object.keys(registries.mirrors),
+    ...Object.values(registries.mirrors).flat(),
+  ]);
+  for (const hp of hosts) {
+    const m = /^(?:\[([0-9a-f:]+)\]|([^:]+))(?::(\d+))?$/i.exec(hp);
+    if (!m) continue;
+    const port = m[3] !== undefined ? [Number(m[3])] : undefined;
+    if (m[1] !== undefined) {
+      if (m[1] !== '::1') cidrs.push({ cidr: `${m[1]}/128`, ...(port ? { ports: port } : {}) });
+    } else if (/^\d+\.\d+\.\d+\.\d+$/.test(m[2]!)) {
+      // Loopback is the build's own namespace, never the host's.
+      if (!m[2]!.startsWith('127.'))
+        cidrs.push({ cidr: `${m[2]}/32`, ...(port ? { ports: port } : {}) });
+    } else if (m[2] !== 'localhost') domains.add(m[2]!.toLowerCase());
+  }
+  return [...[...domains].sort().map((domain) => ({ domain })), ...cidrs];
+}
+
+/** Host names in the node's apt sources (`sources.list`, `sources.list.d/*`). */
+async function aptHosts(aptDir = '/etc/apt'): Promise<string[]> {
+  const files = [join(aptDir, 'sources.list')];
+  const d = join(aptDir, 'sources.list.d');
+  for (const f of (await readdir(d).catch(() => [] as string[])).sort()) files.push(join(d, f));
+  const hosts = new Set<string>();
+  for (const file of files) {
+    const text = await readFile(file, 'utf8').catch(() => '');
+    for (const m of text.matchAll(/https?:\/\/([A-Za-z0-9.-]+)(?::\d+)?\//g)) {
+      if (!/^(#|\s*#)/.test(m.input.slice(m.input.lastIndexOf('\n', m.index) + 1, m.index)))
+        hosts.add(m[1]!.toLowerCase());
+    }
+  }
+  return [...hosts];
+}
+
+async function readDockerfile(path: string, limits: DockerfileLimits): Promise<string> {
+  const st = await lstat(path).catch(() => undefined);
+  if (!st?.isFile()) {
+    throw new DsecError('invalid_argument', `no Dockerfile at ${path} (a regular file)`, {
+      field: 'dockerfile',
+    });
+  }
+  const max = limits.maxDockerfileBytes ?? 1024 * 1024;
+  if (st.size > max) {
+    throw new DsecError('invalid_argument', `${path} is larger than ${max} bytes`, {
+      field: 'dockerfile',
+      details: { reason: 'too_large', maxDockerfileBytes: max },
+    });
+  }
+  return await readFile(path, 'utf8');
+}
+
+function checkBuildArgs(args: Record<string, string>): Record<string, string> {
+  const entries = Object.entries(args);
+  if (entries.length > MAX_BUILD_ARGS) {
+    throw new DsecError('invalid_argument', `at most ${MAX_BUILD_ARGS} build arguments`, {
+      field: 'buildArgs',
+    });
+  }
+  const out: Record<string, string> = {};
+  for (const [k, v] of entries.sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
+    if (
+      !/^[A-Za-z_][A-Za-z0-9_]{0,127}$/.test(k) ||
+      typeof v !== 'string' ||
+      Buffer.byteLength(v) > MAX_BUILD_ARG_BYTES ||
+      v.includes('\0')
+    ) {
+      throw new DsecError(
+        'invalid_argument',
+        `build argument ${JSON.stringify(k)}: NAME=VALUE with a shell-style name and at most ${MAX_BUILD_ARG_BYTES} bytes`,
+        {
+          field: 'buildArgs',
+        },
+      );
+    }
+    out[k] = v;
+  }
+  return out;
+}
+
+function checkDomain(d: string): string {
+  const domain = d.trim().toLowerCase();
+  if (
+    !/^(\*\.)?([a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9-]{1,63}$/.test(domain) ||
+    domain.length > 253
+  ) {
+    throw new DsecError(
+      'invalid_argument',
+      `--network-allow ${JSON.stringify(d)} is not a domain (example.com or *.example.com)`,
+      {
+        field: 'networkAllow',
+      },
+    );
+  }
+  return domain;
+}
+
+function digestInputs(inputs: Record<string, unknown>): string {
+  return `sha256:${createHash('sha256')
+    .update(JSON.stringify({ format: CACHE_FORMAT, ...inputs }))
+    .digest('hex')}`;
+}
+
+function withTimeout(
+  outer: AbortSignal | undefined,
+  timeoutMs: number,
+): { signal: AbortSignal; timedOut: () => boolean; dispose: () => void } {
+  const controller = new AbortController();
+  let timedOut = false;
+  const timer = setTimeout(() => {
+    timedOut = true;
+    controller.abort(new DsecError('deadline_exceeded', `the build ran past ${timeoutMs} ms`));
+  }, timeoutMs);
+  timer.unref();
+  const onAbort = (): void => controller.abort(outer?.reason);
+  if (outer?.aborted) controller.abort(outer.reason);
+  else outer?.addEventListener('abort', onAbort, { once: true });
+  return {
+    signal: controller.signal,
+    timedOut: () => timedOut,
+    dispose: () => {
+      clearTimeout(timer);
+      outer?.removeEventListener('abort', onAbort);
+    },
+  };
+}

@@ -1,0 +1,223 @@
+import { createHash } from 'node:crypto';
+import { createReadStream, createWriteStream } from 'node:fs';
+import { mkdir, open, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import { spawn } from 'node:child_process';
+import { createGunzip } from 'node:zlib';
+import { DsecError, isDsecError, throwIfAborted, type ImageStore } from '@dsec/core';
+import { buildLayer, extractTar, type BuildProgress } from '../build.js';
+import { copyLayer, type ErofsMounter } from '../collapse.js';
+import { ociLayerToOverlay, type LayerTree } from '../overlay/merge.js';
+import { runTool } from '../util/run-tool.js';
+
+/**
+ * The name under which one converted OCI layer is kept, versioned by the hex
+ * of its diff ID: the store's layer records are the diff-ID index, so a
+ * layer shared by many images (a distro base under thousands of task images)
+ * is converted once.
+ */
+export const OCI_DIFF_LAYER_NAME = 'oci-diff';
+
+/** One image layer after {@link convertDiffLayers}: its diff ID, its record, whether it was reused. */
+export interface DiffLayer {
+  diffId: string;
+  /** `oci-diff:<hex>` for a recorded layer; `''` for one converted in place (never recorded). */
+  ref: string;
+  reused: boolean;
+}
+
+export interface ConvertDiffLayersOptions {
+  /** The image's diff IDs, bottom first. */
+  diffIds: string[];
+  /**
+   * Each layer's blob (compressed or not), bottom first; may be empty when
+   * every layer is already recorded. A blob is deleted once converted.
+   */
+  blobs: string[];
+  /** Scratch space: layer `i` is unpacked under `work/layers/i`. */
+  work: string;
+  mounter: ErofsMounter;
+  /**
+   * Layers a sandbox made (a Dockerfile's `RUN`): unpacked without device
+   * nodes, set-id bits or file capabilities, and never recorded under their
+   * diff ID (what is kept is no longer what the diff ID names).
+   */
+  sandboxMade?: (index: number) => boolean;
+  /** The field a bad layer is reported against (default `source`). */
+  field?: string;
+  signal?: AbortSignal | undefined;
+  onProgress?(p: BuildProgress): void;
+}
+
+/**
+ * Converts an image's layers bottom first into overlay trees for
+ * `mergeImageLayers`: a layer whose `oci-diff:<hex>` record exists is copied
+ * out of its stored EROFS image; any other is decompressed while hashed,
+ * refused unless the hash is its diff ID, unpacked, and (unless
+ * sandbox-made) recorded as `oci-diff:<hex>` so the next image sharing it
+ * reuses it. Shared by the registry import and Dockerfile builds.
+ */
+export async function convertDiffLayers(
+  store: ImageStore,
+  options: ConvertDiffLayersOptions,
+): Promise<{ trees: LayerTree[]; layers: DiffLayer[] }> {
+  const { diffIds, work, signal } = options;
+  const field = options.field ?? 'source';
+  const progress = (p: BuildProgress): void => options.onProgress?.(p);
+  const trees: LayerTree[] = [];
+  const layers: DiffLayer[] = [];
+  for (const [i, diffId] of diffIds.entries()) {
+    progress({ phase: 'convert', done: i, total: diffIds.length });
+    throwIfAborted(signal);
+    const version = diffId.slice('sha256:'.length);
+    const sandboxMade = options.sandboxMade?.(i) === true;
+    const ref = sandboxMade ? '' : `${OCI_DIFF_LAYER_NAME}:${version}`;
+    const dir = join(work, 'layers', String(i));
+    const existing = sandboxMade
+      ? undefined
+      : await store.getLayer(ref).catch((err: unknown) => {
+          if (isDsecError(err, 'image_not_found')) return undefined;
+          throw err;
+        });
+    if (existing) {
+      trees.push(await copyLayer(store, existing, dir, options.mounter, signal));
+      layers.push({ diffId, ref, reused: true });
+    } else {
+      const blob = options.blobs[i];
+      if (blob === undefined) {
+        throw new DsecError('internal', `layer ${diffId} is neither stored nor pulled`);
+      }
+      const tarFile = join(work, `layer-${i}.tar`);
+      await decompressVerified(blob, diffId, tarFile, field, signal);
+      await mkdir(join(dir, '..'), { recursive: true });
+      if (sandboxMade) await extractSandboxTar(tarFile, dir, signal, field);
+      else await extractTar(tarFile, dir, signal, field);
+      await rm(tarFile, { force: true });
+      const tree = await ociLayerToOverlay(dir, signal);
+      if (!sandboxMade) {
+        await buildLayer(store, {
+          name: OCI_DIFF_LAYER_NAME,
+          version,
+          kind: 'toolkit',
+          from: { dir },
+          source: 'oci-layer',
+          // A cache read back once per image that shares it: compressing it would
+          // cost more time here than the reuse saves. The merged image is
+          // compressed as asked.
+          compress: false,
+          workDir: work,
+          ...(signal ? { signal } : {}),
+        });
+      }
+      trees.push(tree);
+      layers.push({ diffId, ref, reused: false });
+    }
+    // The compressed blob is no longer needed: free its space before the next one.
+    if (options.blobs[i] !== undefined) await rm(options.blobs[i], { force: true });
+  }
+  progress({ phase: 'convert', done: diffIds.length, total: diffIds.length });
+  return { trees, layers };
+}
+
+/**
+ * Unpacks a layer a sandbox made: no file capability is restored
+ * (`security.capability` excluded), then device nodes are deleted and set-id
+ * bits cleared. Nothing runs in the tree meanwhile (the build has ended), and
+ * `find` neither follows symlinks nor leaves the tree's filesystem, so every
+ * path it prints is the entry it matched.
+ */
+async function extractSandboxTar(
+  tarFile: string,
+  dest: string,
+  signal: AbortSignal | undefined,
+  field: string,
+): Promise<void> {
+  await mkdir(dest, { mode: 0o755 });
+  await runTool(
+    'tar',
+    [
+      '--extract',
+      `--file=${tarFile}`,
+      `--directory=${dest}`,
+      '--same-owner',
+      '--numeric-owner',
+      '--same-permissions',
+      '--xattrs',
+      '--xattrs-include=*',
+      '--xattrs-exclude=security.capability',
+    ],
+    { signal },
+  ).catch((err: unknown) => {
+    throw new DsecError('invalid_argument', `cannot extract a built layer: ${String(err)}`, {
+      field,
+      cause: err,
+    });
+  });
+  await runTool(
+    'find',
+    ['-P', dest, '-xdev', '(', '-type', 'b', '-o', '-type', 'c', ')', '-delete'],
+    {
+      signal,
+    },
+  );
+  await runTool(
+    'find',
+    ['-P', dest, '-xdev', '-type', 'f', '-perm', '/6000', '-exec', 'chmod', 'ug-s', '{}', '+'],
+    { signal },
+  );
+  await runTool(
+    'find',
+    ['-P', dest, '-xdev', '-type', 'd', '-perm', '/6000', '-exec', 'chmod', 'g-s,u-s', '{}', '+'],
+    { signal },
+  );
+}
+
+/**
+ * Decompresses a layer blob (gzip, zstd or plain) into a plain tar while
+ * hashing it, and refuses it when the hash is not its diff ID (the key it
+ * would be reused under by other images).
+ */
+async function decompressVerified(
+  blob: string,
+  diffId: string,
+  tarFile: string,
+  field: string,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  const magic = Buffer.alloc(4);
+  const fh = await open(blob, 'r');
+  try {
+    await fh.read(magic, 0, 4, 0);
+  } finally {
+    await fh.close();
+  }
+  const hash = createHash('sha256');
+  const hashing = new Transform({
+    transform(chunk: Buffer, _enc, done) {
+      hash.update(chunk);
+      done(null, chunk);
+    },
+  });
+  const out = createWriteStream(tarFile);
+  if (magic[0] === 0x1f && magic[1] === 0x8b) {
+    await pipeline(createReadStream(blob), createGunzip(), hashing, out, { signal });
+  } else if (magic.readUInt32LE(0) === 0xfd2fb528) {
+    const zstd = spawn('zstd', ['-dc', '--', blob], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const exited = new Promise<number | null>((res) => zstd.once('close', res));
+    await pipeline(zstd.stdout, hashing, out, { signal });
+    if ((await exited) !== 0) {
+      throw new DsecError('invalid_argument', `cannot decompress layer ${diffId} (zstd)`, {
+        field,
+      });
+    }
+  } else {
+    await pipeline(createReadStream(blob), hashing, out, { signal });
+  }
+  if (`sha256:${hash.digest('hex')}` !== diffId) {
+    throw new DsecError('invalid_argument', `a layer does not match its diff ID ${diffId}`, {
+      field,
+    });
+  }
+}
