@@ -1,7 +1,8 @@
 import { createHash } from 'node:crypto';
+import { mkdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { DsecError, type ImageStore } from '@dsec/core';
-import { erofsMountFromEnv, hostErofsMounter } from '@dsec/edge';
+import { DsecError } from '@dsec/core';
+import { mountErofs, unmount } from '@dsec/native';
 import {
   HttpAgent,
   Journal,
@@ -14,9 +15,10 @@ import {
   type HarborResult,
   type HarborTask,
 } from '@dsec/eval';
-import * as images from '@dsec/images';
+import { buildDockerfile, registrySettings } from '@dsec/images';
 import type { CliContext } from '../context.js';
 import { formatTable } from '../format.js';
+import { nodeBuildNetwork } from './image-build.js';
 import { createProgress } from '../progress.js';
 import { localStore } from '../stores.js';
 
@@ -43,23 +45,6 @@ export interface HarborRunOptions {
   networkAllow?: string[];
 }
 
-/** `buildDockerfile` as @dsec/images exports it (the `dockerfile` part of issue 25). */
-type BuildDockerfile = (
-  store: ImageStore,
-  options: {
-    name: string;
-    kind?: 'base';
-    contextDir: string;
-    dockerfile?: string;
-    buildArgs?: Record<string, string>;
-    networkAllow?: string[];
-    registries: images.RegistrySettings;
-    mounter: ReturnType<typeof hostErofsMounter>;
-    workDir?: string;
-    signal?: AbortSignal;
-  },
-) => Promise<{ layer: { name: string; version: string }; cached: boolean }>;
-
 /** A task's environment layer name: `harbor-<task>`, within the layer name rules. */
 export function harborLayerName(task: HarborTask): string {
   const clean = task.name.toLowerCase().replace(/[^a-z0-9._-]/g, '-');
@@ -73,29 +58,23 @@ export function harborLayerName(task: HarborTask): string {
  * Builds each task's `environment/Dockerfile` with `buildDockerfile`
  * (cached there: the same Dockerfile and context build nothing), `FROM`
  * through the registry settings (DSEC_INSECURE_REGISTRIES,
- * DSEC_REGISTRY_MIRRORS, REGISTRY_AUTH_FILE).
+ * DSEC_REGISTRY_MIRRORS, REGISTRY_AUTH_FILE), RUN steps on the node's
+ * egress machinery as `dsec image build --dockerfile`'s (root only; else
+ * none), within task.toml's `build_timeout_sec`. One build at a time: the
+ * build network's table and addresses under `<state-dir>/build` are one
+ * build's, and a cached build costs nothing anyway.
  */
 function dockerfileBuilder(ctx: CliContext, opts: HarborRunOptions): HarborEnvironmentBuilder {
   const store = localStore(ctx);
-  const build = (images as unknown as { buildDockerfile?: BuildDockerfile }).buildDockerfile;
-  const registries = images.registrySettings(undefined, ctx.io.env);
-  const mounter = hostErofsMounter({
-    probeDir: join(ctx.options.stateDir, 'tmp', `erofs-probe-${process.pid}`),
-    setting: erofsMountFromEnv(ctx.io.env),
-  });
-  return async (task, { signal }) => {
-    if (!build) {
-      throw new DsecError(
-        'internal',
-        'this build of dsec has no Dockerfile builder (buildDockerfile in @dsec/images)',
-        { field: 'format' },
-      );
-    }
-    // The build's own limit is task.toml's build_timeout_sec.
-    const limit = AbortSignal.timeout(task.buildTimeoutSec * 1000);
-    const both = AbortSignal.any([signal, limit]);
-    try {
-      const r = await build(store, {
+  const registries = registrySettings(undefined, ctx.io.env);
+  const { stateDir } = ctx.options;
+  const network =
+    process.getuid?.() === 0 ? nodeBuildNetwork(join(stateDir, 'build'), {}) : undefined;
+  let queue: Promise<unknown> = Promise.resolve();
+  return (task, { signal }) => {
+    const run = queue.then(async () => {
+      await mkdir(stateDir, { recursive: true, mode: 0o711 });
+      const r = await buildDockerfile(store, {
         name: harborLayerName(task),
         kind: 'base',
         contextDir: task.environmentDir,
@@ -103,21 +82,17 @@ function dockerfileBuilder(ctx: CliContext, opts: HarborRunOptions): HarborEnvir
         buildArgs: opts.buildArg ?? {},
         networkAllow: opts.networkAllow ?? [],
         registries,
-        mounter,
-        workDir: join(ctx.options.stateDir, 'tmp'),
-        signal: both,
+        mounter: { mountErofs, unmount },
+        network,
+        timeoutMs: Math.ceil(task.buildTimeoutSec * 1000),
+        buildahRoot: join(stateDir, 'buildah'),
+        env: ctx.io.env,
+        signal,
       });
       return { image: `${r.layer.name}:${r.layer.version}`, cached: r.cached };
-    } catch (err) {
-      if (limit.aborted && !signal.aborted) {
-        throw new DsecError(
-          'deadline_exceeded',
-          `building ${task.name}'s environment ran past build_timeout_sec (${task.buildTimeoutSec}s)`,
-          { field: 'environment.build_timeout_sec', cause: err },
-        );
-      }
-      throw err;
-    }
+    });
+    queue = run.catch(() => undefined);
+    return run;
   };
 }
 
