@@ -61,12 +61,29 @@ set -a
 . "$registry_dir/env"
 set +a
 harbor=examples/harbor-tasks
+# The Dockerfiles' RUN steps reach Debian's mirror through DSec's egress policy, whose resolver
+# drops answers in special-use ranges. A lab whose mirror sits in one (a documentation or
+# benchmarking range) declares it public for the builds, as an operator would in the node's config.
+harbor_config="$registry_dir/config.json"
+/usr/bin/python3 - "$harbor_config" <<'PY'
+import ipaddress, json, socket, sys
+lab = ["192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "198.18.0.0/15", "100.64.0.0/10"]
+found = set()
+try:
+    for info in socket.getaddrinfo("deb.debian.org", 80, socket.AF_INET):
+        addr = ipaddress.ip_address(info[4][0])
+        found.update(c for c in lab if addr in ipaddress.ip_network(c))
+except OSError:
+    pass
+network = {"publicRanges": sorted(found)} if found else {}
+json.dump({"up": {"network": network}}, open(sys.argv[1], "w"))
+PY
 echo "==> Harbor tasks, agent oracle: each task's solution/solve.sh; environments built from their Dockerfiles (cached)"
 bin/dsec eval run "$harbor" --format harbor --agent oracle --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" \
-  --concurrency 4 --out "$results/harbor-oracle.jsonl"
+  --config "$harbor_config" --concurrency 4 --out "$results/harbor-oracle.jsonl"
 echo "==> Harbor tasks, agent none: nothing done, so every verifier scores 0"
 bin/dsec eval run "$harbor" --format harbor --agent none --build-arg DEBIAN_IMAGE="$DEBIAN_IMAGE" \
-  --concurrency 4 --out "$results/harbor-none.jsonl"
+  --config "$harbor_config" --concurrency 4 --out "$results/harbor-none.jsonl"
 kill -TERM $registry_pid && wait $registry_pid || true
 registry_pid=
 rm -rf "$registry_dir"

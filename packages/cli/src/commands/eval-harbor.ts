@@ -15,7 +15,8 @@ import {
   type HarborResult,
   type HarborTask,
 } from '@dsec/eval';
-import { buildDockerfile, registrySettings } from '@dsec/images';
+import { loadClusterConfig } from '@dsec/cluster';
+import { buildDockerfile, registrySettings, type RegistryConfig } from '@dsec/images';
 import type { CliContext } from '../context.js';
 import { formatTable } from '../format.js';
 import { nodeBuildNetwork } from './image-build.js';
@@ -43,6 +44,8 @@ export interface HarborRunOptions {
   ttlSeconds?: number;
   buildArg?: Record<string, string>;
   networkAllow?: string[];
+  /** The node's config file: its `registries`, and `up.network` / `edge.network` for RUN steps. */
+  config?: string;
 }
 
 /** A task's environment layer name: `harbor-<task>`, within the layer name rules. */
@@ -64,12 +67,21 @@ export function harborLayerName(task: HarborTask): string {
  * build network's table and addresses under `<state-dir>/build` are one
  * build's, and a cached build costs nothing anyway.
  */
-function dockerfileBuilder(ctx: CliContext, opts: HarborRunOptions): HarborEnvironmentBuilder {
+async function dockerfileBuilder(
+  ctx: CliContext,
+  opts: HarborRunOptions,
+): Promise<HarborEnvironmentBuilder> {
   const store = localStore(ctx);
-  const registries = registrySettings(undefined, ctx.io.env);
+  const config = opts.config !== undefined ? await loadClusterConfig(opts.config) : undefined;
+  const registries = registrySettings(
+    (config as { registries?: RegistryConfig } | undefined)?.registries,
+    ctx.io.env,
+  );
+  // The node's egress settings (upstream resolvers, public and protected ranges), not its mode.
+  const { mode: _mode, ...netOptions } = config?.up?.network ?? config?.edge?.network ?? {};
   const { stateDir } = ctx.options;
   const network =
-    process.getuid?.() === 0 ? nodeBuildNetwork(join(stateDir, 'build'), {}) : undefined;
+    process.getuid?.() === 0 ? nodeBuildNetwork(join(stateDir, 'build'), netOptions) : undefined;
   let queue: Promise<unknown> = Promise.resolve();
   return (task, { signal }) => {
     const run = queue.then(async () => {
@@ -166,7 +178,7 @@ export async function runHarborCommand(
       client: ctx.client(),
       tasks,
       agent,
-      environment: builder ?? dockerfileBuilder(ctx, opts),
+      environment: builder ?? (await dockerfileBuilder(ctx, opts)),
       tasksPath,
       outPath: out,
       resume: opts.resume,

@@ -45,6 +45,7 @@ interface RunOptions extends TaskOptions {
   format?: 'jsonl' | 'harbor';
   buildArg?: Record<string, string>;
   networkAllow?: string[];
+  config?: string;
   endpoint?: string;
   model?: string;
   apiKeyEnv: string;
@@ -159,6 +160,10 @@ export function register(program: Command): void {
         '--network-allow <domain>',
         "a domain the Dockerfile's RUN steps may reach (--format harbor; repeatable)",
         collect,
+      )
+      .option(
+        '--config <file>',
+        "the node's config file, for Dockerfile builds (--format harbor): its registries section, and up.network or edge.network for RUN steps' egress",
       ),
   ).action(async (file: string, opts: RunOptions, command: Command) => {
     if (opts.format === 'harbor') return runHarborCommand(contextOf(command), file, opts);
