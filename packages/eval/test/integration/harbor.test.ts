@@ -7,8 +7,10 @@
  * root the demo mirrors into its registry (`ensureDebianLayout`, cached
  * under /var/cache/dsec); a task's Dockerfile is stood in for by layers on
  * it (`emulatedBuild`: its apt packages as a toolkit, its COPYs as a
- * workspace), so no base is rebuilt per task. Needs root, runc and Debian's
- * mirror on the first run (debootstrap, apt).
+ * workspace), so no base is rebuilt per task; and one of them (no RUN
+ * step, so no build network) is built for real by `buildDockerfile` FROM
+ * the image pushed to a registry on loopback. Needs root, runc, buildah
+ * and Debian's mirror on the first run (debootstrap, apt).
  */
 import { after, before, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -18,7 +20,8 @@ import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startSingleNode, type SingleNode } from '@dsec/cluster';
 import { DSecClient } from '@dsec/sdk';
-import { buildFromDebs } from '@dsec/images';
+import { buildDockerfile, buildFromDebs, registrySettings } from '@dsec/images';
+import { mountErofs, unmount } from '@dsec/native';
 import {
   NoneAgent,
   OracleAgent,
@@ -30,7 +33,7 @@ import {
   type HarborResult,
   type HarborTask,
 } from '../../src/index.js';
-import { ensureDebianLayout } from '../../src/testing/debian-registry.js';
+import { ensureDebianLayout, startDebianRegistry } from '../../src/testing/debian-registry.js';
 
 const REPO = resolve(fileURLToPath(new URL('../../../..', import.meta.url)));
 const SHIPPED = join(REPO, 'examples/harbor-tasks');
@@ -155,6 +158,37 @@ test('shipped tasks: oracle scores 1, none scores 0', async () => {
     assert.ok(r.sandboxId);
     assert.equal(none[n]!.error, undefined, JSON.stringify(none[n]));
     assert.equal(none[n]!.reward, 0, JSON.stringify(none[n]));
+  }
+});
+
+test('a shipped task built from its Dockerfile FROM the mirrored Debian image: oracle 1, none 0, the second build cached', async () => {
+  // log-top-ips has no RUN step, so the build needs no network: FROM the registry, then one COPY.
+  const registry = await startDebianRegistry({ dir: join(work, 'registry') });
+  try {
+    const registries = registrySettings(undefined, registry.env);
+    const build: HarborEnvironmentBuilder = async (task, { signal }) => {
+      const r = await buildDockerfile(node.store, {
+        name: `harbor-${task.name}`,
+        contextDir: task.environmentDir,
+        dockerfile: task.dockerfile,
+        buildArgs: { DEBIAN_IMAGE: registry.image },
+        registries,
+        mounter: { mountErofs, unmount },
+        signal,
+      });
+      return { image: `${r.layer.name}:${r.layer.version}`, cached: r.cached };
+    };
+    const dir = join(SHIPPED, 'log-top-ips');
+    const oracle = (await run(dir, new OracleAgent(), 'built-oracle.jsonl', build))['log-top-ips']!;
+    assert.equal(oracle.error, undefined, JSON.stringify(oracle));
+    assert.equal(oracle.reward, 1, JSON.stringify(oracle));
+    const none = (await run(dir, new NoneAgent(), 'built-none.jsonl', build))['log-top-ips']!;
+    assert.equal(none.error, undefined, JSON.stringify(none));
+    assert.equal(none.reward, 0, JSON.stringify(none));
+    assert.equal(none.environment?.cached, true);
+    assert.equal(none.environment?.image, oracle.environment?.image);
+  } finally {
+    await registry.close();
   }
 });
 
