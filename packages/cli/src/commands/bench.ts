@@ -18,6 +18,7 @@ import { registerEvalBench } from '../bench/eval.js';
 import { registerFnCallBench } from '../bench/fncall.js';
 import { registerFuzzBench } from '../bench/fuzz.js';
 import { registerRegistryBench } from '../bench/registry.js';
+import { registerBuildBench } from '../bench/build.js';
 import { registerMicrovmBench } from '../bench/microvm.js';
 import { benchSdk } from '../bench/sdk.js';
 import type { LatencySummary } from '../bench/stats.js';
@@ -588,6 +589,7 @@ export function register(program: Command): void {
   registerFnCallBench(bench);
   registerFuzzBench(bench);
   registerRegistryBench(bench);
+  registerBuildBench(bench);
   registerMicrovmBench(bench);
 }
 

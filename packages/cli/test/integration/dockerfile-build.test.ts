@@ -1,0 +1,339 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import {
+  chmod,
+  mkdir,
+  mkdtemp,
+  readdir,
+  readFile,
+  rm,
+  rmdir,
+  stat,
+  symlink,
+  truncate,
+  writeFile,
+} from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { basename, join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { isDsecError } from '@dsec/core';
+import { startSingleNode, type SingleNode } from '@dsec/cluster';
+import { LinuxNetwork } from '@dsec/edge';
+import {
+  buildDockerfile,
+  DirImageStore,
+  egressBuildNetwork,
+  makeBusyboxRootfs,
+  registrySettings,
+  type BuildNetwork,
+  type DockerfileBuildOptions,
+} from '@dsec/images';
+import {
+  makeOciLayoutFromDirs,
+  pushToRegistry,
+  startLocalRegistry,
+  type LocalRegistry,
+} from '@dsec/images/testing/registry';
+import { mountErofs, unmount } from '@dsec/native';
+import { DSecClient } from '@dsec/sdk';
+import {
+  startFakeInternet,
+  type FakeInternet,
+} from '../../../edge/test/integration/fake-internet.js';
+import { main } from '../../src/main.js';
+
+// `buildDockerfile` and `dsec image build --dockerfile` against Debian's
+// docker-registry on loopback (a busybox base pushed here, reached through
+// DSEC_INSECURE_REGISTRIES) with RUN steps on the edge's egress machinery
+// behind the tests' fake internet (never an outside address). One shared
+// fixture; the base is tiny, so the file stays well under a minute.
+// Needs root, buildah, runc, skopeo and docker-registry.
+
+void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
+  let dir: string;
+  let stateDir: string;
+  let registry: LocalRegistry;
+  let fake: FakeInternet;
+  let net: LinuxNetwork;
+  let network: BuildNetwork;
+  let store: DirImageStore;
+  let node: SingleNode | undefined;
+  let baseRef: string;
+  const cgroupParent = (): string => `dsec-test-${basename(dir)}`;
+
+  const options = (
+    contextDir: string,
+    extra: Partial<DockerfileBuildOptions> = {},
+  ): DockerfileBuildOptions => ({
+    name: 'df',
+    contextDir,
+    registries: registrySettings({}, { DSEC_INSECURE_REGISTRIES: registry.host }),
+    mounter: { mountErofs, unmount },
+    network,
+    buildahRoot: join(stateDir, 'buildah'),
+    ...extra,
+  });
+
+  const context = async (
+    name: string,
+    dockerfile: string,
+    files: Record<string, string> = {},
+  ): Promise<string> => {
+    const ctx = join(dir, 'contexts', name);
+    await mkdir(ctx, { recursive: true });
+    await writeFile(join(ctx, 'Dockerfile'), dockerfile);
+    for (const [p, content] of Object.entries(files)) {
+      await mkdir(join(ctx, p, '..'), { recursive: true });
+      await writeFile(join(ctx, p), content);
+    }
+    return ctx;
+  };
+
+  /** The layer's tree, unpacked by erofs-utils (no mount). */
+  const unpack = async (digest: string, name: string): Promise<string> => {
+    const out = join(dir, 'unpacked', name);
+    await mkdir(join(out, '..'), { recursive: true });
+    const r = spawnSync('fsck.erofs', [`--extract=${out}`, await store.blobPath(digest)], {
+      encoding: 'utf8',
+    });
+    assert.equal(r.status, 0, r.stderr);
+    return out;
+  };
+
+  before(async () => {
+    dir = await mkdtemp(join(tmpdir(), 'dsec-dockerfile-'));
+    await chmod(dir, 0o711);
+    stateDir = join(dir, 'state');
+    store = new DirImageStore(join(stateDir, 'images'));
+    registry = await startLocalRegistry({ dir: join(dir, 'registry') });
+    const root = join(dir, 'busybox');
+    await makeBusyboxRootfs(root);
+    await makeOciLayoutFromDirs(join(dir, 'layout'), [root], { Env: ['PATH=/bin:/usr/bin'] }, 'v1');
+    baseRef = `${registry.host}/base/busybox:v1`;
+    await pushToRegistry(join(dir, 'layout'), 'v1', `docker://${baseRef}`);
+    fake = await startFakeInternet();
+    net = await LinuxNetwork.open({
+      stateDir: join(dir, 'net'),
+      upstream: [fake.dns],
+      uplinks: [fake.uplink],
+      publicRanges: fake.publicRanges,
+    });
+    fake.guard({
+      subnet4: `${net.subnet4.address}/${net.subnet4.prefix}`,
+      subnet6: net.subnet6 && `${net.subnet6.address}/${net.subnet6.prefix}`,
+    });
+    network = egressBuildNetwork(net, { first: 0, count: 4 });
+  });
+
+  after(async () => {
+    await node?.close({ stopSandboxes: true }).catch(() => undefined);
+    const table = net?.table;
+    await net?.close();
+    await fake?.close();
+    await registry?.close();
+    if (dir) {
+      await rm(dir, { recursive: true, force: true });
+      for (const ctrl of await readdir('/sys/fs/cgroup'))
+        await rmdir(`/sys/fs/cgroup/${ctrl}/${cgroupParent()}`).catch(() => undefined);
+    }
+    if (table) assert.notEqual(spawnSync('nft', ['list', 'table', 'inet', table]).status, 0);
+  });
+
+  void test('FROM an insecure registry, ARG, RUN under the egress policy, COPY, --target; cached; base shared by diff ID; a sandbox sees it', async () => {
+    const ctx = await context(
+      'main',
+      [
+        `FROM ${baseRef} AS tools`,
+        'ARG GREETING=hello',
+        'RUN echo "$GREETING" > /greeting \\',
+        '  && mkdir -p /opt/app',
+        'COPY app/ /opt/app/',
+        // The policy: allowed.test (--network-allow) answers; denied.test does not resolve.
+        'RUN (wget -q -O- http://allowed.test/ > /allowed.txt; echo "allowed=$?") > /net.txt; \\',
+        '  (wget -q -O- http://denied.test/ >/dev/null 2>&1; echo "denied=$?") >> /net.txt',
+        // Sandbox-made: a device node, a set-id file.
+        'RUN mknod /dev/evil c 1 1 && touch /suid && chmod 6755 /suid',
+        '',
+        'FROM tools AS final',
+        'RUN echo final > /final',
+      ].join('\n'),
+      { 'app/main.sh': 'echo app\n', 'app/lib/x.txt': 'x\n' },
+    );
+    const steps: string[] = [];
+    const first = await buildDockerfile(
+      store,
+      options(ctx, {
+        name: 'df-main',
+        buildArgs: { GREETING: 'hi there' },
+        target: 'tools',
+        networkAllow: ['allowed.test'],
+        onProgress: (p) => {
+          if (p.phase === 'step' && p.message) steps.push(p.message);
+        },
+      }),
+    );
+    assert.equal(first.cached, false);
+    assert.deepEqual(steps, first.steps);
+    assert.equal(first.steps.length, 6); // the tools stage only
+    assert.match(first.steps[2]!, /^STEP 3\/6: RUN echo "\$GREETING"/);
+    assert.equal(first.layers.length, 2);
+    assert.match(first.layers[0]!.ref, /^oci-diff:/);
+    assert.equal(first.layers[1]!.ref, ''); // made by the build: never recorded by diff ID
+    const tree = await unpack(first.layer.digest, 'main');
+    assert.equal(await readFile(join(tree, 'greeting'), 'utf8'), 'hi there\n');
+    assert.equal(await readFile(join(tree, 'opt/app/lib/x.txt'), 'utf8'), 'x\n');
+    assert.equal(await readFile(join(tree, 'net.txt'), 'utf8'), 'allowed=0\ndenied=1\n');
+    assert.match(await readFile(join(tree, 'allowed.txt'), 'utf8'), /^hello from /);
+    await assert.rejects(stat(join(tree, 'final')));
+    await assert.rejects(stat(join(tree, 'dev/evil')));
+    assert.equal((await stat(join(tree, 'suid'))).mode & 0o7777, 0o755);
+    // Only the allowed name reached the fake internet's web servers.
+    const hits = (await fake.log()).filter((e) => e.kind === 'http');
+    assert.ok(
+      hits.length > 0 && hits.every((e) => [fake.allowedIp, fake.allowedIp6].includes(e.server)),
+      JSON.stringify(hits),
+    );
+
+    // The same inputs again, through the CLI: nothing is built.
+    const run = { stdout: '', stderr: '' };
+    const code = await main(
+      [
+        '--json',
+        'image',
+        'build',
+        'df-main',
+        '--dockerfile',
+        ctx,
+        '--build-arg',
+        'GREETING=hi there',
+        '--target',
+        'tools',
+        '--network-allow',
+        'allowed.test',
+      ],
+      {
+        stdout: { write: (s: string) => (run.stdout += s) },
+        stderr: { write: (s: string) => (run.stderr += s) },
+        env: { DSEC_STATE_DIR: stateDir, DSEC_INSECURE_REGISTRIES: registry.host },
+      },
+    );
+    assert.equal(code, 0, run.stderr);
+    const cached = JSON.parse(run.stdout) as {
+      cached: boolean;
+      layer: { digest: string };
+      steps: string[];
+    };
+    assert.equal(cached.cached, true);
+    assert.equal(cached.layer.digest, first.layer.digest);
+    assert.deepEqual(cached.steps, []);
+
+    // Another Dockerfile on the same base: the base's conversion is reused.
+    const other = await buildDockerfile(
+      store,
+      options(await context('other', `FROM ${baseRef}\nRUN echo other > /other\n`), {
+        name: 'df-other',
+      }),
+    );
+    assert.equal(other.layers[0]!.diffId, first.layers[0]!.diffId);
+    assert.equal(other.layers[0]!.reused, true);
+
+    // A sandbox starts from the result and sees the files.
+    node = await startSingleNode({
+      stateDir,
+      port: 0,
+      network: { mode: 'none' },
+      cgroupParent: cgroupParent(),
+    });
+    const client = new DSecClient({ url: node.url, apiKey: node.adminKey });
+    await client.open();
+    const sb = await client.runContainer(
+      { image: 'df-main', memoryLimitMb: 256, cpuCoresLimit: 1 },
+      { timeoutMs: 120_000 },
+    );
+    try {
+      const r = await sb.runShell('cat /greeting /opt/app/main.sh; [ -e /final ] || echo no-final');
+      assert.equal(r.exitCode, 0, r.stderr);
+      assert.equal(r.stdout, 'hi there\necho app\nno-final\n');
+    } finally {
+      await sb.stop();
+      client.close();
+    }
+  });
+
+  void test('a failing RUN names its instruction, its line and the tail of its output', async () => {
+    const ctx = await context(
+      'fail',
+      `# a comment\nFROM ${baseRef}\n\nRUN echo ok\nRUN echo "the step says why" \\\n  && exit 7\n`,
+    );
+    await assert.rejects(
+      buildDockerfile(store, options(ctx, { name: 'df-fail' })),
+      (err: unknown) => {
+        assert.ok(isDsecError(err, 'invalid_argument'), String(err));
+        assert.equal(err.details?.['reason'], 'build_step_failed');
+        assert.equal(err.details?.['line'], 5);
+        assert.match(String(err.details?.['instruction']), /^RUN echo "the step says why"/);
+        assert.match(String(err.details?.['outputTail']), /the step says why/);
+        assert.match(err.message, /Dockerfile line 5: RUN echo/);
+        return true;
+      },
+    );
+    await assert.rejects(store.getLayer('df-fail:latest'), (e: unknown) =>
+      isDsecError(e, 'image_not_found'),
+    );
+  });
+
+  void test('a hostile context: links out of it stay links, special files and huge sparse files are refused, bounds hold', async () => {
+    const secret = join(dir, 'host-secret');
+    await writeFile(secret, 'host secret\n');
+    const ctx = await context(
+      'hostile',
+      `FROM ${baseRef}\nCOPY . /ctx/\nRUN cat /ctx/abs /ctx/rel > /read.txt 2>&1 || true\n`,
+    );
+    await symlink(secret, join(ctx, 'abs'));
+    await symlink('../../host-secret', join(ctx, 'rel'));
+    const built = await buildDockerfile(store, options(ctx, { name: 'df-hostile' }));
+    const tree = await unpack(built.layer.digest, 'hostile');
+    const { readlink } = await import('node:fs/promises');
+    assert.equal(await readlink(join(tree, 'ctx/abs')), secret);
+    assert.equal(await readlink(join(tree, 'ctx/rel')), '../../host-secret');
+    assert.doesNotMatch(await readFile(join(tree, 'read.txt'), 'utf8'), /host secret/);
+
+    const fifo = await context('fifo', `FROM ${baseRef}\n`);
+    spawnSync('mkfifo', [join(fifo, 'pipe')]);
+    await assert.rejects(
+      buildDockerfile(store, options(fifo, { name: 'df-fifo' })),
+      (e: unknown) =>
+        isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'special_file',
+    );
+    const sparse = await context('sparse', `FROM ${baseRef}\n`);
+    await writeFile(join(sparse, 'huge'), '');
+    await truncate(join(sparse, 'huge'), 2 ** 40); // 1 TiB, no block written
+    await assert.rejects(
+      buildDockerfile(store, options(sparse, { name: 'df-sparse', maxContextBytes: 2 ** 30 })),
+      (e: unknown) =>
+        isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'context_too_large',
+    );
+    const many = await context('many', `FROM ${baseRef}\n${'RUN true\n'.repeat(20)}`);
+    await assert.rejects(
+      buildDockerfile(store, options(many, { name: 'df-many', maxInstructions: 10 })),
+      (e: unknown) =>
+        isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'too_many_instructions',
+    );
+    const remote = await context('remote', `FROM ${baseRef}\nADD http://allowed.test/x /x\n`);
+    await assert.rejects(
+      buildDockerfile(store, options(remote, { name: 'df-remote' })),
+      (e: unknown) =>
+        isDsecError(e, 'invalid_argument') &&
+        e.details?.['reason'] === 'remote_add' &&
+        e.details['line'] === 2,
+    );
+    const mount = await context(
+      'mount',
+      `FROM ${baseRef}\nRUN --mount=type=bind,source=/,target=/host cat /host/etc/shadow\n`,
+    );
+    await assert.rejects(
+      buildDockerfile(store, options(mount, { name: 'df-mount' })),
+      (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'run_flag',
+    );
+  });
+});
