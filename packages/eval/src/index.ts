@@ -138,3 +138,4 @@ export type {
   TaskImage,
   TaskImageProgress,
 } from './task-images.js';
+export * from './harbor/index.js';

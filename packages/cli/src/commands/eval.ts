@@ -32,6 +32,7 @@ import {
 } from '@dsec/eval';
 import { ensureEnvironment, loadEnvironmentRecipes, type InstallRunner } from '@dsec/images';
 import { contextOf, type CliContext } from '../context.js';
+import { runHarborCommand } from './eval-harbor.js';
 import { formatTable } from '../format.js';
 import { collect, collectKeyValue, parseInteger, parseNumber } from '../parse.js';
 import { createProgress } from '../progress.js';
@@ -53,7 +54,11 @@ interface TaskOptions {
 }
 
 interface RunOptions extends TaskOptions {
-  agent: 'gold' | 'none' | 'http';
+  agent: 'gold' | 'none' | 'http' | 'oracle';
+  format?: 'jsonl' | 'harbor';
+  buildArg?: Record<string, string>;
+  networkAllow?: string[];
+  config?: string;
   endpoint?: string;
   model?: string;
   apiKeyEnv: string;
@@ -136,9 +141,9 @@ export function register(program: Command): void {
       .addOption(
         new Option(
           '--agent <name>',
-          'gold applies the reference patch, none changes nothing, http asks a model',
+          'gold applies the reference patch, none changes nothing, http asks a model; oracle (--format harbor) runs solution/solve.sh',
         )
-          .choices(['gold', 'none', 'http'])
+          .choices(['gold', 'none', 'http', 'oracle'])
           .makeOptionMandatory(),
       )
       .option(
@@ -180,8 +185,30 @@ export function register(program: Command): void {
       .option('--cpus <n>', 'CPU cores per sandbox (default 1)', parseNumber)
       .option('--disk-mb <n>', 'disk quota per sandbox in MiB', parseInteger)
       .option('--ttl-seconds <n>', 'sandbox TTL (default 14400)', parseInteger)
-      .option('--test-timeout-ms <n>', 'limit of the test command (default 1800000)', parseInteger),
+      .option('--test-timeout-ms <n>', 'limit of the test command (default 1800000)', parseInteger)
+      .addOption(
+        new Option(
+          '--format <format>',
+          'jsonl: a task file; harbor: a Harbor / Terminal-Bench task directory or a folder of them',
+        ).choices(['jsonl', 'harbor']),
+      )
+      .option('--build-arg <K=V>', 'Dockerfile build argument (--format harbor)', collectKeyValue)
+      .option(
+        '--network-allow <domain>',
+        "a domain the Dockerfile's RUN steps may reach (--format harbor; repeatable)",
+        collect,
+      )
+      .option(
+        '--config <file>',
+        "the node's config file, for Dockerfile builds (--format harbor): its registries section, and up.network or edge.network for RUN steps' egress",
+      ),
   ).action(async (file: string, opts: RunOptions, command: Command) => {
+    if (opts.format === 'harbor') return runHarborCommand(contextOf(command), file, opts);
+    if (opts.agent === 'oracle') {
+      throw new DsecError('invalid_argument', '--agent oracle is for --format harbor', {
+        field: 'agent',
+      });
+    }
     await runCommand(contextOf(command), file, opts);
   });
 

@@ -320,7 +320,7 @@ async function buildFromDockerfile(
  * build never share a slot; closed (table and range given back) with the
  * build's namespace.
  */
-function nodeBuildNetwork(
+export function nodeBuildNetwork(
   stateDir: string,
   options: Omit<NetworkOptions, 'stateDir'>,
 ): BuildNetwork {
