@@ -15,8 +15,8 @@ import {
   type HarborResult,
   type HarborTask,
 } from '@dsec/eval';
-import { loadClusterConfig } from '@dsec/cluster';
-import { buildDockerfile, registrySettings, type RegistryConfig } from '@dsec/images';
+import { loadClusterConfig, nodeRegistrySettings } from '@dsec/cluster';
+import { buildDockerfile } from '@dsec/images';
 import type { CliContext } from '../context.js';
 import { formatTable } from '../format.js';
 import { nodeBuildNetwork } from './image-build.js';
@@ -72,11 +72,10 @@ async function dockerfileBuilder(
   opts: HarborRunOptions,
 ): Promise<HarborEnvironmentBuilder> {
   const store = localStore(ctx);
-  const config = opts.config !== undefined ? await loadClusterConfig(opts.config) : undefined;
-  const registries = registrySettings(
-    (config as { registries?: RegistryConfig } | undefined)?.registries,
-    ctx.io.env,
-  );
+  // The same file `dsec up` reads (`--config`, else `DSEC_CONFIG`): its registries and its network.
+  const configFile = opts.config ?? (ctx.io.env.DSEC_CONFIG || undefined);
+  const config = configFile !== undefined ? await loadClusterConfig(configFile) : undefined;
+  const registries = nodeRegistrySettings(config, ctx.io.env);
   // The node's egress settings (upstream resolvers, public and protected ranges), not its mode.
   const { mode: _mode, ...netOptions } = config?.up?.network ?? config?.edge?.network ?? {};
   const { stateDir } = ctx.options;

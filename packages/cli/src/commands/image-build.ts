@@ -3,15 +3,13 @@ import { join } from 'node:path';
 import type { Command } from 'commander';
 import { DsecError, parseLayerRef } from '@dsec/core';
 import type { ImageStore, LayerKind, LayerRef } from '@dsec/core';
-import { loadClusterConfig } from '@dsec/cluster';
+import { loadClusterConfig, nodeRegistrySettings } from '@dsec/cluster';
 import { LinuxNetwork, type NetworkOptions } from '@dsec/edge';
 import { mountErofs, unmount } from '@dsec/native';
 import {
   buildDockerfile,
   egressBuildNetwork,
-  registrySettings,
   type BuildNetwork,
-  type RegistryConfig,
   buildFromDebs,
   buildLayer,
   importOci,
@@ -246,11 +244,10 @@ async function buildFromDockerfile(
     }
     timeoutMs = Math.ceil(seconds * 1000);
   }
-  const config = opts.config !== undefined ? await loadClusterConfig(opts.config) : undefined;
-  const registries = registrySettings(
-    (config as { registries?: RegistryConfig } | undefined)?.registries,
-    ctx.io.env,
-  );
+  // The same file `dsec up` reads (`--config`, else `DSEC_CONFIG`): its registries and its network.
+  const configFile = opts.config ?? (ctx.io.env.DSEC_CONFIG || undefined);
+  const config = configFile !== undefined ? await loadClusterConfig(configFile) : undefined;
+  const registries = nodeRegistrySettings(config, ctx.io.env);
   // The node's egress settings (upstream resolvers, public and protected ranges), not its mode.
   const { mode: _mode, ...netOptions } = config?.up?.network ?? config?.edge?.network ?? {};
   const { stateDir } = ctx.options;
