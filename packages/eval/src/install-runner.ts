@@ -1,4 +1,5 @@
-import { DsecError, type LayerInfo } from '@dsec/core';
+import { randomUUID } from 'node:crypto';
+import { DsecError, isDsecError, throwIfAborted, type LayerInfo } from '@dsec/core';
 import { installCommandFailed, type InstallRequest, type InstallRunner } from '@dsec/images';
 import type { DSecClient, Sandbox } from '@dsec/sdk';
 
@@ -29,24 +30,40 @@ export function clusterInstallRunner(
   return async (req: InstallRequest): Promise<LayerInfo> => {
     const { signal } = req;
     const timeoutSeconds = Math.ceil(req.timeoutMs / 1000);
-    const sb: Sandbox = await client.runContainer(
-      {
-        image: req.image,
-        toolkits: req.toolkits,
-        ...(req.workspace !== undefined ? { workspace: req.workspace } : {}),
-        memoryLimitMb: limits.memoryLimitMb ?? 2048,
-        cpuCoresLimit: limits.cpuCoresLimit ?? 2,
-        pidsLimit: limits.pidsLimit ?? 1024,
-        diskLimitMb: limits.diskLimitMb ?? 8192,
-        // The whole build, with room for the snapshot: the TTL is the last word.
-        ttlSeconds: Math.min(604_800, timeoutSeconds * req.commands.length + 900),
-        ...(req.allowDomains.length > 0
-          ? { networkAllow: req.allowDomains.map((domain) => ({ domain, ports: [80, 443] })) }
-          : {}),
-        labels: { 'dsec.install': req.recipe.slice(0, 63) },
-      },
-      signal ? { signal } : {},
-    );
+    // An idempotency key of our own: a create whose answer is lost can be asked again.
+    const spec: Parameters<DSecClient['runContainer']>[0] = {
+      requestId: `install-${randomUUID()}`,
+      image: req.image,
+      toolkits: req.toolkits,
+      ...(req.workspace !== undefined ? { workspace: req.workspace } : {}),
+      memoryLimitMb: limits.memoryLimitMb ?? 2048,
+      cpuCoresLimit: limits.cpuCoresLimit ?? 2,
+      pidsLimit: limits.pidsLimit ?? 1024,
+      diskLimitMb: limits.diskLimitMb ?? 8192,
+      // The whole build, with room for the snapshot: the TTL is the last word.
+      ttlSeconds: Math.min(604_800, timeoutSeconds * req.commands.length + 900),
+      ...(req.allowDomains.length > 0
+        ? { networkAllow: req.allowDomains.map((domain) => ({ domain, ports: [80, 443] })) }
+        : {}),
+      labels: { 'dsec.install': req.recipe.slice(0, 63) },
+    };
+    // Not even sent when already aborted (the clean-up below would make one only to stop it).
+    throwIfAborted(signal);
+    let sb: Sandbox;
+    try {
+      sb = await client.runContainer(spec, signal ? { signal } : {});
+    } catch (err) {
+      // Aborted or past its deadline while the cluster was making it: the builder may exist
+      // with nobody holding it, its cores, memory and disk kept for its whole TTL. The same key
+      // returns that sandbox (outside the caller's signal), and it is stopped.
+      if (isDsecError(err, 'aborted') || isDsecError(err, 'deadline_exceeded')) {
+        await client
+          .runContainer(spec)
+          .then((orphan) => orphan.stop())
+          .catch(() => undefined);
+      }
+      throw err;
+    }
     try {
       // As a Dockerfile's WORKDIR: made when missing (part of the layer, like any other write).
       if (req.workdir !== '/') {
