@@ -199,12 +199,16 @@ export function checkInstallRecipe(
 
 /**
  * The layer an install recipe with `workspace: true` builds for one
- * workspace: `RECIPE.ws-` and 12 hex digits of the workspace ref's SHA-256
- * (a valid layer name whatever the two names' lengths).
+ * workspace: `RECIPE.ws-` and 32 hex digits of the SHA-256 of the recipe's
+ * full name and the workspace ref (a valid layer name whatever the two
+ * names' lengths). The hash covers the recipe because its name is cut to 90
+ * characters, and has 128 bits because a dataset picks its workspaces' names:
+ * two recipes or workspaces sharing a name would have one build replace the
+ * layer another task was handed.
  */
 export function installLayerName(recipe: string, workspaceRef: string): string {
-  const h = createHash('sha256').update(workspaceRef).digest('hex').slice(0, 12);
-  return `${recipe.slice(0, 100)}.ws-${h}`;
+  const h = createHash('sha256').update(`${recipe}\n${workspaceRef}`).digest('hex').slice(0, 32);
+  return `${recipe.slice(0, 90)}.ws-${h}`;
 }
 
 /** The domains an install recipe's egress allows. */

@@ -177,3 +177,25 @@ void test('installCommandFailed keeps the tail of the output and names the comma
   assert.equal(d.stdoutTail.length, INSTALL_OUTPUT_TAIL_BYTES);
   assert.ok(d.stdoutTail.endsWith('END-OUT'));
 });
+
+void test('installLayerName: one name per recipe and workspace, never shared by two', async () => {
+  const { installLayerName } = await import('./install-recipe.js');
+  const { LAYER_NAME_PATTERN } = await import('@dsec/core');
+  // Two recipes of one file whose names agree on their first 100 characters, on one workspace:
+  // one name would make the second build replace the first's layer under the first's tasks.
+  const long = 'a'.repeat(100);
+  const names = [
+    installLayerName(`${long}-x`, 'ws-repo-0123456789ab:latest'),
+    installLayerName(`${long}-y`, 'ws-repo-0123456789ab:latest'),
+    installLayerName('a'.repeat(128), 'ws-repo-0123456789ab:latest'),
+    installLayerName('tk', 'ws-repo-0123456789ab:latest'),
+    installLayerName('tk', 'ws-repo-0123456789ac:latest'),
+  ];
+  assert.equal(new Set(names).size, names.length, names.join('\n'));
+  for (const n of names) assert.match(n, LAYER_NAME_PATTERN);
+  // A hostile dataset's workspace must not be able to take another task's layer name: 48 bits
+  // (12 hex digits) is a second preimage a GPU finds in hours; 128 bits is out of reach.
+  const hex = /\.ws-([0-9a-f]+)$/.exec(names[3]!)?.[1] ?? '';
+  assert.ok(hex.length >= 32, `only ${hex.length * 4} bits of the workspace's hash`);
+  assert.ok(names[3]!.startsWith('tk.ws-'), 'the recipe is still named first');
+});
