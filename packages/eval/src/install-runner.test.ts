@@ -10,22 +10,38 @@ import { clusterInstallRunner } from './install-runner.js';
  * idempotent by `requestId` (a resend returns the sandbox the first made),
  * and `onCreate` decides what the caller hears back from the first create.
  */
-function fakeCluster(onCreate: (n: number) => void): {
+function fakeCluster(
+  onCreate: (n: number) => void,
+  onSnapshot: () => void = () => undefined,
+): {
   client: DSecClient;
   live: () => string[];
+  images: Set<string>;
 } {
   const sandboxes = new Map<string, { id: string; stopped: boolean }>();
+  // The caller's project's images; a snapshot's name must be free there.
+  const images = new Set<string>();
   let creates = 0;
   const handle = (sb: { id: string; stopped: boolean }): unknown => ({
     id: sb.id,
     runShell: () => Promise.resolve({ exitCode: 0, outcome: 'exited', stdout: '', stderr: '' }),
-    snapshot: () => Promise.resolve({ layer: { name: 'snap', version: 'v1', digest: 'sha256:1' } }),
+    snapshot: ({ name }: { name: string }) =>
+      Promise.resolve().then(() => {
+        if (images.has(name)) throw new DsecError('conflict', `image ${name} already exists`);
+        images.add(name); // made by the edge, whatever happens to the answer
+        onSnapshot();
+        return { layer: { name, version: 'latest', digest: 'sha256:1' } };
+      }),
     stop: () => {
       sb.stopped = true;
       return Promise.resolve();
     },
   });
   const client = {
+    deleteImage: (ref: string) =>
+      Promise.resolve().then(() => {
+        if (!images.delete(ref)) throw new DsecError('image_not_found', `no image ${ref}`);
+      }),
     runContainer: (spec: { requestId?: string }) => {
       const key = spec.requestId ?? `anonymous-${creates}`;
       let sb = sandboxes.get(key);
@@ -43,6 +59,7 @@ function fakeCluster(onCreate: (n: number) => void): {
   } as unknown as DSecClient;
   return {
     client,
+    images,
     live: () => [...sandboxes.values()].filter((s) => !s.stopped).map((s) => s.id),
   };
 }
@@ -97,4 +114,29 @@ void test('a builder is stopped after a good build and after a refused create', 
     isDsecError(e, 'quota_exceeded'),
   );
   assert.equal(creates, 1);
+});
+
+void test('a builder snapshot left by an interrupted build neither blocks the next nor stays', async () => {
+  // The name is the recipe digest's (same on every run): a snapshot whose answer was lost, or
+  // whose promotion never ran (the command killed), stayed in the project and made every later
+  // build of the recipe fail with `conflict`, holding the project's image bytes meanwhile.
+  const ac = new AbortController();
+  const lost = fakeCluster(
+    () => undefined,
+    () => {
+      ac.abort();
+      throw new DsecError('aborted', 'the caller cancelled the operation');
+    },
+  );
+  await assert.rejects(clusterInstallRunner(lost.client)(request(ac.signal)), (e: unknown) =>
+    isDsecError(e, 'aborted'),
+  );
+  assert.deepEqual([...lost.images], [], 'the lost snapshot is left in the project');
+  assert.deepEqual(lost.live(), []);
+  // One left by a build killed before it could clean up: the next build still builds.
+  const stale = fakeCluster(() => undefined);
+  stale.images.add(request().snapshotName);
+  const layer = await clusterInstallRunner(stale.client)(request());
+  assert.equal(layer.name, request().snapshotName);
+  assert.deepEqual(stale.live(), []);
 });

@@ -27,6 +27,16 @@ export function clusterInstallRunner(
   client: DSecClient,
   limits: InstallSandboxLimits = {},
 ): InstallRunner {
+  /**
+   * Deletes the caller's project's own image `ref`; one it does not hold, or
+   * a key that may not delete (the snapshot then says `conflict` as before),
+   * is no error.
+   */
+  const dropImage = async (ref: string, signal?: AbortSignal): Promise<void> => {
+    await client.deleteImage(ref, signal ? { signal } : {}).catch((err: unknown) => {
+      if (!isDsecError(err, 'image_not_found') && !isDsecError(err, 'permission_denied')) throw err;
+    });
+  };
   return async (req: InstallRequest): Promise<LayerInfo> => {
     const { signal } = req;
     const timeoutSeconds = Math.ceil(req.timeoutMs / 1000);
@@ -64,6 +74,8 @@ export function clusterInstallRunner(
       }
       throw err;
     }
+    let snapshotting = false;
+    let snapshotted = false;
     try {
       // As a Dockerfile's WORKDIR: made when missing (part of the layer, like any other write).
       if (req.workdir !== '/') {
@@ -90,6 +102,11 @@ export function clusterInstallRunner(
         if (r.exitCode !== 0 || r.outcome !== 'exited')
           throw installCommandFailed(req.recipe, i, command, r);
       }
+      // The name is this recipe digest's builder's, the same on every run: one an interrupted
+      // build left (the command killed before the promotion) would refuse this snapshot with
+      // `conflict` on every later run, so it goes first.
+      await dropImage(req.snapshotName, signal);
+      snapshotting = true;
       const snap = await sb.snapshot({
         name: req.snapshotName,
         ...(req.scrub.length > 0 ? { scrub: req.scrub } : {}),
@@ -98,10 +115,14 @@ export function clusterInstallRunner(
       if (snap.layer === undefined) {
         throw new DsecError('internal', `the snapshot of ${req.recipe}'s builder has no layer`);
       }
+      snapshotted = true;
       return snap.layer;
     } finally {
       // Not under the caller's signal: an aborted build still removes its sandbox.
       await sb.stop().catch(() => undefined);
+      // A snapshot whose answer was lost (aborted, past its deadline) may have been made all
+      // the same; the stop above ends one still under way, so what is there now is final.
+      if (snapshotting && !snapshotted) await dropImage(req.snapshotName).catch(() => undefined);
     }
   };
 }
