@@ -199,3 +199,22 @@ void test('installLayerName: one name per recipe and workspace, never shared by 
   assert.ok(hex.length >= 32, `only ${hex.length * 4} bits of the workspace's hash`);
   assert.ok(names[3]!.startsWith('tk.ws-'), 'the recipe is still named first');
 });
+
+void test("installCommandFailed's message carries no terminal control sequence from the sandbox", async () => {
+  // The output is what the build's commands printed, a hostile repository's setup.py included;
+  // the message is printed to the operator's terminal (`error: …`): an ESC or C1 sequence
+  // there sets the clipboard (OSC 52), retitles, or hides lines with CR and cursor moves.
+  const { installCommandFailed } = await import('./install-recipe.js');
+  const hostile = 'ok\x1b]52;c;ZWNobyBwd25lZA==\x07\r\x1b[2Kall good\x9b31m\x00\ttab';
+  const e = installCommandFailed('env', 0, 'pip install -e .\x1b[8m', {
+    exitCode: 1,
+    outcome: 'exited',
+    stdout: hostile,
+    stderr: 'boom\x1b[1A',
+  });
+  assert.doesNotMatch(e.message, /[\x00-\x08\x0b-\x1f\x7f-\x9f]/, JSON.stringify(e.message));
+  assert.match(e.message, /ok\\x1b\]52;c;/); // still readable, escaped
+  assert.match(e.message, /\ttab\nboom/); // tabs and newlines are kept
+  // The details keep the bytes as they were, for a program to read.
+  assert.equal((e.details as { stdoutTail: string }).stdoutTail, hostile);
+});
