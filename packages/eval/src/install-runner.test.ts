@@ -25,8 +25,15 @@ function fakeCluster(
   const handle = (sb: { id: string; stopped: boolean }): unknown => ({
     id: sb.id,
     runShell: () => Promise.resolve({ exitCode: 0, outcome: 'exited', stdout: '', stderr: '' }),
-    snapshot: ({ name }: { name: string }) =>
+    snapshot: ({ name, timeoutMs }: { name: string; timeoutMs?: number }) =>
       Promise.resolve().then(() => {
+        // The edge packs a writable layer for up to 10 minutes: a shorter client deadline
+        // fails a large build that the edge would have finished.
+        if ((timeoutMs ?? 120_000) < 600_000)
+          throw new DsecError(
+            'deadline_exceeded',
+            `a snapshot deadline of ${timeoutMs ?? 'the default'}`,
+          );
         if (images.has(name)) throw new DsecError('conflict', `image ${name} already exists`);
         images.add(name); // made by the edge, whatever happens to the answer
         onSnapshot();

@@ -3,6 +3,9 @@ import { DsecError, isDsecError, throwIfAborted, type LayerInfo } from '@dsec/co
 import { installCommandFailed, type InstallRequest, type InstallRunner } from '@dsec/images';
 import type { DSecClient, Sandbox } from '@dsec/sdk';
 
+/** How long the builder's snapshot may take: the edge's own packing limit (10 min) and a margin. */
+const SNAPSHOT_TIMEOUT_MS = 660_000;
+
 /** Limits of a builder sandbox: what an install step may use, no more. */
 export interface InstallSandboxLimits {
   /** Default 2048. */
@@ -109,6 +112,8 @@ export function clusterInstallRunner(
       snapshotting = true;
       const snap = await sb.snapshot({
         name: req.snapshotName,
+        // The edge packs for up to 10 minutes; the SDK's 120 s would fail a large build's layer.
+        timeoutMs: SNAPSHOT_TIMEOUT_MS,
         ...(req.scrub.length > 0 ? { scrub: req.scrub } : {}),
         ...(signal ? { signal } : {}),
       });
