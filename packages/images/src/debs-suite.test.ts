@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdir, mkdtemp, open, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -150,6 +150,82 @@ void test('readFileInRoot resolves links inside the tree only, whatever they poi
       suite: 'bullseye',
       from: 'os-release',
     });
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+});
+
+/**
+ * Starts a watcher of IN_OPEN on `paths` (inotify through python3's ctypes)
+ * and resolves, once it is watching, with a function that returns the index
+ * of the first path opened. Events queue in order, so opening a sentinel
+ * after the call under test tells, without any timing, whether that call
+ * opened one of the others first.
+ */
+async function watchOpens(
+  paths: string[],
+): Promise<{ first: () => Promise<number>; stop: () => void }> {
+  const script = [
+    'import ctypes, os, struct, sys',
+    'libc = ctypes.CDLL(None, use_errno=True)',
+    'fd = libc.inotify_init()',
+    'wds = [libc.inotify_add_watch(fd, p.encode(), 0x20) for p in sys.argv[1:]]',
+    'assert all(w >= 0 for w in wds), ctypes.get_errno()',
+    'print("ready", flush=True)',
+    'wd = struct.unpack("iIII", os.read(fd, 4096)[:16])[0]',
+    'print(wds.index(wd), flush=True)',
+  ].join('\n');
+  const child = spawn('/usr/bin/python3', ['-c', script, ...paths], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const lines: string[] = [];
+  let wake: (() => void) | undefined;
+  let text = '';
+  child.stdout.setEncoding('utf8').on('data', (d: string) => {
+    text += d;
+    const parts = text.split('\n');
+    text = parts.pop()!;
+    lines.push(...parts);
+    wake?.();
+  });
+  const line = async (): Promise<string> => {
+    while (lines.length === 0) await new Promise<void>((r) => (wake = r));
+    return lines.shift()!;
+  };
+  assert.equal(await line(), 'ready');
+  return { first: async () => Number(await line()), stop: () => child.kill() };
+}
+
+void test('readFileInRoot never opens a device node or FIFO of the tree on the host', async () => {
+  // fsck.erofs --extract makes a base's device nodes as real nodes on the host's disk (root
+  // extracts them with mknod): opening one is opening the host's device (a disk, a tty, a
+  // watchdog that reboots on an unexpected close), whatever the fstat afterwards says.
+  const dir = await mkdtemp(join(tmpdir(), 'dsec-suite-'));
+  try {
+    const root = join(dir, 'root');
+    await mkdir(join(root, 'etc'), { recursive: true });
+    const sentinel = join(dir, 'sentinel');
+    await writeFile(sentinel, '');
+    const nodes = [join(root, 'etc/os-release')];
+    execFileSync('mkfifo', [nodes[0]!]);
+    if (process.getuid?.() === 0) {
+      await mkdir(join(root, 'var/lib/dpkg'), { recursive: true });
+      nodes.push(join(root, 'var/lib/dpkg/status'));
+      execFileSync('mknod', [nodes[1]!, 'c', '1', '3']); // /dev/null's numbers: harmless to open
+    }
+    for (const [i, node] of nodes.entries()) {
+      const watch = await watchOpens([node, sentinel]);
+      try {
+        // Reached directly and through a link.
+        await symlink(`/${node.slice(root.length + 1)}`, join(root, `link${i}`));
+        assert.equal(await readFileInRoot(root, node.slice(root.length + 1)), undefined);
+        assert.equal(await readFileInRoot(root, `link${i}`), undefined);
+        await (await open(sentinel, 'r')).close();
+        assert.equal(await watch.first(), 1, `${node} was opened`);
+      } finally {
+        watch.stop();
+      }
+    }
   } finally {
     await rm(dir, { recursive: true, force: true });
   }

@@ -157,7 +157,8 @@ const MAX_LINKS = 40;
  * path built only from components checked with `lstat`, and the tree is the
  * platform's private copy (no sandbox writes to it while this runs).
  * Undefined when the file is missing, is not a regular file, is larger than
- * `maxBytes`, or the links loop.
+ * `maxBytes`, or the links loop. Anything but a regular file (a device node,
+ * a FIFO, a socket) is never opened.
  */
 export async function readFileInRoot(
   root: string,
@@ -185,12 +186,15 @@ export async function readFileInRoot(
       continue;
     }
     if (todo.length > 0 && !st.isDirectory()) return undefined;
+    // Only a regular file is ever opened: the tree's device nodes are real nodes on the host
+    // (fsck.erofs --extract makes them as root), and opening one opens the host's device.
+    if (todo.length === 0 && !st.isFile()) return undefined;
     parts.push(name);
   }
   if (parts.length === 0) return undefined;
   const fh = await open(
     join(root, ...parts),
-    constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK,
+    constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK | constants.O_NOCTTY,
   ).catch(() => undefined);
   if (fh === undefined) return undefined;
   try {

@@ -199,12 +199,16 @@ export function checkInstallRecipe(
 
 /**
  * The layer an install recipe with `workspace: true` builds for one
- * workspace: `RECIPE.ws-` and 12 hex digits of the workspace ref's SHA-256
- * (a valid layer name whatever the two names' lengths).
+ * workspace: `RECIPE.ws-` and 32 hex digits of the SHA-256 of the recipe's
+ * full name and the workspace ref (a valid layer name whatever the two
+ * names' lengths). The hash covers the recipe because its name is cut to 90
+ * characters, and has 128 bits because a dataset picks its workspaces' names:
+ * two recipes or workspaces sharing a name would have one build replace the
+ * layer another task was handed.
  */
 export function installLayerName(recipe: string, workspaceRef: string): string {
-  const h = createHash('sha256').update(workspaceRef).digest('hex').slice(0, 12);
-  return `${recipe.slice(0, 100)}.ws-${h}`;
+  const h = createHash('sha256').update(`${recipe}\n${workspaceRef}`).digest('hex').slice(0, 32);
+  return `${recipe.slice(0, 90)}.ws-${h}`;
 }
 
 /** The domains an install recipe's egress allows. */
@@ -214,9 +218,23 @@ export function installDomains(recipe: InstallRecipe): string[] {
 }
 
 /**
+ * `text` with its control characters (C0 but tab and newline, DEL, C1)
+ * written as `\xNN`: the message of an install error carries what the
+ * build's commands printed and is printed on the operator's terminal, where
+ * an ESC or CSI sequence would act (set the clipboard, hide lines).
+ */
+function printable(text: string): string {
+  return text.replace(
+    /[\x00-\x08\x0b-\x1f\x7f-\x9f]/g,
+    (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`,
+  );
+}
+
+/**
  * The error for an install command that did not exit 0: `invalid_argument`
  * naming the recipe's command (`field: NAME.commands.I`), with the command,
- * how it ended and the tail of its output in the message and `details`.
+ * how it ended and the tail of its output in the message (control
+ * characters escaped) and `details` (as printed).
  */
 export function installCommandFailed(
   recipe: string,
@@ -226,12 +244,14 @@ export function installCommandFailed(
 ): DsecError {
   const tail = (s: string): string =>
     s.length > INSTALL_OUTPUT_TAIL_BYTES ? s.slice(-INSTALL_OUTPUT_TAIL_BYTES) : s;
-  const output = tail(`${result.stdout}${result.stderr ? `\n${result.stderr}` : ''}`.trim());
+  const output = printable(
+    tail(`${result.stdout}${result.stderr ? `\n${result.stderr}` : ''}`.trim()),
+  );
   const ended =
     result.outcome === 'exited' ? `exited ${result.exitCode}` : `ended: ${result.outcome}`;
   return new DsecError(
     'invalid_argument',
-    `install recipe ${recipe}: command ${index + 1} ${JSON.stringify(command.slice(0, 200))} ${ended}` +
+    `install recipe ${recipe}: command ${index + 1} ${printable(JSON.stringify(command.slice(0, 200)))} ${ended}` +
       `${output ? `; its output ends:\n${output}` : ''}`,
     {
       field: `${recipe}.commands.${index}`,

@@ -177,3 +177,44 @@ void test('installCommandFailed keeps the tail of the output and names the comma
   assert.equal(d.stdoutTail.length, INSTALL_OUTPUT_TAIL_BYTES);
   assert.ok(d.stdoutTail.endsWith('END-OUT'));
 });
+
+void test('installLayerName: one name per recipe and workspace, never shared by two', async () => {
+  const { installLayerName } = await import('./install-recipe.js');
+  const { LAYER_NAME_PATTERN } = await import('@dsec/core');
+  // Two recipes of one file whose names agree on their first 100 characters, on one workspace:
+  // one name would make the second build replace the first's layer under the first's tasks.
+  const long = 'a'.repeat(100);
+  const names = [
+    installLayerName(`${long}-x`, 'ws-repo-0123456789ab:latest'),
+    installLayerName(`${long}-y`, 'ws-repo-0123456789ab:latest'),
+    installLayerName('a'.repeat(128), 'ws-repo-0123456789ab:latest'),
+    installLayerName('tk', 'ws-repo-0123456789ab:latest'),
+    installLayerName('tk', 'ws-repo-0123456789ac:latest'),
+  ];
+  assert.equal(new Set(names).size, names.length, names.join('\n'));
+  for (const n of names) assert.match(n, LAYER_NAME_PATTERN);
+  // A hostile dataset's workspace must not be able to take another task's layer name: 48 bits
+  // (12 hex digits) is a second preimage a GPU finds in hours; 128 bits is out of reach.
+  const hex = /\.ws-([0-9a-f]+)$/.exec(names[3]!)?.[1] ?? '';
+  assert.ok(hex.length >= 32, `only ${hex.length * 4} bits of the workspace's hash`);
+  assert.ok(names[3]!.startsWith('tk.ws-'), 'the recipe is still named first');
+});
+
+void test("installCommandFailed's message carries no terminal control sequence from the sandbox", async () => {
+  // The output is what the build's commands printed, a hostile repository's setup.py included;
+  // the message is printed to the operator's terminal (`error: …`): an ESC or C1 sequence
+  // there sets the clipboard (OSC 52), retitles, or hides lines with CR and cursor moves.
+  const { installCommandFailed } = await import('./install-recipe.js');
+  const hostile = 'ok\x1b]52;c;ZWNobyBwd25lZA==\x07\r\x1b[2Kall good\x9b31m\x00\ttab';
+  const e = installCommandFailed('env', 0, 'pip install -e .\x1b[8m', {
+    exitCode: 1,
+    outcome: 'exited',
+    stdout: hostile,
+    stderr: 'boom\x1b[1A',
+  });
+  assert.doesNotMatch(e.message, /[\x00-\x08\x0b-\x1f\x7f-\x9f]/, JSON.stringify(e.message));
+  assert.match(e.message, /ok\\x1b\]52;c;/); // still readable, escaped
+  assert.match(e.message, /\ttab\nboom/); // tabs and newlines are kept
+  // The details keep the bytes as they were, for a program to read.
+  assert.equal((e.details as { stdoutTail: string }).stdoutTail, hostile);
+});

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
-import { readFile, rename, writeFile } from 'node:fs/promises';
+import { execFileSync } from 'node:child_process';
+import { mkdir, readFile, rename, rm, symlink, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import { createConnection } from 'node:net';
 import { join } from 'node:path';
@@ -171,6 +172,55 @@ describe('chronus against a runc sandbox', { skip }, () => {
       assert.equal(c.stdout.toString(), '2000\n');
     } finally {
       await writeFile(join(etc, 'passwd'), saved);
+    }
+  });
+
+  test('a passwd or group that is a FIFO, a device, a directory or a /proc link blocks nothing', async () => {
+    // The reaper reads the sandbox's own /etc/passwd and /etc/group before each named user's
+    // command: one the sandbox made a FIFO with no writer would hang that read (and the
+    // command) for ever, a link to /dev/zero would never end, and a link into /proc/self
+    // would hand the reaper's own files (its fds: the platform's shell) to the parser.
+    const etc = join(d.sandbox.dir, 'rootfs/etc');
+    await rename(join(etc, 'passwd'), join(etc, 'passwd.away'));
+    await rename(join(etc, 'group'), join(etc, 'group.away'));
+    const make: Record<string, (path: string) => Promise<void>> = {
+      fifo: async (path) => {
+        execFileSync('mkfifo', [path]);
+      },
+      zero: (path) => symlink('/dev/zero', path),
+      dir: (path) => mkdir(path),
+      shell: (path) => symlink('/proc/self/fd/4', path),
+      environ: (path) => symlink('/proc/1/environ', path),
+    };
+    try {
+      for (const [kind, makeOne] of Object.entries(make)) {
+        await makeOne(join(etc, 'passwd'));
+        await makeOne(join(etc, 'group'));
+        try {
+          await assert.rejects(
+            conn.spawn({ argv: ['true'], shell: true, user: 'alice' }).started,
+            (e: ChronusError) => e.code === 'ESRCH',
+            kind,
+          );
+          await assert.rejects(
+            conn.spawn({ argv: ['true'], shell: true, user: 'root:wheel' }).started,
+            (e: ChronusError) => e.code === 'ESRCH',
+            kind,
+          );
+          // Not `id`: it reads /etc/passwd itself, and the sandbox's FIFO is the command's to wait on.
+          const ids = ['grep', '-E', '^(Uid|Gid):', '/proc/self/status'];
+          const r = await runCollect(conn, { argv: ids, shell: true, user: 'root' });
+          assert.match(r.stdout.toString(), /^Uid:\t0\t.*\nGid:\t0\t/, kind);
+          const n = await runCollect(conn, { argv: ids, shell: true, user: '1234:4321' });
+          assert.match(n.stdout.toString(), /^Uid:\t1234\t.*\nGid:\t4321\t/, kind);
+        } finally {
+          await rm(join(etc, 'passwd'), { recursive: true, force: true });
+          await rm(join(etc, 'group'), { recursive: true, force: true });
+        }
+      }
+    } finally {
+      await rename(join(etc, 'passwd.away'), join(etc, 'passwd'));
+      await rename(join(etc, 'group.away'), join(etc, 'group'));
     }
   });
 

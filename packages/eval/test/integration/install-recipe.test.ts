@@ -159,7 +159,7 @@ test(
     assert.ok(isDsecError(e, 'invalid_argument') && e.field === 'env-ws.workspace', String(e));
     const r = await build('env-ws', recipe, ws);
     assert.equal(r.built, true);
-    assert.match(r.layer.name, /^env-ws\.ws-[0-9a-f]{12}$/);
+    assert.match(r.layer.name, /^env-ws\.ws-[0-9a-f]{32}$/);
     assert.deepEqual(r.layer.parents, ['busybox:latest', 'ws-demo:latest']);
     assert.equal((await build('env-ws', recipe, ws)).built, false);
     const sb = await egress.client.runContainer({
