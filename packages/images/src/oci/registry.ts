@@ -97,6 +97,11 @@ export interface ImportRegistryOptions {
   maxLayers?: number;
   /** Most bytes the image's layers may take, as the manifest says and as pulled (default `MAX_IMAGE_BYTES`). */
   maxBytes?: number;
+  /**
+   * Most bytes the image's new layers may unpack to, all together (default
+   * `MAX_IMAGE_UNPACKED_BYTES`): a small blob can decompress to terabytes.
+   */
+  maxUnpackedBytes?: number;
   /** The whole import's deadline (default `REGISTRY_IMPORT_TIMEOUT_MS`): a registry that stalls ends it. */
   timeoutMs?: number;
   /**
@@ -121,6 +126,13 @@ export interface ImportRegistryOptions {
 export const MAX_IMAGE_LAYERS = 256;
 /** Most bytes of (compressed) layer blobs one import may pull: 64 GiB. */
 export const MAX_IMAGE_BYTES = 64 * 1024 ** 3;
+/**
+ * Most bytes the layers of one import may unpack to: 64 GiB (SWE-bench's
+ * images unpack to under 20). Counted while each layer decompresses, before
+ * its diff ID can be checked, so a decompression bomb (gzip's ratio is about
+ * 1000:1, zstd's far more) stops at the bound instead of filling the disk.
+ */
+export const MAX_IMAGE_UNPACKED_BYTES = 64 * 1024 ** 3;
 /** How long one import may take by default: an hour. */
 export const REGISTRY_IMPORT_TIMEOUT_MS = 60 * 60_000;
 /** Most bytes of a manifest or config skopeo may print (a registry's own limit is 4 MiB). */
@@ -164,6 +176,10 @@ export async function importFromRegistry(
   const compression = erofsCompression(options.compress, REGISTRY_DEFAULT_COMPRESSION);
   const maxLayers = positive(options.maxLayers, MAX_IMAGE_LAYERS, 'maxLayers');
   const maxBytes = positive(options.maxBytes, MAX_IMAGE_BYTES, 'maxBytes');
+  const unpacked = {
+    left: positive(options.maxUnpackedBytes, MAX_IMAGE_UNPACKED_BYTES, 'maxUnpackedBytes'),
+  };
+  const maxUnpackedBytes = unpacked.left;
   const timeoutMs = positive(options.timeoutMs, REGISTRY_IMPORT_TIMEOUT_MS, 'timeoutMs');
   const deadline = AbortSignal.timeout(timeoutMs);
   const signal = options.signal ? AbortSignal.any([options.signal, deadline]) : deadline;
@@ -216,7 +232,11 @@ export async function importFromRegistry(
         layers.push({ diffId, ref, reused: true });
       } else {
         const blob = image.layers[i]!;
-        await extractVerified(blob, diffId, dir, join(work, `layer-${i}.tar`), signal);
+        await extractVerified(blob, diffId, dir, join(work, `layer-${i}.tar`), signal, {
+          budget: unpacked,
+          maxBytes: maxUnpackedBytes,
+          ref: from.ref,
+        });
         const tree = await ociLayerToOverlay(dir, signal);
         await buildLayer(store, {
           name: OCI_DIFF_LAYER_NAME,
@@ -650,6 +670,7 @@ async function extractVerified(
   dest: string,
   tarFile: string,
   signal: AbortSignal | undefined,
+  bound: { budget: { left: number }; maxBytes: number; ref: string },
 ): Promise<void> {
   const magic = Buffer.alloc(4);
   const fh = await open(blob, 'r');
@@ -661,6 +682,20 @@ async function extractVerified(
   const hash = createHash('sha256');
   const hashing = new Transform({
     transform(chunk: Buffer, _enc, done) {
+      bound.budget.left -= chunk.length;
+      if (bound.budget.left < 0) {
+        done(
+          new DsecError(
+            'resource_exhausted',
+            `${bound.ref}: the image's layers unpack to more than ${bound.maxBytes} bytes`,
+            {
+              field: 'source',
+              details: { reason: 'image_unpacks_too_large', maxUnpackedBytes: bound.maxBytes },
+            },
+          ),
+        );
+        return;
+      }
       hash.update(chunk);
       done(null, chunk);
     },
@@ -671,7 +706,13 @@ async function extractVerified(
   } else if (magic.readUInt32LE(0) === 0xfd2fb528) {
     const zstd = spawn('zstd', ['-dc', '--', blob], { stdio: ['ignore', 'pipe', 'inherit'] });
     const exited = new Promise<number | null>((res) => zstd.once('close', res));
-    await pipeline(zstd.stdout, hashing, out, { signal });
+    try {
+      await pipeline(zstd.stdout, hashing, out, { signal });
+    } catch (err) {
+      zstd.kill('SIGKILL');
+      await exited;
+      throw err;
+    }
     if ((await exited) !== 0) {
       throw new DsecError('invalid_argument', `cannot decompress layer ${diffId} (zstd)`, {
         field: 'source',
