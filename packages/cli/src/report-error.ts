@@ -40,6 +40,8 @@ const REGISTRY_HINTS: Record<string, string> = {
   too_many_layers:
     'the image is deeper than an import takes; flatten it (or raise maxLayers in code)',
   image_too_large: 'the image is larger than an import takes (64 GiB by default)',
+  image_unpacks_too_large:
+    'the image unpacks to more than an import takes (64 GiB by default): a decompression bomb, or an image to slim down',
   registry_timeout:
     'the registry is too slow or stalled; check it, or use a mirror (registries.mirrors)',
   registry_auth:

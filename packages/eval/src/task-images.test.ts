@@ -11,6 +11,7 @@ import {
 import {
   checkTemplate,
   importTaskImages,
+  isImageTemplate,
   parseDockerImageRef,
   resolveTaskImage,
   swebenchImageKey,
@@ -37,8 +38,8 @@ test('instance IDs become image names as SWE-bench writes them', () => {
     'docker://127.0.0.1:5000/swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest',
   );
   assert.equal(
-    swebenchImageRef('docker://registry.lab/{id}/env:v2', 'sympy__sympy-20590'),
-    'docker://registry.lab/sympy_1776_sympy-20590/env:v2',
+    swebenchImageRef('docker://registry.lab/{id}/env-{id}:v2', 'sympy__sympy-20590'),
+    'docker://registry.lab/sympy_1776_sympy-20590/env-sympy_1776_sympy-20590:v2',
   );
   // No {id}: one image for every instance, still checked.
   assert.equal(
@@ -108,6 +109,29 @@ test('attack: templates must be docker:// references with {id} in the repository
   }
   refused(() => parseDockerImageRef('docker://busybox'), 'image');
   refused(() => parseDockerImageRef('docker://localhost/A'), 'image');
+});
+
+test('attack: two instances never share a layer through a template with {id} above the last component', () => {
+  // The local layer is named after the repository's last component and tag: with {id} in
+  // an upper component, every instance would map to one layer, and each would run (and be
+  // graded) in the image the first one imported.
+  for (const tpl of [
+    'docker://127.0.0.1:5000/{id}/img:latest',
+    'docker://127.0.0.1:5000/swebench/{id}/eval',
+    'docker://127.0.0.1:5000/{id}/{id}/eval:v1',
+  ]) {
+    refused(() => checkTemplate(tpl), 'image');
+    refused(() => resolveTaskImage(tpl, 'a__b-1'), 'image');
+  }
+  for (const tpl of [
+    'docker://127.0.0.1:5000/swebench/sweb.eval.x86_64.{id}:latest',
+    'docker://127.0.0.1:5000/{id}/sweb.{id}:v1',
+    'docker://127.0.0.1:5000/shared/image:latest',
+  ]) {
+    const a = resolveTaskImage(tpl, 'a__b-1').layer;
+    const b = resolveTaskImage(tpl, 'a__b-2').layer;
+    assert.equal(a === b, !isImageTemplate(tpl), tpl);
+  }
 });
 
 /** A store holding the named layers; counts lookups, refuses everything else. */

@@ -155,7 +155,9 @@ export function swebenchImageRef(template: string, instanceId: string): string {
 
 /**
  * Checks an `--image` template once, before any instance: a `docker://`
- * reference, `{id}` only in the repository path, at most a few times.
+ * reference, `{id}` only in the repository path, at most a few times, and
+ * at least once in its last component (which names the local layer, so
+ * that two instances never share one).
  */
 export function checkTemplate(template: string): void {
   if (typeof template !== 'string' || template.length > MAX_IMAGE_REF_CHARS) {
@@ -191,6 +193,16 @@ export function checkTemplate(template: string): void {
         field: 'image',
       });
     }
+  }
+  // The local layer is named after the last component (`taskImageLayerRef`): without {id}
+  // there, every instance would share the first one's image.
+  const last = rest.slice(rest.lastIndexOf('/', pathEnd - 1) + 1, pathEnd);
+  if (!last.includes(INSTANCE_ID_PLACEHOLDER)) {
+    throw new DsecError(
+      'invalid_argument',
+      "image: {id} must stand in the repository's last component (the local layer is named after it), as in docker://HOST/swebench/sweb.eval.x86_64.{id}:latest",
+      { field: 'image' },
+    );
   }
 }
 

@@ -74,14 +74,17 @@ export function parsePytest(log: string, rewrite: (line: string) => string = (l)
 export function parsePytestOptions(log: string): StatusMap {
   const map: StatusMap = {};
   for (const [id, status] of Object.entries(parsePytest(log))) {
-    const m = /^(.*?)\[(.*)\]/.exec(id);
+    // `^(.*?)\[(.*)\]` without its backtracking (an ID of brackets took minutes):
+    // group 1 ends at the first `[`, group 2 at the last `]` after it.
+    const open = id.indexOf('[');
+    const close = id.lastIndexOf(']');
     let name = id;
-    if (m) {
-      let option = m[2]!;
+    if (open >= 0 && close > open) {
+      let option = id.slice(open + 1, close);
       if (option.startsWith('/') && !option.startsWith('//') && !option.includes('*')) {
         option = '/' + option.split('/').at(-1)!;
       }
-      name = `${m[1]!}[${option}]`;
+      name = `${id.slice(0, open)}[${option}]`;
     }
     map[name] = status;
   }
@@ -152,9 +155,7 @@ export function parseSeaborn(log: string): StatusMap {
  */
 export function parseSympy(log: string): StatusMap {
   const map: StatusMap = {};
-  for (const m of log.matchAll(/(_*) (.*)\.py:(.*) (_*)/g)) {
-    map[`${m[2]!}.py:${m[3]!}`] = 'FAILED';
-  }
+  for (const id of sympyFailureHeaders(log)) map[id] = 'FAILED';
   for (const raw of log.split('\n')) {
     const line = raw.trim();
     if (!line.startsWith('test_')) continue;
@@ -164,6 +165,30 @@ export function parseSympy(log: string): StatusMap {
     if (line.endsWith(' ok')) map[first] = 'PASSED';
   }
   return map;
+}
+
+/**
+ * What SWE-bench's `re.findall(r"(_*) (.*)\.py:(.*) (_*)", log)` finds, as
+ * `path.py:test`, in linear time: run by a backtracking engine, that regex
+ * tries every space of a line against the rest of the line (hours over one
+ * long line of spaces the code under test prints). Python's `.` stops at
+ * `\n` only, so a match lies within one line, and there is at most one per
+ * line: it starts at the line's first space (with the underscores before
+ * it), group 2 runs to the last `.py:` that a space still follows, group 3
+ * to the line's last space.
+ */
+export function sympyFailureHeaders(log: string): string[] {
+  const out: string[] = [];
+  for (const line of log.split('\n')) {
+    const first = line.indexOf(' ');
+    if (first < 0) continue;
+    const last = line.lastIndexOf(' ');
+    if (last < 4) continue;
+    const py = line.lastIndexOf('.py:', last - 4);
+    if (py < first + 1) continue;
+    out.push(`${line.slice(first + 1, py)}.py:${line.slice(py + 4, last)}`);
+  }
+  return out;
 }
 
 const DJANGO_PASS_SUFFIXES = [' ... ok', ' ... OK', ' ...  OK'];
@@ -210,15 +235,102 @@ export function parseDjango(log: string): StatusMap {
     }
     if (line.startsWith('ok') && prev !== undefined) map[prev] = 'PASSED';
   }
-  const interrupted = [
-    /^(.*?)\s\.\.\.\sTesting against Django installed in ([\s\S]*?) silenced\)\.\nok$/gm,
-    /^(.*?)\s\.\.\.\sInternal Server Error: \/(.*)\/\nok$/gm,
-    /^(.*?)\s\.\.\.\sSystem check identified no issues \(0 silenced\)\nok$/gm,
-  ];
-  for (const re of interrupted) {
-    for (const m of log.matchAll(re)) map[m[1]!] = 'PASSED';
-  }
+  for (const id of djangoInterrupted(log)) map[id] = 'PASSED';
   return map;
+}
+
+const TESTING_AGAINST = /\s\.\.\.\sTesting against Django installed in /;
+const SERVER_ERROR = /\s\.\.\.\sInternal Server Error: \//;
+const SYSTEM_CHECK = /\s\.\.\.\sSystem check identified no issues \(0 silenced\)/;
+const SILENCED_OK = ' silenced).\nok';
+
+/**
+ * The tests SWE-bench's three interruption rules pass, in order: its
+ * `re.findall` over the log with `re.MULTILINE` of
+ * `^(.*?)\s\.\.\.\sTesting against Django installed in ((?s:.*?)) silenced\)\.\nok$`,
+ * `^(.*?)\s\.\.\.\sInternal Server Error: \/(.*)\/\nok$` and
+ * `^(.*?)\s\.\.\.\sSystem check identified no issues \(0 silenced\)\nok$`
+ * (group 1 of each match), with Python's line semantics (`.` and `^`/`$`
+ * know `\n` only), found in linear time. A backtracking engine runs those
+ * regexes in time quadratic in what the code under test prints (each
+ * `... Testing against` without a later ` silenced).` line rescans the rest
+ * of the log; each `... Internal Server Error: /` the rest of its line): a
+ * crafted log held the host's grader for an hour. Here each line start is
+ * tried once, with the next intro and the next terminator remembered, so no
+ * part of the log is scanned twice. `only`: just that rule (0, 1, 2; tests).
+ */
+export function djangoInterrupted(log: string, only?: number): string[] {
+  const okAt = (i: number): boolean =>
+    log.startsWith('ok', i) && (i + 2 === log.length || log[i + 2] === '\n');
+  const nextTerm = finder(log, (from) => {
+    for (let i = log.indexOf(SILENCED_OK, from); i >= 0; i = log.indexOf(SILENCED_OK, i + 1)) {
+      const end = i + SILENCED_OK.length;
+      if (end === log.length || log[end] === '\n') return end;
+    }
+    return -1;
+  });
+  const nextNewline = finder(log, (from) => log.indexOf('\n', from));
+  const rules: [RegExp, (introEnd: number) => number][] = [
+    [TESTING_AGAINST, (e) => nextTerm(e)],
+    [
+      SERVER_ERROR,
+      (e) => {
+        const nl = nextNewline(e);
+        return nl > e && log[nl - 1] === '/' && okAt(nl + 1) ? nl + 3 : -1;
+      },
+    ],
+    [SYSTEM_CHECK, (e) => (log[e] === '\n' && okAt(e + 1) ? e + 3 : -1)],
+  ];
+  const out: string[] = [];
+  for (const [n, [intro, tail]] of rules.entries()) {
+    if (only !== undefined && n !== only) continue;
+    const search = new RegExp(intro.source, 'g');
+    const sticky = new RegExp(intro.source, 'y');
+    const nextIntro = finder(log, (from) => {
+      search.lastIndex = from;
+      const m = search.exec(log);
+      return m ? m.index : -1;
+    });
+    const introLength = (at: number): number => {
+      sticky.lastIndex = at;
+      return sticky.exec(log)![0].length;
+    };
+    let start = 0;
+    while (start <= log.length) {
+      const nl = nextNewline(start);
+      const lineEnd = nl < 0 ? log.length : nl;
+      let end = -1;
+      // Group 1 (`.*?`) stays on the line; the intro's first `\s` may be its newline.
+      for (let at = nextIntro(start); at >= 0 && at <= lineEnd; at = nextIntro(at + 1)) {
+        end = tail(at + introLength(at));
+        if (end >= 0) {
+          out.push(log.slice(start, at));
+          break;
+        }
+      }
+      // The next try is at the first line start after the match (or after this line).
+      const from = end >= 0 ? nextNewline(end) : nl;
+      if (from < 0) break;
+      start = from + 1;
+    }
+  }
+  return out;
+}
+
+/**
+ * `search(from)` (the first hit at or after `from`, or -1) remembered: asked
+ * again from a point between the last `from` and its hit, the hit is the
+ * same, so calls with growing `from` cost one scan of the text in all.
+ */
+function finder(text: string, search: (from: number) => number): (from: number) => number {
+  let askedFrom = Infinity;
+  let hit = -1;
+  return (from) => {
+    if (from >= askedFrom && (hit < 0 || from <= hit)) return hit;
+    askedFrom = from;
+    hit = search(from);
+    return hit;
+  };
 }
 
 function asStatus(word: string): SwebenchStatus | undefined {

@@ -91,6 +91,12 @@ const NON_TEST_SUFFIXES = [
   '.toml',
 ];
 
+/**
+ * The largest `test_patch` the grader takes: it travels on a command's
+ * stdin, which takes 1 MiB (less the room the command itself needs).
+ */
+export const MAX_TEST_PATCH_BYTES = 1024 * 1024 - 4096;
+
 /** The image reference a template gives an instance (`swebenchImageRef` of task-images.ts). */
 export type ImageNamer = (instanceId: string) => string;
 
@@ -99,7 +105,9 @@ export type ImageNamer = (instanceId: string) => string;
  * entry that is not an instance, a repeated instance_id) is
  * `invalid_argument` naming `<file>:<line or index>` and the field; an
  * instance whose (repo, version) the spec table lacks is returned in
- * `errors` (`invalid_argument`, reason `no_spec`), the others run.
+ * `errors` (`invalid_argument`, reason `no_spec`), as is one whose
+ * `test_patch` is over `MAX_TEST_PATCH_BYTES` (`payload_too_large`, reason
+ * `test_patch_too_large`); the others run.
  */
 export async function loadSwebenchDataset(
   file: string,
@@ -164,6 +172,17 @@ export async function loadSwebenchDataset(
         code: 'invalid_argument',
         reason: 'no_spec',
         message: `the spec table has no entry for ${inst.repo} version ${inst.version}: add it with --specs FILE (docs/eval.md)`,
+      });
+      continue;
+    }
+    // Found here, not after the agent's whole run: the grader could not take it.
+    const testPatchBytes = Buffer.byteLength(inst.test_patch);
+    if (testPatchBytes > MAX_TEST_PATCH_BYTES) {
+      errors.push({
+        instance_id: inst.instance_id,
+        code: 'payload_too_large',
+        reason: 'test_patch_too_large',
+        message: `test_patch is ${testPatchBytes} bytes, over the ${MAX_TEST_PATCH_BYTES} a command's stdin takes: the grader cannot apply it`,
       });
       continue;
     }

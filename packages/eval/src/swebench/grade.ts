@@ -10,7 +10,7 @@ import { parseLog, type StatusMap, type SwebenchStatus } from '../log-parsers/py
 import { shellQuote } from '../task.js';
 import type { TestOutcome } from '../test-output.js';
 import type { SandboxTools } from '../tools.js';
-import type { SwebenchTask } from './dataset.js';
+import { MAX_TEST_PATCH_BYTES, type SwebenchTask } from './dataset.js';
 
 /** SWE-bench's markers around the test output (`START_TEST_OUTPUT`, `END_TEST_OUTPUT`). */
 export const START_TEST_OUTPUT = '>>>>> Start Test Output';
@@ -134,7 +134,7 @@ export async function gradeSwebench(
   task: SwebenchTask,
   options: Pick<GradeOptions, 'testTimeoutMs'>,
 ): Promise<GradeResult> {
-  if (Buffer.byteLength(task.test_patch) > 1024 * 1024 - 4096) {
+  if (Buffer.byteLength(task.test_patch) > MAX_TEST_PATCH_BYTES) {
     throw new DsecError(
       'payload_too_large',
       `${task.instance_id}: test_patch is over 1 MiB, more than a command's stdin takes`,

@@ -19,9 +19,9 @@ export interface PatchFile {
 export function patchFiles(patch: string): PatchFile[] {
   const out: PatchFile[] = [];
   for (const line of patch.split('\n')) {
-    const m = /^diff --git a\/(.*) b\/(.*)$/.exec(line);
-    if (m) {
-      out.push({ oldPath: m[1]!, path: m[2]!, created: false, deleted: false });
+    const header = diffHeader(line);
+    if (header) {
+      out.push({ ...header, created: false, deleted: false });
       continue;
     }
     const last = out.at(-1);
@@ -30,4 +30,20 @@ export function patchFiles(patch: string): PatchFile[] {
     if (line === '+++ /dev/null' || line.startsWith('deleted file mode ')) last.deleted = true;
   }
   return out;
+}
+
+const DIFF_GIT = 'diff --git a/';
+
+/**
+ * `^diff --git a\/(.*) b\/(.*)$` over one line without its backtracking (a
+ * crafted header with many ` b/` and a `\r` took a backtracking engine
+ * minutes, on the host, at load time): `.` takes no line terminator, so a
+ * line holding one is no header; otherwise the old path runs to the last ` b/`.
+ */
+function diffHeader(line: string): { oldPath: string; path: string } | undefined {
+  if (!line.startsWith(DIFF_GIT) || /[\n\r\u2028\u2029]/.test(line)) return undefined;
+  const rest = line.slice(DIFF_GIT.length);
+  const b = rest.lastIndexOf(' b/');
+  if (b < 0) return undefined;
+  return { oldPath: rest.slice(0, b), path: rest.slice(b + ' b/'.length) };
 }

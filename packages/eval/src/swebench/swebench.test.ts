@@ -383,3 +383,30 @@ test('attack: an instance_id cannot steer its image to another repository or reg
     );
   }
 });
+
+test('attack: a test_patch too large for the grader fails its instance at load, before any sandbox or agent time', async () => {
+  const specs = await loadSpecs();
+  const big = instance('psf__requests-1964', 'psf/requests', '2.3');
+  // Past what the grader's stdin takes: found only after the agent's whole run, before.
+  big.test_patch = `${TEST_PATCH}${'+x\n'.repeat(400 * 1024)}`;
+  const file = join(dir, 'big.jsonl');
+  writeFileSync(
+    file,
+    [instance('psf__requests-1963', 'psf/requests', '2.3'), big]
+      .map((r) => JSON.stringify(r))
+      .join('\n'),
+  );
+  const ds = await loadSwebenchDataset(file, {
+    specs,
+    image: (id) => swebenchImageRef(TEMPLATE, id),
+  });
+  assert.deepEqual(
+    ds.tasks.map((t) => t.instance_id),
+    ['psf__requests-1963'],
+  );
+  assert.equal(ds.errors.length, 1);
+  assert.equal(ds.errors[0]!.instance_id, 'psf__requests-1964');
+  assert.equal(ds.errors[0]!.code, 'payload_too_large');
+  assert.equal(ds.errors[0]!.reason, 'test_patch_too_large');
+  assert.match(ds.errors[0]!.message, /test_patch/);
+});

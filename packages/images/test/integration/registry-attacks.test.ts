@@ -23,12 +23,17 @@ const sha = (b: Buffer): string => `sha256:${createHash('sha256').update(b).dige
 
 /** One tiny valid layer: a tar of one file, gzipped. */
 function tinyLayer(): { blob: Buffer; diffId: string } {
+  return tarLayer(Buffer.from('hi\n'));
+}
+
+/** A gzipped tar of one file `hello` holding `content`. */
+function tarLayer(content: Buffer): { blob: Buffer; diffId: string } {
   const header = Buffer.alloc(512);
   header.write('hello', 0);
   header.write('0000644\0', 100);
   header.write('0000000\0', 108);
   header.write('0000000\0', 116);
-  header.write('00000000003\0', 124);
+  header.write(`${content.length.toString(8).padStart(11, '0')}\0`, 124);
   header.write('00000000000\0', 136);
   header.write('0', 156);
   header.write('ustar\0', 257);
@@ -37,8 +42,8 @@ function tinyLayer(): { blob: Buffer; diffId: string } {
   let sum = 0;
   for (const byte of header) sum += byte;
   header.write(`${sum.toString(8).padStart(6, '0')}\0 `, 148);
-  const body = Buffer.alloc(512);
-  body.write('hi\n');
+  const body = Buffer.alloc(Math.ceil(content.length / 512) * 512);
+  content.copy(body);
   const tar = Buffer.concat([header, body, Buffer.alloc(1024)]);
   return { blob: gzipSync(tar), diffId: sha(tar) };
 }
@@ -105,6 +110,13 @@ before(async () => {
   images.set('user-path', withLayer({ User: '../../../etc/shadow' }));
   images.set('workdir-relative', withLayer({ WorkingDir: '../../host' }));
   images.set('ok', withLayer({ Env: ['PATH=/bin'], WorkingDir: '/w' }));
+  // A decompression bomb: 64 MiB of zeros in a blob of about 64 kB, its diff ID true.
+  const bomb = tarLayer(Buffer.alloc(64 * 1024 * 1024));
+  const bombImage = image({}, [
+    { digest: sha(bomb.blob), size: bomb.blob.length, diffId: bomb.diffId },
+  ]);
+  bombImage.blobs.set(sha(bomb.blob), bomb.blob);
+  images.set('bomb', bombImage);
 
   server = createServer((req: IncomingMessage, res: ServerResponse) => {
     requests++;
@@ -163,7 +175,10 @@ after(async () => {
   if (dir) await rm(dir, { recursive: true, force: true });
 });
 
-async function attempt(name: string, extra: { timeoutMs?: number } = {}): Promise<DsecError> {
+async function attempt(
+  name: string,
+  extra: { timeoutMs?: number; maxUnpackedBytes?: number } = {},
+): Promise<DsecError> {
   const store = new DirImageStore(join(dir, `store-${name}`));
   const err = await importFromRegistry(store, {
     source: `docker://${host}/attack/${name}:v1`,
@@ -235,4 +250,12 @@ test('attack: hostile image configs are refused naming the field', async () => {
     assert.equal(err.field, field, name);
     assert.equal(err.details?.['reason'], 'image_config', name);
   }
+});
+
+test('attack: a layer that decompresses past the bound is stopped while it unpacks', async () => {
+  // Well under the compressed bound (the blob is ~64 kB): only the unpacked count can stop it.
+  const err = await attempt('bomb', { maxUnpackedBytes: 8 * 1024 * 1024 });
+  assert.ok(isDsecError(err, 'resource_exhausted'), String(err));
+  assert.equal(err.details?.['reason'], 'image_unpacks_too_large');
+  assert.equal(err.field, 'source');
 });
