@@ -20,6 +20,13 @@ import { runTool } from '../util/run-tool.js';
  */
 export const OCI_DIFF_LAYER_NAME = 'oci-diff';
 
+/** What {@link ConvertDiffLayersOptions.unpacked} bounds: bytes left, the bound, the image it is reported against. */
+export interface UnpackBound {
+  budget: { left: number };
+  maxBytes: number;
+  ref: string;
+}
+
 /** One image layer after {@link convertDiffLayers}: its diff ID, its record, whether it was reused. */
 export interface DiffLayer {
   diffId: string;
@@ -47,6 +54,12 @@ export interface ConvertDiffLayersOptions {
   sandboxMade?: (index: number) => boolean;
   /** The field a bad layer is reported against (default `source`). */
   field?: string;
+  /**
+   * A bound on the bytes the layers unpack to, all together (`budget.left`
+   * counts down across calls): a small blob can decompress to terabytes.
+   * Past it, `resource_exhausted` with `details.reason: 'image_unpacks_too_large'`.
+   */
+  unpacked?: UnpackBound | undefined;
   signal?: AbortSignal | undefined;
   onProgress?(p: BuildProgress): void;
 }
@@ -90,7 +103,7 @@ export async function convertDiffLayers(
         throw new DsecError('internal', `layer ${diffId} is neither stored nor pulled`);
       }
       const tarFile = join(work, `layer-${i}.tar`);
-      await decompressVerified(blob, diffId, tarFile, field, signal);
+      await decompressVerified(blob, diffId, tarFile, field, signal, options.unpacked);
       await mkdir(join(dir, '..'), { recursive: true });
       if (sandboxMade) await extractSandboxTar(tarFile, dir, signal, field);
       else await extractTar(tarFile, dir, signal, field);
@@ -185,6 +198,7 @@ async function decompressVerified(
   tarFile: string,
   field: string,
   signal: AbortSignal | undefined,
+  bound: UnpackBound | undefined,
 ): Promise<void> {
   const magic = Buffer.alloc(4);
   const fh = await open(blob, 'r');
@@ -196,6 +210,20 @@ async function decompressVerified(
   const hash = createHash('sha256');
   const hashing = new Transform({
     transform(chunk: Buffer, _enc, done) {
+      if (bound) bound.budget.left -= chunk.length;
+      if (bound && bound.budget.left < 0) {
+        done(
+          new DsecError(
+            'resource_exhausted',
+            `${bound.ref}: the image's layers unpack to more than ${bound.maxBytes} bytes`,
+            {
+              field,
+              details: { reason: 'image_unpacks_too_large', maxUnpackedBytes: bound.maxBytes },
+            },
+          ),
+        );
+        return;
+      }
       hash.update(chunk);
       done(null, chunk);
     },
@@ -206,7 +234,13 @@ async function decompressVerified(
   } else if (magic.readUInt32LE(0) === 0xfd2fb528) {
     const zstd = spawn('zstd', ['-dc', '--', blob], { stdio: ['ignore', 'pipe', 'inherit'] });
     const exited = new Promise<number | null>((res) => zstd.once('close', res));
-    await pipeline(zstd.stdout, hashing, out, { signal });
+    try {
+      await pipeline(zstd.stdout, hashing, out, { signal });
+    } catch (err) {
+      zstd.kill('SIGKILL');
+      await exited;
+      throw err;
+    }
     if ((await exited) !== 0) {
       throw new DsecError('invalid_argument', `cannot decompress layer ${diffId} (zstd)`, {
         field,

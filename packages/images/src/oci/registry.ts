@@ -204,7 +204,6 @@ export async function importFromRegistry(
       );
     }
 
-<<<<<<< HEAD
     const { trees, layers } = await convertDiffLayers(store, {
       diffIds: image.diffIds,
       blobs: image.layers,
@@ -212,52 +211,8 @@ export async function importFromRegistry(
       mounter: options.mounter,
       signal,
       onProgress: progress,
+      unpacked: { budget: unpacked, maxBytes: maxUnpackedBytes, ref: from.ref },
     });
-=======
-    const trees: LayerTree[] = [];
-    const layers: RegistryImportResult['layers'] = [];
-    for (const [i, diffId] of image.diffIds.entries()) {
-      progress({ phase: 'convert', done: i, total: image.diffIds.length });
-      throwIfAborted(signal);
-      const version = diffId.slice('sha256:'.length);
-      const ref = `${OCI_DIFF_LAYER_NAME}:${version}`;
-      const dir = join(work, 'layers', String(i));
-      const existing = await store.getLayer(ref).catch((err: unknown) => {
-        if (isDsecError(err, 'image_not_found')) return undefined;
-        throw err;
-      });
-      if (existing) {
-        trees.push(await copyLayer(store, existing, dir, options.mounter, signal));
-        layers.push({ diffId, ref, reused: true });
-      } else {
-        const blob = image.layers[i]!;
-        await extractVerified(blob, diffId, dir, join(work, `layer-${i}.tar`), signal, {
-          budget: unpacked,
-          maxBytes: maxUnpackedBytes,
-          ref: from.ref,
-        });
-        const tree = await ociLayerToOverlay(dir, signal);
-        await buildLayer(store, {
-          name: OCI_DIFF_LAYER_NAME,
-          version,
-          kind: 'toolkit',
-          from: { dir },
-          source: 'oci-layer',
-          // A cache read back once per image that shares it: compressing it would
-          // cost more time here than the reuse saves. The merged image below is
-          // compressed as asked.
-          compress: false,
-          workDir: work,
-          signal,
-        });
-        trees.push(tree);
-        layers.push({ diffId, ref, reused: false });
-      }
-      // The compressed blob is no longer needed: free its space before the next one.
-      if (image.layers[i] !== undefined) await rm(image.layers[i], { force: true });
-    }
-    progress({ phase: 'convert', done: image.diffIds.length, total: image.diffIds.length });
->>>>>>> h/revswebench
     progress({ phase: 'merge' });
     const rootDir = await mergeImageLayers(trees, {
       emptyDir: join(work, 'layers', 'empty'),
@@ -659,81 +614,6 @@ function checkMediaTypes(types: string[], ref: string): void {
   }
 }
 
-<<<<<<< HEAD
-=======
-/**
- * Decompresses a layer blob into a plain tar while hashing it, refuses it when
- * the hash is not its diff ID (the key it would be reused under by other
- * images), then extracts it.
- */
-async function extractVerified(
-  blob: string,
-  diffId: string,
-  dest: string,
-  tarFile: string,
-  signal: AbortSignal | undefined,
-  bound: { budget: { left: number }; maxBytes: number; ref: string },
-): Promise<void> {
-  const magic = Buffer.alloc(4);
-  const fh = await open(blob, 'r');
-  try {
-    await fh.read(magic, 0, 4, 0);
-  } finally {
-    await fh.close();
-  }
-  const hash = createHash('sha256');
-  const hashing = new Transform({
-    transform(chunk: Buffer, _enc, done) {
-      bound.budget.left -= chunk.length;
-      if (bound.budget.left < 0) {
-        done(
-          new DsecError(
-            'resource_exhausted',
-            `${bound.ref}: the image's layers unpack to more than ${bound.maxBytes} bytes`,
-            {
-              field: 'source',
-              details: { reason: 'image_unpacks_too_large', maxUnpackedBytes: bound.maxBytes },
-            },
-          ),
-        );
-        return;
-      }
-      hash.update(chunk);
-      done(null, chunk);
-    },
-  });
-  const out = createWriteStream(tarFile);
-  if (magic[0] === 0x1f && magic[1] === 0x8b) {
-    await pipeline(createReadStream(blob), createGunzip(), hashing, out, { signal });
-  } else if (magic.readUInt32LE(0) === 0xfd2fb528) {
-    const zstd = spawn('zstd', ['-dc', '--', blob], { stdio: ['ignore', 'pipe', 'inherit'] });
-    const exited = new Promise<number | null>((res) => zstd.once('close', res));
-    try {
-      await pipeline(zstd.stdout, hashing, out, { signal });
-    } catch (err) {
-      zstd.kill('SIGKILL');
-      await exited;
-      throw err;
-    }
-    if ((await exited) !== 0) {
-      throw new DsecError('invalid_argument', `cannot decompress layer ${diffId} (zstd)`, {
-        field: 'source',
-      });
-    }
-  } else {
-    await pipeline(createReadStream(blob), hashing, out, { signal });
-  }
-  if (`sha256:${hash.digest('hex')}` !== diffId) {
-    throw new DsecError('invalid_argument', `a layer does not match its diff ID ${diffId}`, {
-      field: 'source',
-    });
-  }
-  await mkdir(join(dest, '..'), { recursive: true });
-  await extractTar(tarFile, dest, signal, 'source');
-  await rm(tarFile, { force: true });
-}
-
->>>>>>> h/revswebench
 async function dirBytes(dir: string): Promise<number> {
   let total = 0;
   const entries = await readdir(dir, { withFileTypes: true, recursive: true }).catch(() => []);
