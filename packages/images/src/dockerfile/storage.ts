@@ -54,7 +54,7 @@ export async function readStoredLayers(
   const image = images?.find((i) => i.id === id);
   if (!image?.link) return diffIds.length === 0 && image ? [] : undefined;
   const topFirst: Record_[] = [];
-  for (let at: string | undefined = image.link; at !== undefined && at !== ''; ) {
+  for (let at: string | undefined = image.link; at !== undefined && at !== '';) {
     const l = layers.get(at);
     if (!l || topFirst.length >= MAX_STORED_LAYERS) return undefined;
     topFirst.push(l);

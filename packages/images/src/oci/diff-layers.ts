@@ -230,8 +230,10 @@ export interface StoredDiffLayer {
   diffDir: string;
 }
 
-export interface ConvertStoredLayersOptions
-  extends Omit<ConvertDiffLayersOptions, 'diffIds' | 'blobs'> {
+export interface ConvertStoredLayersOptions extends Omit<
+  ConvertDiffLayersOptions,
+  'diffIds' | 'blobs'
+> {
   /** Bottom first. */
   layers: StoredDiffLayer[];
 }
@@ -364,9 +366,13 @@ async function copySandboxLayer(
       { signal },
     );
     if (r.exitCode !== 0) {
-      throw new DsecError('invalid_argument', `cannot copy a built layer: ${r.stderr.slice(-2000)}`, {
-        field,
-      });
+      throw new DsecError(
+        'invalid_argument',
+        `cannot copy a built layer: ${r.stderr.slice(-2000)}`,
+        {
+          field,
+        },
+      );
     }
   } finally {
     await rmdir(confineRoot).catch(() => undefined);
