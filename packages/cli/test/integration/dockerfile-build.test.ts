@@ -271,6 +271,25 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
     );
     assert.equal(other.layers[0]!.diffId, first.layers[0]!.diffId);
     assert.equal(other.layers[0]!.reused, true);
+    // Finished builds leave no working container in buildah's storage.
+    const storageRoot = join(stateDir, 'buildah', 'root');
+    const listed = spawnSync(
+      'buildah',
+      [
+        '--root',
+        storageRoot,
+        '--runroot',
+        join(stateDir, 'buildah', 'run'),
+        '--storage-driver',
+        'overlay',
+        'containers',
+        '--json',
+      ],
+      { encoding: 'utf8' },
+    );
+    spawnSync('umount', [join(storageRoot, 'overlay')]);
+    assert.equal(listed.status, 0, listed.stderr);
+    assert.deepEqual((JSON.parse(listed.stdout || 'null') as unknown[] | null) ?? [], []); // buildah prints null for none
 
     // A sandbox starts from the result and sees the files.
     node = await startSingleNode({

@@ -434,6 +434,11 @@ async function runBuild(
   const tag = `localhost/dsec-build-${createHash('sha256').update(work).digest('hex').slice(0, 16)}`;
 
   let net: BuildNetworkHandle | undefined;
+  // The network is closed once the RUN steps are over, while the image is imported.
+  let closing: Promise<void> | undefined;
+  const closeNet = (): Promise<void> => (closing ??= net?.close() ?? Promise.resolve());
+  let built = false;
+  let removed = false;
   try {
     if (options.network) {
       input.progress({ phase: 'network' });
@@ -470,10 +475,14 @@ async function runBuild(
       join(work, 'context'),
     ];
     const steps = await runBud(args, env, input);
+    built = true;
+    void closeNet().catch(() => undefined);
     try {
       input.progress({ phase: 'export' });
-      const baseDiffIds = await pulledDiffIds(storage, env, tag, signal);
-      const stored = await storedImage(storage, env, input, tag);
+      const [baseDiffIds, stored] = await Promise.all([
+        pulledDiffIds(storage, env, tag, signal),
+        storedImage(storage, env, input, tag),
+      ]);
       if (stored) {
         const imported = await input.importImage({ from: 'storage', ...stored, baseDiffIds });
         return { steps, imported };
@@ -498,14 +507,18 @@ async function runBuild(
       return { steps, imported };
     } finally {
       await runTool('buildah', [...storage, 'rmi', '--force', tag], { env }).catch(() => undefined);
+      removed = true;
     }
   } finally {
-    // A failed or stopped build leaves its working container mounted; and the
-    // storage keeps its own home mounted: nothing of the build stays mounted.
-    await runTool('buildah', [...storage, 'rm', '--all'], { env }).catch(() => undefined);
-    await runTool('buildah', [...storage, 'rmi', '--force', tag], { env }).catch(() => undefined);
+    // A failed or stopped build leaves its working container mounted (a
+    // finished `bud` removed its own); and the storage keeps its own home
+    // mounted: nothing of the build stays mounted.
+    if (!built)
+      await runTool('buildah', [...storage, 'rm', '--all'], { env }).catch(() => undefined);
+    if (!removed)
+      await runTool('buildah', [...storage, 'rmi', '--force', tag], { env }).catch(() => undefined);
     await runTool('umount', [join(buildahRoot, 'root', 'overlay')]).catch(() => undefined);
-    await net?.close();
+    await closeNet();
   }
 }
 
