@@ -255,6 +255,7 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
     assert.deepEqual(cached.steps, []);
 
     // Another Dockerfile on the same base: the base's conversion is reused.
+    const otherPhases = new Set<string>();
     const other = await buildDockerfile(
       store,
       // The base in buildah's storage is as pulled: building df-main (whose
@@ -264,13 +265,20 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
           'other',
           `FROM ${baseRef}\nRUN test "$(cat /etc/gone.txt /opt/olddir/a)" = "$(printf 'gone\\na')" && echo other > /other\n`,
         ),
+        // The other way in: pushed to an OCI layout and unpacked.
         {
           name: 'df-other',
+          fromStorage: false,
+          onProgress: (p) => otherPhases.add(p.phase),
         },
       ),
     );
     assert.equal(other.layers[0]!.diffId, first.layers[0]!.diffId);
     assert.equal(other.layers[0]!.reused, true);
+    assert.ok(otherPhases.has('read'), [...otherPhases].join()); // the OCI layout was read
+    const otherTree = await unpack(other.layer.digest, 'other');
+    assert.equal(await readFile(join(otherTree, 'other'), 'utf8'), 'other\n');
+    assert.equal(await readFile(join(otherTree, 'etc/gone.txt'), 'utf8'), 'gone\n');
     // Finished builds leave no working container in buildah's storage.
     const storageRoot = join(stateDir, 'buildah', 'root');
     const listed = spawnSync(

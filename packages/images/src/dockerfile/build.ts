@@ -95,6 +95,12 @@ export interface DockerfileBuildOptions extends DockerfileLimits, ContextLimits 
    * (`egressBuildNetwork`). Without it they get none at all (loopback only).
    */
   network?: BuildNetwork | undefined;
+  /**
+   * Read the built image's layers straight from buildah's storage (default
+   * true); false pushes it to an OCI layout and unpacks that, as a storage
+   * that cannot be read directly gets anyway. The result is the same image.
+   */
+  fromStorage?: boolean | undefined;
   /** Build even when an identical build is stored (the result must still match it). */
   noCache?: boolean | undefined;
   /** Compression of the merged image (default `lz4`, as registry imports). */
@@ -481,7 +487,7 @@ async function runBuild(
       input.progress({ phase: 'export' });
       const [baseDiffIds, stored] = await Promise.all([
         pulledDiffIds(storage, env, tag, signal),
-        storedImage(storage, env, input, tag),
+        options.fromStorage === false ? undefined : storedImage(storage, env, input, tag),
       ]);
       if (stored) {
         const imported = await input.importImage({ from: 'storage', ...stored, baseDiffIds });
