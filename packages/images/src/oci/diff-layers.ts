@@ -230,6 +230,9 @@ export interface StoredDiffLayer {
   diffDir: string;
 }
 
+/** Stored layers converted at once (each is a few processes: `cp`, `tar`, `getfattr`). */
+const STORED_LAYER_CONCURRENCY = 4;
+
 export interface ConvertStoredLayersOptions extends Omit<
   ConvertDiffLayersOptions,
   'diffIds' | 'blobs'
@@ -257,63 +260,94 @@ export async function convertStoredLayers(
   const { work, signal } = options;
   const field = options.field ?? 'source';
   const progress = (p: BuildProgress): void => options.onProgress?.(p);
-  const trees: LayerTree[] = [];
-  const layers: DiffLayer[] = [];
   const records: Promise<unknown>[] = [];
-  const recorded = async (): Promise<void> => {
-    const results = await Promise.allSettled(records);
-    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-    if (failed) throw failed.reason;
+  const recording = new Set<string>();
+  const record = (p: Promise<unknown>): void => {
+    // Awaited later (`recorded`): a failure meanwhile is not an unhandled rejection.
+    p.catch(() => undefined);
+    records.push(p);
   };
+  const convertOne = async (i: number): Promise<{ tree: LayerTree; layer: DiffLayer }> => {
+    const { diffId, diffDir } = options.layers[i]!;
+    throwIfAborted(signal);
+    const version = diffId.slice('sha256:'.length);
+    const sandboxMade = options.sandboxMade?.(i) === true;
+    const ref = sandboxMade ? '' : `${OCI_DIFF_LAYER_NAME}:${version}`;
+    const dir = join(work, 'layers', String(i));
+    const existing = sandboxMade
+      ? undefined
+      : await store.getLayer(ref).catch((err: unknown) => {
+          if (isDsecError(err, 'image_not_found')) return undefined;
+          throw err;
+        });
+    if (existing) {
+      const tree = await copyLayer(store, existing, dir, options.mounter, signal);
+      return { tree, layer: { diffId, ref, reused: true } };
+    }
+    if (sandboxMade) {
+      await copySandboxLayer(diffDir, dir, field, signal);
+      return { tree: await confinedLayerTree(dir, signal), layer: { diffId, ref, reused: false } };
+    }
+    if (!recording.has(version)) {
+      recording.add(version);
+      record(
+        buildLayer(store, {
+          name: OCI_DIFF_LAYER_NAME,
+          version,
+          kind: 'toolkit',
+          from: { dir: diffDir },
+          source: 'oci-layer',
+          // As convertDiffLayers: read back once per image, not worth compressing.
+          compress: false,
+          workDir: work,
+          ...(signal ? { signal } : {}),
+        }),
+      );
+    }
+    await linkCopy(diffDir, dir, signal);
+    return { tree: await overlayLayerTree(dir, signal), layer: { diffId, ref, reused: false } };
+  };
+  let converted: { tree: LayerTree; layer: DiffLayer }[];
   try {
     await mkdir(join(work, 'layers'), { recursive: true });
-    for (const [i, { diffId, diffDir }] of options.layers.entries()) {
-      progress({ phase: 'convert', done: i, total: options.layers.length });
-      throwIfAborted(signal);
-      const version = diffId.slice('sha256:'.length);
-      const sandboxMade = options.sandboxMade?.(i) === true;
-      const ref = sandboxMade ? '' : `${OCI_DIFF_LAYER_NAME}:${version}`;
-      const dir = join(work, 'layers', String(i));
-      const existing = sandboxMade
-        ? undefined
-        : await store.getLayer(ref).catch((err: unknown) => {
-            if (isDsecError(err, 'image_not_found')) return undefined;
-            throw err;
-          });
-      if (existing) {
-        trees.push(await copyLayer(store, existing, dir, options.mounter, signal));
-        layers.push({ diffId, ref, reused: true });
-        continue;
+    // Layers are independent until the merge: several at once (separate processes, 2+ cores).
+    let next = 0;
+    let done = 0;
+    let failed: { err: unknown } | undefined;
+    const out: { tree: LayerTree; layer: DiffLayer }[] = [];
+    const worker = async (): Promise<void> => {
+      while (next < options.layers.length && failed === undefined) {
+        const i = next++;
+        try {
+          out[i] = await convertOne(i);
+          progress({ phase: 'convert', done: ++done, total: options.layers.length });
+        } catch (err) {
+          failed ??= { err };
+        }
       }
-      if (sandboxMade) {
-        await copySandboxLayer(diffDir, dir, field, signal);
-        trees.push(await confinedLayerTree(dir, signal));
-      } else {
-        records.push(
-          buildLayer(store, {
-            name: OCI_DIFF_LAYER_NAME,
-            version,
-            kind: 'toolkit',
-            from: { dir: diffDir },
-            source: 'oci-layer',
-            // As convertDiffLayers: read back once per image, not worth compressing.
-            compress: false,
-            workDir: work,
-            ...(signal ? { signal } : {}),
-          }),
-        );
-        await linkCopy(diffDir, dir, signal);
-        trees.push(await overlayLayerTree(dir, signal));
-      }
-      layers.push({ diffId, ref, reused: false });
-    }
+    };
+    progress({ phase: 'convert', done: 0, total: options.layers.length });
+    await Promise.all(
+      Array.from({ length: Math.min(STORED_LAYER_CONCURRENCY, options.layers.length) }, worker),
+    );
+    if (failed) throw failed.err;
+    converted = out;
   } catch (err) {
     // Nothing keeps writing under `work` once this fails.
     await Promise.allSettled(records);
     throw err;
   }
-  progress({ phase: 'convert', done: options.layers.length, total: options.layers.length });
-  return { trees, layers, recorded: recorded() };
+  const recorded = (async (): Promise<void> => {
+    const results = await Promise.allSettled(records);
+    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) throw failed.reason;
+  })();
+  recorded.catch(() => undefined);
+  return {
+    trees: converted.map((c) => c.tree),
+    layers: converted.map((c) => c.layer),
+    recorded,
+  };
 }
 
 /** `cp -al`: a tree of hard links (directories copied), else a full `cp -a` across filesystems. */
