@@ -86,52 +86,57 @@ export async function buildLayer(
       await extractTar(from.path, tree, signal);
     }
 
+    // The count and the image are made at once: both only read the tree.
     progress({ phase: 'scan' });
-    const stats =
+    const counting =
       options.confineRoot === undefined
-        ? await treeStats(tree, { signal, onEntry: (done) => progress({ phase: 'scan', done }) })
-        : await confinedTreeStats(tree, options.confineRoot, signal);
-
-    progress({ phase: 'mkfs' });
+        ? treeStats(tree, { signal, onEntry: (done) => progress({ phase: 'scan', done }) })
+        : confinedTreeStats(tree, options.confineRoot, signal);
     const image = join(work, options.split ? 'layer.meta' : 'layer.erofs');
     const blob = options.split ? join(work, 'layer.blob') : undefined;
-    const erofs = {
-      ...(options.compress !== undefined ? { compress: options.compress } : {}),
-      ...(signal ? { signal } : {}),
-    };
-    if (options.confineRoot === undefined) {
-      await buildErofs({
-        sourceDir: tree,
-        output: image,
-        ...(blob !== undefined ? { blobDevice: blob } : {}),
-        ...erofs,
-      });
-    } else {
-      // The tree read-only and nosymfollow at /src, the images written under /out.
-      const args = erofsArgs({
-        sourceDir: '/src',
-        output: `/out/${basename(image)}`,
-        ...(blob !== undefined ? { blobDevice: `/out/${basename(blob)}` } : {}),
-        ...erofs,
-      });
-      await runConfinedOk(
-        confinedCommand(
-          {
-            rootDir: options.confineRoot,
-            trees: [
-              { path: tree, name: 'src' },
-              { path: work, name: 'out', writable: true },
-              { path: work, name: 'tmp', writable: true },
-            ],
-            tools: true,
-          },
-          ['mkfs.erofs', ...args],
-        ),
-        'mkfs.erofs',
-        { signal },
-      );
-    }
-
+    const making = (async (): Promise<void> => {
+      const erofs = {
+        ...(options.compress !== undefined ? { compress: options.compress } : {}),
+        ...(signal ? { signal } : {}),
+      };
+      if (options.confineRoot === undefined) {
+        await buildErofs({
+          sourceDir: tree,
+          output: image,
+          ...(blob !== undefined ? { blobDevice: blob } : {}),
+          ...erofs,
+        });
+      } else {
+        // The tree read-only and nosymfollow at /src, the images written under /out.
+        const args = erofsArgs({
+          sourceDir: '/src',
+          output: `/out/${basename(image)}`,
+          ...(blob !== undefined ? { blobDevice: `/out/${basename(blob)}` } : {}),
+          ...erofs,
+        });
+        await runConfinedOk(
+          confinedCommand(
+            {
+              rootDir: options.confineRoot,
+              trees: [
+                { path: tree, name: 'src' },
+                { path: work, name: 'out', writable: true },
+                { path: work, name: 'tmp', writable: true },
+              ],
+              tools: true,
+            },
+            ['mkfs.erofs', ...args],
+          ),
+          'mkfs.erofs',
+          { signal },
+        );
+      }
+    })();
+    const [counted, made] = await Promise.allSettled([counting, making]);
+    if (counted.status === 'rejected') throw counted.reason;
+    if (made.status === 'rejected') throw made.reason;
+    const stats = counted.value;
+    progress({ phase: 'mkfs' });
     // A split layer's data blob gets a chunk table, so on-demand readers can
     // check each chunk they fetch (ADR 0006).
     const table = blob !== undefined ? join(work, 'layer.chunks') : undefined;
@@ -140,7 +145,8 @@ export async function buildLayer(
     const puts: { digest: string; sizeBytes: number }[] = [];
     for (const [i, file] of files.entries()) {
       progress({ phase: 'store', done: i, total: files.length });
-      puts.push(await store.putBlob(file, signal ? { signal } : {}));
+      // Linked into the store, not copied: the file is this build's own and goes next.
+      puts.push(await store.putBlob(file, { move: true, ...(signal ? { signal } : {}) }));
     }
     progress({ phase: 'store', done: files.length, total: files.length });
 

@@ -165,18 +165,22 @@ export async function benchBuild(options: BuildBenchOptions): Promise<BuildBench
     });
     phases[phase] = round((phases[phase] ?? 0) + secs(phaseT));
     const buildSeconds = secs(t0);
+    // Each sandbox created, its command run, and removed: what `podman run --rm` does.
     const t1 = process.hrtime.bigint();
     const sandboxes: Sandbox[] = [];
+    cleanups.unshift(async () => {
+      for (const sb of sandboxes) await sb.stop().catch(() => undefined);
+    });
     await Promise.all(
       Array.from({ length: count }, async () => {
         const sb = await client.runContainer({ image: 'bench-build' }, { timeoutMs: 300_000 });
         sandboxes.push(sb);
         const r = await sb.runShell('cat /workspace/files.txt >/dev/null');
         if (r.exitCode !== 0) throw new Error(`a sandbox command failed: ${r.stderr}`);
+        await sb.stop();
       }),
     );
     const startSeconds = secs(t1);
-    for (const sb of sandboxes) await sb.stop().catch(() => undefined);
     const dsec = {
       totalSeconds: round(buildSeconds + startSeconds),
       buildSeconds: round(buildSeconds),
@@ -211,7 +215,7 @@ export async function benchBuild(options: BuildBenchOptions): Promise<BuildBench
         'buildDockerfile (what `dsec image build --dockerfile` runs: context staged and hashed, buildah bud with runc ' +
         'isolation in a private storage root, RUN steps on an egress-policed network namespace, the image pushed to ' +
         'an OCI layout and imported layer by layer into EROFS) into the empty store of a running single node, then ' +
-        `${count} sandboxes created at once, each running one command. podman: \`buildah bud --isolation oci ` +
+        `${count} sandboxes created at once, each running one command and removed. podman: \`buildah bud --isolation oci ` +
         `--runtime runc --network host\` into an empty containers-storage, then ${count} \`podman run --rm --runtime ` +
         'runc --network none IMAGE cmd` at once from that storage. Page cache dropped before each build; node start-up ' +
         'is not timed (a service).',

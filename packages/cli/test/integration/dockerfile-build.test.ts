@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import {
   chmod,
+  copyFile,
   mkdir,
   mkdtemp,
   readdir,
@@ -108,6 +109,19 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
     registry = await startLocalRegistry({ dir: join(dir, 'registry') });
     const root = join(dir, 'busybox');
     await makeBusyboxRootfs(root);
+    // setfattr/getfattr (with the libraries they load) so a RUN step can give
+    // a file a capability; a file and a directory for RUN steps to delete.
+    for (const tool of ['/usr/bin/setfattr', '/usr/bin/getfattr']) {
+      const ldd = spawnSync('ldd', [tool], { encoding: 'utf8' }).stdout;
+      for (const file of [tool, ...[...ldd.matchAll(/(\/\S+) \(0x/g)].map((m) => m[1]!)]) {
+        await mkdir(join(root, file, '..'), { recursive: true });
+        await copyFile(file, join(root, file));
+        await chmod(join(root, file), 0o755);
+      }
+    }
+    await mkdir(join(root, 'opt/olddir'), { recursive: true });
+    await writeFile(join(root, 'opt/olddir/a'), 'a\n');
+    await writeFile(join(root, 'etc/gone.txt'), 'gone\n');
     await makeOciLayoutFromDirs(join(dir, 'layout'), [root], { Env: ['PATH=/bin:/usr/bin'] }, 'v1');
     baseRef = `${registry.host}/base/busybox:v1`;
     await pushToRegistry(join(dir, 'layout'), 'v1', `docker://${baseRef}`);
@@ -158,6 +172,11 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
         '  (wget -q -O- http://denied.test/ >/dev/null 2>&1; echo "denied=$?") >> /net.txt',
         // Sandbox-made: a device node, a set-id file.
         'RUN mknod /dev/evil c 1 1 && touch /suid && chmod 6755 /suid',
+        // A whiteout, an opaque directory, a file capability (cap_net_raw+ep).
+        'RUN rm /etc/gone.txt && rm -rf /opt/olddir && mkdir /opt/olddir && echo new > /opt/olddir/b \\',
+        '  && echo c > /capfile && setfattr -n user.kept -v yes /capfile \\',
+        '  && setfattr -n security.capability -v 0sAQAAAgAgAAAAAAAAAAAAAAAAAAA= /capfile \\',
+        '  && getfattr -n security.capability /capfile',
         '',
         'FROM tools AS final',
         'RUN echo final > /final',
@@ -179,8 +198,8 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
     );
     assert.equal(first.cached, false);
     assert.deepEqual(steps, first.steps);
-    assert.equal(first.steps.length, 6); // the tools stage only
-    assert.match(first.steps[2]!, /^STEP 3\/6: RUN echo "\$GREETING"/);
+    assert.equal(first.steps.length, 7); // the tools stage only
+    assert.match(first.steps[2]!, /^STEP 3\/7: RUN echo "\$GREETING"/);
     assert.equal(first.layers.length, 2);
     assert.match(first.layers[0]!.ref, /^oci-diff:/);
     assert.equal(first.layers[1]!.ref, ''); // made by the build: never recorded by diff ID
@@ -192,6 +211,9 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
     await assert.rejects(stat(join(tree, 'final')));
     await assert.rejects(stat(join(tree, 'dev/evil')));
     assert.equal((await stat(join(tree, 'suid'))).mode & 0o7777, 0o755);
+    await assert.rejects(stat(join(tree, 'etc/gone.txt')));
+    assert.deepEqual(await readdir(join(tree, 'opt/olddir')), ['b']);
+    assert.equal(await readFile(join(tree, 'capfile'), 'utf8'), 'c\n');
     // Only the allowed name reached the fake internet's web servers.
     const hits = (await fake.log()).filter((e) => e.kind === 'http');
     assert.ok(
@@ -233,14 +255,49 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
     assert.deepEqual(cached.steps, []);
 
     // Another Dockerfile on the same base: the base's conversion is reused.
+    const otherPhases = new Set<string>();
     const other = await buildDockerfile(
       store,
-      options(await context('other', `FROM ${baseRef}\nRUN echo other > /other\n`), {
-        name: 'df-other',
-      }),
+      // The base in buildah's storage is as pulled: building df-main (whose
+      // merge hard-links the base's files) changed none of them.
+      options(
+        await context(
+          'other',
+          `FROM ${baseRef}\nRUN test "$(cat /etc/gone.txt /opt/olddir/a)" = "$(printf 'gone\\na')" && echo other > /other\n`,
+        ),
+        // The other way in: pushed to an OCI layout and unpacked.
+        {
+          name: 'df-other',
+          fromStorage: false,
+          onProgress: (p) => otherPhases.add(p.phase),
+        },
+      ),
     );
     assert.equal(other.layers[0]!.diffId, first.layers[0]!.diffId);
     assert.equal(other.layers[0]!.reused, true);
+    assert.ok(otherPhases.has('read'), [...otherPhases].join()); // the OCI layout was read
+    const otherTree = await unpack(other.layer.digest, 'other');
+    assert.equal(await readFile(join(otherTree, 'other'), 'utf8'), 'other\n');
+    assert.equal(await readFile(join(otherTree, 'etc/gone.txt'), 'utf8'), 'gone\n');
+    // Finished builds leave no working container in buildah's storage.
+    const storageRoot = join(stateDir, 'buildah', 'root');
+    const listed = spawnSync(
+      'buildah',
+      [
+        '--root',
+        storageRoot,
+        '--runroot',
+        join(stateDir, 'buildah', 'run'),
+        '--storage-driver',
+        'overlay',
+        'containers',
+        '--json',
+      ],
+      { encoding: 'utf8' },
+    );
+    spawnSync('umount', [join(storageRoot, 'overlay')]);
+    assert.equal(listed.status, 0, listed.stderr);
+    assert.deepEqual((JSON.parse(listed.stdout || 'null') as unknown[] | null) ?? [], []); // buildah prints null for none
 
     // A sandbox starts from the result and sees the files.
     node = await startSingleNode({
@@ -256,9 +313,13 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
       { timeoutMs: 120_000 },
     );
     try {
-      const r = await sb.runShell('cat /greeting /opt/app/main.sh; [ -e /final ] || echo no-final');
+      const r = await sb.runShell(
+        'cat /greeting /opt/app/main.sh; [ -e /final ] || echo no-final; ' +
+          'getfattr --only-values -n user.kept /capfile; echo; ' +
+          'getfattr -n security.capability /capfile >/dev/null 2>&1 && echo cap || echo no-cap',
+      );
       assert.equal(r.exitCode, 0, r.stderr);
-      assert.equal(r.stdout, 'hi there\necho app\nno-final\n');
+      assert.equal(r.stdout, 'hi there\necho app\nno-final\nyes\nno-cap\n');
     } finally {
       await sb.stop();
       client.close();

@@ -9,6 +9,7 @@ import {
   isDsecError,
   throwIfAborted,
   type ImageStore,
+  type ImageConfig,
   type LayerInfo,
   type LayerKind,
   type NetworkTarget,
@@ -16,16 +17,22 @@ import {
 import { buildLayer, type BuildProgress } from '../build.js';
 import type { ErofsMounter } from '../collapse.js';
 import { erofsCompression, type ErofsCompression } from '../erofs.js';
-import { convertDiffLayers, type DiffLayer } from '../oci/diff-layers.js';
-import { readOciImage } from '../oci/read-image.js';
+import {
+  convertDiffLayers,
+  convertStoredLayers,
+  type DiffLayer,
+  type StoredDiffLayer,
+} from '../oci/diff-layers.js';
+import { imageConfig, readOciImage } from '../oci/read-image.js';
 import { registriesConf, type RegistrySettings } from '../oci/registries.js';
 import { REGISTRY_DEFAULT_COMPRESSION } from '../oci/registry.js';
-import { mergeImageLayers } from '../overlay/merge.js';
+import { mergeImageLayers, type LayerTree } from '../overlay/merge.js';
 import { DirImageStore } from '../store/dir-store.js';
 import { assertLayerKind, assertLayerName, assertLayerVersion } from '../store/validate.js';
 import { withLockFile } from '../util/lock-file.js';
 import { runTool } from '../util/run-tool.js';
 import { stageContext, type ContextLimits } from './context.js';
+import { readStoredLayers } from './storage.js';
 import type { BuildNetwork, BuildNetworkHandle } from './network.js';
 import {
   parseDockerfile,
@@ -88,6 +95,12 @@ export interface DockerfileBuildOptions extends DockerfileLimits, ContextLimits 
    * (`egressBuildNetwork`). Without it they get none at all (loopback only).
    */
   network?: BuildNetwork | undefined;
+  /**
+   * Read the built image's layers straight from buildah's storage (default
+   * true); false pushes it to an OCI layout and unpacks that, as a storage
+   * that cannot be read directly gets anyway. The result is the same image.
+   */
+  fromStorage?: boolean | undefined;
   /** Build even when an identical build is stored (the result must still match it). */
   noCache?: boolean | undefined;
   /** Compression of the merged image (default `lz4`, as registry imports). */
@@ -224,7 +237,6 @@ export async function buildDockerfile(
         ? join(store.tmpDir, '..', 'buildah')
         : join(workRoot, 'buildah'));
     await mkdir(buildahRoot, { recursive: true, mode: 0o700 });
-    const layoutDir = join(work, 'layout');
     const built = await withLockFile(
       join(buildahRoot, 'lock'),
       async () =>
@@ -236,54 +248,25 @@ export async function buildDockerfile(
           buildahRoot,
           work,
           dockerfileText,
-          layoutDir,
+          layoutDir: join(work, 'layout'),
           signal: signal.signal,
           timedOut: signal.timedOut,
           progress,
+          importImage: async (image) =>
+            await importBuilt(store, image, {
+              options,
+              kind,
+              version,
+              source,
+              compression,
+              work,
+              signal: signal.signal,
+              progress,
+            }),
         }),
       signal.signal,
     );
-
-    progress({ phase: 'read' });
-    const image = await readOciImage(layoutDir, { ref: 'image', signal: signal.signal });
-    if (image.diffIds.length !== image.layers.length) {
-      throw new DsecError(
-        'internal',
-        'buildah wrote an image whose config lacks one diff ID per layer',
-      );
-    }
-    const { trees, layers } = await convertDiffLayers(store, {
-      diffIds: image.diffIds,
-      blobs: image.layers,
-      work,
-      mounter: options.mounter,
-      sandboxMade: (i) => !built.baseDiffIds.has(image.diffIds[i]!),
-      field: 'dockerfile',
-      signal: signal.signal,
-      onProgress: progress,
-    });
-    progress({ phase: 'merge' });
-    const rootDir = await mergeImageLayers(trees, {
-      emptyDir: join(work, 'layers', 'empty'),
-      keepMarks: kind !== 'base',
-      signal: signal.signal,
-    });
-    const parents = layers.filter((l) => l.ref !== '').map((l) => l.ref);
-    const layer = await buildLayer(store, {
-      name: options.name,
-      version,
-      kind,
-      from: { dir: rootDir },
-      source,
-      config: image.config,
-      ...(parents.length > 0 ? { parents } : {}),
-      ...(options.split !== undefined ? { split: options.split } : {}),
-      compress: compression,
-      workDir: work,
-      signal: signal.signal,
-      onProgress: progress,
-    });
-    return { layer, cached: false, layers, steps: built.steps, inputDigest };
+    return { ...built.imported, cached: false, steps: built.steps, inputDigest };
   } catch (err) {
     if (signal.timedOut() && !options.signal?.aborted) {
       throw new DsecError('deadline_exceeded', `the build ran past ${timeoutMs} ms`, {
@@ -299,6 +282,113 @@ export async function buildDockerfile(
   }
 }
 
+/**
+ * The built image as `runBuild` hands it over, buildah's storage still
+ * holding it: its layers read in place from that storage, or (where the
+ * storage cannot be read directly) pushed to an OCI layout.
+ */
+type BuiltImage =
+  | {
+      from: 'storage';
+      config: ImageConfig;
+      layers: StoredDiffLayer[];
+      baseDiffIds: Set<string>;
+    }
+  | { from: 'layout'; layoutDir: string; baseDiffIds: Set<string> };
+
+interface ImportInput {
+  options: DockerfileBuildOptions;
+  kind: LayerKind;
+  version: string;
+  source: string;
+  compression: ErofsCompression;
+  work: string;
+  signal: AbortSignal;
+  progress: (p: DockerfileBuildProgress) => void;
+}
+
+/**
+ * Imports the built image layer by layer: pulled base layers shared by diff
+ * ID (`oci-diff:<hex>`), sandbox-made ones cleaned, then merged into the
+ * layer. Records of base layers first seen here are stored while the merge
+ * and the layer's image are made.
+ */
+async function importBuilt(
+  store: ImageStore,
+  image: BuiltImage,
+  input: ImportInput,
+): Promise<{ layer: LayerInfo; layers: DiffLayer[] }> {
+  const { options, work, signal, progress } = input;
+  const sandboxMade = (diffId: string | undefined): boolean =>
+    diffId === undefined || !image.baseDiffIds.has(diffId);
+  let config: ImageConfig;
+  let converted: { trees: LayerTree[]; layers: DiffLayer[]; recorded: Promise<void> };
+  if (image.from === 'storage') {
+    config = image.config;
+    converted = await convertStoredLayers(store, {
+      layers: image.layers,
+      work,
+      mounter: options.mounter,
+      sandboxMade: (i) => sandboxMade(image.layers[i]?.diffId),
+      field: 'dockerfile',
+      signal,
+      onProgress: progress,
+    });
+  } else {
+    progress({ phase: 'read' });
+    const read = await readOciImage(image.layoutDir, { ref: 'image', signal });
+    if (read.diffIds.length !== read.layers.length) {
+      throw new DsecError(
+        'internal',
+        'buildah wrote an image whose config lacks one diff ID per layer',
+      );
+    }
+    config = read.config;
+    converted = {
+      ...(await convertDiffLayers(store, {
+        diffIds: read.diffIds,
+        blobs: read.layers,
+        work,
+        mounter: options.mounter,
+        sandboxMade: (i) => sandboxMade(read.diffIds[i]),
+        field: 'dockerfile',
+        signal,
+        onProgress: progress,
+      })),
+      recorded: Promise.resolve(),
+    };
+  }
+  const { trees, layers, recorded } = converted;
+  try {
+    progress({ phase: 'merge' });
+    const rootDir = await mergeImageLayers(trees, {
+      emptyDir: join(work, 'layers', 'empty'),
+      keepMarks: input.kind !== 'base',
+      signal,
+    });
+    const parents = layers.filter((l) => l.ref !== '').map((l) => l.ref);
+    const layer = await buildLayer(store, {
+      name: options.name,
+      version: input.version,
+      kind: input.kind,
+      from: { dir: rootDir },
+      source: input.source,
+      config,
+      ...(parents.length > 0 ? { parents } : {}),
+      ...(options.split !== undefined ? { split: options.split } : {}),
+      compress: input.compression,
+      workDir: work,
+      signal,
+      onProgress: progress,
+    });
+    await recorded;
+    return { layer, layers };
+  } catch (err) {
+    await recorded.catch(() => undefined);
+    throw err;
+  }
+}
+
 interface RunBuildInput {
   options: DockerfileBuildOptions;
   parsed: ParsedDockerfile;
@@ -311,12 +401,17 @@ interface RunBuildInput {
   signal: AbortSignal;
   timedOut: () => boolean;
   progress: (p: DockerfileBuildProgress) => void;
+  importImage: (image: BuiltImage) => Promise<{ layer: LayerInfo; layers: DiffLayer[] }>;
 }
 
-/** `buildah bud`, then `push` to an OCI layout, under the storage lock; the build's image is removed. */
+/**
+ * `buildah bud`, then the image imported (`importImage`) while buildah's
+ * storage still holds it, under the storage lock; the build's image is
+ * removed.
+ */
 async function runBuild(
   input: RunBuildInput,
-): Promise<{ steps: string[]; baseDiffIds: Set<string> }> {
+): Promise<{ steps: string[]; imported: { layer: LayerInfo; layers: DiffLayer[] } }> {
   const { options, buildahRoot, work, signal } = input;
   const storage = [
     '--root',
@@ -345,6 +440,11 @@ async function runBuild(
   const tag = `localhost/dsec-build-${createHash('sha256').update(work).digest('hex').slice(0, 16)}`;
 
   let net: BuildNetworkHandle | undefined;
+  // The network is closed once the RUN steps are over, while the image is imported.
+  let closing: Promise<void> | undefined;
+  const closeNet = (): Promise<void> => (closing ??= net?.close() ?? Promise.resolve());
+  let built = false;
+  let removed = false;
   try {
     if (options.network) {
       input.progress({ phase: 'network' });
@@ -381,8 +481,18 @@ async function runBuild(
       join(work, 'context'),
     ];
     const steps = await runBud(args, env, input);
+    built = true;
+    void closeNet().catch(() => undefined);
     try {
       input.progress({ phase: 'export' });
+      const [baseDiffIds, stored] = await Promise.all([
+        pulledDiffIds(storage, env, tag, signal),
+        options.fromStorage === false ? undefined : storedImage(storage, env, input, tag),
+      ]);
+      if (stored) {
+        const imported = await input.importImage({ from: 'storage', ...stored, baseDiffIds });
+        return { steps, imported };
+      }
       await runTool(
         'buildah',
         [
@@ -395,19 +505,52 @@ async function runBuild(
         ],
         { env, signal },
       );
-      const baseDiffIds = await pulledDiffIds(storage, env, tag, signal);
-      return { steps, baseDiffIds };
+      const imported = await input.importImage({
+        from: 'layout',
+        layoutDir: input.layoutDir,
+        baseDiffIds,
+      });
+      return { steps, imported };
     } finally {
       await runTool('buildah', [...storage, 'rmi', '--force', tag], { env }).catch(() => undefined);
+      removed = true;
     }
   } finally {
-    // A failed or stopped build leaves its working container mounted; and the
-    // storage keeps its own home mounted: nothing of the build stays mounted.
-    await runTool('buildah', [...storage, 'rm', '--all'], { env }).catch(() => undefined);
-    await runTool('buildah', [...storage, 'rmi', '--force', tag], { env }).catch(() => undefined);
+    // A failed or stopped build leaves its working container mounted (a
+    // finished `bud` removed its own); and the storage keeps its own home
+    // mounted: nothing of the build stays mounted.
+    if (!built)
+      await runTool('buildah', [...storage, 'rm', '--all'], { env }).catch(() => undefined);
+    if (!removed)
+      await runTool('buildah', [...storage, 'rmi', '--force', tag], { env }).catch(() => undefined);
     await runTool('umount', [join(buildahRoot, 'root', 'overlay')]).catch(() => undefined);
-    await net?.close();
+    await closeNet();
   }
+}
+
+/**
+ * The built image's config and layers read from buildah's storage, or
+ * `undefined` where `readStoredLayers` cannot vouch for them (the caller
+ * then pushes the image to an OCI layout).
+ */
+async function storedImage(
+  storage: string[],
+  env: NodeJS.ProcessEnv,
+  input: RunBuildInput,
+  tag: string,
+): Promise<{ config: ImageConfig; layers: StoredDiffLayer[] } | undefined> {
+  const iid = (await readFile(join(input.work, 'iid'), 'utf8').catch(() => '')).trim();
+  if (!/^(sha256:)?[0-9a-f]{64}$/.test(iid)) return undefined;
+  const out = await runTool('buildah', [...storage, 'inspect', '--type', 'image', tag], {
+    env,
+    signal: input.signal,
+  });
+  const oci = (JSON.parse(out.stdout) as { OCIv1?: unknown }).OCIv1;
+  const diffIds = (oci as { rootfs?: { diff_ids?: unknown } } | undefined)?.rootfs?.diff_ids;
+  if (!Array.isArray(diffIds) || !diffIds.every((d) => typeof d === 'string')) return undefined;
+  const layers = await readStoredLayers(join(input.buildahRoot, 'root'), iid, diffIds);
+  if (!layers) return undefined;
+  return { config: imageConfig(oci), layers };
 }
 
 /**

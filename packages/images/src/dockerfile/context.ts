@@ -18,6 +18,8 @@ export const DEFAULT_MAX_CONTEXT_ENTRIES = 500_000;
 /** Directory depth in a build context (deeper trees are refused, not walked). */
 const MAX_DEPTH = 256;
 const COPY_CHUNK_BYTES = 1024 * 1024;
+/** Files of one directory copied at once (a repository is thousands of small files). */
+const COPY_CONCURRENCY = 8;
 
 export interface StagedContext {
   /** sha256 over every entry's path, type, mode and content (or link target), in path order. */
@@ -77,6 +79,8 @@ export async function stageContext(
     const { rel, depth } = stack.pop()!;
     const names = (await readdir(join(src, rel))).sort();
     const subdirs: string[] = [];
+    // Hashed in name order once the directory's files are copied.
+    const lines: (string | (() => Promise<string>))[] = [];
     for (const name of names) {
       const r = rel === '' ? name : `${rel}/${name}`;
       const from = join(src, r);
@@ -95,20 +99,22 @@ export async function stageContext(
             },
           );
         }
-        hash.update(`d ${JSON.stringify(r)} ${mode.toString(8)}\n`);
+        lines.push(`d ${JSON.stringify(r)} ${mode.toString(8)}\n`);
         await mkdir(to, { mode: 0o755 });
         dirModes.push({ path: to, mode: mode & 0o777 });
         subdirs.push(r);
       } else if (st.isSymbolicLink()) {
         const target = await readlink(from);
-        hash.update(`l ${JSON.stringify(r)} ${JSON.stringify(target)}\n`);
+        lines.push(`l ${JSON.stringify(r)} ${JSON.stringify(target)}\n`);
         await symlink(target, to);
       } else if (st.isFile()) {
         bytes += st.size;
         if (bytes > maxBytes) throw tooLarge(`${maxBytes} bytes of files`);
-        const content = await copyRegular(from, to, st.size, mode & 0o777);
-        hash.update(`f ${JSON.stringify(r)} ${(mode & 0o777).toString(8)} ${st.size} ${content}\n`);
-        await utimes(to, st.atime, st.mtime);
+        lines.push(async () => {
+          const content = await copyRegular(from, to, st.size, mode & 0o777);
+          await utimes(to, st.atime, st.mtime);
+          return `f ${JSON.stringify(r)} ${(mode & 0o777).toString(8)} ${st.size} ${content}\n`;
+        });
       } else {
         throw new DsecError(
           'invalid_argument',
@@ -117,12 +123,42 @@ export async function stageContext(
         );
       }
     }
+    for (const line of await inPool(lines, COPY_CONCURRENCY, signal)) hash.update(line);
     // Popped in order: push the subdirectories reversed.
     for (const d of subdirs.reverse()) stack.push({ rel: d, depth: depth + 1 });
   }
   // Modes last, so a read-only directory could still be filled.
   for (const d of dirModes.reverse()) await chmod(d.path, d.mode);
   return { digest: `sha256:${hash.digest('hex')}`, bytes, entries };
+}
+
+/**
+ * The values of `items` in order, running the functions among them at most
+ * `limit` at a time; the first failure is thrown once none is running.
+ */
+async function inPool(
+  items: (string | (() => Promise<string>))[],
+  limit: number,
+  signal: AbortSignal | undefined,
+): Promise<string[]> {
+  const out: string[] = new Array<string>(items.length);
+  let next = 0;
+  let failed: { err: unknown } | undefined;
+  const worker = async (): Promise<void> => {
+    while (next < items.length && failed === undefined) {
+      const i = next++;
+      const item = items[i]!;
+      try {
+        throwIfAborted(signal);
+        out[i] = typeof item === 'string' ? item : await item();
+      } catch (err) {
+        failed ??= { err };
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
+  if (failed) throw failed.err;
+  return out;
 }
 
 /**

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { createReadStream, createWriteStream } from 'node:fs';
-import { mkdir, open, rm } from 'node:fs/promises';
+import { lstat, mkdir, open, rm, rmdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -9,7 +9,8 @@ import { createGunzip } from 'node:zlib';
 import { DsecError, isDsecError, throwIfAborted, type ImageStore } from '@dsec/core';
 import { buildLayer, extractTar, type BuildProgress } from '../build.js';
 import { copyLayer, type ErofsMounter } from '../collapse.js';
-import { ociLayerToOverlay, type LayerTree } from '../overlay/merge.js';
+import { confinedCommand, runConfined } from '@dsec/native';
+import { ociLayerToOverlay, overlayLayerTree, type LayerTree } from '../overlay/merge.js';
 import { runTool } from '../util/run-tool.js';
 
 /**
@@ -253,5 +254,226 @@ async function decompressVerified(
     throw new DsecError('invalid_argument', `a layer does not match its diff ID ${diffId}`, {
       field,
     });
+  }
+}
+
+/** One layer of an image as a container storage keeps it: an overlayfs-format directory. */
+export interface StoredDiffLayer {
+  diffId: string;
+  /** The layer's own files (`overlay/<id>/diff`): read, hard-linked or copied, never changed. */
+  diffDir: string;
+}
+
+/** Stored layers converted at once (each is a few processes: `cp`, `tar`, `getfattr`). */
+const STORED_LAYER_CONCURRENCY = 4;
+
+export interface ConvertStoredLayersOptions extends Omit<
+  ConvertDiffLayersOptions,
+  'diffIds' | 'blobs'
+> {
+  /** Bottom first. */
+  layers: StoredDiffLayer[];
+}
+
+/**
+ * {@link convertDiffLayers} for layers already unpacked in overlayfs format
+ * (a Dockerfile build's image in buildah's storage, whose digests the
+ * storage checked as it applied them): no export to a tar and no unpacking.
+ * A recorded `oci-diff:<hex>` is copied out as there; another pulled layer is
+ * recorded straight from its directory (in the background: `recorded`
+ * settles when every record is stored, and must be awaited) and enters the
+ * merge as a hard-linked copy, so the merge's renames never touch the
+ * storage's files (a plain copy when they lie on another filesystem); a
+ * sandbox-made layer is copied confined, without file capabilities, then
+ * loses device nodes (whiteouts stay) and set-id bits.
+ */
+export async function convertStoredLayers(
+  store: ImageStore,
+  options: ConvertStoredLayersOptions,
+): Promise<{ trees: LayerTree[]; layers: DiffLayer[]; recorded: Promise<void> }> {
+  const { work, signal } = options;
+  const field = options.field ?? 'source';
+  const progress = (p: BuildProgress): void => options.onProgress?.(p);
+  const records: Promise<unknown>[] = [];
+  const recording = new Set<string>();
+  const record = (p: Promise<unknown>): void => {
+    // Awaited later (`recorded`): a failure meanwhile is not an unhandled rejection.
+    p.catch(() => undefined);
+    records.push(p);
+  };
+  const convertOne = async (i: number): Promise<{ tree: LayerTree; layer: DiffLayer }> => {
+    const { diffId, diffDir } = options.layers[i]!;
+    throwIfAborted(signal);
+    const version = diffId.slice('sha256:'.length);
+    const sandboxMade = options.sandboxMade?.(i) === true;
+    const ref = sandboxMade ? '' : `${OCI_DIFF_LAYER_NAME}:${version}`;
+    const dir = join(work, 'layers', String(i));
+    const existing = sandboxMade
+      ? undefined
+      : await store.getLayer(ref).catch((err: unknown) => {
+          if (isDsecError(err, 'image_not_found')) return undefined;
+          throw err;
+        });
+    if (existing) {
+      const tree = await copyLayer(store, existing, dir, options.mounter, signal);
+      return { tree, layer: { diffId, ref, reused: true } };
+    }
+    if (sandboxMade) {
+      await copySandboxLayer(diffDir, dir, field, signal);
+      return { tree: await confinedLayerTree(dir, signal), layer: { diffId, ref, reused: false } };
+    }
+    if (!recording.has(version)) {
+      recording.add(version);
+      record(
+        buildLayer(store, {
+          name: OCI_DIFF_LAYER_NAME,
+          version,
+          kind: 'toolkit',
+          from: { dir: diffDir },
+          source: 'oci-layer',
+          // As convertDiffLayers: read back once per image, not worth compressing.
+          compress: false,
+          workDir: work,
+          ...(signal ? { signal } : {}),
+        }),
+      );
+    }
+    await linkCopy(diffDir, dir, signal);
+    return { tree: await overlayLayerTree(dir, signal), layer: { diffId, ref, reused: false } };
+  };
+  let converted: { tree: LayerTree; layer: DiffLayer }[];
+  try {
+    await mkdir(join(work, 'layers'), { recursive: true });
+    // Layers are independent until the merge: several at once (separate processes, 2+ cores).
+    let next = 0;
+    let done = 0;
+    let failed: { err: unknown } | undefined;
+    const out: { tree: LayerTree; layer: DiffLayer }[] = [];
+    const worker = async (): Promise<void> => {
+      while (next < options.layers.length && failed === undefined) {
+        const i = next++;
+        try {
+          out[i] = await convertOne(i);
+          progress({ phase: 'convert', done: ++done, total: options.layers.length });
+        } catch (err) {
+          failed ??= { err };
+        }
+      }
+    };
+    progress({ phase: 'convert', done: 0, total: options.layers.length });
+    await Promise.all(
+      Array.from({ length: Math.min(STORED_LAYER_CONCURRENCY, options.layers.length) }, worker),
+    );
+    if (failed) throw failed.err;
+    converted = out;
+  } catch (err) {
+    // Nothing keeps writing under `work` once this fails.
+    await Promise.allSettled(records);
+    throw err;
+  }
+  const recorded = (async (): Promise<void> => {
+    const results = await Promise.allSettled(records);
+    const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failed) throw failed.reason;
+  })();
+  recorded.catch(() => undefined);
+  return {
+    trees: converted.map((c) => c.tree),
+    layers: converted.map((c) => c.layer),
+    recorded,
+  };
+}
+
+/** `cp -al`: a tree of hard links (directories copied), else a full `cp -a` across filesystems. */
+async function linkCopy(src: string, dest: string, signal: AbortSignal | undefined): Promise<void> {
+  try {
+    await runTool('cp', ['-al', '--', src, dest], { signal });
+  } catch (err) {
+    if (!/cross-device|Invalid cross-device link/i.test(String(err))) throw err;
+    await rm(dest, { recursive: true, force: true });
+    await runTool('cp', ['-a', '--', src, dest], { signal });
+  }
+}
+
+/**
+ * Copies a layer a sandbox made out of the storage, confined (the source
+ * read-only and nosymfollow, writes only under `dest`): `tar` keeps owners,
+ * modes, whiteouts and xattrs, except `security.capability`. Then, in the
+ * copy (nothing runs in it), device nodes other than 0:0 whiteouts are
+ * deleted and set-id bits cleared; `find` neither follows symlinks nor
+ * leaves the tree's filesystem.
+ */
+async function copySandboxLayer(
+  src: string,
+  dest: string,
+  field: string,
+  signal: AbortSignal | undefined,
+): Promise<void> {
+  await mkdir(dest, { mode: 0o755 });
+  const confineRoot = `${dest}.root`;
+  await mkdir(confineRoot, { recursive: true });
+  try {
+    const r = await runConfined(
+      confinedCommand(
+        {
+          rootDir: confineRoot,
+          trees: [
+            { path: src, name: 'src' },
+            { path: dest, name: 'dst', writable: true },
+          ],
+          tools: true,
+        },
+        [
+          '/usr/bin/bash',
+          '-c',
+          'set -o pipefail; tar -C /src -cf - --numeric-owner --xattrs --xattrs-include="*" . | ' +
+            'tar -C /dst -xf - --same-owner --numeric-owner --same-permissions --xattrs --xattrs-include="*" ' +
+            '--xattrs-exclude=security.capability',
+        ],
+      ),
+      { signal },
+    );
+    if (r.exitCode !== 0) {
+      throw new DsecError(
+        'invalid_argument',
+        `cannot copy a built layer: ${r.stderr.slice(-2000)}`,
+        {
+          field,
+        },
+      );
+    }
+  } finally {
+    await rmdir(confineRoot).catch(() => undefined);
+  }
+  await runTool('find', ['-P', dest, '-xdev', '-type', 'b', '-delete'], { signal });
+  const { stdout } = await runTool('find', ['-P', dest, '-xdev', '-type', 'c', '-print0'], {
+    signal,
+    maxStdoutBytes: 64 * 2 ** 20,
+  });
+  for (const path of stdout.split('\0')) {
+    if (path === '') continue;
+    const st = await lstat(path);
+    if (st.isCharacterDevice() && st.rdev !== 0) await unlink(path);
+  }
+  await runTool(
+    'find',
+    ['-P', dest, '-xdev', '-type', 'f', '-perm', '/6000', '-exec', 'chmod', 'ug-s', '{}', '+'],
+    { signal },
+  );
+  await runTool(
+    'find',
+    ['-P', dest, '-xdev', '-type', 'd', '-perm', '/6000', '-exec', 'chmod', 'g-s,u-s', '{}', '+'],
+    { signal },
+  );
+}
+
+/** The opaque marks of a sandbox-made tree, read confined. */
+async function confinedLayerTree(dir: string, signal: AbortSignal | undefined): Promise<LayerTree> {
+  const confineRoot = `${dir}.root`;
+  await mkdir(confineRoot, { recursive: true });
+  try {
+    return await overlayLayerTree(dir, signal, confineRoot);
+  } finally {
+    await rmdir(confineRoot).catch(() => undefined);
   }
 }
