@@ -353,4 +353,57 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
       (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'run_flag',
     );
   });
+
+  void test("a hostile registry's base with ONBUILD ADD of a URL is refused before buildah fetches it on the host", async () => {
+    // A loopback server of the test's stands for a host outside the egress policy.
+    const { createServer } = await import('node:http');
+    let hits = 0;
+    const server = createServer((_req, res) => {
+      hits++;
+      res.end('internal\n');
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const port = (server.address() as { port: number }).port;
+    const s = ['--root', join(dir, 'evil', 'root'), '--runroot', join(dir, 'evil', 'run')];
+    const evilRef = `${registry.host}/base/onbuild:v1`;
+    const buildah = (...args: string[]): string => {
+      const r = spawnSync('buildah', [...s, '--storage-driver', 'vfs', ...args], {
+        encoding: 'utf8',
+      });
+      assert.equal(r.status, 0, r.stderr);
+      return r.stdout.trim();
+    };
+    try {
+      const c = buildah('from', '--quiet', '--tls-verify=false', `docker://${baseRef}`);
+      buildah('config', '--onbuild', `ADD http://127.0.0.1:${port}/onbuild /got`, c);
+      buildah('commit', '--quiet', '--format', 'docker', c, 'localhost/evil');
+      buildah('push', '--quiet', '--tls-verify=false', 'localhost/evil', `docker://${evilRef}`);
+      buildah('rm', '--all');
+      buildah('rmi', '--all', '--force');
+      // Named directly and through a global ARG with a --build-arg.
+      for (const [name, text, buildArgs] of [
+        ['onbuild', `FROM ${evilRef}\nRUN true\n`, {}],
+        ['onbuild-arg', 'ARG BASE=scratch\nFROM ${BASE}\nRUN true\n', { BASE: evilRef }],
+      ] as const) {
+        const ctx = await context(name, text);
+        await assert.rejects(
+          buildDockerfile(store, options(ctx, { name: `df-${name}`, buildArgs })),
+          (e: unknown) => {
+            assert.ok(isDsecError(e, 'invalid_argument'), String(e));
+            assert.equal(e.details?.['reason'], 'onbuild_base');
+            return true;
+          },
+        );
+      }
+      const unresolved = await context('from-var', 'FROM ${NOWHERE}\nRUN true\n');
+      await assert.rejects(
+        buildDockerfile(store, options(unresolved, { name: 'df-from-var' })),
+        (e: unknown) =>
+          isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_variable',
+      );
+      assert.equal(hits, 0, 'buildah fetched the trigger URL on the host');
+    } finally {
+      await new Promise((r) => server.close(r));
+    }
+  });
 });

@@ -26,6 +26,7 @@ import { assertLayerKind, assertLayerName, assertLayerVersion } from '../store/v
 import { withLockFile } from '../util/lock-file.js';
 import { runTool } from '../util/run-tool.js';
 import { stageContext, type ContextLimits } from './context.js';
+import { baseImageRefs, checkBaseImages } from './onbuild.js';
 import type { BuildNetwork, BuildNetworkHandle } from './network.js';
 import {
   parseDockerfile,
@@ -353,6 +354,13 @@ async function runBuild(
         signal,
       });
     }
+    // Base images pulled and checked first; bud then builds on exactly those (--pull=false).
+    await checkBaseImages(baseImageRefs(input.parsed, input.buildArgs), {
+      storage,
+      env,
+      authFile,
+      signal,
+    });
     const args = [
       ...storage,
       'bud',
@@ -363,7 +371,7 @@ async function runBuild(
       '--format',
       'oci',
       '--layers=false',
-      '--pull=true',
+      '--pull=false',
       '--retry',
       '0',
       '--network',

@@ -1,0 +1,115 @@
+import { DsecError } from '@dsec/core';
+import { runTool } from '../util/run-tool.js';
+import type { ParsedDockerfile } from './parse.js';
+
+/**
+ * The images a Dockerfile's stages start `FROM` (not `scratch`, not an
+ * earlier stage), their variables expanded as Docker does: only global
+ * `ARG`s (before the first `FROM`), a `--build-arg` over the `ARG`'s
+ * default; `$V`, `${V}` and `${V:-default}`. A reference still holding a `$`
+ * is refused (`invalid_argument`, `details.reason` `from_variable`): its
+ * image could not be checked before buildah pulls it.
+ */
+export function baseImageRefs(
+  parsed: ParsedDockerfile,
+  buildArgs: Record<string, string>,
+): string[] {
+  const vars = new Map<string, string>();
+  for (const ins of parsed.globalArgs) {
+    const m = /^([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$/.exec(ins.args.trim());
+    if (!m) continue;
+    const value = buildArgs[m[1]!] ?? unquote(m[2]);
+    if (value !== undefined) vars.set(m[1]!, value);
+  }
+  const stages = new Set<string>();
+  const refs: string[] = [];
+  for (const stage of parsed.stages) {
+    const line = stage.instructions[0]?.line ?? 0;
+    const ref = stage.from.replace(
+      /\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}$]*))?\})/g,
+      (whole, a?: string, b?: string, dflt?: string) => {
+        const v = vars.get((a ?? b)!);
+        if (v !== undefined && v !== '') return v;
+        if (dflt !== undefined) return dflt;
+        return v ?? whole;
+      },
+    );
+    if (ref.includes('$')) {
+      throw new DsecError(
+        'invalid_argument',
+        `FROM ${stage.from} (line ${line}) names its image through a variable DSec cannot resolve; give the ARG a default or pass --build-arg`,
+        { field: 'dockerfile', details: { reason: 'from_variable', line } },
+      );
+    }
+    const lower = ref.toLowerCase();
+    if (lower !== 'scratch' && !stages.has(lower) && !refs.includes(ref)) refs.push(ref);
+    if (stage.name !== undefined) stages.add(stage.name);
+  }
+  return refs;
+}
+
+function unquote(s: string | undefined): string | undefined {
+  if (s === undefined) return undefined;
+  const t = s.trim();
+  return /^(["']).*\1$/.test(t) ? t.slice(1, -1) : t;
+}
+
+/**
+ * Pulls each base image into buildah's storage and refuses one with
+ * `ONBUILD` triggers (`invalid_argument`, `details.reason` `onbuild_base`):
+ * buildah runs a base's triggers as if the Dockerfile held them, past
+ * DSec's Dockerfile checks, so a hostile image's `ONBUILD ADD
+ * http://10.0.0.1/…` is fetched by buildah on the host, outside the build's
+ * network policy (and `ONBUILD RUN --mount`/`--network` likewise). The
+ * build then runs with `--pull=false` on exactly these pulled images.
+ */
+export async function checkBaseImages(
+  refs: string[],
+  options: {
+    storage: string[];
+    env: NodeJS.ProcessEnv;
+    authFile?: string | undefined;
+    signal: AbortSignal;
+  },
+): Promise<void> {
+  const { storage, env, signal } = options;
+  for (const ref of refs) {
+    await runTool(
+      'buildah',
+      [
+        ...storage,
+        'pull',
+        '--quiet',
+        '--retry',
+        '0',
+        ...(options.authFile ? ['--authfile', options.authFile] : []),
+        ref,
+      ],
+      { env, signal },
+    ).catch((err: unknown) => {
+      throw new DsecError('invalid_argument', `FROM ${ref}: the image could not be pulled`, {
+        field: 'dockerfile',
+        details: { reason: 'from_pull', ref },
+        cause: err,
+      });
+    });
+    const { stdout } = await runTool('buildah', [...storage, 'inspect', '--type', 'image', ref], {
+      env,
+      signal,
+    });
+    const inspected = JSON.parse(stdout) as {
+      Docker?: { config?: { OnBuild?: unknown } };
+      OCIv1?: { config?: { OnBuild?: unknown } };
+    };
+    const triggers = [inspected.Docker?.config?.OnBuild, inspected.OCIv1?.config?.OnBuild].flatMap(
+      (t) => (Array.isArray(t) ? t : []),
+    );
+    if (triggers.length > 0) {
+      throw new DsecError(
+        'invalid_argument',
+        `FROM ${ref}: the image has ONBUILD triggers (${String(triggers[0]).slice(0, 80)}), which DSec does not run; build from an image without them`,
+        { field: 'dockerfile', details: { reason: 'onbuild_base', ref } },
+      );
+    }
+  }
+}
