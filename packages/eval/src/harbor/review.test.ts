@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { isDsecError } from '@dsec/core';
 import type { Sandbox } from '@dsec/sdk';
 import { loadHarborTask, MAX_TIMEOUT_SEC } from './task.js';
-import { listUpload, uploadDir } from './verifier.js';
+import { listUpload, parseRewardJson, parseRewardText, uploadDir } from './verifier.js';
 
 // Issue 25's review of Harbor task directories: a hostile task author.
 
@@ -128,4 +128,15 @@ test('a file swapped for a symlink (or grown) after the listing uploads nothing 
   } finally {
     await rm(root, { recursive: true, force: true });
   }
+});
+
+test('reward.json: prototype keys, NaN, nesting and huge exponents give no reward', () => {
+  assert.equal(parseRewardJson('{"__proto__": {"reward": 1}}'), undefined);
+  assert.equal(parseRewardJson('{"__proto__": 1}'), undefined);
+  assert.equal(parseRewardJson('{"reward": NaN}'), undefined);
+  assert.equal(parseRewardJson('{"reward": 1e999}'), undefined);
+  assert.equal(parseRewardJson('{"reward": {"value": 1}}'), undefined);
+  assert.equal(parseRewardJson('[1]'), undefined);
+  assert.equal(parseRewardText('1e999'), undefined);
+  assert.equal(parseRewardText('0x1'), undefined);
 });
