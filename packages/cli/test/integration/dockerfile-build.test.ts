@@ -406,4 +406,29 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
       await new Promise((r) => server.close(r));
     }
   });
+
+  void test('a base is resolved at its registry on every build: the copy in the shared storage is not reused', async () => {
+    // A copy another build pulled (perhaps with another tenant's credentials) must not serve a
+    // build that cannot reach the image itself: here the registry is gone.
+    const other = await startLocalRegistry({ dir: join(dir, 'registry-gone') });
+    const ref = `${other.host}/base/busybox:v1`;
+    let open = true;
+    try {
+      await pushToRegistry(join(dir, 'layout'), 'v1', `docker://${ref}`);
+      const regs = registrySettings(
+        {},
+        { DSEC_INSECURE_REGISTRIES: `${registry.host},${other.host}` },
+      );
+      const ctx = await context('gone', `FROM ${ref}\nRUN echo built > /built\n`);
+      await buildDockerfile(store, options(ctx, { name: 'df-gone', registries: regs }));
+      await other.close();
+      open = false;
+      await assert.rejects(
+        buildDockerfile(store, options(ctx, { name: 'df-gone', registries: regs, noCache: true })),
+        (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_pull',
+      );
+    } finally {
+      if (open) await other.close();
+    }
+  });
 });

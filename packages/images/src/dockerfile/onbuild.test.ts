@@ -29,3 +29,27 @@ test('a FROM whose variable cannot be resolved is refused: its image could not b
     (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_variable',
   );
 });
+
+test('an image named by a transport (host files, not a registry) is refused in FROM and COPY --from', () => {
+  for (const text of [
+    'FROM oci:/var/lib/x:img\n',
+    'FROM docker-archive:/etc/shadow\n',
+    'ARG B=containers-storage:[overlay@/var/lib/containers/storage]img\nFROM $B\n',
+    'FROM dir:/root\n',
+    'FROM docker://registry.test/x\n',
+    'FROM debian:bookworm\nCOPY --from=oci-archive:/tmp/a.tar /x /y\n',
+    'FROM debian:bookworm\nCOPY --chown=1 --from="oci:/srv/l:i" /x /y\n',
+  ]) {
+    assert.throws(
+      () => baseImageRefs(parseDockerfile(text), {}),
+      (e: unknown) =>
+        isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'image_transport',
+      text,
+    );
+  }
+  // Docker Hub's `docker` image and a registry with a port are registry images.
+  assert.deepEqual(
+    baseImageRefs(parseDockerfile('FROM docker:24-dind\nFROM localhost:5000/a:b\n'), {}),
+    ['docker:24-dind', 'localhost:5000/a:b'],
+  );
+});

@@ -41,11 +41,35 @@ export function baseImageRefs(
         { field: 'dockerfile', details: { reason: 'from_variable', line } },
       );
     }
+    assertRegistryRef(ref, line);
     const lower = ref.toLowerCase();
     if (lower !== 'scratch' && !stages.has(lower) && !refs.includes(ref)) refs.push(ref);
     if (stage.name !== undefined) stages.add(stage.name);
   }
   return refs;
+}
+
+/**
+ * containers/image transports buildah honours in an image name: `FROM
+ * oci:/path:ref`, `docker-archive:/file.tar`, `containers-storage:…`,
+ * `dir:/path` read an image from the host's files, not a registry.
+ * (`docker:24-dind` is an image on Docker Hub; only `docker://` is the transport.)
+ */
+const TRANSPORT =
+  /^(?:docker:\/\/|(?:docker-archive|docker-daemon|oci|oci-archive|dir|containers-storage|ostree|sif|tarball):)/i;
+
+/**
+ * Refuses an image named through a transport (`invalid_argument`,
+ * `details.reason` `image_transport`): it would build on host files.
+ */
+export function assertRegistryRef(ref: string, line: number): void {
+  if (TRANSPORT.test(ref)) {
+    throw new DsecError(
+      'invalid_argument',
+      `${ref.slice(0, 80)} (line ${line}) names an image by a transport, which reads it from the host's files; name a registry image (host/name:tag)`,
+      { field: 'dockerfile', details: { reason: 'image_transport', line } },
+    );
+  }
 }
 
 function unquote(s: string | undefined): string | undefined {
@@ -79,6 +103,10 @@ export async function checkBaseImages(
       [
         ...storage,
         'pull',
+        // Always resolved at the registry: a copy in the shared storage (pulled by
+        // an earlier build, perhaps with another tenant's credentials) is not reused.
+        '--policy',
+        'always',
         '--quiet',
         '--retry',
         '0',
