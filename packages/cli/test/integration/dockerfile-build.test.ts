@@ -407,7 +407,7 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
     }
   });
 
-  void test('a base is resolved at its registry on every build: the copy in the shared storage is not reused', async () => {
+  void test('a base (or COPY --from image) is resolved at its registry on every build: the copy in the shared storage is not reused', async () => {
     // A copy another build pulled (perhaps with another tenant's credentials) must not serve a
     // build that cannot reach the image itself: here the registry is gone.
     const other = await startLocalRegistry({ dir: join(dir, 'registry-gone') });
@@ -420,13 +420,24 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
         { DSEC_INSECURE_REGISTRIES: `${registry.host},${other.host}` },
       );
       const ctx = await context('gone', `FROM ${ref}\nRUN echo built > /built\n`);
+      const copy = await context(
+        'gone-copy',
+        `FROM ${baseRef}\nCOPY --from=${ref} /bin/busybox /bb\n`,
+      );
       await buildDockerfile(store, options(ctx, { name: 'df-gone', registries: regs }));
+      await buildDockerfile(store, options(copy, { name: 'df-gone-copy', registries: regs }));
       await other.close();
       open = false;
-      await assert.rejects(
-        buildDockerfile(store, options(ctx, { name: 'df-gone', registries: regs, noCache: true })),
-        (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_pull',
-      );
+      for (const [c, name] of [
+        [ctx, 'df-gone'],
+        [copy, 'df-gone-copy'],
+      ] as const) {
+        await assert.rejects(
+          buildDockerfile(store, options(c, { name, registries: regs, noCache: true })),
+          (e: unknown) =>
+            isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_pull',
+        );
+      }
     } finally {
       if (open) await other.close();
     }

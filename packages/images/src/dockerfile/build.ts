@@ -26,7 +26,7 @@ import { assertLayerKind, assertLayerName, assertLayerVersion } from '../store/v
 import { withLockFile } from '../util/lock-file.js';
 import { runTool } from '../util/run-tool.js';
 import { stageContext, type ContextLimits } from './context.js';
-import { baseImageRefs, checkBaseImages } from './onbuild.js';
+import { baseImageRefs, checkBaseImages, copyFromImageRefs } from './onbuild.js';
 import type { BuildNetwork, BuildNetworkHandle } from './network.js';
 import {
   parseDockerfile,
@@ -359,6 +359,13 @@ async function runBuild(
       storage,
       env,
       authFile,
+      signal,
+    });
+    await checkBaseImages(copyFromImageRefs(input.parsed), {
+      storage,
+      env,
+      authFile,
+      refuseTriggers: false,
       signal,
     });
     const args = [

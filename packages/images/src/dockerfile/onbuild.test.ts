@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { isDsecError } from '@dsec/core';
-import { baseImageRefs } from './onbuild.js';
+import { baseImageRefs, copyFromImageRefs } from './onbuild.js';
 import { parseDockerfile } from './parse.js';
 
 test('base images: global ARGs expanded (a --build-arg over the default), stages and scratch skipped', () => {
@@ -51,5 +51,24 @@ test('an image named by a transport (host files, not a registry) is refused in F
   assert.deepEqual(
     baseImageRefs(parseDockerfile('FROM docker:24-dind\nFROM localhost:5000/a:b\n'), {}),
     ['docker:24-dind', 'localhost:5000/a:b'],
+  );
+});
+
+test('COPY --from images (not stages) are listed to be pulled ahead; a variable there is refused', () => {
+  const parsed = parseDockerfile(
+    [
+      'FROM debian:bookworm AS Build',
+      'COPY --from=busybox:1.36 /bin/busybox /bin/',
+      'FROM scratch',
+      'COPY --from=build /a /a',
+      'COPY --from=0 /b /b',
+      'ADD --chown=1 --from=registry.test/tools:v1 /c /c',
+      'COPY --from=busybox:1.36 /d /d',
+    ].join('\n'),
+  );
+  assert.deepEqual(copyFromImageRefs(parsed), ['busybox:1.36', 'registry.test/tools:v1']);
+  assert.throws(
+    () => copyFromImageRefs(parseDockerfile('FROM debian\nARG X\nCOPY --from=$X /a /a\n')),
+    (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_variable',
   );
 });

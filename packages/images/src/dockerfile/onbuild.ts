@@ -50,6 +50,37 @@ export function baseImageRefs(
 }
 
 /**
+ * The images `COPY --from=` / `ADD --from=` name (not a stage's name or
+ * index): pulled ahead like the bases, so `bud --pull=false` never builds
+ * on a copy another build left in the shared storage. A `--from` holding a
+ * `$` is `from_variable`.
+ */
+export function copyFromImageRefs(parsed: ParsedDockerfile): string[] {
+  const stages = new Set<string>();
+  const refs: string[] = [];
+  for (const stage of parsed.stages) {
+    for (const ins of stage.instructions) {
+      if (ins.keyword !== 'COPY' && ins.keyword !== 'ADD') continue;
+      const raw = /(?:^|\s)--from=(\S+)/.exec(ins.args)?.[1];
+      if (raw === undefined) continue;
+      const from = raw.replace(/^["']|["']$/g, '');
+      if (/^\d+$/.test(from) || stages.has(from.toLowerCase())) continue;
+      if (from.includes('$')) {
+        throw new DsecError(
+          'invalid_argument',
+          `${ins.keyword} --from=${from} (line ${ins.line}) names its image through a variable; name the image or the stage`,
+          { field: 'dockerfile', details: { reason: 'from_variable', line: ins.line } },
+        );
+      }
+      assertRegistryRef(from, ins.line);
+      if (!refs.includes(from)) refs.push(from);
+    }
+    if (stage.name !== undefined) stages.add(stage.name);
+  }
+  return refs;
+}
+
+/**
  * containers/image transports buildah honours in an image name: `FROM
  * oci:/path:ref`, `docker-archive:/file.tar`, `containers-storage:…`,
  * `dir:/path` read an image from the host's files, not a registry.
@@ -93,6 +124,8 @@ export async function checkBaseImages(
     storage: string[];
     env: NodeJS.ProcessEnv;
     authFile?: string | undefined;
+    /** False for `COPY --from` images: buildah runs no trigger of theirs. Default true. */
+    refuseTriggers?: boolean | undefined;
     signal: AbortSignal;
   },
 ): Promise<void> {
@@ -121,6 +154,7 @@ export async function checkBaseImages(
         cause: err,
       });
     });
+    if (options.refuseTriggers === false) continue;
     const { stdout } = await runTool('buildah', [...storage, 'inspect', '--type', 'image', ref], {
       env,
       signal,
