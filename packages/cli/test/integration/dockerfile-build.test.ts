@@ -414,4 +414,93 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
       (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'run_flag',
     );
   });
+
+  void test("a hostile registry's base with ONBUILD ADD of a URL is refused before buildah fetches it on the host", async () => {
+    // A loopback server of the test's stands for a host outside the egress policy.
+    const { createServer } = await import('node:http');
+    let hits = 0;
+    const server = createServer((_req, res) => {
+      hits++;
+      res.end('internal\n');
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const port = (server.address() as { port: number }).port;
+    const s = ['--root', join(dir, 'evil', 'root'), '--runroot', join(dir, 'evil', 'run')];
+    const evilRef = `${registry.host}/base/onbuild:v1`;
+    const buildah = (...args: string[]): string => {
+      const r = spawnSync('buildah', [...s, '--storage-driver', 'vfs', ...args], {
+        encoding: 'utf8',
+      });
+      assert.equal(r.status, 0, r.stderr);
+      return r.stdout.trim();
+    };
+    try {
+      const c = buildah('from', '--quiet', '--tls-verify=false', `docker://${baseRef}`);
+      buildah('config', '--onbuild', `ADD http://127.0.0.1:${port}/onbuild /got`, c);
+      buildah('commit', '--quiet', '--format', 'docker', c, 'localhost/evil');
+      buildah('push', '--quiet', '--tls-verify=false', 'localhost/evil', `docker://${evilRef}`);
+      buildah('rm', '--all');
+      buildah('rmi', '--all', '--force');
+      // Named directly and through a global ARG with a --build-arg.
+      for (const [name, text, buildArgs] of [
+        ['onbuild', `FROM ${evilRef}\nRUN true\n`, {}],
+        ['onbuild-arg', 'ARG BASE=scratch\nFROM ${BASE}\nRUN true\n', { BASE: evilRef }],
+      ] as const) {
+        const ctx = await context(name, text);
+        await assert.rejects(
+          buildDockerfile(store, options(ctx, { name: `df-${name}`, buildArgs })),
+          (e: unknown) => {
+            assert.ok(isDsecError(e, 'invalid_argument'), String(e));
+            assert.equal(e.details?.['reason'], 'onbuild_base');
+            return true;
+          },
+        );
+      }
+      const unresolved = await context('from-var', 'FROM ${NOWHERE}\nRUN true\n');
+      await assert.rejects(
+        buildDockerfile(store, options(unresolved, { name: 'df-from-var' })),
+        (e: unknown) =>
+          isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_variable',
+      );
+      assert.equal(hits, 0, 'buildah fetched the trigger URL on the host');
+    } finally {
+      await new Promise((r) => server.close(r));
+    }
+  });
+
+  void test('a base (or COPY --from image) is resolved at its registry on every build: the copy in the shared storage is not reused', async () => {
+    // A copy another build pulled (perhaps with another tenant's credentials) must not serve a
+    // build that cannot reach the image itself: here the registry is gone.
+    const other = await startLocalRegistry({ dir: join(dir, 'registry-gone') });
+    const ref = `${other.host}/base/busybox:v1`;
+    let open = true;
+    try {
+      await pushToRegistry(join(dir, 'layout'), 'v1', `docker://${ref}`);
+      const regs = registrySettings(
+        {},
+        { DSEC_INSECURE_REGISTRIES: `${registry.host},${other.host}` },
+      );
+      const ctx = await context('gone', `FROM ${ref}\nRUN echo built > /built\n`);
+      const copy = await context(
+        'gone-copy',
+        `FROM ${baseRef}\nCOPY --from=${ref} /bin/busybox /bb\n`,
+      );
+      await buildDockerfile(store, options(ctx, { name: 'df-gone', registries: regs }));
+      await buildDockerfile(store, options(copy, { name: 'df-gone-copy', registries: regs }));
+      await other.close();
+      open = false;
+      for (const [c, name] of [
+        [ctx, 'df-gone'],
+        [copy, 'df-gone-copy'],
+      ] as const) {
+        await assert.rejects(
+          buildDockerfile(store, options(c, { name, registries: regs, noCache: true })),
+          (e: unknown) =>
+            isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_pull',
+        );
+      }
+    } finally {
+      if (open) await other.close();
+    }
+  });
 });

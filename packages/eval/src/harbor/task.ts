@@ -20,7 +20,13 @@ const MAX_TEXT_BYTES = 1024 * 1024;
 /** A task name becomes `instance_id`, a sandbox label and a layer name: kept plain. */
 const TASK_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
-const seconds = z.number().positive().finite();
+/**
+ * A timeout in task.toml: at most a day. Node's timers hold 2^31-1 ms (24.8
+ * days); a longer agent limit fired at once (TimeoutOverflowWarning), ending
+ * the agent before it started, and a sandbox's TTL is hours, not years.
+ */
+export const MAX_TIMEOUT_SEC = 24 * 3600;
+const seconds = z.number().positive().finite().max(MAX_TIMEOUT_SEC);
 const stringMap = z.record(z.string(), z.string());
 
 /**
@@ -103,6 +109,20 @@ function isDir(path: string): boolean {
   return lstatSync(path, { throwIfNoEntry: false })?.isDirectory() ?? false;
 }
 
+/**
+ * A subdirectory of the task's that must be a real directory when present:
+ * a symlink (`solution -> /root`) would make the loader, the build and the
+ * uploads read whatever host directory it names.
+ */
+function plainDir(path: string, field: string): boolean {
+  const st = lstatSync(path, { throwIfNoEntry: false });
+  if (!st) return false;
+  if (!st.isDirectory()) {
+    throw invalid(`${path} must be a directory (not a symlink or a file)`, field);
+  }
+  return true;
+}
+
 /** Harbor's deprecated size strings (`2G`, `512M`, `1024K`) in MiB. */
 export function sizeToMb(size: string, field: string): number {
   const m = /^\s*(\d+(?:\.\d+)?)\s*([GMK])\s*$/i.exec(size);
@@ -158,13 +178,18 @@ export async function loadHarborTask(dirArg: string): Promise<HarborTask> {
   const cfg = parsed.data;
   const environmentDir = join(dir, 'environment');
   const dockerfile = join(environmentDir, 'Dockerfile');
+  if (!plainDir(environmentDir, 'environment')) {
+    throw invalid(`${environmentDir} is missing`, 'environment');
+  }
   const dockerText = await readText(dockerfile, 'environment/Dockerfile');
-  if (!isDir(join(dir, 'tests'))) throw invalid(`${dir}/tests is missing`, 'tests');
+  if (!plainDir(join(dir, 'tests'), 'tests')) throw invalid(`${dir}/tests is missing`, 'tests');
   await readText(join(dir, 'tests', 'test.sh'), 'tests/test.sh');
   const instruction = await readText(join(dir, 'instruction.md'), 'instruction.md');
-  const solutionDir = existsSync(join(dir, 'solution', 'solve.sh'))
-    ? join(dir, 'solution')
-    : undefined;
+  const solutionDir =
+    plainDir(join(dir, 'solution'), 'solution') &&
+    lstatSync(join(dir, 'solution', 'solve.sh'), { throwIfNoEntry: false })?.isFile()
+      ? join(dir, 'solution')
+      : undefined;
   const env = cfg.environment ?? {};
   return {
     name,

@@ -1,4 +1,5 @@
-import { lstat, readdir, readFile } from 'node:fs/promises';
+import { constants } from 'node:fs';
+import { lstat, open, readdir } from 'node:fs/promises';
 import { join, posix, relative } from 'node:path';
 import { DsecError, isDsecError } from '@dsec/core';
 import type { Sandbox } from '@dsec/sdk';
@@ -50,6 +51,11 @@ interface HostFile {
   abs: string;
   mode: number;
   size: number;
+  /** The inode `lstat` saw: the file uploaded must be that one. */
+  dev: number;
+  ino: number;
+  /** `tests` or `solution`: the field an error names. */
+  field: string;
 }
 
 /**
@@ -69,7 +75,15 @@ export async function listUpload(root: string, field: string): Promise<HostFile[
         await walk(abs);
       } else if (st.isFile()) {
         bytes += st.size;
-        files.push({ rel, abs, mode: st.mode & 0o777, size: st.size });
+        files.push({
+          rel,
+          abs,
+          mode: st.mode & 0o777,
+          size: st.size,
+          dev: st.dev,
+          ino: st.ino,
+          field,
+        });
       } else {
         throw new DsecError(
           'invalid_argument',
@@ -112,8 +126,47 @@ export async function uploadDir(
       await sandbox.files.mkdir(parent, { parents: true, mode: 0o755, user: ROOT, signal });
       made.add(parent);
     }
-    await sandbox.files.write(dest, await readFile(f.abs), { mode: f.mode, user: ROOT, signal });
+    await sandbox.files.write(dest, await readListed(f), { mode: f.mode, user: ROOT, signal });
   }
+}
+
+/**
+ * Reads a file `listUpload` listed, as listed: opened without following a
+ * symlink at its last component and checked to be the same inode and size,
+ * so a task folder changed between the listing and the upload (a file
+ * swapped for `-> /etc/shadow`, or grown past the bounds) uploads nothing.
+ */
+async function readListed(f: HostFile): Promise<Buffer> {
+  const fh = await open(
+    f.abs,
+    constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK,
+  ).catch((err: NodeJS.ErrnoException) => {
+    throw changed(f, err.code ?? 'open failed');
+  });
+  try {
+    const st = await fh.stat();
+    if (!st.isFile() || st.dev !== f.dev || st.ino !== f.ino || st.size !== f.size) {
+      throw changed(f, 'not the file listed');
+    }
+    const buf = Buffer.alloc(f.size);
+    let got = 0;
+    while (got < f.size) {
+      const { bytesRead } = await fh.read(buf, got, f.size - got, got);
+      if (bytesRead === 0) break;
+      got += bytesRead;
+    }
+    return buf.subarray(0, got);
+  } finally {
+    await fh.close();
+  }
+}
+
+function changed(f: HostFile, why: string): DsecError {
+  return new DsecError(
+    'invalid_argument',
+    `${f.abs} changed while the task folder was uploaded (${why}); run again on a folder nothing writes to`,
+    { field: f.field, details: { reason: 'changed_during_upload' } },
+  );
 }
 
 /** Removes a path (a file, a symlink itself, or a whole tree); a missing one is fine. */

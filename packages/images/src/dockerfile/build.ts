@@ -33,6 +33,7 @@ import { withLockFile } from '../util/lock-file.js';
 import { runTool } from '../util/run-tool.js';
 import { stageContext, type ContextLimits } from './context.js';
 import { readStoredLayers } from './storage.js';
+import { baseImageRefs, checkBaseImages, copyFromImageRefs } from './onbuild.js';
 import type { BuildNetwork, BuildNetworkHandle } from './network.js';
 import {
   parseDockerfile,
@@ -453,6 +454,20 @@ async function runBuild(
         signal,
       });
     }
+    // Base images pulled and checked first; bud then builds on exactly those (--pull=false).
+    await checkBaseImages(baseImageRefs(input.parsed, input.buildArgs), {
+      storage,
+      env,
+      authFile,
+      signal,
+    });
+    await checkBaseImages(copyFromImageRefs(input.parsed), {
+      storage,
+      env,
+      authFile,
+      refuseTriggers: false,
+      signal,
+    });
     const args = [
       ...storage,
       'bud',
@@ -463,7 +478,7 @@ async function runBuild(
       '--format',
       'oci',
       '--layers=false',
-      '--pull=true',
+      '--pull=false',
       '--retry',
       '0',
       '--network',

@@ -95,7 +95,13 @@ export function egressBuildNetwork(
             'this node has no sandbox networking (isolated mode) for build steps',
           );
         }
-        holder = spawn('unshare', ['--net', '--', 'sleep', '2147483647'], { stdio: 'ignore' });
+        // setpriv's parent-death signal: a build process killed outright (SIGKILL, OOM)
+        // takes the holder with it, instead of leaving a namespace held forever.
+        holder = spawn(
+          'setpriv',
+          ['--pdeathsig', 'KILL', '--', 'unshare', '--net', '--', 'sleep', '2147483647'],
+          { stdio: 'ignore' },
+        );
         const pid = holder.pid;
         if (pid === undefined)
           throw new DsecError('internal', 'cannot start the build network holder');

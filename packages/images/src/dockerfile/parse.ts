@@ -1,4 +1,5 @@
 import { DsecError } from '@dsec/core';
+import { assertRegistryRef } from './onbuild.js';
 
 /** One instruction of a Dockerfile as written: its keyword, arguments and first line (1-based). */
 export interface DockerfileInstruction {
@@ -75,6 +76,8 @@ const KEYWORDS = new Set([
  *   shared between builds, and host networking are not part of a sandbox's
  *   world.
  * - heredocs (`heredoc`): buildah 1.28 does not run them.
+ * - `COPY --from=` an image named by a transport (`image_transport`:
+ *   `oci:/path`, `docker-archive:/file`): buildah would read the host's files.
  */
 export function parseDockerfile(text: string, limits: DockerfileLimits = {}): ParsedDockerfile {
   const maxBytes = limits.maxDockerfileBytes ?? DEFAULT_MAX_DOCKERFILE_BYTES;
@@ -177,6 +180,10 @@ function instruction(joined: string, line: number): DockerfileInstruction {
         'run_flag',
       );
     }
+  }
+  if (target === 'COPY' || target === 'ADD') {
+    const from = /(?:^|\s)--from=(\S+)/.exec(targetArgs)?.[1];
+    if (from !== undefined) assertRegistryRef(from.replace(/^["']|["']$/g, ''), line);
   }
   if (target === 'ADD') {
     const words = targetArgs.split(/\s+/).filter((w) => !w.startsWith('--'));

@@ -1,0 +1,74 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { isDsecError } from '@dsec/core';
+import { baseImageRefs, copyFromImageRefs } from './onbuild.js';
+import { parseDockerfile } from './parse.js';
+
+test('base images: global ARGs expanded (a --build-arg over the default), stages and scratch skipped', () => {
+  const parsed = parseDockerfile(
+    [
+      'ARG BASE=debian:bookworm',
+      'ARG TAG',
+      'FROM ${BASE} AS build',
+      'FROM build',
+      'FROM scratch',
+      'FROM registry.test/x:${TAG:-v1}',
+      'FROM $BASE',
+    ].join('\n'),
+  );
+  assert.deepEqual(baseImageRefs(parsed, {}), ['debian:bookworm', 'registry.test/x:v1']);
+  assert.deepEqual(baseImageRefs(parsed, { BASE: 'evil.test/e', TAG: 'v2' }), [
+    'evil.test/e',
+    'registry.test/x:v2',
+  ]);
+});
+
+test('a FROM whose variable cannot be resolved is refused: its image could not be checked', () => {
+  assert.throws(
+    () => baseImageRefs(parseDockerfile('FROM ${NOWHERE}\n'), {}),
+    (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_variable',
+  );
+});
+
+test('an image named by a transport (host files, not a registry) is refused in FROM and COPY --from', () => {
+  for (const text of [
+    'FROM oci:/var/lib/x:img\n',
+    'FROM docker-archive:/etc/shadow\n',
+    'ARG B=containers-storage:[overlay@/var/lib/containers/storage]img\nFROM $B\n',
+    'FROM dir:/root\n',
+    'FROM docker://registry.test/x\n',
+    'FROM debian:bookworm\nCOPY --from=oci-archive:/tmp/a.tar /x /y\n',
+    'FROM debian:bookworm\nCOPY --chown=1 --from="oci:/srv/l:i" /x /y\n',
+  ]) {
+    assert.throws(
+      () => baseImageRefs(parseDockerfile(text), {}),
+      (e: unknown) =>
+        isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'image_transport',
+      text,
+    );
+  }
+  // Docker Hub's `docker` image and a registry with a port are registry images.
+  assert.deepEqual(
+    baseImageRefs(parseDockerfile('FROM docker:24-dind\nFROM localhost:5000/a:b\n'), {}),
+    ['docker:24-dind', 'localhost:5000/a:b'],
+  );
+});
+
+test('COPY --from images (not stages) are listed to be pulled ahead; a variable there is refused', () => {
+  const parsed = parseDockerfile(
+    [
+      'FROM debian:bookworm AS Build',
+      'COPY --from=busybox:1.36 /bin/busybox /bin/',
+      'FROM scratch',
+      'COPY --from=build /a /a',
+      'COPY --from=0 /b /b',
+      'ADD --chown=1 --from=registry.test/tools:v1 /c /c',
+      'COPY --from=busybox:1.36 /d /d',
+    ].join('\n'),
+  );
+  assert.deepEqual(copyFromImageRefs(parsed), ['busybox:1.36', 'registry.test/tools:v1']);
+  assert.throws(
+    () => copyFromImageRefs(parseDockerfile('FROM debian\nARG X\nCOPY --from=$X /a /a\n')),
+    (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_variable',
+  );
+});
