@@ -18,8 +18,14 @@ const commands = new CommandStore(`${dir}/edge.db`);
 const say = (line: string) => process.stdout.write(`${line}\n`);
 
 say('ready');
+// A project holds at most 1000 children: a fast machine writes more than that before the kill,
+// so each 500 go under a fresh parent of their own.
+let parentId: string | undefined;
 for (let i = 0; ; i++) {
-  const project = await iam.createProject(caller, { name: `p${process.pid}-${i}` });
+  if (i % 500 === 0) {
+    parentId = (await iam.createProject(caller, { name: `batch${process.pid}-${i}` })).id;
+  }
+  const project = await iam.createProject(caller, { name: `p${process.pid}-${i}`, parentId });
   say(`P ${project.id}`);
   const now = new Date().toISOString();
   const sandbox = edge.insert({
