@@ -86,57 +86,52 @@ export async function buildLayer(
       await extractTar(from.path, tree, signal);
     }
 
-    // The count and the image are made at once: both only read the tree.
+    // The count comes first: a tree the (confined) scan refuses costs no mkfs.erofs, and a
+    // sandbox-made tree is read by one confined program at a time.
     progress({ phase: 'scan' });
-    const counting =
+    const stats =
       options.confineRoot === undefined
-        ? treeStats(tree, { signal, onEntry: (done) => progress({ phase: 'scan', done }) })
-        : confinedTreeStats(tree, options.confineRoot, signal);
+        ? await treeStats(tree, { signal, onEntry: (done) => progress({ phase: 'scan', done }) })
+        : await confinedTreeStats(tree, options.confineRoot, signal);
+    progress({ phase: 'mkfs' });
     const image = join(work, options.split ? 'layer.meta' : 'layer.erofs');
     const blob = options.split ? join(work, 'layer.blob') : undefined;
-    const making = (async (): Promise<void> => {
-      const erofs = {
-        ...(options.compress !== undefined ? { compress: options.compress } : {}),
-        ...(signal ? { signal } : {}),
-      };
-      if (options.confineRoot === undefined) {
-        await buildErofs({
-          sourceDir: tree,
-          output: image,
-          ...(blob !== undefined ? { blobDevice: blob } : {}),
-          ...erofs,
-        });
-      } else {
-        // The tree read-only and nosymfollow at /src, the images written under /out.
-        const args = erofsArgs({
-          sourceDir: '/src',
-          output: `/out/${basename(image)}`,
-          ...(blob !== undefined ? { blobDevice: `/out/${basename(blob)}` } : {}),
-          ...erofs,
-        });
-        await runConfinedOk(
-          confinedCommand(
-            {
-              rootDir: options.confineRoot,
-              trees: [
-                { path: tree, name: 'src' },
-                { path: work, name: 'out', writable: true },
-                { path: work, name: 'tmp', writable: true },
-              ],
-              tools: true,
-            },
-            ['mkfs.erofs', ...args],
-          ),
-          'mkfs.erofs',
-          { signal },
-        );
-      }
-    })();
-    const [counted, made] = await Promise.allSettled([counting, making]);
-    if (counted.status === 'rejected') throw counted.reason;
-    if (made.status === 'rejected') throw made.reason;
-    const stats = counted.value;
-    progress({ phase: 'mkfs' });
+    const erofs = {
+      ...(options.compress !== undefined ? { compress: options.compress } : {}),
+      ...(signal ? { signal } : {}),
+    };
+    if (options.confineRoot === undefined) {
+      await buildErofs({
+        sourceDir: tree,
+        output: image,
+        ...(blob !== undefined ? { blobDevice: blob } : {}),
+        ...erofs,
+      });
+    } else {
+      // The tree read-only and nosymfollow at /src, the images written under /out.
+      const args = erofsArgs({
+        sourceDir: '/src',
+        output: `/out/${basename(image)}`,
+        ...(blob !== undefined ? { blobDevice: `/out/${basename(blob)}` } : {}),
+        ...erofs,
+      });
+      await runConfinedOk(
+        confinedCommand(
+          {
+            rootDir: options.confineRoot,
+            trees: [
+              { path: tree, name: 'src' },
+              { path: work, name: 'out', writable: true },
+              { path: work, name: 'tmp', writable: true },
+            ],
+            tools: true,
+          },
+          ['mkfs.erofs', ...args],
+        ),
+        'mkfs.erofs',
+        { signal },
+      );
+    }
     // A split layer's data blob gets a chunk table, so on-demand readers can
     // check each chunk they fetch (ADR 0006).
     const table = blob !== undefined ? join(work, 'layer.chunks') : undefined;
