@@ -1,3 +1,4 @@
+import { setTimeout as sleep } from 'node:timers/promises';
 import { appendFileSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { DsecError, isDsecError, type ErrorCode } from '@dsec/core';
@@ -275,6 +276,7 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
   await Promise.all(Array.from({ length: Math.min(concurrency, todo.length) }, worker));
   if (signal.aborted && options.pauseOnInterrupt?.()) {
     await options.client.pauseJob(journal.header.labels);
+    await pauseLateCreates(options.client, journal.header.labels);
     journal.mark('paused');
   }
   return {
@@ -287,6 +289,29 @@ export async function runEval(options: RunEvalOptions): Promise<EvalSummary> {
     interrupted: signal.aborted,
     results,
   };
+}
+
+/**
+ * A create the interrupt abandoned client-side (a grading sandbox starting
+ * when SIGTERM came) still finishes on the server: wait for the job's
+ * sandboxes in `creating` to settle (at most `waitMs`), then pause the job
+ * again so they are paused too.
+ */
+async function pauseLateCreates(
+  client: DSecClient,
+  labels: Record<string, string>,
+  waitMs = 60_000,
+): Promise<void> {
+  const deadline = Date.now() + waitMs;
+  let late = false;
+  for (;;) {
+    const creating = (await client.listSandboxes({ labels })).some((s) => s.state === 'creating');
+    if (!creating) break;
+    late = true;
+    if (Date.now() > deadline) break;
+    await sleep(200);
+  }
+  if (late) await client.pauseJob(labels);
 }
 
 /** Stops sandboxes by ID, together (a missing or stopped one is fine). */
