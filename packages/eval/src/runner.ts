@@ -626,10 +626,20 @@ class TaskRunner {
     attached: Attached,
   ): Promise<{ sandbox: Sandbox; recorded: ReadonlySet<string> }> {
     if (attached.grader) return attached.grader;
-    const sandbox = await this.#o.client.runContainer(
-      { ...this.#spec(task, prepared, 'grader'), requestId: attached.ids.graderCreate },
-      { signal: this.#signal },
-    );
+    const create = (requestId: string) =>
+      this.#o.client.runContainer(
+        { ...this.#spec(task, prepared, 'grader'), requestId },
+        { signal: this.#signal },
+      );
+    let sandbox = await create(attached.ids.graderCreate);
+    if (this.#o.resume) {
+      // A create the preemption abandoned finished on the server (and was paused with the job,
+      // or failed): the same request ID hands that sandbox back. A grader is fresh by design,
+      // so a dead one is replaced.
+      const info = await sandbox.refresh({ signal: this.#signal });
+      if (info.state === 'paused') await sandbox.resume({ signal: this.#signal });
+      else if (info.state !== 'running') sandbox = await create(`${attached.ids.graderCreate}.r`);
+    }
     this.#journal.grader(task.instance_id, sandbox.id);
     const recorded = this.#o.resume ? await loggedIds(sandbox, attached.ids) : new Set<string>();
     return { sandbox, recorded };

@@ -350,6 +350,10 @@ test('SIGTERM pauses the job and exits 143; --resume resumes it and finishes', a
     tasks: number;
     solved: number;
   };
-  assert.deepEqual([summary.tasks, summary.solved], [3, 3]);
+  assert.deepEqual(
+    [summary.tasks, summary.solved],
+    [3, 3],
+    JSON.stringify(results(out).map((r) => [r.instance_id, r.reward, r.error])),
+  );
   for (const r of results(out)) assert.equal(r.duplicateExecutions, 0);
 });
