@@ -348,7 +348,7 @@ class DSecRuntime(_RuntimeBase):  # type: ignore[misc]
             else:
                 remote = target
                 try:
-                    if (await self.sandbox.files.stat(target, user=self._user)).type == "dir":
+                    if (await self.sandbox.files.stat(target, user=self._user)).type == "directory":
                         remote = f"{target.rstrip('/')}/{os.path.basename(source)}"
                 except dsec_errors.NotFound:
                     pass
@@ -392,11 +392,11 @@ def _os_error(err: dsec_errors.DSecError, path: str) -> Exception:
     """DSec's file errors as the ``OSError`` subclasses ``LocalRuntime``'s ``pathlib`` calls raise."""
     if isinstance(err, dsec_errors.NotFound):
         return FileNotFoundError(errno.ENOENT, err.message, path)
-    if isinstance(err, dsec_errors.PermissionDenied):
+    if isinstance(err, dsec_errors.PermissionDenied) or "permission denied" in err.message.lower():
         return PermissionError(errno.EACCES, err.message, path)
     if isinstance(err, dsec_errors.Conflict):
         return FileExistsError(errno.EEXIST, err.message, path)
-    if isinstance(err, dsec_errors.InvalidArgument) and "directory" in err.message.lower():
+    if isinstance(err, dsec_errors.InvalidArgument) and "is a directory" in err.message.lower():
         return IsADirectoryError(errno.EISDIR, err.message, path)
     return err
 
