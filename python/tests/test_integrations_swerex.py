@@ -367,3 +367,33 @@ async def test_deployment_start_failure_and_exit_time_clean_up(dsec_env: Cluster
     assert sandbox_id in stopped and common.live_sandboxes() == []
     assert (await client.sandbox(sandbox_id).refresh()).state == "stopped"
     await leaked.stop()  # stopping after the sandbox is gone is fine
+
+
+async def test_the_example_runs(dsec_env: Cluster) -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "swerex_deployment.py"
+    done = await asyncio.get_running_loop().run_in_executor(
+        None,
+        lambda: subprocess.run(
+            [sys.executable, str(example), "--image", "busybox"], capture_output=True, text=True, timeout=300
+        ),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "session: in /repo, step 1" in done.stdout
+
+
+@pytest.mark.parametrize("module", ["swerex", "verifiers", "tinker"])
+def test_each_provider_imports_without_the_others(module: str) -> None:
+    import subprocess
+    import sys
+
+    others = {"swerex", "verifiers", "tinker"} - {module}
+    code = (
+        f"import sys, dsec.integrations.{module}\n"
+        f"loaded = [m for m in {sorted(others)!r} if 'dsec.integrations.' + m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[1]))
+    assert done.returncode == 0, done.stderr

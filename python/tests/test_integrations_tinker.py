@@ -170,3 +170,18 @@ async def test_factory_and_create_failure(dsec_env: Cluster, tmp_path: Path) -> 
 async def test_concurrent_commands_on_one_sandbox(box: tp.DSecSandbox) -> None:
     results = await asyncio.gather(*(box.run_command(f"echo {i}") for i in range(16)))
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(16)]
+
+
+async def test_the_example_runs(dsec_env: Cluster) -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "tinker_sandbox.py"
+    done = await asyncio.get_running_loop().run_in_executor(
+        None,
+        lambda: subprocess.run(
+            [sys.executable, str(example), "--image", "busybox"], capture_output=True, text=True, timeout=300
+        ),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "run_command: solved exit 0" in done.stdout

@@ -244,3 +244,18 @@ async def test_teardown_stops_what_is_left_without_a_loop(dsec_env: Cluster, cli
     assert prime.active == {} and box.id not in common.live_sandboxes()
     assert (await client.sandbox(box.id).refresh()).state == "stopped"
     await prime.aclose()
+
+
+async def test_the_example_runs(dsec_env: Cluster) -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "python" / "verifiers_sandbox_env.py"
+    done = await asyncio.get_running_loop().run_in_executor(
+        None,
+        lambda: subprocess.run(
+            [sys.executable, str(example), "--image", "busybox"], capture_output=True, text=True, timeout=300
+        ),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "background job: 0 42" in done.stdout
