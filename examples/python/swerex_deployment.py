@@ -44,7 +44,8 @@ async def main(image: str) -> int:
         try:
             await runtime.run_in_session(BashAction(command="sleep 60", timeout=1))
         except CommandTimeoutError:
-            print("timed out; the session lives on:", (await runtime.run_in_session(BashAction(command="echo $STEP"))).output.strip())
+            still = await runtime.run_in_session(BashAction(command="echo $STEP"))
+            print("timed out; the session lives on:", still.output.strip())
         await runtime.write_file(WriteFileRequest(path="/repo/hello.py", content="print('hi')\n"))
         print("file:", (await runtime.read_file(ReadFileRequest(path="/repo/hello.py"))).content.strip())
         done = await runtime.execute(Command(command=["ls", "/repo"], timeout=30, check=True))

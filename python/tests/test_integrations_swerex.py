@@ -12,7 +12,7 @@ import dataclasses
 import inspect
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 import pytest
 
@@ -22,29 +22,23 @@ from dsec.integrations import swerex as sx
 
 from .conftest import Cluster
 
-# name -> (parameters as (name, kind, default)), coroutine?
-_P = inspect.Parameter
-RUNTIME_METHODS: Dict[str, Tuple[List[Tuple[str, Any, Any]], bool]] = {
-    "is_alive": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("timeout", _P.KEYWORD_ONLY, None)], True),
-    "create_session": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("request", _P.POSITIONAL_OR_KEYWORD, _P.empty)], True),
-    "run_in_session": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("action", _P.POSITIONAL_OR_KEYWORD, _P.empty)], True),
-    "close_session": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("request", _P.POSITIONAL_OR_KEYWORD, _P.empty)], True),
-    "execute": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("command", _P.POSITIONAL_OR_KEYWORD, _P.empty)], True),
-    "read_file": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("request", _P.POSITIONAL_OR_KEYWORD, _P.empty)], True),
-    "write_file": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("request", _P.POSITIONAL_OR_KEYWORD, _P.empty)], True),
-    "upload": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("request", _P.POSITIONAL_OR_KEYWORD, _P.empty)], True),
-    "close": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty)], True),
+# method -> (signature as the pinned source writes it, without annotations; coroutine?)
+RUNTIME_METHODS = {
+    "is_alive": ("(self, *, timeout=None)", True),
+    "create_session": ("(self, request)", True),
+    "run_in_session": ("(self, action)", True),
+    "close_session": ("(self, request)", True),
+    "execute": ("(self, command)", True),
+    "read_file": ("(self, request)", True),
+    "write_file": ("(self, request)", True),
+    "upload": ("(self, request)", True),
+    "close": ("(self)", True),
 }
-_ANY_ARGS = [
-    ("self", _P.POSITIONAL_OR_KEYWORD, _P.empty),
-    ("args", _P.VAR_POSITIONAL, _P.empty),
-    ("kwargs", _P.VAR_KEYWORD, _P.empty),
-]
-DEPLOYMENT_METHODS: Dict[str, Tuple[List[Tuple[str, Any, Any]], bool]] = {
-    "add_hook": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("hook", _P.POSITIONAL_OR_KEYWORD, _P.empty)], False),
-    "is_alive": ([("self", _P.POSITIONAL_OR_KEYWORD, _P.empty), ("timeout", _P.KEYWORD_ONLY, None)], True),
-    "start": (_ANY_ARGS, True),
-    "stop": (_ANY_ARGS, True),
+DEPLOYMENT_METHODS = {
+    "add_hook": ("(self, hook)", False),
+    "is_alive": ("(self, *, timeout=None)", True),
+    "start": ("(self, *args, **kwargs)", True),
+    "stop": ("(self, *args, **kwargs)", True),
 }
 EXCEPTION_BASES = {
     "SessionNotInitializedError": ("SwerexException", "RuntimeError"),
@@ -58,13 +52,19 @@ EXCEPTION_BASES = {
     "DeploymentStartupError": ("SwerexException", "RuntimeError"),
 }
 MODEL_FIELDS: Dict[str, Dict[str, Any]] = {
-    "CreateBashSessionRequest": {"startup_source": [], "session": "default", "session_type": "bash", "startup_timeout": 1.0},
+    "CreateBashSessionRequest": {
+        "startup_source": [], "session": "default", "session_type": "bash", "startup_timeout": 1.0,
+    },
     "BashAction": {
         "command": None, "session": "default", "timeout": None, "is_interactive_command": False,
         "is_interactive_quit": False, "check": "raise", "error_msg": "", "expect": [], "action_type": "bash",
     },
-    "BashInterruptAction": {"session": "default", "timeout": 0.2, "n_retry": 3, "expect": [], "action_type": "bash_interrupt"},
-    "BashObservation": {"output": "", "exit_code": None, "failure_reason": "", "expect_string": "", "session_type": "bash"},
+    "BashInterruptAction": {
+        "session": "default", "timeout": 0.2, "n_retry": 3, "expect": [], "action_type": "bash_interrupt",
+    },
+    "BashObservation": {
+        "output": "", "exit_code": None, "failure_reason": "", "expect_string": "", "session_type": "bash",
+    },
     "CloseBashSessionRequest": {"session": "default", "session_type": "bash"},
     "Command": {
         "command": None, "timeout": None, "shell": False, "check": False, "error_msg": "",
@@ -78,8 +78,10 @@ MODEL_FIELDS: Dict[str, Dict[str, Any]] = {
 }
 
 
-def _shape(func: Any) -> List[Tuple[str, Any, Any]]:
-    return [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]
+def _shape(func: Any) -> str:
+    sig = inspect.signature(func)
+    bare = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=bare, return_annotation=inspect.Signature.empty))
 
 
 def _defaults(model: Any) -> Dict[str, Any]:
@@ -93,7 +95,8 @@ def _defaults(model: Any) -> Dict[str, Any]:
             else:
                 out[f.name] = None
         return out
-    return {name: (None if f.is_required() else f.get_default(call_default_factory=True)) for name, f in model.model_fields.items()}
+    fields = model.model_fields.items()
+    return {name: (None if f.is_required() else f.get_default(call_default_factory=True)) for name, f in fields}
 
 
 @pytest.mark.parametrize("name", sorted(RUNTIME_METHODS))
@@ -210,7 +213,9 @@ async def test_session_names_exist_once_and_odd_names_are_mapped(sandbox: dsec.S
         with pytest.raises(sx.SessionExistsError):
             await runtime.create_session(sx.CreateBashSessionRequest(session=name))
         await runtime.run_in_session(sx.BashAction(command=f"V={len(name)}", session=name))
-    outs = {n: (await runtime.run_in_session(sx.BashAction(command="echo $V", session=n))).output for n in runtime.sessions}
+    outs = {}
+    for n in runtime.sessions:
+        outs[n] = (await runtime.run_in_session(sx.BashAction(command="echo $V", session=n))).output
     assert outs == {n: f"{len(n)}\n" for n in ("default", "../../etc", "a b/c", "x" * 200, "swerex-default")}
     remote = {s.name for s in await sandbox.list_sessions()}
     assert len(remote) == 5 and all(len(r) <= 64 and "/" not in r and " " not in r for r in remote)
@@ -250,7 +255,8 @@ async def test_interrupt_ends_a_running_call(sandbox: dsec.Sandbox) -> None:
 
 async def test_execute_is_subprocess_run(sandbox: dsec.Sandbox) -> None:
     runtime = sx.DSecRuntime(sandbox)
-    r = await runtime.execute(sx.Command(command=["sh", "-c", 'echo "$A $(pwd)"; echo e >&2; exit 4'], env={"A": "x"}, cwd="/tmp"))
+    argv = ["sh", "-c", 'echo "$A $(pwd)"; echo e >&2; exit 4']
+    r = await runtime.execute(sx.Command(command=argv, env={"A": "x"}, cwd="/tmp"))
     assert (r.stdout, r.stderr, r.exit_code) == ("x /tmp\n", "e\n", 4)
     shell = await runtime.execute(sx.Command(command="echo $((1+2)) | tr 3 z", shell=True))
     assert shell.stdout == "z\n"
@@ -258,7 +264,9 @@ async def test_execute_is_subprocess_run(sandbox: dsec.Sandbox) -> None:
     assert positional.stdout == "a b-c\n"
     merged = await runtime.execute(sx.Command(command=["sh", "-c", "echo o; echo e >&2"], merge_output_streams=True))
     assert (merged.stdout, merged.stderr) == ("o\ne\n", "")
-    merged_shell = await runtime.execute(sx.Command(command="echo o; echo e >&2", shell=True, merge_output_streams=True))
+    merged_shell = await runtime.execute(
+        sx.Command(command="echo o; echo e >&2", shell=True, merge_output_streams=True)
+    )
     assert (merged_shell.stdout, merged_shell.stderr) == ("o\ne\n", "")
     with pytest.raises(sx.NonZeroExitCodeError, match="^ctx: Command"):
         await runtime.execute(sx.Command(command="exit 2", shell=True, check=True, error_msg="ctx"))
@@ -395,5 +403,6 @@ def test_each_provider_imports_without_the_others(module: str) -> None:
         f"loaded = [m for m in {sorted(others)!r} if 'dsec.integrations.' + m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[1]))
+    cwd = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd)
     assert done.returncode == 0, done.stderr

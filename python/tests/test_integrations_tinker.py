@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import inspect
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+from typing import AsyncIterator
 
 import pytest
 
@@ -20,32 +20,26 @@ from dsec.integrations import tinker as tp
 
 from .conftest import Cluster
 
-_N = None
-INTERFACE: Dict[str, List[Tuple[str, Optional[str]]]] = {
-    "send_heartbeat": [("self", _N), ("timeout", "30")],
-    "run_command": [("self", _N), ("command", _N), ("workdir", "None"), ("timeout", "60"), ("max_output_bytes", "None")],
-    "read_file": [("self", _N), ("path", _N), ("max_bytes", "None"), ("timeout", "60")],
-    "write_file": [("self", _N), ("path", _N), ("content", _N), ("executable", "False"), ("timeout", "60")],
-    "cleanup": [("self", _N)],
+INTERFACE = {
+    "send_heartbeat": "(self, timeout=30)",
+    "run_command": "(self, command, workdir=None, timeout=60, max_output_bytes=None)",
+    "read_file": "(self, path, max_bytes=None, timeout=60)",
+    # The Protocol gives content no default; ModalSandbox (the reference implementation) gives "".
+    "write_file": "(self, path, content='', executable=False, timeout=60)",
+    "cleanup": "(self)",
 }
 
-
-def _shape(func: Any) -> List[Tuple[str, Optional[str]]]:
-    return [
-        (p.name, None if p.default is inspect.Parameter.empty else repr(p.default))
-        for p in inspect.signature(func).parameters.values()
-    ]
+def _shape(func: Any) -> str:
+    """A signature as its source writes it, without annotations."""
+    sig = inspect.signature(func)
+    bare = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=bare, return_annotation=inspect.Signature.empty))
 
 
 @pytest.mark.parametrize("name", sorted(INTERFACE))
 def test_methods_match_sandbox_interface(name: str) -> None:
     method = getattr(tp.DSecSandbox, name)
-    expected = INTERFACE[name]
-    if name == "write_file":
-        # The Protocol gives content no default; ModalSandbox (the reference implementation) gives "".
-        assert _shape(method) == [("self", _N), ("path", _N), ("content", "''"), ("executable", "False"), ("timeout", "60")]
-    else:
-        assert _shape(method) == expected
+    assert _shape(method) == INTERFACE[name]
     assert inspect.iscoroutinefunction(method)
     assert isinstance(inspect.getattr_static(tp.DSecSandbox, "sandbox_id"), property)
 

@@ -12,7 +12,7 @@ import asyncio
 import inspect
 import os
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator
 
 import pytest
 
@@ -22,22 +22,21 @@ from dsec.integrations import verifiers as vp
 
 from .conftest import Cluster, unique
 
-_N = None
-CLIENT_METHODS: Dict[str, List[Tuple[str, Optional[str]]]] = {
-    "create": [("self", _N), ("request", _N)],
-    "get": [("self", _N), ("sandbox_id", _N)],
-    "delete": [("self", _N), ("sandbox_id", _N)],
-    "bulk_delete": [("self", _N), ("sandbox_ids", "None"), ("labels", "None"), ("team_id", "None"), ("user_id", "None"), ("all_users", "False")],
-    "execute_command": [("self", _N), ("sandbox_id", _N), ("command", _N), ("working_dir", "None"), ("env", "None"), ("timeout", "None"), ("user", "None")],
-    "start_background_job": [("self", _N), ("sandbox_id", _N), ("command", _N), ("working_dir", "None"), ("env", "None"), ("user", "None")],
-    "get_background_job": [("self", _N), ("sandbox_id", _N), ("job", _N), ("timeout", "None")],
-    "run_background_job": [("self", _N), ("sandbox_id", _N), ("command", _N), ("timeout", "900"), ("working_dir", "None"), ("env", "None"), ("poll_interval", "3")],
-    "wait_for_creation": [("self", _N), ("sandbox_id", _N), ("max_attempts", "60"), ("stability_checks", "1"), ("image_build_timeout_seconds", "3000")],
-    "upload_file": [("self", _N), ("sandbox_id", _N), ("file_path", _N), ("local_file_path", _N), ("timeout", "None")],
-    "upload_bytes": [("self", _N), ("sandbox_id", _N), ("file_path", _N), ("file_bytes", _N), ("filename", _N), ("timeout", "None")],
-    "download_file": [("self", _N), ("sandbox_id", _N), ("file_path", _N), ("local_file_path", _N), ("timeout", "None")],
-    "read_file": [("self", _N), ("sandbox_id", _N), ("file_path", _N), ("timeout", "None"), ("offset", "None"), ("length", "None")],
-    "aclose": [("self", _N)],
+CLIENT_METHODS = {
+    "create": "(self, request)",
+    "get": "(self, sandbox_id)",
+    "delete": "(self, sandbox_id)",
+    "bulk_delete": "(self, sandbox_ids=None, labels=None, team_id=None, user_id=None, all_users=False)",
+    "execute_command": "(self, sandbox_id, command, working_dir=None, env=None, timeout=None, user=None)",
+    "start_background_job": "(self, sandbox_id, command, working_dir=None, env=None, user=None)",
+    "get_background_job": "(self, sandbox_id, job, timeout=None)",
+    "run_background_job": "(self, sandbox_id, command, timeout=900, working_dir=None, env=None, poll_interval=3)",
+    "wait_for_creation": "(self, sandbox_id, max_attempts=60, stability_checks=1, image_build_timeout_seconds=3000)",
+    "upload_file": "(self, sandbox_id, file_path, local_file_path, timeout=None)",
+    "upload_bytes": "(self, sandbox_id, file_path, file_bytes, filename, timeout=None)",
+    "download_file": "(self, sandbox_id, file_path, local_file_path, timeout=None)",
+    "read_file": "(self, sandbox_id, file_path, timeout=None, offset=None, length=None)",
+    "aclose": "(self)",
 }
 EXCEPTION_BASES = {
     "APIError": ("Exception",),
@@ -53,11 +52,11 @@ EXCEPTION_BASES = {
 }
 
 
-def _shape(func: Any) -> List[Tuple[str, Optional[str]]]:
-    out = []
-    for p in inspect.signature(func).parameters.values():
-        out.append((p.name, None if p.default is inspect.Parameter.empty else repr(p.default)))
-    return out
+def _shape(func: Any) -> str:
+    """A signature as its source writes it, without annotations."""
+    sig = inspect.signature(func)
+    bare = [p.replace(annotation=inspect.Parameter.empty) for p in sig.parameters.values()]
+    return str(sig.replace(parameters=bare, return_annotation=inspect.Signature.empty))
 
 
 @pytest.mark.parametrize("name", sorted(CLIENT_METHODS))
@@ -66,7 +65,7 @@ def test_client_methods_match_prime_sandboxes(name: str) -> None:
     assert _shape(method) == CLIENT_METHODS[name]
     assert inspect.iscoroutinefunction(method)
     assert not inspect.iscoroutinefunction(vp.DSecSandboxClient.teardown)
-    assert _shape(vp.DSecSandboxClient.teardown) == [("self", None), ("wait", "True")]
+    assert _shape(vp.DSecSandboxClient.teardown) == "(self, wait=True)"
 
 
 @pytest.mark.parametrize("name", sorted(EXCEPTION_BASES))
@@ -127,7 +126,8 @@ async def sid(prime: vp.DSecSandboxClient, job_label: str) -> str:
 async def test_create_get_wait_and_delete(prime: vp.DSecSandboxClient, sid: str, client: dsec.DSecClient) -> None:
     await prime.wait_for_creation(sid)
     got = await prime.get(sid)
-    assert (got.id, got.name, got.status, got.memory_gb, got.timeout_minutes) == (sid, "verifiers-test", "RUNNING", 0.5, 10)
+    seen = (got.id, got.name, got.status, got.memory_gb, got.timeout_minutes)
+    assert seen == (sid, "verifiers-test", "RUNNING", 0.5, 10)
     assert "suite" in got.labels and sid in common.live_sandboxes()
     info = (await client.get_sandbox(sid)).info
     assert info is not None and info.spec.ttl_seconds == 600 and info.spec.labels["dsec.provider"] == "verifiers"
@@ -151,7 +151,8 @@ async def test_create_refuses_what_dsec_cannot_give(prime: vp.DSecSandboxClient)
 
 
 async def test_execute_command_with_cwd_env_user_and_timeout(prime: vp.DSecSandboxClient, sid: str) -> None:
-    r = await prime.execute_command(sid, 'echo "$(pwd) $A $(id -u)"; echo e >&2; exit 3', working_dir="/tmp", env={"A": "a"}, user="nobody")
+    line = 'echo "$(pwd) $A $(id -u)"; echo e >&2; exit 3'
+    r = await prime.execute_command(sid, line, working_dir="/tmp", env={"A": "a"}, user="nobody")
     assert (r.stdout, r.stderr, r.exit_code) == ("/tmp a 65534\n", "e\n", 3)
     with pytest.raises(vp.CommandTimeoutError, match=r"timed out after 1s"):
         await prime.execute_command(sid, "sleep 30", timeout=1)
@@ -193,7 +194,8 @@ async def test_files_upload_read_download_and_limits(prime: vp.DSecSandboxClient
         await prime.upload_file(sid, "/x", str(tmp_path / "missing"))
     await prime.upload_bytes(sid, "/data/b.bin", b"\x00\x01abc", "b.bin")
     whole = await prime.read_file(sid, "/data/deep/in.txt")
-    assert (whole.content, whole.size, whole.total_size, whole.offset, whole.truncated) == ("hello world", 11, 11, 0, False)
+    seen = (whole.content, whole.size, whole.total_size, whole.offset, whole.truncated)
+    assert seen == ("hello world", 11, 11, 0, False)
     window = await prime.read_file(sid, "/data/deep/in.txt", offset=6, length=3)
     assert (window.content, window.size, window.total_size, window.truncated) == ("wor", 3, 11, True)
     with pytest.raises(vp.SandboxFileNotFoundError):
@@ -224,10 +226,11 @@ async def test_paths_a_sandbox_made_stay_inside_it(prime: vp.DSecSandboxClient, 
 
 async def test_bulk_delete_by_id_and_label(prime: vp.DSecSandboxClient, job_label: str) -> None:
     tag = unique("bulk")
-    ids = [
-        (await prime.create(vp.CreateSandboxRequest(name=f"b{i}", docker_image="busybox", timeout_minutes=5, labels=[f"bulk={tag}"]))).id
-        for i in range(3)
-    ]
+    ids = []
+    for i in range(3):
+        labels = [f"bulk={tag}"]
+        request = vp.CreateSandboxRequest(name=f"b{i}", docker_image="busybox", timeout_minutes=5, labels=labels)
+        ids.append((await prime.create(request)).id)
     by_id = await prime.bulk_delete([ids[0], "sb-not-there"])
     assert by_id.succeeded == [ids[0]] and [f["sandbox_id"] for f in by_id.failed] == ["sb-not-there"]
     by_label = await prime.bulk_delete(labels=[f"bulk={tag}"])

@@ -106,7 +106,9 @@ class DSecSandboxClient:
         self._max_output = common.output_cap(max_output_bytes, DEFAULT_MAX_OUTPUT_BYTES)
         self._max_read = common.output_cap(max_read_bytes, DEFAULT_MAX_READ_BYTES, what="max_read_bytes")
         if not isinstance(max_download_bytes, int) or max_download_bytes < 1:
-            raise dsec_errors.InvalidArgument("max_download_bytes must be a positive integer", field="max_download_bytes")
+            raise dsec_errors.InvalidArgument(
+                "max_download_bytes must be a positive integer", field="max_download_bytes"
+            )
         self._max_download = max_download_bytes
         self._create_timeout = create_timeout
         self._max_connections = max_connections
@@ -153,7 +155,8 @@ class DSecSandboxClient:
 
     def _not_running(self, sandbox_id: str, err: dsec_errors.DSecError, command: Optional[str] = None) -> Exception:
         status = "TERMINATED" if isinstance(err, (dsec_errors.SandboxNotFound, dsec_errors.SandboxNotRunning)) else None
-        return SandboxNotRunningError(sandbox_id, status=status, command=command, message=f"Sandbox {sandbox_id}: {err}")
+        message = f"Sandbox {sandbox_id}: {err}"
+        return SandboxNotRunningError(sandbox_id, status=status, command=command, message=message)
 
     def _api_error(self, what: str, err: dsec_errors.DSecError) -> Exception:
         return APIError(f"HTTP {err.status} {what}: {err}")
