@@ -262,3 +262,16 @@ async def test_the_example_runs(dsec_env: Cluster) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "background job: 0 42" in done.stdout
+
+
+async def test_hostile_ids_stay_one_path_segment(prime: vp.DSecSandboxClient, sid: str) -> None:
+    """IDs come from the caller's state dicts: one that looks like a path never reaches another route."""
+    for bad in ("../../v1/keys", "sb-x/../../healthz", "%2e%2e", ""):
+        with pytest.raises((vp.SandboxNotRunningError, vp.APIError)):
+            await prime.execute_command(bad, "true")
+        with pytest.raises((vp.SandboxNotRunningError, vp.APIError)):
+            await prime.read_file(bad, "/etc/passwd")
+    job = vp.BackgroundJob(job_id="../../../keys", sandbox_id=sid, stdout_log_file="", stderr_log_file="", exit_file="")
+    with pytest.raises(vp.APIError):
+        await prime.get_background_job(sid, job)
+    assert (await prime.execute_command(sid, "echo still")).stdout == "still\n"

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import errors as dsec_errors
-from .._async import CommandHandle, Sandbox
+from .._async import Sandbox
 from ..models import CommandResult, SandboxInfo
 from . import _prime_api
 from . import _provider_common as common
@@ -333,19 +333,15 @@ class DSecSandboxClient:
         return _job(sandbox_id, handle.id)
 
     async def get_background_job(self, sandbox_id: str, job: Any, timeout: Optional[int] = None) -> Any:
-        handle = CommandHandle(
-            self._connection.client._http,  # noqa: SLF001 - a handle by ID, as Commands.get makes one
-            f"/v1/sandboxes/{sandbox_id}/commands",
-            job.job_id,
-            None,
-            60.0,
-        )
         try:
-            info = await handle.refresh(timeout=timeout)
+            # Commands.get percent-encodes both IDs: a hostile job or sandbox ID is one path segment.
+            handle = await self._sandbox(sandbox_id).commands.get(str(job.job_id), timeout=timeout)
         except (dsec_errors.SandboxNotFound, dsec_errors.SandboxNotRunning) as err:
             raise self._not_running(sandbox_id, err) from err
         except dsec_errors.DSecError as err:
             raise self._api_error(f"GET /sandbox/{sandbox_id}/job/{job.job_id}", err) from err
+        info = handle.info
+        assert info is not None
         if info.state != "finished" or info.result is None:
             return _make(BackgroundJobStatus, job_id=job.job_id, completed=False)
         return _status(job.job_id, info.result)
