@@ -324,7 +324,8 @@ class DSecRuntime(_RuntimeBase):  # type: ignore[misc]
     async def upload(self, request: Any) -> Any:
         """Copies a local file or directory tree into the sandbox (``shutil.copy`` /
         ``shutil.copytree`` semantics: a file onto a directory lands inside it; a tree's target
-        must not exist). Symlinked directories in the tree are not followed."""
+        must not exist; missing parent directories are created). Symlinked directories in the tree are
+        not followed."""
         source = os.fspath(request.source_path)
         target = str(request.target_path)
         if not os.path.exists(source):
@@ -352,6 +353,10 @@ class DSecRuntime(_RuntimeBase):  # type: ignore[misc]
                         remote = f"{target.rstrip('/')}/{os.path.basename(source)}"
                 except dsec_errors.NotFound:
                     pass
+                parent = os.path.dirname(remote.rstrip("/"))
+                if parent and parent != "/":
+                    # In the sandbox the target's directory may not exist yet (it does on SWE-ReX's own host).
+                    await self.sandbox.files.mkdir(parent, parents=True, user=self._user)
                 await self.sandbox.files.upload(
                     source, remote, mode=os.stat(source).st_mode & 0o777, user=self._user
                 )
