@@ -275,3 +275,44 @@ async def test_hostile_ids_stay_one_path_segment(prime: vp.DSecSandboxClient, si
     with pytest.raises(vp.APIError):
         await prime.get_background_job(sid, job)
     assert (await prime.execute_command(sid, "echo still")).stdout == "still\n"
+
+
+async def test_sandbox_env_glue_with_verifiers_teardown_protocol(
+    dsec_env: Cluster, client: dsec.DSecClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DSecSandboxEnv against a stand-in for verifiers.legacy with the pinned commit's protocol:
+    ``SandboxEnv.__init__`` sets ``sandbox_client`` and ``active_sandboxes``; ``@vf.teardown`` marks
+    handlers by attribute (decorators.py) and the environment runs them in a fresh loop at exit."""
+    import sys
+    import types
+
+    fake = types.ModuleType("verifiers.legacy")
+
+    def teardown(f: Any) -> Any:
+        setattr(f, "teardown", True)
+        return f
+
+    class SandboxEnv:
+        def __init__(self, **kwargs: Any) -> None:
+            self.sandbox_client: Any = "prime's client"
+            self.active_sandboxes: set = set()
+
+    fake.teardown = teardown  # type: ignore[attr-defined]
+    fake.SandboxEnv = SandboxEnv  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "verifiers", types.ModuleType("verifiers"))
+    monkeypatch.setitem(sys.modules, "verifiers.legacy", fake)
+
+    env = vp.DSecSandboxEnv(dsec_image_map={"python:3.11-slim": "busybox"})
+    assert isinstance(env, SandboxEnv) and isinstance(env.sandbox_client, vp.DSecSandboxClient)
+    box = await env.sandbox_client.create(vp.CreateSandboxRequest(name="env", docker_image="python:3.11-slim"))
+    env.active_sandboxes.add(box.id)
+    handlers = [getattr(env, n) for n in dir(env) if getattr(getattr(env, n), "teardown", None) is True]
+    assert sorted(h.__name__ for h in handlers) == ["teardown_sandbox_client", "teardown_sandboxes"]
+
+    def at_exit() -> None:
+        for handler in handlers:
+            asyncio.run(handler())
+
+    await asyncio.get_running_loop().run_in_executor(None, at_exit)
+    assert env.active_sandboxes == set() and box.id not in common.live_sandboxes()
+    assert (await client.sandbox(box.id).refresh()).state == "stopped"

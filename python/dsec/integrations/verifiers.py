@@ -495,18 +495,27 @@ class DSecSandboxClient:
     def teardown(self, wait: bool = True) -> None:
         """``ThreadedAsyncSandboxClient.teardown``: stops what is left with the blocking client
         (this runs from signal handlers and interpreter shutdown, where no loop may be left)."""
-        if self._conn is None:
-            return
+        self.stop_blocking(list(self.active))
+
+    def stop_blocking(self, sandbox_ids: Sequence[str]) -> List[str]:
+        """Stops sandboxes without an event loop (verifiers tears down from ``atexit`` and signal
+        handlers, in a loop other than the one that made them); returns those stopped."""
+        if not sandbox_ids:
+            return []
+        conn = self._conn or common.connect(self._url, self._api_key)
         from ..sync import DSecClient as BlockingClient
 
-        with BlockingClient(self._conn.url, self._conn.api_key, timeout=10.0, max_retries=1) as client:
-            for sandbox_id in list(self.active):
+        stopped: List[str] = []
+        with BlockingClient(conn.url, conn.api_key, timeout=10.0, max_retries=1) as client:
+            for sandbox_id in sandbox_ids:
                 try:
                     client.sandbox(sandbox_id).stop()
+                    stopped.append(sandbox_id)
                 except dsec_errors.DSecError:
                     pass
                 common.unregister(sandbox_id)
                 self.active.pop(sandbox_id, None)
+        return stopped
 
 
 def _job(sandbox_id: str, command_id: str) -> Any:
@@ -565,14 +574,16 @@ def _sandbox_env_class() -> Any:
 
         @teardown  # type: ignore[misc]
         async def teardown_sandboxes(self) -> None:
+            """Replaces SandboxEnv's (which deletes through Prime's API): the blocking client,
+            because verifiers runs teardown in a fresh loop from ``atexit``/SIGTERM."""
             ids: Sequence[str] = list(self.active_sandboxes)
             if ids:
-                await self.sandbox_client.bulk_delete(list(ids))
+                self.sandbox_client.stop_blocking(ids)
                 self.active_sandboxes.difference_update(ids)
 
         @teardown  # type: ignore[misc]
         async def teardown_sandbox_client(self) -> None:
-            await self.sandbox_client.aclose()
+            self.sandbox_client.teardown()
 
     return DSecSandboxEnv
 
