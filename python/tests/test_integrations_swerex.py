@@ -406,3 +406,16 @@ def test_each_provider_imports_without_the_others(module: str) -> None:
     cwd = str(Path(__file__).resolve().parents[1])
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd)
     assert done.returncode == 0, done.stderr
+
+
+def test_deployment_config_builds_a_deployment_as_swerex_get_deployment_does() -> None:
+    config = sx.DSecDeploymentConfig(image="busybox", ttl=60, labels={"a": "b"})
+    assert config.type == "dsec"
+    swerex_config = common.optional_module("swerex.deployment.config")
+    if swerex_config is not None:
+        deployment = swerex_config.get_deployment(config)
+    else:
+        deployment = config.get_deployment()
+    assert isinstance(deployment, sx.DSecDeployment)
+    with pytest.raises(sx.DeploymentNotStartedError):
+        deployment.runtime
