@@ -179,3 +179,18 @@ async def test_the_example_runs(dsec_env: Cluster) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "run_command: solved exit 0" in done.stdout
+
+
+async def test_a_forked_child_never_stops_its_parents_sandboxes(box: tp.DSecSandbox) -> None:
+    """The exit-time clean-up is per process: a worker forked from the trainer inherits the
+    registry and the atexit hook, and exiting must not stop the trainer's sandboxes."""
+    import os
+
+    assert box.sandbox_id in common.live_sandboxes()
+    pid = os.fork()
+    if pid == 0:  # the child: what its atexit hook would do
+        os._exit(0 if common.stop_leftovers() == [] and common.live_sandboxes() == [] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert box.sandbox_id in common.live_sandboxes()
+    assert (await box.run_command("echo alive")).stdout == "alive\n"

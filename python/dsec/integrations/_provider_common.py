@@ -92,13 +92,24 @@ class _Registry:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: sandbox ID -> (url, api key) of the apiserver it lives on.
     live: Dict[str, Tuple[str, Optional[str]]] = field(default_factory=dict)
+    #: The process the entries belong to: a forked child inherits the dict (and the atexit hook)
+    #: but must not stop its parent's sandboxes when it exits.
+    pid: int = field(default_factory=os.getpid)
 
 
 _REGISTRY = _Registry()
 
 
+def _own() -> None:
+    """Forgets entries inherited through ``fork`` (call with the lock held)."""
+    if _REGISTRY.pid != os.getpid():
+        _REGISTRY.live.clear()
+        _REGISTRY.pid = os.getpid()
+
+
 def register(sandbox_id: str, url: str, api_key: Optional[str]) -> None:
     with _REGISTRY.lock:
+        _own()
         _REGISTRY.live[sandbox_id] = (url, api_key)
 
 
@@ -110,13 +121,16 @@ def unregister(sandbox_id: str) -> None:
 def live_sandboxes() -> List[str]:
     """IDs of the sandboxes providers created and have not stopped yet (in this process)."""
     with _REGISTRY.lock:
+        _own()
         return sorted(_REGISTRY.live)
 
 
 def stop_leftovers() -> List[str]:
-    """Stops, with the blocking client, every sandbox still registered; returns their IDs.
-    Runs at interpreter exit; safe to call by hand (e.g. from a signal handler)."""
+    """Stops, with the blocking client, every sandbox this process registered and has not
+    stopped; returns their IDs. Runs at interpreter exit; safe to call by hand (e.g. from a
+    signal handler). A forked child stops none of its parent's."""
     with _REGISTRY.lock:
+        _own()
         leftovers = dict(_REGISTRY.live)
         _REGISTRY.live.clear()
     if not leftovers:
