@@ -274,6 +274,12 @@ async def test_execute_is_subprocess_run(sandbox: dsec.Sandbox) -> None:
         await runtime.execute(sx.Command(command=["sleep", "30"], timeout=0.5))
     with pytest.raises(ValueError):
         await runtime.execute(sx.Command(command=[]))
+    # As subprocess.run: a string without shell=True is one program name, and a missing one is an OSError.
+    with pytest.raises(FileNotFoundError):
+        await runtime.execute(sx.Command(command="echo hi"))
+    await sandbox.files.write("/tmp/noexec", "#!/bin/sh\n", mode=0o644)
+    with pytest.raises(PermissionError):
+        await runtime.execute(sx.Command(command=["/tmp/noexec"]))
 
 
 async def test_execute_output_is_capped_and_user_applies(sandbox: dsec.Sandbox) -> None:
@@ -299,6 +305,8 @@ async def test_files_read_write_limits_and_errors(sandbox: dsec.Sandbox) -> None
     assert (await runtime.read_file(sx.ReadFileRequest(path="/tmp/bin", errors="replace"))).content == "\ufffd\ufffd ok"
     with pytest.raises(FileNotFoundError):
         await runtime.read_file(sx.ReadFileRequest(path="/tmp/missing"))
+    with pytest.raises(IsADirectoryError):
+        await runtime.read_file(sx.ReadFileRequest(path="/etc"))
     await sandbox.run_shell("head -c 50000000 /dev/zero > /tmp/huge")
     with pytest.raises(sx.FileTooLargeError):
         await runtime.read_file(sx.ReadFileRequest(path="/tmp/huge"))

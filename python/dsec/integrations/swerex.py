@@ -278,14 +278,23 @@ class DSecRuntime(_RuntimeBase):  # type: ignore[misc]
                 line = f"{{ {line}\n}} 2>&1"
         env: Optional[Mapping[str, str]] = dict(command.env) if command.env is not None else None
         run_target: Any = argv if argv is not None else line
-        result = await self.sandbox.commands.run(
-            run_target,
-            timeout=timeout,
-            env=env,
-            cwd=command.cwd,
-            user=self._user,
-            max_output_bytes=self._max_output,
-        )
+        try:
+            result = await self.sandbox.commands.run(
+                run_target,
+                timeout=timeout,
+                env=env,
+                cwd=command.cwd,
+                user=self._user,
+                max_output_bytes=self._max_output,
+            )
+        except dsec_errors.InvalidArgument as err:
+            # A program that cannot be started is subprocess.run's OSError, not a result.
+            program = argv[0] if argv else str(run_target)
+            if "ENOENT" in err.message:
+                raise FileNotFoundError(errno.ENOENT, err.message, program) from err
+            if "EACCES" in err.message or "EPERM" in err.message:
+                raise PermissionError(errno.EACCES, err.message, program) from err
+            raise
         if result.outcome == "timeout":
             raise CommandTimeoutError(f"Timeout ({command.timeout}s) exceeded while running command")
         response = CommandResponse(stdout=result.stdout, stderr=result.stderr, exit_code=result.exit_code)
@@ -401,7 +410,9 @@ def _os_error(err: dsec_errors.DSecError, path: str) -> Exception:
         return PermissionError(errno.EACCES, err.message, path)
     if isinstance(err, dsec_errors.Conflict):
         return FileExistsError(errno.EEXIST, err.message, path)
-    if isinstance(err, dsec_errors.InvalidArgument) and "is a directory" in err.message.lower():
+    if isinstance(err, dsec_errors.InvalidArgument) and (
+        "is a directory" in err.message.lower() or "wrong file type" in err.message.lower()
+    ):
         return IsADirectoryError(errno.EISDIR, err.message, path)
     return err
 
