@@ -84,7 +84,8 @@ class DSecSandboxClient:
     ``image_map`` maps a request's ``docker_image`` to a DSec image (default: the same name).
     ``url``/``api_key`` default to ``DSEC_URL``/``DSEC_API_KEY``. Extra keyword arguments of
     ``ThreadedAsyncSandboxClient`` (``max_workers``, ``max_keepalive_connections``) are accepted
-    and ignored: one asyncio client serves every call.
+    and ignored: one asyncio client serves every call, so use it from one event loop (the
+    environment's); ``teardown``/``stop_blocking`` need none.
     """
 
     def __init__(
