@@ -209,11 +209,35 @@ else:
 MAX_CONFIG_FILE_BYTES = 1024 * 1024
 
 
+_STR = ("image", "dockerfile", "url", "api_key", "user", "workdir")
+_INT = ("memory_mb", "disk_mb", "ttl_seconds")
+_NUM = ("cpus", "build_timeout")
+_MAPS = {"network_rules": bool, "env": str, "labels": str}
+
+
+def _check_config(raw: Mapping[str, Any]) -> None:
+    """Type checks of every field (the plain dataclass does none; pydantic coerces more)."""
+    for name, value in raw.items():
+        if value is None and name not in ("image", "ttl_seconds"):
+            continue
+        if name in _STR and isinstance(value, str):
+            continue
+        if name in _INT and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            continue
+        if name in _NUM and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            continue
+        if name in _MAPS and isinstance(value, Mapping):
+            if all(isinstance(k, str) and isinstance(v, _MAPS[name]) for k, v in value.items()):
+                continue
+        raise InvalidArgument(f"dsec sandbox config field {name} cannot be {value!r}", field="config")
+
+
 def _config_from_dict(raw: Mapping[str, Any]) -> "DSecSandboxConfig":
     known = set(_CONFIG_DOC)
     unknown = sorted(set(raw) - known)
     if unknown:
         raise InvalidArgument(f"unknown dsec sandbox config field(s): {', '.join(unknown)}", field="config")
+    _check_config(raw)
     try:
         return DSecSandboxConfig(**dict(raw))
     except (TypeError, ValueError) as err:
@@ -488,12 +512,15 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
 
     def _spawn_failure(self, err: InvalidArgument, cmd: List[str], user: Optional[str]) -> Any:
         code = str(err.details.get("errno", ""))
-        if err.field == "argv" and code in ("EACCES", "EPERM"):
+        # The server says which step of the spawn failed: entering cwd is not executing.
+        entering_cwd = "spawn failed: chdir" in err.message
+        if err.field == "argv" and code in ("EACCES", "EPERM") and not entering_cwd:
             raise PermissionError(errno.EACCES, f"permission denied executing {cmd[0]}: {err.message}", cmd[0])
         if err.field in ("argv", "user", "cwd"):
             # What a shell would print: the program, the directory or the user is not there.
             who = f" (user {user})" if err.field == "user" else ""
-            return ExecResult(success=False, returncode=126 if err.field != "argv" else 127, stdout="", stderr=f"{err.message}{who}\n")
+            status = 127 if err.field == "argv" and code == "ENOENT" and not entering_cwd else 126
+            return ExecResult(success=False, returncode=status, stdout="", stderr=f"{err.message}{who}\n")
         raise err
 
     async def write_file(self, file: str, contents: Union[str, bytes]) -> None:
@@ -506,7 +533,13 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
                 await self._sandbox.files.write(path, data)
             except NotFound:
                 parent = path.rsplit("/", 1)[0] or "/"
-                await self._sandbox.files.mkdir(parent, parents=True)
+                try:
+                    await self._sandbox.files.mkdir(parent, parents=True)
+                except InvalidArgument as err:
+                    # mkdir -p reports a refused parent as its own failure text
+                    if "Permission denied" in err.message:
+                        raise PermissionError(errno.EACCES, f"permission denied: {err.message}", file) from None
+                    raise
                 await self._sandbox.files.write(path, data)
         except DSecError as err:
             raise await self._file_error(err, path, file) from None
