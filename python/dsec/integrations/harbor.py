@@ -120,7 +120,7 @@ else:
     _Base = _PlainBase
 
 
-_build_locks: Dict[str, asyncio.Lock] = {}
+_build_locks: Dict[tuple, asyncio.Lock] = {}
 
 
 class DSecEnvironment(_Base):  # type: ignore[misc,valid-type]
@@ -234,7 +234,8 @@ class DSecEnvironment(_Base):  # type: ignore[misc,valid-type]
 
     async def _build(self, client: DSecClient, context: Path, timeout: Optional[float]) -> str:
         digest = await asyncio.get_running_loop().run_in_executor(None, base.context_digest, context, "Dockerfile")
-        lock = _build_locks.setdefault(digest, asyncio.Lock())
+        # An asyncio lock belongs to one event loop: one lock per loop and context.
+        lock = _build_locks.setdefault((id(asyncio.get_running_loop()), digest), asyncio.Lock())
         async with lock:  # trials of one task build once, the others wait for it
             return await base.build_context_image(
                 client, context, prefix="harbor", name=self.environment_name, timeout=timeout
