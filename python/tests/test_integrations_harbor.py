@@ -149,7 +149,9 @@ class RecordingClient:
     async def build_image(self, context_dir: str, *, name: str, dockerfile: str, timeout: Any = None) -> str:
         files = sorted(p.relative_to(context_dir).as_posix() for p in Path(context_dir).rglob("*"))
         dockerfile_text = (Path(context_dir) / dockerfile).read_text()
-        self.builds.append({"name": name, "dockerfile": dockerfile, "files": files, "text": dockerfile_text, "timeout": timeout})
+        self.builds.append(
+            {"name": name, "dockerfile": dockerfile, "files": files, "text": dockerfile_text, "timeout": timeout}
+        )
         return "busybox"
 
 

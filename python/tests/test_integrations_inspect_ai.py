@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import json
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any, AsyncIterator, Dict, List
 
@@ -67,7 +66,11 @@ def test_signatures_match_inspect_ai() -> None:
         ("timeout_retry", kw, True),
         ("concurrency", kw, True),
     ]
-    assert params(DSecSandboxEnvironment.write_file) == [("self", kw, empty), ("file", kw, empty), ("contents", kw, empty)]
+    assert params(DSecSandboxEnvironment.write_file) == [
+        ("self", kw, empty),
+        ("file", kw, empty),
+        ("contents", kw, empty),
+    ]
     assert params(DSecSandboxEnvironment.read_file) == [("self", kw, empty), ("file", kw, empty), ("text", kw, True)]
     assert params(DSecSandboxEnvironment.connection) == [("self", kw, empty), ("user", "KEYWORD_ONLY", None)]
     assert [p[0] for p in params(DSecSandboxEnvironment.task_init)] == ["task_name", "config"]
@@ -86,6 +89,7 @@ def test_signatures_match_inspect_ai() -> None:
 
 
 def test_entry_point_names_the_module() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     assert project["entry-points"]["inspect_ai"] == {"dsec": "dsec.integrations.inspect_ai"}
     assert provider.SANDBOX_TYPE == "dsec"

@@ -92,7 +92,9 @@ def context_digest(context_dir: Path, dockerfile: str) -> str:
             elif stat_mod.S_ISREG(st.st_mode):
                 total += st.st_size
                 if total > MAX_CONTEXT_BYTES:
-                    raise InvalidArgument(f"build context {root} is larger than {MAX_CONTEXT_BYTES} bytes", field="context")
+                    raise InvalidArgument(
+                        f"build context {root} is larger than {MAX_CONTEXT_BYTES} bytes", field="context"
+                    )
                 with open(path, "rb") as f:
                     for chunk in iter(lambda: f.read(1 << 20), b""):
                         h.update(chunk)
