@@ -303,6 +303,10 @@ async def test_upload_and_download(env: DSecEnvironment, tmp_path: Path) -> None
     assert (tmp_path / "one" / "two" / "top.txt").read_text() == "top"
     with pytest.raises(FileNotFoundError):
         await env.download_dir("/no/such/dir", tmp_path / "x")
+    await env.exec("mkfifo /work/fifo && ln -s /work/fifo /work/fifo-link")
+    for special in ("/work/fifo", "/work/fifo-link", "/no/such/file"):  # never a blocking read
+        with pytest.raises(FileNotFoundError):
+            await env.download_file(special, tmp_path / "special")
     with pytest.raises(FileNotFoundError):
         await env.upload_file(tmp_path / "absent", "/work/x")
 

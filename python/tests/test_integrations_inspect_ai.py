@@ -307,8 +307,10 @@ async def test_exec_env_user_cwd(env: DSecSandboxEnvironment) -> None:
     assert r.stdout == "chonko zamboodle\n$(x)\n"
     assert (await env.exec(["whoami"], user="root")).stdout == "root\n"
     assert (await env.exec(["whoami"], user="1000", cwd="/tmp")).stdout.strip() == "user"
-    # the workdir is root's home: another user cannot enter it, and the command says so
-    denied = await env.exec(["whoami"], user="1000")
+    # the workdir is root's home, which another user cannot enter: without a cwd the command
+    # starts where the sandbox starts that user; with it, the command says it cannot
+    assert (await env.exec(["whoami"], user="1000")).stdout.strip() == "user"
+    denied = await env.exec(["whoami"], user="1000", cwd=".")
     assert not denied.success and "EACCES" in denied.stderr
     await env.write_file("here.txt", "x")
     assert "here.txt" in (await env.exec(["ls", "-1"])).stdout
@@ -379,6 +381,18 @@ async def test_file_errors(env: DSecSandboxEnvironment) -> None:
     with pytest.raises(IsADirectoryError) as is_dir:
         await env.read_file("/etc")
     assert "directory" in str(is_dir.value)
+    await env.exec(["mkfifo", "/tmp/a-fifo"])  # reading a fifo would block: refused instead
+    await env.exec(["ln", "-s", "/tmp/a-fifo", "/tmp/fifo-link"])
+    await env.exec(["ln", "-s", "/etc", "/tmp/dir-link"])
+    await env.exec(["ln", "-s", "/nowhere", "/tmp/dangling"])
+    for special in ("/tmp/a-fifo", "/tmp/fifo-link"):
+        with pytest.raises(OSError) as not_regular:
+            await env.read_file(special)
+        assert "not a regular file" in str(not_regular.value)
+    with pytest.raises(IsADirectoryError):
+        await env.read_file("/tmp/dir-link")
+    with pytest.raises(FileNotFoundError):
+        await env.read_file("/tmp/dangling")
     await env.write_file("/tmp/a-dir/file", "x")
     for contents in ("text", b"\xc3\x28"):
         with pytest.raises(IsADirectoryError) as write_dir:

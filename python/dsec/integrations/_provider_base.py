@@ -105,23 +105,28 @@ def context_digest(context_dir: Path, dockerfile: str) -> str:
 class _ClientEntry:
     client: DSecClient
     users: int
+    loop: asyncio.AbstractEventLoop
 
 
 _clients: Dict[Tuple[str, Optional[str], int], _ClientEntry] = {}
-_clients_lock: Optional[asyncio.Lock] = None
+_clients_lock: Dict[int, asyncio.Lock] = {}
 
 
 async def acquire_client(url: Optional[str], api_key: Optional[str]) -> DSecClient:
     """A shared, opened client for (URL, key) on the running loop (``DSEC_URL`` /
     ``DSEC_API_KEY`` when not given). Pair with ``release_client``."""
-    global _clients_lock
     resolved_url, resolved_key = resolve_settings(url, api_key)
-    key = (resolved_url, resolved_key, id(asyncio.get_running_loop()))
-    if _clients_lock is None:
-        _clients_lock = asyncio.Lock()
-    async with _clients_lock:
+    loop = asyncio.get_running_loop()
+    key = (resolved_url, resolved_key, id(loop))
+    # Entries of loops that are gone (an id can be reused by a new loop) are dropped.
+    for stale in [k for k, e in _clients.items() if e.loop.is_closed()]:
+        del _clients[stale]
+    for stale_id in [i for i in _clients_lock if i != id(loop) and not any(e.loop is loop for e in _clients.values())]:
+        _clients_lock.pop(stale_id, None)
+    lock = _clients_lock.setdefault(id(loop), asyncio.Lock())
+    async with lock:
         entry = _clients.get(key)
-        if entry is not None:
+        if entry is not None and entry.loop is loop:
             entry.users += 1
             return entry.client
         probe = DSecClient(resolved_url, resolved_key)
@@ -130,7 +135,7 @@ async def acquire_client(url: Optional[str], api_key: Optional[str]) -> DSecClie
         except BaseException:
             await probe.close()
             raise
-        _clients[key] = _ClientEntry(probe, 1)
+        _clients[key] = _ClientEntry(probe, 1, loop)
         return probe
 
 

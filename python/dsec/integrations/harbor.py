@@ -399,6 +399,15 @@ class DSecEnvironment(_Base):  # type: ignore[misc,valid-type]
     async def download_file(self, source_path: str, target_path: Union[Path, str]) -> None:
         """Copies one file out of the sandbox (streamed; parents made on the host)."""
         sandbox = self._require()
+        try:
+            info = await sandbox.files.stat(source_path)
+        except NotFound:
+            raise FileNotFoundError(f"{source_path}: no such file in the sandbox") from None
+        if info.type == "symlink" and not await self.is_file(source_path):
+            raise FileNotFoundError(f"{source_path}: not a regular file in the sandbox")
+        if info.type not in ("file", "symlink"):
+            # A fifo or device would block or never end the read.
+            raise FileNotFoundError(f"{source_path}: not a regular file in the sandbox ({info.type})")
         target = Path(target_path)
         target.parent.mkdir(parents=True, exist_ok=True)
         await sandbox.files.download(source_path, target)

@@ -475,10 +475,14 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
             "max_output_bytes": min(limit, DSEC_MAX_OUTPUT_BYTES),
         }
         try:
-            if input is None:
-                result = await self._sandbox.exec(list(cmd), **options)
-            else:
-                result = await self._exec_with_input(list(cmd), input, options)
+            try:
+                result = await self._run(list(cmd), input, options)
+            except InvalidArgument as err:
+                # Another user may not enter the per-sample directory (root's home): without
+                # an explicit cwd the command then starts where the sandbox starts that user.
+                if cwd is not None or user is None or "spawn failed: chdir" not in err.message:
+                    raise
+                result = await self._run(list(cmd), input, {**options, "cwd": None})
         except InvalidArgument as err:
             return self._spawn_failure(err, cmd, user)
         except DSecError as err:
@@ -495,6 +499,12 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
             stdout=result.stdout,
             stderr=result.stderr,
         )
+
+    async def _run(self, cmd: List[str], data: Union[str, bytes, None], options: Dict[str, Any]) -> CommandResult:
+        if data is None:
+            result: CommandResult = await self._sandbox.exec(cmd, **options)
+            return result
+        return await self._exec_with_input(cmd, data, options)
 
     async def _exec_with_input(self, cmd: List[str], data: Union[str, bytes], options: Dict[str, Any]) -> CommandResult:
         # stdin of any size and any bytes: stream it to a background command, then wait.
@@ -553,8 +563,12 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
         limit, limit_str = max_read_file_size()
         try:
             info = await self._sandbox.files.stat(path)
-            if info.type == "directory":
+            kind = info.type if info.type != "symlink" else await self._followed_type(path)
+            if kind == "directory":
                 raise IsADirectoryError(errno.EISDIR, "is a directory", file)
+            if kind != "file":
+                # A fifo or device would block or never end the read: only regular files.
+                raise OSError(errno.EINVAL, f"not a regular file ({kind})", file)
             if info.type == "file" and info.size > limit:
                 raise OutputLimitExceededError(limit_str, truncated_output=None)
             chunks: List[bytes] = []
@@ -572,6 +586,17 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
             raise await self._file_error(err, path, file) from None
         data = b"".join(chunks)
         return data.decode("utf-8") if text else data
+
+    async def _followed_type(self, path: str) -> str:
+        # The files API's stat does not follow a final symlink; `test` does, in the sandbox.
+        for flag, kind in (("-f", "file"), ("-d", "directory")):
+            result = await self._sandbox.exec(["test", flag, path], timeout=60)
+            if result.ok:
+                return kind
+        missing = await self._sandbox.exec(["test", "-e", path], timeout=60)
+        if not missing.ok:
+            raise FileNotFoundError(errno.ENOENT, "no such file or directory (dangling symlink)", path)
+        return "special"
 
     async def _file_error(self, err: DSecError, path: str, file: str) -> BaseException:
         if isinstance(err, NotFound) and not base.is_gone(err):
