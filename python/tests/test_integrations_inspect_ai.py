@@ -411,6 +411,13 @@ async def test_file_permissions(cluster: Cluster) -> None:
         with pytest.raises(PermissionError) as read_denied:
             await env.read_file("/tmp/root-only")
         assert "root-only" in str(read_denied.value)
+        await env.exec(["chmod", "a-w", "mine.txt"])  # a read-only file in a writable directory
+        with pytest.raises(PermissionError) as read_only:
+            await env.write_file("mine.txt", "changed")
+        assert "mine.txt" in str(read_only.value)
+        await env.exec(["chmod", "u+w", "mine.txt"])
+        await env.write_file("mine.txt", "changed")
+        assert await env.read_file("mine.txt") == "changed"
         await env.exec(["mkdir", "-p", "-m", "755", "/srv/ro"], user="root")
         with pytest.raises(PermissionError) as write_denied:
             await env.write_file("/srv/ro/f.txt", "nope")

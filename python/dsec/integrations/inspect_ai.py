@@ -310,6 +310,30 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
         #: The per-sample working directory: relative paths and a missing ``cwd`` resolve here.
         self.workdir = workdir
 
+    async def _load_identity(self) -> None:
+        # The sandbox user's uid and groups, for write_file's permission check (writes are a
+        # rename over the path, which the file's own mode bits would not stop).
+        self._uid: Optional[int] = None
+        self._groups: Tuple[int, ...] = ()
+        try:
+            uid = await self._sandbox.exec(["id", "-u"], timeout=60)
+            groups = await self._sandbox.exec(["id", "-G"], timeout=60)
+        except DSecError:
+            return
+        if uid.ok and uid.stdout.strip().isdigit():
+            self._uid = int(uid.stdout.strip())
+            self._groups = tuple(int(g) for g in groups.stdout.split() if g.isdigit()) if groups.ok else ()
+
+    def _may_write(self, info: Any) -> bool:
+        uid = getattr(self, "_uid", None)
+        if uid is None or uid == 0:
+            return True
+        if info.uid == uid:
+            return bool(info.mode & 0o200)
+        if info.gid in self._groups:
+            return bool(info.mode & 0o020)
+        return bool(info.mode & 0o002)
+
     @property
     def sandbox_id(self) -> str:
         return str(self._sandbox.id)
@@ -398,7 +422,9 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
             await base.stop_quietly(sandbox)
             raise
         state.sandboxes[sandbox.id] = sandbox
-        return {"default": cls(sandbox, state.client, resolved, workdir)}
+        env = cls(sandbox, state.client, resolved, workdir)
+        await env._load_identity()
+        return {"default": env}
 
     @classmethod
     async def sample_cleanup(
@@ -539,6 +565,13 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
         path = self._path(file)
         data = contents.encode("utf-8") if isinstance(contents, str) else bytes(contents)
         try:
+            if getattr(self, "_uid", None) not in (None, 0):
+                try:
+                    info = await self._sandbox.files.stat(path)
+                except NotFound:
+                    info = None
+                if info is not None and info.type == "file" and not self._may_write(info):
+                    raise PermissionError(errno.EACCES, "permission denied: the file is not writable", file)
             try:
                 await self._sandbox.files.write(path, data)
             except NotFound:
