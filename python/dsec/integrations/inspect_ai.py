@@ -41,10 +41,11 @@ try:  # inspect_ai is optional: everything below works without it.
 except ImportError:  # pragma: no cover - which branch runs depends on the machine
     HAVE_INSPECT = False
 
-try:
+try:  # inspect_ai's configs are pydantic 2 models; with pydantic 1 (or none) a dataclass
+    import pydantic as _pydantic
     from pydantic import BaseModel as _PydanticBaseModel
 
-    HAVE_PYDANTIC = True
+    HAVE_PYDANTIC = str(getattr(_pydantic, "VERSION", "1")).startswith("2")
 except ImportError:  # pragma: no cover
     HAVE_PYDANTIC = False
 
