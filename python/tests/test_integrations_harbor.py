@@ -345,3 +345,64 @@ async def test_download_dir_is_bounded(env: DSecEnvironment, tmp_path: Path, mon
     monkeypatch.setattr(base, "MAX_TREE_DEPTH", 1)
     with pytest.raises(dsec.PayloadTooLarge):
         await env.download_dir("/deep", tmp_path / "deep")
+
+
+# --- names and contexts a task author controls ------------------------------------
+
+
+def test_names_a_task_picks_are_sanitised() -> None:
+    import re
+
+    value = re.compile(r"^[A-Za-z0-9._:/-]{0,63}$")
+    for raw in ("hello-world__abc", "a" * 300, "../../etc\n;rm -rf /", "naïve task", ""):
+        assert value.match(base.label_value(raw)), raw
+    # long names keep a digest: two that share a prefix do not collide
+    assert base.label_value("x" * 100 + "1") != base.label_value("x" * 100 + "2")
+    assert base.label_value("plain-name") == "plain-name"
+    image = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+    for raw in ("Hello World", "../../x", "UPPER/and/slashes", "-._", "é" * 80):
+        name = base.image_name("harbor", raw, "0123456789abcdef")
+        assert image.match(name) and len(name) <= 64 and name.endswith("-0123456789ab"), name
+
+
+def test_context_digest_is_bounded_and_never_follows_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM busybox\n")
+    secret = tmp_path.parent / f"{tmp_path.name}-secret"
+    secret.write_text("one")
+    os.symlink(secret, tmp_path / "link")
+    first = base.context_digest(tmp_path, "Dockerfile")
+    secret.write_text("two")  # the link's target is not part of the context
+    assert base.context_digest(tmp_path, "Dockerfile") == first
+    (tmp_path / "link").unlink()
+    os.symlink("/elsewhere", tmp_path / "link")  # the link's text is
+    assert base.context_digest(tmp_path, "Dockerfile") != first
+    secret.unlink()
+    with pytest.raises(dsec.InvalidArgument, match="no Dockerfile"):
+        base.context_digest(tmp_path, "Missing.Dockerfile")
+    monkeypatch.setattr(base, "MAX_CONTEXT_FILES", 1)
+    with pytest.raises(dsec.InvalidArgument, match="files"):
+        base.context_digest(tmp_path, "Dockerfile")
+    monkeypatch.setattr(base, "MAX_CONTEXT_FILES", 100)
+    monkeypatch.setattr(base, "MAX_CONTEXT_BYTES", 4)
+    with pytest.raises(dsec.InvalidArgument, match="larger"):
+        base.context_digest(tmp_path, "Dockerfile")
+
+
+async def test_hostile_session_and_environment_names(cluster: Cluster, tmp_path: Path) -> None:
+    e = DSecEnvironment(
+        tmp_path,
+        "../../etc;" + "n" * 200,
+        "s\n" + "x" * 300,
+        None,
+        TaskEnv(),
+        url=cluster.url,
+        api_key=cluster.admin_key,
+        image="busybox",
+        shell="sh",
+        ttl_seconds=600,
+    )
+    await e.start(force_build=False)
+    try:
+        assert (await e.exec("echo ok")).stdout == "ok\n"
+    finally:
+        await e.stop(delete=True)
