@@ -105,8 +105,18 @@ def test_import_path_resolves() -> None:
 
     module, _, cls = "dsec.integrations.harbor:DSecEnvironment".partition(":")
     assert getattr(importlib.import_module(module), cls) is DSecEnvironment
-    assert provider.HAVE_HARBOR == ("harbor" in sys.modules)
-    assert "inspect_ai" not in sys.modules or provider.HAVE_HARBOR is False
+    import subprocess
+
+    probe = (
+        "import sys, dsec.integrations.harbor as p; "
+        "assert 'dsec.integrations.inspect_ai' not in sys.modules; "
+        "print(p.HAVE_HARBOR, 'harbor' in sys.modules)"
+    )
+    repo_python = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=repo_python, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0] == out[1] and provider.HAVE_HARBOR == (out[0] == "True")
 
 
 def test_definition_and_kwargs_are_checked(tmp_path: Path) -> None:
