@@ -256,6 +256,21 @@ async def test_lifecycle_never_leaks_a_sandbox(cluster: Cluster) -> None:
         await b.exec(["true"])
 
 
+async def test_concurrent_samples_share_one_task_state(cluster: Cluster) -> None:
+    import asyncio
+
+    task = unique("task")
+    config = _config(cluster)
+    # no task_init: the samples race to set the task up, and task_cleanup still finds them all
+    results = await asyncio.gather(*(DSecSandboxEnvironment.sample_init(task, config, {}) for _ in range(3)))
+    ids = {r["default"].sandbox_id for r in results}
+    assert len(ids) == 3
+    await DSecSandboxEnvironment.task_cleanup(task, config, True)
+    async with dsec.DSecClient(cluster.url, cluster.admin_key) as client:
+        for sandbox_id in ids:
+            assert (await client.get_sandbox(sandbox_id)).info.state == "stopped"  # type: ignore[union-attr]
+
+
 async def test_cli_cleanup_and_connection(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DSEC_URL", cluster.url)
     monkeypatch.setenv("DSEC_API_KEY", cluster.admin_key)

@@ -16,6 +16,7 @@ describes each field.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -353,13 +354,24 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
     def config_deserialize(cls, config: Dict[str, Any]) -> Any:
         return _config_from_dict(config)
 
+    _task_locks: Dict[Tuple[int, str, str], asyncio.Lock] = {}
+
     @classmethod
     async def _task_state(cls, task_name: str, config: Any) -> _TaskState:
         resolved = resolve_config(config)
         key = (task_name, _config_key(resolved))
-        state = cls._tasks.get(key)
-        if state is not None:
+        # Samples may start concurrently (before or without task_init): one state per task.
+        lock = cls._task_locks.setdefault((id(asyncio.get_running_loop()), *key), asyncio.Lock())
+        async with lock:
+            state = cls._tasks.get(key)
+            if state is not None:
+                return state
+            state = await cls._new_task_state(task_name, resolved)
+            cls._tasks[key] = state
             return state
+
+    @classmethod
+    async def _new_task_state(cls, task_name: str, resolved: "DSecSandboxConfig") -> _TaskState:
         client = await base.acquire_client(resolved.url, resolved.api_key)
         try:
             image = resolved.image
@@ -376,9 +388,7 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
         except BaseException:
             await base.release_client(client)
             raise
-        state = _TaskState(client=client, image=image, run=f"inspect-{uuid.uuid4().hex[:12]}")
-        cls._tasks[key] = state
-        return state
+        return _TaskState(client=client, image=image, run=f"inspect-{uuid.uuid4().hex[:12]}")
 
     @classmethod
     async def task_init(cls, task_name: str, config: Any) -> None:
@@ -447,7 +457,9 @@ class DSecSandboxEnvironment(_Base):  # type: ignore[misc,valid-type]
         """Stops whatever sandbox of the task's run is left (unless ``cleanup`` is False, when
         they are kept for inspection until their TTL) and closes the client."""
         resolved = resolve_config(config)
-        state = cls._tasks.pop((task_name, _config_key(resolved)), None)
+        key = (task_name, _config_key(resolved))
+        state = cls._tasks.pop(key, None)
+        cls._task_locks.pop((id(asyncio.get_running_loop()), *key), None)
         if state is None:
             return
         try:
