@@ -134,6 +134,14 @@ def test_output_limit_error_reads_as_inspects() -> None:
 # --- configuration -----------------------------------------------------------
 
 
+def test_config_is_hashable_and_comparable() -> None:
+    # inspect's SandboxEnvironmentSpec is a frozen model: a config inside it gets hashed
+    a = DSecSandboxConfig(image="busybox", env={"A": "1"}, network_rules={"pypi": True})
+    b = DSecSandboxConfig(image="busybox", env={"A": "1"}, network_rules={"pypi": True})
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert hash(DSecSandboxConfig(image="busybox", env={"A": "2"})) != hash(a)
+
+
 def test_config_forms(tmp_path: Path) -> None:
     assert resolve_config(None).image == "debian"
     assert resolve_config({"image": "busybox", "memory_mb": 256}).memory_mb == 256

@@ -185,6 +185,9 @@ if HAVE_PYDANTIC:
         labels: Optional[Dict[str, str]] = None
         build_timeout: Optional[float] = None
 
+        def __hash__(self) -> int:  # inspect's specs are frozen (hashed) models; dicts are not hashable
+            return hash(_config_key(self))
+
 else:
 
     @dataclass(frozen=True)
@@ -205,6 +208,9 @@ else:
         env: Optional[Dict[str, str]] = None
         labels: Optional[Dict[str, str]] = None
         build_timeout: Optional[float] = None
+
+        def __hash__(self) -> int:  # inspect's specs are frozen (hashed) models; dicts are not hashable
+            return hash(_config_key(self))
 
 
 #: Largest JSON config file read (a config is a handful of fields).
