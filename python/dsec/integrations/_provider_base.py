@@ -205,7 +205,7 @@ async def download_tree(files: Any, source_dir: str, target_dir: Path, *, user: 
     (symlinks and special files are skipped: they are never followed, on either side), each
     name is checked to be one plain path component, and the walk is bounded
     (``MAX_TREE_ENTRIES``, ``MAX_TREE_DEPTH``, ``MAX_TREE_BYTES``: past one it raises
-    ``PayloadTooLarge``-like ``InvalidArgument``). Returns the bytes copied."""
+    ``PayloadTooLarge``). Returns the bytes copied."""
     from ..errors import PayloadTooLarge
 
     target_dir = Path(target_dir)
