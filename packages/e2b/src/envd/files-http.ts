@@ -6,12 +6,13 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
 import { checkUser } from '../auth.js';
 import type { OpenedSandbox, SandboxAccess } from '../sandbox-access.js';
+import { ensureParents } from './sandbox-files.js';
 
 /**
  * envd's HTTP file transfer: `GET /files` streams a file out, `POST /files`
  * writes one (raw body) or several (multipart, each part's file name its
- * path) and answers their entries. Parent directories are made, as envd
- * does. Signed URLs (`signature=`) are not accepted: every call carries the
+ * path) and answers their entries. Parent directories are made, owned by
+ * the user, as envd does. Signed URLs (`signature=`) are not accepted: every call carries the
  * key (docs/e2b.md).
  */
 
@@ -73,7 +74,7 @@ export async function uploadFiles(
     const path = await access.resolvePath(sb, target, q.user, signal);
     if (path === '/')
       throw new DsecError('invalid_argument', 'path is required', { field: 'path' });
-    await sb.io.mkdir(sb.id, posix.dirname(path), { user: q.user, parents: true, signal });
+    await ensureParents(access, sb, posix.dirname(path), q.user, signal);
     const info = await sb.io.writeFile(sb.id, path, body, { user: q.user, signal });
     return { name: info.name, type: 'file', path: info.path };
   };
