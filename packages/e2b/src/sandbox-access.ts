@@ -81,6 +81,21 @@ export class SandboxAccess {
     return posix.normalize(posix.join(home, rest));
   }
 
+  /**
+   * Whether the sandbox has ended (killed, stopped, failed, or no longer
+   * there): asked of its edge, never answered from a cache.
+   */
+  async isGone(sb: OpenedSandbox, signal?: AbortSignal): Promise<boolean> {
+    try {
+      const info = await this.#service.get(sb.principal, sb.id, signal);
+      return info.state === 'stopping' || info.state === 'stopped' || info.state === 'failed';
+    } catch (err) {
+      const code = toDsecError(err).code;
+      if (code === 'sandbox_not_found' || code === 'sandbox_not_running') return true;
+      throw err;
+    }
+  }
+
   /** Whether an absolute program path exists in the sandbox (cached: images do not lose programs). */
   async hasProgram(sb: OpenedSandbox, path: string, signal?: AbortSignal): Promise<boolean> {
     const key = `${sb.id}\n${path}`;

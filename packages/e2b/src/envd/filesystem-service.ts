@@ -373,8 +373,10 @@ const TYPE_LETTERS: Record<FileInfo['type'], string> = {
  * absolute path (`link`, resolved in the sandbox; without it, the link's text).
  */
 export function entryOf(f: FileInfo, names?: IdNames, link?: LinkTarget): EntryInit {
-  const type = f.type === 'symlink' && link ? link.type : f.type;
-  const target = f.type === 'symlink' ? link?.path || f.target : undefined;
+  // A broken link (its target's type unknown) reads as a file.
+  const type =
+    f.type === 'symlink' ? (link && link.type !== 'unknown' ? link.type : 'file') : f.type;
+  const target = f.type === 'symlink' ? linkTarget(f, link) : undefined;
   return {
     name: f.name,
     type: FILE_TYPES[type],
@@ -387,6 +389,20 @@ export function entryOf(f: FileInfo, names?: IdNames, link?: LinkTarget): EntryI
     modifiedTime: timestampFromMs(Date.parse(f.mtime)),
     ...(target ? { symlinkTarget: target } : {}),
   };
+}
+
+/**
+ * A link's absolute target: resolved in the sandbox; for a broken one (whose
+ * end cannot be resolved) its own text, made absolute against the link's
+ * directory (text only, nothing is resolved here).
+ */
+function linkTarget(f: FileInfo, link: LinkTarget | undefined): string | undefined {
+  if (link && link.type !== 'unknown' && link.path) return link.path;
+  const text = f.target || link?.text;
+  if (!text) return link?.path || undefined;
+  return text.startsWith('/')
+    ? posix.normalize(text)
+    : posix.normalize(posix.join(posix.dirname(f.path), text));
 }
 
 export function permissionString(type: FileInfo['type'], mode: number): string {

@@ -121,12 +121,21 @@ export interface LinkTarget {
   type: FileType;
   /** Absolute, every link on the way resolved (`readlink -f`); empty if it cannot be. */
   path: string;
+  /** The link's own text (`readlink`). */
+  text?: string | undefined;
 }
 
-const RESOLVE_SCRIPT = `while IFS= read -r p; do
+// Two lines per link: "<hex mode of the end|-> <resolved path>", then the link's own text.
+// A value with a newline is left empty so the lines stay in step.
+const RESOLVE_SCRIPT = `nl='
+'
+while IFS= read -r p; do
   t=$(readlink -f -- "$p" 2>/dev/null) || t=
+  r=$(readlink -- "$p" 2>/dev/null) || r=
   m=$(stat -L -c %f -- "$p" 2>/dev/null) || m=-
-  printf '%s %s\\n' "$m" "$t"
+  case $t in *"$nl"*) t=;; esac
+  case $r in *"$nl"*) r=;; esac
+  printf '%s %s\\n%s\\n' "$m" "$t" "$r"
 done`;
 
 const TYPE_BITS: Record<number, FileType> = {
@@ -139,19 +148,21 @@ const TYPE_BITS: Record<number, FileType> = {
   0o060000: 'block',
 };
 
-/** Parses the resolve script's `<hex mode|-> <target>` lines, in the order of `paths`. */
+/** Parses the resolve script's answer (two lines per link), in the order of `paths`. */
 export function parseResolved(paths: readonly string[], out: string): Map<string, LinkTarget> {
   const lines = out.split('\n');
   const result = new Map<string, LinkTarget>();
   paths.forEach((p, i) => {
-    const line = lines[i];
-    if (line === undefined) return;
+    const line = lines[2 * i];
+    const text = lines[2 * i + 1];
+    if (line === undefined || text === undefined) return;
     const sp = line.indexOf(' ');
     const mode = sp < 0 ? NaN : parseInt(line.slice(0, sp), 16);
     const target = sp < 0 ? '' : line.slice(sp + 1);
     result.set(p, {
       type: Number.isFinite(mode) ? (TYPE_BITS[mode & 0o170000] ?? 'unknown') : 'unknown',
       path: target.startsWith('/') ? target : '',
+      text,
     });
   });
   return result;
