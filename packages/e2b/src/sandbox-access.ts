@@ -3,6 +3,7 @@ import { DsecError, toDsecError } from '@dsec/core';
 import type { EdgeApi, SandboxIoApi } from '@dsec/core';
 import type { SandboxService } from '@dsec/apiserver';
 import type { Principal } from '@dsec/iam';
+import { FileMetadata } from './envd/metadata.js';
 
 /** Entries a per-apiserver cache keeps before it forgets its oldest. */
 const CACHE_ENTRIES = 50_000;
@@ -37,6 +38,8 @@ export class SandboxAccess {
   readonly #service: SandboxService;
   readonly #initUsers = new BoundedMap<string, string>();
   readonly #programs = new BoundedMap<string, boolean>();
+  /** E2B file metadata (xattrs in the sandbox), shared by the RPCs and `/files`. */
+  readonly metadata = new FileMetadata();
 
   constructor(service: SandboxService) {
     this.#service = service;
@@ -115,6 +118,7 @@ export class SandboxAccess {
 
   forget(id: string): void {
     this.#initUsers.delete(id);
+    this.metadata.forget(id);
   }
 }
 

@@ -6,6 +6,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
 import { checkUser } from '../auth.js';
 import type { OpenedSandbox, SandboxAccess } from '../sandbox-access.js';
+import { uploadMetadata } from './metadata.js';
 import { ensureParents } from './sandbox-files.js';
 
 /**
@@ -23,6 +24,7 @@ interface WrittenEntry {
   name: string;
   type: 'file';
   path: string;
+  metadata?: Record<string, string> | undefined;
 }
 
 function queryOf(req: FastifyRequest): { path: string; user: string | undefined } {
@@ -30,19 +32,6 @@ function queryOf(req: FastifyRequest): { path: string; user: string | undefined 
   const path = typeof q.path === 'string' ? q.path : '';
   const user = checkUser(typeof q.username === 'string' ? q.username : undefined);
   return { path, user };
-}
-
-function noMetadata(req: FastifyRequest): void {
-  const header = Object.keys(req.headers).find((h) => h.startsWith('x-metadata-'));
-  if (header !== undefined) {
-    throw new DsecError(
-      'invalid_argument',
-      'file metadata (X-Metadata-*) is not supported by DSec',
-      {
-        field: header,
-      },
-    );
-  }
 }
 
 export async function downloadFile(
@@ -67,7 +56,8 @@ export async function uploadFiles(
   req: FastifyRequest,
   signal: AbortSignal,
 ): Promise<WrittenEntry[]> {
-  noMetadata(req);
+  // Checked before anything is written: bad metadata fails the whole upload.
+  const metadata = uploadMetadata(req.headers, req.raw.rawHeaders);
   const q = queryOf(req);
   const type = (req.headers['content-type'] ?? '').toLowerCase();
   const write = async (target: string, body: Readable): Promise<WrittenEntry> => {
@@ -76,6 +66,11 @@ export async function uploadFiles(
       throw new DsecError('invalid_argument', 'path is required', { field: 'path' });
     await ensureParents(access, sb, posix.dirname(path), q.user, signal);
     const info = await sb.io.writeFile(sb.id, path, body, { user: q.user, signal });
+    // A write replaces the file (a new inode), so it has no metadata but this upload's.
+    if (metadata && Object.keys(metadata).length > 0) {
+      await access.metadata.set(sb, info.path, metadata, signal);
+      return { name: info.name, type: 'file', path: info.path, metadata };
+    }
     return { name: info.name, type: 'file', path: info.path };
   };
   if (type.startsWith('multipart/form-data')) {

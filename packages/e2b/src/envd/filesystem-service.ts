@@ -87,13 +87,22 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
   ): Promise<EntryInit[]> {
     if (files.length === 0) return [];
     const links = files.filter((f) => f.type === 'symlink').map((f) => f.path);
-    const [names, targets] = await Promise.all([
+    const [names, targets, metadata] = await Promise.all([
       owners.lookup(sb, files, signal),
       links.length > 0
         ? resolveSymlinks(sb, links, user, signal)
         : Promise.resolve(new Map<string, LinkTarget>()),
+      access.metadata.get(
+        sb,
+        files.map((f) => f.path),
+        signal,
+      ),
     ]);
-    return files.map((f) => entryOf(f, names, targets.get(f.path)));
+    return files.map((f) => {
+      const entry = entryOf(f, names, targets.get(f.path));
+      const meta = metadata.get(f.path);
+      return meta && Object.keys(meta).length > 0 ? { ...entry, metadata: meta } : entry;
+    });
   }
 
   async function target(ctx: HandlerContext, path: string) {

@@ -227,6 +227,91 @@ test('envd files conformance: remove, symlinks, owners, parents for a user, watc
         assert.equal(await sbx.files.exists('/usr/e2b-ghost', ROOT), false);
       });
 
+      await t.test(
+        'file metadata: stored as user.e2b. xattrs, returned by getInfo and list, replaced by each write',
+        async () => {
+          const w = await sbx.files.write('/home/user/meta/m.txt', 'm', {
+            ...USER,
+            metadata: { owner: 'alice', 'Run-Id': '42 a=b' },
+          });
+          assert.deepEqual(w.metadata, { owner: 'alice', 'run-id': '42 a=b' });
+          const info = await sbx.files.getInfo('/home/user/meta/m.txt', USER);
+          assert.deepEqual(info.metadata, { owner: 'alice', 'run-id': '42 a=b' });
+          const listed = await sbx.files.list('/home/user/meta', USER);
+          assert.deepEqual(listed[0]?.metadata, { owner: 'alice', 'run-id': '42 a=b' });
+          // Several files in one upload get the same metadata.
+          const many = await sbx.files.write(
+            [
+              { path: '/home/user/meta/a', data: 'a' },
+              { path: '/home/user/meta/b', data: 'b' },
+            ],
+            { ...USER, metadata: { batch: 'x' } },
+          );
+          assert.deepEqual(
+            many.map((f) => f.metadata),
+            [{ batch: 'x' }, { batch: 'x' }],
+          );
+          assert.deepEqual((await sbx.files.getInfo('/home/user/meta/b', USER)).metadata, {
+            batch: 'x',
+          });
+          // A rename keeps them; a write without metadata clears them.
+          const moved = await sbx.files.rename('/home/user/meta/a', '/home/user/meta/a2', USER);
+          assert.deepEqual(moved.metadata, { batch: 'x' });
+          await sbx.files.write('/home/user/meta/m.txt', 'again', USER);
+          assert.equal(
+            (await sbx.files.getInfo('/home/user/meta/m.txt', USER)).metadata,
+            undefined,
+          );
+          // The tool that keeps them was copied into the sandbox once.
+          const r = await sbx.commands.run('ls -a /tmp', ROOT);
+          const tools = r.stdout.split('\n').filter((n) => n.startsWith('.dsec-xattr-'));
+          assert.equal(tools.length, 1, r.stdout);
+        },
+      );
+
+      await t.test(
+        'attack: bad metadata is refused before anything is written; the tool cannot be swapped by the user',
+        async () => {
+          const post = async (headers: Record<string, string>) =>
+            fetch(
+              `${url}/files?path=${encodeURIComponent('/home/user/meta/bad.txt')}&username=user`,
+              {
+                method: 'POST',
+                headers: {
+                  'E2b-Sandbox-Id': sbx.sandboxId,
+                  'X-Access-Token': adminKey,
+                  'content-type': 'application/octet-stream',
+                  ...headers,
+                },
+                body: 'bad',
+              },
+            );
+          const long = await post({ [`X-Metadata-${'k'.repeat(247)}`]: 'v' });
+          assert.equal(long.status, 400);
+          const big = await post({
+            'X-Metadata-a': 'v'.repeat(2100),
+            'X-Metadata-b': 'v'.repeat(2100),
+          });
+          assert.equal(big.status, 400);
+          assert.equal(await sbx.files.exists('/home/user/meta/bad.txt', ROOT), false);
+          // The user cannot remove or replace the root-owned tool in the sticky /tmp.
+          const swap = await sbx.commands.run(
+            'for f in /tmp/.dsec-xattr-*; do rm -f "$f" 2>/dev/null; echo x > "$f" 2>/dev/null; done; ls -l /tmp/.dsec-xattr-* | cut -c1-10',
+            USER,
+          );
+          assert.equal(swap.stdout, '-rwxr-xr-x\n');
+          // Root may remove it; the next write with metadata copies it again.
+          await sbx.commands.run('rm -f /tmp/.dsec-xattr-*', ROOT);
+          await sbx.files.write('/home/user/meta/again.txt', 'g', {
+            ...USER,
+            metadata: { k: 'v' },
+          });
+          assert.deepEqual((await sbx.files.getInfo('/home/user/meta/again.txt', USER)).metadata, {
+            k: 'v',
+          });
+        },
+      );
+
       await t.test('a new file is CREATE then WRITE on a streamed watch', async () => {
         await sbx.files.makeDir('/tmp/w1', ROOT);
         const events: FilesystemEvent[] = [];
