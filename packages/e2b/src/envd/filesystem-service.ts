@@ -170,8 +170,10 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
           if (code === 'conflict') {
             throw new ConnectError(`directory ${path} already exists`, Code.AlreadyExists);
           }
-          // envd makes missing parents too, owned by the user.
-          if (code !== 'not_found') throw err;
+          // envd (root) makes missing parents too, and where the user may not write,
+          // owned by the user.
+          const who = user ?? (await access.defaultUser(sb, ctx.signal));
+          if (code !== 'not_found' && (who === 'root' || who === '0')) throw err;
           await ensureParents(access, sb, path, user, ctx.signal);
         }
         return { entry: await stat(sb, path, user, ctx.signal) };

@@ -196,6 +196,10 @@ test('envd files conformance: remove, symlinks, owners, parents for a user, watc
           // makeDir and rename make parents for the user the same way.
           assert.equal(await sbx.files.makeDir('/usr/e2b-mk/a/b', USER), true);
           assert.equal((await sbx.files.getInfo('/usr/e2b-mk/a', ROOT)).owner, 'user');
+          // Also one level, in a directory only root may write.
+          assert.equal(await sbx.files.makeDir('/usr/e2b-one', USER), true);
+          assert.equal((await sbx.files.getInfo('/usr/e2b-one', ROOT)).owner, 'user');
+          assert.equal(await sbx.files.makeDir('/usr/e2b-one', USER), false);
           const moved = await sbx.files.rename(
             '/usr/e2b-new/deep/g.txt',
             '/usr/e2b-mv/x/g.txt',
