@@ -13,8 +13,9 @@ import { ensureParents } from './sandbox-files.js';
  * envd's HTTP file transfer: `GET /files` streams a file out, `POST /files`
  * writes one (raw body) or several (multipart, each part's file name its
  * path) and answers their entries. Parent directories are made, owned by
- * the user, as envd does. Signed URLs (`signature=`) are not accepted: every call carries the
- * key (docs/e2b.md).
+ * the user, and `X-Metadata-*` headers are kept as the files' metadata, as
+ * envd does. Signed URLs (`signature=`) are not accepted: every call
+ * carries the key (docs/e2b.md).
  */
 
 /** Parts one multipart upload may carry. */
