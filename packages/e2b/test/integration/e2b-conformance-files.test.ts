@@ -407,5 +407,27 @@ test('envd files conformance: remove, symlinks, owners, parents for a user, watc
     } finally {
       await sbx.kill();
     }
+
+    await t.test(
+      "a watcher's sandbox killed: polls fail as a gone sandbox, not as a bad watcher",
+      async () => {
+        const other = await Sandbox.create('base', { timeoutMs: SANDBOX_MS });
+        const created = await fsRpc(url, adminKey, other.sandboxId, 'CreateWatcher', {
+          path: '/tmp',
+        });
+        assert.equal(created.status, 200);
+        await other.kill();
+        for (let i = 0; i < 2; i++) {
+          const r = await fsRpc(url, adminKey, other.sandboxId, 'GetWatcherEvents', {
+            watcherId: created.body.watcherId,
+          });
+          assert.notEqual(r.status, 200);
+          assert.ok(
+            ['unavailable', 'not_found'].includes(r.body.code as string),
+            JSON.stringify(r.body),
+          );
+        }
+      },
+    );
   });
 });
