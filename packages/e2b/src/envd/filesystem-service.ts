@@ -16,7 +16,7 @@ import type {
   Filesystem,
   FilesystemEventSchema,
 } from '../gen/filesystem/filesystem_pb.js';
-import { DirPoller, MAX_WATCHED_ENTRIES } from './dir-poller.js';
+import { DirPoller } from './dir-poller.js';
 import type { DirChange } from './dir-poller.js';
 import { keepaliveMs } from './event-queue.js';
 import { envdTargetKey, openTarget, requestHeaderOf, requestHeadersOf } from './rpc-context.js';
@@ -30,6 +30,8 @@ type EventInit = MessageInitShape<typeof FilesystemEventSchema>;
 const WATCHER_IDLE_MS = 10 * 60_000;
 /** Non-streaming watchers per apiserver. */
 const MAX_WATCHERS = 10_000;
+/** Entries one `ListDir` answers (all levels of its depth): a bigger tree is refused, not held. */
+export const MAX_LIST_ENTRIES = 100_000;
 /** Non-streaming watchers per sandbox (and apiserver): one more is refused. */
 export const MAX_WATCHERS_PER_SANDBOX = 64;
 
@@ -210,10 +212,10 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
         const walk = async (dir: string, level: number): Promise<void> => {
           for (const f of await sb.io.listDir(sb.id, dir, { user, signal: ctx.signal })) {
             found.push(f);
-            if (found.length > MAX_WATCHED_ENTRIES) {
+            if (found.length > MAX_LIST_ENTRIES) {
               throw new DsecError(
                 'resource_exhausted',
-                `more than ${MAX_WATCHED_ENTRIES} entries under ${path}: list with a smaller depth`,
+                `more than ${MAX_LIST_ENTRIES} entries under ${path}: list with a smaller depth`,
               );
             }
             if (f.type === 'directory' && level < depth) {
