@@ -1,6 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { isDsecError } from '@dsec/core';
+import { Readable } from 'node:stream';
+import { DsecError, isDsecError } from '@dsec/core';
 import type { FileInfo } from '@dsec/core';
 import { entryOf } from './filesystem-service.js';
 import { FileType } from '../gen/filesystem/filesystem_pb.js';
@@ -10,7 +11,8 @@ import {
   parseMetadataLines,
   uploadMetadata,
 } from './metadata.js';
-import { nameOf, parseIdFile, parseResolved } from './sandbox-files.js';
+import type { OpenedSandbox } from '../sandbox-access.js';
+import { nameOf, OwnerNames, parseIdFile, parseResolved } from './sandbox-files.js';
 
 const link = (over: Partial<FileInfo> = {}): FileInfo => ({
   name: 'l',
@@ -127,4 +129,38 @@ test("the metadata tool's answer: hex pairs per path; what envd would refuse is 
   assert.deepEqual(m.get('/3'), {});
   assert.deepEqual(m.get('/4'), { ok: 'v' });
   assert.equal(m.get('/5'), undefined);
+});
+
+test('owner names: read through the sandbox, cached by what was asked, read again for an unknown ID', async () => {
+  const reads: string[] = [];
+  let passwd =
+    'root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\nb:x:1001:1001::/:/bin/sh\n';
+  const sb = {
+    id: 'sb-1',
+    io: {
+      readFile: async (_id: string, path: string, o: { user?: string }) => {
+        assert.equal(o.user, 'root');
+        reads.push(path);
+        if (path === '/etc/group') throw new DsecError('not_found', path);
+        return Readable.from([Buffer.from(passwd)]);
+      },
+    },
+  } as unknown as OpenedSandbox;
+  const owners = new OwnerNames();
+  const f = (uid: number, gid = 0) => ({ ...link({ uid, gid }), type: 'file' as const });
+  const first = await owners.lookup(sb, [f(1000)], undefined);
+  assert.equal(nameOf(first.users, 1000), 'user');
+  assert.deepEqual(reads, ['/etc/passwd', '/etc/group']);
+  // gid 0 is unknown (no /etc/group): asked again, it is read again; uid 1000 is cached.
+  reads.length = 0;
+  await owners.lookup(sb, [f(1000, 0)], undefined);
+  assert.equal(reads.length, 2);
+  // Only asked-about names are kept: 1001 (in the file, never asked) makes a read.
+  passwd += 'late:x:1002:1002::/:/bin/sh\n';
+  reads.length = 0;
+  const later = await owners.lookup(sb, [f(1001), f(1002)], undefined);
+  assert.equal(reads.length, 2);
+  assert.equal(nameOf(later.users, 1001), 'b');
+  assert.equal(nameOf(later.users, 1002), 'late');
+  owners.forget('sb-1');
 });

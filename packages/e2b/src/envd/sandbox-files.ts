@@ -15,8 +15,10 @@ import type { OpenedSandbox, SandboxAccess } from '../sandbox-access.js';
 
 /** Bytes of /etc/passwd or /etc/group read; the rest of a bigger file is ignored. */
 export const MAX_ID_FILE_BYTES = 1024 * 1024;
-/** Names kept per file and sandbox. */
+/** Names one read parses per file (the read's own, dropped after the call). */
 const MAX_NAMES = 65_536;
+/** Names the cache keeps per file and sandbox: those asked about, not the whole file. */
+const MAX_CACHED_NAMES = 1024;
 /** Sandboxes whose names are cached. */
 const NAME_CACHE_SANDBOXES = 4096;
 /** Symlinks one call resolves; the rest are reported as files without a target. */
@@ -73,7 +75,11 @@ async function readCapped(body: Readable, cap: number): Promise<string> {
 export class OwnerNames {
   readonly #cache = new BoundedMap<string, IdNames>(NAME_CACHE_SANDBOXES);
 
-  async #read(sb: OpenedSandbox, signal: AbortSignal | undefined): Promise<IdNames> {
+  async #read(
+    sb: OpenedSandbox,
+    files: readonly FileInfo[],
+    signal: AbortSignal | undefined,
+  ): Promise<IdNames> {
     const one = async (path: string): Promise<Map<number, string>> => {
       try {
         const body = await sb.io.readFile(sb.id, path, { user: 'root', signal });
@@ -88,9 +94,23 @@ export class OwnerNames {
       }
     };
     const [users, groups] = await Promise.all([one('/etc/passwd'), one('/etc/group')]);
-    const names = { users, groups };
-    this.#cache.set(sb.id, names);
-    return names;
+    // The cache keeps the names asked about (now and before), so its size is bounded by
+    // use, not by what the sandbox writes in its files.
+    const old = this.#cache.get(sb.id);
+    const keep = (all: Map<number, string>, ids: Iterable<number>) => {
+      const kept = new Map<number, string>();
+      for (const id of ids) {
+        if (kept.size >= MAX_CACHED_NAMES) break;
+        const name = all.get(id);
+        if (name !== undefined) kept.set(id, name);
+      }
+      return kept;
+    };
+    this.#cache.set(sb.id, {
+      users: keep(users, [...files.map((f) => f.uid), ...(old?.users.keys() ?? [])]),
+      groups: keep(groups, [...files.map((f) => f.gid), ...(old?.groups.keys() ?? [])]),
+    });
+    return { users, groups };
   }
 
   /** Names for these entries' owners, reading the files again if one is unknown. */
@@ -103,7 +123,7 @@ export class OwnerNames {
     if (cached && files.every((f) => cached.users.has(f.uid) && cached.groups.has(f.gid))) {
       return cached;
     }
-    return this.#read(sb, signal);
+    return this.#read(sb, files, signal);
   }
 
   forget(sandboxId: string): void {
