@@ -1,4 +1,4 @@
-import { DsecError, toDsecError } from '@dsec/core';
+import { DsecError, isDsecError, toDsecError } from '@dsec/core';
 import type { SandboxInfo } from '@dsec/core';
 import type { SandboxService } from '@dsec/apiserver';
 import type { Principal } from '@dsec/iam';
@@ -71,6 +71,8 @@ export function dsecTtl(info: Pick<SandboxInfo, 'spec'>, seconds: number): numbe
 export class E2bSandboxAccess extends SandboxAccess {
   readonly #service: SandboxService;
   readonly #users = new BoundedMap<string, string>();
+  /** Whether a sandbox takes port traffic without a key (labels never change). */
+  readonly #public = new BoundedMap<string, boolean>();
   /** Sandboxes paused through E2B that must not resume on the next request. */
   readonly #held = new BoundedMap<string, true>();
 
@@ -95,6 +97,45 @@ export class E2bSandboxAccess extends SandboxAccess {
       this.#held.delete(id);
     }
     return sb;
+  }
+
+  /**
+   * A sandbox for port traffic that carries no key: only one made with
+   * `allowPublicTraffic` (`sandbox_not_found` otherwise, as for any unknown
+   * ID). It is opened as its own project's, so nothing else is reachable
+   * through it; envd's port never comes here (sandbox-routes.ts).
+   */
+  async openPublic(id: string, signal?: AbortSignal): Promise<OpenedSandbox | undefined> {
+    if (this.#public.get(id) === false) return undefined;
+    let opened;
+    try {
+      opened = await this.#service.openWithoutKey(
+        id,
+        (info) => info.spec.labels[PUBLIC_TRAFFIC_LABEL] === 'true',
+        signal,
+      );
+    } catch (err) {
+      if (!isDsecError(err, 'sandbox_not_found')) throw err;
+      return undefined;
+    }
+    this.#public.set(id, true);
+    const { edge, info } = opened;
+    if (!edge.io) {
+      throw new DsecError('unavailable', `edge ${edge.edgeId} does not run commands or files`);
+    }
+    if (this.#held.has(id) && info.state === 'paused') {
+      throw new DsecError('sandbox_not_running', `sandbox ${toE2bSandboxId(id)} is paused`, {
+        details: { state: 'paused' },
+      });
+    }
+    // The principal of a keyless request is the sandbox's own project, with no key and no role
+    // beyond member: it reaches this sandbox's ports and nothing else.
+    const principal: Principal = {
+      keyId: 'e2b-public-traffic',
+      projectId: info.projectId,
+      role: 'member',
+    };
+    return { id, edge, io: edge.io, principal };
   }
 
   override async defaultUser(sb: OpenedSandbox, signal?: AbortSignal): Promise<string> {

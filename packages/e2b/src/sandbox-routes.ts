@@ -137,6 +137,12 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
           field: 'E2b-Sandbox-Port',
         });
       }
+      // A public sandbox's ports (E2B's allowPublicTraffic) take traffic with no key; envd never.
+      if (!envd && !carriesDsecKey(req.headers)) {
+        const pub = await access.openPublic(toDsecSandboxId(address.sandboxId), signal);
+        if (pub)
+          return await proxyToPort(pub, address.port, address.url, req, reply, signal, undefined);
+      }
       const caller = await authenticateE2b(iam, req.headers, sourceOf(req.raw));
       const sandboxId = toDsecSandboxId(address.sandboxId);
       if (envd && RPC_SERVICES.some((p) => path.startsWith(p))) {
@@ -183,6 +189,15 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
   scope.all(`${SANDBOX_ROUTE_PREFIX}/:port/:id`, handler);
   scope.all(ROUTED, handler);
   return () => fs.close();
+}
+
+/**
+ * Whether a request names a DSec key: one of E2B's key headers, or a Bearer
+ * token of DSec's form (a web app's own `Authorization` is not one).
+ */
+function carriesDsecKey(headers: IncomingMessage['headers']): boolean {
+  const found = credentialOf(headers);
+  return found !== undefined && (found.header !== 'authorization' || found.key.startsWith('dsk_'));
 }
 
 /** envd's error answers: `{ code, message }` with the HTTP status; DSec's code alongside. */
