@@ -220,6 +220,7 @@ test('getMetrics honours start and end; bad times are refused', async () => {
     const now = Math.floor(Date.now() / 1000);
     const all = await call('GET', `/sandboxes/${sid}/metrics`);
     assert.equal(all.status, 200);
+    assert.equal(all.json!.length, 1, 'one sample, now');
     const inWindow = await call(
       'GET',
       `/sandboxes/${sid}/metrics?start=${now - 3600}&end=${now + 3600}`,

@@ -202,6 +202,7 @@ test('E2B control plane as E2B answers it: user, paused isRunning, snapshots, er
       const pub = await Sandbox.create('base', {
         timeoutMs: SANDBOX_MS,
         network: { allowPublicTraffic: true },
+        lifecycle: { onTimeout: 'pause', autoResume: true },
       });
       const priv = await Sandbox.create('base', { timeoutMs: SANDBOX_MS });
       await serve(pub);
@@ -223,6 +224,16 @@ test('E2B control plane as E2B answers it: user, paused isRunning, snapshots, er
         headers: { 'e2b-sandbox-id': pub.sandboxId },
       });
       assert.equal(envd.status, 401, "a public sandbox's envd still needs the key");
+      // Port traffic resumes an autoResume sandbox; a sandbox without it stays paused.
+      assert.equal(await pub.pause(), true);
+      const resumed = await port(pub.sandboxId);
+      assert.equal(resumed.status, 200);
+      assert.equal(await resumed.text(), 'hello\n');
+      assert.equal((await pub.getInfo()).state, 'running');
+      assert.equal(await priv.pause(), true);
+      const token = { 'e2b-traffic-access-token': priv.trafficAccessToken! };
+      assert.equal((await port(priv.sandboxId, token)).status, 502);
+      assert.equal((await priv.getInfo()).state, 'paused');
       await pub.kill();
       await priv.kill();
       await back.kill();
