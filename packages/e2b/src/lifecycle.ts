@@ -107,15 +107,26 @@ export class E2bSandboxAccess extends SandboxAccess {
    */
   async openPublic(id: string, signal?: AbortSignal): Promise<OpenedSandbox | undefined> {
     if (this.#public.get(id) === false) return undefined;
+    // A service without the keyless lookup serves no public ports (the key stays required).
+    if (typeof (this.#service as Partial<SandboxService>).openWithoutKey !== 'function') {
+      return undefined;
+    }
     let opened;
+    let seen = false;
     try {
       opened = await this.#service.openWithoutKey(
         id,
-        (info) => info.spec.labels[PUBLIC_TRAFFIC_LABEL] === 'true',
+        (info) => {
+          seen = true;
+          return info.spec.labels[PUBLIC_TRAFFIC_LABEL] === 'true';
+        },
         signal,
       );
     } catch (err) {
       if (!isDsecError(err, 'sandbox_not_found')) throw err;
+      // A sandbox that is there and not public stays so: its keyless requests cost no lookup
+      // again, and go on to the failed-authentication budget of their source.
+      if (seen) this.#public.set(id, false);
       return undefined;
     }
     this.#public.set(id, true);

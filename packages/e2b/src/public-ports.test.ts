@@ -98,10 +98,19 @@ test('public ports: keyless traffic only to a sandbox made with allowPublicTraff
     assert.match(open.body, /^GET \/app HTTP\/1\.1/);
     assert.match(open.body, /authorization: Bearer app-session-1/i);
 
-    // Private: no key is refused before any tunnel opens.
+    // Private: no key is refused before any tunnel opens; it is looked up once, not per request.
     const before = tunnels;
-    const shut = await request(url, `8080-${priv.sandboxID}.sbx.test`);
-    assert.equal(shut.status, 401);
+    let lookups = 0;
+    const getSandbox = edge.getSandbox.bind(edge);
+    edge.getSandbox = (id, signal) => {
+      lookups++;
+      return getSandbox(id, signal);
+    };
+    for (let i = 0; i < 3; i++) {
+      const shut = await request(url, `8080-${priv.sandboxID}.sbx.test`);
+      assert.equal(shut.status, 401);
+    }
+    assert.equal(lookups, 1);
     assert.equal(tunnels, before);
 
     // A public sandbox's envd still needs the key (files, commands).
