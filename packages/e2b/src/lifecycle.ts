@@ -281,8 +281,11 @@ export class AutoPauser {
     }
     if (e.pausedByUs) {
       // Resumed since we paused it: the E2B timeout runs again from now.
+      // (Never shorter than what a connect through another apiserver gave it.)
       const timeout = Number(info.spec.labels[TIMEOUT_LABEL] ?? '300');
-      info = await service.setTimeout(e.principal, id, dsecTtl(info, timeout));
+      if (now + timeout * 1000 > Date.parse(e2bEndAt(info))) {
+        info = await service.setTimeout(e.principal, id, dsecTtl(info, timeout));
+      }
       e.pausedByUs = false;
       access.resumed(id);
     }
