@@ -422,6 +422,25 @@ export class SandboxService {
   }
 
   /**
+   * A sandbox for a request that carries no key, when `allow` (the caller's
+   * rule, e.g. E2B's public ports) accepts what it reads of it; otherwise
+   * `sandbox_not_found`, the same answer as for an unknown ID. Costs one edge
+   * lookup; never authorises anything else.
+   */
+  async openWithoutKey(
+    id: string,
+    allow: (info: SandboxInfo) => boolean,
+    signal?: AbortSignal,
+  ): Promise<OpenSandbox> {
+    const { edgeId } = this.#d.ids.decode(id);
+    const edge = this.#edge(edgeId);
+    if (!edge) throw notFound(id);
+    const info = await edge.getSandbox(id, signal);
+    if (info.id !== id || !allow(info)) throw notFound(id);
+    return { edge, info };
+  }
+
+  /**
    * Authorises a call on a sandbox without loading it when its project is
    * already known (see `#owners`); otherwise as `open`. The edge still
    * answers `sandbox_not_found` for a sandbox that has gone since.

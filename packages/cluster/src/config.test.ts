@@ -284,3 +284,39 @@ test('apiserver bounds: allowed hosts, limits and audit retention, for buildApiS
     invalid('apiserver.limits'),
   );
 });
+
+test('e2b.templates take a template string or a partial create body with the user to run as', () => {
+  const base = { database: 'c.db', apiserver: {} };
+  const config = parseClusterConfig(
+    {
+      ...base,
+      e2b: {
+        templates: {
+          base: 'busybox',
+          py: { image: 'python', user: 'root', memoryLimitMb: 2048 },
+          ub: { image: 'ubuntu', initUser: 'ubuntu' },
+        },
+      },
+    },
+    '/etc/dsec',
+  );
+  assert.deepEqual(config.e2b?.templates, {
+    base: 'busybox',
+    py: { image: 'python', user: 'root', memoryLimitMb: 2048 },
+    ub: { image: 'ubuntu', initUser: 'ubuntu' },
+  });
+  for (const bad of [
+    { t: { user: 'root' } },
+    { t: { image: 'x', user: 'Bad User' } },
+    { t: { image: 'x', memoryLimitMb: 1 } },
+    { t: { image: 'x', nope: true } },
+    { t: { image: 'x', user: 'a', initUser: 'b' } },
+    { t: '' },
+  ]) {
+    assert.throws(
+      () => parseClusterConfig({ ...base, e2b: { templates: bad } }, '/etc/dsec'),
+      (err: unknown) => isDsecError(err) && err.code === 'invalid_argument',
+      JSON.stringify(bad),
+    );
+  }
+});

@@ -13,7 +13,7 @@
 import { readFile } from 'node:fs/promises';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { z } from 'zod';
-import { isAllowedHostPattern } from '@dsec/apiserver';
+import { isAllowedHostPattern, schemas } from '@dsec/apiserver';
 import { DsecError } from '@dsec/core';
 import { normalizeFingerprint } from '@dsec/edge-http';
 import {
@@ -205,10 +205,28 @@ const EdgeSection = z
   })
   .strict();
 
+/**
+ * One E2B template: a template string, or the native create fields it stands
+ * for (checked as the create schema checks them), `user` naming who the
+ * sandbox runs as (E2B's `user` by default).
+ */
+const E2bTemplate = z.union([
+  z.string().min(1),
+  schemas.CreateSandboxBody.partial()
+    .extend({ image: z.string().min(1), user: schemas.userName.optional() })
+    .strict()
+    .refine((t) => t.user === undefined || t.initUser === undefined, {
+      message: 'give user or initUser, not both',
+    }),
+]);
+
 const E2bSection = z
   .object({
-    /** Template name → DSec image (`image[:v][/workspace][+toolkit]…`). */
-    templates: z.record(z.string().min(1), z.string().min(1)).optional(),
+    /**
+     * Template name → DSec image (`image[:v][/workspace][+toolkit]…`) or a partial
+     * native create body (`{ image, initUser | user, memoryLimitMb, … }`, docs/e2b.md).
+     */
+    templates: z.record(z.string().min(1), E2bTemplate).optional(),
     /** Serve `<port>-<sandboxId>.<domain>` host names. */
     sandboxDomain: z.string().min(1).optional(),
   })

@@ -7,6 +7,7 @@ import { isDsecError } from '@dsec/core';
 import { PowerOfKPlacer } from '@dsec/placement';
 import { createBodyOf, egressTarget, metadataFilter, TEMPLATE_LABEL } from './control-plane.js';
 import { toDsecSandboxId } from './ids.js';
+import { USER_LABEL } from './lifecycle.js';
 import { registerE2bRoutes } from './register.js';
 
 /** An apiserver over a fake edge with the E2B routes, for `inject()`. */
@@ -93,7 +94,13 @@ test('create maps the template, metadata, envs, timeout and network onto a nativ
     assert.deepEqual(info.spec.toolkits, ['git']);
     assert.equal(info.spec.ttlSeconds, 90);
     assert.deepEqual(info.spec.env, { A: '1' });
-    assert.deepEqual(info.spec.labels, { job: 'rl-1', [TEMPLATE_LABEL]: 'python:3.12/task-7+git' });
+    assert.deepEqual(info.spec.labels, {
+      job: 'rl-1',
+      [TEMPLATE_LABEL]: 'python:3.12/task-7+git',
+      [USER_LABEL]: 'user',
+    });
+    // E2B's sandboxes run as `user`: uid 1000, named by the passwd entry the create makes.
+    assert.equal(info.spec.initUser, '1000:1000');
     assert.deepEqual(info.spec.networkAllow, [{ domain: 'pypi.org' }, { cidr: '10.0.0.0/8' }]);
     assert.deepEqual(info.spec.networkDeny, [{ cidr: '10.1.0.0/16' }]);
 
@@ -108,7 +115,10 @@ test('create maps the template, metadata, envs, timeout and network onto a nativ
 
     for (const [bad, field] of [
       [{}, 'templateID'],
-      [{ templateID: 'base', autoPause: true }, 'autoPause'],
+      [{ templateID: 'base', autoPause: 'yes' }, 'autoPause'],
+      [{ templateID: 'base', autoResume: { enabled: 1 } }, 'autoResume.enabled'],
+      [{ templateID: 'base', network: { allowPublicTraffic: 'on' } }, 'network.allowPublicTraffic'],
+      [{ templateID: 'base', metadata: { [USER_LABEL]: 'root' } }, `metadata.${USER_LABEL}`],
       [{ templateID: 'base', mcp: { x: {} } }, 'mcp'],
       [{ templateID: 'base', metadata: { [TEMPLATE_LABEL]: 'x' } }, `metadata.${TEMPLATE_LABEL}`],
       [{ templateID: 'base', metadata: { k: 1 } }, 'metadata.k'],
@@ -291,7 +301,8 @@ test('E2B network entries become CIDRs or domains; metadata filters decode both 
       networkAllow: [{ domain: 'a.org' }],
       networkDeny: [{ cidr: '0.0.0.0/0' }, { cidr: '::/0' }],
       env: {},
-      labels: { [TEMPLATE_LABEL]: 't' },
+      initUser: '1000:1000',
+      labels: { [TEMPLATE_LABEL]: 't', [USER_LABEL]: 'user' },
     },
   );
 });

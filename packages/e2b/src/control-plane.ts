@@ -1,16 +1,34 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { DsecError } from '@dsec/core';
-import type { NetworkTarget, SandboxInfo, SnapshotInfo, SnapshotRequest } from '@dsec/core';
+import { DsecError, isDsecError, parseLayerRef } from '@dsec/core';
+import type {
+  LayerInfo,
+  NetworkTarget,
+  SandboxInfo,
+  SnapshotInfo,
+  SnapshotRequest,
+} from '@dsec/core';
 import { clientGone, retryAfterSeconds, schemas, sourceOf, toHttpError } from '@dsec/apiserver';
 import type { CallerLimits, SandboxService } from '@dsec/apiserver';
 import type { Iam, Principal } from '@dsec/iam';
-import { authenticateE2b } from './auth.js';
+import { authenticateE2b, checkUser } from './auth.js';
 import type { E2bCaller } from './auth.js';
 import { e2bErrorBody } from './errors.js';
 import { toDsecSandboxId, toE2bSandboxId } from './ids.js';
-import type { SandboxAccess } from './sandbox-access.js';
+import {
+  AUTO_RESUME_LABEL,
+  dsecTtl,
+  E2B_LABEL_PREFIX,
+  e2bEndAt,
+  lifecycleOf,
+  ON_TIMEOUT_LABEL,
+  PUBLIC_TRAFFIC_LABEL,
+  TIMEOUT_LABEL,
+  USER_LABEL,
+} from './lifecycle.js';
+import type { AutoPauser, E2bSandboxAccess } from './lifecycle.js';
 import { resolveTemplate } from './templates.js';
 import type { E2bTemplates } from './templates.js';
+import { E2B_USER, E2B_USER_IDS, setUpE2bUser } from './user-setup.js';
 
 /**
  * The E2B control plane (`api.e2b.dev`'s sandbox routes) over
@@ -34,10 +52,23 @@ const MAX_PAGE = 100;
 const MIN_TTL_S = 1;
 const MAX_TTL_S = 604_800;
 
+/** The apiserver's image service as the control plane uses it (snapshots are a project's layers). */
+export interface E2bImages {
+  list(principal: Principal, options: { all: boolean }): Promise<LayerInfo[]>;
+  remove(principal: Principal, ref: string, options: { projectId?: string }): Promise<void>;
+}
+
+/** E2B's default sandbox timeout (seconds) when a create names none. */
+const DEFAULT_TIMEOUT_S = 300;
+
 export interface ControlPlaneDeps {
   service: SandboxService;
   iam: Iam;
-  access: SandboxAccess;
+  access: E2bSandboxAccess;
+  /** Pauses `autoPause` sandboxes at their timeout. */
+  pauser: AutoPauser;
+  /** Snapshot listing and deletion; without it those routes answer `unavailable`. */
+  images?: E2bImages | undefined;
   templates?: E2bTemplates | undefined;
   /** The wildcard domain of the host-routed form, answered as `domain` (null without). */
   sandboxDomain?: string | undefined;
@@ -148,8 +179,6 @@ function refuseUnsupported(b: Body): void {
   const refuse = (field: string, why: string) => {
     throw new DsecError('invalid_argument', `${field}: ${why}`, { field });
   };
-  if (b.autoPause === true)
-    refuse('autoPause', 'DSec stops a sandbox at its timeout, it does not pause it');
   if (b.mcp !== undefined && b.mcp !== null) refuse('mcp', 'the MCP gateway is not part of DSec');
   if (Array.isArray(b.volumeMounts) && b.volumeMounts.length > 0) {
     refuse('volumeMounts', 'DSec has no volumes; use a workspace layer (docs/e2b.md)');
@@ -178,15 +207,37 @@ export function createBodyOf(b: Body, templates: E2bTemplates | undefined): Body
     throw new DsecError('invalid_argument', 'templateID is required', { field: 'templateID' });
   }
   refuseUnsupported(b);
-  const base = resolveTemplate(templateID, templates);
+  const { user: templateUser, ...base } = resolveTemplate(templateID, templates);
   const metadata = stringMap(b.metadata, 'metadata');
-  if (Object.hasOwn(metadata, TEMPLATE_LABEL)) {
-    throw new DsecError('invalid_argument', `metadata.${TEMPLATE_LABEL}: the key is reserved`, {
-      field: `metadata.${TEMPLATE_LABEL}`,
-    });
+  for (const k of Object.keys(metadata)) {
+    if (k.startsWith(E2B_LABEL_PREFIX)) {
+      throw new DsecError(
+        'invalid_argument',
+        `metadata.${k}: the ${E2B_LABEL_PREFIX} prefix is reserved`,
+        {
+          field: `metadata.${k}`,
+        },
+      );
+    }
   }
+  // E2B's sandboxes run as `user`; a template may name another (`user` or `initUser`).
+  const user = e2bUserOf(templateUser ?? base.initUser);
+  const lifecycleLabels: Record<string, string> = {};
+  const autoPause = flag(b.autoPause, 'autoPause');
+  const autoResume = flag(
+    b.autoResume !== null && typeof b.autoResume === 'object'
+      ? (b.autoResume as Body).enabled
+      : b.autoResume,
+    'autoResume.enabled',
+  );
+  if (autoPause) lifecycleLabels[ON_TIMEOUT_LABEL] = 'pause';
+  if (autoResume) lifecycleLabels[AUTO_RESUME_LABEL] = 'true';
+  const net = (b.network ?? {}) as Body;
+  if (flag(net.allowPublicTraffic, 'network.allowPublicTraffic'))
+    lifecycleLabels[PUBLIC_TRAFFIC_LABEL] = 'true';
   const out: Body = {
     ...base,
+    initUser: user === E2B_USER ? E2B_USER_IDS : user,
     env: {
       ...(base.env ?? {}),
       ...stringMap(b.envVars, 'envVars'),
@@ -194,14 +245,24 @@ export function createBodyOf(b: Body, templates: E2bTemplates | undefined): Body
     labels: {
       ...(base.labels ?? {}),
       ...metadata,
+      ...lifecycleLabels,
+      [USER_LABEL]: user,
       [TEMPLATE_LABEL]: templateID,
     },
   };
   const ttl = seconds(b.timeout, 'timeout');
   if (ttl !== undefined) out.ttlSeconds = ttl;
+  if (autoPause) {
+    // Paused at the E2B timeout; the DSec TTL, a little later, is the backstop (lifecycle.ts).
+    const timeout = typeof out.ttlSeconds === 'number' ? out.ttlSeconds : DEFAULT_TIMEOUT_S;
+    (out.labels as Record<string, string>)[TIMEOUT_LABEL] = String(timeout);
+    out.ttlSeconds = dsecTtl(
+      { spec: { labels: lifecycleLabels } } as Pick<SandboxInfo, 'spec'>,
+      timeout,
+    );
+  }
   const allow = [...((base.networkAllow as NetworkTarget[] | undefined) ?? [])];
   const deny = [...((base.networkDeny as NetworkTarget[] | undefined) ?? [])];
-  const net = (b.network ?? {}) as Body;
   for (const e of (net.allowOut as unknown[] | undefined) ?? [])
     allow.push(egressTarget(e, 'network.allowOut'));
   for (const e of (net.denyOut as unknown[] | undefined) ?? [])
@@ -214,6 +275,30 @@ export function createBodyOf(b: Body, templates: E2bTemplates | undefined): Body
   return out;
 }
 
+/** A template's user, checked: `user` (E2B's) unless it names another. */
+function e2bUserOf(v: unknown): string {
+  if (v === undefined || v === null || v === '') return E2B_USER;
+  if (typeof v !== 'string') {
+    throw new DsecError('invalid_argument', "the template's user must be a string", {
+      field: 'templateID',
+    });
+  }
+  return checkUser(v) ?? E2B_USER;
+}
+
+function flag(v: unknown, field: string): boolean {
+  if (v === undefined || v === null) return false;
+  if (typeof v !== 'boolean') {
+    throw new DsecError('invalid_argument', `${field} must be true or false`, { field });
+  }
+  return v;
+}
+
+/** Whether a create body is an E2B `user` sandbox that needs its user made (user-setup.ts). */
+export function needsUserSetup(body: Body): boolean {
+  return body.initUser === E2B_USER_IDS && (body.labels as Body)[USER_LABEL] === E2B_USER;
+}
+
 /** DSec's field names in a schema error, read back as the E2B names the client sent. */
 function e2bField(err: unknown): never {
   if (err instanceof DsecError && err.field !== undefined) {
@@ -221,6 +306,7 @@ function e2bField(err: unknown): never {
       ['labels', 'metadata'],
       ['env', 'envVars'],
       ['ttlSeconds', 'timeout'],
+      ['initUser', 'templateID'],
       ['image', 'templateID'],
       ['workspace', 'templateID'],
       ['toolkits', 'templateID'],
@@ -251,8 +337,9 @@ function templateOf(info: SandboxInfo): string {
 }
 
 function metadataOf(info: SandboxInfo): Record<string, string> {
-  const { [TEMPLATE_LABEL]: _template, ...rest } = info.spec.labels;
-  return rest;
+  return Object.fromEntries(
+    Object.entries(info.spec.labels).filter(([k]) => !k.startsWith(E2B_LABEL_PREFIX)),
+  );
 }
 
 /** E2B's `ListedSandbox` (and, with more, `SandboxDetail`). */
@@ -262,7 +349,7 @@ export function listedSandbox(info: SandboxInfo, state: 'running' | 'paused'): B
     sandboxID: toE2bSandboxId(info.id),
     clientID: info.edgeId,
     startedAt: info.createdAt,
-    endAt: state === 'paused' && info.pausedExpiresAt ? info.pausedExpiresAt : info.expiresAt,
+    endAt: state === 'paused' && info.pausedExpiresAt ? info.pausedExpiresAt : e2bEndAt(info),
     cpuCount: Math.max(1, Math.ceil(info.spec.cpuCoresLimit)),
     memoryMB: info.spec.memoryLimitMb,
     diskSizeMB: info.spec.diskLimitMb ?? 0,
@@ -274,7 +361,7 @@ export function listedSandbox(info: SandboxInfo, state: 'running' | 'paused'): B
 }
 
 export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDeps): void {
-  const { service, iam } = deps;
+  const { service, iam, access, pauser } = deps;
 
   /** E2B's `Sandbox`: what a client needs to reach the sandbox's envd. */
   const sandboxAnswer = (info: SandboxInfo, caller: E2bCaller): Body => ({
@@ -284,7 +371,8 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
     envdVersion: ENVD_VERSION,
     // The caller's own key: the envd calls it authorises are the caller's, checked as such.
     envdAccessToken: caller.key,
-    trafficAccessToken: null,
+    // Port traffic needs the key unless the sandbox is public (sandbox-routes.ts).
+    trafficAccessToken: info.spec.labels[PUBLIC_TRAFFIC_LABEL] === 'true' ? null : caller.key,
     domain: deps.sandboxDomain ?? null,
   });
 
@@ -305,7 +393,13 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
     if (leave) reply.raw.once('close', leave).once('finish', leave);
   });
   scope.setErrorHandler((err, req, reply) => {
-    const e = toHttpError(err, req.id);
+    // A sandbox that stopped between the lookup and the call is gone to E2B too.
+    const e = toHttpError(
+      isDsecError(err, 'sandbox_not_running') && isGoneState(err)
+        ? new DsecError('sandbox_not_found', err.message, { cause: err })
+        : err,
+      req.id,
+    );
     if (e.status >= 500 && e.code !== 'unavailable' && e.code !== 'capacity_exhausted') {
       req.log.error({ err, reqId: req.id }, 'request failed');
     }
@@ -325,6 +419,7 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
     } catch (err) {
       e2bField(err);
     }
+    const signal = clientGone(reply);
     const info = await service.create(
       caller.principal,
       {
@@ -332,8 +427,23 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
         projectId: input.projectId,
         requestId: input.requestId,
       },
-      clientGone(reply),
+      signal,
     );
+    if (needsUserSetup(body)) {
+      try {
+        await setUpE2bUser(
+          service,
+          caller.principal,
+          info.id,
+          String(bodyOf(req).templateID),
+          signal,
+        );
+      } catch (err) {
+        await service.delete(caller.principal, info.id).catch(() => undefined);
+        throw err;
+      }
+    }
+    pauser.watch(caller.principal, info);
     return reply.code(201).send(sandboxAnswer(info, caller));
   };
   scope.post('/sandboxes', create);
@@ -382,7 +492,8 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
       ...listedSandbox(info, state),
       allowInternetAccess: null,
       domain: deps.sandboxDomain ?? null,
-      lifecycle: { onTimeout: 'kill', autoResume: true },
+      lifecycle: lifecycleOf(info),
+      network: { allowPublicTraffic: info.spec.labels[PUBLIC_TRAFFIC_LABEL] === 'true' },
     };
   });
 
@@ -393,7 +504,8 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
     // A sandbox already stopped (still kept by its edge for a while) is gone to E2B: 404.
     await live(p, id, signal);
     await service.delete(p, id, signal);
-    deps.access.forget(id);
+    access.forget(id);
+    pauser.forget(id);
     return reply.code(204).send();
   });
 
@@ -402,7 +514,11 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
     if (ttl === undefined)
       throw new DsecError('invalid_argument', `${field} is required`, { field });
     const p = callerOf(req).principal;
-    await lifecycle(service, 'setTimeout')(p, idParam(req), ttl, clientGone(reply));
+    const id = idParam(req);
+    const signal = clientGone(reply);
+    const { info } = await live(p, id, signal);
+    const set = await lifecycle(service, 'setTimeout')(p, id, dsecTtl(info, ttl), signal);
+    pauser.watch(p, set);
     return reply.code(204).send();
   };
   scope.post('/sandboxes/:sandboxID/timeout', setTimeoutRoute('timeout'));
@@ -420,7 +536,9 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
         .code(409)
         .send({ code: 409, message: `sandbox ${toE2bSandboxId(id)} is already paused` });
     }
-    await lifecycle(service, 'pause')(p, id, signal);
+    const paused = await lifecycle(service, 'pause')(p, id, signal);
+    access.paused(paused);
+    pauser.watch(p, paused);
     return reply.code(204).send();
   });
 
@@ -440,10 +558,16 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
         .send({ code: 409, message: `sandbox ${toE2bSandboxId(id)} is already running` });
     }
     const resumed = state === 'paused';
-    if (resumed) info = await lifecycle(service, 'resume')(p, id, signal);
-    if (ttl !== undefined && Date.now() + ttl * 1000 > Date.parse(info.expiresAt)) {
-      info = await lifecycle(service, 'setTimeout')(p, id, ttl, signal);
+    if (resumed) {
+      info = await lifecycle(service, 'resume')(p, id, signal);
+      access.resumed(id);
     }
+    const wanted =
+      ttl ?? (resumed && lifecycleOf(info).onTimeout === 'pause' ? timeoutOf(info) : undefined);
+    if (wanted !== undefined && Date.now() + wanted * 1000 > Date.parse(e2bEndAt(info))) {
+      info = await lifecycle(service, 'setTimeout')(p, id, dsecTtl(info, wanted), signal);
+    }
+    pauser.watch(p, info);
     return reply.code(resumed || legacyResume ? 201 : 200).send(sandboxAnswer(info, caller));
   };
   scope.post('/sandboxes/:sandboxID/connect', connect(false));
@@ -452,9 +576,18 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
 
   // One sample of what DSec measures cheaply: the memory charged to the sandbox now.
   scope.get('/sandboxes/:sandboxID/metrics', async (req, reply) => {
+    const q = req.query as Record<string, unknown>;
+    const start = unixSeconds(q.start, 'start');
+    const end = unixSeconds(q.end, 'end');
+    if (start !== undefined && end !== undefined && start > end) {
+      throw new DsecError('invalid_argument', 'start must not be after end', { field: 'start' });
+    }
     const { info } = await live(callerOf(req).principal, idParam(req), clientGone(reply));
     if (info.memoryBytes === undefined) return [];
     const now = new Date();
+    // The one sample there is, now: inside the asked window or not at all.
+    const nowS = Math.floor(now.getTime() / 1000);
+    if ((start !== undefined && nowS < start) || (end !== undefined && nowS > end)) return [];
     return [
       {
         timestamp: now.toISOString(),
@@ -476,7 +609,8 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
       throw new DsecError('invalid_argument', 'name must be a string', { field: 'name' });
     }
     const id = idParam(req);
-    const layer = name ?? `snapshot-${toE2bSandboxId(id).slice(2, 18)}-${Date.now().toString(36)}`;
+    await live(callerOf(req).principal, id, clientGone(reply));
+    const layer = name ?? `${snapshotPrefix(id)}-${Date.now().toString(36)}`;
     const snap = await lifecycle(service, 'snapshot')(
       callerOf(req).principal,
       id,
@@ -497,18 +631,173 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
     }
     const ttl = seconds(b.timeout, 'timeout');
     const signal = clientGone(reply);
-    const { ids } = await lifecycle(service, 'fork')(caller.principal, idParam(req), count, signal);
+    const id = idParam(req);
+    // A killed sandbox is not found (404), as in E2B, not "not running".
+    await live(caller.principal, id, signal);
+    const { ids } = await lifecycle(service, 'fork')(caller.principal, id, count, signal);
     const results = await Promise.all(
       ids.map(async (id) => {
-        const info =
-          ttl === undefined
-            ? await service.get(caller.principal, id, signal)
-            : await lifecycle(service, 'setTimeout')(caller.principal, id, ttl, signal);
+        let info = await service.get(caller.principal, id, signal);
+        if (ttl !== undefined)
+          info = await lifecycle(service, 'setTimeout')(
+            caller.principal,
+            id,
+            dsecTtl(info, ttl),
+            signal,
+          );
+        pauser.watch(caller.principal, info);
         return { sandbox: sandboxAnswer(info, caller) };
       }),
     );
     return reply.code(201).send(results);
   });
+
+  const images = (): E2bImages => {
+    if (!deps.images) throw new DsecError('unavailable', 'this apiserver has no image store');
+    return deps.images;
+  };
+
+  // The caller's project's snapshots (layers its sandboxes' snapshots made), by name, paged.
+  scope.get('/snapshots', async (req, reply) => {
+    const q = req.query as Record<string, unknown>;
+    const limit = q.limit === undefined || q.limit === '' ? MAX_PAGE : Number(q.limit);
+    if (!Number.isInteger(limit) || limit < 1 || limit > MAX_PAGE) {
+      throw new DsecError('invalid_argument', `limit must be 1–${MAX_PAGE}`, { field: 'limit' });
+    }
+    const after = snapshotToken(q.nextToken);
+    const name = optionalString(q.name, 'name');
+    const from = optionalString(q.sandboxID, 'sandboxID');
+    // Snapshots this API names by default carry their sandbox's ID (`snapshot-<id>-…`).
+    const fromPrefix = from === undefined ? undefined : `${snapshotPrefix(toDsecSandboxId(from))}-`;
+    const p = callerOf(req).principal;
+    const rows = (await images().list(p, { all: false }))
+      .filter((l) => l.kind === 'snapshot' && l.project === p.projectId)
+      .map((l) => ({ l, id: `${l.name}:${l.version}` }))
+      .filter(
+        ({ l, id }) =>
+          (name === undefined || l.name === name || id === name) &&
+          (fromPrefix === undefined || l.name.startsWith(fromPrefix)),
+      )
+      .sort((x, y) => (x.id < y.id ? -1 : x.id > y.id ? 1 : 0));
+    const start = after === undefined ? 0 : rows.findIndex((x) => x.id > after);
+    const page = start < 0 ? [] : rows.slice(start, start + limit);
+    const last = page.at(-1);
+    // The token is the page's last ID: stateless, any apiserver continues the listing.
+    if (last && start + limit < rows.length) {
+      reply.header('x-next-token', Buffer.from(last.id).toString('base64url'));
+    }
+    return page.map(({ id }) => ({ snapshotID: id, names: [id] }));
+  });
+
+  // Deleting a template: here, a snapshot of the caller's project (E2B's `deleteSnapshot`).
+  scope.delete('/templates/:templateID', async (req, reply) => {
+    const { templateID } = req.params as { templateID: string };
+    const p = callerOf(req).principal;
+    try {
+      await images().remove(p, templateID, {});
+    } catch (err) {
+      if (isDsecError(err, 'image_not_found')) {
+        throw new DsecError(
+          'not_found',
+          `no template ${JSON.stringify(templateID.slice(0, 200))}`,
+          {
+            field: 'templateID',
+            cause: err,
+          },
+        );
+      }
+      throw err;
+    }
+    return reply.code(204).send();
+  });
+
+  // Anything else under E2B's route families answers in E2B's shape (the SDKs print `message`).
+  const unknown = async (req: FastifyRequest) => {
+    throw new DsecError(
+      'not_found',
+      `DSec's E2B API has no ${req.method} ${(req.url.split('?')[0] ?? '').slice(0, 200)} (docs/e2b.md)`,
+    );
+  };
+  const methods = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'] as const;
+  for (const family of E2B_ROUTE_FAMILIES) {
+    for (const url of [family, `${family}/*`]) {
+      const free = methods.filter((method) => !scope.hasRoute({ method, url }));
+      if (free.length > 0) scope.route({ method: [...free], url, handler: unknown });
+    }
+  }
+}
+
+/** The top-level paths of E2B's API (its OpenAPI document); under them an unknown route is E2B's 404. */
+const E2B_ROUTE_FAMILIES = [
+  '/sandboxes',
+  '/v2/sandboxes',
+  '/v3/sandboxes',
+  '/snapshots',
+  '/templates',
+  '/v2/templates',
+  '/v3/templates',
+  '/teams',
+  '/nodes',
+  '/admin',
+  '/access-tokens',
+  '/api-keys',
+  '/volumes',
+  '/secrets',
+];
+
+/** The name prefix of the snapshots this API names by default (`snapshot-<16 chars of the ID>`). */
+function snapshotPrefix(id: string): string {
+  return `snapshot-${toE2bSandboxId(id).slice(2, 18)}`;
+}
+
+function optionalString(v: unknown, field: string): string | undefined {
+  if (v === undefined || v === '') return undefined;
+  if (typeof v !== 'string' || v.length > 512) {
+    throw new DsecError(
+      'invalid_argument',
+      `${field} must be one string of at most 512 characters`,
+      {
+        field,
+      },
+    );
+  }
+  return v;
+}
+
+function snapshotToken(raw: unknown): string | undefined {
+  if (raw === undefined || raw === '') return undefined;
+  const text =
+    typeof raw === 'string' && raw.length <= 1024
+      ? Buffer.from(raw, 'base64url').toString('utf8')
+      : '';
+  if (text === '' || parseLayerRef(text) === undefined) {
+    throw new DsecError('invalid_argument', 'nextToken is not a token this server gave', {
+      field: 'nextToken',
+    });
+  }
+  return text;
+}
+
+/** Unix seconds in a query (`start`, `end` of getMetrics). */
+function unixSeconds(v: unknown, field: string): number | undefined {
+  if (v === undefined || v === '') return undefined;
+  const n = Number(v);
+  if (typeof v !== 'string' || !Number.isInteger(n) || n < 0 || n > 1e11) {
+    throw new DsecError('invalid_argument', `${field} must be a Unix time in seconds`, { field });
+  }
+  return n;
+}
+
+/** The E2B timeout an `autoPause` sandbox was made with (seconds). */
+function timeoutOf(info: SandboxInfo): number {
+  const n = Number(info.spec.labels[TIMEOUT_LABEL]);
+  return Number.isInteger(n) && n > 0 ? n : DEFAULT_TIMEOUT_S;
+}
+
+/** A `sandbox_not_running` for a sandbox that stopped (not one merely paused or starting). */
+function isGoneState(err: DsecError): boolean {
+  const state = (err.details as { state?: unknown } | undefined)?.state;
+  return state === 'stopped' || state === 'stopping' || state === 'failed';
 }
 
 function matches(info: SandboxInfo, wanted: Record<string, string>): boolean {

@@ -24,10 +24,10 @@ export async function proxyToPort(
   req: FastifyRequest,
   reply: FastifyReply,
   signal: AbortSignal,
-  /** The caller's DSec key, wherever it came. */
-  key: string,
+  /** The caller's DSec key, wherever it came (none: a public sandbox's keyless traffic). */
+  key: string | undefined,
 ): Promise<void> {
-  const secrets = [key];
+  const secrets = key === undefined ? [] : [key];
   const target = sandboxBoundUrl(url, secrets);
   const socket = await sb.io.connectPort(sb.id, port, { signal });
   const headers = sandboxBoundHeaders(req.headers, { secrets, dropAuthorization: false });

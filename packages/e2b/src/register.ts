@@ -3,7 +3,8 @@ import type { ApiMetrics, CallerLimits, SandboxService } from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
 import { controlPlaneRoutes } from './control-plane.js';
 import { ProcessTable } from './envd/process-table.js';
-import { SandboxAccess } from './sandbox-access.js';
+import { AutoPauser, E2bSandboxAccess } from './lifecycle.js';
+import type { E2bImages } from './control-plane.js';
 import { installSandboxRouting } from './sandbox-routing.js';
 import { sandboxRoutes } from './sandbox-routes.js';
 import type { E2bTemplates } from './templates.js';
@@ -28,6 +29,8 @@ export interface E2bRoutesDeps {
    * first label is `<port>-<E2B sandbox ID>` is routed to the sandbox.
    */
   sandboxDomain?: string | undefined;
+  /** The apiserver's image service: E2B snapshots are listed and deleted through it. */
+  images?: E2bImages | undefined;
   /** Time between two listings of a streamed directory watch. Default 250. */
   watchIntervalMs?: number | undefined;
 }
@@ -42,7 +45,12 @@ export interface E2bRoutesDeps {
  * terminals.
  */
 export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): void {
-  const access = new SandboxAccess(deps.service);
+  const access = new E2bSandboxAccess(deps.service);
+  const pauser = new AutoPauser({
+    service: deps.service,
+    access,
+    onError: (id, err) => app.log.warn({ err, sandboxId: id }, 'e2b auto-pause failed'),
+  });
   const processes = new ProcessTable();
   const shutdown = new AbortController();
   const routing = installSandboxRouting(app.server, deps.sandboxDomain);
@@ -51,6 +59,8 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
       service: deps.service,
       iam: deps.iam,
       access,
+      pauser,
+      images: deps.images,
       templates: deps.templates,
       sandboxDomain: deps.sandboxDomain,
       limits: deps.limits,
@@ -71,6 +81,7 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
     scope.addHook('onClose', async () => close());
   });
   app.addHook('preClose', async () => {
+    pauser.close();
     shutdown.abort(new Error('the server is closing'));
     processes.closeAll();
   });

@@ -11,7 +11,8 @@ import { authenticateE2b, credentialOf } from './auth.js';
 import { envdHttpStatus } from './errors.js';
 import { toDsecSandboxId } from './ids.js';
 import { proxyToPort } from './port-proxy.js';
-import type { SandboxAccess } from './sandbox-access.js';
+import { lifecycleOf } from './lifecycle.js';
+import type { E2bSandboxAccess } from './lifecycle.js';
 import { ENVD_PORT, SANDBOX_ROUTE_PREFIX, sandboxAddressOf } from './sandbox-routing.js';
 import type { SandboxRouting } from './sandbox-routing.js';
 import { ConnectStreamServer } from './envd/connect-stream.js';
@@ -34,7 +35,7 @@ const ROUTED = `${SANDBOX_ROUTE_PREFIX}/:port/:id/*`;
 export interface SandboxRouteDeps {
   service: SandboxService;
   iam: Iam;
-  access: SandboxAccess;
+  access: E2bSandboxAccess;
   processes: ProcessTable;
   watchIntervalMs: number;
   /** Aborts running streams when the server closes. */
@@ -136,6 +137,12 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
           field: 'E2b-Sandbox-Port',
         });
       }
+      // A public sandbox's ports (E2B's allowPublicTraffic) take traffic with no key; envd never.
+      if (!envd && !carriesDsecKey(req.headers)) {
+        const pub = await access.openPublic(toDsecSandboxId(address.sandboxId), signal);
+        if (pub)
+          return await proxyToPort(pub, address.port, address.url, req, reply, signal, undefined);
+      }
       const caller = await authenticateE2b(iam, req.headers, sourceOf(req.raw));
       const sandboxId = toDsecSandboxId(address.sandboxId);
       if (envd && RPC_SERVICES.some((p) => path.startsWith(p))) {
@@ -149,9 +156,12 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
         return reply;
       }
       if (envd && path === '/health' && req.method === 'GET') {
-        const info = await deps.service.get(caller.principal, sandboxId, signal);
-        const alive =
-          info.state === 'running' || info.state === 'paused' || info.state === 'creating';
+        // E2B's isRunning(): a paused sandbox is not running (502), unless the request resumes it.
+        let info = await deps.service.get(caller.principal, sandboxId, signal);
+        if (info.state === 'paused' && lifecycleOf(info).autoResume && !access.holds(sandboxId)) {
+          info = await deps.service.resume(caller.principal, sandboxId, signal);
+        }
+        const alive = info.state === 'running' || info.state === 'creating';
         return reply.code(alive ? 204 : 502).send();
       }
       const sb = await access.open(caller.principal, sandboxId, signal);
@@ -179,6 +189,15 @@ export function sandboxRoutes(scope: FastifyInstance, deps: SandboxRouteDeps): (
   scope.all(`${SANDBOX_ROUTE_PREFIX}/:port/:id`, handler);
   scope.all(ROUTED, handler);
   return () => fs.close();
+}
+
+/**
+ * Whether a request names a DSec key: one of E2B's key headers, or a Bearer
+ * token of DSec's form (a web app's own `Authorization` is not one).
+ */
+function carriesDsecKey(headers: IncomingMessage['headers']): boolean {
+  const found = credentialOf(headers);
+  return found !== undefined && (found.header !== 'authorization' || found.key.startsWith('dsk_'));
 }
 
 /** envd's error answers: `{ code, message }` with the HTTP status; DSec's code alongside. */

@@ -21,6 +21,9 @@ import { useE2b, withE2bNode } from './e2b-node.js';
 
 const SANDBOX_MS = 300_000;
 
+/** E2B sandboxes run as `user`; this template runs as root (docs/e2b.md, "The sandbox's user"). */
+const ROOTED = { templates: { rooted: { image: 'busybox', user: 'root' } } };
+
 /** Waits until `check` holds, polling; the SDK's callbacks arrive asynchronously. */
 async function until(check: () => boolean, what: string, timeoutMs = 20_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
@@ -241,7 +244,8 @@ test('pty: a terminal takes input, resizes and is killed', async () => {
 test('files: write, read, list, stat, makeDir, rename, remove, exists, watch, upload and download', async () => {
   await withE2bNode(async ({ url, adminKey }) => {
     useE2b(url, adminKey);
-    const sbx = await Sandbox.create('base', { timeoutMs: SANDBOX_MS });
+    // As root (a template that names it): the paths below are outside E2B's user's home.
+    const sbx = await Sandbox.create('rooted', { timeoutMs: SANDBOX_MS });
     try {
       const w = await sbx.files.write('/work/a/hello.txt', 'hello world');
       assert.deepEqual(
@@ -368,7 +372,7 @@ test('files: write, read, list, stat, makeDir, rename, remove, exists, watch, up
     } finally {
       await sbx.kill();
     }
-  });
+  }, ROOTED);
 });
 
 test('isolation and addressing: another project sees nothing, bad keys are refused, the host-routed form works', async () => {
@@ -424,6 +428,7 @@ test('isolation and addressing: another project sees nothing, bad keys are refus
         assert.equal(viaHost.status, 200);
         await sbx.commands.run(
           'mkdir -p /srv && echo served > /srv/index.html && httpd -p 127.0.0.1:8080 -h /srv',
+          { user: 'root' },
         );
         const page = await httpGet(url, '/index.html', {
           host: host(8080),
@@ -451,13 +456,13 @@ test('pause and resume', async () => {
     useE2b(url, adminKey);
     const sbx = await Sandbox.create('base', { timeoutMs: SANDBOX_MS });
     try {
-      await sbx.commands.run('echo kept > /root/state');
+      await sbx.commands.run('echo kept > /home/user/state');
       assert.equal(await sbx.pause(), true);
       assert.equal((await sbx.getInfo()).state, 'paused');
       assert.equal(await sbx.pause(), false);
       const back = await Sandbox.connect(sbx.sandboxId);
       assert.equal((await back.getInfo()).state, 'running');
-      assert.equal(await back.files.read('/root/state'), 'kept\n');
+      assert.equal(await back.files.read('/home/user/state'), 'kept\n');
     } finally {
       await sbx.kill();
     }
