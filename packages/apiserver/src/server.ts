@@ -16,6 +16,8 @@ import { ApiMetrics } from './metrics.js';
 import { installRequestGate } from './request-gate.js';
 import { openApiRoute, recordRoutes } from './openapi.js';
 import { adminRoutes } from './routes/admin.js';
+import { volumeRoutes } from './routes/volumes.js';
+import { VolumeService } from './volume-service.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { networkRoutes } from './routes/network.js';
 import { displayRoutes } from './routes/display.js';
@@ -242,9 +244,16 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
       ...(options.imagesRemove ? { remove: options.imagesRemove } : {}),
     },
   });
+  const volumes = new VolumeService({
+    iam,
+    edges: options.edges,
+    watcher: options.watcher,
+    onWarning: (message, context) => app.log.warn(context, message),
+  });
   const service = new SandboxService({
     ...options,
     metrics,
+    volumes,
     onWarning: (message, context) => app.log.warn(context, message),
   });
 
@@ -303,6 +312,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     return reply.header('content-type', metrics.registry.contentType).send(await metrics.text());
   });
   sandboxRoutes(app, service);
+  volumeRoutes(app, volumes);
   networkRoutes(app, service);
   displayRoutes(app, service);
   lifecycleRoutes(app, service);
