@@ -118,7 +118,10 @@ export class VolumeService {
     const record = await this.#record(principal, name, projectId);
     const edge = this.#edgeOf(record.edgeId);
     if (!edge?.volumes)
-      throw new DsecError('unavailable', `edge ${record.edgeId} of volume ${name} is not reachable`);
+      throw new DsecError(
+        'unavailable',
+        `edge ${record.edgeId} of volume ${name} is not reachable`,
+      );
     try {
       await edge.volumes.delete(record.projectId, name, signal);
     } catch (err) {

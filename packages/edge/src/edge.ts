@@ -368,9 +368,13 @@ export class Edge implements EdgeApi {
     if (volumes.length > 0) {
       checkVolumeMounts(volumes);
       if (spec.backend !== 'container' || !this.#volumes)
-        throw new DsecError('invalid_argument', 'volumes are mounted into container sandboxes only', {
-          field: 'volumes',
-        });
+        throw new DsecError(
+          'invalid_argument',
+          'volumes are mounted into container sandboxes only',
+          {
+            field: 'volumes',
+          },
+        );
     }
     if (!kinds.includes(spec.backend)) {
       throw new DsecError(
