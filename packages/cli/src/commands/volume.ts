@@ -16,18 +16,16 @@ export function register(program: Command): void {
     .argument('<name>', 'lower-case letters, digits, . _ - (at most 63)')
     .requiredOption('--size-mb <n>', 'size limit in MiB (16 to 1048576)', parseInteger)
     .option('--project <id>', "project it belongs to (default: the key's)")
-    .action(
-      async (name: string, opts: { sizeMb: number; project?: string }, command: Command) => {
-        const ctx = contextOf(command);
-        const v = await ctx.client().createVolume(name, {
-          sizeMb: opts.sizeMb,
-          ...(opts.project !== undefined ? { projectId: opts.project } : {}),
-          signal: ctx.signal,
-        });
-        if (ctx.json) ctx.printJson(v);
-        else ctx.out(v.name);
-      },
-    );
+    .action(async (name: string, opts: { sizeMb: number; project?: string }, command: Command) => {
+      const ctx = contextOf(command);
+      const v = await ctx.client().createVolume(name, {
+        sizeMb: opts.sizeMb,
+        ...(opts.project !== undefined ? { projectId: opts.project } : {}),
+        signal: ctx.signal,
+      });
+      if (ctx.json) ctx.printJson(v);
+      else ctx.out(v.name);
+    });
 
   volume
     .command('ls')
@@ -100,13 +98,7 @@ export function register(program: Command): void {
 }
 
 function row(v: VolumeInfo): string[] {
-  return [
-    v.name,
-    formatBytes(v.sizeMb * 2 ** 20),
-    v.edgeId,
-    v.state,
-    formatRelative(v.createdAt),
-  ];
+  return [v.name, formatBytes(v.sizeMb * 2 ** 20), v.edgeId, v.state, formatRelative(v.createdAt)];
 }
 
 /** `--volume NAME:/path` of `sandbox create` (repeatable). */
