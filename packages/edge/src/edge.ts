@@ -284,6 +284,7 @@ export class Edge implements EdgeApi {
     // backend drops their connections, the last handles that would keep a
     // shutting-down process alive.
     this.io.close();
+    await this.#volumes?.close();
     await this.options.backend.close?.();
     await this.options.network?.close();
     this.options.events?.close();

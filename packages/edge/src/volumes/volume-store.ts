@@ -202,6 +202,23 @@ export class VolumeStore implements EdgeVolumeApi {
   }
 
   /**
+   * Unmounts the host-side mounts of volumes no live sandbox uses (the next
+   * `open` mounts them again). A used volume stays mounted: its sandboxes
+   * keep running past the edge process.
+   */
+  async close(): Promise<void> {
+    const mounted = await mountPoints();
+    for (const e of this.#entries.values()) {
+      const mnt = join(e.dir, MOUNT);
+      if (e.state !== 'ready' || !mounted.has(mnt)) continue;
+      if (this.#options.users(e.projectId, e.name).length > 0) continue;
+      await unmount([mnt]).catch((err: unknown) =>
+        this.#options.log?.('volume: unmount at close failed', { dir: e.dir, err: String(err) }),
+      );
+    }
+  }
+
+  /**
    * Synchronous check for a sandbox create: every named volume exists in the
    * project and is ready (`volume_not_found` otherwise, field `volumes.N.name`).
    */
@@ -281,7 +298,11 @@ async function makeVolumeImage(image: string, sizeMb: number): Promise<void> {
 /**
  * Mounts `dir/volume.ext4` on `dir/mnt` through an auto-clearing loop device
  * (util-linux sets `LO_FLAGS_AUTOCLEAR` for `-o loop`): the device goes when
- * the mount does. `nosuid,nodev` carry into every sandbox's clone.
+ * the last mount of it does. Where a loop device already serves the image
+ * (sandboxes still hold clones of an earlier mount) util-linux reuses it
+ * rather than binding a second one, so the volume keeps one superblock: two
+ * would be two ext4 writers on one file. `nosuid,nodev` carry into every
+ * sandbox's clone.
  */
 async function mountImage(dir: string): Promise<void> {
   await runTool('mount', [

@@ -120,6 +120,22 @@ test(
       assert.doesNotMatch(esc.stdout, /host file/);
       await edge.stopSandbox(a1.id);
 
+      // The host-side mount goes while sandbox 2 holds a clone of it: the next create mounts
+      // it again on the same loop device (one superblock, never two ext4 writers on one file).
+      const [hostMount, ...others] = await mountsUnder(volumesDir);
+      assert.ok(hostMount !== undefined && others.length === 0, 'one host-side mount');
+      await unmount([hostMount]);
+      const a4 = await create('prj-a', withVolumes([{ name: 'data', path: '/v4' }]));
+      assert.deepEqual(await mountsUnder(volumesDir), [hostMount], 'mounted again');
+      assert.equal(
+        (await loopBackingFiles()).filter((f) => f.startsWith(volumesDir)).length,
+        1,
+        'on the same loop device',
+      );
+      await sh(a4.id, 'echo from-4 > /v4/four');
+      assert.equal((await sh(a2.id, 'cat /mnt/v/four')).stdout, 'from-4\n');
+      await edge.stopSandbox(a4.id);
+
       // Filling the volume: ENOSPC in the sandbox, the host charged at most the size.
       const dd = await sh(
         a2.id,
