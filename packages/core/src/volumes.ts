@@ -63,7 +63,6 @@ export function checkVolumePath(path: unknown, field = 'path'): asserts path is 
   if (typeof path !== 'string') return bad('must be a string');
   if (path.length > MAX_VOLUME_PATH_CHARS)
     bad(`is longer than ${MAX_VOLUME_PATH_CHARS} characters`);
-  // eslint-disable-next-line no-control-regex
   if (/[\u0000-\u001f\u007f]/.test(path)) bad('contains a control character');
   if (!path.startsWith('/')) bad(`must be absolute (got ${JSON.stringify(path)})`);
   if (path === '/') bad('cannot be /');

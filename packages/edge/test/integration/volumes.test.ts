@@ -268,7 +268,7 @@ test(
         ]);
         if (sb.status === 'fulfilled') {
           assert.equal(del.status, 'rejected');
-          assert.equal((del as PromiseRejectedResult).reason.code, 'volume_in_use');
+          assert.equal(del.reason.code, 'volume_in_use');
           assert.equal(
             (await edge.runCommand(sb.value.id, { shell: 'touch /race/x && echo ok' })).stdout,
             'ok\n',
