@@ -10,7 +10,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-packages=(runc crun erofs-utils busybox-static nftables iproute2 attr libseccomp-dev libcap-dev debootstrap postgresql python3-httpx python3-pytest python3-pytest-asyncio make gcc libc6-dev libasan8 libubsan1 skopeo docker-registry qemu-system-x86 qemu-utils e2fsprogs cpio chromium zsh ${DSEC_EXTRA_PACKAGES:-})
+packages=(runc crun erofs-utils busybox-static nftables iproute2 attr libseccomp-dev libcap-dev debootstrap postgresql python3-httpx python3-pytest python3-pytest-asyncio make gcc libc6-dev libasan8 libubsan1 skopeo buildah docker-registry qemu-system-x86 qemu-utils e2fsprogs cpio chromium zsh ${DSEC_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -48,6 +48,8 @@ from .errors import (
     SandboxNotRunning,
     Unauthenticated,
     Unavailable,
+    VolumeInUse,
+    VolumeNotFound,
 )
 from .models import (
     CommandInfo,
@@ -73,6 +75,8 @@ from .models import (
     SessionInfo,
     SessionResult,
     SnapshotInfo,
+    VolumeInfo,
+    VolumeMount,
     Whoami,
 )
 
@@ -106,6 +110,8 @@ __all__ = [
     "OutputEvent",
     "Project",
     "Quota",
+    "VolumeInfo",
+    "VolumeMount",
     "SandboxEvent",
     "SandboxInfo",
     "SandboxSpec",
@@ -122,6 +128,8 @@ __all__ = [
     "Conflict",
     "DeadlineExceeded",
     "ImageNotFound",
+    "VolumeNotFound",
+    "VolumeInUse",
     "Internal",
     "InvalidArgument",
     "NotFound",

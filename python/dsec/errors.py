@@ -98,10 +98,22 @@ class CommandNotFound(NotFound):
     code = "command_not_found"
 
 
+class VolumeNotFound(NotFound):
+    """No volume of that name in the project (or not yours)."""
+
+    code = "volume_not_found"
+
+
 class Conflict(DSecError):
     """The resource already exists or changed."""
 
     code, status, retryable = "conflict", 409, False
+
+
+class VolumeInUse(Conflict):
+    """A sandbox mounts the volume (``details['sandboxes']``); stop it first."""
+
+    code, status, retryable = "volume_in_use", 409, True
 
 
 class SandboxNotRunning(DSecError):
@@ -175,8 +187,10 @@ ERROR_CLASSES: Dict[str, Type[DSecError]] = {
         SandboxNotFound,
         ImageNotFound,
         CommandNotFound,
+        VolumeNotFound,
         Conflict,
         SandboxNotRunning,
+        VolumeInUse,
         PayloadTooLarge,
         QuotaExceeded,
         ResourceExhausted,

@@ -40,6 +40,8 @@ __all__ = [
     "OutputEvent",
     "FnCallResult",
     "FnCallItem",
+    "VolumeMount",
+    "VolumeInfo",
 ]
 
 _T = TypeVar("_T")
@@ -104,6 +106,14 @@ def to_wire(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class VolumeMount:
+    """The project's volume ``name`` mounted at ``path`` (absolute, outside /proc, /dev, /sys)."""
+
+    name: str
+    path: str
+
+
 @dataclass
 class DSecContainerRunArgs:
     """A container sandbox request: libdsec's ``DSecContainerRunArgs``.
@@ -138,6 +148,9 @@ class DSecContainerRunArgs:
     labels: Optional[Mapping[str, str]] = None
     #: Labels the chosen edge must carry, e.g. ``{"pool": "gpu"}``.
     edge_selector: Optional[Mapping[str, str]] = None
+    #: The project's volumes to mount (``VolumeMount`` or ``{"name", "path"}``); the sandbox
+    #: runs on the edge that holds them (docs/volumes.md).
+    volumes: Optional[Sequence[Any]] = None
     project_id: Optional[str] = None
     #: Idempotency key; the SDK makes one when it is ``None`` so that retries are safe.
     request_id: Optional[str] = None
@@ -188,6 +201,8 @@ class SandboxSpec:
     network_allow: Optional[List[Dict[str, Any]]] = None
     network_deny: Optional[List[Dict[str, Any]]] = None
     edge_selector: Optional[Dict[str, str]] = None
+    #: Volumes mounted at create: ``[{"name", "path"}]``.
+    volumes: Optional[List[Dict[str, str]]] = None
 
 
 @dataclass(frozen=True)
@@ -378,6 +393,26 @@ class Quota:
     fncalls_per_second: Optional[int] = None
     #: Bytes of layers (snapshots, forks) the subtree may own.
     image_bytes: Optional[int] = None
+    #: Bytes of volumes (their sizes) the subtree may hold.
+    volume_bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    """A project's named volume (docs/volumes.md)."""
+
+    name: str
+    project_id: str
+    size_mb: int
+    #: The edge that holds its bytes; sandboxes that mount it run there.
+    edge_id: str
+    #: ``creating`` or ``ready``.
+    state: str
+    created_at: datetime = _wire(_time)
+    #: Bytes in use now (``get_volume`` only).
+    used_bytes: Optional[int] = None
+    #: Sandboxes that mount it now (``get_volume`` only).
+    mounted_by: Optional[List[str]] = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import httpx
 import pytest
 
-from dsec import DSecClient, DSecContainerRunArgs
+from dsec import DSecClient, DSecContainerRunArgs, VolumeMount
 from dsec import models
 
 DOC = json.loads((Path(__file__).resolve().parents[2] / "docs" / "openapi.json").read_text())
@@ -140,6 +140,11 @@ async def test_every_call_of_the_client_is_a_documented_route(tmp_path: Path) ->
         await client.list_images()
         await client.list_images(all=True, project_id="p")
         await client.delete_image("snap:v1", project_id="p")
+        await client.create_volume("data", size_mb=64, project_id="p")
+        await client.list_volumes()
+        await client.list_volumes(project_id="p")
+        await client.get_volume("data")
+        await client.delete_volume("data", project_id="p")
         await client.create_project("p2", parent_id="p")
         await client.list_projects()
         await client.create_key("p", role="member")
@@ -213,6 +218,7 @@ MODELS = {
     models.CreatedKey: "CreatedKey",
     models.EdgeStatus: "EdgeStatus",
     models.FnCallResult: "FnCallResult",
+    models.VolumeInfo: "VolumeInfo",
 }
 
 
@@ -257,10 +263,12 @@ def test_run_args_fields_are_in_create_sandbox_body() -> None:
         env={"A": "1"},
         labels={"job": "j"},
         edge_selector={"pool": "gpu"},
+        volumes=[VolumeMount("data", "/data"), {"name": "cache", "path": "/cache"}],
         project_id="p",
         request_id="r",
     )
     sent = args.to_body()
+    assert sent["volumes"] == [{"name": "data", "path": "/data"}, {"name": "cache", "path": "/cache"}]
     assert len(sent) == len(dataclasses.fields(args)) + 1  # and `backend`
     for key in sent:
         assert key in body["properties"], f"DSecContainerRunArgs sends `{key}`, not in CreateSandboxBody"

@@ -88,8 +88,34 @@ export const SandboxSpecSchema = z
     env: stringMap,
     labels: stringMap,
     edgeSelector: stringMap.optional(),
+    volumes: z
+      .array(z.object({ name: z.string(), path: z.string() }))
+      .optional()
+      .openapi({ description: 'Volumes mounted at create (docs/volumes.md).' }),
   })
   .openapi('SandboxSpec');
+
+export const VolumeInfoSchema = z
+  .object({
+    name: z.string(),
+    projectId: z.string(),
+    sizeMb: z.number().int(),
+    edgeId: z.string().openapi({
+      description: 'The edge that holds its bytes; sandboxes that mount it run there.',
+    }),
+    state: z.enum(['creating', 'ready']),
+    createdAt: isoTime,
+    usedBytes: z
+      .number()
+      .int()
+      .optional()
+      .openapi({ description: 'Bytes in use now (single gets only, when the edge answers).' }),
+    mountedBy: z
+      .array(z.string())
+      .optional()
+      .openapi({ description: 'Sandboxes that mount it now (single gets only).' }),
+  })
+  .openapi('VolumeInfo');
 
 export const SandboxStateSchema = z
   .enum(['creating', 'running', 'paused', 'stopping', 'stopped', 'failed'])
@@ -387,6 +413,7 @@ const quota = z.object({
   cpuCores: z.number().optional(),
   fncallsPerSecond: z.number().int().optional(),
   imageBytes: z.number().int().optional(),
+  volumeBytes: z.number().int().optional(),
 });
 
 export const ProjectSchema = z

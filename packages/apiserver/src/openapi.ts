@@ -30,6 +30,7 @@ import {
   SnapshotInfoSchema,
   StdinAnswerSchema,
   WhoamiSchema,
+  VolumeInfoSchema,
 } from './openapi-schemas.js';
 import * as requests from './schemas.js';
 import * as ioRequests from './schemas-io.js';
@@ -78,6 +79,8 @@ const CommandBody = requests.CommandBody.openapi('CommandBody');
 const SessionRunBody = ioRequests.SessionRunBody.openapi('SessionRunBody');
 const ProjectBody = requests.ProjectBody.openapi('ProjectBody');
 const KeyBody = requests.KeyBody.openapi('KeyBody');
+const CreateVolumeBody = requests.CreateVolumeBody.openapi('CreateVolumeBody');
+const { VolumeParams, VolumeQuery } = requests;
 const JobBody = requests.JobBody.openapi('JobBody');
 const NetworkPatchBody = requests.NetworkPatchBody.openapi('NetworkPatchBody');
 const SnapshotBody = requests.SnapshotBody.openapi('SnapshotBody');
@@ -626,6 +629,57 @@ export function operations(): Operation[] {
       errors: ON_SANDBOX,
     },
     {
+      method: 'post',
+      route: '/v1/volumes',
+      operationId: 'createVolume',
+      tag: 'volumes',
+      summary: 'Create a named volume of the project',
+      description:
+        'An ext4 store of `sizeMb` on one edge (docs/volumes.md), counted against the `volumeBytes` quota of the project and its ancestors (429 `quota_exceeded`). Names are per project; 409 `conflict` when the project has one of that name. Sandboxes mount it with `volumes` on create and are placed on its edge.',
+      request: { body: { content: json(CreateVolumeBody), required: true } },
+      responses: { 201: { description: 'The volume.', content: json(VolumeInfoSchema) } },
+      errors: [...AUTHED, 404, 409, 429],
+    },
+    {
+      method: 'get',
+      route: '/v1/volumes',
+      operationId: 'listVolumes',
+      tag: 'volumes',
+      summary: 'The project’s volumes',
+      description: 'Of the key’s project, or of `?projectId=` (the key’s own or a descendant).',
+      request: { query: VolumeQuery },
+      responses: {
+        200: {
+          description: 'The volumes, by name.',
+          content: json(z.object({ volumes: z.array(VolumeInfoSchema) })),
+        },
+      },
+      errors: [...AUTHED, 404],
+    },
+    {
+      method: 'get',
+      route: '/v1/volumes/:name',
+      operationId: 'getVolume',
+      tag: 'volumes',
+      summary: 'One volume, with its use now',
+      description: '404 `volume_not_found` when the project has no volume of that name.',
+      request: { params: VolumeParams, query: VolumeQuery },
+      responses: { 200: { description: 'The volume.', content: json(VolumeInfoSchema) } },
+      errors: [...AUTHED, 404],
+    },
+    {
+      method: 'delete',
+      route: '/v1/volumes/:name',
+      operationId: 'deleteVolume',
+      tag: 'volumes',
+      summary: 'Delete a volume and its bytes',
+      description:
+        '409 `volume_in_use` (`details.sandboxes`) while a sandbox mounts it; its bytes leave the quota once it is gone.',
+      request: { params: VolumeParams, query: VolumeQuery },
+      responses: { 204: noContent },
+      errors: [...AUTHED, 404, 409],
+    },
+    {
       method: 'get',
       route: '/v1/images',
       operationId: 'listImages',
@@ -877,6 +931,7 @@ export function buildOpenApiDocument(version: string): Record<string, unknown> {
       'network',
       'display',
       'images',
+      'volumes',
       'edges',
       'projects',
       'keys',

@@ -52,6 +52,8 @@ export interface SandboxServiceDeps {
   onWarning?: (message: string, context: Record<string, unknown>) => void;
   /** Removes a project's layer from the image store: a snapshot its quota cannot hold after all. */
   imagesRemove?: ((ref: string, project: string) => Promise<void>) | undefined;
+  /** Volumes: where a sandbox that mounts some must run (docs/volumes.md). */
+  volumes?: { pinnedEdge(projectId: string, spec: SandboxSpec): Promise<string | undefined> };
 }
 
 /** A sandbox the caller may operate on, and the edge that owns it. */
@@ -533,6 +535,20 @@ export class SandboxService {
     signal?: AbortSignal,
   ): Promise<SandboxInfo> {
     const { iam, placer, ids, metrics } = this.#d;
+    // A sandbox that mounts volumes runs on their edge, or nowhere.
+    let pinned: string | undefined;
+    try {
+      if (spec.volumes?.length) {
+        if (!this.#d.volumes)
+          throw new DsecError('invalid_argument', 'this apiserver keeps no volumes', {
+            field: 'volumes',
+          });
+        pinned = await this.#d.volumes.pinnedEdge(projectId, spec);
+      }
+    } catch (err) {
+      metrics.sandboxCreateFailures.inc({ code: toDsecError(err).code });
+      throw err;
+    }
     try {
       await iam.reserve(
         projectId,
@@ -551,7 +567,7 @@ export class SandboxService {
     try {
       for (let attempt = 0; attempt < MAX_PLACEMENT_ATTEMPTS; attempt++) {
         if (attempt > 0) metrics.placementRetries.inc();
-        const edgeId = placer.place({ spec, exclude, layerView: view });
+        const edgeId = pinned ?? placer.place({ spec, exclude, layerView: view });
         const edge = this.#edge(edgeId);
         if (!edge) {
           exclude.add(edgeId);
@@ -559,6 +575,7 @@ export class SandboxService {
             'unavailable',
             `edge ${edgeId} is not reachable from this apiserver`,
           );
+          if (pinned) throw refusal;
           continue;
         }
         const id = ids.mint(edgeId);
@@ -572,7 +589,7 @@ export class SandboxService {
           const e = toDsecError(err);
           // Only a clean refusal is known to have created nothing; otherwise undo whatever exists.
           if (e.code !== 'capacity_exhausted') this.#rollback(edge, id);
-          if (e.code === 'capacity_exhausted' || e.code === 'unavailable') {
+          if ((e.code === 'capacity_exhausted' || e.code === 'unavailable') && !pinned) {
             exclude.add(edgeId);
             refusal = e;
             continue;

@@ -4,7 +4,11 @@ import {
   isSandboxUser,
   parseLayerRef,
   DEFAULT_COMMAND_TIMEOUT_MS,
+  MAX_VOLUME_MOUNTS,
+  MAX_VOLUME_PATH_CHARS,
   SANDBOX_ID_COUNT,
+  VOLUME_NAME_RE,
+  VOLUME_SIZE_MB,
 } from '@dsec/core';
 import type { SandboxSpec } from '@dsec/core';
 
@@ -88,6 +92,32 @@ const networkRules = boundedRecord(
   64,
 );
 
+/** A volume mount of a create (docs/volumes.md); names and paths are checked in depth by `checkVolumeMounts`. */
+export const VolumeMountBody = z
+  .object({
+    name: z.string().max(63).regex(VOLUME_NAME_RE, 'must be a volume name'),
+    path: z
+      .string()
+      .max(MAX_VOLUME_PATH_CHARS)
+      .regex(/^\//, 'must be an absolute path')
+      .refine(noNul, 'must not contain NUL bytes'),
+  })
+  .strict();
+
+export const CreateVolumeBody = z
+  .object({
+    name: z.string().max(63).regex(VOLUME_NAME_RE, 'must be a volume name'),
+    sizeMb: int(VOLUME_SIZE_MB.min, VOLUME_SIZE_MB.max),
+    projectId: opaqueId.optional(),
+  })
+  .strict();
+
+export const VolumeParams = z
+  .object({ name: z.string().max(63).regex(VOLUME_NAME_RE, 'must be a volume name') })
+  .strict();
+
+export const VolumeQuery = z.object({ projectId: opaqueId.optional() }).strict();
+
 export const CreateSandboxBody = z
   .object({
     backend: z.enum(['container', 'microvm', 'vm', 'fncall']).default('container'),
@@ -113,6 +143,8 @@ export const CreateSandboxBody = z
       z.string().regex(/^[A-Za-z0-9._:/-]{0,63}$/, 'must be a label value'),
       16,
     ).optional(),
+    /** The project's volumes to mount (docs/volumes.md); the sandbox runs on their edge. */
+    volumes: z.array(VolumeMountBody).max(MAX_VOLUME_MOUNTS).optional(),
     projectId: opaqueId.optional(),
     requestId: z
       .string()
@@ -143,6 +175,7 @@ export function toSandboxSpec(b: CreateSandboxInput): SandboxSpec {
     ...(b.edgeSelector && Object.keys(b.edgeSelector).length > 0
       ? { edgeSelector: b.edgeSelector }
       : {}),
+    ...(b.volumes && b.volumes.length > 0 ? { volumes: b.volumes } : {}),
   };
 }
 
@@ -201,6 +234,7 @@ export const ProjectBody = z
         fncallsPerSecond: int(0, 1_000_000_000).optional(),
         /** Bytes of layers (snapshots, forks) the subtree may own. */
         imageBytes: int(0, Number.MAX_SAFE_INTEGER).optional(),
+        volumeBytes: int(0, Number.MAX_SAFE_INTEGER).optional(),
       })
       .strict()
       .optional(),

@@ -16,6 +16,8 @@ import { ApiMetrics } from './metrics.js';
 import { installRequestGate } from './request-gate.js';
 import { openApiRoute, recordRoutes } from './openapi.js';
 import { adminRoutes } from './routes/admin.js';
+import { volumeRoutes } from './routes/volumes.js';
+import { VolumeService } from './volume-service.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { networkRoutes } from './routes/network.js';
 import { displayRoutes } from './routes/display.js';
@@ -107,6 +109,7 @@ export interface ApiServerOptions {
           metrics: ApiMetrics;
           limits: CallerLimits;
           images: ImageService;
+          volumes: VolumeService;
         },
       ) => void)
     | undefined;
@@ -248,9 +251,16 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
       ...(options.imagesRemove ? { remove: options.imagesRemove } : {}),
     },
   });
+  const volumes = new VolumeService({
+    iam,
+    edges: options.edges,
+    watcher: options.watcher,
+    onWarning: (message, context) => app.log.warn(context, message),
+  });
   const service = new SandboxService({
     ...options,
     metrics,
+    volumes,
     onWarning: (message, context) => app.log.warn(context, message),
   });
 
@@ -309,6 +319,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     return reply.header('content-type', metrics.registry.contentType).send(await metrics.text());
   });
   sandboxRoutes(app, service);
+  volumeRoutes(app, volumes);
   networkRoutes(app, service);
   displayRoutes(app, service);
   lifecycleRoutes(app, service);
@@ -335,7 +346,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   ptyWebSocket(app, service, iam, { limits, guard });
   uiRoutes(app);
   adminRoutes(app, { iam, fleet: () => watcher.view(), images });
-  options.extend?.(app, { service, iam, metrics, limits, images });
+  options.extend?.(app, { service, iam, metrics, limits, images, volumes });
   // Last, in front of every listener the routes and extensions installed: the Host and URL
   // checks, then the connection caps (which must see the requests the checks refuse too).
   installRequestGate(app.server, {

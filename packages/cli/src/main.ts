@@ -7,6 +7,7 @@ import { register as registerSandboxNetwork } from './commands/sandbox-network.j
 import { register as registerImage } from './commands/image.js';
 import { register as registerProject } from './commands/project.js';
 import { register as registerKey } from './commands/key.js';
+import { register as registerVolume } from './commands/volume.js';
 import { register as registerUp } from './commands/up.js';
 import { register as registerImageBuild } from './commands/image-build.js';
 import { register as registerBench } from './commands/bench.js';
@@ -28,6 +29,7 @@ const COMMANDS: Array<(program: Command) => void> = [
   registerSandboxNetwork,
   registerImage,
   registerImageBuild,
+  registerVolume,
   registerProject,
   registerKey,
   registerUp,

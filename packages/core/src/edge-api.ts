@@ -97,6 +97,49 @@ export interface EdgeApi {
    * `fncall` backend, and answers `unavailable` when none does.
    */
   fncall?(req: FnCallRequest, options: FnCallOptions): Promise<FnCallResult>;
+  /**
+   * The node's volumes (docs/volumes.md). Optional: the apiserver places no
+   * volume on an edge without them.
+   */
+  readonly volumes?: EdgeVolumeApi | undefined;
+}
+
+/**
+ * A node's volumes: each a project's named, size-limited store that outlives
+ * sandboxes, mounted into the sandboxes that name it at create
+ * (`SandboxSpec.volumes`). A volume is keyed by (project, name): the same
+ * name in two projects is two volumes, and every call names the project.
+ *
+ *   create → ready → (mounted by 0..n sandboxes) → deleted
+ *
+ * `delete` is refused with `volume_in_use` while any sandbox of the node
+ * mounts it or is being created with it, and a create that names a volume
+ * being deleted fails with `volume_not_found`: the two never interleave.
+ */
+export interface EdgeVolumeApi {
+  /** Makes the volume. `conflict` if the project has one of that name on this node. */
+  create(
+    req: { projectId: string; name: string; sizeMb: number },
+    signal?: AbortSignal,
+  ): Promise<EdgeVolumeInfo>;
+  /** `volume_not_found` unless the project has it here. */
+  get(projectId: string, name: string, signal?: AbortSignal): Promise<EdgeVolumeInfo>;
+  /** The project's volumes on this node (or every project's, without one). */
+  list(projectId: string | undefined, signal?: AbortSignal): Promise<EdgeVolumeInfo[]>;
+  /** Removes it and its bytes. `volume_in_use` while mounted; a missing one is `volume_not_found`. */
+  delete(projectId: string, name: string, signal?: AbortSignal): Promise<void>;
+}
+
+/** A volume as its edge knows it. */
+export interface EdgeVolumeInfo {
+  projectId: string;
+  name: string;
+  sizeMb: number;
+  createdAt: string;
+  /** Bytes in use on the volume's filesystem now. */
+  usedBytes: number;
+  /** Live sandboxes that mount it. */
+  mountedBy: string[];
 }
 
 export interface CreateSandboxRequest {

@@ -16,8 +16,18 @@ export const ERROR_CODES = {
   sandbox_not_found: { status: 404, retryable: false, summary: 'No such sandbox (or not yours).' },
   image_not_found: { status: 404, retryable: false, summary: 'No image or layer with that name.' },
   command_not_found: { status: 404, retryable: false, summary: 'No command with that ID.' },
+  volume_not_found: {
+    status: 404,
+    retryable: false,
+    summary: 'No volume of that name in the project (or not yours).',
+  },
   conflict: { status: 409, retryable: false, summary: 'The resource already exists or changed.' },
   sandbox_not_running: { status: 409, retryable: false, summary: 'The sandbox is not running.' },
+  volume_in_use: {
+    status: 409,
+    retryable: true,
+    summary: 'A sandbox mounts the volume (or is being created with it); stop it first.',
+  },
   payload_too_large: { status: 413, retryable: false, summary: 'The request body is too large.' },
   quota_exceeded: { status: 429, retryable: true, summary: 'A project quota would be exceeded.' },
   resource_exhausted: {

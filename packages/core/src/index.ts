@@ -24,3 +24,4 @@ export * from './display.js';
 export * from './connection-limits.js';
 export * from './output-budget.js';
 export * from './users.js';
+export * from './volumes.js';

@@ -95,6 +95,38 @@ export interface SandboxSpec {
    * Absent or empty: any edge.
    */
   edgeSelector?: Record<string, string> | undefined;
+  /**
+   * The project's volumes mounted read-write into the sandbox at create
+   * (docs/volumes.md): container sandboxes only, each at an absolute path
+   * outside `/proc`, `/dev` and `/sys`. The sandbox is placed on the edge
+   * that holds the volumes. Absent or empty: none.
+   */
+  volumes?: VolumeMount[] | undefined;
+}
+
+/** One volume mounted into a sandbox. */
+export interface VolumeMount {
+  /** The volume's name in the sandbox's project (`VOLUME_NAME_RE`). */
+  name: string;
+  /** Where it appears inside the sandbox: absolute, normalised. */
+  path: string;
+}
+
+/** A project's named volume as the API shows it (docs/volumes.md). */
+export interface VolumeInfo {
+  name: string;
+  projectId: string;
+  /** Its size limit: writes past it fail with ENOSPC inside the sandbox. */
+  sizeMb: number;
+  /** The edge that holds its bytes; sandboxes that mount it are placed there. */
+  edgeId: string;
+  /** `creating` until its edge has made it; `ready` after. */
+  state: 'creating' | 'ready';
+  createdAt: string;
+  /** Bytes in use now, when the edge was asked (`GET /v1/volumes/NAME`). */
+  usedBytes?: number | undefined;
+  /** Sandboxes on its edge that mount it now, when the edge was asked. */
+  mountedBy?: string[] | undefined;
 }
 
 export interface SandboxInfo {

@@ -29,6 +29,7 @@ import type { AutoPauser, E2bSandboxAccess } from './lifecycle.js';
 import { resolveTemplate } from './templates.js';
 import type { E2bTemplates } from './templates.js';
 import { E2B_USER, E2B_USER_IDS, setUpE2bUser } from './user-setup.js';
+import { volumeMountsOf } from './volumes.js';
 
 /**
  * The E2B control plane (`api.e2b.dev`'s sandbox routes) over
@@ -115,7 +116,7 @@ type Body = Record<string, unknown>;
 
 const callers = new WeakMap<FastifyRequest, E2bCaller>();
 
-function callerOf(req: FastifyRequest): E2bCaller {
+export function callerOf(req: FastifyRequest): E2bCaller {
   const c = callers.get(req);
   if (!c) throw new DsecError('unauthenticated', 'missing API key (X-API-Key)');
   return c;
@@ -180,9 +181,6 @@ function refuseUnsupported(b: Body): void {
     throw new DsecError('invalid_argument', `${field}: ${why}`, { field });
   };
   if (b.mcp !== undefined && b.mcp !== null) refuse('mcp', 'the MCP gateway is not part of DSec');
-  if (Array.isArray(b.volumeMounts) && b.volumeMounts.length > 0) {
-    refuse('volumeMounts', 'DSec has no volumes; use a workspace layer (docs/e2b.md)');
-  }
   const iam = b.iam as Body | undefined;
   if (
     iam &&
@@ -272,6 +270,8 @@ export function createBodyOf(b: Body, templates: E2bTemplates | undefined): Body
   if (b.allow_internet_access === false) deny.push(ALL_V4, ALL_V6);
   if (allow.length > 0) out.networkAllow = allow;
   if (deny.length > 0) out.networkDeny = deny;
+  if (Array.isArray(b.volumeMounts) && b.volumeMounts.length > 0)
+    out.volumes = volumeMountsOf(b.volumeMounts);
   return out;
 }
 
@@ -312,6 +312,7 @@ function e2bField(err: unknown): never {
       ['toolkits', 'templateID'],
       ['networkAllow', 'network.allowOut'],
       ['networkDeny', 'network.denyOut'],
+      ['volumes', 'volumeMounts'],
     ];
     for (const [from, to] of map) {
       if (err.field === from || err.field.startsWith(`${from}.`)) {
@@ -356,7 +357,7 @@ export function listedSandbox(info: SandboxInfo, state: 'running' | 'paused'): B
     metadata: metadataOf(info),
     state,
     envdVersion: ENVD_VERSION,
-    volumeMounts: [],
+    volumeMounts: info.spec.volumes ?? [],
   };
 }
 

@@ -18,6 +18,8 @@ const CONNECT_CODES: Record<ErrorCode, Code> = {
   sandbox_not_found: Code.Unavailable,
   image_not_found: Code.NotFound,
   command_not_found: Code.NotFound,
+  volume_not_found: Code.NotFound,
+  volume_in_use: Code.FailedPrecondition,
   conflict: Code.AlreadyExists,
   sandbox_not_running: Code.Unavailable,
   payload_too_large: Code.ResourceExhausted,

@@ -5,6 +5,8 @@ import https from 'node:https';
 import { Duplex, PassThrough, Readable } from 'node:stream';
 import { DsecError, toDsecError } from '@dsec/core';
 import type {
+  EdgeVolumeApi,
+  EdgeVolumeInfo,
   DisplayInput,
   FnCallOptions,
   FnCallRequest,
@@ -153,12 +155,15 @@ interface Answer {
 export class RemoteEdge implements EdgeApi {
   readonly edgeId: string;
   readonly io: SandboxIoApi;
+  /** The edge's volumes (docs/volumes.md); an edge that keeps none answers `unavailable`. */
+  readonly volumes: EdgeVolumeApi;
   readonly #link: EdgeLink;
 
   constructor(options: RemoteEdgeOptions) {
     this.edgeId = options.edgeId;
     this.#link = new EdgeLink(options);
     this.io = new RemoteSandboxIo(this.#link);
+    this.volumes = new RemoteVolumes(this.#link);
   }
 
   /** Drops pooled sockets; later calls reject with `unavailable`. */
@@ -319,6 +324,50 @@ export class RemoteEdge implements EdgeApi {
       idempotent: true,
     });
     return body.events;
+  }
+}
+
+/** The volumes of a served edge. Creates and deletes are never resent: a retry would find the first's result. */
+class RemoteVolumes implements EdgeVolumeApi {
+  constructor(readonly link: EdgeLink) {}
+
+  create(
+    req: { projectId: string; name: string; sizeMb: number },
+    signal?: AbortSignal,
+  ): Promise<EdgeVolumeInfo> {
+    return this.link.json({ method: 'POST', path: '/volumes/create', json: req, signal });
+  }
+
+  get(projectId: string, name: string, signal?: AbortSignal): Promise<EdgeVolumeInfo> {
+    return this.link.json({
+      method: 'POST',
+      path: '/volumes/get',
+      json: { projectId, name },
+      signal,
+      quick: true,
+      idempotent: true,
+    });
+  }
+
+  async list(projectId: string | undefined, signal?: AbortSignal): Promise<EdgeVolumeInfo[]> {
+    const body = await this.link.json<{ volumes: EdgeVolumeInfo[] }>({
+      method: 'POST',
+      path: '/volumes/list',
+      json: projectId === undefined ? {} : { projectId },
+      signal,
+      quick: true,
+      idempotent: true,
+    });
+    return body.volumes;
+  }
+
+  async delete(projectId: string, name: string, signal?: AbortSignal): Promise<void> {
+    await this.link.json({
+      method: 'POST',
+      path: '/volumes/delete',
+      json: { projectId, name },
+      signal,
+    });
   }
 }
 

@@ -11,6 +11,7 @@ import { pino } from 'pino';
 import { ConnectionGuard, DsecError, requireIo, requireLifecycle, toDsecError } from '@dsec/core';
 import type { ConnectionLimits } from '@dsec/core';
 import type {
+  EdgeVolumeApi,
   CommandResult,
   CreateSandboxRequest,
   DisplayInput,
@@ -806,6 +807,37 @@ function edgeRoutes(edge: EdgeApi): Route[] {
       }
       return snapshot.call(edge, c.p(0), req, c.signal);
     }),
+    // ---- volumes (docs/volumes.md; optional: 503 where the edge keeps none) ----
+    route('POST', '/volumes/create', async (c) => {
+      const b = await c.json();
+      return volumesOf(edge).create(
+        {
+          projectId: text(b.projectId, 'projectId'),
+          name: text(b.name, 'name'),
+          sizeMb: b.sizeMb as number,
+        },
+        c.signal,
+      );
+    }),
+    route('POST', '/volumes/get', async (c) => {
+      const b = await c.json();
+      return volumesOf(edge).get(text(b.projectId, 'projectId'), text(b.name, 'name'), c.signal);
+    }),
+    route('POST', '/volumes/list', async (c) => {
+      const b = await c.json();
+      const projectId = opt<unknown>(b.projectId);
+      return {
+        volumes: await volumesOf(edge).list(
+          projectId === undefined ? undefined : text(projectId, 'projectId'),
+          c.signal,
+        ),
+      };
+    }),
+    route('POST', '/volumes/delete', async (c) => {
+      const b = await c.json();
+      await volumesOf(edge).delete(text(b.projectId, 'projectId'), text(b.name, 'name'), c.signal);
+      return undefined;
+    }),
     // ---- FnCall (issue 14; optional: 503 where the edge has no pools) ----
     route('POST', '/fncall', async (c) => {
       if (!edge.fncall)
@@ -940,6 +972,11 @@ function edgeRoutes(edge: EdgeApi): Route[] {
       return undefined;
     }),
   ];
+}
+
+function volumesOf(edge: EdgeApi): EdgeVolumeApi {
+  if (!edge.volumes) throw new DsecError('unavailable', `edge ${edge.edgeId} keeps no volumes`);
+  return edge.volumes;
 }
 
 function object<T>(v: unknown, field: string): T {

@@ -1,6 +1,7 @@
 import { join } from 'node:path';
 import {
   checkSandboxUser,
+  checkVolumeMounts,
   DsecError,
   formatLayerKey,
   LAYER_PROJECT_PATTERN,
@@ -54,6 +55,7 @@ import {
 import { FNCALL_PROJECT, FnCallPools, type FnCallPoolsOptions } from './fncall/pools.js';
 import type { EdgeLogFn } from './observability/log.js';
 import type { EdgeMetrics } from './observability/metrics.js';
+import { VolumeStore } from './volumes/volume-store.js';
 
 /** What only the edge adds to a create (not in the public `SandboxSpec`, not persisted). */
 export interface EdgeStartOptions {
@@ -135,6 +137,12 @@ export interface EdgeOptions {
   gpus?: EdgeGpuConfig | undefined;
   /** Bounds on one snapshot: files, bytes, memory, time (snapshot/snapshotter.ts; every one has a default). */
   snapshot?: SnapshotLimits | undefined;
+  /**
+   * Volumes (docs/volumes.md), kept in `stateDir/volumes`. Default: on when
+   * the backend runs containers (the only sandboxes that mount them); `false`
+   * turns them off (the edge then refuses creates that name volumes).
+   */
+  volumes?: false | undefined;
 }
 
 /**
@@ -163,6 +171,8 @@ export class Edge implements EdgeApi {
   readonly #fncall: FnCallPools | undefined;
   /** The node's GPUs and their assignment to FnCall workers (gpu/edge-gpus.ts). */
   readonly #gpus: EdgeGpus | undefined;
+  /** The node's volumes (volumes/volume-store.ts); set by `open`. */
+  #volumes: VolumeStore | undefined;
 
   private constructor(
     readonly options: EdgeOptions,
@@ -240,6 +250,14 @@ export class Edge implements EdgeApi {
     // Before anything else: a GPU host that was told to use GPUs and cannot does not start.
     const gpus = await EdgeGpus.open(options.gpus, { log: options.log });
     const edge = new Edge(options, new EdgeStore(join(options.stateDir, 'edge.db')), gpus);
+    const kinds = options.backend.kinds ?? [options.backend.kind];
+    if (options.volumes !== false && kinds.includes('container')) {
+      edge.#volumes = await VolumeStore.open({
+        dir: join(options.stateDir, 'volumes'),
+        users: (projectId, name) => edge.#volumeUsers(projectId, name),
+        log: options.log,
+      });
+    }
     // Thaw what a snapshot interrupted by a crash left frozen, before adopting it.
     edge.#snapshots.recover((id) => edge.#store.get(id)?.state);
     await edge.#reconcile();
@@ -266,6 +284,7 @@ export class Edge implements EdgeApi {
     // backend drops their connections, the last handles that would keep a
     // shutting-down process alive.
     this.io.close();
+    await this.#volumes?.close();
     await this.options.backend.close?.();
     await this.options.network?.close();
     this.options.events?.close();
@@ -320,6 +339,19 @@ export class Edge implements EdgeApi {
     return this.#create(req, signal);
   }
 
+  /** The node's volumes (docs/volumes.md); absent when the edge runs no containers. */
+  get volumes(): VolumeStore | undefined {
+    return this.#volumes;
+  }
+
+  /** Live sandboxes of `projectId` that mount its volume `name` (or are being created with it). */
+  #volumeUsers(projectId: string, name: string): string[] {
+    return this.#store
+      .list(['creating', 'running', 'paused', 'stopping'])
+      .filter((r) => r.projectId === projectId && r.spec.volumes?.some((v) => v.name === name))
+      .map((r) => r.id);
+  }
+
   /** `createSandbox` with what only the edge adds (an FnCall worker's GPUs). */
   async #create(
     req: CreateSandboxRequest,
@@ -333,6 +365,18 @@ export class Edge implements EdgeApi {
         field: 'gpu',
       });
     const kinds = this.options.backend.kinds ?? [this.options.backend.kind];
+    const volumes = spec.volumes ?? [];
+    if (volumes.length > 0) {
+      checkVolumeMounts(volumes);
+      if (spec.backend !== 'container' || !this.#volumes)
+        throw new DsecError(
+          'invalid_argument',
+          'volumes are mounted into container sandboxes only',
+          {
+            field: 'volumes',
+          },
+        );
+    }
     if (!kinds.includes(spec.backend)) {
       throw new DsecError(
         'invalid_argument',
@@ -353,6 +397,8 @@ export class Edge implements EdgeApi {
       if (prior) return this.#inflight.get(prior.id) ?? toInfo(prior, this.edgeId);
     }
     this.options.network?.validate(spec);
+    // Every volume exists and is not being deleted; the insert below makes the sandbox a user.
+    if (volumes.length > 0) this.#volumes?.check(req.projectId, volumes);
     const { admission } = this.options;
     try {
       admission.admit(req.id, spec);
@@ -588,8 +634,19 @@ export class Edge implements EdgeApi {
     const startMs = performance.now();
     try {
       // A bounded number of starts at once; a burst queues (create-gate.ts).
+      const volumes = rec.spec.volumes?.length
+        ? await this.#volumes?.sources(rec.projectId, rec.spec.volumes)
+        : undefined;
       const started = await this.#gate.run(
-        () => this.options.backend.start(start.gpu ? { ...rec, gpu: start.gpu } : rec, signal),
+        () =>
+          this.options.backend.start(
+            {
+              ...rec,
+              ...(start.gpu ? { gpu: start.gpu } : {}),
+              ...(volumes ? { volumes } : {}),
+            },
+            signal,
+          ),
         signal,
       );
       // A named initUser the image does not have would fail every call: refuse the create.

@@ -114,6 +114,7 @@ test('a database written by the release before versioned migrations opens and up
     memoryMb: 256,
     cpuCores: 0.5,
     imageBytes: 0,
+    volumeBytes: 0,
   });
   await db.iam.reserve('prj-team', { memoryMb: 1, cpuCores: 0 }, 'sb-new');
   await assert.rejects(db.iam.reserve('prj-team', { memoryMb: 1, cpuCores: 0 }, 'sb-3'), (e) =>

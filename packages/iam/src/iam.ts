@@ -20,6 +20,7 @@ import type {
   Resources,
   Role,
   Usage,
+  VolumeRecord,
 } from './types.js';
 
 export interface IamOptions {
@@ -98,6 +99,7 @@ interface ProjectRow {
   quota_cpu_millis: number | null;
   quota_fncalls_per_second: number | null;
   quota_image_bytes: number | null;
+  quota_volume_bytes: number | null;
   created_at: string;
 }
 
@@ -122,7 +124,7 @@ const ANCESTORS_CTE = `WITH RECURSIVE anc(id, parent_id, depth) AS (
   SELECT id, parent_id, 0 FROM projects WHERE id = ?
   UNION ALL SELECT p.id, p.parent_id, anc.depth + 1 FROM projects p JOIN anc ON p.id = anc.parent_id)`;
 const PROJECT_COLUMNS =
-  'p.id, p.name, p.parent_id, p.quota_sandboxes, p.quota_memory_mb, p.quota_cpu_millis, p.quota_fncalls_per_second, p.quota_image_bytes, p.created_at';
+  'p.id, p.name, p.parent_id, p.quota_sandboxes, p.quota_memory_mb, p.quota_cpu_millis, p.quota_fncalls_per_second, p.quota_image_bytes, p.quota_volume_bytes, p.created_at';
 const HAS_QUOTA =
   '(p.quota_sandboxes IS NOT NULL OR p.quota_memory_mb IS NOT NULL OR p.quota_cpu_millis IS NOT NULL)';
 
@@ -133,6 +135,7 @@ const QUOTA_FIELDS = [
   'cpuCores',
   'fncallsPerSecond',
   'imageBytes',
+  'volumeBytes',
 ] as const;
 
 /**
@@ -459,7 +462,8 @@ export class Iam {
         const at = this.#iso();
         await q.run(
           `INSERT INTO projects (id, name, parent_id, quota_sandboxes, quota_memory_mb, quota_cpu_millis,
-             quota_fncalls_per_second, quota_image_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+             quota_fncalls_per_second, quota_image_bytes, quota_volume_bytes, created_at)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
           [
             id,
             input.name,
@@ -469,6 +473,7 @@ export class Iam {
             toMillis(quota.cpuCores),
             quota.fncallsPerSecond ?? null,
             quota.imageBytes ?? null,
+            quota.volumeBytes ?? null,
             at,
           ],
         );
@@ -891,7 +896,8 @@ export class Iam {
     const now = this.#now();
     const u = await this.#usageRaw(this.#db, projectId, now);
     const imageBytes = await this.#imageBytesUsed(this.#db, projectId, now);
-    return { sandboxes: u.n, memoryMb: u.mem, cpuCores: u.cpu / 1000, imageBytes };
+    const volumeBytes = await this.#volumeBytesUsed(this.#db, projectId);
+    return { sandboxes: u.n, memoryMb: u.mem, cpuCores: u.cpu / 1000, imageBytes, volumeBytes };
   }
 
   // ---- image bytes ----------------------------------------------------------------
@@ -1027,6 +1033,131 @@ export class Iam {
         await this.#writeAudit(q, options.actorKeyId ?? null, options.action, id, 'ok');
       return r.changes > 0;
     });
+  }
+
+  // ---- volumes (docs/volumes.md) ----------------------------------------------------
+
+  /**
+   * Records a volume of `projectId` on `edgeId` in state `creating`,
+   * charging `sizeBytes` to the `volumeBytes` quota of the project and every
+   * ancestor in the same transaction (rows of limiting ancestors locked):
+   * `quota_exceeded` (details `resource: 'volumeBytes'`, the limiting
+   * project) when one has no room; `conflict` when the project has a volume
+   * of that name already; `not_found` for an unknown project.
+   */
+  async createVolume(
+    input: { projectId: string; name: string; sizeBytes: number; edgeId: string },
+    options: { actorKeyId?: string } = {},
+  ): Promise<VolumeRecord> {
+    const { projectId, name, sizeBytes, edgeId } = input;
+    if (!(Number.isSafeInteger(sizeBytes) && sizeBytes > 0))
+      throw new DsecError('invalid_argument', 'sizeBytes must be an integer > 0');
+    const taken = () =>
+      new DsecError('conflict', `volume ${name} exists in the project`, { field: 'name' });
+    try {
+      return await this.#tx(async (q, deny) => {
+        if (!(await q.get('SELECT 1 AS x FROM projects WHERE id = ?', [projectId])))
+          throw new DsecError('not_found', `no project ${JSON.stringify(projectId)}`);
+        if (
+          await q.get('SELECT 1 AS x FROM volumes WHERE project_id = ? AND name = ?', [
+            projectId,
+            name,
+          ])
+        )
+          throw taken();
+        const limited = await q.all<ProjectRow>(
+          `${ANCESTORS_CTE} SELECT ${PROJECT_COLUMNS} FROM anc JOIN projects p ON p.id = anc.id
+             WHERE p.quota_volume_bytes IS NOT NULL ORDER BY anc.depth DESC${lockSuffix(q, 'p')}`,
+          [projectId],
+        );
+        for (const p of limited.reverse()) {
+          const used = await this.#volumeBytesUsed(q, p.id);
+          if (used + sizeBytes > Number(p.quota_volume_bytes)) {
+            const details = {
+              projectId: p.id,
+              resource: 'volumeBytes',
+              limit: Number(p.quota_volume_bytes),
+              used,
+              requested: sizeBytes,
+            };
+            deny(options.actorKeyId ?? null, 'quota.reserve', projectId, 'denied', details);
+            throw new DsecError(
+              'quota_exceeded',
+              `project ${p.name} would exceed its volumeBytes quota`,
+              { details },
+            );
+          }
+        }
+        const at = this.#iso();
+        await q.run(
+          'INSERT INTO volumes (project_id, name, size_bytes, edge_id, state, created_at) VALUES (?, ?, ?, ?, ?, ?)',
+          [projectId, name, sizeBytes, edgeId, 'creating', at],
+        );
+        await this.#writeAudit(q, options.actorKeyId ?? null, 'volume.create', projectId, 'ok', {
+          name,
+          sizeBytes,
+          edgeId,
+        });
+        return { projectId, name, sizeBytes, edgeId, state: 'creating' as const, createdAt: at };
+      });
+    } catch (err) {
+      if (isUniqueViolation(err)) throw taken();
+      throw err;
+    }
+  }
+
+  /** Marks a volume made by its edge. */
+  async markVolumeReady(projectId: string, name: string): Promise<void> {
+    await this.#db.run("UPDATE volumes SET state = 'ready' WHERE project_id = ? AND name = ?", [
+      projectId,
+      name,
+    ]);
+  }
+
+  /** The project's volume `name`; undefined when it has none. */
+  async getVolume(projectId: string, name: string): Promise<VolumeRecord | undefined> {
+    const r = await this.#db.get<VolumeRow>(
+      'SELECT project_id, name, size_bytes, edge_id, state, created_at FROM volumes WHERE project_id = ? AND name = ?',
+      [projectId, name],
+    );
+    return r && toVolume(r);
+  }
+
+  /** The project's own volumes (not its descendants': names are per project), by name. */
+  async listVolumes(projectId: string): Promise<VolumeRecord[]> {
+    const rows = await this.#db.all<VolumeRow>(
+      'SELECT project_id, name, size_bytes, edge_id, state, created_at FROM volumes WHERE project_id = ? ORDER BY name',
+      [projectId],
+    );
+    return rows.map(toVolume);
+  }
+
+  /** Forgets a volume (its bytes leave the quota); false when there was none. */
+  async deleteVolume(
+    projectId: string,
+    name: string,
+    options: { actorKeyId?: string } = {},
+  ): Promise<boolean> {
+    return this.#tx(async (q) => {
+      const r = await q.run('DELETE FROM volumes WHERE project_id = ? AND name = ?', [
+        projectId,
+        name,
+      ]);
+      if (r.changes > 0)
+        await this.#writeAudit(q, options.actorKeyId ?? null, 'volume.delete', projectId, 'ok', {
+          name,
+        });
+      return r.changes > 0;
+    });
+  }
+
+  async #volumeBytesUsed(q: SqlQuery, projectId: string): Promise<number> {
+    const row = await q.get<{ bytes: number }>(
+      `${SUBTREE_CTE} SELECT COALESCE(SUM(size_bytes), 0) AS bytes FROM volumes
+         WHERE project_id IN (SELECT id FROM sub)`,
+      [projectId],
+    );
+    return Number(row?.bytes ?? 0);
   }
 
   // ---- idempotency ----------------------------------------------------------------
@@ -1563,11 +1694,18 @@ function cleanQuota(q: Quota): Quota {
   if (q.cpuCores !== undefined) out.cpuCores = Math.round(q.cpuCores * 1000) / 1000;
   if (q.fncallsPerSecond !== undefined) out.fncallsPerSecond = q.fncallsPerSecond;
   if (q.imageBytes !== undefined) out.imageBytes = q.imageBytes;
+  if (q.volumeBytes !== undefined) out.volumeBytes = q.volumeBytes;
   return out;
 }
 
 function checkQuotaShape(q: Quota): void {
-  for (const f of ['sandboxes', 'memoryMb', 'fncallsPerSecond', 'imageBytes'] as const) {
+  for (const f of [
+    'sandboxes',
+    'memoryMb',
+    'fncallsPerSecond',
+    'imageBytes',
+    'volumeBytes',
+  ] as const) {
     const v = q[f];
     if (v !== undefined && !(Number.isSafeInteger(v) && v >= 0)) {
       throw new DsecError('invalid_argument', `quota.${f} must be an integer ≥ 0`, {
@@ -1583,6 +1721,26 @@ function checkQuotaShape(q: Quota): void {
   }
 }
 
+interface VolumeRow {
+  project_id: string;
+  name: string;
+  size_bytes: number;
+  edge_id: string;
+  state: string;
+  created_at: string;
+}
+
+function toVolume(r: VolumeRow): VolumeRecord {
+  return {
+    projectId: r.project_id,
+    name: r.name,
+    sizeBytes: Number(r.size_bytes),
+    edgeId: r.edge_id,
+    state: r.state === 'ready' ? 'ready' : 'creating',
+    createdAt: r.created_at,
+  };
+}
+
 function toProject(r: ProjectRow): Project {
   const quota: Quota = {};
   if (r.quota_sandboxes !== null) quota.sandboxes = r.quota_sandboxes;
@@ -1590,5 +1748,6 @@ function toProject(r: ProjectRow): Project {
   if (r.quota_cpu_millis !== null) quota.cpuCores = r.quota_cpu_millis / 1000;
   if (r.quota_fncalls_per_second !== null) quota.fncallsPerSecond = r.quota_fncalls_per_second;
   if (r.quota_image_bytes !== null) quota.imageBytes = Number(r.quota_image_bytes);
+  if (r.quota_volume_bytes !== null) quota.volumeBytes = Number(r.quota_volume_bytes);
   return { id: r.id, name: r.name, parentId: r.parent_id, quota, createdAt: r.created_at };
 }

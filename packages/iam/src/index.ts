@@ -73,4 +73,5 @@ export type {
   Resources,
   Role,
   Usage,
+  VolumeRecord,
 } from './types.js';

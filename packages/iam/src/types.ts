@@ -25,6 +25,12 @@ export interface Quota {
    * is taken and given back when its layer is deleted.
    */
   imageBytes?: number | undefined;
+  /**
+   * Bytes of volumes (their size limits, docs/volumes.md) the subtree's
+   * projects may hold, charged when a volume is created and given back when
+   * it is deleted.
+   */
+  volumeBytes?: number | undefined;
 }
 
 /** One project's own calls-per-second limit, as `Iam.fncallRateLimits` returns it. */
@@ -86,6 +92,18 @@ export interface Usage {
   cpuCores: number;
   /** Bytes of layers the subtree owns, plus snapshots being taken now. */
   imageBytes: number;
+  /** Bytes of volumes (their sizes) the subtree holds. */
+  volumeBytes: number;
+}
+
+/** A project's volume as the control plane records it (docs/volumes.md). */
+export interface VolumeRecord {
+  projectId: string;
+  name: string;
+  sizeBytes: number;
+  edgeId: string;
+  state: 'creating' | 'ready';
+  createdAt: string;
 }
 
 export type AuditOutcome = 'ok' | 'denied';

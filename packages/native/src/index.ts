@@ -183,6 +183,13 @@ export interface MountRootfsOptions {
    * `work` must be inside `mount`. Only with `rootfsCommandPrefix`.
    */
   upperImage?: { image: string; mount: string };
+  /**
+   * Volumes (docs/volumes.md): an idmapped (by `idmap`), nosuid, nodev clone
+   * of the mount at each `source` (a volume's host-side mount root) attached
+   * on `staging` (made by the helper) in the private namespace, for the
+   * runtime to bind into the sandbox. Needs `idmap`. Only with `rootfsCommandPrefix`.
+   */
+  volumes?: { source: string; staging: string }[] | undefined;
   /** Directories hidden under an empty tmpfs in the private namespace. Only with `rootfsCommandPrefix`. */
   masks?: string[] | undefined;
   signal?: AbortSignal;
@@ -237,6 +244,7 @@ function rootfsArgs(options: Omit<MountRootfsOptions, 'signal'>): string[] {
     args.push('--upper-image', options.upperImage.image, '--upper-mount', options.upperImage.mount);
   }
   for (const mask of options.masks ?? []) args.push('--mask', mask);
+  for (const v of options.volumes ?? []) args.push('--volume', v.source, v.staging);
   for (const lower of options.lowers) args.push('--lower', lower);
   return args;
 }

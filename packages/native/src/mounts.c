@@ -207,6 +207,12 @@ struct rootfs_args {
      * to run beside; what the runtime writes there vanishes with it. */
     const char **masks;
     int nmasks;
+    /* --volume SRC DIR (with --exec and --idmap only): an idmapped clone of
+     * the mount at SRC (a volume's host-side mount root) attached on DIR,
+     * created here, for the runtime to bind into the sandbox. Kept: it is
+     * in the private namespace and goes with it. */
+    const char **volume_srcs, **volume_dirs;
+    int nvolumes;
 };
 
 /* Everything mount-rootfs made so far, undone in reverse on failure. */
@@ -236,7 +242,9 @@ static void parse_rootfs_args(int argc, char **argv, struct rootfs_args *a)
 {
     a->lowers = calloc((size_t)argc + 1, sizeof *a->lowers);
     a->masks = calloc((size_t)argc + 1, sizeof *a->masks);
-    if (!a->lowers || !a->masks)
+    a->volume_srcs = calloc((size_t)argc + 1, sizeof *a->volume_srcs);
+    a->volume_dirs = calloc((size_t)argc + 1, sizeof *a->volume_dirs);
+    if (!a->lowers || !a->masks || !a->volume_srcs || !a->volume_dirs)
         die("calloc", ENOMEM);
     for (int i = 0; i < argc; i++) {
         const char *opt = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -248,6 +256,14 @@ static void parse_rootfs_args(int argc, char **argv, struct rootfs_args *a)
         }
         if (!val)
             dief(EINVAL, "mount-rootfs: %s needs a value", opt);
+        if (strcmp(opt, "--volume") == 0) {
+            if (i + 2 >= argc)
+                dief(EINVAL, "mount-rootfs: --volume needs SRC and DIR");
+            a->volume_srcs[a->nvolumes] = argv[i + 1];
+            a->volume_dirs[a->nvolumes++] = argv[i + 2];
+            i += 2;
+            continue;
+        }
         i++;
         if (strcmp(opt, "--target") == 0)
             a->target = val;
@@ -269,9 +285,10 @@ static void parse_rootfs_args(int argc, char **argv, struct rootfs_args *a)
             dief(EINVAL, "mount-rootfs: unknown option %s", opt);
     }
     if (!a->target || !a->upper || !a->work || a->nlowers == 0 ||
-        !a->upper_image != !a->upper_mount || ((a->upper_image || a->nmasks) && !a->exec_argv))
+        !a->upper_image != !a->upper_mount || ((a->upper_image || a->nmasks) && !a->exec_argv) ||
+        (a->nvolumes && (!a->exec_argv || !a->idmap)))
         dief(EINVAL, "usage: mount-rootfs --target T --upper U --work W [--idmap H:N] "
-                     "[--upper-image IMG --upper-mount DIR] [--mask DIR]... --lower L... [--exec CMD ARG...]");
+                     "[--upper-image IMG --upper-mount DIR] [--mask DIR]... [--volume SRC DIR]... --lower L... [--exec CMD ARG...]");
 }
 
 /* Overlay options separate layers with ':' and options with ','. */
@@ -423,6 +440,40 @@ static void stage_idmapped_lowers(const struct rootfs_args *a, struct staging *s
     close(userns);
 }
 
+/*
+ * Attaches an idmapped, nosuid, nodev clone of each volume's mount on its
+ * staging directory (made here, 0700). The clone is of the mount at SRC
+ * alone (no submounts), taken by the platform's own path to the volume's
+ * mount root: nothing inside the volume is resolved. Disk ids 0..count-1
+ * appear as the sandbox's host range, so a file one sandbox wrote as its
+ * root is root's in the next sandbox too, whatever range that one has.
+ * Dies on failure (the private namespace, and the clones, go with us).
+ */
+static void stage_volumes(const struct rootfs_args *a)
+{
+    int userns = make_idmap_userns(a->host_id, a->count);
+    if (userns < 0)
+        dief(-userns, "create user namespace for idmap %u:%u", a->host_id, a->count);
+    for (int i = 0; i < a->nvolumes; i++) {
+        const char *src = a->volume_srcs[i], *dir = a->volume_dirs[i];
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+            dief(errno, "mkdir %s", dir);
+        int tree = open_tree(AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW);
+        if (tree < 0)
+            dief(errno, "open_tree %s", src);
+        struct mount_attr attr = {
+            .attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            .userns_fd = (uint64_t)userns,
+        };
+        if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0)
+            dief(errno, "mount_setattr(MOUNT_ATTR_IDMAP) %s", src);
+        if (move_mount(tree, "", AT_FDCWD, dir, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+            dief(errno, "move_mount %s to %s", src, dir);
+        close(tree);
+    }
+    close(userns);
+}
+
 int cmd_mount_rootfs(int argc, char **argv)
 {
     struct rootfs_args a = { 0 };
@@ -487,6 +538,8 @@ int cmd_mount_rootfs(int argc, char **argv)
      * visible mount, and unmounting the rootfs is all the cleanup there is.
      */
     undo_staging(&s);
+    if (a.nvolumes)
+        stage_volumes(&a);
     if (a.exec_argv) {
         execvp(a.exec_argv[0], a.exec_argv);
         die(a.exec_argv[0], errno);

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import { DsecError } from '@dsec/core';
-import type { Answer, Body, EdgeStatus, LayerInfo, SandboxInfo } from './wire.js';
+import type { Answer, Body, EdgeStatus, LayerInfo, SandboxInfo, VolumeInfo } from './wire.js';
 import { jobAction } from './lifecycle.js';
 import { Sandbox } from './sandbox.js';
 import { FnCalls } from './fncall.js';
@@ -239,6 +239,62 @@ export class DSecClient {
     });
   }
 
+  /**
+   * Creates the project's volume `name` (docs/volumes.md): `sizeMb` of
+   * ext4 on one edge, counted against the `volumeBytes` quota. Mount it with
+   * `volumes: [{ name, path }]` on `runContainer`. `conflict` when the project
+   * has one of that name; `quota_exceeded` when it does not fit. Never resent.
+   */
+  async createVolume(
+    name: string,
+    options: CallOptions & { sizeMb: number; projectId?: string },
+  ): Promise<VolumeInfo> {
+    const body: Body<'createVolume'> = {
+      name,
+      sizeMb: options.sizeMb,
+      ...(options.projectId !== undefined ? { projectId: options.projectId } : {}),
+    };
+    return this.#http.json<VolumeInfo>({
+      method: 'POST',
+      path: '/v1/volumes',
+      body,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs ?? this.#timeoutMs,
+    });
+  }
+
+  /** The project's volumes (the key's, or `projectId`: its own or a descendant). */
+  async listVolumes(options: CallOptions & { projectId?: string } = {}): Promise<VolumeInfo[]> {
+    return (
+      await this.#get<{ volumes: VolumeInfo[] }>(`/v1/volumes${projectQuery(options)}`, options)
+    ).volumes;
+  }
+
+  /** One volume with its use now (`usedBytes`, `mountedBy`); `volume_not_found` when absent. */
+  async getVolume(
+    name: string,
+    options: CallOptions & { projectId?: string } = {},
+  ): Promise<VolumeInfo> {
+    return this.#get<VolumeInfo>(
+      `/v1/volumes/${encodeURIComponent(name)}${projectQuery(options)}`,
+      options,
+    );
+  }
+
+  /** Deletes a volume and its bytes; `volume_in_use` while a sandbox mounts it. */
+  async deleteVolume(
+    name: string,
+    options: CallOptions & { projectId?: string } = {},
+  ): Promise<void> {
+    await this.#http.json<undefined>({
+      method: 'DELETE',
+      path: `/v1/volumes/${encodeURIComponent(name)}${projectQuery(options)}`,
+      signal: options.signal,
+      timeoutMs: options.timeoutMs ?? this.#timeoutMs,
+      idempotent: true,
+    });
+  }
+
   async createProject(options: CreateProjectOptions): Promise<Project> {
     const body: Body<'createProject'> = {
       name: options.name,
@@ -300,4 +356,10 @@ export class DSecClient {
       idempotent: true,
     });
   }
+}
+
+function projectQuery(options: { projectId?: string | undefined }): string {
+  return options.projectId !== undefined
+    ? `?projectId=${encodeURIComponent(options.projectId)}`
+    : '';
 }

@@ -63,6 +63,7 @@ export type {
   SessionInfo,
   SessionResult,
   SnapshotInfo,
+  VolumeInfo,
 } from './wire.js';
 /** Every path, operation and schema of docs/openapi.json, as generated types. */
 export type { components, operations, paths } from './gen/openapi.js';

@@ -23,6 +23,7 @@ export type Body<Op extends keyof operations> = operations[Op]['requestBody'] ex
   : never;
 
 export type SandboxInfo = Schemas['SandboxInfo'];
+export type VolumeInfo = Schemas['VolumeInfo'];
 export type SandboxSpec = Schemas['SandboxSpec'];
 export type SandboxState = Schemas['SandboxState'];
 export type CommandResult = Schemas['CommandResult'];

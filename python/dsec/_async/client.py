@@ -28,6 +28,7 @@ from ..models import (
     Project,
     Quota,
     SandboxInfo,
+    VolumeInfo,
     Whoami,
     from_wire,
     to_wire,
@@ -239,6 +240,47 @@ class DSecClient:
         await self._http.json(
             "DELETE",
             f"/v1/images/{segment(ref)}",
+            params=params,
+            timeout=or_default(timeout, self._timeout),
+            retry_safe=True,
+        )
+
+    # --- volumes (docs/volumes.md) -----------------------------------------
+
+    async def create_volume(
+        self, name: str, *, size_mb: int, project_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> VolumeInfo:
+        """Creates the project's volume ``name``: ``size_mb`` MiB of ext4 on one edge, counted
+        against the ``volumeBytes`` quota. Mount it with
+        ``DSecContainerRunArgs(volumes=[VolumeMount(name, "/path")])``. ``Conflict`` when the
+        project has one of that name, ``QuotaExceeded`` when it does not fit. Never resent."""
+        body = compact({"name": name, "sizeMb": size_mb, "projectId": project_id})
+        answer = await self._http.json("POST", "/v1/volumes", body=body, timeout=or_default(timeout, self._timeout))
+        return from_wire(VolumeInfo, answer)
+
+    async def list_volumes(
+        self, *, project_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> List[VolumeInfo]:
+        """The project's volumes (the key's, or ``project_id``: its own or a descendant)."""
+        params = [("projectId", project_id)] if project_id is not None else None
+        answer = await self._get("/v1/volumes", timeout, params=params)
+        return [from_wire(VolumeInfo, v) for v in answer["volumes"]]
+
+    async def get_volume(
+        self, name: str, *, project_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> VolumeInfo:
+        """One volume with its use now (``used_bytes``, ``mounted_by``); ``VolumeNotFound`` when absent."""
+        params = [("projectId", project_id)] if project_id is not None else None
+        return from_wire(VolumeInfo, await self._get(f"/v1/volumes/{segment(name)}", timeout, params=params))
+
+    async def delete_volume(
+        self, name: str, *, project_id: Optional[str] = None, timeout: Optional[float] = None
+    ) -> None:
+        """Deletes a volume and its bytes; ``VolumeInUse`` while a sandbox mounts it."""
+        params = [("projectId", project_id)] if project_id is not None else None
+        await self._http.json(
+            "DELETE",
+            f"/v1/volumes/{segment(name)}",
             params=params,
             timeout=or_default(timeout, self._timeout),
             retry_safe=True,

@@ -15,6 +15,8 @@ import type {
   CommandSpec,
   CreateSandboxRequest,
   EdgeApi,
+  EdgeVolumeApi,
+  EdgeVolumeInfo,
   EdgeSnapshotRequest,
   EdgeStatus,
   ImageStore,
@@ -88,6 +90,13 @@ export class FakeEdge implements EdgeApi {
   readonly #createDelayMs: number;
   readonly #pausedTtlMs: number;
   readonly #now: () => number;
+  /**
+   * Volumes in memory (docs/volumes.md), by `project\nname`: a create that
+   * names one the project lacks is `volume_not_found`, a delete while a live
+   * sandbox names it `volume_in_use`, as on a real edge.
+   */
+  readonly volumes: EdgeVolumeApi;
+  readonly #volumes = new Map<string, EdgeVolumeInfo>();
 
   constructor(options: FakeEdgeOptions) {
     this.edgeId = options.edgeId;
@@ -96,6 +105,7 @@ export class FakeEdge implements EdgeApi {
     this.#createDelayMs = options.createDelayMs ?? 0;
     this.#pausedTtlMs = (options.pausedTtlSeconds ?? 86_400) * 1000;
     this.#now = options.now ?? Date.now;
+    this.volumes = this.#volumeApi();
     this.#platformImages =
       options.platformImages &&
       new Set(options.platformImages.map((r) => formatLayerRef(parseLayerRef(r)!)));
@@ -181,6 +191,12 @@ export class FakeEdge implements EdgeApi {
     const earlier = requestKey === undefined ? undefined : this.#byRequest.get(requestKey);
     if (earlier !== undefined) return clone(this.#get(earlier));
     if (this.#sandboxes.has(req.id)) throw new DsecError('conflict', `sandbox ${req.id} exists`);
+    (req.spec.volumes ?? []).forEach((v, i) => {
+      if (!this.#volumes.has(`${req.projectId}\n${v.name}`))
+        throw new DsecError('volume_not_found', `no volume ${v.name}`, {
+          field: `volumes.${i}.name`,
+        });
+    });
     if (!this.backends.includes(req.spec.backend)) {
       throw new DsecError(
         'capacity_exhausted',
@@ -374,6 +390,48 @@ export class FakeEdge implements EdgeApi {
   }
 
   /** Sandboxes holding capacity (creating, running or paused, not expired). */
+  #volumeApi(): EdgeVolumeApi {
+    const key = (projectId: string, name: string) => `${projectId}\n${name}`;
+    const users = (projectId: string, name: string) =>
+      this.#live()
+        .filter((s) => s.projectId === projectId && s.spec.volumes?.some((v) => v.name === name))
+        .map((s) => s.id);
+    const find = (projectId: string, name: string) => {
+      const v = this.#volumes.get(key(projectId, name));
+      if (!v) throw new DsecError('volume_not_found', `no volume ${name}`, { field: 'name' });
+      return { ...v, mountedBy: users(projectId, name) };
+    };
+    return {
+      create: async (req, signal) => {
+        throwIfAborted(signal);
+        if (!this.healthy) throw new DsecError('unavailable', `edge ${this.edgeId} is down`);
+        if (this.#volumes.has(key(req.projectId, req.name)))
+          throw new DsecError('conflict', `volume ${req.name} exists`, { field: 'name' });
+        const v: EdgeVolumeInfo = {
+          ...req,
+          createdAt: new Date(this.#now()).toISOString(),
+          usedBytes: 0,
+          mountedBy: [],
+        };
+        this.#volumes.set(key(req.projectId, req.name), v);
+        return { ...v };
+      },
+      get: async (projectId, name) => find(projectId, name),
+      list: async (projectId) =>
+        [...this.#volumes.values()]
+          .filter((v) => projectId === undefined || v.projectId === projectId)
+          .map((v) => find(v.projectId, v.name)),
+      delete: async (projectId, name) => {
+        const v = find(projectId, name);
+        if (v.mountedBy.length > 0)
+          throw new DsecError('volume_in_use', `volume ${name} is mounted`, {
+            details: { sandboxes: v.mountedBy },
+          });
+        this.#volumes.delete(key(projectId, name));
+      },
+    };
+  }
+
   #live(): SandboxInfo[] {
     return [...this.#sandboxes.keys()]
       .map((id) => this.#get(id))

@@ -25,6 +25,11 @@ export function register(program: Command): void {
       'quota: bytes of the layers (snapshots, forks) the project and its children own',
       parseInteger,
     )
+    .option(
+      '--max-volume-bytes <n>',
+      'quota: bytes of volumes (their sizes) the project and its children hold',
+      parseInteger,
+    )
     .action(async (name: string, opts: CreateProjectOptions, command: Command) => {
       const ctx = contextOf(command);
       const quota = {
@@ -33,6 +38,7 @@ export function register(program: Command): void {
         cpuCores: opts.maxCpus,
         fncallsPerSecond: opts.maxFncallsPerSecond,
         imageBytes: opts.maxImageBytes,
+        volumeBytes: opts.maxVolumeBytes,
       };
       const hasQuota = Object.values(quota).some((v) => v !== undefined);
       const created = await ctx.client().createProject({
@@ -91,4 +97,5 @@ interface CreateProjectOptions {
   maxCpus?: number;
   maxFncallsPerSecond?: number;
   maxImageBytes?: number;
+  maxVolumeBytes?: number;
 }

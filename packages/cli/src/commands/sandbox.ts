@@ -9,6 +9,7 @@ import { collect, collectKeyValue, parseInteger, parseNumber } from '../parse.js
 import { reportError } from '../report-error.js';
 import { registerSandboxIo } from './sandbox-io.js';
 import { registerSandboxLifecycle, removeByLabel, selectionOf } from './sandbox-lifecycle.js';
+import { collectVolume } from './volume.js';
 
 /** `dsec sandbox create|exec|ls|get|rm`, and the lifecycle commands (`pause`, `snapshot`, …). */
 export function register(program: Command): void {
@@ -40,6 +41,11 @@ export function register(program: Command): void {
     .option('--env <K=V>', 'default environment of commands (repeatable)', collectKeyValue)
     .option('--label <K=V>', 'label (repeatable)', collectKeyValue)
     .option('--init-user <user>', 'user commands run as by default (default root)')
+    .option(
+      '--volume <name:/path>',
+      "mount the project's volume NAME at /path (repeatable; the sandbox runs on the volume's edge)",
+      collectVolume,
+    )
     .option('--project <id>', "project to bill (default: the key's)")
     .option('--request-id <id>', 'idempotency key: a retry returns the same sandbox')
     .addOption(
@@ -67,6 +73,7 @@ export function register(program: Command): void {
           env: opts.env,
           labels: opts.label,
           initUser: opts.initUser,
+          ...(opts.volume ? { volumes: opts.volume } : {}),
           projectId: opts.project,
           requestId: opts.requestId,
         },
@@ -195,6 +202,7 @@ interface CreateOptions {
   env?: Record<string, string>;
   label?: Record<string, string>;
   initUser?: string;
+  volume?: { name: string; path: string }[];
   project?: string;
   requestId?: string;
 }
@@ -305,6 +313,9 @@ function describe(info: SandboxInfo): string {
     ['disk', s.diskLimitMb !== undefined ? `${s.diskLimitMb} MiB` : 'node disk'],
     ['qos', s.qosClass ?? 'latency-sensitive'],
     ['user', s.initUser],
+    ...(s.volumes?.length
+      ? [['volumes', s.volumes.map((v) => `${v.name}:${v.path}`).join(', ')] as [string, string]]
+      : []),
     ['created', `${info.createdAt} (${formatRelative(info.createdAt)})`],
     ['expires', `${info.expiresAt} (${formatRelative(info.expiresAt)})`],
   ];

@@ -21,6 +21,13 @@ export type BackendSandbox = Pick<
    * backend takes them; the edge refuses them for other backends.
    */
   gpu?: GpuSpecFragment | undefined;
+  /**
+   * Only on `start`, from the edge (never persisted): the host-side mounts
+   * of the volumes `spec.volumes` names, in that order, each with its path
+   * in the sandbox (docs/volumes.md). Only the container backend takes them;
+   * the edge refuses volumes for other backends.
+   */
+  volumes?: { source: string; path: string }[] | undefined;
 };
 
 /** What one pause did (logged; the benchmark reads the memory figures). */

@@ -268,6 +268,38 @@ export const MIGRATIONS: readonly Migration[] = [
   CREATE INDEX idempotency_created ON idempotency(created_at);`,
     },
   },
+  {
+    version: 11,
+    name: 'volumes',
+    // A project's named volumes (docs/volumes.md): one row per (project, name), on one edge,
+    // `size_bytes` counted against `quota_volume_bytes` of the project and every ancestor
+    // (NULL: no limit of its own) from the moment the row exists. `state` 'creating' until
+    // the edge has made it.
+    sql: {
+      sqlite: `
+  ALTER TABLE projects ADD COLUMN quota_volume_bytes INTEGER;
+  CREATE TABLE volumes (
+    project_id TEXT NOT NULL REFERENCES projects(id),
+    name TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    edge_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (project_id, name)
+  );`,
+      postgres: `
+  ALTER TABLE projects ADD COLUMN quota_volume_bytes BIGINT;
+  CREATE TABLE volumes (
+    project_id TEXT NOT NULL REFERENCES projects(id),
+    name TEXT NOT NULL,
+    size_bytes BIGINT NOT NULL,
+    edge_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (project_id, name)
+  );`,
+    },
+  },
 ];
 
 /** The newest layout this release knows. */

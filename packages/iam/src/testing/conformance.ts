@@ -499,6 +499,7 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
         memoryMb: 3,
         cpuCores: 0.3,
         imageBytes: 0,
+        volumeBytes: 0,
       });
       assert.equal(await iam.release('s2'), true);
       assert.equal(await iam.release('s2'), false);
@@ -516,6 +517,64 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.equal(await iam.reservationProject('s1'), a1.id);
       assert.ok(
         (await iam.listAudit()).some((e) => e.action === 'quota.reserve' && e.outcome === 'denied'),
+      );
+    });
+
+    test('volumes: sizes charged within every ancestor, names per project, freed on delete', async (t) => {
+      const { iam, root } = await fresh(t);
+      const team = await iam.createProject(root, { name: 'team', quota: { volumeBytes: 1000 } });
+      assert.equal(team.quota.volumeBytes, 1000);
+      await assert.rejects(
+        iam.createProject(root, { name: 'big', parentId: team.id, quota: { volumeBytes: 1001 } }),
+        (e) => isDsecError(e, 'permission_denied') && e.field === 'quota.volumeBytes',
+      );
+      const a = await iam.createProject(root, { name: 'a', parentId: team.id });
+      const b = await iam.createProject(root, { name: 'b', parentId: team.id });
+      const v = await iam.createVolume({
+        projectId: a.id,
+        name: 'data',
+        sizeBytes: 600,
+        edgeId: 'e1',
+      });
+      assert.equal(v.state, 'creating');
+      // Names are per project: b's `data` is another volume, charged to the same parent.
+      await iam.createVolume({ projectId: b.id, name: 'data', sizeBytes: 300, edgeId: 'e2' });
+      await assert.rejects(
+        iam.createVolume({ projectId: a.id, name: 'data', sizeBytes: 1, edgeId: 'e1' }),
+        (e) => isDsecError(e, 'conflict'),
+      );
+      await assert.rejects(
+        iam.createVolume({ projectId: a.id, name: 'more', sizeBytes: 101, edgeId: 'e1' }),
+        (e) =>
+          isDsecError(e, 'quota_exceeded') &&
+          e.details?.['resource'] === 'volumeBytes' &&
+          e.details['projectId'] === team.id,
+      );
+      assert.equal((await iam.usage(team.id)).volumeBytes, 900);
+      assert.equal((await iam.usage(a.id)).volumeBytes, 600);
+      await iam.markVolumeReady(a.id, 'data');
+      assert.equal((await iam.getVolume(a.id, 'data'))?.state, 'ready');
+      assert.equal((await iam.getVolume(b.id, 'data'))?.edgeId, 'e2');
+      assert.deepEqual(
+        (await iam.listVolumes(a.id)).map((x) => [x.name, x.sizeBytes]),
+        [['data', 600]],
+      );
+      assert.equal(await iam.deleteVolume(a.id, 'data'), true);
+      assert.equal(await iam.deleteVolume(a.id, 'data'), false);
+      assert.equal(await iam.getVolume(a.id, 'data'), undefined);
+      await iam.createVolume({ projectId: a.id, name: 'more', sizeBytes: 698, edgeId: 'e1' });
+      // Concurrent creates never overshoot the parent's limit (rows locked in the transaction):
+      // two bytes of room, six creates of one byte.
+      const burst = await Promise.allSettled(
+        Array.from({ length: 6 }, (_, i) =>
+          iam.createVolume({ projectId: b.id, name: `x${i}`, sizeBytes: 1, edgeId: 'e2' }),
+        ),
+      );
+      assert.equal(burst.filter((r) => r.status === 'fulfilled').length, 2);
+      assert.equal((await iam.usage(team.id)).volumeBytes, 1000);
+      await assert.rejects(
+        iam.createVolume({ projectId: 'prj-nope', name: 'x', sizeBytes: 1, edgeId: 'e1' }),
+        (e) => isDsecError(e, 'not_found'),
       );
     });
 
@@ -569,6 +628,7 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
         memoryMb: 0,
         cpuCores: 0,
         imageBytes: 150,
+        volumeBytes: 0,
       });
       assert.equal((await iam.usage(team.id)).imageBytes, 450);
       // c2's own limit is full.
@@ -811,6 +871,7 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
         memoryMb: 25,
         cpuCores: 12.5,
         imageBytes: 0,
+        volumeBytes: 0,
       });
       assert.ok((await iam.usage(c1.id)).sandboxes <= 10);
     });

@@ -939,6 +939,54 @@ export interface paths {
     patch?: never;
     trace?: never;
   };
+  '/v1/volumes': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /**
+     * The project’s volumes
+     * @description Of the key’s project, or of `?projectId=` (the key’s own or a descendant).
+     */
+    get: operations['listVolumes'];
+    put?: never;
+    /**
+     * Create a named volume of the project
+     * @description An ext4 store of `sizeMb` on one edge (docs/volumes.md), counted against the `volumeBytes` quota of the project and its ancestors (429 `quota_exceeded`). Names are per project; 409 `conflict` when the project has one of that name. Sandboxes mount it with `volumes` on create and are placed on its edge.
+     */
+    post: operations['createVolume'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/v1/volumes/{name}': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /**
+     * One volume, with its use now
+     * @description 404 `volume_not_found` when the project has no volume of that name.
+     */
+    get: operations['getVolume'];
+    put?: never;
+    post?: never;
+    /**
+     * Delete a volume and its bytes
+     * @description 409 `volume_in_use` (`details.sandboxes`) while a sandbox mounts it; its bytes leave the quota once it is gone.
+     */
+    delete: operations['deleteVolume'];
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
   '/v1/whoami': {
     parameters: {
       query?: never;
@@ -1114,7 +1162,16 @@ export interface components {
       toolkits?: string[];
       /** @default 3600 */
       ttlSeconds?: number;
+      volumes?: {
+        name: string;
+        path: string;
+      }[];
       workspace?: string;
+    };
+    CreateVolumeBody: {
+      name: string;
+      projectId?: string;
+      sizeMb: number;
     };
     DisplayInputBody:
       | {
@@ -1214,7 +1271,7 @@ export interface components {
       };
     };
     /**
-     * @description The closed set of error codes (docs/errors.md). Clients match on the code, never the message. `invalid_argument` (400), `unauthenticated` (401), `permission_denied` (403), `not_found` (404), `sandbox_not_found` (404), `image_not_found` (404), `command_not_found` (404), `conflict` (409), `sandbox_not_running` (409), `payload_too_large` (413), `quota_exceeded` (429, retryable), `resource_exhausted` (429, retryable), `rate_limited` (429, retryable), `capacity_exhausted` (503, retryable), `unavailable` (503, retryable), `deadline_exceeded` (504, retryable), `aborted` (499, retryable), `internal` (500, retryable)
+     * @description The closed set of error codes (docs/errors.md). Clients match on the code, never the message. `invalid_argument` (400), `unauthenticated` (401), `permission_denied` (403), `not_found` (404), `sandbox_not_found` (404), `image_not_found` (404), `command_not_found` (404), `volume_not_found` (404), `conflict` (409), `sandbox_not_running` (409), `volume_in_use` (409, retryable), `payload_too_large` (413), `quota_exceeded` (429, retryable), `resource_exhausted` (429, retryable), `rate_limited` (429, retryable), `capacity_exhausted` (503, retryable), `unavailable` (503, retryable), `deadline_exceeded` (504, retryable), `aborted` (499, retryable), `internal` (500, retryable)
      * @enum {string}
      */
     ErrorCode:
@@ -1225,8 +1282,10 @@ export interface components {
       | 'sandbox_not_found'
       | 'image_not_found'
       | 'command_not_found'
+      | 'volume_not_found'
       | 'conflict'
       | 'sandbox_not_running'
+      | 'volume_in_use'
       | 'payload_too_large'
       | 'quota_exceeded'
       | 'resource_exhausted'
@@ -1477,6 +1536,7 @@ export interface components {
         imageBytes?: number;
         memoryMb?: number;
         sandboxes?: number;
+        volumeBytes?: number;
       };
     };
     ProjectBody: {
@@ -1488,6 +1548,7 @@ export interface components {
         imageBytes?: number;
         memoryMb?: number;
         sandboxes?: number;
+        volumeBytes?: number;
       };
     };
     RemoveBody: {
@@ -1568,6 +1629,11 @@ export interface components {
       qosClass?: 'latency-sensitive' | 'best-effort';
       toolkits: string[];
       ttlSeconds: number;
+      /** @description Volumes mounted at create (docs/volumes.md). */
+      volumes?: {
+        name: string;
+        path: string;
+      }[];
       workspace?: string;
     };
     /** @enum {string} */
@@ -1654,6 +1720,21 @@ export interface components {
     TimeoutBody: {
       seconds: number;
     };
+    VolumeInfo: {
+      /** Format: date-time */
+      createdAt: string;
+      /** @description The edge that holds its bytes; sandboxes that mount it run there. */
+      edgeId: string;
+      /** @description Sandboxes that mount it now (single gets only). */
+      mountedBy?: string[];
+      name: string;
+      projectId: string;
+      sizeMb: number;
+      /** @enum {string} */
+      state: 'creating' | 'ready';
+      /** @description Bytes in use now (single gets only, when the edge answers). */
+      usedBytes?: number;
+    };
     Whoami: {
       keyId: string;
       projectId: string;
@@ -1673,7 +1754,7 @@ export interface components {
         'application/json': components['schemas']['Error'];
       };
     };
-    /** @description Error: `conflict`, `sandbox_not_running`. */
+    /** @description Error: `conflict`, `sandbox_not_running`, `volume_in_use`. */
     Conflict: {
       headers: {
         [name: string]: unknown;
@@ -1700,7 +1781,7 @@ export interface components {
         'application/json': components['schemas']['Error'];
       };
     };
-    /** @description Error: `not_found`, `sandbox_not_found`, `image_not_found`, `command_not_found`. */
+    /** @description Error: `not_found`, `sandbox_not_found`, `image_not_found`, `command_not_found`, `volume_not_found`. */
     NotFound: {
       headers: {
         [name: string]: unknown;
@@ -3748,6 +3829,124 @@ export interface operations {
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
       504: components['responses']['DeadlineExceeded'];
+    };
+  };
+  listVolumes: {
+    parameters: {
+      query?: {
+        projectId?: string;
+      };
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The volumes, by name. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': {
+            volumes: components['schemas']['VolumeInfo'][];
+          };
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+    };
+  };
+  createVolume: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody: {
+      content: {
+        'application/json': components['schemas']['CreateVolumeBody'];
+      };
+    };
+    responses: {
+      /** @description The volume. */
+      201: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['VolumeInfo'];
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
+      429: components['responses']['TooManyRequests'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+    };
+  };
+  getVolume: {
+    parameters: {
+      query?: {
+        projectId?: string;
+      };
+      header?: never;
+      path: {
+        name: string;
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The volume. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['VolumeInfo'];
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+    };
+  };
+  deleteVolume: {
+    parameters: {
+      query?: {
+        projectId?: string;
+      };
+      header?: never;
+      path: {
+        name: string;
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description Done; no body. */
+      204: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content?: never;
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      409: components['responses']['Conflict'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
     };
   };
   whoami: {

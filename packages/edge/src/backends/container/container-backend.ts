@@ -192,6 +192,14 @@ export class ContainerBackend implements Backend {
     const chronus = (prepared as PromiseFulfilledResult<PendingChronus>).value;
     this.#noteSupervisor();
     const network = (networked as PromiseFulfilledResult<SandboxNetwork | undefined>).value;
+    // Volumes: an idmapped clone of each host-side mount is staged in the
+    // private namespace (made there, so it goes with it) and bound by the
+    // runtime, which resolves the path inside the sandbox's root.
+    const volumes = (rec.volumes ?? []).map((v, i) => ({
+      source: v.source,
+      staging: join(p.dir, `volume${i}`),
+      path: v.path,
+    }));
     try {
       const base = buildContainerConfig({
         spec: rec.spec,
@@ -202,6 +210,7 @@ export class ContainerBackend implements Backend {
         hostIdBase: hostId,
         idCount: ID_COUNT,
         network,
+        volumes: volumes.map((v) => ({ source: v.staging, destination: v.path })),
       });
       // GPUs assigned by the edge (an FnCall worker's): their nodes, cgroup rules, driver files.
       const config = rec.gpu ? withGpu(base, rec.gpu) : base;
@@ -224,6 +233,7 @@ export class ContainerBackend implements Backend {
           ...upper,
           lowers,
           idmap: { hostId, size: ID_COUNT },
+          volumes: volumes.map(({ source, staging }) => ({ source, staging })),
           ...(quota !== undefined
             ? { upperImage: { image: p.upperImage, mount: p.upperMount } }
             : {}),

@@ -61,6 +61,8 @@ export interface ContainerSpecInput {
   idCount: number;
   /** The sandbox's prepared network: the resolv.conf naming the platform resolver. */
   network?: { resolvConf: string } | undefined;
+  /** Volumes: each staged idmapped mount (host path) and where it appears in the sandbox. */
+  volumes?: { source: string; destination: string }[] | undefined;
 }
 
 /** Builds the OCI runtime config (config.json) for one sandbox. */
@@ -141,6 +143,15 @@ export function buildContainerConfig(input: ContainerSpecInput): Record<string, 
             },
           ]
         : []),
+      // Last: the runtime resolves each destination inside the sandbox's root
+      // (a symlink the image planted there stays inside it), and the
+      // platform's own mounts above cannot be covered (paths are checked too).
+      ...(input.volumes ?? []).map((v) => ({
+        destination: v.destination,
+        type: 'bind',
+        source: v.source,
+        options: ['bind', 'nosuid', 'nodev'],
+      })),
     ],
     linux: {
       uidMappings: [{ containerID: 0, hostID: input.hostIdBase, size: input.idCount }],
