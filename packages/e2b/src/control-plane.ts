@@ -711,8 +711,14 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
     }
     return reply.code(204).send();
   });
+}
 
-  // Anything else under E2B's route families answers in E2B's shape (the SDKs print `message`).
+/**
+ * Anything else under E2B's route families answers in E2B's shape (the SDKs print `message`),
+ * after the control plane's key check. Call last in the control plane's scope: a route added
+ * after it under these paths would be a duplicate.
+ */
+export function unknownE2bRoutes(scope: FastifyInstance): void {
   const unknown = async (req: FastifyRequest) => {
     throw new DsecError(
       'not_found',

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { ApiMetrics, CallerLimits, SandboxService, VolumeService } from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
-import { controlPlaneRoutes } from './control-plane.js';
+import { controlPlaneRoutes, unknownE2bRoutes } from './control-plane.js';
 import { ProcessTable } from './envd/process-table.js';
 import { AutoPauser, E2bSandboxAccess } from './lifecycle.js';
 import type { E2bImages } from './control-plane.js';
@@ -69,6 +69,7 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
       limits: deps.limits,
     });
     if (deps.volumes) e2bVolumeRoutes(scope, deps.volumes);
+    unknownE2bRoutes(scope);
   });
   void app.register(async (scope) => {
     const close = sandboxRoutes(scope, {
