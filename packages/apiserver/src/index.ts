@@ -30,6 +30,17 @@
 export { buildApiServer, API_VERSION, BODY_LIMIT_BYTES } from './server.js';
 export type { ApiServerOptions } from './server.js';
 export { SandboxService } from './sandbox-service.js';
+export {
+  DEFAULT_IMAGE_BUILD_LIMITS,
+  ImageBuildService,
+  type ImageBuilder,
+  type ImageBuildInfo,
+  type ImageBuildLimits,
+  type ImageBuildRequest,
+  type ImageBuildStatus,
+} from './image-builds.js';
+export { DEFAULT_BUILD_CONTEXT_LIMITS, unpackBuildContext } from './build-context.js';
+export type { BuildContextLimits, UnpackedContext } from './build-context.js';
 export type {
   EdgeDirectory,
   FleetSource,

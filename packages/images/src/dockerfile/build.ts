@@ -78,6 +78,12 @@ export interface DockerfileBuildOptions extends DockerfileLimits, ContextLimits 
   version?: string | undefined;
   /** Default `base`. */
   kind?: LayerKind | undefined;
+  /**
+   * The project that owns the result (the build API's caller): the layer,
+   * and the cached build it may answer with, are that project's namespace's,
+   * never the platform's (absent: the platform's).
+   */
+  project?: string | undefined;
   /** The build context directory. */
   contextDir: string;
   /** The Dockerfile: relative to `contextDir` or absolute (default `Dockerfile` in the context). */
@@ -222,10 +228,15 @@ export async function buildDockerfile(
     });
     const source = `dockerfile@${inputDigest}`;
     if (!options.noCache) {
-      const existing = await store.getLayer(`${options.name}:${version}`).catch((err: unknown) => {
-        if (isDsecError(err, 'image_not_found')) return undefined;
-        throw err;
-      });
+      const existing = await store
+        .getLayer(
+          `${options.name}:${version}`,
+          options.project !== undefined ? { project: options.project } : {},
+        )
+        .catch((err: unknown) => {
+          if (isDsecError(err, 'image_not_found')) return undefined;
+          throw err;
+        });
       if (existing?.source === source) {
         progress({ phase: 'done' });
         return { layer: existing, cached: true, layers: [], steps: [], inputDigest };
@@ -377,6 +388,7 @@ async function importBuilt(
       config,
       ...(parents.length > 0 ? { parents } : {}),
       ...(options.split !== undefined ? { split: options.split } : {}),
+      ...(options.project !== undefined ? { project: options.project } : {}),
       compress: input.compression,
       workDir: work,
       signal,
