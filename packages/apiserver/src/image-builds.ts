@@ -50,6 +50,11 @@ export interface ImageBuilder {
   build(request: ImageBuildRequest): Promise<{ layer: LayerInfo; cached: boolean }>;
   /** Removes a layer the build stored in `project`'s namespace (one over its quota). */
   remove(ref: string, project: string): Promise<void>;
+  /**
+   * Records `to` as a second name of `from` (same blobs) in `project`'s
+   * namespace, replacing a record `to` held; answers the new record.
+   */
+  tag?(project: string, from: string, to: string): Promise<LayerInfo>;
 }
 
 export interface ImageBuildLimits extends BuildContextLimits {
@@ -164,16 +169,51 @@ export class ImageBuildService {
     this.limits = { ...DEFAULT_IMAGE_BUILD_LIMITS, ...deps.limits };
   }
 
+  /** A build from an uploaded tar context (`POST /v1/images/builds`). */
   async start(principal: Principal, input: StartBuildInput): Promise<ImageBuildInfo> {
+    return await this.startPrepared(principal, {
+      ...input,
+      prepare: async (work, contextDir) => {
+        const tar = join(work, 'context.tar');
+        const upload = AbortSignal.any([
+          ...(input.signal ? [input.signal] : []),
+          AbortSignal.timeout(this.limits.uploadTimeoutMs),
+        ]);
+        await receive(input.body, tar, this.limits.maxContextBytes, upload);
+        const unpacked = await unpackBuildContext(tar, contextDir, this.limits, input.signal);
+        await rm(tar, { force: true });
+        // The builder opens the Dockerfile by path: it must be a regular file the archive
+        // made, under directories it made (never through one of its symlinks).
+        const dockerfile = input.dockerfile ?? 'Dockerfile';
+        if (unpacked.kindOf(dockerfile) !== 'file') {
+          throw new DsecError(
+            'invalid_argument',
+            `the build context holds no regular file ${JSON.stringify(dockerfile.slice(0, 200))} (a symlink is not followed)`,
+            { field: 'dockerfile' },
+          );
+        }
+        return { dockerfile };
+      },
+    });
+  }
+
+  /**
+   * A build whose context `prepare` writes into `contextDir` (a fresh
+   * directory of the builder's scratch space; `work` beside it is scratch
+   * too) and whose Dockerfile it names: the E2B template build writes a
+   * Dockerfile it translated and the files the SDK uploaded. The same
+   * checks, slots, quota and record as `start`; `onLog` also gets every
+   * line of the build's output.
+   */
+  async startPrepared(
+    principal: Principal,
+    input: Omit<StartBuildInput, 'body' | 'dockerfile'> & {
+      prepare(work: string, contextDir: string): Promise<{ dockerfile: string }>;
+      onLog?: ((line: string) => void) | undefined;
+    },
+  ): Promise<ImageBuildInfo> {
     const { iam } = this.deps;
-    const builder = this.deps.builder;
-    if (!builder) {
-      throw new DsecError(
-        'unavailable',
-        'this apiserver has no image builder: builds run on the node that holds the image store (`dsec up`); in a cluster, build with `dsec image build --dockerfile` on that node',
-        { details: { reason: 'builds_unavailable' } },
-      );
-    }
+    const builder = this.#builder();
     const project = principal.projectId;
     if (!maySnapshot(principal)) {
       await iam.audit(principal.keyId, 'images.build', input.name, 'denied', {
@@ -266,26 +306,9 @@ export class ImageBuildService {
     try {
       await mkdir(builder.workDir, { recursive: true, mode: 0o700 });
       work = await mkdtemp(join(builder.workDir, 'api-build-'));
-      const tar = join(work, 'context.tar');
-      const upload = AbortSignal.any([
-        ...(input.signal ? [input.signal] : []),
-        AbortSignal.timeout(this.limits.uploadTimeoutMs),
-      ]);
-      await receive(input.body, tar, this.limits.maxContextBytes, upload);
       const contextDir = join(work, 'context');
       await mkdir(contextDir, { mode: 0o755 });
-      const unpacked = await unpackBuildContext(tar, contextDir, this.limits, input.signal);
-      await rm(tar, { force: true });
-      // The builder opens the Dockerfile by path: it must be a regular file the archive
-      // made, under directories it made (never through one of its symlinks).
-      const dockerfile = input.dockerfile ?? 'Dockerfile';
-      if (unpacked.kindOf(dockerfile) !== 'file') {
-        throw new DsecError(
-          'invalid_argument',
-          `the build context holds no regular file ${JSON.stringify(dockerfile.slice(0, 200))} (a symlink is not followed)`,
-          { field: 'dockerfile' },
-        );
-      }
+      const { dockerfile } = await input.prepare(work, contextDir);
       // Nothing is held while it builds (the bound of a build's layer is unknown): the room
       // left is checked now, the layer charged what it weighs once it is stored.
       const reservation = randomId('img');
@@ -309,7 +332,10 @@ export class ImageBuildService {
           target: input.target,
           timeoutMs,
           signal: record.controller.signal,
-          onLog: (line) => this.#log(record, line),
+          onLog: (line) => {
+            this.#log(record, line);
+            input.onLog?.(line);
+          },
         },
         reservation,
       ).finally(() => rm(dir, { recursive: true, force: true }));
@@ -370,6 +396,53 @@ export class ImageBuildService {
     }
   }
 
+  /**
+   * Gives the layer `from` (`name:version`, of the caller's project's own
+   * namespace) a second name `to` in the same namespace: the same blobs, no
+   * new bytes charged (the E2B template tags). A record `to` held already is
+   * replaced. `image_not_found` when the project owns no `from`.
+   */
+  async tag(principal: Principal, from: string, to: string): Promise<LayerInfo> {
+    const builder = this.#builder();
+    if (!builder.tag) throw new DsecError('unavailable', 'this builder cannot tag layers');
+    const source = parseLayerRef(from);
+    const target = parseLayerRef(to);
+    if (!source || !target)
+      throw new DsecError('invalid_argument', 'tags name layers as `name:version`', {
+        field: 'tags',
+      });
+    const project = principal.projectId;
+    const owned = await this.ownLayers(principal);
+    if (!owned.some((l) => formatLayerRef(l) === formatLayerRef(source)))
+      throw new DsecError('image_not_found', `no layer ${formatLayerRef(source)}`, {
+        field: 'target',
+      });
+    const layer = await builder.tag(project, formatLayerRef(source), formatLayerRef(target));
+    await this.deps.iam.audit(principal.keyId, 'images.tag', formatLayerRef(target), 'ok', {
+      from: formatLayerRef(source),
+    });
+    return layer;
+  }
+
+  /** Removes a tag `ref` (a record of the project's own namespace), leaving the blobs other records use. */
+  async untag(principal: Principal, ref: string): Promise<void> {
+    const builder = this.#builder();
+    const parsed = parseLayerRef(ref);
+    if (!parsed) throw new DsecError('invalid_argument', 'not a layer name', { field: 'tags' });
+    const owned = await this.ownLayers(principal);
+    if (!owned.some((l) => formatLayerRef(l) === formatLayerRef(parsed)))
+      throw new DsecError('image_not_found', `no layer ${formatLayerRef(parsed)}`, {
+        field: 'tags',
+      });
+    await builder.remove(formatLayerRef(parsed), principal.projectId);
+  }
+
+  /** The layers the caller's project owns itself (not its ancestors', not the platform's). */
+  async ownLayers(principal: Principal): Promise<LayerInfo[]> {
+    const layers = await this.deps.images.list(principal, { all: false });
+    return layers.filter((l) => l.project === principal.projectId);
+  }
+
   /** A build of the caller's project; `not_found` for any other (another project's too). */
   get(principal: Principal, id: string): ImageBuildInfo {
     return this.#view(this.#own(principal, id));
@@ -403,6 +476,17 @@ export class ImageBuildService {
     for (const b of this.#builds.values())
       b.controller.abort(new DsecError('aborted', 'the apiserver is shutting down'));
     await this.settle();
+  }
+
+  #builder(): ImageBuilder {
+    if (!this.deps.builder) {
+      throw new DsecError(
+        'unavailable',
+        'this apiserver has no image builder: builds run on the node that holds the image store (`dsec up`); in a cluster, build with `dsec image build --dockerfile` on that node',
+        { details: { reason: 'builds_unavailable' } },
+      );
+    }
+    return this.deps.builder;
   }
 
   #own(principal: Principal, id: string): BuildRecord {

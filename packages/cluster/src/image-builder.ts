@@ -1,6 +1,6 @@
 import { join } from 'node:path';
 import type { ImageBuilder } from '@dsec/apiserver';
-import type { ImageStore } from '@dsec/core';
+import { isDsecError, type ImageStore } from '@dsec/core';
 import { LinuxNetwork, type EdgeNetworkOptions, type NetworkOptions } from '@dsec/edge';
 import {
   buildDockerfile,
@@ -65,6 +65,15 @@ export function nodeImageBuilder(options: NodeImageBuilderOptions): ImageBuilder
       return { layer: result.layer, cached: result.cached };
     },
     remove: async (ref, project) => await store.removeLayer(ref, { project }),
+    async tag(project, from, to) {
+      const source = await store.getLayer(from, { project });
+      const [name, version] = to.split(':') as [string, string];
+      await store.removeLayer(to, { project }).catch((err: unknown) => {
+        if (!isDsecError(err, 'image_not_found')) throw err;
+      });
+      await store.putLayer({ ...source, name, version, createdAt: new Date().toISOString() });
+      return await store.getLayer(to, { project });
+    },
   };
 }
 
