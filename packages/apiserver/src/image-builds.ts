@@ -169,6 +169,18 @@ export class ImageBuildService {
     this.limits = { ...DEFAULT_IMAGE_BUILD_LIMITS, ...deps.limits };
   }
 
+  /** The builder's scratch space (`unavailable` without a builder). */
+  get workDir(): string {
+    return this.#builder().workDir;
+  }
+
+  /** Resolves once build `id` of the caller's project has finished, with how it ended. */
+  async wait(principal: Principal, id: string): Promise<ImageBuildInfo> {
+    const record = this.#own(principal, id);
+    await record.done;
+    return this.#view(record);
+  }
+
   /** A build from an uploaded tar context (`POST /v1/images/builds`). */
   async start(principal: Principal, input: StartBuildInput): Promise<ImageBuildInfo> {
     return await this.startPrepared(principal, {

@@ -1,11 +1,12 @@
 import type { FastifyInstance } from 'fastify';
-import type { ApiMetrics, CallerLimits, SandboxService } from '@dsec/apiserver';
+import type { ApiMetrics, CallerLimits, ImageBuildService, SandboxService } from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
 import { controlPlaneRoutes } from './control-plane.js';
 import { ProcessTable } from './envd/process-table.js';
 import { SandboxAccess } from './sandbox-access.js';
 import { installSandboxRouting } from './sandbox-routing.js';
 import { sandboxRoutes } from './sandbox-routes.js';
+import { templateBuildRoutes } from './template-build.js';
 import type { E2bTemplates } from './templates.js';
 
 export interface E2bRoutesDeps {
@@ -30,6 +31,8 @@ export interface E2bRoutesDeps {
   sandboxDomain?: string | undefined;
   /** Time between two listings of a streamed directory watch. Default 250. */
   watchIntervalMs?: number | undefined;
+  /** The apiserver's Dockerfile builds: with them, `Template.build` works (template-build.ts). */
+  builds?: ImageBuildService | undefined;
 }
 
 /**
@@ -70,6 +73,14 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
     });
     scope.addHook('onClose', async () => close());
   });
+  if (deps.builds) {
+    templateBuildRoutes(app, {
+      iam: deps.iam,
+      builds: deps.builds,
+      templates: deps.templates,
+      limits: deps.limits,
+    });
+  }
   app.addHook('preClose', async () => {
     shutdown.abort(new Error('the server is closing'));
     processes.closeAll();
