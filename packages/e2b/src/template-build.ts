@@ -211,7 +211,6 @@ function json(v: string[]): string {
 }
 
 function hasControl(s: string): boolean {
-  // eslint-disable-next-line no-control-regex
   return /[\u0000-\u001f\u007f]/.test(s);
 }
 
@@ -699,7 +698,7 @@ function startOf(body: Record<string, unknown>): TemplateBuildStart {
         type: o['type'],
         args: args as string[],
         ...(o['filesHash'] !== undefined
-          ? { filesHash: TemplateFiles.checkHash(o['filesHash'] as string) }
+          ? { filesHash: TemplateFiles.checkHash(o['filesHash']) }
           : {}),
       };
     }),

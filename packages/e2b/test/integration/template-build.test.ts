@@ -158,7 +158,7 @@ void describe('E2B Template.build on DSec', { timeout: 10 * 60_000 }, () => {
       .runCmd('echo failing on purpose; exit 3');
     await assert.rejects(Template.build(failing, 'tmpl-fails'), (err: unknown) => {
       assert.ok(err instanceof BuildError, String(err));
-      assert.match(String((err as Error).message), /exit 3|failed/);
+      assert.match(String(err.message), /exit 3|failed/);
       return true;
     });
     // Names DSec images cannot have are refused up front.
