@@ -263,7 +263,21 @@ export class ImageBuildService {
         { field: 'timeout' },
       );
     }
-    // Slots first: a refused build reads no byte of its upload.
+    // A name the project's view holds in a namespace resolved before its own would shadow the build.
+    const visible = await this.deps.images.list(principal, { all: false }).catch((err: unknown) => {
+      if (isDsecError(err, 'unavailable')) return [] as LayerInfo[];
+      throw err;
+    });
+    const holder = visible.find((l) => formatLayerRef(l) === image && l.project !== project);
+    if (holder) {
+      throw new DsecError(
+        'conflict',
+        `${image} is ${holder.project === undefined ? "the platform's" : "an ancestor project's"}; a build under that name would never be used`,
+        { field: 'name', details: { reason: 'name_taken' } },
+      );
+    }
+    // Slots next, checked and taken with no await between (concurrent requests see each other);
+    // a refused build reads no byte of its upload.
     const running = [...this.#builds.values()].filter((b) => b.info.status === 'building');
     if (running.some((b) => b.project === project && b.info.image === image)) {
       throw new DsecError('conflict', `${image} is being built already`, {
@@ -282,19 +296,6 @@ export class ImageBuildService {
       throw new DsecError('capacity_exhausted', 'the node runs as many builds as it takes', {
         details: { resource: 'builds', limit: this.limits.maxBuilds },
       });
-    }
-    // A name the project's view holds in a namespace resolved before its own would shadow the build.
-    const visible = await this.deps.images.list(principal, { all: false }).catch((err: unknown) => {
-      if (isDsecError(err, 'unavailable')) return [] as LayerInfo[];
-      throw err;
-    });
-    const holder = visible.find((l) => formatLayerRef(l) === image && l.project !== project);
-    if (holder) {
-      throw new DsecError(
-        'conflict',
-        `${image} is ${holder.project === undefined ? "the platform's" : "an ancestor project's"}; a build under that name would never be used`,
-        { field: 'name', details: { reason: 'name_taken' } },
-      );
     }
     const id = randomId('bld');
     const info: ImageBuildInfo = {

@@ -331,6 +331,18 @@ export function templateBuildRoutes(app: FastifyInstance, deps: TemplateBuildDep
       const { name, tags, versions } = templateName(body);
       // The builder is there (else 503 now, not at the build).
       void deps.builds.workDir;
+      // A tag the platform or an ancestor holds under this name would be shadowed by theirs.
+      const visible = await deps.builds.deps.images.list(principal, { all: false });
+      const held = visible.find(
+        (l) => l.name === name && versions.includes(l.version) && l.project !== principal.projectId,
+      );
+      if (held) {
+        throw new DsecError(
+          'conflict',
+          `${name}:${held.version} is ${held.project === undefined ? "the platform's" : "an ancestor project's"}: choose another template name`,
+          { field: 'name', details: { reason: 'name_taken' } },
+        );
+      }
       const buildID = randomUUID();
       forget(principal.projectId);
       builds.set(buildID, {

@@ -161,8 +161,15 @@ void describe('E2B Template.build on DSec', { timeout: 10 * 60_000 }, () => {
       assert.match(String(err.message), /exit 3|failed/);
       return true;
     });
-    // Names DSec images cannot have are refused up front.
+    // Names DSec images cannot have are refused up front, and so is a name the platform holds
+    // (the platform's layer would shadow the template's).
     await assert.rejects(Template.build(failing, 'Bad Name'));
+    await node.buildLayer({
+      name: 'tmpl-platform',
+      kind: 'base',
+      from: { dir: join(dir, 'busybox') },
+    });
+    await assert.rejects(Template.build(failing, 'tmpl-platform'), /platform/);
 
     const res = await fetch(`${node.url}/v1/projects`, {
       method: 'POST',
