@@ -431,15 +431,33 @@ export class ImageBuildService {
         field: 'target',
       });
     const layer = await builder.tag(project, formatLayerRef(source), formatLayerRef(target));
+    // The tag is a record of its own that keeps the blobs on disk after the layer it names is
+    // deleted (`DELETE /v1/images/:ref` gives that layer's bytes back): so it is charged what
+    // it weighs, under its own key, replacing the charge of a record `to` held. Past the quota
+    // the tag is removed again.
+    const key = formatLayerKey(layer);
+    try {
+      await this.deps.iam.bindImageBytes(key, project, key, layer.sizeBytes, {
+        actorKeyId: principal.keyId,
+      });
+    } catch (err) {
+      await builder.remove(formatLayerRef(layer), project).catch(() => undefined);
+      await this.deps.iam.releaseImageBytes(key).catch(() => undefined);
+      throw err;
+    }
     await this.deps.iam.audit(principal.keyId, 'images.tag', formatLayerRef(target), 'ok', {
       from: formatLayerRef(source),
     });
     return layer;
   }
 
-  /** Removes a tag `ref` (a record of the project's own namespace), leaving the blobs other records use. */
+  /**
+   * Removes a tag `ref` (a record of the project's own namespace), leaving
+   * the blobs other records use, and gives its bytes back: the same removal
+   * as `DELETE /v1/images/:ref` (a record other layers stack on stays).
+   */
   async untag(principal: Principal, ref: string): Promise<void> {
-    const builder = this.#builder();
+    this.#builder();
     const parsed = parseLayerRef(ref);
     if (!parsed) throw new DsecError('invalid_argument', 'not a layer name', { field: 'tags' });
     const owned = await this.ownLayers(principal);
@@ -447,7 +465,7 @@ export class ImageBuildService {
       throw new DsecError('image_not_found', `no layer ${formatLayerRef(parsed)}`, {
         field: 'tags',
       });
-    await builder.remove(formatLayerRef(parsed), principal.projectId);
+    await this.deps.images.remove(principal, formatLayerRef(parsed), {});
   }
 
   /** The layers the caller's project owns itself (not its ancestors', not the platform's). */

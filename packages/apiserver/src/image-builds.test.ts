@@ -1,0 +1,132 @@
+import assert from 'node:assert/strict';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { DsecError, formatLayerRef, isDsecError, type LayerInfo } from '@dsec/core';
+import { openControlDb, type Principal } from '@dsec/iam';
+import { ImageBuildService, type ImageBuilder } from './image-builds.js';
+import { ImageService } from './image-service.js';
+
+// Attacks on the accounting of API builds and their tags (adversarial review of h/imgbuild):
+// a real IAM (in-memory SQLite), an in-memory image store whose records share blobs by digest
+// as the node's does, and a builder that "builds" a layer of a fixed size.
+
+const SIZE = 600;
+
+async function setup(t: { after: (fn: () => Promise<void> | void) => void }, imageBytes = 1000) {
+  const db = await openControlDb(':memory:');
+  t.after(() => db.close());
+  const { iam } = db;
+  const root = await iam.authenticate((await iam.bootstrap()).key);
+  const project = await iam.createProject(root, { name: 'tenant', quota: { imageBytes } });
+  const tenant: Principal = await iam.authenticate(
+    (await iam.createKey(root, { projectId: project.id, role: 'admin' })).key,
+  );
+  const work = await mkdtemp(join(tmpdir(), 'dsec-build-unit-'));
+  t.after(() => rm(work, { recursive: true, force: true }));
+  const layers: LayerInfo[] = [];
+  const find = (ref: string, project: string) =>
+    layers.findIndex((l) => formatLayerRef(l) === ref && l.project === project);
+  let n = 0;
+  const builder: ImageBuilder = {
+    workDir: work,
+    build: async (r) => {
+      const layer: LayerInfo = {
+        name: r.name,
+        version: r.version,
+        kind: 'base',
+        digest: `sha256:${String(++n).padStart(64, '0')}`,
+        sizeBytes: SIZE,
+        createdAt: new Date().toISOString(),
+        project: r.project,
+      } as LayerInfo;
+      layers.push(layer);
+      return { layer, cached: false };
+    },
+    remove: async (ref, project) => {
+      const i = find(ref, project);
+      if (i < 0) throw new DsecError('image_not_found', `no layer ${ref}`);
+      layers.splice(i, 1);
+    },
+    tag: async (project, from, to) => {
+      const source = layers[find(from, project)]!;
+      const [name, version] = to.split(':') as [string, string];
+      const i = find(to, project);
+      if (i >= 0) layers.splice(i, 1);
+      const layer = { ...source, name, version };
+      layers.push(layer);
+      return layer;
+    },
+  };
+  const images = new ImageService({
+    iam,
+    catalog: {
+      list: async ({ projects }) =>
+        layers.filter((l) => l.project === undefined || projects?.includes(l.project)),
+      remove: async (ref, project) => await builder.remove(ref, project),
+    },
+  });
+  const builds = new ImageBuildService({ iam, images, builder });
+  const build = async (name: string) => {
+    const started = await builds.startPrepared(tenant, {
+      name,
+      prepare: async (_work, ctx) => {
+        await writeFile(join(ctx, 'Dockerfile'), 'FROM scratch\n');
+        return { dockerfile: 'Dockerfile' };
+      },
+    });
+    return await builds.wait(tenant, started.id);
+  };
+  return { iam, tenant, project, layers, builds, images, build };
+}
+
+test('a tag holds the bytes of its layer: deleting the original does not free quota the tag still uses', async (t) => {
+  const { iam, tenant, project, layers, builds, images, build } = await setup(t, 1500);
+  assert.equal((await build('t:b-1')).status, 'ready');
+  await builds.tag(tenant, 't:b-1', 't:latest');
+  // The attack: delete the charged original; the tag keeps the same blobs on disk.
+  await images.remove(tenant, 't:b-1', {});
+  assert.deepEqual(
+    layers.map((l) => formatLayerRef(l)),
+    ['t:latest'],
+  );
+  assert.equal(
+    (await iam.usage(project.id)).imageBytes,
+    SIZE,
+    'the tag that keeps the layer on disk is charged to the project',
+  );
+  // So of two more layers of that size only one fits the 1500-byte quota.
+  assert.equal((await build('u:b-2')).status, 'ready');
+  const third = await build('v:b-3');
+  assert.equal(third.status, 'failed');
+  assert.equal(third.errorCode, 'quota_exceeded');
+});
+
+test('a tag past the quota is refused and not left behind', async (t) => {
+  const { tenant, layers, builds, build } = await setup(t);
+  assert.equal((await build('t:b-1')).status, 'ready');
+  await assert.rejects(builds.tag(tenant, 't:b-1', 't:latest'), (e) =>
+    isDsecError(e, 'quota_exceeded'),
+  );
+  assert.deepEqual(
+    layers.map((l) => formatLayerRef(l)),
+    ['t:b-1'],
+  );
+});
+
+test('retagging a name replaces its charge, and untagging gives the bytes back', async (t) => {
+  const { iam, tenant, project, layers, builds, build } = await setup(t, 2000);
+  assert.equal((await build('t:b-1')).status, 'ready');
+  const one = (await iam.usage(project.id)).imageBytes;
+  assert.equal(one, SIZE);
+  await builds.tag(tenant, 't:b-1', 't:latest');
+  await builds.tag(tenant, 't:b-1', 't:latest');
+  assert.equal((await iam.usage(project.id)).imageBytes, 2 * SIZE);
+  await builds.untag(tenant, 't:latest');
+  assert.deepEqual(
+    layers.map((l) => formatLayerRef(l)),
+    ['t:b-1'],
+  );
+  assert.equal((await iam.usage(project.id)).imageBytes, SIZE);
+});
