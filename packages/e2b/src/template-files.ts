@@ -30,6 +30,14 @@ export interface TemplateFilesLimits {
   maxProjectBytes: number;
   /** How long an upload link works. Default one hour. */
   linkTtlMs: number;
+  /**
+   * Uploads of one project arriving at once (429 `quota_exceeded` past it;
+   * the SDK PUTs every `COPY` step's files at once). A link works for an
+   * hour and for any number of PUTs, so the bytes all of a project's
+   * uploads in progress have written (before and after decompression) are
+   * bounded too, by `maxProjectBytes`. Default 64.
+   */
+  maxUploadsPerProject: number;
 }
 
 export const DEFAULT_TEMPLATE_FILES_LIMITS: TemplateFilesLimits = {
@@ -37,6 +45,7 @@ export const DEFAULT_TEMPLATE_FILES_LIMITS: TemplateFilesLimits = {
   maxFilesPerProject: 64,
   maxProjectBytes: 4 * 2 ** 30,
   linkTtlMs: 3600_000,
+  maxUploadsPerProject: 64,
 };
 
 const HASH = /^[a-f0-9]{64}$/;
@@ -44,6 +53,8 @@ const HASH = /^[a-f0-9]{64}$/;
 export class TemplateFiles {
   readonly limits: TemplateFilesLimits;
   readonly #secret = randomBytes(32);
+  /** Uploads in progress per project, and the bytes they have written. */
+  readonly #uploading = new Map<string, { count: number; bytes: number }>();
 
   constructor(
     readonly dir: () => string,
@@ -98,13 +109,51 @@ export class TemplateFiles {
    */
   async store(project: string, hash: string, body: Readable, signal?: AbortSignal): Promise<void> {
     const final = this.#path(project, hash);
+    // Counted and taken with no await between: concurrent PUTs see each other.
+    const running = this.#uploading.get(project) ?? { count: 0, bytes: 0 };
+    if (running.count >= this.limits.maxUploadsPerProject) {
+      throw new DsecError(
+        'quota_exceeded',
+        `the project uploads ${this.limits.maxUploadsPerProject} template files already; retry once one is done`,
+        { details: { resource: 'templateUploads', limit: this.limits.maxUploadsPerProject } },
+      );
+    }
+    running.count++;
+    this.#uploading.set(project, running);
+    let mine = 0;
+    const charge = (n: number): DsecError | undefined => {
+      mine += n;
+      running.bytes += n;
+      if (running.bytes <= this.limits.maxProjectBytes) return undefined;
+      return new DsecError(
+        'quota_exceeded',
+        `the project's template file uploads in progress hold more than ${this.limits.maxProjectBytes} bytes`,
+        { details: { resource: 'templateUploadBytes', limit: this.limits.maxProjectBytes } },
+      );
+    };
+    try {
+      await this.#store(project, hash, final, body, charge, signal);
+    } finally {
+      running.bytes -= mine;
+      if (--running.count === 0) this.#uploading.delete(project);
+    }
+  }
+
+  async #store(
+    project: string,
+    hash: string,
+    final: string,
+    body: Readable,
+    charge: (bytes: number) => DsecError | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<void> {
     await mkdir(join(this.dir(), project), { recursive: true, mode: 0o700 });
     const tmp = `${final}.${randomBytes(6).toString('hex')}.part`;
     const raw = `${tmp}.raw`;
     try {
       await pipeline(
         body,
-        bounded(this.limits.maxFileBytes),
+        bounded(this.limits.maxFileBytes, charge),
         createWriteStream(raw, { flags: 'wx', mode: 0o600 }),
         {
           ...(signal ? { signal } : {}),
@@ -118,7 +167,7 @@ export class TemplateFiles {
         await pipeline(
           createReadStream(raw),
           createGunzip(),
-          bounded(this.limits.maxFileBytes),
+          bounded(this.limits.maxFileBytes, charge),
           createWriteStream(tmp, { flags: 'wx', mode: 0o600 }),
         ).catch((err: unknown) => {
           if (isDsecError(err)) throw err;
@@ -186,11 +235,16 @@ export class TemplateFiles {
   }
 }
 
-function bounded(max: number): Transform {
+function bounded(max: number, charge: (bytes: number) => DsecError | undefined): Transform {
   let bytes = 0;
   return new Transform({
     transform(chunk: Buffer, _enc, done) {
       bytes += chunk.length;
+      const over = charge(chunk.length);
+      if (over) {
+        done(over);
+        return;
+      }
       if (bytes > max) {
         done(
           new DsecError('payload_too_large', `the upload is larger than ${max} bytes`, {
