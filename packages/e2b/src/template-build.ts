@@ -55,7 +55,12 @@ const BUILD_VERSION_PREFIX = 'b-';
 const MAX_STEPS = 1000;
 const MAX_ARG_BYTES = 64 * 1024;
 const MAX_LOG_ENTRIES = 5000;
+/** Bytes of the log kept per build (older entries dropped), and of one entry. */
+const MAX_LOG_BYTES = 256 * 1024;
+const MAX_LOG_LINE = 2048;
 const KEEP_BUILDS_PER_PROJECT = 50;
+/** Builds asked for and not started yet, per project (the oldest forgotten past it). */
+const MAX_WAITING_PER_PROJECT = 100;
 /** Pending builds (requested, never started) are forgotten after this. */
 const PENDING_TTL_MS = 3600_000;
 
@@ -260,6 +265,8 @@ interface TemplateBuild {
   versions: string[];
   status: 'waiting' | 'building' | 'ready' | 'error';
   log: LogEntry[];
+  /** Bytes of the messages in `log`. */
+  logBytes: number;
   /** Entries dropped from the front (the log's absolute start). */
   dropped: number;
   reason?: { message: string; step?: string | undefined };
@@ -294,9 +301,11 @@ export function templateBuildRoutes(app: FastifyInstance, deps: TemplateBuildDep
   };
 
   const log = (b: TemplateBuild, message: string, level: LogEntry['level'] = 'info'): void => {
-    b.log.push({ timestamp: new Date().toISOString(), level, message });
-    while (b.log.length > MAX_LOG_ENTRIES) {
-      b.log.shift();
+    const text = message.length > MAX_LOG_LINE ? `${message.slice(0, MAX_LOG_LINE)}…` : message;
+    b.log.push({ timestamp: new Date().toISOString(), level, message: text });
+    b.logBytes += Buffer.byteLength(text);
+    while (b.log.length > MAX_LOG_ENTRIES || (b.logBytes > MAX_LOG_BYTES && b.log.length > 1)) {
+      b.logBytes -= Buffer.byteLength(b.log.shift()!.message);
       b.dropped++;
     }
   };
@@ -306,6 +315,10 @@ export function templateBuildRoutes(app: FastifyInstance, deps: TemplateBuildDep
     const mine = [...builds.values()].filter((b) => b.project === project);
     for (const b of mine)
       if (b.status === 'waiting' && now - b.createdAt > PENDING_TTL_MS) builds.delete(b.buildID);
+    // Names asked for in a loop and never built are bounded too (the newest are kept).
+    const waiting = mine.filter((b) => b.status === 'waiting' && builds.has(b.buildID));
+    for (const b of waiting.slice(0, Math.max(0, waiting.length - MAX_WAITING_PER_PROJECT + 1)))
+      builds.delete(b.buildID);
     const done = mine.filter((b) => b.status === 'ready' || b.status === 'error');
     for (const b of done.slice(0, Math.max(0, done.length - KEEP_BUILDS_PER_PROJECT)))
       builds.delete(b.buildID);
@@ -354,6 +367,7 @@ export function templateBuildRoutes(app: FastifyInstance, deps: TemplateBuildDep
         versions,
         status: 'waiting',
         log: [],
+        logBytes: 0,
         dropped: 0,
         createdAt: Date.now(),
       });
