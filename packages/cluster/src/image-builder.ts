@@ -57,6 +57,9 @@ export function nodeImageBuilder(options: NodeImageBuilderOptions): ImageBuilder
         buildahRoot: join(stateDir, 'buildah'),
         // The node's own credentials for registries; nothing of the caller's environment.
         env: process.env,
+        // The tenant wrote the Dockerfile: the node's DSEC_REGISTRY_USERNAME/PASSWORD go only
+        // to the registries the node's config names, never to a host a FROM picks.
+        credentialHosts: credentialHosts(options.registries),
         signal: request.signal,
         onProgress: (p) => {
           if (p.phase === 'step' || p.phase === 'output') request.onLog(p.message ?? '');
@@ -75,6 +78,21 @@ export function nodeImageBuilder(options: NodeImageBuilderOptions): ImageBuilder
       return await store.getLayer(to, { project });
     },
   };
+}
+
+/**
+ * The registry hosts the node's config names (insecure registries, mirrored
+ * registries and their mirrors): the only ones an API build's `FROM` gets
+ * the node's environment credentials for. (A `REGISTRY_AUTH_FILE` names its
+ * hosts itself.)
+ */
+export function credentialHosts(registries: RegistrySettings): string[] {
+  const hosts = new Set<string>(registries.insecure.map((h) => h.toLowerCase()));
+  for (const [registry, mirrors] of Object.entries(registries.mirrors)) {
+    hosts.add(registry.toLowerCase());
+    for (const m of mirrors) hosts.add(m.split('/')[0]!.toLowerCase());
+  }
+  return [...hosts];
 }
 
 /**

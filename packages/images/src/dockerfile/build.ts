@@ -129,6 +129,14 @@ export interface DockerfileBuildOptions extends DockerfileLimits, ContextLimits 
   workDir?: string | undefined;
   /** Where `DSEC_REGISTRY_USERNAME`/`DSEC_REGISTRY_PASSWORD` are read (default `process.env`). */
   env?: NodeJS.ProcessEnv | undefined;
+  /**
+   * The registry hosts (`host[:port]`, lower case) those credentials may be
+   * sent to. Absent: every host a stage's `FROM` names, as `dsec image
+   * build` does for the operator's own Dockerfile. A Dockerfile somebody
+   * else wrote (the build API's) must not get them for a host it picks
+   * (`FROM attacker.example/x` would be sent the node's password).
+   */
+  credentialHosts?: readonly string[] | undefined;
   signal?: AbortSignal | undefined;
   onProgress?(p: DockerfileBuildProgress): void;
 }
@@ -784,6 +792,27 @@ function classifyPullError(
  * `DSEC_REGISTRY_USERNAME`/`DSEC_REGISTRY_PASSWORD` for every registry a
  * `FROM` names (0600, in scratch space; never on a command line).
  */
+/**
+ * The registry hosts of the stages' `FROM`s that get the environment's
+ * registry credentials: each named host (`host.name/…`, `host:port/…`,
+ * `localhost/…`), only those in `allowed` when it is given.
+ */
+export function credentialHostsOf(
+  parsed: ParsedDockerfile,
+  allowed?: readonly string[],
+): Set<string> {
+  const ok = allowed === undefined ? undefined : new Set(allowed.map((h) => h.toLowerCase()));
+  const stageNames = new Set(parsed.stages.flatMap((s) => (s.name ? [s.name] : [])));
+  const hosts = new Set<string>();
+  for (const s of parsed.stages) {
+    if (stageNames.has(s.from.toLowerCase())) continue;
+    const host = s.from.split('/')[0]!;
+    if (!s.from.includes('/') || !/[.:]|^localhost$/.test(host)) continue;
+    if (ok === undefined || ok.has(host.toLowerCase())) hosts.add(host);
+  }
+  return hosts;
+}
+
 async function credentials(
   options: DockerfileBuildOptions,
   parsed: ParsedDockerfile,
@@ -805,13 +834,7 @@ async function credentials(
   const user = env['DSEC_REGISTRY_USERNAME'];
   if (user === undefined || user === '') return undefined;
   const auth = Buffer.from(`${user}:${env['DSEC_REGISTRY_PASSWORD'] ?? ''}`).toString('base64');
-  const stageNames = new Set(parsed.stages.flatMap((s) => (s.name ? [s.name] : [])));
-  const hosts = new Set<string>();
-  for (const s of parsed.stages) {
-    if (stageNames.has(s.from.toLowerCase())) continue;
-    const host = s.from.split('/')[0]!;
-    if (s.from.includes('/') && /[.:]|^localhost$/.test(host)) hosts.add(host);
-  }
+  const hosts = credentialHostsOf(parsed, options.credentialHosts);
   const file = join(work, 'auth.json');
   await writeFile(
     file,
