@@ -11,12 +11,18 @@ export interface BuildContextLimits {
   maxPathBytes: number;
   /** Directory depth of one path. Default 128. */
   maxDepth: number;
+  /**
+   * Bytes of all the paths the unpacking records (each entry's, and each
+   * directory it makes for them), which it keeps in memory. Default 64 MiB.
+   */
+  maxTotalPathBytes: number;
 }
 
 export const DEFAULT_BUILD_CONTEXT_LIMITS: BuildContextLimits = {
   maxEntries: 100_000,
   maxPathBytes: 4096,
   maxDepth: 128,
+  maxTotalPathBytes: 64 * 2 ** 20,
 };
 
 /** What a pax extended header may carry: its records are read whole, so they are bounded. */
@@ -72,6 +78,25 @@ export async function unpackBuildContext(
     const reader = new BlockReader(fh);
     const kinds = new Map<string, EntryKind>([['', 'dir']]);
     let entries = 0;
+    let pathBytes = 0;
+    // Every path recorded counts, the directories an entry's path makes too (an archive of a
+    // few entries, each 127 fresh directories deep, would otherwise make and keep thousands).
+    const record = (path: string, kind: EntryKind): void => {
+      if (++entries > limits.maxEntries)
+        throw bad(
+          'context_too_large',
+          `the archive makes more than ${limits.maxEntries} entries (directories its paths go through count)`,
+          { maxEntries: limits.maxEntries },
+        );
+      pathBytes += Buffer.byteLength(path);
+      if (pathBytes > limits.maxTotalPathBytes)
+        throw bad(
+          'context_too_large',
+          `the archive's paths add up to more than ${limits.maxTotalPathBytes} bytes`,
+          { maxTotalPathBytes: limits.maxTotalPathBytes },
+        );
+      kinds.set(path, kind);
+    };
     let bytes = 0;
     let longName: string | undefined;
     let longLink: string | undefined;
@@ -96,10 +121,6 @@ export async function unpackBuildContext(
         else if (type === 'K') longLink = data.replace(/\0.*$/s, '');
         continue; // 'g' (global) headers carry nothing a context needs
       }
-      if (++entries > limits.maxEntries)
-        throw bad('context_too_large', `the archive has more than ${limits.maxEntries} entries`, {
-          maxEntries: limits.maxEntries,
-        });
       const rawName = pax['path'] ?? longName ?? ustarName(header);
       const rawLink = pax['linkpath'] ?? longLink ?? cString(header, 157, 100);
       pax = {};
@@ -114,15 +135,15 @@ export async function unpackBuildContext(
         await reader.skip(size);
         continue;
       }
-      await ensureParents(dest, path, kinds);
+      await ensureParents(dest, path, kinds, record);
       const existing = kinds.get(path);
       const target = join(dest, path);
       switch (type) {
         case '5': {
           if (existing !== undefined && existing !== 'dir') throw duplicate(path);
           if (existing === undefined) {
+            record(path, 'dir');
             await mkdir(target, { mode: mode | 0o700 });
-            kinds.set(path, 'dir');
           }
           await reader.skip(size);
           break;
@@ -131,7 +152,7 @@ export async function unpackBuildContext(
         case '\0':
         case '7': {
           if (existing !== undefined) throw duplicate(path);
-          kinds.set(path, 'file');
+          record(path, 'file');
           await reader.copyTo(target, size, mode);
           bytes += size;
           break;
@@ -144,7 +165,7 @@ export async function unpackBuildContext(
             rawLink.includes('\0')
           )
             throw bad('tar_link', `${show(path)}: a symlink with an empty or over-long target`);
-          kinds.set(path, 'symlink');
+          record(path, 'symlink');
           await symlink(rawLink, target);
           await reader.skip(size);
           break;
@@ -159,7 +180,7 @@ export async function unpackBuildContext(
               { path: path.slice(0, 300) },
             );
           }
-          kinds.set(path, 'file');
+          record(path, 'file');
           // link(2) never follows a symlink at either end; both paths are this unpacking's files.
           await link(join(dest, linked), target);
           await reader.skip(size);
@@ -207,6 +228,7 @@ async function ensureParents(
   dest: string,
   path: string,
   kinds: Map<string, EntryKind>,
+  record: (path: string, kind: EntryKind) => void,
 ): Promise<void> {
   const parts = path.split('/');
   let cur = '';
@@ -223,8 +245,8 @@ async function ensureParents(
         },
       );
     }
+    record(cur, 'dir');
     await mkdir(join(dest, cur), { mode: 0o755 });
-    kinds.set(cur, 'dir');
   }
 }
 
