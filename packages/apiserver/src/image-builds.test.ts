@@ -3,7 +3,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { DsecError, formatLayerRef, isDsecError, type LayerInfo } from '@dsec/core';
+import { DsecError, formatLayerKey, formatLayerRef, isDsecError, type LayerInfo } from '@dsec/core';
 import { openControlDb, type Principal } from '@dsec/iam';
 import { ImageBuildService, type ImageBuilder } from './image-builds.js';
 import { ImageService } from './image-service.js';
@@ -129,4 +129,22 @@ test('retagging a name replaces its charge, and untagging gives the bytes back',
     ['t:b-1'],
   );
   assert.equal((await iam.usage(project.id)).imageBytes, SIZE);
+});
+
+test('retagging a name another layer stacks on is refused, as deleting it is', async (t) => {
+  const { tenant, project, layers, builds, build } = await setup(t, 10_000);
+  assert.equal((await build('t:b-1')).status, 'ready');
+  assert.equal((await build('t:b-2')).status, 'ready');
+  await builds.tag(tenant, 't:b-1', 't:latest');
+  // A snapshot of a sandbox started from t:latest, stacked on it.
+  layers.push({
+    ...layers[0]!,
+    name: 'snap',
+    version: 'latest',
+    digest: `sha256:${'9'.repeat(64)}`,
+    parents: [formatLayerKey({ name: 't', version: 'latest', project: project.id })],
+  });
+  await assert.rejects(builds.tag(tenant, 't:b-2', 't:latest'), (e) => isDsecError(e, 'conflict'));
+  const latest = layers.find((l) => formatLayerRef(l) === 't:latest');
+  assert.equal(latest?.digest, layers.find((l) => formatLayerRef(l) === 't:b-1')?.digest);
 });

@@ -430,6 +430,13 @@ export class ImageBuildService {
       throw new DsecError('image_not_found', `no layer ${formatLayerRef(source)}`, {
         field: 'target',
       });
+    // A record `to` held goes as `DELETE /v1/images/:ref` removes it: not while another layer
+    // stacks on it (its blobs would go from under that layer), its bytes given back.
+    if (
+      formatLayerRef(source) !== formatLayerRef(target) &&
+      owned.some((l) => formatLayerRef(l) === formatLayerRef(target))
+    )
+      await this.deps.images.remove(principal, formatLayerRef(target), {});
     const layer = await builder.tag(project, formatLayerRef(source), formatLayerRef(target));
     // The tag is a record of its own that keeps the blobs on disk after the layer it names is
     // deleted (`DELETE /v1/images/:ref` gives that layer's bytes back): so it is charged what
