@@ -192,3 +192,43 @@ test("a build's log kept for E2B's status is bounded in bytes, not only in lines
   assert.ok(kept.size > 0);
   assert.ok(bytes <= 512 * 1024, `the log kept is ${bytes} bytes`);
 });
+
+test("stored template files count in the project's imageBytes quota (child projects cannot each keep 4 GiB outside it)", async (t) => {
+  const db = await openControlDb(':memory:');
+  t.after(() => db.close());
+  const { iam } = db;
+  const root = await iam.authenticate((await iam.bootstrap()).key);
+  const tenant = await iam.createProject(root, { name: 'tenant', quota: { imageBytes: 5000 } });
+  const child = await iam.createProject(root, { name: 'child', parentId: tenant.id });
+  const dir = await mkdtemp(join(tmpdir(), 'dsec-e2b-files-'));
+  t.after(() => rm(dir, { recursive: true, force: true }));
+  const files = new TemplateFiles(
+    () => dir,
+    { maxFilesPerProject: 2 },
+    {
+      bind: async (project, key, bytes) => await iam.bindImageBytes(key, project, key, bytes),
+      release: async (key) => {
+        await iam.releaseImageBytes(key);
+      },
+    },
+  );
+  const put = async (project: string, hash: string, bytes: number) => {
+    const body = new PassThrough();
+    const done = files.store(project, hash, body);
+    body.end(Buffer.alloc(bytes));
+    await done;
+  };
+  await put(tenant.id, 'a'.repeat(64), 2048);
+  await put(child.id, 'b'.repeat(64), 2048);
+  assert.equal((await iam.usage(tenant.id)).imageBytes, 4096);
+  // The child's next file would take the tenant past its 5000 bytes.
+  await assert.rejects(put(child.id, 'c'.repeat(64), 2048), (e) =>
+    isDsecError(e, 'quota_exceeded'),
+  );
+  assert.equal(await files.present(child.id, 'c'.repeat(64)), false);
+  // An evicted file gives its bytes back.
+  await put(child.id, 'd'.repeat(64), 100);
+  await put(child.id, 'e'.repeat(64), 100);
+  assert.equal(await files.present(child.id, 'b'.repeat(64)), false);
+  assert.equal((await iam.usage(tenant.id)).imageBytes, 2048 + 200);
+});

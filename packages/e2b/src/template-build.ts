@@ -275,7 +275,14 @@ interface TemplateBuild {
 
 /** Registers the template build routes (two scopes: the API-key ones, and the upload link's). */
 export function templateBuildRoutes(app: FastifyInstance, deps: TemplateBuildDeps): void {
-  const files = new TemplateFiles(() => join(deps.builds.workDir, 'e2b-files'), deps.files);
+  // Stored files count in the project's imageBytes quota (as layers do).
+  const files = new TemplateFiles(() => join(deps.builds.workDir, 'e2b-files'), deps.files, {
+    bind: async (project, key, bytes) =>
+      await deps.iam.bindImageBytes(key, project, key, bytes, {}),
+    release: async (key) => {
+      await deps.iam.releaseImageBytes(key);
+    },
+  });
   const builds = new Map<string, TemplateBuild>();
   const callers = new WeakMap<FastifyRequest, E2bCaller>();
 

@@ -50,6 +50,17 @@ export const DEFAULT_TEMPLATE_FILES_LIMITS: TemplateFilesLimits = {
 
 const HASH = /^[a-f0-9]{64}$/;
 
+/**
+ * Where the stored files are charged: IAM's `imageBytes` of the project
+ * (summed over its ancestors' limits, so a tenant's child projects cannot
+ * each keep their own `maxProjectBytes` outside its quota).
+ */
+export interface TemplateFilesCharge {
+  /** Charges `bytes` under `key` (replacing what `key` held); `quota_exceeded` past the quota. */
+  bind(project: string, key: string, bytes: number): Promise<void>;
+  release(key: string): Promise<void>;
+}
+
 export class TemplateFiles {
   readonly limits: TemplateFilesLimits;
   readonly #secret = randomBytes(32);
@@ -59,6 +70,7 @@ export class TemplateFiles {
   constructor(
     readonly dir: () => string,
     limits: Partial<TemplateFilesLimits> = {},
+    readonly charge?: TemplateFilesCharge | undefined,
   ) {
     this.limits = { ...DEFAULT_TEMPLATE_FILES_LIMITS, ...limits };
   }
@@ -180,6 +192,8 @@ export class TemplateFiles {
       } else {
         await rename(raw, tmp);
       }
+      // Charged before it is kept: past the project's quota it is refused and removed.
+      await this.charge?.bind(project, chargeKey(project, hash), (await stat(tmp)).size);
       await rename(tmp, final);
     } catch (err) {
       if (isDsecError(err)) throw err;
@@ -229,10 +243,16 @@ export class TemplateFiles {
       if (count <= this.limits.maxFilesPerProject && bytes <= this.limits.maxProjectBytes) break;
       if (f.name === `${keep}.tar`) continue;
       await rm(join(dir, f.name), { force: true });
+      await this.charge?.release(chargeKey(project, f.name.slice(0, -4))).catch(() => undefined);
       count--;
       bytes -= f.size;
     }
   }
+}
+
+/** The IAM reservation of a stored file (`image_reservations`, beside layers' keys). */
+function chargeKey(project: string, hash: string): string {
+  return `e2b-files:${project}/${hash}`;
 }
 
 function bounded(max: number, charge: (bytes: number) => DsecError | undefined): Transform {
