@@ -14,7 +14,11 @@ import { ImageService } from './image-service.js';
 
 const SIZE = 600;
 
-async function setup(t: { after: (fn: () => Promise<void> | void) => void }, imageBytes = 1000) {
+async function setup(
+  t: { after: (fn: () => Promise<void> | void) => void },
+  imageBytes = 1000,
+  gate?: Promise<void>,
+) {
   const db = await openControlDb(':memory:');
   t.after(() => db.close());
   const { iam } = db;
@@ -32,6 +36,7 @@ async function setup(t: { after: (fn: () => Promise<void> | void) => void }, ima
   const builder: ImageBuilder = {
     workDir: work,
     build: async (r) => {
+      await gate;
       const layer: LayerInfo = {
         name: r.name,
         version: r.version,
@@ -78,7 +83,7 @@ async function setup(t: { after: (fn: () => Promise<void> | void) => void }, ima
     });
     return await builds.wait(tenant, started.id);
   };
-  return { iam, tenant, project, layers, builds, images, build };
+  return { iam, root, tenant, project, layers, builds, images, build };
 }
 
 test('a tag holds the bytes of its layer: deleting the original does not free quota the tag still uses', async (t) => {
@@ -147,4 +152,38 @@ test('retagging a name another layer stacks on is refused, as deleting it is', a
   await assert.rejects(builds.tag(tenant, 't:b-2', 't:latest'), (e) => isDsecError(e, 'conflict'));
   const latest = layers.find((l) => formatLayerRef(l) === 't:latest');
   assert.equal(latest?.digest, layers.find((l) => formatLayerRef(l) === 't:b-1')?.digest);
+});
+
+test("a tenant's child projects share its build slots: they cannot take every slot of the node", async (t) => {
+  let open!: () => void;
+  const gate = new Promise<void>((r) => (open = r));
+  const { iam, root, project, builds } = await setup(t, 10_000, gate);
+  const keyOf = async (name: string) => {
+    const child = await iam.createProject(root, { name, parentId: project.id });
+    return await iam.authenticate(
+      (await iam.createKey(root, { projectId: child.id, role: 'admin' })).key,
+    );
+  };
+  const start = (p: Principal, name: string) =>
+    builds.startPrepared(p, {
+      name,
+      prepare: async (_work, ctx) => {
+        await writeFile(join(ctx, 'Dockerfile'), 'FROM scratch\n');
+        return { dockerfile: 'Dockerfile' };
+      },
+    });
+  const a = await keyOf('child-a');
+  const b = await keyOf('child-b');
+  await start(a, 'x:1');
+  await start(a, 'x:2');
+  // Node-wide there are 4 slots (the default): a second child of the same tenant gets none.
+  await assert.rejects(start(b, 'y:1'), (e) => isDsecError(e, 'quota_exceeded'));
+  // Another tenant still builds.
+  const other = await iam.createProject(root, { name: 'other' });
+  const o = await iam.authenticate(
+    (await iam.createKey(root, { projectId: other.id, role: 'admin' })).key,
+  );
+  await start(o, 'z:1');
+  open();
+  await builds.settle();
 });

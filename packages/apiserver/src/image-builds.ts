@@ -130,6 +130,8 @@ export interface StartBuildInput {
 interface BuildRecord {
   info: ImageBuildInfo;
   project: string;
+  /** The top-level project (the tenant) above `project`, whose builds share one bound. */
+  tenant: string;
   log: string[];
   logBytes: number;
   controller: AbortController;
@@ -276,6 +278,10 @@ export class ImageBuildService {
         { field: 'name', details: { reason: 'name_taken' } },
       );
     }
+    // The bound per project holds for a tenant's whole tree: its child projects (it may make
+    // a thousand of each) share its slots, else one tenant takes every slot of the node.
+    const lineage = await iam.lineage(project);
+    const tenant = lineage[1] ?? lineage[0] ?? project;
     // Slots next, checked and taken with no await between (concurrent requests see each other);
     // a refused build reads no byte of its upload.
     const running = [...this.#builds.values()].filter((b) => b.info.status === 'building');
@@ -285,7 +291,7 @@ export class ImageBuildService {
         details: { reason: 'build_running' },
       });
     }
-    if (running.filter((b) => b.project === project).length >= this.limits.maxBuildsPerProject) {
+    if (running.filter((b) => b.tenant === tenant).length >= this.limits.maxBuildsPerProject) {
       throw new DsecError(
         'quota_exceeded',
         `the project runs ${this.limits.maxBuildsPerProject} builds already; wait for one to finish`,
@@ -308,6 +314,7 @@ export class ImageBuildService {
     const record: BuildRecord = {
       info,
       project,
+      tenant,
       log: [],
       logBytes: 0,
       controller: new AbortController(),
