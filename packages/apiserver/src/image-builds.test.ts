@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { spawnSync } from 'node:child_process';
+import { Readable } from 'node:stream';
+import { mkdir, mkdtemp, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -186,4 +188,28 @@ test("a tenant's child projects share its build slots: they cannot take every sl
   await start(o, 'z:1');
   open();
   await builds.settle();
+});
+
+test('an ignore file that is a symlink is refused: buildah would read it on the host through the link', async (t) => {
+  const { tenant, builds } = await setup(t, 10_000);
+  const src = await mkdtemp(join(tmpdir(), 'dsec-build-ctx-'));
+  t.after(() => rm(src, { recursive: true, force: true }));
+  for (const [i, ignore] of [
+    '.dockerignore',
+    '.containerignore',
+    'Dockerfile.dockerignore',
+  ].entries()) {
+    const ctx = join(src, String(i));
+    await mkdir(ctx);
+    await writeFile(join(ctx, 'Dockerfile'), 'FROM scratch\n');
+    await symlink('/dev/zero', join(ctx, ignore));
+    const r = spawnSync('tar', ['-C', ctx, '-cf', '-', '.']);
+    assert.equal(r.status, 0);
+    await assert.rejects(
+      builds.start(tenant, { name: `ign${i}:1`, body: Readable.from([r.stdout]) }),
+      (e) => isDsecError(e, 'invalid_argument') && e.field === 'context',
+      ignore,
+    );
+  }
+  assert.deepEqual(builds.list(tenant), []);
 });

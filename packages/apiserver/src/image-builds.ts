@@ -206,6 +206,19 @@ export class ImageBuildService {
             { field: 'dockerfile' },
           );
         }
+        // buildah reads the ignore files on the host, following links: one that is a symlink
+        // the archive made (`.dockerignore -> /etc/shadow`, `-> /dev/zero`) would be read
+        // through it, outside the context.
+        for (const ignore of ['.dockerignore', '.containerignore', `${dockerfile}.dockerignore`]) {
+          const kind = unpacked.kindOf(ignore);
+          if (kind !== undefined && kind !== 'file') {
+            throw new DsecError(
+              'invalid_argument',
+              `${JSON.stringify(ignore.slice(0, 200))} in the build context must be a regular file (a ${kind} is not followed)`,
+              { field: 'context', details: { reason: 'tar_link', path: ignore.slice(0, 300) } },
+            );
+          }
+        }
         return { dockerfile };
       },
     });
