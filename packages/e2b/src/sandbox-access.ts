@@ -3,6 +3,7 @@ import { DsecError, toDsecError } from '@dsec/core';
 import type { EdgeApi, SandboxIoApi } from '@dsec/core';
 import type { SandboxService } from '@dsec/apiserver';
 import type { Principal } from '@dsec/iam';
+import { FileMetadata } from './envd/metadata.js';
 
 /** Entries a per-apiserver cache keeps before it forgets its oldest. */
 const CACHE_ENTRIES = 50_000;
@@ -37,6 +38,8 @@ export class SandboxAccess {
   readonly #service: SandboxService;
   readonly #initUsers = new BoundedMap<string, string>();
   readonly #programs = new BoundedMap<string, boolean>();
+  /** E2B file metadata (xattrs in the sandbox), shared by the RPCs and `/files`. */
+  readonly metadata = new FileMetadata();
 
   constructor(service: SandboxService) {
     this.#service = service;
@@ -81,6 +84,21 @@ export class SandboxAccess {
     return posix.normalize(posix.join(home, rest));
   }
 
+  /**
+   * Whether the sandbox has ended (killed, stopped, failed, or no longer
+   * there): asked of its edge, never answered from a cache.
+   */
+  async isGone(sb: OpenedSandbox, signal?: AbortSignal): Promise<boolean> {
+    try {
+      const info = await this.#service.get(sb.principal, sb.id, signal);
+      return info.state === 'stopping' || info.state === 'stopped' || info.state === 'failed';
+    } catch (err) {
+      const code = toDsecError(err).code;
+      if (code === 'sandbox_not_found' || code === 'sandbox_not_running') return true;
+      throw err;
+    }
+  }
+
   /** Whether an absolute program path exists in the sandbox (cached: images do not lose programs). */
   async hasProgram(sb: OpenedSandbox, path: string, signal?: AbortSignal): Promise<boolean> {
     const key = `${sb.id}\n${path}`;
@@ -100,6 +118,7 @@ export class SandboxAccess {
 
   forget(id: string): void {
     this.#initUsers.delete(id);
+    this.metadata.forget(id);
   }
 }
 

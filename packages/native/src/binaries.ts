@@ -25,6 +25,14 @@ export function helperPath(): string {
   return builtFile('dsec-helper');
 }
 
+/**
+ * Absolute path of the static `dsec-xattr` binary (E2B file metadata, run
+ * inside sandboxes); throws if it was not built.
+ */
+export function xattrToolPath(): string {
+  return builtFile('dsec-xattr');
+}
+
 /** Absolute path of the static `dsec-init` binary (PID 1 of sandboxes); throws if it was not built. */
 export function initPath(): string {
   return builtFile('dsec-init');

@@ -37,7 +37,7 @@ import { DsecError, throwIfAborted } from '@dsec/core';
 
 import { helperPath } from './binaries.js';
 
-export { helperPath, initPath } from './binaries.js';
+export { helperPath, initPath, xattrToolPath } from './binaries.js';
 
 export {
   confinedCommand,

@@ -45,6 +45,18 @@ test('creates, writes, removals and mode changes are told apart', () => {
       ['remove', 'e'],
       ['create', 'e'],
       ['create', 'f'],
+      ['write', 'f'],
+    ],
+  );
+  // A new empty file is created only; a new directory too.
+  assert.deepEqual(
+    diffListings(
+      listing(),
+      listing(['n', file('n', { size: 0 })], ['m', file('m', { type: 'directory', size: 4096 })]),
+    ).map((c) => [c.kind, c.name]),
+    [
+      ['create', 'm'],
+      ['create', 'n'],
     ],
   );
   assert.equal(diffListings(before, before).length, 0);
@@ -82,9 +94,26 @@ test('a recursive poller names entries relative to the root and reports nested c
     [
       ['write', 'sub/inner'],
       ['create', 'sub/new'],
+      ['write', 'sub/new'],
     ],
   );
   assert.deepEqual(await deep.poll(), []);
+});
+
+test("each poll lists with its own caller's signal, never the creator's", async () => {
+  const seen: (AbortSignal | undefined)[] = [];
+  const p = new DirPoller('/w', false, async (_path, signal) => {
+    if (signal?.aborted) throw new Error('listed with an aborted signal');
+    seen.push(signal);
+    return [file('a')];
+  });
+  const creator = new AbortController();
+  await p.start(creator.signal);
+  creator.abort(); // the CreateWatcher request has ended
+  const poller = new AbortController();
+  assert.deepEqual(await p.poll(poller.signal), []);
+  assert.equal(seen[0], creator.signal);
+  assert.equal(seen[1], poller.signal);
 });
 
 test('a tree with too many entries is refused', async () => {

@@ -25,33 +25,37 @@ export const MAX_WATCHED_ENTRIES = 10_000;
 
 export type Listing = Map<string, FileInfo>;
 
+const KIND_ORDER: Record<ChangeKind, number> = { remove: 0, create: 1, write: 2, chmod: 3 };
+
 export class DirPoller {
   #last: Listing | undefined;
 
   constructor(
     readonly root: string,
     readonly recursive: boolean,
-    readonly list: (path: string) => Promise<FileInfo[]>,
+    /** Lists one directory; `signal` is the signal of the call that polls (never the watch's creator's). */
+    readonly list: (path: string, signal?: AbortSignal) => Promise<FileInfo[]>,
   ) {}
 
   /** Takes the first listing (the baseline); later `poll`s report changes against the previous one. */
-  async start(): Promise<void> {
-    this.#last = await this.#snapshot();
+  async start(signal?: AbortSignal): Promise<void> {
+    this.#last = await this.#snapshot(signal);
   }
 
-  async poll(): Promise<DirChange[]> {
-    const next = await this.#snapshot();
+  async poll(signal?: AbortSignal): Promise<DirChange[]> {
+    const next = await this.#snapshot(signal);
     const changes = this.#last ? diffListings(this.#last, next) : [];
     this.#last = next;
     return changes;
   }
 
-  async #snapshot(): Promise<Listing> {
+  async #snapshot(signal: AbortSignal | undefined): Promise<Listing> {
     const out: Listing = new Map();
     const pending = [''];
     while (pending.length > 0) {
       const rel = pending.shift()!;
-      for (const f of await this.list(rel === '' ? this.root : posix.join(this.root, rel))) {
+      const dir = rel === '' ? this.root : posix.join(this.root, rel);
+      for (const f of await this.list(dir, signal)) {
         const name = rel === '' ? f.name : posix.join(rel, f.name);
         out.set(name, f);
         if (out.size > MAX_WATCHED_ENTRIES) {
@@ -67,7 +71,10 @@ export class DirPoller {
   }
 }
 
-/** The changes between two listings, sorted by name (removals of a name before its creation). */
+/**
+ * The changes between two listings, sorted by name; for one name a removal
+ * comes first, then its creation, then the write of its content.
+ */
 export function diffListings(before: Listing, after: Listing): DirChange[] {
   const out: DirChange[] = [];
   for (const [name, old] of before) {
@@ -76,18 +83,17 @@ export function diffListings(before: Listing, after: Listing): DirChange[] {
   }
   for (const [name, now] of after) {
     const old = before.get(name);
-    if (!old || old.type !== now.type) out.push({ name, kind: 'create', entry: now });
-    else if (now.type !== 'directory' && (old.size !== now.size || old.mtime !== now.mtime)) {
+    if (!old || old.type !== now.type) {
+      out.push({ name, kind: 'create', entry: now });
+      // envd (inotify) sees a new file's content written after its creation: CREATE, then WRITE.
+      if (now.type === 'file' && now.size > 0) out.push({ name, kind: 'write', entry: now });
+    } else if (now.type !== 'directory' && (old.size !== now.size || old.mtime !== now.mtime)) {
       out.push({ name, kind: 'write', entry: now });
     } else if (old.mode !== now.mode || old.uid !== now.uid || old.gid !== now.gid) {
       out.push({ name, kind: 'chmod', entry: now });
     }
   }
   return out.sort((a, b) =>
-    a.name === b.name
-      ? Number(a.kind !== 'remove') - Number(b.kind !== 'remove')
-      : a.name < b.name
-        ? -1
-        : 1,
+    a.name === b.name ? KIND_ORDER[a.kind] - KIND_ORDER[b.kind] : a.name < b.name ? -1 : 1,
   );
 }

@@ -6,13 +6,16 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError, toDsecError } from '@dsec/core';
 import { checkUser } from '../auth.js';
 import type { OpenedSandbox, SandboxAccess } from '../sandbox-access.js';
+import { uploadMetadata } from './metadata.js';
+import { ensureParents } from './sandbox-files.js';
 
 /**
  * envd's HTTP file transfer: `GET /files` streams a file out, `POST /files`
  * writes one (raw body) or several (multipart, each part's file name its
- * path) and answers their entries. Parent directories are made, as envd
- * does. Signed URLs (`signature=`) are not accepted: every call carries the
- * key (docs/e2b.md).
+ * path) and answers their entries. Parent directories are made, owned by
+ * the user, and `X-Metadata-*` headers are kept as the files' metadata, as
+ * envd does. Signed URLs (`signature=`) are not accepted: every call
+ * carries the key (docs/e2b.md).
  */
 
 /** Parts one multipart upload may carry. */
@@ -22,6 +25,7 @@ interface WrittenEntry {
   name: string;
   type: 'file';
   path: string;
+  metadata?: Record<string, string> | undefined;
 }
 
 function queryOf(req: FastifyRequest): { path: string; user: string | undefined } {
@@ -29,19 +33,6 @@ function queryOf(req: FastifyRequest): { path: string; user: string | undefined 
   const path = typeof q.path === 'string' ? q.path : '';
   const user = checkUser(typeof q.username === 'string' ? q.username : undefined);
   return { path, user };
-}
-
-function noMetadata(req: FastifyRequest): void {
-  const header = Object.keys(req.headers).find((h) => h.startsWith('x-metadata-'));
-  if (header !== undefined) {
-    throw new DsecError(
-      'invalid_argument',
-      'file metadata (X-Metadata-*) is not supported by DSec',
-      {
-        field: header,
-      },
-    );
-  }
 }
 
 export async function downloadFile(
@@ -66,15 +57,21 @@ export async function uploadFiles(
   req: FastifyRequest,
   signal: AbortSignal,
 ): Promise<WrittenEntry[]> {
-  noMetadata(req);
+  // Checked before anything is written: bad metadata fails the whole upload.
+  const metadata = uploadMetadata(req.headers, req.raw.rawHeaders);
   const q = queryOf(req);
   const type = (req.headers['content-type'] ?? '').toLowerCase();
   const write = async (target: string, body: Readable): Promise<WrittenEntry> => {
     const path = await access.resolvePath(sb, target, q.user, signal);
     if (path === '/')
       throw new DsecError('invalid_argument', 'path is required', { field: 'path' });
-    await sb.io.mkdir(sb.id, posix.dirname(path), { user: q.user, parents: true, signal });
+    await ensureParents(access, sb, posix.dirname(path), q.user, signal);
     const info = await sb.io.writeFile(sb.id, path, body, { user: q.user, signal });
+    // A write replaces the file (a new inode), so it has no metadata but this upload's.
+    if (metadata && Object.keys(metadata).length > 0) {
+      await access.metadata.set(sb, info.path, metadata, signal);
+      return { name: info.name, type: 'file', path: info.path, metadata };
+    }
     return { name: info.name, type: 'file', path: info.path };
   };
   if (type.startsWith('multipart/form-data')) {

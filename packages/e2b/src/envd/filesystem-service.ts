@@ -19,7 +19,9 @@ import type {
 import { DirPoller } from './dir-poller.js';
 import type { DirChange } from './dir-poller.js';
 import { keepaliveMs } from './event-queue.js';
-import { openTarget, requestHeaderOf, requestHeadersOf } from './rpc-context.js';
+import { envdTargetKey, openTarget, requestHeaderOf, requestHeadersOf } from './rpc-context.js';
+import { ensureParents, nameOf, OwnerNames, resolveSymlinks } from './sandbox-files.js';
+import type { IdNames, LinkTarget } from './sandbox-files.js';
 
 type EntryInit = MessageInitShape<typeof EntryInfoSchema>;
 type EventInit = MessageInitShape<typeof FilesystemEventSchema>;
@@ -28,6 +30,10 @@ type EventInit = MessageInitShape<typeof FilesystemEventSchema>;
 const WATCHER_IDLE_MS = 10 * 60_000;
 /** Non-streaming watchers per apiserver. */
 const MAX_WATCHERS = 10_000;
+/** Entries one `ListDir` answers (all levels of its depth): a bigger tree is refused, not held. */
+export const MAX_LIST_ENTRIES = 100_000;
+/** Non-streaming watchers per sandbox (and apiserver): one more is refused. */
+export const MAX_WATCHERS_PER_SANDBOX = 64;
 
 export interface FilesystemServiceDeps {
   access: SandboxAccess;
@@ -38,6 +44,7 @@ export interface FilesystemServiceDeps {
 interface Watcher {
   sandboxId: string;
   keyId: string;
+  user: string | undefined;
   poller: DirPoller;
   includeEntry: boolean;
   lastUsedAt: number;
@@ -55,11 +62,50 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
   close(): void;
 } {
   const watchers = new BoundedMap<string, Watcher>(MAX_WATCHERS);
+  const owners = new OwnerNames();
   const sweeper = setInterval(() => {
     const now = Date.now();
     for (const [id, w] of watchers) if (now - w.lastUsedAt > WATCHER_IDLE_MS) watchers.delete(id);
   }, 60_000);
   sweeper.unref();
+
+  /** A sandbox that is gone takes its watchers and cached names with it. */
+  function sandboxGone(sandboxId: string): void {
+    for (const [id, w] of watchers) if (w.sandboxId === sandboxId) watchers.delete(id);
+    owners.forget(sandboxId);
+  }
+
+  function isGone(err: unknown): boolean {
+    const code = toDsecError(err).code;
+    return code === 'sandbox_not_found' || code === 'sandbox_not_running';
+  }
+
+  /** envd's entries for DSec's: owners by name, symlinks by their target's type and path. */
+  async function entries(
+    sb: OpenedSandbox,
+    files: readonly FileInfo[],
+    user: string | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<EntryInit[]> {
+    if (files.length === 0) return [];
+    const links = files.filter((f) => f.type === 'symlink').map((f) => f.path);
+    const [names, targets, metadata] = await Promise.all([
+      owners.lookup(sb, files, signal),
+      links.length > 0
+        ? resolveSymlinks(sb, links, user, signal)
+        : Promise.resolve(new Map<string, LinkTarget>()),
+      access.metadata.get(
+        sb,
+        files.map((f) => f.path),
+        signal,
+      ),
+    ]);
+    return files.map((f) => {
+      const entry = entryOf(f, names, targets.get(f.path));
+      const meta = metadata.get(f.path);
+      return meta && Object.keys(meta).length > 0 ? { ...entry, metadata: meta } : entry;
+    });
+  }
 
   async function target(ctx: HandlerContext, path: string) {
     const sb = await openTarget(access, ctx);
@@ -72,24 +118,27 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
     path: string,
     user: string | undefined,
     signal: AbortSignal,
-  ) {
-    return entryOf(await sb.io.statFile(sb.id, path, { user, signal }));
+  ): Promise<EntryInit> {
+    const info = await sb.io.statFile(sb.id, path, { user, signal });
+    return (await entries(sb, [info], user, signal))[0]!;
   }
 
   async function watchTarget(
     ctx: HandlerContext,
     req: { path: string; recursive: boolean },
-  ): Promise<{ sb: OpenedSandbox; poller: DirPoller }> {
+  ): Promise<{ sb: OpenedSandbox; user: string | undefined; poller: DirPoller }> {
     const { sb, user, path } = await target(ctx, req.path);
     const info = await sb.io.statFile(sb.id, path, { user, signal: ctx.signal });
     if (info.type !== 'directory') {
       throw new DsecError('invalid_argument', `path ${path} is not a directory`, { field: 'path' });
     }
-    const poller = new DirPoller(path, req.recursive, (p) =>
-      sb.io.listDir(sb.id, p, { user, signal: ctx.signal }),
+    // Each poll lists with the signal of the call that polls: a non-streaming watcher
+    // outlives the `CreateWatcher` call that made it.
+    const poller = new DirPoller(path, req.recursive, (p, signal) =>
+      sb.io.listDir(sb.id, p, { user, signal }),
     );
-    await poller.start();
-    return { sb, poller };
+    await poller.start(ctx.signal);
+    return { sb, user, poller };
   }
 
   function ownedWatcher(sb: OpenedSandbox, id: string): Watcher {
@@ -123,9 +172,11 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
           if (code === 'conflict') {
             throw new ConnectError(`directory ${path} already exists`, Code.AlreadyExists);
           }
-          // envd makes missing parents too.
-          if (code !== 'not_found') throw err;
-          await sb.io.mkdir(sb.id, path, { ...opts, parents: true });
+          // envd (root) makes missing parents too, and where the user may not write,
+          // owned by the user.
+          const who = user ?? (await access.defaultUser(sb, ctx.signal));
+          if (code !== 'not_found' && (who === 'root' || who === '0')) throw err;
+          await ensureParents(access, sb, path, user, ctx.signal);
         }
         return { entry: await stat(sb, path, user, ctx.signal) };
       } catch (err) {
@@ -144,7 +195,7 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
         } catch (err) {
           if (toDsecError(err).code !== 'not_found') throw err;
           await sb.io.statFile(sb.id, from, { user, signal: ctx.signal }); // the source must exist
-          await sb.io.mkdir(sb.id, parent, { user, signal: ctx.signal, parents: true });
+          await ensureParents(access, sb, parent, user, ctx.signal);
         }
         await sb.io.rename(sb.id, from, to, { user, signal: ctx.signal, overwrite: true });
         return { entry: await stat(sb, to, user, ctx.signal) };
@@ -157,17 +208,23 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
       try {
         const { sb, user, path } = await target(ctx, req.path);
         const depth = Math.max(1, req.depth);
-        const entries: EntryInit[] = [];
+        const found: FileInfo[] = [];
         const walk = async (dir: string, level: number): Promise<void> => {
           for (const f of await sb.io.listDir(sb.id, dir, { user, signal: ctx.signal })) {
-            entries.push(entryOf(f));
+            found.push(f);
+            if (found.length > MAX_LIST_ENTRIES) {
+              throw new DsecError(
+                'resource_exhausted',
+                `more than ${MAX_LIST_ENTRIES} entries under ${path}: list with a smaller depth`,
+              );
+            }
             if (f.type === 'directory' && level < depth) {
               await walk(posix.join(dir, f.name), level + 1);
             }
           }
         };
         await walk(path, 1);
-        return { entries };
+        return { entries: await entries(sb, found, user, ctx.signal) };
       } catch (err) {
         throw toConnectError(err);
       }
@@ -176,7 +233,12 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
     async remove(req, ctx) {
       try {
         const { sb, user, path } = await target(ctx, req.path);
-        await sb.io.remove(sb.id, path, { user, signal: ctx.signal, recursive: true });
+        try {
+          await sb.io.remove(sb.id, path, { user, signal: ctx.signal, recursive: true });
+        } catch (err) {
+          // envd's remove is os.RemoveAll: a path that is not there is removed already.
+          if (toDsecError(err).code !== 'not_found') throw err;
+        }
         return {};
       } catch (err) {
         throw toConnectError(err);
@@ -185,16 +247,16 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
 
     async *watchDir(req, ctx) {
       try {
-        const { poller } = await watchTarget(ctx, req);
+        const { sb, user, poller } = await watchTarget(ctx, req);
         yield { event: { case: 'start', value: {} } };
         const keepalive = keepaliveMs(requestHeaderOf(ctx, 'keepalive-ping-interval'));
         let quietSince = Date.now();
         while (!ctx.signal.aborted) {
           await sleep(watchIntervalMs, ctx.signal);
           if (ctx.signal.aborted) break;
-          const changes = await poller.poll();
-          for (const c of changes) {
-            yield { event: { case: 'filesystem', value: eventOf(c, req.includeEntry) } };
+          const changes = await poller.poll(ctx.signal);
+          for (const event of await events(sb, changes, req.includeEntry, user, ctx.signal)) {
+            yield { event: { case: 'filesystem', value: event } };
           }
           if (changes.length > 0) quietSince = Date.now();
           else if (Date.now() - quietSince >= keepalive) {
@@ -209,11 +271,21 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
 
     async createWatcher(req, ctx) {
       try {
-        const { sb, poller } = await watchTarget(ctx, req);
+        const sb = await openTarget(access, ctx);
+        let mine = 0;
+        for (const w of watchers.values()) if (w.sandboxId === sb.id) mine++;
+        if (mine >= MAX_WATCHERS_PER_SANDBOX) {
+          throw new DsecError(
+            'resource_exhausted',
+            `at most ${MAX_WATCHERS_PER_SANDBOX} watchers per sandbox: remove one first (RemoveWatcher)`,
+          );
+        }
+        const { user, poller } = await watchTarget(ctx, req);
         const id = randomUUID();
         watchers.set(id, {
           sandboxId: sb.id,
           keyId: sb.principal.keyId,
+          user,
           poller,
           includeEntry: req.includeEntry,
           lastUsedAt: Date.now(),
@@ -226,10 +298,22 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
 
     async getWatcherEvents(req, ctx) {
       try {
-        const sb = await openTarget(access, ctx);
+        let sb: OpenedSandbox;
+        try {
+          sb = await openTarget(access, ctx);
+        } catch (err) {
+          const target = ctx.values.get(envdTargetKey);
+          if (target && isGone(err)) sandboxGone(target.sandboxId);
+          throw err;
+        }
         const w = ownedWatcher(sb, req.watcherId);
-        const changes = await w.poller.poll();
-        return { events: changes.map((c) => eventOf(c, w.includeEntry)) };
+        try {
+          const changes = await w.poller.poll(ctx.signal);
+          return { events: await events(sb, changes, w.includeEntry, w.user, ctx.signal) };
+        } catch (err) {
+          if (isGone(err)) sandboxGone(sb.id);
+          throw err;
+        }
       } catch (err) {
         throw toConnectError(err);
       }
@@ -246,6 +330,20 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
       }
     },
   };
+  async function events(
+    sb: OpenedSandbox,
+    changes: readonly DirChange[],
+    includeEntry: boolean,
+    user: string | undefined,
+    signal: AbortSignal,
+  ): Promise<EventInit[]> {
+    if (!includeEntry) return changes.map((c) => eventOf(c, undefined));
+    const withEntry = changes.flatMap((c) => (c.entry ? [c.entry] : []));
+    const infos = await entries(sb, withEntry, user, signal);
+    const byPath = new Map<string, EntryInit>(withEntry.map((f, i) => [f.path, infos[i]!]));
+    return changes.map((c) => eventOf(c, c.entry ? byPath.get(c.entry.path) : undefined));
+  }
+
   return {
     impl,
     close() {
@@ -255,10 +353,14 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
   };
 }
 
+/**
+ * envd's types. A symlink is reported as what it leads to (envd follows it;
+ * SYMLINK is not a value older SDK decoders know), a broken one as a file.
+ */
 const FILE_TYPES: Record<FileInfo['type'], FileType> = {
   file: FileType.FILE,
   directory: FileType.DIRECTORY,
-  symlink: FileType.SYMLINK,
+  symlink: FileType.FILE,
   fifo: FileType.UNSPECIFIED,
   socket: FileType.UNSPECIFIED,
   char: FileType.UNSPECIFIED,
@@ -278,20 +380,42 @@ const TYPE_LETTERS: Record<FileInfo['type'], string> = {
   unknown: '?',
 };
 
-/** envd's entry for a DSec `FileInfo`; owners are names only for root (DSec reports uids). */
-export function entryOf(f: FileInfo): EntryInit {
+/**
+ * envd's entry for a DSec `FileInfo`: owners by the sandbox's names (numeric
+ * when it has none), a symlink as its target's type with the target's
+ * absolute path (`link`, resolved in the sandbox; without it, the link's text).
+ */
+export function entryOf(f: FileInfo, names?: IdNames, link?: LinkTarget): EntryInit {
+  // A broken link (its target's type unknown) reads as a file.
+  const type =
+    f.type === 'symlink' ? (link && link.type !== 'unknown' ? link.type : 'file') : f.type;
+  const target = f.type === 'symlink' ? linkTarget(f, link) : undefined;
   return {
     name: f.name,
-    type: FILE_TYPES[f.type],
+    type: FILE_TYPES[type],
     path: f.path,
     size: BigInt(f.size),
     mode: f.mode & 0o777,
     permissions: permissionString(f.type, f.mode),
-    owner: f.uid === 0 ? 'root' : String(f.uid),
-    group: f.gid === 0 ? 'root' : String(f.gid),
+    owner: nameOf(names?.users, f.uid),
+    group: nameOf(names?.groups, f.gid),
     modifiedTime: timestampFromMs(Date.parse(f.mtime)),
-    ...(f.target !== undefined ? { symlinkTarget: f.target } : {}),
+    ...(target ? { symlinkTarget: target } : {}),
   };
+}
+
+/**
+ * A link's absolute target: resolved in the sandbox; for a broken one (whose
+ * end cannot be resolved) its own text, made absolute against the link's
+ * directory (text only, nothing is resolved here).
+ */
+function linkTarget(f: FileInfo, link: LinkTarget | undefined): string | undefined {
+  if (link && link.type !== 'unknown' && link.path) return link.path;
+  const text = f.target || link?.text;
+  if (!text) return link?.path || undefined;
+  return text.startsWith('/')
+    ? posix.normalize(text)
+    : posix.normalize(posix.join(posix.dirname(f.path), text));
 }
 
 export function permissionString(type: FileInfo['type'], mode: number): string {
@@ -313,12 +437,8 @@ const EVENT_TYPES: Record<DirChange['kind'], EventType> = {
   chmod: EventType.CHMOD,
 };
 
-function eventOf(c: DirChange, includeEntry: boolean): EventInit {
-  return {
-    name: c.name,
-    type: EVENT_TYPES[c.kind],
-    ...(includeEntry && c.entry ? { entry: entryOf(c.entry) } : {}),
-  };
+function eventOf(c: DirChange, entry: EntryInit | undefined): EventInit {
+  return { name: c.name, type: EVENT_TYPES[c.kind], ...(entry ? { entry } : {}) };
 }
 
 function sleep(ms: number, signal: AbortSignal): Promise<void> {

@@ -18,6 +18,7 @@ import type {
   StartRequest,
 } from '../gen/process/process_pb.js';
 import { EventQueue, keepaliveMs } from './event-queue.js';
+import { MAX_PTYS_PER_SANDBOX, PTY_DETACHED_MS } from './process-table.js';
 import type { ProcessTable, PtyEntry } from './process-table.js';
 import {
   MAX_STREAM_BUFFER_BYTES,
@@ -92,7 +93,22 @@ export function processService({
         onStderr: data('stderr'),
       })
       .then(
-        (result) => {
+        async (result) => {
+          // A command the platform ended (not by itself, its timeout or OOM) may have died
+          // with its sandbox: then the stream ends with an error, as envd's connection
+          // breaks, so the SDK raises instead of reporting a clean end.
+          if (result.outcome === 'killed' || result.outcome === 'signaled') {
+            const gone = await access.isGone(sb).catch(() => false);
+            if (gone) {
+              queue.end(
+                new ConnectError(
+                  `the sandbox ${sb.id} was killed while the process ran`,
+                  Code.Unavailable,
+                ),
+              );
+              return;
+            }
+          }
           queue.push({ case: 'end', value: endOf(result) });
           queue.end();
         },
@@ -106,6 +122,9 @@ export function processService({
     ctx: HandlerContext,
   ): AsyncGenerator<{ event: { event: EventInit } }> {
     const queue = newQueue(ctx, () => entry.session.kill());
+    // Reattached (`Connect`): the terminal is followed again and lives on.
+    clearTimeout(entry.detachTimer);
+    entry.detachTimer = undefined;
     const listener = (chunk: Buffer) =>
       queue.push({ case: 'data', value: { output: { case: 'pty', value: chunk } } }, chunk.length);
     entry.listeners.add(listener);
@@ -128,8 +147,13 @@ export function processService({
     } finally {
       ctx.signal.removeEventListener('abort', onAbort);
       entry.listeners.delete(listener);
-      // A terminal nobody follows any more is ended (its stream was its only handle).
-      if (entry.listeners.size === 0 && !entry.done) entry.session.kill();
+      // A terminal nobody follows any more waits a while for a `Connect`, then is ended
+      // (envd keeps it until it exits; here an abandoned one must not live forever).
+      if (entry.listeners.size === 0 && !entry.done) {
+        clearTimeout(entry.detachTimer);
+        entry.detachTimer = setTimeout(() => entry.session.kill(), PTY_DETACHED_MS);
+        entry.detachTimer.unref();
+      }
     }
   }
 
@@ -140,6 +164,12 @@ export function processService({
     user: string | undefined,
     ctx: HandlerContext,
   ): Promise<PtyEntry> {
+    if (processes.ptys(sb.id).length >= MAX_PTYS_PER_SANDBOX) {
+      throw new DsecError(
+        'resource_exhausted',
+        `at most ${MAX_PTYS_PER_SANDBOX} terminals per sandbox: kill one first`,
+      );
+    }
     const shell = (await programExists(access, sb, cfg.cmd, ctx.signal)) ? cfg.cmd : undefined;
     const size = req.pty?.size;
     const session = await sb.io.openPty(sb.id, {

@@ -47,6 +47,8 @@ const SCRIPTS: Record<string, (o: RunCommandOptions) => Promise<Partial<CommandR
   },
   exit3: async () => ({ exitCode: 3 }),
   killed: async () => ({ outcome: 'killed', exitCode: 137, signal: 'SIGKILL' }),
+  // Killed as its sandbox is torn down: the exit is seen before the channel closes.
+  withSandbox: async () => ({ outcome: 'signaled', exitCode: 137, signal: 'SIGKILL' }),
   timeout: async () => ({ outcome: 'timeout', exitCode: 137, signal: 'SIGKILL' }),
   lost: async () => {
     throw new DsecError('sandbox_not_found', 'the sandbox is gone');
@@ -68,6 +70,8 @@ const SCRIPTS: Record<string, (o: RunCommandOptions) => Promise<Partial<CommandR
 };
 
 class ScriptedIo {
+  /** Set, the sandbox has been killed (the service's `get` says so). */
+  sandboxGone = false;
   started: StartCommandSpec[] = [];
   watches: { commandId: string; signal: AbortSignal | undefined }[] = [];
   kills: string[] = [];
@@ -135,6 +139,12 @@ async function withEnvd(
     authorize: async (_p: Principal, id: string) => {
       if (id !== SANDBOX) throw new DsecError('sandbox_not_found', `no sandbox ${id}`);
       return { edge, projectId: 'p1' };
+    },
+    get: async (_p: Principal, id: string) => {
+      if (id !== SANDBOX || io.sandboxGone) {
+        throw new DsecError('sandbox_not_found', `no sandbox ${id}`);
+      }
+      return { state: 'running' };
     },
   } as unknown as SandboxService;
   const iam = {
@@ -237,6 +247,32 @@ test('Start: output, exit codes, signals, timeouts and errors read the same on b
       { event: { start: { pid: commandPid('cmd-lost') } } },
       { endOfStream: { error: { code: 'unavailable', message: 'the sandbox is gone' } } },
     ]);
+  });
+});
+
+test('Start: a command that dies with its sandbox ends the stream with an error, not an end event', async () => {
+  await withEnvd(async (url, io) => {
+    // The sandbox still runs: a command killed by a signal ends as envd's `end`.
+    assert.deepEqual((await call(url, bash('withSandbox'))).events.at(-2), {
+      event: { end: { exitCode: -1, status: 'signal: killed' } },
+    });
+    io.sandboxGone = true;
+    for (const adapter of [false, true]) {
+      const answer = await call(url, bash('withSandbox'), { adapter });
+      assert.deepEqual(answer.events.at(-1), {
+        endOfStream: {
+          error: {
+            code: 'unavailable',
+            message: `the sandbox ${SANDBOX} was killed while the process ran`,
+          },
+        },
+      });
+      assert.ok(!answer.events.some((e) => JSON.stringify(e).includes('"end"')));
+    }
+    // A command that exited by itself is an exit, sandbox or not.
+    assert.deepEqual((await call(url, bash('exit3'))).events.at(-2), {
+      event: { end: { exitCode: 3, exited: true, status: 'exit status 3' } },
+    });
   });
 });
 

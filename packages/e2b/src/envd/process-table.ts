@@ -11,6 +11,11 @@ import { BoundedMap } from '../sandbox-access.js';
  * apiserver that opened them, so their PIDs (random) are known there only.
  */
 
+/** How long a terminal no stream follows lives, so that `Connect` can reattach to it. */
+export const PTY_DETACHED_MS = 5 * 60_000;
+/** Terminals one sandbox may have open in one apiserver. */
+export const MAX_PTYS_PER_SANDBOX = 32;
+
 /** The PID an E2B client sees for a DSec command. Never 0 (proto3's "unset"). */
 export function commandPid(commandId: string): number {
   const n = createHash('sha256').update(commandId).digest().readUInt32BE(0) & 0x7fffffff;
@@ -26,6 +31,8 @@ export interface PtyEntry {
   listeners: Set<(chunk: Buffer) => void>;
   exited: Promise<{ exitCode: number; signal?: string | undefined }>;
   done: boolean;
+  /** Set while no stream follows the terminal: it is killed when this fires (`PTY_DETACHED_MS`). */
+  detachTimer?: NodeJS.Timeout | undefined;
   /** The command the terminal runs, for `List`. */
   cmd: string;
   args: string[];
@@ -68,6 +75,7 @@ export class ProcessTable {
       .catch(() => undefined)
       .finally(() => {
         entry.done = true;
+        clearTimeout(entry.detachTimer);
         table.delete(pid);
         if (table.size === 0 && this.#ptys.get(sandboxId) === table) this.#ptys.delete(sandboxId);
       });
@@ -96,7 +104,12 @@ export class ProcessTable {
 
   /** Kills every terminal (the server is closing). */
   closeAll(): void {
-    for (const table of this.#ptys.values()) for (const e of table.values()) e.session.kill();
+    for (const table of this.#ptys.values()) {
+      for (const e of table.values()) {
+        clearTimeout(e.detachTimer);
+        e.session.kill();
+      }
+    }
     this.#ptys.clear();
   }
 }

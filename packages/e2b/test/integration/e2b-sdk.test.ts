@@ -362,10 +362,9 @@ test('files: write, read, list, stat, makeDir, rename, remove, exists, watch, up
         { name: 'posted.txt', type: 'file', path: '/work/posted.txt' },
       ]);
       assert.equal(await sbx.files.read('/work/posted.txt'), 'posted');
-      await assert.rejects(
-        sbx.files.write('/work/meta.txt', 'x', { metadata: { k: 'v' } }),
-        /metadata/,
-      );
+      // File metadata (e2b-conformance-files.test.ts tests it in depth).
+      await sbx.files.write('/work/meta.txt', 'x', { metadata: { k: 'v' } });
+      assert.deepEqual((await sbx.files.getInfo('/work/meta.txt')).metadata, { k: 'v' });
     } finally {
       await sbx.kill();
     }
