@@ -50,6 +50,12 @@ TRANSFER_TIMEOUT = 120.0
 LONG_WAIT = 7 * 24 * 3600.0
 #: Retries after the first attempt, for calls that are safe to resend.
 DEFAULT_MAX_RETRIES = 3
+#: How long ``build_image`` waits for a build (the server's default build timeout).
+DEFAULT_BUILD_TIMEOUT = 1800.0
+#: How often ``build_image`` asks how a build goes.
+BUILD_POLL_INTERVAL = 1.0
+#: The most a build context may weigh (the server's default ``maxContextBytes``).
+MAX_BUILD_CONTEXT_BYTES = 2**30
 
 Params = List[Tuple[str, str]]
 
@@ -66,6 +72,80 @@ def resolve_settings(url: Optional[str], api_key: Optional[str]) -> Tuple[str, O
 def new_request_id() -> str:
     """An idempotency key (``[A-Za-z0-9._:-]{1,128}``) for a call the SDK may resend."""
     return f"py-{uuid.uuid4().hex}"
+
+
+def build_context_tar(context_dir: Union[str, "os.PathLike[str]"]) -> bytes:
+    """The directory as the tar archive ``POST /v1/images/builds`` takes.
+
+    Entries are relative to ``context_dir`` (``./…``); symlinks are sent as
+    links, never followed; owners become root and device nodes, FIFOs and
+    sockets are refused here, as the server would. ``InvalidArgument``
+    (field ``context_dir``) for a missing directory, a special file, or a
+    context past ``MAX_BUILD_CONTEXT_BYTES``.
+    """
+    import io
+    import tarfile
+
+    root = os.fspath(context_dir)
+    if not os.path.isdir(root):
+        raise InvalidArgument(f"{root!r} is not a directory", field="context_dir")
+
+    def only_plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        if not (info.isfile() or info.isdir() or info.issym() or info.islnk()):
+            raise InvalidArgument(
+                f"{info.name!r} in the build context is a device node, FIFO or socket", field="context_dir"
+            )
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name in sorted(os.listdir(root)):
+            archive.add(os.path.join(root, name), arcname=name, recursive=True, filter=only_plain)
+            if buf.tell() > MAX_BUILD_CONTEXT_BYTES:
+                raise InvalidArgument(
+                    f"the build context {root!r} is larger than {MAX_BUILD_CONTEXT_BYTES} bytes", field="context_dir"
+                )
+    data = buf.getvalue()
+    if len(data) > MAX_BUILD_CONTEXT_BYTES:
+        raise InvalidArgument(
+            f"the build context {root!r} is larger than {MAX_BUILD_CONTEXT_BYTES} bytes", field="context_dir"
+        )
+    return data
+
+
+def build_params(
+    name: str,
+    dockerfile: str,
+    build_args: Optional[Mapping[str, str]],
+    target: Optional[str],
+    timeout: float,
+) -> Params:
+    """The query of ``POST /v1/images/builds``."""
+    params: Params = [("name", name), ("dockerfile", dockerfile)]
+    for key, value in (build_args or {}).items():
+        params.append(("buildArg", f"{key}={value}"))
+    if target is not None:
+        params.append(("target", target))
+    params.append(("timeout", str(max(1, int(-(-timeout // 1))))))
+    return params
+
+
+def build_failure(info: Mapping[str, Any]) -> DSecError:
+    """The error of a failed build (``errorCode``, ``error``, ``errorDetails``) as the SDK raises it."""
+    body = {
+        "error": {
+            "code": info.get("errorCode") or "internal",
+            "message": info.get("error") or "the build failed",
+            "details": info.get("errorDetails") or {},
+        }
+    }
+    return error_from_body(body, 400)
+
+
+def monotonic() -> float:
+    return time.monotonic()
 
 
 def segment(value: str) -> str:

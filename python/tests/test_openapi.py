@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import httpx
 import pytest
 
+import dsec
 from dsec import DSecClient, DSecContainerRunArgs, VolumeMount
 from dsec import models
 
@@ -150,6 +151,15 @@ async def test_every_call_of_the_client_is_a_documented_route(tmp_path: Path) ->
         await client.create_key("p", role="member")
         await client.delete_key("key-1")
         await client.list_edges()
+        context = tmp_path / "ctx"
+        context.mkdir()
+        (context / "Dockerfile").write_text("FROM scratch\n")
+        # The document's example build is forever `building`: the wait ends at its deadline.
+        with pytest.raises(dsec.DeadlineExceeded):
+            await client.build_image(context, name="img", build_args={"A": "1"}, target="t", timeout=0.01,
+                                     poll_interval=0)
+        await client.get_build("bld-1")
+        await client.cancel_build("bld-1")
         await client.fncall.run("python", "print(1)", stdin="", files={"a.py": ""}, args=["x"], env={"K": "v"},
                                 timeout_ms=100, memory_mb=64, network=False, max_output_bytes=10,
                                 gpu={"mode": "shared"}, edge_selector={"pool": "cpu"})

@@ -32,6 +32,17 @@ export type { ApiServerOptions } from './server.js';
 export { SandboxService } from './sandbox-service.js';
 export { VolumeService } from './volume-service.js';
 export type { VolumeServiceDeps } from './volume-service.js';
+export {
+  DEFAULT_IMAGE_BUILD_LIMITS,
+  ImageBuildService,
+  type ImageBuilder,
+  type ImageBuildInfo,
+  type ImageBuildLimits,
+  type ImageBuildRequest,
+  type ImageBuildStatus,
+} from './image-builds.js';
+export { DEFAULT_BUILD_CONTEXT_LIMITS, unpackBuildContext } from './build-context.js';
+export type { BuildContextLimits, UnpackedContext } from './build-context.js';
 export type {
   EdgeDirectory,
   FleetSource,

@@ -208,6 +208,28 @@ export const FileInfoSchema = z
   })
   .openapi('FileInfo');
 
+export const ImageBuildSchema = z
+  .object({
+    id: z.string().openapi({ example: 'bld-3n2k…' }),
+    name: z.string().openapi({ description: 'The name as the request gave it.' }),
+    image: z.string().openapi({
+      description: 'The layer it makes, `name:version`, in the caller’s project’s namespace.',
+    }),
+    status: z.enum(['building', 'ready', 'failed']),
+    error: z.string().optional().openapi({ description: 'A failure’s message.' }),
+    errorCode: z.string().optional().openapi({ description: 'A failure’s error code.' }),
+    errorDetails: z.record(z.unknown()).optional(),
+    log: z.string().optional().openapi({
+      description: 'The tail of the build’s output (64 KiB by default); absent in listings.',
+    }),
+    cached: z.boolean().optional(),
+    digest: z.string().optional(),
+    sizeBytes: z.number().int().optional(),
+    createdAt: z.string().datetime(),
+    finishedAt: z.string().datetime().optional(),
+  })
+  .openapi('ImageBuild');
+
 export const LayerInfoSchema = z
   .object({
     name: z.string(),

@@ -19,6 +19,7 @@ import {
   FnCallResultSchema,
   ForkResultSchema,
   HealthSchema,
+  ImageBuildSchema,
   JobResultSchema,
   LayerInfoSchema,
   ProjectSchema,
@@ -36,6 +37,7 @@ import * as requests from './schemas.js';
 import * as ioRequests from './schemas-io.js';
 import * as fncallRequests from './schemas-fncall.js';
 import * as displayRequests from './schemas-display.js';
+import * as buildRequests from './schemas-builds.js';
 /**
  * The OpenAPI 3.1 document of HTTP API v1, built from the zod schemas the
  * routes parse requests with (`schemas.ts`, `schemas-io.ts`) and the answer
@@ -707,6 +709,66 @@ export function operations(): Operation[] {
       request: { params: ImageParams, query: ImageQuery },
       responses: { 204: noContent },
       errors: [...AUTHED, 403, 404, 409],
+    },
+    {
+      method: 'post',
+      route: '/v1/images/builds',
+      operationId: 'startImageBuild',
+      tag: 'images',
+      summary: 'Build a Dockerfile into a layer of the project',
+      description:
+        'The body is the build context, a tar archive (`Content-Type: application/x-tar`; ustar, pax or GNU; 1 GiB at most: 413 `payload_too_large`). It is unpacked on the node that holds the image store under fixed rules (no absolute path, no `..`, nothing under a symlink of the archive, hard links only to a regular file earlier in the archive, no device node or FIFO; 100 000 entries; 400 `invalid_argument` with `field: context` and `details.reason` `tar_path`, `tar_link`, `tar_entry_kind`, `tar_duplicate`, `tar_malformed`, `context_too_large`), then built by buildah with `RUN` steps under the node’s egress policy (`dsec image build --dockerfile`, docs/images.md). 202 once the context is unpacked; poll `GET /v1/images/builds/{id}`. The layer is the caller’s project’s (`kind: base`), charged to its `imageBytes` quota, invisible to other projects; a name is immutable (a different build under a stored `name:version` fails `conflict`: use a new version). 409 `conflict` for a name the platform or an ancestor holds (`name_taken`) or one being built (`build_running`); 429 `quota_exceeded` past 2 builds of the project at once (`details.resource: builds`) or with no `imageBytes` room; 503 `capacity_exhausted` past the node’s builds at once; 503 `unavailable` (`builds_unavailable`) on an apiserver without a builder (a multi-node cluster’s). A scoped key needs `sandboxes:snapshot` and may not build a name its own run patterns match.',
+      request: {
+        query: buildRequests.BuildQuery,
+        body: {
+          content: {
+            'application/x-tar': { schema: z.string().openapi({ format: 'binary' }) },
+          },
+          required: true,
+        },
+      },
+      responses: { 202: { description: 'Building.', content: json(ImageBuildSchema) } },
+      errors: [...AUTHED, 403, 409, 413, 429, 504],
+    },
+    {
+      method: 'get',
+      route: '/v1/images/builds',
+      operationId: 'listImageBuilds',
+      tag: 'images',
+      summary: 'The project’s builds, newest first',
+      description:
+        'Running builds and the last 50 finished ones of the key’s project, as this apiserver remembers them (a restart forgets them; the layers stay). No `log`.',
+      responses: {
+        200: {
+          description: 'The builds.',
+          content: json(z.object({ builds: z.array(ImageBuildSchema) })),
+        },
+      },
+      errors: AUTHED,
+    },
+    {
+      method: 'get',
+      route: '/v1/images/builds/:id',
+      operationId: 'getImageBuild',
+      tag: 'images',
+      summary: 'One build: its status and the tail of its log',
+      description:
+        '`status` is `building`, `ready` or `failed` (`error`, `errorCode`, `errorDetails`: a failed step names its `instruction`, `line` and `outputTail`). 404 `not_found` for an unknown build or another project’s.',
+      request: { params: buildRequests.BuildParams },
+      responses: { 200: { description: 'The build.', content: json(ImageBuildSchema) } },
+      errors: [...AUTHED, 404],
+    },
+    {
+      method: 'delete',
+      route: '/v1/images/builds/:id',
+      operationId: 'cancelImageBuild',
+      tag: 'images',
+      summary: 'Stop a running build',
+      description:
+        'Stops it (it ends `failed`, `errorCode: aborted`, nothing stored) and answers the build as it ended; a finished build is answered as it is.',
+      request: { params: buildRequests.BuildParams },
+      responses: { 200: { description: 'The build.', content: json(ImageBuildSchema) } },
+      errors: [...AUTHED, 404],
     },
     {
       method: 'get',

@@ -29,6 +29,8 @@ import { ptyWebSocket } from './routes/pty-ws.js';
 import { uiRoutes } from './routes/ui.js';
 import { streamingBodySockets } from './routes/io-common.js';
 import { ImageService, type ImageCatalog } from './image-service.js';
+import { ImageBuildService, type ImageBuilder, type ImageBuildLimits } from './image-builds.js';
+import { imageBuildRoutes } from './routes/image-builds.js';
 import { SandboxService } from './sandbox-service.js';
 import { fncallRoutes } from './routes/fncall.js';
 import { FnCallService } from './fncall-service.js';
@@ -59,6 +61,14 @@ export interface ApiServerOptions {
   imagesList?: ImageCatalog['list'] | undefined;
   /** Removes a project's layer from the image store (`DELETE /v1/images/:ref`, fork clean-up). */
   imagesRemove?: ((ref: string, project: string) => Promise<void>) | undefined;
+  /**
+   * The node's Dockerfile builder (`POST /v1/images/builds`): `dsec up`
+   * wires it where the image store and buildah are; without it builds are
+   * refused (503 `unavailable`, `details.reason: builds_unavailable`).
+   */
+  imageBuilder?: ImageBuilder | undefined;
+  /** Bounds of API builds (`ImageBuildLimits`; defaults in `DEFAULT_IMAGE_BUILD_LIMITS`). */
+  imageBuildLimits?: Partial<ImageBuildLimits> | undefined;
   /**
    * Time allowed to receive a request's headers, from its first byte
    * (slow-header, "slowloris", defence): past it the client gets 408 and the
@@ -110,6 +120,8 @@ export interface ApiServerOptions {
           limits: CallerLimits;
           images: ImageService;
           volumes: VolumeService;
+          /** Dockerfile builds (`POST /v1/images/builds`; E2B's template builds use them too). */
+          builds: ImageBuildService;
         },
       ) => void)
     | undefined;
@@ -257,6 +269,13 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     watcher: options.watcher,
     onWarning: (message, context) => app.log.warn(context, message),
   });
+  const builds = new ImageBuildService({
+    iam,
+    images,
+    builder: options.imageBuilder,
+    limits: options.imageBuildLimits,
+  });
+  app.addHook('onClose', async () => await builds.close());
   const service = new SandboxService({
     ...options,
     metrics,
@@ -327,6 +346,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   void app.register(async (scope) => commandRoutes(scope, service));
   void app.register(async (scope) => fileRoutes(scope, service));
   void app.register(async (scope) => portRoutes(scope, service));
+  void app.register(async (scope) => imageBuildRoutes(scope, builds));
   ptyUpgrade(app, service, iam, limits);
   // Calls per second per project (IAM quota `fncallsPerSecond`), counted by this apiserver.
   const fncallLimiter = new FnCallRateLimiter({
@@ -346,7 +366,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   ptyWebSocket(app, service, iam, { limits, guard });
   uiRoutes(app);
   adminRoutes(app, { iam, fleet: () => watcher.view(), images });
-  options.extend?.(app, { service, iam, metrics, limits, images, volumes });
+  options.extend?.(app, { service, iam, metrics, limits, images, volumes, builds });
   // Last, in front of every listener the routes and extensions installed: the Host and URL
   // checks, then the connection caps (which must see the requests the checks refuse too).
   installRequestGate(app.server, {

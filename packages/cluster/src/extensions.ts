@@ -29,7 +29,7 @@ export const DEFAULT_E2B_TEMPLATES: E2bTemplates = { base: 'busybox' };
 
 /** Mounts the E2B-compatible routes on an apiserver (`ApiServerOptions.extend`). */
 export function e2bExtension(options: E2bOptions = {}): ApiServerOptions['extend'] {
-  return (app, { service, iam, metrics, limits, images, volumes }) =>
+  return (app, { service, iam, metrics, limits, images, volumes, builds }) =>
     registerE2bRoutes(app, {
       service,
       iam,
@@ -37,6 +37,7 @@ export function e2bExtension(options: E2bOptions = {}): ApiServerOptions['extend
       metrics,
       limits,
       images,
+      builds,
       templates: { ...DEFAULT_E2B_TEMPLATES, ...options.templates },
       ...(options.sandboxDomain ? { sandboxDomain: options.sandboxDomain } : {}),
       ...(options.watchIntervalMs ? { watchIntervalMs: options.watchIntervalMs } : {}),

@@ -7,6 +7,11 @@
  */
 export { startSingleNode, type SingleNode, type SingleNodeOptions } from './single-node.js';
 export {
+  nodeBuildNetwork,
+  nodeImageBuilder,
+  type NodeImageBuilderOptions,
+} from './image-builder.js';
+export {
   apiBoundsOptions,
   ClusterConfigSchema,
   fncallOptions,

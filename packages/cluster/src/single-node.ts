@@ -14,7 +14,7 @@
  */
 import { chmod, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { ApiMetrics, buildApiServer } from '@dsec/apiserver';
+import { ApiMetrics, buildApiServer, type ImageBuildLimits } from '@dsec/apiserver';
 import { SandboxIdCodec } from '@dsec/core';
 import type { EdgeApi, ImageStore, LayerInfo } from '@dsec/core';
 import {
@@ -49,6 +49,7 @@ import { Watcher } from '@dsec/watcher';
 import type { Logger } from 'pino';
 import { apiBoundsOptions, type ApiBoundsConfig } from './config.js';
 import { e2bExtension, type E2bOptions, type LifecycleOptions } from './extensions.js';
+import { nodeImageBuilder } from './image-builder.js';
 import { listenApi } from './listen.js';
 import { newClusterSecret, readOrCreateSecret, stopAll } from './roles.js';
 import { withServiceRanges } from './service-ranges.js';
@@ -113,6 +114,14 @@ export interface SingleNodeOptions {
    * and builds use. Default: the environment alone.
    */
   registries?: RegistrySettings | undefined;
+  /**
+   * Dockerfile builds over the API (`POST /v1/images/builds`, docs/images.md):
+   * on by default; `false` refuses them (503, `builds_unavailable`);
+   * `network: false` gives `RUN` steps no network (else the node's egress
+   * policy, as `dsec image build`); `limits` bound them.
+   */
+  imageBuilds?:
+    false | { network?: false | undefined; limits?: Partial<ImageBuildLimits> } | undefined;
 }
 
 export interface SingleNode {
@@ -234,6 +243,17 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     metrics: apiMetrics,
     imagesList: (o) => listImages(store, o),
     imagesRemove: (ref, project) => store.removeLayer(ref, { project }),
+    ...(options.imageBuilds !== false
+      ? {
+          imageBuilder: nodeImageBuilder({
+            store,
+            stateDir,
+            registries: options.registries ?? registrySettings(undefined, process.env),
+            network: options.imageBuilds?.network === false ? false : options.network,
+          }),
+          imageBuildLimits: options.imageBuilds?.limits,
+        }
+      : {}),
     extend: e2bExtension(options.e2b),
     ...bounds.api,
   });

@@ -1,5 +1,11 @@
 import type { FastifyInstance } from 'fastify';
-import type { ApiMetrics, CallerLimits, SandboxService, VolumeService } from '@dsec/apiserver';
+import type {
+  ApiMetrics,
+  CallerLimits,
+  ImageBuildService,
+  SandboxService,
+  VolumeService,
+} from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
 import { controlPlaneRoutes, unknownE2bRoutes } from './control-plane.js';
 import { ProcessTable } from './envd/process-table.js';
@@ -7,6 +13,7 @@ import { AutoPauser, E2bSandboxAccess } from './lifecycle.js';
 import type { E2bImages } from './control-plane.js';
 import { installSandboxRouting } from './sandbox-routing.js';
 import { sandboxRoutes } from './sandbox-routes.js';
+import { templateBuildRoutes } from './template-build.js';
 import type { E2bTemplates } from './templates.js';
 import { e2bVolumeRoutes } from './volume-routes.js';
 
@@ -36,6 +43,8 @@ export interface E2bRoutesDeps {
   watchIntervalMs?: number | undefined;
   /** The apiserver's volumes: E2B's `/volumes` routes (docs/volumes.md). Absent: not served. */
   volumes?: VolumeService | undefined;
+  /** The apiserver's Dockerfile builds: with them, `Template.build` works (template-build.ts). */
+  builds?: ImageBuildService | undefined;
 }
 
 /**
@@ -85,6 +94,14 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
     });
     scope.addHook('onClose', async () => close());
   });
+  if (deps.builds) {
+    templateBuildRoutes(app, {
+      iam: deps.iam,
+      builds: deps.builds,
+      templates: deps.templates,
+      limits: deps.limits,
+    });
+  }
   app.addHook('preClose', async () => {
     pauser.close();
     shutdown.abort(new Error('the server is closing'));

@@ -38,6 +38,11 @@ export interface BuildLayerOptions {
   split?: boolean;
   /** Recorded as `source` (default `dir` or `tar`), e.g. `busybox`, `debootstrap`. */
   source?: string;
+  /**
+   * The project that owns the layer (`LayerInfo.project`): recorded in its
+   * namespace, never the platform's (absent: the platform's).
+   */
+  project?: string | undefined;
   /** Recorded with the layer: an imported image's runtime defaults. */
   config?: ImageConfig | undefined;
   /** Recorded with the layer: the refs a collapsed layer merges, bottom first. */
@@ -159,11 +164,15 @@ export async function buildLayer(
       source: options.source ?? from.kind,
       ...(options.config !== undefined ? { config: options.config } : {}),
       ...(options.parents !== undefined ? { parents: options.parents } : {}),
+      ...(options.project !== undefined ? { project: options.project } : {}),
     };
     throwIfAborted(signal);
     await store.putLayer(layer);
     // Same content stored earlier: hand back the record as it is kept.
-    const stored = await store.getLayer(`${layer.name}:${layer.version}`);
+    const stored = await store.getLayer(
+      `${layer.name}:${layer.version}`,
+      options.project !== undefined ? { project: options.project } : {},
+    );
     progress({ phase: 'done' });
     return stored;
   } catch (err) {

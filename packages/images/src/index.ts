@@ -72,6 +72,7 @@ export {
   DEFAULT_BUILD_TIMEOUT_MS,
   DEFAULT_MAX_BUILD_BYTES,
   DEFAULT_MAX_OUTPUT_BYTES,
+  credentialHostsOf,
 } from './dockerfile/build.js';
 export type {
   DockerfileBuildOptions,

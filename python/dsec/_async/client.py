@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+import asyncio
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from .._core import (
+    BUILD_POLL_INTERVAL,
+    DEFAULT_BUILD_TIMEOUT,
     DEFAULT_CREATE_TIMEOUT,
     DEFAULT_VM_CREATE_TIMEOUT,
     DEFAULT_LIFECYCLE_TIMEOUT,
     DEFAULT_MAX_RETRIES,
     DEFAULT_TIMEOUT,
     RetryPolicy,
+    build_context_tar,
+    build_failure,
+    build_params,
     compact,
+    monotonic,
     new_request_id,
     or_default,
     resolve_settings,
     segment,
 )
-from ..errors import InvalidArgument
+from ..errors import DeadlineExceeded, InvalidArgument
 from ..models import (
     CreatedKey,
     DSecContainerRunArgs,
@@ -285,6 +294,66 @@ class DSecClient:
             timeout=or_default(timeout, self._timeout),
             retry_safe=True,
         )
+    async def build_image(
+        self,
+        context_dir: Union[str, "os.PathLike[str]"],
+        *,
+        name: str,
+        dockerfile: str = "Dockerfile",
+        build_args: Optional[Mapping[str, str]] = None,
+        target: Optional[str] = None,
+        timeout: float = DEFAULT_BUILD_TIMEOUT,
+        poll_interval: float = BUILD_POLL_INTERVAL,
+    ) -> str:
+        """Builds the Dockerfile of ``context_dir`` on the server into an image of the key's
+        project and returns its name (``name:version``) once it is ready, for ``image=``.
+
+        The directory is sent as a tar archive (symlinks as links, never followed) to
+        ``POST /v1/images/builds``; the build runs on the node that holds the image store
+        (buildah, ``RUN`` steps under the node's egress policy) and is polled every
+        ``poll_interval`` seconds. ``timeout`` bounds the build on the server and the wait here
+        (past it the build is cancelled and ``DeadlineExceeded`` raised). A failed build raises
+        the error it failed with: ``InvalidArgument`` (``details["reason"]``
+        ``build_step_failed`` with ``instruction``, ``line``, ``outputTail``; a bad context or
+        Dockerfile), ``Conflict`` (another build under a stored ``name:version``: use a new
+        version), ``QuotaExceeded`` (the project's ``imageBytes``), ``Aborted``."""
+        data = build_context_tar(context_dir)
+        params = build_params(name, dockerfile, build_args, target, timeout)
+        deadline = monotonic() + timeout
+        async with self._http.stream(
+            "POST",
+            "/v1/images/builds",
+            params=params,
+            content=data,
+            headers={"content-type": "application/x-tar"},
+            timeout=or_default(None, self._timeout) + len(data) / (1024 * 1024),
+        ) as response:
+            info: Dict[str, Any] = json.loads(await response.aread())
+        build_id = str(info["id"])
+        while info.get("status") == "building":
+            if monotonic() >= deadline:
+                await self.cancel_build(build_id)
+                raise DeadlineExceeded(f"the build of {name} ran past {timeout} s", details={"buildId": build_id})
+            await asyncio.sleep(poll_interval)
+            info = await self.get_build(build_id)
+        if info.get("status") != "ready":
+            raise build_failure(info)
+        return str(info["image"])
+
+    async def get_build(self, build_id: str, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """One build of the key's project (``GET /v1/images/builds/{id}``): ``status``
+        (``building``, ``ready``, ``failed``), ``error``, ``errorCode``, ``log`` (its tail)."""
+        return await self._get(f"/v1/images/builds/{segment(build_id)}", timeout)
+
+    async def cancel_build(self, build_id: str, *, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Stops a running build (it ends ``failed``, ``errorCode`` ``aborted``)."""
+        answer: Dict[str, Any] = await self._http.json(
+            "DELETE",
+            f"/v1/images/builds/{segment(build_id)}",
+            timeout=or_default(timeout, self._timeout),
+            retry_safe=True,
+        )
+        return answer
 
     async def create_project(
         self,

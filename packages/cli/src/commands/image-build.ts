@@ -20,8 +20,10 @@ import { contextOf, type CliContext } from '../context.js';
 import { imageCommand } from './image.js';
 import { localStore } from '../stores.js';
 import { phaseProgress, printLayer, register as registerManage } from './image-manage.js';
+import { remoteDockerfileBuild } from './image-build-remote.js';
 
 interface BuildOptions extends DockerfileCliOptions {
+  remote?: boolean;
   fromDir?: string;
   fromTar?: string;
   fromOci?: string;
@@ -75,6 +77,10 @@ function registerBuild(program: Command): void {
       "with --dockerfile: the node's config file (its registries section, and up.network or edge.network for RUN steps' egress)",
     )
     .option('--timeout <seconds>', 'with --dockerfile: stop a build running longer (default 3600)')
+    .option(
+      '--remote',
+      "with --dockerfile: build on the apiserver's node (POST /v1/images/builds, --url and the key), into the key's project",
+    )
     .option('--from-dir <dir>', 'a directory tree')
     .option('--from-tar <file>', 'a tarball (plain, .gz, .xz, .zst)')
     .option('--from-oci <path>', 'an OCI image: layout dir, or a tar of one, or a docker-archive')
@@ -121,6 +127,14 @@ function registerBuild(program: Command): void {
             field: 'from',
           },
         );
+      }
+      if (opts.remote) {
+        if (!opts.dockerfile)
+          throw new DsecError('invalid_argument', '--remote builds a --dockerfile DIR', {
+            field: 'remote',
+          });
+        await remoteDockerfileBuild(ctx, refText, { ...opts, dockerfile: opts.dockerfile });
+        return;
       }
       const store = localStore(ctx);
       if (opts.dockerfile) {

@@ -71,10 +71,14 @@ export function register(program: Command): void {
       ).choices(['auto', 'off']),
     )
     .option(
+      '--no-image-builds',
+      "refuse builds over the API (POST /v1/images/builds, E2B's Template.build): they run callers' Dockerfile steps as root in runc on this node",
+    )
+    .option(
       '--no-cgroup-favordynmods',
       'leave the host cgroup2 mount as it is (by default it is remounted with favordynmods: faster creates)',
     )
-    .action(async (opts: UpFlags, command: Command) => {
+    .action(async (opts: UpFlags & { imageBuilds?: boolean }, command: Command) => {
       const ctx = contextOf(command);
       const up = await upSettings(opts, command, ctx);
       const { stateDir } = up;
@@ -109,6 +113,7 @@ export function register(program: Command): void {
               ...(up.blobCacheBytes ? { blobCacheBytes: up.blobCacheBytes } : {}),
               e2b: up.e2b,
               registries: up.registries,
+              ...(opts.imageBuilds === false ? { imageBuilds: false as const } : {}),
               logger,
               metricsListen,
             })

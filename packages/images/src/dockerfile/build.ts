@@ -78,6 +78,12 @@ export interface DockerfileBuildOptions extends DockerfileLimits, ContextLimits 
   version?: string | undefined;
   /** Default `base`. */
   kind?: LayerKind | undefined;
+  /**
+   * The project that owns the result (the build API's caller): the layer,
+   * and the cached build it may answer with, are that project's namespace's,
+   * never the platform's (absent: the platform's).
+   */
+  project?: string | undefined;
   /** The build context directory. */
   contextDir: string;
   /** The Dockerfile: relative to `contextDir` or absolute (default `Dockerfile` in the context). */
@@ -123,6 +129,14 @@ export interface DockerfileBuildOptions extends DockerfileLimits, ContextLimits 
   workDir?: string | undefined;
   /** Where `DSEC_REGISTRY_USERNAME`/`DSEC_REGISTRY_PASSWORD` are read (default `process.env`). */
   env?: NodeJS.ProcessEnv | undefined;
+  /**
+   * The registry hosts (`host[:port]`, lower case) those credentials may be
+   * sent to. Absent: every host a stage's `FROM` names, as `dsec image
+   * build` does for the operator's own Dockerfile. A Dockerfile somebody
+   * else wrote (the build API's) must not get them for a host it picks
+   * (`FROM attacker.example/x` would be sent the node's password).
+   */
+  credentialHosts?: readonly string[] | undefined;
   signal?: AbortSignal | undefined;
   onProgress?(p: DockerfileBuildProgress): void;
 }
@@ -222,10 +236,15 @@ export async function buildDockerfile(
     });
     const source = `dockerfile@${inputDigest}`;
     if (!options.noCache) {
-      const existing = await store.getLayer(`${options.name}:${version}`).catch((err: unknown) => {
-        if (isDsecError(err, 'image_not_found')) return undefined;
-        throw err;
-      });
+      const existing = await store
+        .getLayer(
+          `${options.name}:${version}`,
+          options.project !== undefined ? { project: options.project } : {},
+        )
+        .catch((err: unknown) => {
+          if (isDsecError(err, 'image_not_found')) return undefined;
+          throw err;
+        });
       if (existing?.source === source) {
         progress({ phase: 'done' });
         return { layer: existing, cached: true, layers: [], steps: [], inputDigest };
@@ -377,6 +396,7 @@ async function importBuilt(
       config,
       ...(parents.length > 0 ? { parents } : {}),
       ...(options.split !== undefined ? { split: options.split } : {}),
+      ...(options.project !== undefined ? { project: options.project } : {}),
       compress: input.compression,
       workDir: work,
       signal,
@@ -772,6 +792,27 @@ function classifyPullError(
  * `DSEC_REGISTRY_USERNAME`/`DSEC_REGISTRY_PASSWORD` for every registry a
  * `FROM` names (0600, in scratch space; never on a command line).
  */
+/**
+ * The registry hosts of the stages' `FROM`s that get the environment's
+ * registry credentials: each named host (`host.name/…`, `host:port/…`,
+ * `localhost/…`), only those in `allowed` when it is given.
+ */
+export function credentialHostsOf(
+  parsed: ParsedDockerfile,
+  allowed?: readonly string[],
+): Set<string> {
+  const ok = allowed === undefined ? undefined : new Set(allowed.map((h) => h.toLowerCase()));
+  const stageNames = new Set(parsed.stages.flatMap((s) => (s.name ? [s.name] : [])));
+  const hosts = new Set<string>();
+  for (const s of parsed.stages) {
+    if (stageNames.has(s.from.toLowerCase())) continue;
+    const host = s.from.split('/')[0]!;
+    if (!s.from.includes('/') || !/[.:]|^localhost$/.test(host)) continue;
+    if (ok === undefined || ok.has(host.toLowerCase())) hosts.add(host);
+  }
+  return hosts;
+}
+
 async function credentials(
   options: DockerfileBuildOptions,
   parsed: ParsedDockerfile,
@@ -793,13 +834,7 @@ async function credentials(
   const user = env['DSEC_REGISTRY_USERNAME'];
   if (user === undefined || user === '') return undefined;
   const auth = Buffer.from(`${user}:${env['DSEC_REGISTRY_PASSWORD'] ?? ''}`).toString('base64');
-  const stageNames = new Set(parsed.stages.flatMap((s) => (s.name ? [s.name] : [])));
-  const hosts = new Set<string>();
-  for (const s of parsed.stages) {
-    if (stageNames.has(s.from.toLowerCase())) continue;
-    const host = s.from.split('/')[0]!;
-    if (s.from.includes('/') && /[.:]|^localhost$/.test(host)) hosts.add(host);
-  }
+  const hosts = credentialHostsOf(parsed, options.credentialHosts);
   const file = join(work, 'auth.json');
   await writeFile(
     file,

@@ -188,6 +188,54 @@ export interface paths {
     patch?: never;
     trace?: never;
   };
+  '/v1/images/builds': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /**
+     * The project’s builds, newest first
+     * @description Running builds and the last 50 finished ones of the key’s project, as this apiserver remembers them (a restart forgets them; the layers stay). No `log`.
+     */
+    get: operations['listImageBuilds'];
+    put?: never;
+    /**
+     * Build a Dockerfile into a layer of the project
+     * @description The body is the build context, a tar archive (`Content-Type: application/x-tar`; ustar, pax or GNU; 1 GiB at most: 413 `payload_too_large`). It is unpacked on the node that holds the image store under fixed rules (no absolute path, no `..`, nothing under a symlink of the archive, hard links only to a regular file earlier in the archive, no device node or FIFO; 100 000 entries; 400 `invalid_argument` with `field: context` and `details.reason` `tar_path`, `tar_link`, `tar_entry_kind`, `tar_duplicate`, `tar_malformed`, `context_too_large`), then built by buildah with `RUN` steps under the node’s egress policy (`dsec image build --dockerfile`, docs/images.md). 202 once the context is unpacked; poll `GET /v1/images/builds/{id}`. The layer is the caller’s project’s (`kind: base`), charged to its `imageBytes` quota, invisible to other projects; a name is immutable (a different build under a stored `name:version` fails `conflict`: use a new version). 409 `conflict` for a name the platform or an ancestor holds (`name_taken`) or one being built (`build_running`); 429 `quota_exceeded` past 2 builds of the project at once (`details.resource: builds`) or with no `imageBytes` room; 503 `capacity_exhausted` past the node’s builds at once; 503 `unavailable` (`builds_unavailable`) on an apiserver without a builder (a multi-node cluster’s). A scoped key needs `sandboxes:snapshot` and may not build a name its own run patterns match.
+     */
+    post: operations['startImageBuild'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/v1/images/builds/{id}': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /**
+     * One build: its status and the tail of its log
+     * @description `status` is `building`, `ready` or `failed` (`error`, `errorCode`, `errorDetails`: a failed step names its `instruction`, `line` and `outputTail`). 404 `not_found` for an unknown build or another project’s.
+     */
+    get: operations['getImageBuild'];
+    put?: never;
+    post?: never;
+    /**
+     * Stop a running build
+     * @description Stops it (it ends `failed`, `errorCode: aborted`, nothing stored) and answers the build as it ended; a finished build is answered as it is.
+     */
+    delete: operations['cancelImageBuild'];
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
   '/v1/keys': {
     parameters: {
       query?: never;
@@ -1427,6 +1475,32 @@ export interface components {
       ok: boolean;
       version: string;
     };
+    ImageBuild: {
+      cached?: boolean;
+      /** Format: date-time */
+      createdAt: string;
+      digest?: string;
+      /** @description A failure’s message. */
+      error?: string;
+      /** @description A failure’s error code. */
+      errorCode?: string;
+      errorDetails?: {
+        [key: string]: unknown;
+      };
+      /** Format: date-time */
+      finishedAt?: string;
+      /** @example bld-3n2k… */
+      id: string;
+      /** @description The layer it makes, `name:version`, in the caller’s project’s namespace. */
+      image: string;
+      /** @description The tail of the build’s output (64 KiB by default); absent in listings. */
+      log?: string;
+      /** @description The name as the request gave it. */
+      name: string;
+      sizeBytes?: number;
+      /** @enum {string} */
+      status: 'building' | 'ready' | 'failed';
+    };
     JobBody: {
       labels: {
         [key: string]: string;
@@ -2090,6 +2164,125 @@ export interface operations {
       403: components['responses']['PermissionDenied'];
       404: components['responses']['NotFound'];
       409: components['responses']['Conflict'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+    };
+  };
+  listImageBuilds: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The builds. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': {
+            builds: components['schemas']['ImageBuild'][];
+          };
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+    };
+  };
+  startImageBuild: {
+    parameters: {
+      query: {
+        buildArg?: string | string[];
+        dockerfile?: string;
+        name: string;
+        target?: string;
+        timeout?: string;
+      };
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody: {
+      content: {
+        'application/x-tar': string;
+      };
+    };
+    responses: {
+      /** @description Building. */
+      202: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['ImageBuild'];
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      403: components['responses']['PermissionDenied'];
+      409: components['responses']['Conflict'];
+      413: components['responses']['PayloadTooLarge'];
+      429: components['responses']['TooManyRequests'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+      504: components['responses']['DeadlineExceeded'];
+    };
+  };
+  getImageBuild: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        id: string;
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The build. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['ImageBuild'];
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+    };
+  };
+  cancelImageBuild: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path: {
+        id: string;
+      };
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The build. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['ImageBuild'];
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      404: components['responses']['NotFound'];
       500: components['responses']['Internal'];
       503: components['responses']['Unavailable'];
     };
