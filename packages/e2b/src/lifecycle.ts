@@ -134,7 +134,9 @@ export class E2bSandboxAccess extends SandboxAccess {
     if (!edge.io) {
       throw new DsecError('unavailable', `edge ${edge.edgeId} does not run commands or files`);
     }
-    if (this.#held.has(id) && info.state === 'paused') {
+    // Keyless traffic resumes a paused sandbox only when its owner asked for that (autoResume),
+    // whoever paused it: another apiserver, a native pause, this one before a restart.
+    if (info.state === 'paused' && (this.#held.has(id) || !lifecycleOf(info).autoResume)) {
       throw new DsecError('sandbox_not_running', `sandbox ${toE2bSandboxId(id)} is paused`, {
         details: { state: 'paused' },
       });
