@@ -134,7 +134,9 @@ export class E2bSandboxAccess extends SandboxAccess {
     if (!edge.io) {
       throw new DsecError('unavailable', `edge ${edge.edgeId} does not run commands or files`);
     }
-    if (this.#held.has(id) && info.state === 'paused') {
+    // Keyless traffic resumes a paused sandbox only when its owner asked for that (autoResume),
+    // whoever paused it: another apiserver, a native pause, this one before a restart.
+    if (info.state === 'paused' && (this.#held.has(id) || !lifecycleOf(info).autoResume)) {
       throw new DsecError('sandbox_not_running', `sandbox ${toE2bSandboxId(id)} is paused`, {
         details: { state: 'paused' },
       });
@@ -182,6 +184,12 @@ export class E2bSandboxAccess extends SandboxAccess {
 
 /** How often a watched sandbox that is paused is looked at again (has traffic resumed it?). */
 const PAUSED_RECHECK_MS = 2000;
+/**
+ * The longest a running watched sandbox goes unread: one deleted elsewhere (the native API,
+ * another apiserver) leaves the watch list by then, not at its E2B timeout (up to a week), so
+ * one tenant's dead entries cannot fill the bounded list and push out another's.
+ */
+const RUNNING_RECHECK_MS = 60_000;
 
 /**
  * Sandboxes whose E2B timeout pauses them (`autoPause`), watched by the
@@ -226,7 +234,11 @@ export class AutoPauser {
         pausedByUs: true,
       });
     } else if (info.state === 'running' || info.state === 'creating') {
-      this.#entries.set(info.id, { principal, at: Date.parse(e2bEndAt(info)), pausedByUs: false });
+      this.#entries.set(info.id, {
+        principal,
+        at: Math.min(Date.parse(e2bEndAt(info)), this.#now() + RUNNING_RECHECK_MS),
+        pausedByUs: false,
+      });
     } else {
       this.#entries.delete(info.id);
     }
@@ -291,7 +303,7 @@ export class AutoPauser {
     }
     const at = Date.parse(e2bEndAt(info));
     if (at > now) {
-      e.at = at;
+      e.at = Math.min(at, now + RUNNING_RECHECK_MS);
       return;
     }
     const paused = await service.pause(e.principal, id);
