@@ -226,6 +226,11 @@ test('envd files conformance: remove, symlinks, owners, parents for a user, watc
         assert.equal(await sbx.files.read(odd, USER), 'odd');
         assert.equal(await sbx.files.exists('/tmp/pwned', ROOT), false);
         assert.equal(await sbx.files.exists('/tmp/pwned2', ROOT), false);
+        // The user points a name in its home at root's /usr: root makes nothing through it
+        // (a chown through the user's directories could be raced onto any of root's).
+        await sbx.commands.run('ln -s /usr /home/user/lnk', USER);
+        await assert.rejects(sbx.files.write('/home/user/lnk/e2b-evil/f.txt', 'x', USER));
+        assert.equal(await sbx.files.exists('/usr/e2b-evil', ROOT), false);
         // A user the sandbox does not have is refused, not made.
         await assert.rejects(sbx.files.write('/usr/e2b-ghost/f.txt', 'x', { user: 'ghost' }));
         assert.equal(await sbx.files.exists('/usr/e2b-ghost', ROOT), false);
