@@ -97,6 +97,7 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
       access.metadata.get(
         sb,
         files.map((f) => f.path),
+        user,
         signal,
       ),
     ]);

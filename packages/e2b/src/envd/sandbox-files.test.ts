@@ -10,6 +10,7 @@ import type { CommandSpec, FileInfo } from '@dsec/core';
 import { entryOf } from './filesystem-service.js';
 import { FileType } from '../gen/filesystem/filesystem_pb.js';
 import {
+  FileMetadata,
   MAX_METADATA_BYTES,
   MAX_METADATA_KEY_BYTES,
   parseMetadataLines,
@@ -254,3 +255,45 @@ test(
     }
   },
 );
+
+test('attack: the metadata tool is never copied where a user could swap it, and runs as the caller', async () => {
+  const modes: Record<string, number> = { '/': 0o755, '/tmp': 0o777 };
+  const writes: string[] = [];
+  const runs: (string | undefined)[] = [];
+  const sb = {
+    id: 'sb-meta',
+    io: {
+      statFile: async (_id: string, path: string, o: { user?: string }) => {
+        assert.equal(o.user, 'root');
+        const mode = modes[path];
+        if (mode === undefined) throw new DsecError('not_found', path);
+        return { ...link({ uid: 0, gid: 0 }), path, type: 'directory' as const, mode };
+      },
+      writeFile: async (_id: string, path: string) => {
+        writes.push(path);
+        modes[path] = 0o755;
+        return { ...link({ uid: 0 }), path, type: 'file' as const };
+      },
+      runCommand: async (_id: string, spec: CommandSpec) => {
+        runs.push(spec.user);
+        return { outcome: 'exited', exitCode: 0, stdout: '+\n', stderr: '', truncated: false };
+      },
+    },
+  } as unknown as OpenedSandbox;
+  const meta = new FileMetadata();
+  // A /tmp others may write, not sticky: a user could replace the tool before root runs it.
+  await assert.rejects(
+    meta.set(sb, '/home/user/f', { k: 'v' }, 'user', undefined),
+    (e) => isDsecError(e) && e.code === 'unavailable',
+  );
+  assert.deepEqual(writes, []);
+  assert.deepEqual(runs, []);
+  assert.equal((await meta.get(sb, ['/home/user/f'], 'root', undefined)).size, 0);
+  // Sticky, as /tmp is: copied once; set and get run as the caller, never as root for a user.
+  modes['/tmp'] = 0o1777;
+  await meta.set(sb, '/home/user/f', { k: 'v' }, 'user', undefined);
+  assert.equal(writes.length, 1);
+  await meta.get(sb, ['/home/user/f'], 'user', undefined);
+  assert.deepEqual(runs, ['user', 'user']);
+  meta.forget('sb-meta');
+});
