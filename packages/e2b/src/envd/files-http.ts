@@ -69,7 +69,7 @@ export async function uploadFiles(
     const info = await sb.io.writeFile(sb.id, path, body, { user: q.user, signal });
     // A write replaces the file (a new inode), so it has no metadata but this upload's.
     if (metadata && Object.keys(metadata).length > 0) {
-      await access.metadata.set(sb, info.path, metadata, signal);
+      await access.metadata.set(sb, info.path, metadata, q.user, signal);
       return { name: info.name, type: 'file', path: info.path, metadata };
     }
     return { name: info.name, type: 'file', path: info.path };

@@ -8,7 +8,6 @@ import { DsecError, toDsecError } from '@dsec/core';
 import type { FileInfo } from '@dsec/core';
 import { envdUser } from '../auth.js';
 import { toConnectError } from '../errors.js';
-import { BoundedMap } from '../sandbox-access.js';
 import type { OpenedSandbox, SandboxAccess } from '../sandbox-access.js';
 import { EventType, FileType } from '../gen/filesystem/filesystem_pb.js';
 import type {
@@ -28,8 +27,10 @@ type EventInit = MessageInitShape<typeof FilesystemEventSchema>;
 
 /** Unpolled non-streaming watchers are dropped after this long. */
 const WATCHER_IDLE_MS = 10 * 60_000;
-/** Non-streaming watchers per apiserver. */
-const MAX_WATCHERS = 10_000;
+/** Non-streaming watchers per apiserver: one more is refused (never another's evicted). */
+export const MAX_WATCHERS = 10_000;
+/** Non-streaming watchers per project (and apiserver): one project cannot take them all. */
+export const MAX_WATCHERS_PER_PROJECT = 256;
 /** Entries one `ListDir` answers (all levels of its depth): a bigger tree is refused, not held. */
 export const MAX_LIST_ENTRIES = 100_000;
 /** Non-streaming watchers per sandbox (and apiserver): one more is refused. */
@@ -43,6 +44,7 @@ export interface FilesystemServiceDeps {
 
 interface Watcher {
   sandboxId: string;
+  projectId: string;
   keyId: string;
   user: string | undefined;
   poller: DirPoller;
@@ -61,7 +63,8 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
   impl: ServiceImpl<typeof Filesystem>;
   close(): void;
 } {
-  const watchers = new BoundedMap<string, Watcher>(MAX_WATCHERS);
+  // Not a BoundedMap: evicting the oldest would let one project drop every other's watchers.
+  const watchers = new Map<string, Watcher>();
   const owners = new OwnerNames();
   const sweeper = setInterval(() => {
     const now = Date.now();
@@ -97,6 +100,7 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
       access.metadata.get(
         sb,
         files.map((f) => f.path),
+        user,
         signal,
       ),
     ]);
@@ -139,6 +143,30 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
     );
     await poller.start(ctx.signal);
     return { sb, user, poller };
+  }
+
+  /** Refuses one more watcher past the sandbox's, the project's or the apiserver's bound. */
+  function roomForWatcher(sb: OpenedSandbox): void {
+    let mine = 0;
+    let project = 0;
+    for (const w of watchers.values()) {
+      if (w.sandboxId === sb.id) mine++;
+      if (w.projectId === sb.principal.projectId) project++;
+    }
+    if (mine >= MAX_WATCHERS_PER_SANDBOX) {
+      throw new DsecError(
+        'resource_exhausted',
+        `at most ${MAX_WATCHERS_PER_SANDBOX} watchers per sandbox: remove one first (RemoveWatcher)`,
+      );
+    }
+    if (project >= MAX_WATCHERS_PER_PROJECT || watchers.size >= MAX_WATCHERS) {
+      throw new DsecError(
+        'resource_exhausted',
+        project >= MAX_WATCHERS_PER_PROJECT
+          ? `at most ${MAX_WATCHERS_PER_PROJECT} watchers per project: remove one first (RemoveWatcher)`
+          : 'this server holds as many watchers as it may: try again later',
+      );
+    }
   }
 
   function ownedWatcher(sb: OpenedSandbox, id: string): Watcher {
@@ -272,18 +300,14 @@ export function filesystemService({ access, watchIntervalMs }: FilesystemService
     async createWatcher(req, ctx) {
       try {
         const sb = await openTarget(access, ctx);
-        let mine = 0;
-        for (const w of watchers.values()) if (w.sandboxId === sb.id) mine++;
-        if (mine >= MAX_WATCHERS_PER_SANDBOX) {
-          throw new DsecError(
-            'resource_exhausted',
-            `at most ${MAX_WATCHERS_PER_SANDBOX} watchers per sandbox: remove one first (RemoveWatcher)`,
-          );
-        }
+        roomForWatcher(sb);
         const { user, poller } = await watchTarget(ctx, req);
         const id = randomUUID();
+        // Counted again: other calls may have added some while this one listed.
+        roomForWatcher(sb);
         watchers.set(id, {
           sandboxId: sb.id,
+          projectId: sb.principal.projectId,
           keyId: sb.principal.keyId,
           user,
           poller,

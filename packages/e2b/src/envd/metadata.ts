@@ -13,8 +13,13 @@ import type { OpenedSandbox } from '../sandbox-access.js';
  * entries. Sandboxes' own tools may have no xattr support (busybox has no
  * setfattr), so a small static tool (`dsec-xattr`, packages/native) is
  * copied into the sandbox the first time metadata is written there, and run
- * inside it as root like any command: every path resolves in the sandbox.
- * A sandbox where it was never copied has no metadata to read, so reading
+ * inside it as the caller's user like any command: every path resolves in
+ * the sandbox, with that user's rights (a root-run tool would follow a
+ * symlink the user swapped in for its file onto root's). It is copied and
+ * run only where no one but root may change it: / and /tmp root's and
+ * writable by no one else (sticky /tmp may be), the tool root's and 0755,
+ * or a user could swap it for a program the next root caller runs. A
+ * sandbox where it was never copied has no metadata to read, so reading
  * costs one stat of the tool until then.
  */
 
@@ -126,14 +131,34 @@ export class FileMetadata {
     return this.#tool;
   }
 
+  /**
+   * Whether only root may change the tool's directory (/ and /tmp root's, not a
+   * symlink, writable by no one else unless sticky): lstat, as root. Stable
+   * once true, as only root could change it.
+   */
+  async #safeDir(sb: OpenedSandbox, signal: AbortSignal | undefined): Promise<boolean> {
+    for (const dir of ['/', TOOL_DIR]) {
+      const info = await sb.io.statFile(sb.id, dir, { user: 'root', signal });
+      if (info.type !== 'directory' || info.uid !== 0) return false;
+      if ((info.mode & 0o022) !== 0 && (info.mode & 0o1000) === 0) return false;
+    }
+    return true;
+  }
+
   /** Whether the tool is in the sandbox (a stat, until it is known to be). */
   async #present(sb: OpenedSandbox, signal: AbortSignal | undefined): Promise<string | undefined> {
     const tool = await this.#load().catch(() => undefined);
     if (!tool) return undefined;
     if (this.#installed.has(sb.id)) return tool.path;
     try {
+      if (!(await this.#safeDir(sb, signal))) return undefined;
       const info = await sb.io.statFile(sb.id, tool.path, { user: 'root', signal });
-      if (info.type !== 'file' || info.size !== tool.bytes.length || info.uid !== 0) {
+      if (
+        info.type !== 'file' ||
+        info.size !== tool.bytes.length ||
+        info.uid !== 0 ||
+        (info.mode & 0o022) !== 0
+      ) {
         return undefined;
       }
     } catch (err) {
@@ -148,16 +173,24 @@ export class FileMetadata {
     const present = await this.#present(sb, signal);
     if (present) return present;
     const tool = await this.#load();
+    if (!(await this.#safeDir(sb, signal))) {
+      throw new DsecError(
+        'unavailable',
+        `the sandbox's ${TOOL_DIR} (or /) may be changed by users other than root, so DSec keeps no file metadata there`,
+        { field: 'X-Metadata-*' },
+      );
+    }
     await sb.io.writeFile(sb.id, tool.path, tool.bytes, { user: 'root', mode: 0o755, signal });
     this.#installed.set(sb.id, true);
     return tool.path;
   }
 
-  /** Replaces the file's metadata with `meta`. */
+  /** Replaces the file's metadata with `meta`, as `user` (the one who wrote it). */
   async set(
     sb: OpenedSandbox,
     path: string,
     meta: Record<string, string>,
+    user: string | undefined,
     signal: AbortSignal | undefined,
   ): Promise<void> {
     const stdin = Object.entries(meta)
@@ -172,7 +205,7 @@ export class FileMetadata {
           {
             argv: [tool, 'set', path],
             stdin,
-            user: 'root',
+            ...(user !== undefined ? { user } : {}),
             timeoutMs: TOOL_TIMEOUT_MS,
             maxOutputBytes: 64 * 1024,
           },
@@ -208,10 +241,14 @@ export class FileMetadata {
     }
   }
 
-  /** The metadata of each path (absent: none, or unknown); nothing runs where none was ever set. */
+  /**
+   * The metadata of each path as `user` may read it (absent: none, or unknown);
+   * nothing runs where none was ever set.
+   */
   async get(
     sb: OpenedSandbox,
     paths: readonly string[],
+    user: string | undefined,
     signal: AbortSignal | undefined,
   ): Promise<Map<string, Record<string, string>>> {
     const todo = paths.filter((p) => !p.includes('\n')).slice(0, MAX_GET_PATHS);
@@ -224,7 +261,7 @@ export class FileMetadata {
         {
           argv: [tool, 'get'],
           stdin: `${todo.join('\n')}\n`,
-          user: 'root',
+          ...(user !== undefined ? { user } : {}),
           timeoutMs: TOOL_TIMEOUT_MS,
           maxOutputBytes: 16 * 1024 * 1024,
         },

@@ -164,25 +164,36 @@ export function processService({
     user: string | undefined,
     ctx: HandlerContext,
   ): Promise<PtyEntry> {
-    if (processes.ptys(sb.id).length >= MAX_PTYS_PER_SANDBOX) {
+    // Terminals being opened count too: concurrent Starts would all pass a count of the open ones.
+    const opening = ptysOpening.get(sb.id) ?? 0;
+    if (processes.ptys(sb.id).length + opening >= MAX_PTYS_PER_SANDBOX) {
       throw new DsecError(
         'resource_exhausted',
         `at most ${MAX_PTYS_PER_SANDBOX} terminals per sandbox: kill one first`,
       );
     }
-    const shell = (await programExists(access, sb, cfg.cmd, ctx.signal)) ? cfg.cmd : undefined;
-    const size = req.pty?.size;
-    const session = await sb.io.openPty(sb.id, {
-      ...(size?.rows ? { rows: size.rows } : {}),
-      ...(size?.cols ? { cols: size.cols } : {}),
-      shell,
-      user,
-      env: cfg.envs,
-      cwd: cfg.cwd ? await access.resolvePath(sb, cfg.cwd, user, ctx.signal) : undefined,
-      signal: ctx.signal,
-    });
-    return processes.addPty(sb.id, session, shell ?? '/bin/sh', shell ? cfg.args : []);
+    ptysOpening.set(sb.id, opening + 1);
+    try {
+      const shell = (await programExists(access, sb, cfg.cmd, ctx.signal)) ? cfg.cmd : undefined;
+      const size = req.pty?.size;
+      const session = await sb.io.openPty(sb.id, {
+        ...(size?.rows ? { rows: size.rows } : {}),
+        ...(size?.cols ? { cols: size.cols } : {}),
+        shell,
+        user,
+        env: cfg.envs,
+        cwd: cfg.cwd ? await access.resolvePath(sb, cfg.cwd, user, ctx.signal) : undefined,
+        signal: ctx.signal,
+      });
+      return processes.addPty(sb.id, session, shell ?? '/bin/sh', shell ? cfg.args : []);
+    } finally {
+      const left = (ptysOpening.get(sb.id) ?? 1) - 1;
+      if (left > 0) ptysOpening.set(sb.id, left);
+      else ptysOpening.delete(sb.id);
+    }
   }
+  /** Terminals each sandbox has being opened (`startPty` between its check and `addPty`). */
+  const ptysOpening = new Map<string, number>();
 
   const validSpecs = new BoundedMap<string, Omit<StartCommandSpec, 'timeoutMs'>>(
     SPEC_CACHE_ENTRIES,

@@ -12,6 +12,7 @@ import type {
   CommandInfo,
   CommandResult,
   EdgeApi,
+  PtySession,
   RunCommandOptions,
   SandboxIoApi,
   StartCommandSpec,
@@ -22,7 +23,7 @@ import type { Iam, Principal } from '@dsec/iam';
 import { Process } from '../gen/process/process_pb.js';
 import { registerE2bRoutes } from '../register.js';
 import { envelope } from './connect-stream.js';
-import { commandPid } from './process-table.js';
+import { commandPid, MAX_PTYS_PER_SANDBOX } from './process-table.js';
 
 /**
  * envd's `Process.Start` and `Process.Connect` streams as the SDKs open them
@@ -114,6 +115,23 @@ class ScriptedIo {
       stderrBytes: 0,
       durationMs: 1,
       ...(await script(o)),
+    };
+  };
+
+  /** Terminals opened, each ended by its `kill`; an open waits a few turns (a slow edge). */
+  ptyKills: (() => void)[] = [];
+  openPty = async (): Promise<PtySession> => {
+    for (let i = 0; i < 5; i++) await new Promise(setImmediate);
+    let end!: () => void;
+    const exited = new Promise<{ exitCode: number }>((r) => (end = () => r({ exitCode: 0 })));
+    this.ptyKills.push(() => end());
+    return {
+      onOutput: () => undefined,
+      write: () => undefined,
+      resize: () => undefined,
+      end: () => end(),
+      kill: () => end(),
+      exited,
     };
   };
 
@@ -480,4 +498,24 @@ test('Start: a client that stops reading is cut, its connection reset; streams p
     undefined,
     limits,
   );
+});
+
+test('attack: terminals opened at once cannot pass the per-sandbox bound', async () => {
+  await withEnvd(async (url, io) => {
+    const tries = MAX_PTYS_PER_SANDBOX + 8;
+    let answered = 0;
+    const calls = Array.from({ length: tries }, () =>
+      call(url, {
+        process: { cmd: '/bin/bash', args: [] },
+        pty: { size: { rows: 24, cols: 80 } },
+      }).finally(() => answered++),
+    );
+    // The refused ones answer at once; the opened ones stream until their terminal ends.
+    await until(() => io.ptyKills.length + answered >= tries);
+    assert.equal(io.ptyKills.length, MAX_PTYS_PER_SANDBOX);
+    for (const kill of io.ptyKills) kill();
+    const answers = await Promise.all(calls);
+    const refused = answers.filter((a) => JSON.stringify(a.events).includes('resource_exhausted'));
+    assert.equal(refused.length, tries - MAX_PTYS_PER_SANDBOX, JSON.stringify(answers[0]));
+  });
 });

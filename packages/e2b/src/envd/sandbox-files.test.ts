@@ -1,18 +1,23 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { chmod, chown, mkdir, mkdtemp, readdir, rm, stat, symlink } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { DsecError, isDsecError } from '@dsec/core';
-import type { FileInfo } from '@dsec/core';
+import type { CommandSpec, FileInfo } from '@dsec/core';
 import { entryOf } from './filesystem-service.js';
 import { FileType } from '../gen/filesystem/filesystem_pb.js';
 import {
+  FileMetadata,
   MAX_METADATA_BYTES,
   MAX_METADATA_KEY_BYTES,
   parseMetadataLines,
   uploadMetadata,
 } from './metadata.js';
 import type { OpenedSandbox } from '../sandbox-access.js';
-import { nameOf, OwnerNames, parseIdFile, parseResolved } from './sandbox-files.js';
+import { ensureDirsAs, nameOf, OwnerNames, parseIdFile, parseResolved } from './sandbox-files.js';
 
 const link = (over: Partial<FileInfo> = {}): FileInfo => ({
   name: 'l',
@@ -163,4 +168,132 @@ test('owner names: read through the sandbox, cached by what was asked, read agai
   assert.equal(nameOf(later.users, 1001), 'b');
   assert.equal(nameOf(later.users, 1002), 'late');
   owners.forget('sb-1');
+});
+
+/**
+ * The parents scripts run for real: the platform's shell (busybox) as root,
+ * and as an unprivileged user through setpriv, on a tree made here, so what
+ * they may touch is what the sandbox's root and user could.
+ */
+const NOBODY = 65534;
+const canRunAs =
+  process.getuid?.() === 0 &&
+  spawnSync('busybox', ['true']).status === 0 &&
+  spawnSync('setpriv', ['--version']).status === 0;
+
+function localSandbox(): OpenedSandbox {
+  const run = (spec: CommandSpec) => {
+    const sh = ['busybox', 'sh', '-c', spec.shell ?? ''];
+    const argv =
+      spec.user === 'root'
+        ? sh
+        : ['setpriv', `--reuid=${spec.user}`, `--regid=${spec.user}`, '--clear-groups', ...sh];
+    const r = spawnSync(argv[0]!, argv.slice(1), {
+      env: { PATH: process.env['PATH'], ...spec.env },
+      encoding: 'utf8',
+    });
+    return {
+      commandId: 'c',
+      exitCode: r.status ?? -1,
+      outcome: 'exited',
+      stdout: r.stdout,
+      stderr: r.stderr,
+      truncated: false,
+      stdoutBytes: 0,
+      stderrBytes: 0,
+      durationMs: 0,
+    };
+  };
+  return {
+    id: 'sb-local',
+    io: { runCommand: async (_id: string, spec: CommandSpec) => run(spec) },
+  } as unknown as OpenedSandbox;
+}
+
+test(
+  'attack: parents for a user never make root work through a symlink the user planted',
+  { skip: !canRunAs && 'needs root, busybox and setpriv' },
+  async () => {
+    const top = await mkdtemp(join(tmpdir(), 'dsec-parents-'));
+    try {
+      await chmod(top, 0o755);
+      const rootOnly = join(top, 'usr');
+      const home = join(top, 'home');
+      await mkdir(rootOnly);
+      await mkdir(home);
+      await chown(home, NOBODY, NOBODY);
+      // The user points a name in its home at a directory only root may write.
+      await symlink(rootOnly, join(home, 'lnk'));
+      const sb = localSandbox();
+      await assert.rejects(
+        ensureDirsAs(sb, join(home, 'lnk', 'evil', 'deep'), String(NOBODY), undefined),
+        (e) => isDsecError(e) && e.code === 'permission_denied',
+      );
+      assert.deepEqual(await readdir(rootOnly), []);
+      // Its own directories the user makes itself; root's tree gets them made by root, given to it.
+      await ensureDirsAs(sb, join(home, 'a', 'b'), String(NOBODY), undefined);
+      assert.equal((await stat(join(home, 'a', 'b'))).uid, NOBODY);
+      await ensureDirsAs(sb, join(rootOnly, 'new', 'deep'), String(NOBODY), undefined);
+      for (const d of [join(rootOnly, 'new'), join(rootOnly, 'new', 'deep')]) {
+        const s = await stat(d);
+        assert.equal(s.uid, NOBODY, d);
+        assert.equal(s.mode & 0o777, 0o755, d);
+      }
+      assert.equal((await stat(rootOnly)).uid, 0);
+      // Below a directory others may write (not sticky), the user could swap root's directory
+      // for a symlink while root works: root does not work there either.
+      const open = join(top, 'open');
+      await mkdir(join(open, 'r'), { recursive: true });
+      await chmod(open, 0o777);
+      await assert.rejects(
+        ensureDirsAs(sb, join(open, 'r', 'x'), String(NOBODY), undefined),
+        (e) => isDsecError(e) && e.code === 'permission_denied',
+      );
+      assert.deepEqual(await readdir(join(open, 'r')), []);
+    } finally {
+      await rm(top, { recursive: true, force: true });
+    }
+  },
+);
+
+test('attack: the metadata tool is never copied where a user could swap it, and runs as the caller', async () => {
+  const modes: Record<string, number> = { '/': 0o755, '/tmp': 0o777 };
+  const writes: string[] = [];
+  const runs: (string | undefined)[] = [];
+  const sb = {
+    id: 'sb-meta',
+    io: {
+      statFile: async (_id: string, path: string, o: { user?: string }) => {
+        assert.equal(o.user, 'root');
+        const mode = modes[path];
+        if (mode === undefined) throw new DsecError('not_found', path);
+        return { ...link({ uid: 0, gid: 0 }), path, type: 'directory' as const, mode };
+      },
+      writeFile: async (_id: string, path: string) => {
+        writes.push(path);
+        modes[path] = 0o755;
+        return { ...link({ uid: 0 }), path, type: 'file' as const };
+      },
+      runCommand: async (_id: string, spec: CommandSpec) => {
+        runs.push(spec.user);
+        return { outcome: 'exited', exitCode: 0, stdout: '+\n', stderr: '', truncated: false };
+      },
+    },
+  } as unknown as OpenedSandbox;
+  const meta = new FileMetadata();
+  // A /tmp others may write, not sticky: a user could replace the tool before root runs it.
+  await assert.rejects(
+    meta.set(sb, '/home/user/f', { k: 'v' }, 'user', undefined),
+    (e) => isDsecError(e) && e.code === 'unavailable',
+  );
+  assert.deepEqual(writes, []);
+  assert.deepEqual(runs, []);
+  assert.equal((await meta.get(sb, ['/home/user/f'], 'root', undefined)).size, 0);
+  // Sticky, as /tmp is: copied once; set and get run as the caller, never as root for a user.
+  modes['/tmp'] = 0o1777;
+  await meta.set(sb, '/home/user/f', { k: 'v' }, 'user', undefined);
+  assert.equal(writes.length, 1);
+  await meta.get(sb, ['/home/user/f'], 'user', undefined);
+  assert.deepEqual(runs, ['user', 'user']);
+  meta.forget('sb-meta');
 });

@@ -222,8 +222,19 @@ export async function resolveSymlinks(
  * not write the first existing ancestor can still write below it. Run by the
  * platform's shell inside the sandbox; `U` and `P` travel as environment
  * variables, never in the script text.
+ *
+ * The sandbox's user may race it, so root acts only where that user cannot
+ * change the path: every component of the deepest existing ancestor, as
+ * written and as resolved, must be root's and writable by no one else (a
+ * sticky directory, as /tmp, may be: its root-owned entries stay). Root then
+ * works on the resolved path, makes each missing directory with a plain
+ * `mkdir` (an entry someone put there first fails it) and chowns them
+ * deepest first, so no chown ever walks through a directory already given
+ * to the user (who could swap an entry of it for a symlink). A path through
+ * the user's own directories is the user's to make (`MAKE_AS_USER_SCRIPT`).
  */
-const ENSURE_DIRS_SCRIPT = `set -f
+export const ENSURE_DIRS_SCRIPT = `set -f
+umask 022
 case $U in
   *[!0-9]*) u=$(id -u "$U" 2>/dev/null) || exit 20; g=$(id -g "$U" 2>/dev/null) || exit 20;;
   *) u=$U; g=$(id -g "$U" 2>/dev/null) || g=$U;;
@@ -232,16 +243,48 @@ top=$P last=
 while [ ! -e "$top" ] && [ ! -L "$top" ]; do last=$top; top=\${top%/*}; [ -n "$top" ] || top=/; done
 [ -d "$top" ] || exit 21
 [ -n "$last" ] || exit 0
-mkdir -p -- "$P" || exit 22
-d=$last
-chown -h "$u:$g" "$d" || exit 23
-rest=\${P#"$last"}
+safe() {
+  s=$(stat -c '%u %f' -- "$1" 2>/dev/null) || return 1
+  o=\${s% *} m=$((0x\${s#* }))
+  [ "$o" = 0 ] || return 1
+  [ $((m & 0170000)) -eq $((0120000)) ] && return 0
+  [ $((m & 022)) -eq 0 ] || [ $((m & 01000)) -ne 0 ]
+}
+chain() {
+  safe / || return 1
+  c=
+  rest=\${1#/}
+  IFS=/
+  for x in $rest; do
+    IFS=' '
+    [ -n "$x" ] || continue
+    c=$c/$x
+    safe "$c" || return 1
+  done
+  IFS=' '
+  return 0
+}
+chain "$top" || exit 24
+r=$(cd -P -- "$top" && pwd -P) || exit 24
+chain "$r" || exit 24
+base=\${r%/}
+sub=\${P#"$top"}
+d=$base
 IFS=/
-for c in $rest; do
+for c in $sub; do
   [ -n "$c" ] || continue
+  case $c in .|..) exit 22;; esac
   d=$d/$c
-  chown -h "$u:$g" "$d" || exit 23
+  mkdir -- "$d" || exit 22
+done
+IFS=' '
+while [ "$d" != "$base" ]; do
+  chown -h "$u:$g" -- "$d" || exit 23
+  d=\${d%/*}
 done`;
+
+/** The user's own `mkdir -p`: where it may make the directories, no root is needed. */
+const MAKE_AS_USER_SCRIPT = 'mkdir -p -- "$P" 2>/dev/null';
 
 export async function ensureDirsAs(
   sb: OpenedSandbox,
@@ -250,6 +293,19 @@ export async function ensureDirsAs(
   signal: AbortSignal | undefined,
 ): Promise<void> {
   if (!dir.startsWith('/')) throw new DsecError('internal', 'ensureDirsAs needs an absolute path');
+  // Where the user may make them itself, it does: root never works in the user's directories.
+  const own = await sb.io.runCommand(
+    sb.id,
+    {
+      shell: MAKE_AS_USER_SCRIPT,
+      env: { P: dir },
+      user,
+      timeoutMs: SCRIPT_TIMEOUT_MS,
+      maxOutputBytes: 64 * 1024,
+    },
+    { signal },
+  );
+  if (own.outcome === 'exited' && own.exitCode === 0) return;
   const r = await sb.io.runCommand(
     sb.id,
     {
@@ -272,6 +328,12 @@ export async function ensureDirsAs(
       throw new DsecError('invalid_argument', `${dir}: a parent is not a directory`, {
         field: 'path',
       });
+    case 24:
+      throw new DsecError(
+        'permission_denied',
+        `${dir}: user ${user} may not make it, and root makes directories for a user only where no one but root may change the path`,
+        { field: 'path' },
+      );
     default:
       throw new DsecError(
         'invalid_argument',

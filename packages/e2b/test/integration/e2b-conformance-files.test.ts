@@ -226,6 +226,11 @@ test('envd files conformance: remove, symlinks, owners, parents for a user, watc
         assert.equal(await sbx.files.read(odd, USER), 'odd');
         assert.equal(await sbx.files.exists('/tmp/pwned', ROOT), false);
         assert.equal(await sbx.files.exists('/tmp/pwned2', ROOT), false);
+        // The user points a name in its home at root's /usr: root makes nothing through it
+        // (a chown through the user's directories could be raced onto any of root's).
+        await sbx.commands.run('ln -s /usr /home/user/lnk', USER);
+        await assert.rejects(sbx.files.write('/home/user/lnk/e2b-evil/f.txt', 'x', USER));
+        assert.equal(await sbx.files.exists('/usr/e2b-evil', ROOT), false);
         // A user the sandbox does not have is refused, not made.
         await assert.rejects(sbx.files.write('/usr/e2b-ghost/f.txt', 'x', { user: 'ghost' }));
         assert.equal(await sbx.files.exists('/usr/e2b-ghost', ROOT), false);
@@ -304,6 +309,24 @@ test('envd files conformance: remove, symlinks, owners, parents for a user, watc
             USER,
           );
           assert.equal(swap.stdout, '-rwxr-xr-x\n');
+          // Metadata is read with the caller's rights: a user's symlink to a file only root
+          // may read shows none of its metadata (a root-run tool followed it).
+          await sbx.files.write('/root/e2b-secret.txt', 's', {
+            ...ROOT,
+            metadata: { secret: 's' },
+          });
+          await sbx.commands.run('chmod 700 /root && chmod 600 /root/e2b-secret.txt', ROOT);
+          await sbx.commands.run('ln -s /root/e2b-secret.txt /home/user/meta/peek', USER);
+          assert.deepEqual((await sbx.files.getInfo('/root/e2b-secret.txt', ROOT)).metadata, {
+            secret: 's',
+          });
+          assert.equal((await sbx.files.getInfo('/home/user/meta/peek', USER)).metadata, undefined);
+          const peek = (await sbx.files.list('/home/user/meta', USER)).find(
+            (e) => e.name === 'peek',
+          );
+          assert.ok(peek);
+          assert.equal(peek.metadata, undefined);
+          await sbx.commands.run('rm -f /home/user/meta/peek', USER);
           // Root may remove it; the next write with metadata copies it again.
           await sbx.commands.run('rm -f /tmp/.dsec-xattr-*', ROOT);
           await sbx.files.write('/home/user/meta/again.txt', 'g', {
