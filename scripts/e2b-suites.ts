@@ -59,7 +59,15 @@ const DEBIAN_SUITE = 'trixie';
 const DEBIAN_MIRROR = 'http://deb.debian.org/debian';
 const TEMPLATE_IMAGE = 'e2bsuite-base:1';
 /** Packages of the template `base` image besides minbase (E2B's base has these commands). */
-const IMAGE_PACKAGES = ['python3', 'python-is-python3', 'sudo', 'git', 'procps', 'curl', 'ca-certificates'];
+const IMAGE_PACKAGES = [
+  'python3',
+  'python-is-python3',
+  'sudo',
+  'git',
+  'procps',
+  'curl',
+  'ca-certificates',
+];
 /** The python-sdk 2.0.2 dependencies and its test tools, as Debian 13 names them. */
 const CLIENT_PACKAGES = [
   'python3-httpx',
@@ -147,7 +155,14 @@ function parseArgs(argv: string[]): Options {
   if (!gitDir) usage('--git-dir (or E2B_GIT_DIR) is required: a bare git dir of e2b-dev/E2B');
   if (!js && !python) js = python = true;
   work = resolve(work);
-  return { js, python, json, gitDir: resolve(gitDir), work, out: resolve(out ?? join(work, 'results')) };
+  return {
+    js,
+    python,
+    json,
+    gitDir: resolve(gitDir),
+    work,
+    out: resolve(out ?? join(work, 'results')),
+  };
 }
 
 function log(line: string): void {
@@ -155,7 +170,11 @@ function log(line: string): void {
 }
 
 /** Runs a command to completion; throws with its output's tail when it fails. */
-function run(cmd: string, args: string[], options: { cwd?: string; input?: string; env?: NodeJS.ProcessEnv } = {}): string {
+function run(
+  cmd: string,
+  args: string[],
+  options: { cwd?: string; input?: string; env?: NodeJS.ProcessEnv } = {},
+): string {
   const r = spawnSync(cmd, args, {
     cwd: options.cwd,
     input: options.input,
@@ -188,10 +207,15 @@ export function parseExclusions(text: string): Exclusion[] {
     const line = raw.trim();
     if (!line || line.startsWith('#')) continue;
     const m = /^(js|py) (\S(?:.*\S)?) -- (internet|cloud|browser): (.+)$/.exec(line);
-    if (!m) throw new Error(`exclude.txt:${i + 1}: want "js|py PATH[::TEST] -- internet|cloud|browser: REASON"`);
+    if (!m)
+      throw new Error(
+        `exclude.txt:${i + 1}: want "js|py PATH[::TEST] -- internet|cloud|browser: REASON"`,
+      );
     const [, suite, target, kind, why] = m;
     if (suite === 'js' && target!.includes('::'))
-      throw new Error(`exclude.txt:${i + 1}: a js entry is a file or a glob (vitest cannot deselect a test)`);
+      throw new Error(
+        `exclude.txt:${i + 1}: a js entry is a file or a glob (vitest cannot deselect a test)`,
+      );
     if (target!.startsWith('/') || target!.split('/').includes('..'))
       throw new Error(`exclude.txt:${i + 1}: a path relative to the SDK's directory`);
     out.push({ suite: suite as 'js' | 'py', target: target!, reason: `${kind}: ${why}` });
@@ -203,14 +227,21 @@ export function parseExclusions(text: string): Exclusion[] {
 function globMatch(pattern: string, path: string): boolean {
   const re = pattern
     .split('**')
-    .map((part) => part.split('*').map((s) => s.replace(/[.+?^${}()|[\]\\]/g, '\\$&')).join('[^/]*'))
+    .map((part) =>
+      part
+        .split('*')
+        .map((s) => s.replace(/[.+?^${}()|[\]\\]/g, '\\$&'))
+        .join('[^/]*'),
+    )
     .join('.*');
   return new RegExp(`^${re}$`).test(path);
 }
 
 function pyExcluded(id: string, entries: Exclusion[]): boolean {
   return entries.some(
-    (e) => e.suite === 'py' && (id === e.target || id.startsWith(`${e.target}::`) || id.startsWith(`${e.target}[`)),
+    (e) =>
+      e.suite === 'py' &&
+      (id === e.target || id.startsWith(`${e.target}::`) || id.startsWith(`${e.target}[`)),
   );
 }
 
@@ -225,13 +256,20 @@ function pyExcluded(id: string, entries: Exclusion[]): boolean {
  */
 export function fileNeedsServer(suite: 'js' | 'py', source: string): boolean {
   if (suite === 'js') {
-    if (/from 'msw|setupServer\(|vi\.(do)?[mM]ock\(|vi\.stubGlobal\(|vi\.spyOn\([^)]*fetch/.test(source)) return false;
+    if (
+      /from 'msw|setupServer\(|vi\.(do)?[mM]ock\(|vi\.stubGlobal\(|vi\.spyOn\([^)]*fetch/.test(
+        source,
+      )
+    )
+      return false;
     return /sandboxTest|buildTemplateTest|Sandbox\.(create|connect|list|kill|getInfo|getMetrics|betaCreate|pause|resume)|Template\.(build|exists|buildInBackground|getBuildStatus|assignTags|removeTags)|Volume\.(create|list|getInfo|destroy)/.test(
       source,
     );
   }
   if (/unittest\.mock|monkeypatch|respx|httpx\.MockTransport/.test(source)) return false;
-  return /\b(async_)?sandbox\b|Sandbox\.(create|connect|list|kill|get_info)|AsyncSandbox/.test(source);
+  return /\b(async_)?sandbox\b|Sandbox\.(create|connect|list|kill|get_info)|AsyncSandbox/.test(
+    source,
+  );
 }
 
 // ---------------------------------------------------------------------------
@@ -245,7 +283,8 @@ function exportTree(o: Options, commit: string, path: string, into: string): str
   rmSync(tmp, { recursive: true, force: true });
   mkdirSync(tmp, { recursive: true });
   const kind = run('git', ['--git-dir', o.gitDir, 'cat-file', '-t', commit]).trim();
-  if (kind !== 'commit') throw new Error(`${o.gitDir} has no commit ${commit} (fetch github:e2b-dev/E2B)`);
+  if (kind !== 'commit')
+    throw new Error(`${o.gitDir} has no commit ${commit} (fetch github:e2b-dev/E2B)`);
   const tar = spawnSync('git', ['--git-dir', o.gitDir, 'archive', '--format=tar', commit, path], {
     maxBuffer: 1 << 30,
   });
@@ -259,8 +298,21 @@ function exportTree(o: Options, commit: string, path: string, into: string): str
 
 function installJsDeps(jsDir: string): void {
   if (existsSync(join(jsDir, 'node_modules', '.dsec-e2b-suites'))) return;
-  log('npm install (the JS SDK and its dev dependencies, no install scripts)');
-  run('npm', ['install', '--ignore-scripts', '--no-audit', '--no-fund', '--loglevel=error'], { cwd: jsDir });
+  log(
+    'npm install: the JS SDK and its dev dependencies, no install scripts (--legacy-peer-deps: E2B installs with pnpm, whose peer rules npm does not share)',
+  );
+  run(
+    'npm',
+    [
+      'install',
+      '--ignore-scripts',
+      '--legacy-peer-deps',
+      '--no-audit',
+      '--no-fund',
+      '--loglevel=error',
+    ],
+    { cwd: jsDir },
+  );
   writeFileSync(join(jsDir, 'node_modules', '.dsec-e2b-suites'), 'installed\n');
 }
 
@@ -270,7 +322,12 @@ function inChroot(root: string, args: string[], env: NodeJS.ProcessEnv = {}): st
   run('mount', ['-t', 'proc', 'proc', join(root, 'proc')]);
   try {
     return run('chroot', [root, ...args], {
-      env: { PATH: '/usr/sbin:/usr/bin:/sbin:/bin', DEBIAN_FRONTEND: 'noninteractive', LANG: 'C.UTF-8', ...env },
+      env: {
+        PATH: '/usr/sbin:/usr/bin:/sbin:/bin',
+        DEBIAN_FRONTEND: 'noninteractive',
+        LANG: 'C.UTF-8',
+        ...env,
+      },
     });
   } finally {
     run('umount', [join(root, 'proc')]);
@@ -283,7 +340,13 @@ function debianRoot(o: Options): string {
   log(`debootstrap ${DEBIAN_SUITE} (minbase) from ${DEBIAN_MIRROR}: minutes`);
   const tmp = `${dir}.tmp`;
   rmSync(tmp, { recursive: true, force: true });
-  run('debootstrap', ['--variant=minbase', `--include=${IMAGE_PACKAGES.join(',')}`, DEBIAN_SUITE, tmp, DEBIAN_MIRROR]);
+  run('debootstrap', [
+    '--variant=minbase',
+    `--include=${IMAGE_PACKAGES.join(',')}`,
+    DEBIAN_SUITE,
+    tmp,
+    DEBIAN_MIRROR,
+  ]);
   inChroot(tmp, ['apt-get', 'update', '-q']);
   writeFileSync(join(tmp, '.complete'), `${DEBIAN_SUITE}\n`);
   renameSync(tmp, dir);
@@ -299,7 +362,9 @@ function imageRoot(o: Options, base: string): string {
   run('cp', ['-a', base, dir]);
   rmSync(join(dir, '.complete'), { force: true });
   inChroot(dir, ['useradd', '--create-home', '--shell', '/bin/bash', '--groups', 'sudo', 'user']);
-  writeFileSync(join(dir, 'etc/sudoers.d/user'), 'user ALL=(ALL:ALL) NOPASSWD: ALL\n', { mode: 0o440 });
+  writeFileSync(join(dir, 'etc/sudoers.d/user'), 'user ALL=(ALL:ALL) NOPASSWD: ALL\n', {
+    mode: 0o440,
+  });
   inChroot(dir, ['apt-get', 'clean']);
   rmSync(join(dir, 'var/lib/apt/lists'), { recursive: true, force: true });
   mkdirSync(join(dir, 'var/lib/apt/lists/partial'), { recursive: true });
@@ -328,10 +393,25 @@ function certificate(o: Options): { cert: string; key: string } {
   if (existsSync(cert) && existsSync(key)) return { cert, key };
   mkdirSync(dir, { recursive: true });
   run('openssl', [
-    'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes',
-    '-days', '3650', '-subj', `/CN=${DOMAIN}`, '-keyout', key, '-out', cert,
-    '-addext', `subjectAltName=DNS:${DOMAIN},DNS:*.${DOMAIN}`,
-    '-addext', 'basicConstraints=critical,CA:TRUE',
+    'req',
+    '-x509',
+    '-newkey',
+    'ec',
+    '-pkeyopt',
+    'ec_paramgen_curve:prime256v1',
+    '-nodes',
+    '-days',
+    '3650',
+    '-subj',
+    `/CN=${DOMAIN}`,
+    '-keyout',
+    key,
+    '-out',
+    cert,
+    '-addext',
+    `subjectAltName=DNS:${DOMAIN},DNS:*.${DOMAIN}`,
+    '-addext',
+    'basicConstraints=critical,CA:TRUE',
   ]);
   return { cert, key };
 }
@@ -357,7 +437,8 @@ function assertLoopbackOnly(): void {
     .split('\n')
     .filter(Boolean)
     .map((l) => l.split(':')[1]!.trim().split('@')[0]!);
-  if (links.length !== 1 || links[0] !== 'lo') throw new Error(`network namespace has ${links.join(', ')}: want lo only`);
+  if (links.length !== 1 || links[0] !== 'lo')
+    throw new Error(`network namespace has ${links.join(', ')}: want lo only`);
   for (const family of ['-4', '-6']) {
     const routes = run('ip', [family, 'route', 'show']).trim();
     if (routes && !routes.split('\n').every((r) => / dev lo\b/.test(r)))
@@ -397,7 +478,13 @@ async function freePort(): Promise<number> {
 }
 
 function dsecArgs(...args: string[]): string[] {
-  return ['--conditions=dsec-source', '--import', 'tsx', join(REPO, 'packages/cli/src/run.ts'), ...args];
+  return [
+    '--conditions=dsec-source',
+    '--import',
+    'tsx',
+    join(REPO, 'packages/cli/src/run.ts'),
+    ...args,
+  ];
 }
 
 interface Node {
@@ -425,7 +512,16 @@ async function startDsec(stateDir: string, runDir: string): Promise<Node> {
   const logFile = join(runDir, 'dsec-up.log');
   const child = spawn(
     process.execPath,
-    dsecArgs('up', '--config', config, '--state-dir', stateDir, '--port', String(port), '--stop-sandboxes'),
+    dsecArgs(
+      'up',
+      '--config',
+      config,
+      '--state-dir',
+      stateDir,
+      '--port',
+      String(port),
+      '--stop-sandboxes',
+    ),
     { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NODE_OPTIONS: '' } },
   );
   child.stderr.on('data', (b: Buffer) => appendFileSync(logFile, b));
@@ -461,10 +557,15 @@ async function startDsec(stateDir: string, runDir: string): Promise<Node> {
 }
 
 /** Runs a suite's command with a time limit; resolves with its exit code (null: stopped). */
-async function runSuite(cmd: string, args: string[], opts: SpawnOptions, logFile: string): Promise<number | null> {
+async function runSuite(
+  cmd: string,
+  args: string[],
+  opts: SpawnOptions,
+  logFile: string,
+): Promise<number | null> {
   const child = spawn(cmd, args, { ...opts, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
-  child.stdout!.on('data', (b: Buffer) => appendFileSync(logFile, b));
-  child.stderr!.on('data', (b: Buffer) => appendFileSync(logFile, b));
+  child.stdout.on('data', (b: Buffer) => appendFileSync(logFile, b));
+  child.stderr.on('data', (b: Buffer) => appendFileSync(logFile, b));
   const timer = setTimeout(() => {
     log(`${cmd}: past ${SUITE_LIMIT_MS / 60000} minutes, stopped`);
     try {
@@ -481,7 +582,8 @@ async function runSuite(cmd: string, args: string[], opts: SpawnOptions, logFile
 function testEnv(node: Node, cert: string): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {};
   // Only what a user's shell would hold; no E2B_* variable of this process's leaks in.
-  for (const k of ['PATH', 'HOME', 'LANG', 'TERM', 'TMPDIR']) if (process.env[k]) env[k] = process.env[k];
+  for (const k of ['PATH', 'HOME', 'LANG', 'TERM', 'TMPDIR'])
+    if (process.env[k]) env[k] = process.env[k];
   return {
     ...env,
     E2B_DOMAIN: DOMAIN,
@@ -493,7 +595,12 @@ function testEnv(node: Node, cert: string): NodeJS.ProcessEnv {
   };
 }
 
-async function runJs(p: Prepared, node: Node, runDir: string, exclusions: Exclusion[]): Promise<{ code: number | null; report: string }> {
+async function runJs(
+  p: Prepared,
+  node: Node,
+  runDir: string,
+  exclusions: Exclusion[],
+): Promise<{ code: number | null; report: string }> {
   const jsDir = p.jsDir!;
   const report = join(runDir, 'js-report.json');
   const config = join(jsDir, 'dsec-e2b-suites.vitest.config.mts');
@@ -526,14 +633,21 @@ export default { ...base, test: { ...base.test, projects } }
     ],
     {
       cwd: jsDir,
-      env: { ...testEnv(node, p.cert), NODE_OPTIONS: `--import ${join(ASSETS, 'loopback-dns.mjs')}` },
+      env: {
+        ...testEnv(node, p.cert),
+        NODE_OPTIONS: `--import ${join(ASSETS, 'loopback-dns.mjs')}`,
+      },
     },
     join(runDir, 'js.log'),
   );
   return { code, report };
 }
 
-async function runPython(p: Prepared, node: Node, runDir: string): Promise<{ code: number | null; report: string }> {
+async function runPython(
+  p: Prepared,
+  node: Node,
+  runDir: string,
+): Promise<{ code: number | null; report: string }> {
   const client = p.client!;
   const inside = join(client, 'e2b');
   rmSync(inside, { recursive: true, force: true });
@@ -542,14 +656,22 @@ async function runPython(p: Prepared, node: Node, runDir: string): Promise<{ cod
   cpSync(join(ASSETS, 'pytest_dsec_suites.py'), join(inside, 'plugin', 'pytest_dsec_suites.py'));
   cpSync(join(ASSETS, 'exclude.txt'), join(inside, 'exclude.txt'));
   cpSync(p.cert, join(inside, 'ca.pem'));
+  // What installing the package would leave for `importlib.metadata.version('e2b')`, which the
+  // SDK reads at import; the sources themselves run from the exported tree.
+  const distInfo = join(inside, 'site', `e2b-${PY_VERSION}.dist-info`);
+  mkdirSync(distInfo, { recursive: true });
+  writeFileSync(
+    join(distInfo, 'METADATA'),
+    `Metadata-Version: 2.1\nName: e2b\nVersion: ${PY_VERSION}\n`,
+  );
   const reportInside = '/e2b/report.jsonl';
-  const env = {
+  const env: NodeJS.ProcessEnv = {
     ...testEnv(node, '/e2b/ca.pem'),
     PATH: '/usr/sbin:/usr/bin:/sbin:/bin',
     HOME: '/root',
     LANG: 'C.UTF-8',
     SSL_CERT_FILE: '/e2b/ca.pem',
-    PYTHONPATH: '/e2b/python-sdk:/e2b/plugin',
+    PYTHONPATH: '/e2b/python-sdk:/e2b/site:/e2b/plugin',
     PYTHONDONTWRITEBYTECODE: '1',
     DSEC_E2B_SUITES_EXCLUDE: '/e2b/exclude.txt',
     DSEC_E2B_SUITES_REPORT: reportInside,
@@ -584,13 +706,17 @@ interface VitestReport {
     name: string;
     status: string;
     message?: string;
-    assertionResults: { ancestorTitles: string[]; title: string; status: string; failureMessages?: string[] }[];
+    assertionResults: {
+      ancestorTitles: string[];
+      title: string;
+      status: string;
+      failureMessages?: string[];
+    }[];
   }[];
 }
 
 function firstLine(text: string | undefined): string {
   for (const line of (text ?? '').split('\n')) {
-    // eslint-disable-next-line no-control-regex
     const clean = line.replace(/\x1b\[[0-9;]*m/g, '').trim();
     if (clean) return clean.slice(0, 500);
   }
@@ -613,11 +739,19 @@ function readJsResults(report: string, jsDir: string): TestResult[] {
   for (const f of data.testResults ?? []) {
     const file = relative(jsDir, f.name);
     if (f.assertionResults.length === 0 && f.status === 'failed') {
-      out.push({ suite: 'js', file, name: '(file)', outcome: 'failed', error: firstLine(f.message), needsServer: needs(file) });
+      out.push({
+        suite: 'js',
+        file,
+        name: '(file)',
+        outcome: 'failed',
+        error: firstLine(f.message),
+        needsServer: needs(file),
+      });
       continue;
     }
     for (const t of f.assertionResults) {
-      const outcome: Outcome = t.status === 'passed' ? 'passed' : t.status === 'failed' ? 'failed' : 'skipped';
+      const outcome: Outcome =
+        t.status === 'passed' ? 'passed' : t.status === 'failed' ? 'failed' : 'skipped';
       out.push({
         suite: 'js',
         file,
@@ -639,7 +773,8 @@ function readPyResults(report: string, pyDir: string): TestResult[] {
     const r = JSON.parse(line) as { id: string; outcome: string; error: string };
     const prev = byId.get(r.id);
     if (prev?.outcome === 'failed') continue; // a teardown error after a failure keeps the first
-    const outcome: Outcome = r.outcome === 'passed' ? 'passed' : r.outcome === 'failed' ? 'failed' : 'skipped';
+    const outcome: Outcome =
+      r.outcome === 'passed' ? 'passed' : r.outcome === 'failed' ? 'failed' : 'skipped';
     if (prev && outcome === 'passed') continue;
     byId.set(r.id, { outcome, error: r.error });
   }
@@ -651,7 +786,13 @@ function readPyResults(report: string, pyDir: string): TestResult[] {
       needs = fileNeedsServer('py', readFileSync(join(pyDir, file), 'utf8'));
       sources.set(file, needs);
     }
-    return { suite: 'py' as const, file, name: id.slice(file.length + 2), ...r, needsServer: needs };
+    return {
+      suite: 'py' as const,
+      file,
+      name: id.slice(file.length + 2),
+      ...r,
+      needsServer: needs,
+    };
   });
 }
 
@@ -674,7 +815,12 @@ function summarize(
     passed: count(results, 'passed'),
     failed: count(results, 'failed'),
     skipped: count(results, 'skipped'),
-    server: { passed: sp, failed: sf, skipped: count(server, 'skipped'), passRate: sp + sf > 0 ? sp / (sp + sf) : null },
+    server: {
+      passed: sp,
+      failed: sf,
+      skipped: count(server, 'skipped'),
+      passRate: sp + sf > 0 ? sp / (sp + sf) : null,
+    },
     excluded: excluded.filter((e) => e.suite === suite).map((e) => `${e.target} -- ${e.reason}`),
   };
 }
@@ -696,12 +842,18 @@ async function inner(p: Prepared): Promise<void> {
   const exclusions = parseExclusions(readFileSync(join(ASSETS, 'exclude.txt'), 'utf8'));
   const runDir = join(o.work, `run-${new Date().toISOString().replace(/[:.]/g, '-')}`);
   mkdirSync(runDir, { recursive: true });
-  const stateDir = join(runDir, 'state');
+  // Short: sandboxes' unix sockets live under it, and a socket path has 107 bytes at most.
+  const stateDir = `/var/tmp/e2bs-${process.pid}`;
+  rmSync(stateDir, { recursive: true, force: true });
   log(`importing the template image ${TEMPLATE_IMAGE}`);
-  run(process.execPath, dsecArgs('image', 'build', '--from-dir', p.image, '--state-dir', stateDir, TEMPLATE_IMAGE), {
-    cwd: REPO,
-    env: { ...process.env, NODE_OPTIONS: '' },
-  });
+  run(
+    process.execPath,
+    dsecArgs('image', 'build', '--from-dir', p.image, '--state-dir', stateDir, TEMPLATE_IMAGE),
+    {
+      cwd: REPO,
+      env: { ...process.env, NODE_OPTIONS: '' },
+    },
+  );
   const node = await startDsec(stateDir, runDir);
   log(`dsec up: ${node.url}`);
   const bridge = await startTlsBridge(p.cert, p.key, node.port);
@@ -726,20 +878,33 @@ async function inner(p: Prepared): Promise<void> {
   }
   mkdirSync(o.out, { recursive: true });
   const leaked = leakedExclusions(results, exclusions);
-  writeFileSync(join(o.out, 'results.json'), `${JSON.stringify({ domain: DOMAIN, runDir, suites: summaries, leaked, tests: results }, null, 2)}\n`);
+  writeFileSync(
+    join(o.out, 'results.json'),
+    `${JSON.stringify({ domain: DOMAIN, runDir, suites: summaries, leaked, tests: results }, null, 2)}\n`,
+  );
   writeFileSync(
     join(o.out, 'failures.txt'),
     results
       .filter((r) => r.outcome === 'failed')
-      .map((r) => `${r.suite} ${r.file} > ${r.name}${r.needsServer ? '' : ' [no server]'}\n    ${r.error}\n`)
+      .map(
+        (r) =>
+          `${r.suite} ${r.file} > ${r.name}${r.needsServer ? '' : ' [no server]'}\n    ${r.error}\n`,
+      )
       .join(''),
   );
   for (const f of ['js-report.json', 'py-report.jsonl', 'js.log', 'py.log', 'dsec-up.log'])
     if (existsSync(join(runDir, f))) cpSync(join(runDir, f), join(o.out, f));
   // The state dir goes once nothing is mounted under it (dsec up unmounts at shutdown).
   const mounts = readFileSync('/proc/self/mountinfo', 'utf8');
-  if (!mounts.includes(`${stateDir}/`) && !mounts.includes(` ${stateDir} `)) rmSync(stateDir, { recursive: true, force: true });
+  if (!mounts.includes(`${stateDir}/`) && !mounts.includes(` ${stateDir} `))
+    rmSync(stateDir, { recursive: true, force: true });
   else log(`mounts left under ${stateDir}: not removed`);
+  for (const s of summaries) {
+    if (!s.ran) {
+      log(`the ${s.suite} suite reported no test (see ${s.suite}.log)`);
+      process.exitCode = 1;
+    }
+  }
   if (leaked.length > 0) {
     log(`EXCLUDED TESTS RAN:\n  ${leaked.join('\n  ')}`);
     process.exitCode = 1;
@@ -747,9 +912,14 @@ async function inner(p: Prepared): Promise<void> {
 }
 
 function printSummary(o: Options): void {
-  const data = JSON.parse(readFileSync(join(o.out, 'results.json'), 'utf8')) as { suites: SuiteSummary[]; leaked: string[] };
+  const data = JSON.parse(readFileSync(join(o.out, 'results.json'), 'utf8')) as {
+    suites: SuiteSummary[];
+    leaked: string[];
+  };
   if (o.json) {
-    process.stdout.write(`${JSON.stringify({ suites: data.suites, leaked: data.leaked, out: o.out }, null, 2)}\n`);
+    process.stdout.write(
+      `${JSON.stringify({ suites: data.suites, leaked: data.leaked, out: o.out }, null, 2)}\n`,
+    );
     return;
   }
   for (const s of data.suites) {
@@ -768,7 +938,8 @@ async function main(): Promise<void> {
     return;
   }
   const o = parseArgs(process.argv.slice(2));
-  if (process.getuid?.() !== 0) usage('needs root (debootstrap, chroot, network namespaces, dsec up)');
+  if (process.getuid?.() !== 0)
+    usage('needs root (debootstrap, chroot, network namespaces, dsec up)');
   parseExclusions(readFileSync(join(ASSETS, 'exclude.txt'), 'utf8'));
   mkdirSync(o.work, { recursive: true });
   const p: Prepared = { options: o, image: '', ...certificate(o) };
@@ -776,7 +947,13 @@ async function main(): Promise<void> {
     p.jsDir = exportTree(o, JS_COMMIT, 'packages/js-sdk', join(o.work, 'src', `js-${JS_COMMIT}`));
     installJsDeps(p.jsDir);
   }
-  if (o.python) p.pyDir = exportTree(o, PY_COMMIT, 'packages/python-sdk', join(o.work, 'src', `py-${PY_COMMIT}`));
+  if (o.python)
+    p.pyDir = exportTree(
+      o,
+      PY_COMMIT,
+      'packages/python-sdk',
+      join(o.work, 'src', `py-${PY_COMMIT}`),
+    );
   const base = debianRoot(o);
   p.image = imageRoot(o, base);
   if (o.python) p.client = clientRoot(o, base);
@@ -784,10 +961,23 @@ async function main(): Promise<void> {
   writeFileSync(settings, JSON.stringify(p));
   log('running in a network namespace with only loopback');
   rmSync(join(o.out, 'results.json'), { force: true });
-  const r = spawnSync('unshare', ['--net', '--', process.execPath, '--import', 'tsx', fileURLToPath(import.meta.url), '--inner', settings], {
-    cwd: REPO,
-    stdio: 'inherit',
-  });
+  const r = spawnSync(
+    'unshare',
+    [
+      '--net',
+      '--',
+      process.execPath,
+      '--import',
+      'tsx',
+      fileURLToPath(import.meta.url),
+      '--inner',
+      settings,
+    ],
+    {
+      cwd: REPO,
+      stdio: 'inherit',
+    },
+  );
   if (r.status !== 0 || !existsSync(join(o.out, 'results.json'))) {
     log(`the run failed (exit ${r.status ?? r.signal})`);
     if (existsSync(join(o.out, 'results.json'))) printSummary(o);
