@@ -39,6 +39,7 @@ import {
   existsSync,
   mkdirSync,
   readFileSync,
+  readdirSync,
   renameSync,
   rmSync,
   writeFileSync,
@@ -235,6 +236,31 @@ function globMatch(pattern: string, path: string): boolean {
     )
     .join('.*');
   return new RegExp(`^${re}$`).test(path);
+}
+
+/** The files under `dir` (relative), for checking that each exclusion names something real. */
+function listFiles(dir: string, sub = ''): string[] {
+  const out: string[] = [];
+  for (const e of readdirSync(join(dir, sub), { withFileTypes: true })) {
+    if (e.name === 'node_modules' || e.name.startsWith('.')) continue;
+    const rel = sub ? `${sub}/${e.name}` : e.name;
+    if (e.isDirectory()) out.push(...listFiles(dir, rel));
+    else if (e.isFile()) out.push(rel);
+  }
+  return out;
+}
+
+/**
+ * Throws unless every exclusion of `suite` names a file of the exported tree: a misspelt entry
+ * would otherwise let the test it means run.
+ */
+export function checkExclusionsExist(suite: 'js' | 'py', dir: string, entries: Exclusion[]): void {
+  const files = listFiles(dir);
+  for (const e of entries.filter((x) => x.suite === suite)) {
+    const file = e.target.split('::')[0]!;
+    const hit = suite === 'js' ? files.some((f) => globMatch(file, f)) : files.includes(file);
+    if (!hit) throw new Error(`exclude.txt: ${suite} ${e.target} names no file of ${dir}`);
+  }
 }
 
 function pyExcluded(id: string, entries: Exclusion[]): boolean {
@@ -698,7 +724,23 @@ async function runPython(
   }
   const report = join(runDir, 'py-report.jsonl');
   if (existsSync(join(client, reportInside))) cpSync(join(client, reportInside), report);
+  const deselected = `${reportInside}.deselected`;
+  if (existsSync(join(client, deselected)))
+    cpSync(join(client, deselected), `${report}.deselected`);
   return { code, report };
+}
+
+/** Throws unless each py exclusion deselected at least one test (read from the plugin's list). */
+function checkPyDeselected(report: string, exclusions: Exclusion[]): string[] {
+  const path = `${report}.deselected`;
+  const ids = existsSync(path)
+    ? [...new Set(readFileSync(path, 'utf8').split('\n').filter(Boolean))]
+    : [];
+  for (const e of exclusions.filter((x) => x.suite === 'py')) {
+    if (!ids.some((id) => pyExcluded(id, [e])))
+      throw new Error(`exclude.txt: py ${e.target} deselected no test: is the plugin loaded?`);
+  }
+  return ids.sort();
 }
 
 interface VitestReport {
@@ -859,6 +901,7 @@ async function inner(p: Prepared): Promise<void> {
   const bridge = await startTlsBridge(p.cert, p.key, node.port);
   const results: TestResult[] = [];
   const summaries: SuiteSummary[] = [];
+  let pyDeselected: string[] = [];
   try {
     if (o.js) {
       const { code, report } = await runJs(p, node, runDir, exclusions);
@@ -871,6 +914,7 @@ async function inner(p: Prepared): Promise<void> {
       const rs = readPyResults(report, p.pyDir!);
       results.push(...rs);
       summaries.push(summarize('py', rs, code, exclusions));
+      if (rs.length > 0) pyDeselected = checkPyDeselected(report, exclusions);
     }
   } finally {
     await new Promise<void>((r) => bridge.close(() => r()));
@@ -880,7 +924,7 @@ async function inner(p: Prepared): Promise<void> {
   const leaked = leakedExclusions(results, exclusions);
   writeFileSync(
     join(o.out, 'results.json'),
-    `${JSON.stringify({ domain: DOMAIN, runDir, suites: summaries, leaked, tests: results }, null, 2)}\n`,
+    `${JSON.stringify({ domain: DOMAIN, runDir, suites: summaries, leaked, pyDeselected, tests: results }, null, 2)}\n`,
   );
   writeFileSync(
     join(o.out, 'failures.txt'),
@@ -940,7 +984,6 @@ async function main(): Promise<void> {
   const o = parseArgs(process.argv.slice(2));
   if (process.getuid?.() !== 0)
     usage('needs root (debootstrap, chroot, network namespaces, dsec up)');
-  parseExclusions(readFileSync(join(ASSETS, 'exclude.txt'), 'utf8'));
   mkdirSync(o.work, { recursive: true });
   const p: Prepared = { options: o, image: '', ...certificate(o) };
   if (o.js) {
@@ -954,6 +997,9 @@ async function main(): Promise<void> {
       'packages/python-sdk',
       join(o.work, 'src', `py-${PY_COMMIT}`),
     );
+  const exclusions = parseExclusions(readFileSync(join(ASSETS, 'exclude.txt'), 'utf8'));
+  if (p.jsDir) checkExclusionsExist('js', p.jsDir, exclusions);
+  if (p.pyDir) checkExclusionsExist('py', p.pyDir, exclusions);
   const base = debianRoot(o);
   p.image = imageRoot(o, base);
   if (o.python) p.client = clientRoot(o, base);

@@ -74,6 +74,12 @@ def pytest_collection_modifyitems(session, config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    # Under xdist each worker collects and deselects; the harness reads this file to check that
+    # every entry matched and none ran (pytest's own summary does not count workers' deselections).
+    if _report_path:
+        with open(_report_path + ".deselected", "a", encoding="utf-8") as f:
+            for item in drop:
+                f.write(item.nodeid + "\n")
 
 
 _report_path = os.environ.get("DSEC_E2B_SUITES_REPORT")
