@@ -275,23 +275,30 @@ function pyExcluded(id: string, entries: Exclusion[]): boolean {
 // Which tests need a server
 // ---------------------------------------------------------------------------
 
+const JS_FIXTURE_RE = /^\s*(sandboxTest|buildTemplateTest)\b/;
+const JS_MOCK_RE =
+  /vi\.(do)?[mM]ock\(|vi\.stubGlobal\(|vi\.fn\(|vi\.spyOn\(|server\.use\(|HttpResponse|mockResolvedValue|mockImplementation/;
+const JS_SERVER_RE =
+  /Sandbox\.(create|connect|list|kill|getInfo|getMetrics|betaCreate|pause|resume|createSnapshot|listSnapshots|deleteSnapshot)\(|Template\.(build|exists|buildInBackground|getBuildStatus|assignTags|removeTags|getTags)\(|buildTemplate\(|\{\s*sandbox\s*[,}]/;
+
 /**
- * A test file needs a server when it talks to sandboxes, templates or volumes through the SDK and
- * mocks no HTTP (msw, `vi.mock`, a stubbed fetch or transport): E2B's suites keep their unit tests
- * (mocked transports, URL building) in files of their own.
+ * Whether the JS test whose source block is `block` (from its own line to the next test's) needs
+ * a server: it uses the suite's sandbox or template fixture, or it calls the SDK's API in its own
+ * body and mocks nothing (no msw server in its file, no `vi` mock or stub, no mocked response).
+ * E2B keeps mocked unit tests beside real ones in some files, so this is decided per test.
  */
-export function fileNeedsServer(suite: 'js' | 'py', source: string): boolean {
-  if (suite === 'js') {
-    if (
-      /from 'msw|setupServer\(|vi\.(do)?[mM]ock\(|vi\.stubGlobal\(|vi\.spyOn\([^)]*fetch/.test(
-        source,
-      )
-    )
-      return false;
-    return /sandboxTest|buildTemplateTest|Sandbox\.(create|connect|list|kill|getInfo|getMetrics|betaCreate|pause|resume)|Template\.(build|exists|buildInBackground|getBuildStatus|assignTags|removeTags)|Volume\.(create|list|getInfo|destroy)/.test(
-      source,
-    );
-  }
+export function jsTestNeedsServer(block: string, fileUsesMsw: boolean): boolean {
+  if (JS_FIXTURE_RE.test(block)) return true;
+  if (fileUsesMsw || JS_MOCK_RE.test(block)) return false;
+  return JS_SERVER_RE.test(block);
+}
+
+/**
+ * Whether a Python test file needs a server: E2B's python-sdk 2.0.2 suite has one file per topic,
+ * each creating sandboxes (the `sandbox` fixtures, `Sandbox.create`), and no mocked transports
+ * besides the decoder test in tests/bugs.
+ */
+export function pyFileNeedsServer(source: string): boolean {
   if (/unittest\.mock|monkeypatch|respx|httpx\.MockTransport/.test(source)) return false;
   return /\b(async_)?sandbox\b|Sandbox\.(create|connect|list|kill|get_info)|AsyncSandbox/.test(
     source,
@@ -641,7 +648,8 @@ const excluded = ${JSON.stringify(excluded)}
 const projects = base.test.projects
   .filter((p) => p.test.name !== 'browser')
   .map((p) => ({ ...p, test: { ...p.test, exclude: [...(p.test.exclude ?? ['**/node_modules/**', '**/.git/**']), ...excluded] } }))
-export default { ...base, test: { ...base.test, projects } }
+// includeTaskLocation: each test's line in the JSON report, for telling which tests need a server.
+export default { ...base, test: { ...base.test, includeTaskLocation: true, projects } }
 `,
   );
   log('JS suite: vitest run (maxWorkers 2)');
@@ -753,6 +761,7 @@ interface VitestReport {
       title: string;
       status: string;
       failureMessages?: string[];
+      location?: { line: number; column: number };
     }[];
   }[];
 }
@@ -768,18 +777,20 @@ function firstLine(text: string | undefined): string {
 function readJsResults(report: string, jsDir: string): TestResult[] {
   if (!existsSync(report)) return [];
   const data = JSON.parse(readFileSync(report, 'utf8')) as VitestReport;
-  const sources = new Map<string, boolean>();
-  const needs = (file: string): boolean => {
-    let v = sources.get(file);
-    if (v === undefined) {
-      v = fileNeedsServer('js', readFileSync(join(jsDir, file), 'utf8'));
-      sources.set(file, v);
-    }
-    return v;
-  };
   const out: TestResult[] = [];
   for (const f of data.testResults ?? []) {
     const file = relative(jsDir, f.name);
+    const lines = readFileSync(f.name, 'utf8').split('\n');
+    const fileUsesMsw = lines.some((l) => /from 'msw|setupServer\(/.test(l));
+    const starts = [
+      ...new Set(f.assertionResults.map((t) => t.location?.line).filter((n) => n !== undefined)),
+    ].sort((x, y) => x - y);
+    const needs = (line: number | undefined): boolean => {
+      // Without a location (a file that failed to load), the whole file is the block.
+      if (line === undefined) return jsTestNeedsServer(lines.join('\n'), fileUsesMsw);
+      const next = starts.find((n) => n > line) ?? lines.length + 1;
+      return jsTestNeedsServer(lines.slice(line - 1, next - 1).join('\n'), fileUsesMsw);
+    };
     if (f.assertionResults.length === 0 && f.status === 'failed') {
       out.push({
         suite: 'js',
@@ -787,7 +798,7 @@ function readJsResults(report: string, jsDir: string): TestResult[] {
         name: '(file)',
         outcome: 'failed',
         error: firstLine(f.message),
-        needsServer: needs(file),
+        needsServer: needs(undefined),
       });
       continue;
     }
@@ -800,7 +811,7 @@ function readJsResults(report: string, jsDir: string): TestResult[] {
         name: [...t.ancestorTitles, t.title].join(' > '),
         outcome,
         error: outcome === 'failed' ? firstLine(t.failureMessages?.[0]) : '',
-        needsServer: needs(file),
+        needsServer: needs(t.location?.line),
       });
     }
   }
@@ -825,7 +836,7 @@ function readPyResults(report: string, pyDir: string): TestResult[] {
     const file = id.split('::')[0]!;
     let needs = sources.get(file);
     if (needs === undefined) {
-      needs = fileNeedsServer('py', readFileSync(join(pyDir, file), 'utf8'));
+      needs = pyFileNeedsServer(readFileSync(join(pyDir, file), 'utf8'));
       sources.set(file, needs);
     }
     return {
