@@ -300,7 +300,8 @@ export function jsTestNeedsServer(block: string, fileUsesMsw: boolean): boolean 
  */
 export function pyFileNeedsServer(source: string): boolean {
   if (/unittest\.mock|monkeypatch|respx|httpx\.MockTransport/.test(source)) return false;
-  return /\b(async_)?sandbox\b|Sandbox\.(create|connect|list|kill|get_info)|AsyncSandbox/.test(
+  // A test taking the `sandbox` / `async_sandbox` fixture, or creating or finding sandboxes itself.
+  return /def test_\w+\([^)]*\b(async_)?sandbox\b|\b(Async)?Sandbox\.(create|connect|list|kill|get_info)\b/.test(
     source,
   );
 }
