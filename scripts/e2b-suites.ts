@@ -351,6 +351,32 @@ function assertLoopbackOnly(): void {
   }
 }
 
+/**
+ * Refuses to go on unless the node's firewall denies every destination to sandboxes: its
+ * `protected4` / `protected6` sets hold 0.0.0.0/0 and ::/0 (`up.network.protectedRanges`). An
+ * edge without the sandbox network (mode `none`) gives sandboxes loopback only, which is no
+ * egress either.
+ */
+function assertEgressDenied(): void {
+  const tables = run('nft', ['list', 'tables'])
+    .split('\n')
+    .map((l) => /^table inet (dsec_\S+)$/.exec(l.trim())?.[1])
+    .filter((t): t is string => t !== undefined);
+  if (tables.length === 0) {
+    log('no sandbox network on the node: sandboxes have loopback only');
+    return;
+  }
+  for (const t of tables) {
+    const v4 = run('nft', ['list', 'set', 'inet', t, 'protected4']);
+    const v6 = run('nft', ['list', 'set', 'inet', t, 'protected6']);
+    if (
+      !/elements = \{([^}]*,)?\s*0\.0\.0\.0\/0\s*[,}]/.test(v4) ||
+      !/elements = \{([^}]*,)?\s*::\/0\s*[,}]/.test(v6)
+    )
+      throw new Error(`table ${t} does not protect 0.0.0.0/0 and ::/0:\n${v4}${v6}`);
+  }
+}
+
 /** TLS on 127.0.0.1:443 (http/1.1 only), bytes passed to the apiserver as they are. */
 async function startTlsBridge(cert: string, key: string, targetPort: number): Promise<TcpServer> {
   const server = createTlsServer(
@@ -643,6 +669,12 @@ async function inner(p: Prepared): Promise<void> {
   );
   const node = await startDsec(stateDir, runDir);
   log(`dsec up: ${node.url}`);
+  try {
+    assertEgressDenied();
+  } catch (err) {
+    await node.stop();
+    throw err;
+  }
   const bridge = await startTlsBridge(p.cert, p.key, node.port);
   const results: TestResult[] = [];
   const summaries: SuiteSummary[] = [];
