@@ -12,7 +12,7 @@ echo "==> type check";    npx tsc -p tsconfig.json --noEmit
 # The bundle install-deps.sh built: a dependency bundled by mistake fails at start-up.
 echo "==> built CLI starts"; bin/dsec --version >/dev/null
 
-mapfile -t unit < <(find packages -name '*.test.ts' -not -path '*/node_modules/*' -not -path '*/test/integration/*' | sort)
+mapfile -t unit < <(find packages scripts -name '*.test.ts' -not -path '*/node_modules/*' -not -path '*/test/integration/*' | sort)
 mapfile -t integration < <(find packages -path '*/test/integration/*.test.ts' -not -path '*/node_modules/*' | sort)
 # A test that hangs fails after 10 minutes instead of holding CI until its limit.
 run_tests() { node --conditions=dsec-source --import tsx --test --test-reporter=spec --test-timeout=600000 "$@"; }

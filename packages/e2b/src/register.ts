@@ -66,6 +66,15 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
   const processes = new ProcessTable();
   const shutdown = new AbortController();
   const routing = installSandboxRouting(app.server, deps.sandboxDomain);
+  // Before the control plane's scope: its catch-all for unknown E2B routes skips what is served.
+  if (deps.builds) {
+    templateBuildRoutes(app, {
+      iam: deps.iam,
+      builds: deps.builds,
+      templates: deps.templates,
+      limits: deps.limits,
+    });
+  }
   void app.register(async (scope) => {
     controlPlaneRoutes(scope, {
       service: deps.service,
@@ -94,14 +103,6 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
     });
     scope.addHook('onClose', async () => close());
   });
-  if (deps.builds) {
-    templateBuildRoutes(app, {
-      iam: deps.iam,
-      builds: deps.builds,
-      templates: deps.templates,
-      limits: deps.limits,
-    });
-  }
   app.addHook('preClose', async () => {
     pauser.close();
     shutdown.abort(new Error('the server is closing'));
