@@ -6,6 +6,7 @@ import {
   toDsecError,
   type EdgeApi,
   type EdgeVolumeApi,
+  type EdgeVolumeInfo,
   type SandboxSpec,
   type VolumeInfo,
 } from '@dsec/core';
@@ -56,13 +57,14 @@ export class VolumeService {
       { projectId, name: input.name, sizeBytes: input.sizeMb * 2 ** 20, edgeId: edge.edgeId },
       { actorKeyId: principal.keyId },
     );
+    // Not the caller's signal: a hang-up would drop the request while the edge
+    // goes on making the volume, and the record (the quota) would go with the
+    // error below while the bytes stay. The edge's create is bounded (mkfs has
+    // a time limit), so the apiserver always hears how it ended.
+    void signal;
+    let made: EdgeVolumeInfo;
     try {
-      const made = await volumesOf(edge).create(
-        { projectId, name: input.name, sizeMb: input.sizeMb },
-        signal,
-      );
-      await this.#d.iam.markVolumeReady(projectId, input.name);
-      return { ...toInfo(record), state: 'ready', usedBytes: made.usedBytes, mountedBy: [] };
+      made = await volumesOf(edge).create({ projectId, name: input.name, sizeMb: input.sizeMb });
     } catch (err) {
       // The edge made nothing it kept (its create cleans up after itself), or it holds a
       // volume of that name the record does not know (a conflict): the record goes either way.
@@ -75,6 +77,28 @@ export class VolumeService {
       );
       throw toDsecError(err);
     }
+    if (!(await this.#d.iam.markVolumeReady(projectId, input.name))) {
+      // A DELETE ran while the edge made it (the edge did not have it yet, so the
+      // record went): the volume must go too, or it would outlive its quota.
+      await volumesOf(edge)
+        .delete(projectId, input.name)
+        .catch((e: unknown) =>
+          this.#d.onWarning?.('volume deleted while being created: edge clean-up failed', {
+            edgeId: edge.edgeId,
+            projectId,
+            name: input.name,
+            err: String(e),
+          }),
+        );
+      throw new DsecError(
+        'volume_not_found',
+        `volume ${input.name} was deleted while being created`,
+        {
+          field: 'name',
+        },
+      );
+    }
+    return { ...toInfo(record), state: 'ready', usedBytes: made.usedBytes, mountedBy: [] };
   }
 
   async list(principal: Principal, projectId: string | undefined): Promise<VolumeInfo[]> {

@@ -1106,12 +1106,17 @@ export class Iam {
     }
   }
 
-  /** Marks a volume made by its edge. */
-  async markVolumeReady(projectId: string, name: string): Promise<void> {
-    await this.#db.run("UPDATE volumes SET state = 'ready' WHERE project_id = ? AND name = ?", [
-      projectId,
-      name,
-    ]);
+  /**
+   * Marks a volume made by its edge. False when the record is gone (a delete
+   * ran while the edge made it): the caller must then remove the edge's
+   * volume, which no record and no quota would account for.
+   */
+  async markVolumeReady(projectId: string, name: string): Promise<boolean> {
+    const r = await this.#db.run(
+      "UPDATE volumes SET state = 'ready' WHERE project_id = ? AND name = ?",
+      [projectId, name],
+    );
+    return r.changes > 0;
   }
 
   /** The project's volume `name`; undefined when it has none. */
