@@ -3,6 +3,7 @@ import {
   checkVolumeName,
   checkVolumeSize,
   DsecError,
+  throwIfAborted,
   toDsecError,
   type EdgeApi,
   type EdgeVolumeApi,
@@ -57,17 +58,27 @@ export class VolumeService {
       { projectId, name: input.name, sizeBytes: input.sizeMb * 2 ** 20, edgeId: edge.edgeId },
       { actorKeyId: principal.keyId },
     );
-    // Not the caller's signal: a hang-up would drop the request while the edge
-    // goes on making the volume, and the record (the quota) would go with the
-    // error below while the bytes stay. The edge's create is bounded (mkfs has
-    // a time limit), so the apiserver always hears how it ended.
-    void signal;
     let made: EdgeVolumeInfo;
     try {
+      // Inside the try: a caller gone already drops the record it just made.
+      throwIfAborted(signal);
+      // Not the caller's signal: a create cut half-way would leave the edge making a volume
+      // whose record is dropped (bytes outside the quota). It runs to its end either way
+      // (mkfs has a time limit), so the apiserver always hears how it ended.
       made = await volumesOf(edge).create({ projectId, name: input.name, sizeMb: input.sizeMb });
     } catch (err) {
-      // The edge made nothing it kept (its create cleans up after itself), or it holds a
-      // volume of that name the record does not know (a conflict): the record goes either way.
+      // The edge's create cleans up after itself, but an answer lost on the way (or a volume
+      // of that name the record does not know, `conflict`) may leave bytes there: they go
+      // first (best effort: nothing mounts a volume without a record), then the record.
+      await edge.volumes.delete(projectId, input.name).catch((e: unknown) => {
+        if (toDsecError(e).code !== 'volume_not_found')
+          this.#d.onWarning?.('volume clean-up on its edge failed', {
+            edgeId: edge.edgeId,
+            projectId,
+            name: input.name,
+            err: String(e),
+          });
+      });
       await this.#d.iam.deleteVolume(projectId, input.name).catch((e: unknown) =>
         this.#d.onWarning?.('volume record clean-up failed', {
           projectId,

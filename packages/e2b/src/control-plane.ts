@@ -152,7 +152,7 @@ function refuseUnsupported(b: Body): void {
     refuse('autoPause', 'DSec stops a sandbox at its timeout, it does not pause it');
   if (b.mcp !== undefined && b.mcp !== null) refuse('mcp', 'the MCP gateway is not part of DSec');
   if (Array.isArray(b.volumeMounts) && b.volumeMounts.length > 0) {
-    refuse('volumeMounts', 'DSec has no volumes; use a workspace layer (docs/e2b.md)');
+    refuse('volumeMounts', 'not served on the E2B API; use DSec volumes (docs/volumes.md)');
   }
   const iam = b.iam as Body | undefined;
   if (

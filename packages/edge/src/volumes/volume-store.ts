@@ -194,6 +194,12 @@ export class VolumeStore implements EdgeVolumeApi {
       await unlink(join(entry.dir, META));
       await removeVolumeDir(entry.dir, true);
     } catch (err) {
+      // Still mounted (the unmount is what fails): the volume stays, its record written back.
+      await writeFile(
+        join(entry.dir, META),
+        JSON.stringify({ projectId, name, sizeMb: entry.sizeMb, createdAt: entry.createdAt }),
+        { mode: 0o600 },
+      ).catch(() => undefined);
       entry.state = 'ready';
       throw new DsecError('internal', `delete volume ${name}: ${String(err)}`, { cause: err });
     }

@@ -1,0 +1,97 @@
+/**
+ * Attacks on a node's volumes (docs/volumes.md) beyond volumes.test.ts:
+ *
+ * - Overcommit: a volume was a sparse image, so a tenant could ask for far
+ *   more than the node's disk holds and then write until the disk shared by
+ *   every tenant (edge.db, layers, other volumes' images) was full, with
+ *   I/O errors in other tenants' volumes. A create now takes its bytes up
+ *   front and is `capacity_exhausted` when the disk has no room for them.
+ * - A delete that fails half-way (the host-side mount busy) left the
+ *   volume listed and unmountable-by-delete: every later delete failed, so
+ *   its quota stayed charged until the edge restarted.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { readdir, readFile, stat, statfs } from 'node:fs/promises';
+import { join } from 'node:path';
+import { DsecError, VOLUME_SIZE_MB } from '@dsec/core';
+import { openContainerEdge } from '@dsec/edge';
+import { unmount } from '@dsec/native';
+import { makeStateDir } from './fixture.js';
+
+const root = process.getuid?.() === 0;
+const MiB = 2 ** 20;
+
+async function loopBackingFiles(): Promise<string[]> {
+  const files: string[] = [];
+  for (const dev of await readdir('/sys/block')) {
+    if (!dev.startsWith('loop')) continue;
+    const file = await readFile(`/sys/block/${dev}/loop/backing_file`, 'utf8').catch(() => '');
+    if (file.trim()) files.push(file.trim());
+  }
+  return files;
+}
+
+async function mountsUnder(dir: string): Promise<string[]> {
+  const text = await readFile('/proc/self/mountinfo', 'utf8');
+  return text
+    .split('\n')
+    .map((l) => l.split(' ')[4] ?? '')
+    .filter((p) => p.startsWith(dir));
+}
+
+async function assertNothingLeft(volumesDir: string): Promise<void> {
+  assert.deepEqual(await readdir(volumesDir), []);
+  assert.deepEqual(await mountsUnder(volumesDir), []);
+  assert.deepEqual(
+    (await loopBackingFiles()).filter((f) => f.startsWith(volumesDir)),
+    [],
+  );
+}
+
+test(
+  'volumes attack: a volume never promises more disk than the node has',
+  { skip: root ? false : 'needs root', timeout: 180_000 },
+  async () => {
+    const { dir, store, cgroupParent, cleanup } = await makeStateDir();
+    const stateDir = join(dir, 'edge');
+    const volumesDir = join(stateDir, 'volumes');
+    const edge = await openContainerEdge({ edgeId: 'node-1', stateDir, store, cgroupParent });
+    const v = edge.volumes!;
+    try {
+      // More than the disk has free: refused, and nothing is left of the attempt.
+      const fs = await statfs(volumesDir);
+      const freeMb = Math.floor((fs.bavail * fs.bsize) / MiB);
+      if (freeMb + 1024 <= VOLUME_SIZE_MB.max) {
+        await assert.rejects(
+          v.create({ projectId: 'p', name: 'huge', sizeMb: freeMb + 1024 }),
+          (err: unknown) => {
+            assert.ok(err instanceof DsecError, String(err));
+            assert.equal(err.code, 'capacity_exhausted', err.message);
+            return true;
+          },
+        );
+        await assertNothingLeft(volumesDir);
+      }
+
+      // A made volume holds its bytes: writing into it later can never fill the node's disk.
+      await v.create({ projectId: 'p', name: 'held', sizeMb: 32 });
+      const images = (await loopBackingFiles()).filter((f) => f.startsWith(volumesDir));
+      assert.equal(images.length, 1);
+      const st = await stat(images[0]!);
+      assert.ok(
+        st.blocks * 512 >= 32 * MiB,
+        `a 32 MiB volume holds ${st.blocks * 512} bytes of the node's disk`,
+      );
+
+      await v.delete('p', 'held');
+      await assertNothingLeft(volumesDir);
+    } finally {
+      await edge.close();
+      await unmount(await mountsUnder(volumesDir)).catch(() => undefined);
+      await cleanup();
+    }
+  },
+);
