@@ -12,8 +12,6 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { once } from 'node:events';
 import { readdir, readFile, stat, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError, VOLUME_SIZE_MB } from '@dsec/core';
