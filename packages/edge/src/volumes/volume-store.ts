@@ -206,8 +206,10 @@ export class VolumeStore implements EdgeVolumeApi {
     try {
       // The record goes first: a crash from here on leaves a directory that
       // the next `open` recognises as an interrupted delete and removes.
-      await unlink(join(entry.dir, META));
-      await removeVolumeDir(entry.dir, true);
+      // Tolerant of an earlier delete that failed after its unmount: a retry finishes it.
+      await unlink(join(entry.dir, META)).catch(ignoreMissing);
+      const mounted = (await mountPoints()).has(join(entry.dir, MOUNT));
+      await removeVolumeDir(entry.dir, mounted);
     } catch (err) {
       // Still mounted (the unmount is what fails): the volume stays, its record written back.
       await writeFile(

@@ -12,6 +12,8 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { readdir, readFile, stat, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError, VOLUME_SIZE_MB } from '@dsec/core';
@@ -87,6 +89,44 @@ test(
       await v.delete('p', 'held');
       await assertNothingLeft(volumesDir);
     } finally {
+      await edge.close();
+      await unmount(await mountsUnder(volumesDir)).catch(() => undefined);
+      await cleanup();
+    }
+  },
+);
+
+test(
+  'volumes attack: a delete that failed half-way (mount busy) can be retried',
+  { skip: root ? false : 'needs root', timeout: 180_000 },
+  async () => {
+    const { dir, store, cgroupParent, cleanup } = await makeStateDir();
+    const stateDir = join(dir, 'edge');
+    const volumesDir = join(stateDir, 'volumes');
+    const edge = await openContainerEdge({ edgeId: 'node-1', stateDir, store, cgroupParent });
+    const v = edge.volumes!;
+    let holder: ReturnType<typeof spawn> | undefined;
+    try {
+      await v.create({ projectId: 'p', name: 'held', sizeMb: 16 });
+      // A delete while the host-side mount is busy fails, and leaves a volume a later
+      // delete removes (not one every delete fails on).
+      const [mnt] = await mountsUnder(volumesDir);
+      assert.ok(mnt);
+      holder = spawn('sleep', ['600'], { cwd: mnt, stdio: 'ignore' });
+      await once(holder, 'spawn');
+      await assert.rejects(v.delete('p', 'held'));
+      assert.equal((await v.get('p', 'held')).name, 'held', 'still there after the failed delete');
+      assert.ok(
+        (await readdir(join(volumesDir, (await readdir(volumesDir))[0]!))).includes('volume.json'),
+        'its record is back: a restart would otherwise remove a volume the control plane lists',
+      );
+      holder.kill('SIGKILL');
+      await once(holder, 'exit');
+      holder = undefined;
+      await v.delete('p', 'held');
+      await assertNothingLeft(volumesDir);
+    } finally {
+      holder?.kill('SIGKILL');
       await edge.close();
       await unmount(await mountsUnder(volumesDir)).catch(() => undefined);
       await cleanup();
