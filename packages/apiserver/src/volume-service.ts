@@ -11,7 +11,13 @@ import {
   type SandboxSpec,
   type VolumeInfo,
 } from '@dsec/core';
-import type { Iam, Principal, VolumeRecord } from '@dsec/iam';
+import {
+  mayUseVolumes,
+  VOLUMES_SCOPE,
+  type Iam,
+  type Principal,
+  type VolumeRecord,
+} from '@dsec/iam';
 import type { EdgeDirectory, FleetSource } from './sandbox-service.js';
 
 export interface VolumeServiceDeps {
@@ -207,6 +213,7 @@ export class VolumeService {
   }
 
   async #project(principal: Principal, projectId: string | undefined): Promise<string> {
+    await requireVolumeScope(this.#d.iam, principal);
     const project = projectId ?? principal.projectId;
     if (!(await this.#d.iam.canAccess(principal, project))) {
       await this.#d.iam.audit(principal.keyId, 'project.access', project, 'denied');
@@ -234,6 +241,20 @@ export class VolumeService {
     const { edges } = this.#d;
     return typeof edges === 'function' ? edges(edgeId) : edges.get(edgeId);
   }
+}
+
+/**
+ * A scoped key needs `volumes:use` for every volume operation, mounting
+ * included (`@dsec/iam` scopes): `permission_denied`, audited.
+ */
+export async function requireVolumeScope(iam: Iam, principal: Principal): Promise<void> {
+  if (mayUseVolumes(principal)) return;
+  await iam.audit(principal.keyId, 'volume', principal.projectId, 'denied', {
+    reason: 'no volumes scope',
+  });
+  throw new DsecError('permission_denied', `this key has no ${VOLUMES_SCOPE} scope`, {
+    field: 'volumes',
+  });
 }
 
 function volumesOf(edge: EdgeApi): EdgeVolumeApi {

@@ -11,6 +11,7 @@ import assert from 'node:assert/strict';
 import { DsecError, type EdgeApi, type EdgeVolumeApi, type EdgeVolumeInfo } from '@dsec/core';
 import { createTestApi } from './testing/harness.js';
 import { VolumeService } from './volume-service.js';
+import { FakeEdge } from './testing/fake-edge.js';
 
 const MiB = 2 ** 20;
 
@@ -132,4 +133,62 @@ test('volumes attack: a caller that hangs up mid-create leaves no edge volume ou
   }
   // 64 MiB of quota: at most one volume exists, whatever the hang-ups did.
   assert.ok(slow.volumes.size <= 1, `${slow.volumes.size} volumes in a 64 MiB quota`);
+});
+
+test('volumes attack: a runtime key (images:run only) neither reads, writes, mounts nor deletes volumes', async (t) => {
+  const api = await createTestApi({ edges: [new FakeEdge({ edgeId: 'edge-a' })] });
+  t.after(() => api.close());
+  const call = async (key: string, method: string, url: string, body?: unknown) => {
+    const res = await api.app.inject({
+      method: method as 'GET',
+      url,
+      headers: { authorization: `Bearer ${key}` },
+      ...(body === undefined ? {} : { payload: body as object }),
+    });
+    return {
+      status: res.statusCode,
+      body: res.body ? res.json<{ error?: { code: string }; [k: string]: unknown }>() : {},
+    };
+  };
+  const key = async (scopes?: string[]) => {
+    const k = await call(api.rootKey, 'POST', '/v1/keys', {
+      projectId: api.rootProjectId,
+      role: 'member',
+      ...(scopes ? { scopes } : {}),
+    });
+    assert.equal(k.status, 201, JSON.stringify(k.body));
+    return k.body.key as string;
+  };
+  // The builder (unscoped) keeps the hidden tests in a volume.
+  const builder = await key();
+  assert.equal(
+    (await call(builder, 'POST', '/v1/volumes', { name: 'answers', sizeMb: 16 })).status,
+    201,
+  );
+  // The agent's key may run task images and nothing else.
+  const agent = await key(['images:run:base*']);
+  const denied = async (method: string, url: string, body?: unknown) => {
+    const r = await call(agent, method, url, body);
+    assert.equal(r.status, 403, `${method} ${url}: ${JSON.stringify(r.body)}`);
+    assert.equal(r.body.error?.code, 'permission_denied');
+  };
+  await denied('GET', '/v1/volumes');
+  await denied('GET', '/v1/volumes/answers');
+  await denied('POST', '/v1/volumes', { name: 'stash', sizeMb: 16 });
+  await denied('DELETE', '/v1/volumes/answers');
+  await denied('POST', '/v1/sandboxes', {
+    image: 'base',
+    volumes: [{ name: 'answers', path: '/answers' }],
+  });
+  // The volume is untouched, and the agent still runs its images without volumes.
+  assert.equal((await call(builder, 'GET', '/v1/volumes/answers')).status, 200);
+  assert.equal((await call(agent, 'POST', '/v1/sandboxes', { image: 'base' })).status, 201);
+  // A scoped key given volumes:use has them.
+  const withVolumes = await key(['images:run:base*', 'volumes:use']);
+  assert.equal((await call(withVolumes, 'GET', '/v1/volumes/answers')).status, 200);
+  const mounted = await call(withVolumes, 'POST', '/v1/sandboxes', {
+    image: 'base',
+    volumes: [{ name: 'answers', path: '/answers' }],
+  });
+  assert.equal(mounted.status, 201, JSON.stringify(mounted.body));
 });
