@@ -117,7 +117,13 @@ export class VolumeStore implements EdgeVolumeApi {
         await removeVolumeDir(dir, mounted.has(join(dir, MOUNT)));
         continue;
       }
-      if (!mounted.has(join(dir, MOUNT))) await mountImage(dir);
+      // One volume that no longer mounts (a damaged image) must not keep the
+      // node, and every other tenant's sandboxes, from starting: it stays
+      // listed, deletable, and refused at mount (`sources` tries again).
+      if (!mounted.has(join(dir, MOUNT)))
+        await mountImage(dir).catch((err: unknown) =>
+          options.log?.('volume: mount at open failed', { dir, err: String(err) }, 'error'),
+        );
       store.#entries.set(key, { ...meta, state: 'ready', dir });
     }
     return store;

@@ -14,12 +14,13 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { readdir, readFile, stat, statfs } from 'node:fs/promises';
+import { open, readdir, readFile, stat, statfs } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DsecError, VOLUME_SIZE_MB } from '@dsec/core';
+import { DsecError, randomId, VOLUME_SIZE_MB } from '@dsec/core';
 import { openContainerEdge } from '@dsec/edge';
 import { unmount } from '@dsec/native';
-import { makeStateDir } from './fixture.js';
+import { makeStateDir, spec } from './fixture.js';
+import { volumeKey } from '../../src/volumes/volume-store.js';
 
 const root = process.getuid?.() === 0;
 const MiB = 2 ** 20;
@@ -128,6 +129,61 @@ test(
     } finally {
       holder?.kill('SIGKILL');
       await edge.close();
+      await unmount(await mountsUnder(volumesDir)).catch(() => undefined);
+      await cleanup();
+    }
+  },
+);
+
+test(
+  'volumes attack: one volume that no longer mounts does not keep the node from starting',
+  { skip: root ? false : 'needs root', timeout: 180_000 },
+  async () => {
+    const { dir, store, cgroupParent, cleanup } = await makeStateDir();
+    const stateDir = join(dir, 'edge');
+    const volumesDir = join(stateDir, 'volumes');
+    let edge = await openContainerEdge({ edgeId: 'node-1', stateDir, store, cgroupParent });
+    let closed = false;
+    try {
+      await edge.volumes!.create({ projectId: 'p', name: 'good', sizeMb: 16 });
+      await edge.volumes!.create({ projectId: 'q', name: 'broken', sizeMb: 16 });
+      closed = true;
+      await edge.close(); // unmounts both: no sandbox uses them
+      // The broken volume's superblock is gone (a disk fault, a bad sector).
+      const image = join(volumesDir, volumeKey('q', 'broken'), 'volume.ext4');
+      const fh = await open(image, 'r+');
+      await fh.write(Buffer.alloc(4096), 0, 4096, 0);
+      await fh.close();
+      edge = await openContainerEdge({ edgeId: 'node-1', stateDir, store, cgroupParent });
+      closed = false;
+      // The other tenant's volume serves as before.
+      const sb = await edge.createSandbox({
+        id: randomId('sb'),
+        projectId: 'p',
+        spec: spec({ volumes: [{ name: 'good', path: '/good' }] }),
+      });
+      assert.equal(
+        (await edge.runCommand(sb.id, { shell: 'touch /good/x && echo ok' })).stdout,
+        'ok\n',
+      );
+      await edge.stopSandbox(sb.id);
+      // The broken one is refused at mount, and can be deleted.
+      await assert.rejects(
+        edge.createSandbox({
+          id: randomId('sb'),
+          projectId: 'q',
+          spec: spec({ volumes: [{ name: 'broken', path: '/b' }] }),
+        }),
+      );
+      await edge.volumes!.delete('q', 'broken');
+      await edge.volumes!.delete('p', 'good');
+      await assertNothingLeft(volumesDir);
+    } finally {
+      if (!closed) {
+        for (const s of await edge.listSandboxes({}))
+          await edge.stopSandbox(s.id).catch(() => undefined);
+        await edge.close();
+      }
       await unmount(await mountsUnder(volumesDir)).catch(() => undefined);
       await cleanup();
     }
