@@ -103,7 +103,13 @@ export interface ApiServerOptions {
   extend?:
     | ((
         app: FastifyInstance,
-        ctx: { service: SandboxService; iam: Iam; metrics: ApiMetrics; limits: CallerLimits },
+        ctx: {
+          service: SandboxService;
+          iam: Iam;
+          metrics: ApiMetrics;
+          limits: CallerLimits;
+          volumes: VolumeService;
+        },
       ) => void)
     | undefined;
   /** The server's metrics (default new ones); pass them to also serve them on an admin listener. */
@@ -339,7 +345,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   ptyWebSocket(app, service, iam, { limits, guard });
   uiRoutes(app);
   adminRoutes(app, { iam, fleet: () => watcher.view(), images });
-  options.extend?.(app, { service, iam, metrics, limits });
+  options.extend?.(app, { service, iam, metrics, limits, volumes });
   // Last, in front of every listener the routes and extensions installed: the Host and URL
   // checks, then the connection caps (which must see the requests the checks refuse too).
   installRequestGate(app.server, {

@@ -29,10 +29,11 @@ export const DEFAULT_E2B_TEMPLATES: E2bTemplates = { base: 'busybox' };
 
 /** Mounts the E2B-compatible routes on an apiserver (`ApiServerOptions.extend`). */
 export function e2bExtension(options: E2bOptions = {}): ApiServerOptions['extend'] {
-  return (app, { service, iam, metrics, limits }) =>
+  return (app, { service, iam, metrics, limits, volumes }) =>
     registerE2bRoutes(app, {
       service,
       iam,
+      volumes,
       metrics,
       limits,
       templates: { ...DEFAULT_E2B_TEMPLATES, ...options.templates },

@@ -11,6 +11,7 @@ import { toDsecSandboxId, toE2bSandboxId } from './ids.js';
 import type { SandboxAccess } from './sandbox-access.js';
 import { resolveTemplate } from './templates.js';
 import type { E2bTemplates } from './templates.js';
+import { volumeMountsOf } from './volumes.js';
 
 /**
  * The E2B control plane (`api.e2b.dev`'s sandbox routes) over
@@ -84,7 +85,7 @@ type Body = Record<string, unknown>;
 
 const callers = new WeakMap<FastifyRequest, E2bCaller>();
 
-function callerOf(req: FastifyRequest): E2bCaller {
+export function callerOf(req: FastifyRequest): E2bCaller {
   const c = callers.get(req);
   if (!c) throw new DsecError('unauthenticated', 'missing API key (X-API-Key)');
   return c;
@@ -151,9 +152,6 @@ function refuseUnsupported(b: Body): void {
   if (b.autoPause === true)
     refuse('autoPause', 'DSec stops a sandbox at its timeout, it does not pause it');
   if (b.mcp !== undefined && b.mcp !== null) refuse('mcp', 'the MCP gateway is not part of DSec');
-  if (Array.isArray(b.volumeMounts) && b.volumeMounts.length > 0) {
-    refuse('volumeMounts', 'not served on the E2B API; use DSec volumes (docs/volumes.md)');
-  }
   const iam = b.iam as Body | undefined;
   if (
     iam &&
@@ -211,6 +209,8 @@ export function createBodyOf(b: Body, templates: E2bTemplates | undefined): Body
   if (b.allow_internet_access === false) deny.push(ALL_V4, ALL_V6);
   if (allow.length > 0) out.networkAllow = allow;
   if (deny.length > 0) out.networkDeny = deny;
+  if (Array.isArray(b.volumeMounts) && b.volumeMounts.length > 0)
+    out.volumes = volumeMountsOf(b.volumeMounts);
   return out;
 }
 
@@ -226,6 +226,7 @@ function e2bField(err: unknown): never {
       ['toolkits', 'templateID'],
       ['networkAllow', 'network.allowOut'],
       ['networkDeny', 'network.denyOut'],
+      ['volumes', 'volumeMounts'],
     ];
     for (const [from, to] of map) {
       if (err.field === from || err.field.startsWith(`${from}.`)) {
@@ -269,7 +270,7 @@ export function listedSandbox(info: SandboxInfo, state: 'running' | 'paused'): B
     metadata: metadataOf(info),
     state,
     envdVersion: ENVD_VERSION,
-    volumeMounts: [],
+    volumeMounts: info.spec.volumes ?? [],
   };
 }
 

@@ -1,5 +1,5 @@
 import type { FastifyInstance } from 'fastify';
-import type { ApiMetrics, CallerLimits, SandboxService } from '@dsec/apiserver';
+import type { ApiMetrics, CallerLimits, SandboxService, VolumeService } from '@dsec/apiserver';
 import type { Iam } from '@dsec/iam';
 import { controlPlaneRoutes } from './control-plane.js';
 import { ProcessTable } from './envd/process-table.js';
@@ -7,6 +7,7 @@ import { SandboxAccess } from './sandbox-access.js';
 import { installSandboxRouting } from './sandbox-routing.js';
 import { sandboxRoutes } from './sandbox-routes.js';
 import type { E2bTemplates } from './templates.js';
+import { e2bVolumeRoutes } from './volume-routes.js';
 
 export interface E2bRoutesDeps {
   /** The apiserver's sandbox service (the same instance its native routes use, or one on the same deps). */
@@ -30,6 +31,8 @@ export interface E2bRoutesDeps {
   sandboxDomain?: string | undefined;
   /** Time between two listings of a streamed directory watch. Default 250. */
   watchIntervalMs?: number | undefined;
+  /** The apiserver's volumes: E2B's `/volumes` routes (docs/volumes.md). Absent: not served. */
+  volumes?: VolumeService | undefined;
 }
 
 /**
@@ -55,6 +58,7 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
       sandboxDomain: deps.sandboxDomain,
       limits: deps.limits,
     });
+    if (deps.volumes) e2bVolumeRoutes(scope, deps.volumes);
   });
   void app.register(async (scope) => {
     const close = sandboxRoutes(scope, {

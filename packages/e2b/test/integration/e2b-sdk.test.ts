@@ -106,10 +106,10 @@ test('control plane: create from a template, get, list with metadata and pages, 
     await a.kill();
     assert.deepEqual(await ids({}), []);
 
-    // Unsupported create options are refused by name; unknown templates are not found.
+    // A volume mount names a DSec volume of the project (docs/volumes.md); unknown templates are not found.
     await assert.rejects(
       Sandbox.create('base', { volumeMounts: { '/data': 'vol' } }),
-      /volumeMounts/,
+      /404: no volume vol/,
     );
     await assert.rejects(Sandbox.create('no-such-image'), /404.*no-such-image|image/i);
     await assert.rejects(Sandbox.create('Bad Template'), /400: template "Bad Template"/);
