@@ -166,7 +166,7 @@ export class VolumeStore implements EdgeVolumeApi {
       );
       entry.state = 'ready';
       this.#options.log?.('volume created', { projectId, name, sizeMb });
-      return await this.#info(entry);
+      return await this.#info(entry, await mountPoints());
     } catch (err) {
       this.#entries.delete(key);
       if (made) {
@@ -189,14 +189,16 @@ export class VolumeStore implements EdgeVolumeApi {
   }
 
   async get(projectId: string, name: string): Promise<EdgeVolumeInfo> {
-    return this.#info(this.#ready(projectId, name));
+    const entry = this.#ready(projectId, name);
+    return this.#info(entry, await mountPoints());
   }
 
   async list(projectId: string | undefined): Promise<EdgeVolumeInfo[]> {
     const entries = [...this.#entries.values()].filter(
       (e) => e.state === 'ready' && (projectId === undefined || e.projectId === projectId),
     );
-    return Promise.all(entries.map((e) => this.#info(e)));
+    const mounted = await mountPoints();
+    return Promise.all(entries.map((e) => this.#info(e, mounted)));
   }
 
   async delete(projectId: string, name: string): Promise<void> {
@@ -280,9 +282,11 @@ export class VolumeStore implements EdgeVolumeApi {
     return entry;
   }
 
-  async #info(e: Entry): Promise<EdgeVolumeInfo> {
+  async #info(e: Entry, mounted: ReadonlySet<string>): Promise<EdgeVolumeInfo> {
     // statfs of the mount root: the platform's own path, nothing inside the volume.
-    const fs = await statfs(join(e.dir, MOUNT)).catch(() => undefined);
+    // Only while mounted: an empty mount point would report the node's own disk.
+    const mnt = join(e.dir, MOUNT);
+    const fs = mounted.has(mnt) ? await statfs(mnt).catch(() => undefined) : undefined;
     return {
       projectId: e.projectId,
       name: e.name,

@@ -167,6 +167,9 @@ test(
         'ok\n',
       );
       await edge.stopSandbox(sb.id);
+      // Its usage is its own, never the node disk's under its empty mount point.
+      const broken = await edge.volumes!.get('q', 'broken');
+      assert.ok(broken.usedBytes <= 16 * MiB, `usedBytes ${broken.usedBytes} of a 16 MiB volume`);
       // The broken one is refused at mount, and can be deleted.
       await assert.rejects(
         edge.createSandbox({
