@@ -94,7 +94,7 @@ export class VolumeService {
       );
       throw toDsecError(err);
     }
-    if (!(await this.#d.iam.markVolumeReady(projectId, input.name))) {
+    if (!(await this.#d.iam.markVolumeReady(projectId, input.name, record))) {
       // A DELETE ran while the edge made it (the edge did not have it yet, so the
       // record went): the volume must go too, or it would outlive its quota.
       await volumesOf(edge)

@@ -192,3 +192,46 @@ test('volumes attack: a runtime key (images:run only) neither reads, writes, mou
   });
   assert.equal(mounted.status, 201, JSON.stringify(mounted.body));
 });
+
+test('volumes attack: create, DELETE, create again on another edge: the first edge keeps no volume outside the quota', async (t) => {
+  const api = await createTestApi();
+  t.after(() => api.close());
+  const slow = slowEdge('edge-slow');
+  const fast = slowEdge('edge-fast');
+  await fast.finish(); // its creates finish at once
+  const picks = [0, 0.99]; // edge-slow first, then edge-fast
+  const service = new VolumeService({
+    iam: api.iam,
+    edges: new Map([
+      ['edge-slow', slow.edge],
+      ['edge-fast', fast.edge],
+    ]),
+    watcher: {
+      view: () => ({
+        edges: [
+          { edgeId: 'edge-slow', healthy: true },
+          { edgeId: 'edge-fast', healthy: true },
+        ],
+      }),
+    },
+    random: () => picks.shift() ?? 0,
+  });
+  const principal = await api.iam.authenticate(api.rootKey);
+  const first = service.create(principal, { name: 'data', sizeMb: 16 });
+  first.catch(() => undefined);
+  await slow.firstStart;
+  await service.delete(principal, 'data', undefined).catch(() => undefined);
+  await service.create(principal, { name: 'data', sizeMb: 16 });
+  await slow.finish();
+  await first.catch(() => undefined);
+  const records = await api.iam.listVolumes(principal.projectId);
+  const onEdges = [
+    ...[...slow.volumes.values()].map((v) => `edge-slow:${v.name}`),
+    ...[...fast.volumes.values()].map((v) => `edge-fast:${v.name}`),
+  ];
+  assert.deepEqual(
+    onEdges.sort(),
+    records.map((r) => `${r.edgeId}:${r.name}`).sort(),
+    'every edge volume is the one its record names',
+  );
+});
