@@ -14,8 +14,9 @@
  */
 import { chmod, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { ApiMetrics, buildApiServer } from '@dsec/apiserver';
-import { SandboxIdCodec } from '@dsec/core';
+import { ApiMetrics, buildApiServer, buildSandboxFusionListener } from '@dsec/apiserver';
+import type { FnCallService } from '@dsec/apiserver';
+import { DsecError, SandboxIdCodec } from '@dsec/core';
 import type { EdgeApi, ImageStore, LayerInfo } from '@dsec/core';
 import {
   EdgeMetrics,
@@ -49,7 +50,7 @@ import { Watcher } from '@dsec/watcher';
 import type { Logger } from 'pino';
 import { apiBoundsOptions, type ApiBoundsConfig } from './config.js';
 import { e2bExtension, type E2bOptions, type LifecycleOptions } from './extensions.js';
-import { listenApi } from './listen.js';
+import { listenApi, type Listening } from './listen.js';
 import { newClusterSecret, readOrCreateSecret, stopAll } from './roles.js';
 import { withServiceRanges } from './service-ranges.js';
 
@@ -103,6 +104,12 @@ export interface SingleNodeOptions {
   /** Serve the node's metrics (apiserver and edge) without a key at `host:port/metrics`. */
   metricsListen?: { host: string; port: number } | undefined;
   /**
+   * A keyless SandboxFusion listener bound to one project (docs/fncall.md
+   * "SandboxFusion-compatible endpoint"): every `/run_code` on it is a call of
+   * `projectId`, counted in its quota. Default: none.
+   */
+  sandboxFusion?: { host: string; port: number; projectId: string } | undefined;
+  /**
    * The apiserver's Host allow-list, per-caller limits and audit retention
    * (a cluster config's `apiserver` section; docs/security.md).
    */
@@ -119,6 +126,8 @@ export interface SingleNode {
   url: string;
   /** The admin listener's `/metrics` URL, with `metricsListen`. */
   metricsUrl?: string | undefined;
+  /** The keyless SandboxFusion listener's URL, with `sandboxFusion`. */
+  sandboxFusionUrl?: string | undefined;
   /** The admin API key of the root project (also in `stateDir/admin.key`). */
   adminKey: string;
   edge: Edge;
@@ -221,6 +230,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   // One node: its key-protected `/metrics` shows the edge's series too.
   const apiMetrics = new ApiMetrics();
   apiMetrics.included.push(edgeMetrics.registry);
+  let fncall: FnCallService | undefined;
   const app = buildApiServer({
     iam,
     edges,
@@ -235,12 +245,33 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     imagesList: (o) => listImages(store, o),
     imagesRemove: (ref, project) => store.removeLayer(ref, { project }),
     extend: e2bExtension(options.e2b),
+    onFnCallService: (service) => {
+      fncall = service;
+    },
     ...bounds.api,
   });
   const listening = await listenApi(app, {
     host: options.host ?? '127.0.0.1',
     port: options.port ?? 7420,
   });
+  let sandboxFusion: Listening | undefined;
+  if (options.sandboxFusion) {
+    const { projectId } = options.sandboxFusion;
+    if ((await iam.lineage(projectId)).length === 0) {
+      await listening.close(0);
+      watcher.stop();
+      await edge.close();
+      await control.close();
+      throw new DsecError('invalid_argument', `no project ${JSON.stringify(projectId)}`, {
+        field: 'sandboxfusion-project',
+      });
+    }
+    sandboxFusion = await listenApi(
+      buildSandboxFusionListener({ fncall: fncall!, projectId }),
+      options.sandboxFusion,
+    );
+    logger?.info({ url: sandboxFusion.url, projectId }, 'sandboxfusion listening');
+  }
   let admin: MetricsListener | undefined;
   if (options.metricsListen) {
     admin = await serveMetrics({ registries: apiMetrics.registries(), ...options.metricsListen });
@@ -250,6 +281,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   return {
     url: listening.url,
     metricsUrl: admin?.url,
+    sandboxFusionUrl: sandboxFusion?.url,
     adminKey,
     edge,
     store,
@@ -258,6 +290,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     buildLayer: (input) => buildLayer(store, input),
     async close(closeOptions = {}) {
       await admin?.close();
+      await sandboxFusion?.close(closeOptions.drainMs);
       await listening.close(closeOptions.drainMs);
       watcher.stop();
       if (closeOptions.stopSandboxes) await stopAll(edge);

@@ -45,7 +45,10 @@ export function sandboxFusionRoutes(app: FastifyInstance, o: SandboxFusionRouteO
     run: (p, req, signal) => o.fncall.run(p, req, signal),
     executorName: o.executorName,
   };
-  app.get(`${o.prefix}/v1/ping`, async () => 'pong');
+  // FastAPI's answer: the JSON string "pong".
+  app.get(`${o.prefix}/v1/ping`, async (_req, reply) =>
+    reply.header('content-type', 'application/json').send('"pong"'),
+  );
   app.get(`${o.prefix}/languages`, async () => languageList());
   app.post(`${o.prefix}/run_code`, { bodyLimit: SANDBOXFUSION_BODY_LIMIT }, async (req, reply) => {
     const principal = await o.principal(req);
