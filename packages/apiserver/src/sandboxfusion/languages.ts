@@ -69,14 +69,16 @@ export const SANDBOXFUSION_LANGUAGES: Readonly<Record<string, SandboxFusionLangu
   java: {
     runtime: 'sf-java', maxMemoryMb: 4096,
     source: 'Main.java',
-    compile: { argv: ['javac', '-cp', '.', 'Main.java'] },
-    run: { argv: ['java', '-cp', '.', '-ea', 'Main'] },
+    // /usr/bin/javac is an alternatives link the package's scripts make; the JDK's own path is not.
+    compile: { argv: ['/usr/lib/jvm/default-java/bin/javac', '-cp', '.', 'Main.java'] },
+    run: { argv: ['/usr/lib/jvm/default-java/bin/java', '-cp', '.', '-ea', 'Main'] },
     debian: 'default-jdk-headless',
   },
   rust: {
     runtime: 'sf-rust', maxMemoryMb: 2048,
     source: 'main.rs',
-    compile: { argv: ['rustc', 'main.rs', '-o', 'test'] },
+    // `cc` is an alternatives link; gcc is the linker rustc's package depends on.
+    compile: { argv: ['rustc', '-C', 'linker=gcc', 'main.rs', '-o', 'test'] },
     run: { argv: ['./test'] },
     debian: 'rustc',
   },
@@ -93,7 +95,8 @@ export const SANDBOXFUSION_LANGUAGES: Readonly<Record<string, SandboxFusionLangu
   php: {
     runtime: 'sf-php', maxMemoryMb: 2048,
     source: 'main.php',
-    run: { argv: ['php', '-f', 'main.php'] },
+    // /usr/bin/php is an alternatives link: the versioned binary the package installs.
+    run: sh('for p in /usr/bin/php /usr/bin/php[0-9]*; do [ -x "$p" ] && exec "$p" -f main.php; done; exit 127'),
     prepare: (code) => (code.includes('<?php') ? code : `<?php\n${code}`),
     debian: 'php-cli',
   },
@@ -128,7 +131,7 @@ export const SANDBOXFUSION_LANGUAGES: Readonly<Record<string, SandboxFusionLangu
     runtime: 'sf-csharp', maxMemoryMb: 2048,
     source: 'main.cs',
     compile: { argv: ['mcs', '-out:main.exe', 'main.cs'] },
-    run: { argv: ['mono', 'main.exe'] },
+    run: sh('for m in /usr/bin/mono /usr/bin/mono-sgen; do [ -x "$m" ] && exec "$m" main.exe; done; exit 127'),
     debian: 'mono-mcs',
   },
 };
