@@ -86,7 +86,11 @@ def _main():
 
     for rel, b64 in task["files"].items():
         write_file(rel, base64.b64decode(b64))
-    write_file(task["source"], task["code"].encode("utf-8", "surrogatepass"))
+    # A python program runs from memory (as FnCall's python fast path does): a call that
+    # writes nothing into the work dir spares the worker its clean-up afterwards.
+    in_memory = "python" in task["run"] and not task.get("compile")
+    if not in_memory:
+        write_file(task["source"], task["code"].encode("utf-8", "surrogatepass"))
 
     def run(step, timeout, stdin, mem_mb):
         """Runs one step: {"argv": [...]} (exec) or {"python": path} (this interpreter, forked)."""
@@ -124,8 +128,9 @@ def _main():
                     argv = step["argv"]
                     os.execvpe(argv[0], argv, dict(os.environ, **step.get("env", {})))
                 path = os.path.join(work, step["python"])
-                with open(path, "rb") as f:
-                    src = f.read()
+                src = task["code"]
+                import linecache
+                linecache.cache[path] = (len(src), None, src.splitlines(True), path)
                 sys.stdin = open(0, "r", encoding="utf-8", errors="surrogateescape", closefd=False)
                 sys.stdout = open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False)
                 sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
@@ -136,7 +141,7 @@ def _main():
                 sys.modules["__main__"] = main
                 code = 0
                 try:
-                    exec(compile(src, path, "exec"), main.__dict__)
+                    exec(compile(src, path, "exec", dont_inherit=True), main.__dict__)
                 except SystemExit as e:
                     if e.code is None:
                         code = 0

@@ -1,5 +1,5 @@
 import type { EnvironmentRecipes } from '@dsec/images';
-import type { FnCallRuntime } from './runtimes.js';
+import { DEFAULT_FNCALL_RUNTIMES, type FnCallRuntime } from './runtimes.js';
 
 /**
  * The FnCall runtimes behind the SandboxFusion-compatible endpoint
@@ -58,8 +58,22 @@ export const SANDBOXFUSION_RUNTIMES: readonly FnCallRuntime[] = SANDBOXFUSION_TO
     defaultMemoryMb: t.maxMemoryMb,
     maxMemoryMb: t.maxMemoryMb,
     env: { ...BASE_ENV, PYTHONDONTWRITEBYTECODE: '1' },
-    // The driver's own imports, loaded once in the zygote.
-    preload: ['base64', 'json', 'selectors', 'signal', 'time', 'types', 'traceback', 'stat'],
+    // The driver's own imports and the python runtime's, loaded once in the zygote.
+    preload: [
+      ...new Set([
+        'base64',
+        'json',
+        'selectors',
+        'signal',
+        'time',
+        'types',
+        'traceback',
+        'stat',
+        'linecache',
+        'resource',
+        ...(DEFAULT_FNCALL_RUNTIMES.find((r) => r.name === 'python')?.preload ?? []),
+      ]),
+    ],
   }),
 );
 
