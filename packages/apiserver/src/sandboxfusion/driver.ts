@@ -92,15 +92,86 @@ def _main():
     if not in_memory:
         write_file(task["source"], task["code"].encode("utf-8", "surrogatepass"))
 
-    def run(step, timeout, stdin, mem_mb):
-        """Runs one step: {"argv": [...]} (exec) or {"python": path} (this interpreter, forked)."""
-        cap = caps["stream"]
-        in_fd = os.memfd_create("sf-stdin", os.MFD_CLOEXEC)
-        data = stdin or b""
-        view = memoryview(data)
+    def stdin_fd(stdin):
+        fd = os.memfd_create("sf-stdin", os.MFD_CLOEXEC)
+        view = memoryview(stdin or b"")
         while view:
-            view = view[os.write(in_fd, view):]
-        os.lseek(in_fd, 0, os.SEEK_SET)
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+
+    def become(step, in_fd, mem_mb):
+        """Turns this process into the step's program (fd 0 its stdin; 1 and 2 as they are). Never returns."""
+        try:
+            os.dup2(in_fd, 0)
+            if mem_mb > 0:
+                import resource
+                lim = mem_mb * 1024 * 1024
+                soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+                if hard == resource.RLIM_INFINITY or lim < hard:
+                    resource.setrlimit(resource.RLIMIT_DATA, (lim, lim))
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
+            if "argv" in step:
+                argv = step["argv"]
+                os.execvpe(argv[0], argv, dict(os.environ, **step.get("env", {})))
+            path = os.path.join(work, step["python"])
+            src = task["code"]
+            import linecache
+            linecache.cache[path] = (len(src), None, src.splitlines(True), path)
+            sys.stdin = open(0, "r", encoding="utf-8", errors="surrogateescape", closefd=False)
+            sys.stdout = open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False)
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+            sys.argv = [path]
+            sys.path[0] = work
+            main = types.ModuleType("__main__")
+            main.__file__ = path
+            sys.modules["__main__"] = main
+        except OSError as e:
+            os.write(2, ("sandboxfusion: cannot run %s: %s\n" % (step.get("argv", ["python"])[0], e.strerror)).encode())
+            os._exit(127)
+        except BaseException as e:
+            try:
+                os.write(2, ("sandboxfusion: %s\n" % (e,)).encode())
+            finally:
+                os._exit(126)
+        code = 0
+        try:
+            exec(compile(src, path, "exec", dont_inherit=True), main.__dict__)
+        except SystemExit as e:
+            if e.code is None:
+                code = 0
+            elif isinstance(e.code, int):
+                code = e.code & 0xFF
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except BaseException as e:
+            import traceback
+            traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+            code = 1
+        try:
+            import atexit
+            atexit._run_exitfuncs()
+        except BaseException:
+            pass
+        for s in (sys.stdout, sys.stderr):
+            try:
+                s.flush()
+            except BaseException:
+                code = code or 120
+        os._exit(code)
+
+    if task.get("direct"):
+        # One step, nothing to fetch: this process becomes the program, and the call's own
+        # stdout, stderr, exit and time limit are the step's (no second fork, no copy).
+        stdin = task["stdin"]
+        become(task["run"], stdin_fd(None if stdin is None else stdin.encode("utf-8", "surrogatepass")), task["memory_mb"])
+
+    def run(step, timeout, stdin, mem_mb):
+        """Runs one step in a child: {"argv": [...]} (exec) or {"python": path} (this interpreter)."""
+        cap = caps["stream"]
+        in_fd = stdin_fd(stdin)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         for s in (sys.stdout, sys.stderr):
@@ -113,66 +184,11 @@ def _main():
         if pid == 0:
             try:
                 os.setpgid(0, 0)
-                os.dup2(in_fd, 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
-                if mem_mb > 0:
-                    import resource
-                    lim = mem_mb * 1024 * 1024
-                    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-                    if hard == resource.RLIM_INFINITY or lim < hard:
-                        resource.setrlimit(resource.RLIMIT_DATA, (lim, lim))
-                for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
-                    signal.signal(sig, signal.SIG_DFL)
-                if "argv" in step:
-                    argv = step["argv"]
-                    os.execvpe(argv[0], argv, dict(os.environ, **step.get("env", {})))
-                path = os.path.join(work, step["python"])
-                src = task["code"]
-                import linecache
-                linecache.cache[path] = (len(src), None, src.splitlines(True), path)
-                sys.stdin = open(0, "r", encoding="utf-8", errors="surrogateescape", closefd=False)
-                sys.stdout = open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False)
-                sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-                sys.argv = [path]
-                sys.path[0] = work
-                main = types.ModuleType("__main__")
-                main.__file__ = path
-                sys.modules["__main__"] = main
-                code = 0
-                try:
-                    exec(compile(src, path, "exec", dont_inherit=True), main.__dict__)
-                except SystemExit as e:
-                    if e.code is None:
-                        code = 0
-                    elif isinstance(e.code, int):
-                        code = e.code & 0xFF
-                    else:
-                        print(e.code, file=sys.stderr)
-                        code = 1
-                except BaseException as e:
-                    import traceback
-                    traceback.print_exception(type(e), e, e.__traceback__.tb_next)
-                    code = 1
-                try:
-                    import atexit
-                    atexit._run_exitfuncs()
-                except BaseException:
-                    pass
-                for s in (sys.stdout, sys.stderr):
-                    try:
-                        s.flush()
-                    except BaseException:
-                        code = code or 120
-                os._exit(code)
-            except OSError as e:
-                os.write(2, ("sandboxfusion: cannot run %s: %s\n" % (step.get("argv", ["python"])[0], e.strerror)).encode())
-                os._exit(127)
-            except BaseException as e:
-                try:
-                    os.write(2, ("sandboxfusion: %s\n" % (e,)).encode())
-                finally:
-                    os._exit(126)
+            except BaseException:
+                os._exit(126)
+            become(step, in_fd, mem_mb)
         os.close(in_fd)
         os.close(out_w)
         os.close(err_w)

@@ -39,9 +39,11 @@ function driverAnswer(task: SandboxFusionTask) {
 
 async function setup() {
   const edge = addFnCall(new FakeEdge({ edgeId: 'edge-a' }));
-  edge.fncallDouble.onCall = (req: FnCallRequest) => ({
-    result: { stdout: driverAnswer(JSON.parse(req.stdin ?? '{}') as SandboxFusionTask) },
-  });
+  edge.fncallDouble.onCall = (req: FnCallRequest) => {
+    const task = JSON.parse(req.stdin ?? '{}') as SandboxFusionTask;
+    // A direct step's result is the program's own; else the driver's answer.
+    return { result: { stdout: task.direct ? `ran ${task.source}\n` : driverAnswer(task) } };
+  };
   const api = await createTestApi({ edges: [edge] });
   apis.push(api);
   return { api, edge };
@@ -190,28 +192,47 @@ test('run status follows SandboxFusion: Error, then a time limit, then a non-zer
     durationMs: 0,
   });
   assert.equal(garbage.status, 'SandboxError');
+  // A direct step: the call's own result; a signal is a negative return_code, a time limit none.
+  const r = (outcome: 'ok' | 'timeout' | 'signaled' | 'output_limit', exitCode: number) =>
+    fromFnCall({ exitCode, stdout: 'o', stderr: 'e', truncated: false, outcome, durationMs: 1500 }, true);
+  assert.deepEqual(r('ok', 0).run_result, {
+    status: 'Finished',
+    return_code: 0,
+    execution_time: 1.5,
+    stdout: 'o',
+    stderr: 'e',
+  });
+  assert.equal(r('ok', 2).status, 'Failed');
+  assert.equal(r('signaled', 137).run_result?.return_code, -9);
+  assert.equal(r('timeout', -1).run_result?.status, 'TimeLimitExceeded');
+  assert.equal(r('timeout', -1).status, 'Failed');
+  assert.equal(r('output_limit', -1).status, 'SandboxError');
 });
 
 test('toFnCall bounds: timeouts, memory, files, paths', () => {
   const parse = (b: Record<string, unknown>) => RunCodeBody.parse({ ...body, ...b });
-  const call = toFnCall(parse({ language: 'go', compile_timeout: 20, run_timeout: 5 }));
+  const { call, direct } = toFnCall(parse({ language: 'go', compile_timeout: 20, run_timeout: 5 }));
   assert.equal(call.language, 'sf-go');
   assert.equal(call.timeoutMs, 30_000);
-  // No compile step: compile_timeout does not count.
-  assert.equal(toFnCall(parse({ run_timeout: 2, compile_timeout: 200 })).timeoutMs, 7_000);
+  assert.equal(direct, false);
+  // No compile step: compile_timeout does not count; one step and nothing to fetch is direct.
+  const py = toFnCall(parse({ run_timeout: 2, compile_timeout: 200 }));
+  assert.equal(py.direct, true);
+  assert.equal(py.call.timeoutMs, 2_250);
+  assert.equal(toFnCall(parse({ run_timeout: 2, fetch_files: ['a'] })).call.timeoutMs, 7_000);
   assert.throws(() => toFnCall(parse({ language: 'c', compile_timeout: 200, run_timeout: 200 })), /290/);
   assert.throws(() => parse({ run_timeout: -1 }));
   assert.throws(() => parse({ run_timeout: 1e9 }));
   assert.throws(() => parse({ fetch_files: ['a/../../b'] }));
   assert.throws(() => parse({ files: { '': b64('x') } }));
   assert.throws(() => toFnCall(parse({ files: { a: 'A'.repeat(1024 * 1024 + 4) } })), /bytes/);
-  const task = JSON.parse(toFnCall(parse({ files: { a: null, b: b64('y') } })).stdin!) as SandboxFusionTask;
+  const task = JSON.parse(toFnCall(parse({ files: { a: null, b: b64('y') } })).call.stdin!) as SandboxFusionTask;
   assert.deepEqual(task.files, { b: b64('y') });
   assert.equal(task.memory_mb, -1);
   assert.equal(
-    (JSON.parse(toFnCall(parse({ memory_limit_MB: 256 })).stdin!) as SandboxFusionTask).memory_mb,
+    (JSON.parse(toFnCall(parse({ memory_limit_MB: 256 })).call.stdin!) as SandboxFusionTask).memory_mb,
     256,
   );
-  const php = JSON.parse(toFnCall(parse({ language: 'php', code: 'echo 1;' })).stdin!) as SandboxFusionTask;
+  const php = JSON.parse(toFnCall(parse({ language: 'php', code: 'echo 1;' })).call.stdin!) as SandboxFusionTask;
   assert.equal(php.code, '<?php\necho 1;');
 });

@@ -30,6 +30,8 @@ export const SANDBOXFUSION_FETCH_CAP = 3 * 1024 * 1024;
 const DRIVER_OUTPUT_BYTES = 16 * 1024 * 1024;
 /** The driver's own time (writing files, starting, reading back) beyond the two timeouts. */
 const DRIVER_SLACK_MS = 5_000;
+/** The driver's time before a direct step's program starts (reading its task, writing files). */
+const DIRECT_SLACK_MS = 250;
 /** The smallest memory limit honoured (a smaller one could not start any runtime). */
 const MIN_MEMORY_MB = 16;
 
@@ -119,6 +121,7 @@ interface DriverAnswer {
 
 /** What the driver reads on stdin. */
 export interface SandboxFusionTask {
+  direct: boolean;
   source: string;
   code: string;
   files: Record<string, string>;
@@ -156,8 +159,12 @@ export function sandboxFusionLanguage(name: string): SandboxFusionLanguage {
   );
 }
 
-/** Turns a validated request into the FnCall that runs it (throws `invalid_argument`). */
-export function toFnCall(body: RunCodeRequest): FnCallRequest {
+/**
+ * Turns a validated request into the FnCall that runs it (throws
+ * `invalid_argument`). `direct`: one step and nothing to fetch, so the
+ * driver becomes the program and the call's own result is the step's.
+ */
+export function toFnCall(body: RunCodeRequest): { call: FnCallRequest; direct: boolean } {
   const lang = sandboxFusionLanguage(body.language);
   const compileTimeout = lang.compile ? body.compile_timeout : 0;
   if (compileTimeout + body.run_timeout > SANDBOXFUSION_MAX_TOTAL_SECONDS)
@@ -191,7 +198,9 @@ export function toFnCall(body: RunCodeRequest): FnCallRequest {
       `files may hold ${SANDBOXFUSION_MAX_FILE_BYTES} bytes together at most`,
       { field: 'files' },
     );
+  const direct = !lang.compile && body.fetch_files.length === 0;
   const task: SandboxFusionTask = {
+    direct,
     source: lang.source,
     code: lang.prepare ? lang.prepare(body.code) : body.code,
     files,
@@ -205,11 +214,16 @@ export function toFnCall(body: RunCodeRequest): FnCallRequest {
     caps: { stream: SANDBOXFUSION_STREAM_CAP, files: SANDBOXFUSION_FETCH_CAP },
   };
   return {
-    language: lang.runtime,
-    code: SANDBOXFUSION_DRIVER,
-    stdin: JSON.stringify(task),
-    timeoutMs: Math.ceil((compileTimeout + body.run_timeout) * 1000) + DRIVER_SLACK_MS,
-    maxOutputBytes: DRIVER_OUTPUT_BYTES,
+    call: {
+      language: lang.runtime,
+      code: SANDBOXFUSION_DRIVER,
+      stdin: JSON.stringify(task),
+      timeoutMs: direct
+        ? Math.ceil(body.run_timeout * 1000) + DIRECT_SLACK_MS
+        : Math.ceil((compileTimeout + body.run_timeout) * 1000) + DRIVER_SLACK_MS,
+      maxOutputBytes: direct ? SANDBOXFUSION_STREAM_CAP : DRIVER_OUTPUT_BYTES,
+    },
+    direct,
   };
 }
 
@@ -250,8 +264,48 @@ function sandboxError(message: string, executor: string | null): RunCodeResponse
   };
 }
 
-/** Reads the driver's answer out of the FnCall's result. */
-export function fromFnCall(result: FnCallResult, executor: string | null = null): RunCodeResponse {
+const outputLimit = `a stream of the program went past ${SANDBOXFUSION_STREAM_CAP} bytes`;
+
+/** SandboxFusion's `return_code`: negative for a signal (as Python's subprocess reports it). */
+const returnCode = (exitCode: number, signaled: boolean) =>
+  signaled && exitCode > 128 ? -(exitCode - 128) : exitCode;
+
+/** A direct step: the FnCall's own result is the step's. */
+function fromDirect(result: FnCallResult, executor: string | null): RunCodeResponse {
+  const base = {
+    execution_time: result.durationMs / 1000,
+    stdout: result.stdout,
+    stderr: result.stderr,
+  };
+  let run: CommandRunResult;
+  switch (result.outcome) {
+    case 'ok':
+    case 'pids_limit':
+      run = { status: 'Finished', return_code: result.exitCode, ...base };
+      break;
+    case 'signaled':
+    case 'oom':
+      run = { status: 'Finished', return_code: returnCode(result.exitCode, true), ...base };
+      break;
+    case 'timeout':
+      run = { status: 'TimeLimitExceeded', return_code: null, ...base };
+      break;
+    case 'output_limit':
+      return { ...sandboxError(outputLimit, executor), run_result: { status: 'Finished', return_code: null, ...base } };
+    default:
+      return sandboxError(`the sandbox failed the call (${result.outcome}): ${result.reason ?? ''}`, executor);
+  }
+  const { status, message } = runStatus(null, run);
+  return { status, message, compile_result: null, run_result: run, executor_pod_name: executor, files: {} };
+}
+
+/** Reads the step results out of the FnCall's result (the driver's answer, or a direct step's). */
+export function fromFnCall(
+  result: FnCallResult,
+  direct = false,
+  executor: string | null = null,
+): RunCodeResponse {
+  if (direct) return fromDirect(result, executor);
   if (result.outcome !== 'ok' || result.exitCode !== 0) {
     const why = result.reason ?? result.stderr.slice(-2000);
     return sandboxError(`the sandbox failed the call (${result.outcome}): ${why}`, executor);
@@ -264,7 +318,8 @@ export function fromFnCall(result: FnCallResult, executor: string | null = null)
   }
   const compile = answer.compile ? commandResult(answer.compile) : null;
   const run = answer.run ? commandResult(answer.run) : null;
-  const { status, message } = runStatus(compile, run);
+  const cut = answer.compile?.truncated === true || answer.run?.truncated === true;
+  const { status, message } = cut ? { status: 'SandboxError' as const, message: outputLimit } : runStatus(compile, run);
   return {
     status,
     message,
@@ -296,7 +351,7 @@ export async function runCode(
       field: field || 'body',
     });
   }
-  const call = toFnCall(parsed.data);
+  const { call, direct } = toFnCall(parsed.data);
   let result: FnCallResult;
   try {
     result = await deps.run(principal, call, signal);
@@ -307,5 +362,5 @@ export async function runCode(
       return sandboxError(`no runtime ${call.language} on the edges: ${e.message}`, deps.executorName ?? null);
     throw e;
   }
-  return fromFnCall(result, deps.executorName ?? null);
+  return fromFnCall(result, direct, deps.executorName ?? null);
 }

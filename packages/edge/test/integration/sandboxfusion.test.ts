@@ -187,12 +187,19 @@ void describe('sandboxfusion: attacks', () => {
       );
   });
 
-  test('output past the stream cap is cut, the call still answers', async () => {
-    const r = await run({
+  test('output past the stream cap ends as SandboxError, run directly or by the driver', async () => {
+    const direct = await run({
       language: 'python',
       code: 'import sys\nsys.stdout.write("x" * (5 * 1024 * 1024))',
     });
-    assert.equal(r.status, 'Success');
-    assert.equal(r.run_result?.stdout?.length, 2 * 1024 * 1024);
+    assert.equal(direct.status, 'SandboxError');
+    assert.match(direct.message, /went past/);
+    const driven = await run({
+      language: 'bash',
+      code: 'head -c 5000000 /dev/zero | tr "\\0" x; echo done > f',
+      fetch_files: ['f'],
+    });
+    assert.equal(driven.status, 'SandboxError', JSON.stringify(driven).slice(0, 300));
+    assert.equal(driven.run_result?.stdout?.length, 2 * 1024 * 1024);
   });
 });
