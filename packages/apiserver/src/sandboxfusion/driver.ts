@@ -12,8 +12,9 @@
  * O_NOFOLLOW, so neither a file the caller sends nor one it fetches can go
  * through a symlink the program made, and only regular files are read.
  */
-export const SANDBOXFUSION_DRIVER = String.raw`
-import base64, json, os, selectors, signal, stat, sys, time, types
+/** What both programs share: reading the task, writing files, becoming a step's program. */
+const COMMON_HEAD = String.raw`
+import base64, json, os, signal, sys, types
 
 def _main():
     task = json.loads(sys.stdin.buffer.read())
@@ -50,8 +51,10 @@ def _main():
                 view = view[os.write(fd, view):]
         finally:
             os.close(fd)
+`;
 
-    def read_file(rel, budget):
+/** The full driver's extra: reading fetched files back (walked as the writes are). */
+const READ_BLOCK = String.raw`    def read_file(rel, budget):
         parts = rel.split("/")
         try:
             dfd = walk_dir(parts[:-1], False)
@@ -83,8 +86,9 @@ def _main():
             return data, None
         finally:
             os.close(fd)
+`;
 
-    for rel, b64 in task["files"].items():
+const MIDDLE = String.raw`    for rel, b64 in task["files"].items():
         write_file(rel, base64.b64decode(b64))
     # A python program runs from memory (as FnCall's python fast path does): a call that
     # writes nothing into the work dir spares the worker its clean-up afterwards.
@@ -167,7 +171,10 @@ def _main():
         # stdout, stderr, exit and time limit are the step's (no second fork, no copy).
         stdin = task["stdin"]
         become(task["run"], stdin_fd(None if stdin is None else stdin.encode("utf-8", "surrogatepass")), task["memory_mb"])
+`;
 
+/** The full driver's steps in children, time limits and the answer line. */
+const FULL_TAIL = String.raw`    import selectors, stat, time
     def run(step, timeout, stdin, mem_mb):
         """Runs one step in a child: {"argv": [...]} (exec) or {"python": path} (this interpreter)."""
         cap = caps["stream"]
@@ -285,6 +292,17 @@ def _main():
         answer["files"][rel] = base64.b64encode(data).decode()
     sys.stdout.write(json.dumps(answer) + "\n")
     sys.stdout.flush()
-
-_main()
 `;
+
+/**
+ * The full driver: compile and run steps in children of its own, fetched
+ * files, one JSON answer line.
+ */
+export const SANDBOXFUSION_DRIVER = [COMMON_HEAD, READ_BLOCK, MIDDLE, FULL_TAIL, '_main()', ''].join('\n');
+
+/**
+ * The direct driver, for one step and nothing to fetch: it writes the files
+ * and becomes the program, so the call's own result is the step's. Short, as
+ * the worker compiles the program it is sent on every call.
+ */
+export const SANDBOXFUSION_DIRECT_DRIVER = [COMMON_HEAD, MIDDLE, '_main()', ''].join('\n');

@@ -18,6 +18,12 @@ export interface SandboxFusionLanguage {
   /** The compile step (its own `compile_timeout`); absent: the language runs its source. */
   compile?: SandboxFusionStep | undefined;
   run: SandboxFusionStep;
+  /**
+   * A default FnCall runtime that runs this language's run step exactly
+   * (`python`, `bash`, `node`): a call with one step, nothing to fetch and
+   * text files only goes to it as a plain FnCall, FnCall's own fast path.
+   */
+  native?: string | undefined;
   /** Rewrites the code before it is written (php's opening tag). */
   prepare?: ((code: string) => string) | undefined;
   /** The runtime's `maxMemoryMb` (SANDBOXFUSION_TOOLKITS in @dsec/edge): the most `memory_limit_MB`. */
@@ -37,8 +43,22 @@ const GO_ENV = {
 const sh = (script: string): SandboxFusionStep => ({ argv: ['/bin/sh', '-c', script] });
 
 export const SANDBOXFUSION_LANGUAGES: Readonly<Record<string, SandboxFusionLanguage>> = {
-  python: { runtime: 'sf-base', maxMemoryMb: 2048, source: 'main.py', run: { python: 'main.py' }, debian: 'python3' },
-  bash: { runtime: 'sf-base', maxMemoryMb: 2048, source: 'main.sh', run: { argv: ['/bin/bash', 'main.sh'] }, debian: 'bash' },
+  python: {
+    runtime: 'sf-base',
+    maxMemoryMb: 2048,
+    native: 'python',
+    source: 'main.py',
+    run: { python: 'main.py' },
+    debian: 'python3',
+  },
+  bash: {
+    runtime: 'sf-base',
+    maxMemoryMb: 2048,
+    native: 'bash',
+    source: 'main.sh',
+    run: { argv: ['/bin/bash', 'main.sh'] },
+    debian: 'bash',
+  },
   c: {
     runtime: 'sf-gcc', maxMemoryMb: 2048,
     source: 'main.c',
@@ -82,7 +102,14 @@ export const SANDBOXFUSION_LANGUAGES: Readonly<Record<string, SandboxFusionLangu
     run: { argv: ['./test'] },
     debian: 'rustc',
   },
-  nodejs: { runtime: 'sf-node', maxMemoryMb: 2048, source: 'main.js', run: { argv: ['node', 'main.js'] }, debian: 'nodejs' },
+  nodejs: {
+    runtime: 'sf-node',
+    maxMemoryMb: 2048,
+    native: 'node',
+    source: 'main.js',
+    run: { argv: ['node', 'main.js'] },
+    debian: 'nodejs',
+  },
   typescript: {
     runtime: 'sf-node', maxMemoryMb: 2048,
     source: 'main.ts',

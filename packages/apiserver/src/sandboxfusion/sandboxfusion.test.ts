@@ -40,6 +40,7 @@ function driverAnswer(task: SandboxFusionTask) {
 async function setup() {
   const edge = addFnCall(new FakeEdge({ edgeId: 'edge-a' }));
   edge.fncallDouble.onCall = (req: FnCallRequest) => {
+    if (!req.language.startsWith('sf-')) return { result: { stdout: `ran ${req.language}\n` } };
     const task = JSON.parse(req.stdin ?? '{}') as SandboxFusionTask;
     // A direct step's result is the program's own; else the driver's answer.
     return { result: { stdout: task.direct ? `ran ${task.source}\n` : driverAnswer(task) } };
@@ -216,9 +217,18 @@ test('toFnCall bounds: timeouts, memory, files, paths', () => {
   assert.equal(call.timeoutMs, 30_000);
   assert.equal(direct, false);
   // No compile step: compile_timeout does not count; one step and nothing to fetch is direct.
-  const py = toFnCall(parse({ run_timeout: 2, compile_timeout: 200 }));
+  const py = toFnCall(parse({ run_timeout: 2, compile_timeout: 200, files: { 'a.txt': b64('é') } }));
   assert.equal(py.direct, true);
-  assert.equal(py.call.timeoutMs, 2_250);
+  // Text files only: FnCall's own python runtime, the files as text.
+  assert.equal(py.call.language, 'python');
+  assert.equal(py.call.code, 'print(1)');
+  assert.deepEqual(py.call.files, { 'a.txt': 'é' });
+  assert.equal(py.call.timeoutMs, 2_000);
+  // A file that is not UTF-8 goes through the driver, which writes its bytes.
+  const bin = toFnCall(parse({ run_timeout: 2, files: { 'a.bin': Buffer.from([0xff, 0]).toString('base64') } }));
+  assert.equal(bin.call.language, 'sf-base');
+  assert.equal(bin.call.timeoutMs, 2_250);
+  assert.equal(toFnCall(parse({ language: 'typescript' })).call.language, 'sf-node');
   assert.equal(toFnCall(parse({ run_timeout: 2, fetch_files: ['a'] })).call.timeoutMs, 7_000);
   assert.throws(() => toFnCall(parse({ language: 'c', compile_timeout: 200, run_timeout: 200 })), /290/);
   assert.throws(() => parse({ run_timeout: -1 }));
@@ -226,13 +236,13 @@ test('toFnCall bounds: timeouts, memory, files, paths', () => {
   assert.throws(() => parse({ fetch_files: ['a/../../b'] }));
   assert.throws(() => parse({ files: { '': b64('x') } }));
   assert.throws(() => toFnCall(parse({ files: { a: 'A'.repeat(1024 * 1024 + 4) } })), /bytes/);
-  const task = JSON.parse(toFnCall(parse({ files: { a: null, b: b64('y') } })).call.stdin!) as SandboxFusionTask;
+  const driven = (b: Record<string, unknown>) =>
+    JSON.parse(toFnCall(parse({ fetch_files: ['out'], ...b })).call.stdin!) as SandboxFusionTask;
+  const task = driven({ files: { a: null, b: b64('y') } });
   assert.deepEqual(task.files, { b: b64('y') });
   assert.equal(task.memory_mb, -1);
-  assert.equal(
-    (JSON.parse(toFnCall(parse({ memory_limit_MB: 256 })).call.stdin!) as SandboxFusionTask).memory_mb,
-    256,
-  );
+  assert.equal(driven({ memory_limit_MB: 256 }).memory_mb, 256);
+  assert.equal(toFnCall(parse({ memory_limit_MB: 256 })).call.memoryMb, 256);
   const php = JSON.parse(toFnCall(parse({ language: 'php', code: 'echo 1;' })).call.stdin!) as SandboxFusionTask;
   assert.equal(php.code, '<?php\necho 1;');
 });

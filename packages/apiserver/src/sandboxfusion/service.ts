@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { DsecError, toDsecError } from '@dsec/core';
 import type { FnCallRequest, FnCallResult } from '@dsec/core';
 import type { Principal } from '@dsec/iam';
-import { SANDBOXFUSION_DRIVER } from './driver.js';
+import { SANDBOXFUSION_DIRECT_DRIVER, SANDBOXFUSION_DRIVER } from './driver.js';
 import {
   SANDBOXFUSION_LANGUAGES,
   SANDBOXFUSION_MISSING,
@@ -199,10 +199,27 @@ export function toFnCall(body: RunCodeRequest): { call: FnCallRequest; direct: b
       { field: 'files' },
     );
   const direct = !lang.compile && body.fetch_files.length === 0;
+  const code = lang.prepare ? lang.prepare(body.code) : body.code;
+  const text = direct && lang.native ? textFiles(files) : undefined;
+  if (lang.native && text) {
+    // FnCall's own runtime runs this exactly as the driver would: a plain call, its fast path.
+    return {
+      call: {
+        language: lang.native,
+        code,
+        ...(body.stdin != null ? { stdin: body.stdin } : {}),
+        ...(Object.keys(text).length > 0 ? { files: text } : {}),
+        memoryMb: memoryMb > 0 ? memoryMb : lang.maxMemoryMb,
+        timeoutMs: Math.ceil(body.run_timeout * 1000),
+        maxOutputBytes: SANDBOXFUSION_STREAM_CAP,
+      },
+      direct: true,
+    };
+  }
   const task: SandboxFusionTask = {
     direct,
     source: lang.source,
-    code: lang.prepare ? lang.prepare(body.code) : body.code,
+    code,
     files,
     stdin: body.stdin ?? null,
     compile: lang.compile ?? null,
@@ -216,7 +233,7 @@ export function toFnCall(body: RunCodeRequest): { call: FnCallRequest; direct: b
   return {
     call: {
       language: lang.runtime,
-      code: SANDBOXFUSION_DRIVER,
+      code: direct ? SANDBOXFUSION_DIRECT_DRIVER : SANDBOXFUSION_DRIVER,
       stdin: JSON.stringify(task),
       timeoutMs: direct
         ? Math.ceil(body.run_timeout * 1000) + DIRECT_SLACK_MS
@@ -228,6 +245,21 @@ export function toFnCall(body: RunCodeRequest): { call: FnCallRequest; direct: b
 }
 
 const text = (b64: string): string => Buffer.from(b64, 'base64').toString('utf8');
+
+const utf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
+/** The files as text when every one is UTF-8 (FnCall's files are text); else undefined. */
+function textFiles(files: Record<string, string>): Record<string, string> | undefined {
+  const out: Record<string, string> = {};
+  for (const [name, b64] of Object.entries(files)) {
+    try {
+      out[name] = utf8.decode(Buffer.from(b64, 'base64'));
+    } catch {
+      return undefined;
+    }
+  }
+  return out;
+}
 
 function commandResult(step: DriverStep): CommandRunResult {
   return {

@@ -98,6 +98,25 @@ void describe('sandboxfusion: languages end to end', () => {
     assert.equal(fits.run_result?.stdout, 'allocated\n', JSON.stringify(fits));
   });
 
+  test('python with a binary file and nothing to fetch: the direct driver writes its bytes', async () => {
+    const r = await run({
+      language: 'python',
+      code: "import sys\nd = open('blob', 'rb').read()\nprint(list(d), input())\nsys.exit(4)",
+      stdin: 'in\n',
+      files: { blob: b64(Buffer.from([0xff, 0xfe, 0])) },
+    });
+    assert.equal(r.status, 'Failed', JSON.stringify(r));
+    assert.equal(r.run_result?.stdout, '[255, 254, 0] in\n');
+    assert.equal(r.run_result?.return_code, 4);
+    const slow = await run({
+      language: 'python',
+      code: 'import time\ntime.sleep(30)',
+      files: { blob: b64(Buffer.from([0xff])) },
+      run_timeout: 1,
+    });
+    assert.equal(slow.run_result?.status, 'TimeLimitExceeded');
+  });
+
   test('bash', async () => {
     const r = await run({ language: 'bash', code: 'read a b; echo $((a*b)); ls', stdin: '6 7\n' });
     assert.equal(r.status, 'Success', JSON.stringify(r));
