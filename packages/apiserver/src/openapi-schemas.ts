@@ -503,7 +503,9 @@ export const SandboxFusionRunCodeResponseSchema = z
     compile_result: SandboxFusionCommandResult.nullable(),
     run_result: SandboxFusionCommandResult.nullable(),
     executor_pod_name: z.string().nullable(),
-    files: z.record(z.string(), z.string()).openapi({ description: 'Fetched files, base64, by path.' }),
+    files: z
+      .record(z.string(), z.string())
+      .openapi({ description: 'Fetched files, base64, by path.' }),
   })
   .openapi('SandboxFusionRunCodeResponse', {
     description:

@@ -757,7 +757,7 @@ export function operations(): Operation[] {
       tag: 'fncall',
       summary: "SandboxFusion's /run_code on FnCall",
       description:
-        "SandboxFusion's request and answer (docs/fncall.md \"SandboxFusion-compatible endpoint\"): " +
+        'SandboxFusion\'s request and answer (docs/fncall.md "SandboxFusion-compatible endpoint"): ' +
         'compiles and runs `code` in `language` with `compile_timeout`, `run_timeout`, ' +
         '`memory_limit_MB`, `stdin`, `files` (base64 by relative path) and `fetch_files`. Unknown ' +
         'fields are ignored, as SandboxFusion does. A language not served, a path with `..`, a ' +

@@ -298,7 +298,14 @@ const FULL_TAIL = String.raw`    import selectors, stat, time
  * The full driver: compile and run steps in children of its own, fetched
  * files, one JSON answer line.
  */
-export const SANDBOXFUSION_DRIVER = [COMMON_HEAD, READ_BLOCK, MIDDLE, FULL_TAIL, '_main()', ''].join('\n');
+export const SANDBOXFUSION_DRIVER = [
+  COMMON_HEAD,
+  READ_BLOCK,
+  MIDDLE,
+  FULL_TAIL,
+  '_main()',
+  '',
+].join('\n');
 
 /**
  * The direct driver, for one step and nothing to fetch: it writes the files

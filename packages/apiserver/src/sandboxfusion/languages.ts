@@ -7,8 +7,7 @@
  * (no interpreter start per call).
  */
 export type SandboxFusionStep =
-  | { argv: string[]; env?: Record<string, string> }
-  | { python: string };
+  { argv: string[]; env?: Record<string, string> } | { python: string };
 
 export interface SandboxFusionLanguage {
   /** The FnCall runtime that has its tools. */
@@ -60,34 +59,39 @@ export const SANDBOXFUSION_LANGUAGES: Readonly<Record<string, SandboxFusionLangu
     debian: 'bash',
   },
   c: {
-    runtime: 'sf-gcc', maxMemoryMb: 2048,
+    runtime: 'sf-gcc',
+    maxMemoryMb: 2048,
     source: 'main.c',
     compile: { argv: ['gcc', '-O2', 'main.c', '-o', 'test', '-lm'] },
     run: { argv: ['./test'] },
     debian: 'gcc',
   },
   cpp: {
-    runtime: 'sf-gcc', maxMemoryMb: 2048,
+    runtime: 'sf-gcc',
+    maxMemoryMb: 2048,
     source: 'main.cpp',
     compile: { argv: ['g++', '-std=c++17', 'main.cpp', '-o', 'test', '-lpthread'] },
     run: { argv: ['./test'] },
     debian: 'g++',
   },
   go: {
-    runtime: 'sf-go', maxMemoryMb: 2048,
+    runtime: 'sf-go',
+    maxMemoryMb: 2048,
     source: 'main.go',
     compile: { argv: ['go', 'build', '-o', 'out', 'main.go'], env: GO_ENV },
     run: { argv: ['./out'] },
     debian: 'golang-go',
   },
   go_test: {
-    runtime: 'sf-go', maxMemoryMb: 2048,
+    runtime: 'sf-go',
+    maxMemoryMb: 2048,
     source: 'main_test.go',
     run: { argv: ['go', 'test', 'main_test.go'], env: GO_ENV },
     debian: 'golang-go',
   },
   java: {
-    runtime: 'sf-java', maxMemoryMb: 4096,
+    runtime: 'sf-java',
+    maxMemoryMb: 4096,
     source: 'Main.java',
     // /usr/bin/javac is an alternatives link the package's scripts make; the JDK's own path is not.
     compile: { argv: ['/usr/lib/jvm/default-java/bin/javac', '-cp', '.', 'Main.java'] },
@@ -95,7 +99,8 @@ export const SANDBOXFUSION_LANGUAGES: Readonly<Record<string, SandboxFusionLangu
     debian: 'default-jdk-headless',
   },
   rust: {
-    runtime: 'sf-rust', maxMemoryMb: 2048,
+    runtime: 'sf-rust',
+    maxMemoryMb: 2048,
     source: 'main.rs',
     // `cc` is an alternatives link; gcc is the linker rustc's package depends on.
     compile: { argv: ['rustc', '-C', 'linker=gcc', 'main.rs', '-o', 'test'] },
@@ -111,7 +116,8 @@ export const SANDBOXFUSION_LANGUAGES: Readonly<Record<string, SandboxFusionLangu
     debian: 'nodejs',
   },
   typescript: {
-    runtime: 'sf-node', maxMemoryMb: 2048,
+    runtime: 'sf-node',
+    maxMemoryMb: 2048,
     source: 'main.ts',
     // As SandboxFusion's tsx: types are stripped, never checked (tsc emits despite type errors).
     run: sh(
@@ -120,45 +126,95 @@ export const SANDBOXFUSION_LANGUAGES: Readonly<Record<string, SandboxFusionLangu
     debian: 'node-typescript, nodejs',
   },
   php: {
-    runtime: 'sf-php', maxMemoryMb: 2048,
+    runtime: 'sf-php',
+    maxMemoryMb: 2048,
     source: 'main.php',
     // /usr/bin/php is an alternatives link: the versioned binary the package installs.
-    run: sh('for p in /usr/bin/php /usr/bin/php[0-9]*; do [ -x "$p" ] && exec "$p" -f main.php; done; exit 127'),
+    run: sh(
+      'for p in /usr/bin/php /usr/bin/php[0-9]*; do [ -x "$p" ] && exec "$p" -f main.php; done; exit 127',
+    ),
     prepare: (code) => (code.includes('<?php') ? code : `<?php\n${code}`),
     debian: 'php-cli',
   },
-  lua: { runtime: 'sf-lua', maxMemoryMb: 2048, source: 'main.lua', run: { argv: ['lua5.4', 'main.lua'] }, debian: 'lua5.4' },
-  perl: { runtime: 'sf-perl', maxMemoryMb: 2048, source: 'main.pl', run: { argv: ['perl', 'main.pl'] }, debian: 'perl' },
-  ruby: { runtime: 'sf-ruby', maxMemoryMb: 2048, source: 'main.rb', run: { argv: ['ruby', 'main.rb'] }, debian: 'ruby' },
-  R: { runtime: 'sf-r', maxMemoryMb: 2048, source: 'main.R', run: { argv: ['Rscript', 'main.R'] }, debian: 'r-base-core' },
+  lua: {
+    runtime: 'sf-lua',
+    maxMemoryMb: 2048,
+    source: 'main.lua',
+    run: { argv: ['lua5.4', 'main.lua'] },
+    debian: 'lua5.4',
+  },
+  perl: {
+    runtime: 'sf-perl',
+    maxMemoryMb: 2048,
+    source: 'main.pl',
+    run: { argv: ['perl', 'main.pl'] },
+    debian: 'perl',
+  },
+  ruby: {
+    runtime: 'sf-ruby',
+    maxMemoryMb: 2048,
+    source: 'main.rb',
+    run: { argv: ['ruby', 'main.rb'] },
+    debian: 'ruby',
+  },
+  R: {
+    runtime: 'sf-r',
+    maxMemoryMb: 2048,
+    source: 'main.R',
+    run: { argv: ['Rscript', 'main.R'] },
+    debian: 'r-base-core',
+  },
   pytest: {
-    runtime: 'sf-pytest', maxMemoryMb: 2048,
+    runtime: 'sf-pytest',
+    maxMemoryMb: 2048,
     source: 'test_main.py',
     run: { argv: ['python3', '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'test_main.py'] },
     debian: 'python3-pytest',
   },
   verilog: {
-    runtime: 'sf-verilog', maxMemoryMb: 2048,
+    runtime: 'sf-verilog',
+    maxMemoryMb: 2048,
     source: 'main.sv',
     compile: {
-      argv: ['iverilog', '-Wall', '-Winfloop', '-Wno-timescale', '-g2012', '-s', 'tb', '-o', 'test.vvp', 'main.sv'],
+      argv: [
+        'iverilog',
+        '-Wall',
+        '-Winfloop',
+        '-Wno-timescale',
+        '-g2012',
+        '-s',
+        'tb',
+        '-o',
+        'test.vvp',
+        'main.sv',
+      ],
     },
     run: { argv: ['vvp', '-n', 'test.vvp'] },
     debian: 'iverilog',
   },
-  racket: { runtime: 'sf-racket', maxMemoryMb: 2048, source: 'main.rkt', run: { argv: ['racket', 'main.rkt'] }, debian: 'racket' },
+  racket: {
+    runtime: 'sf-racket',
+    maxMemoryMb: 2048,
+    source: 'main.rkt',
+    run: { argv: ['racket', 'main.rkt'] },
+    debian: 'racket',
+  },
   D_ut: {
-    runtime: 'sf-d', maxMemoryMb: 2048,
+    runtime: 'sf-d',
+    maxMemoryMb: 2048,
     source: 'main.d',
     compile: { argv: ['gdc', '-funittest', 'main.d', '-o', 'test'] },
     run: { argv: ['./test'] },
     debian: 'gdc',
   },
   csharp: {
-    runtime: 'sf-csharp', maxMemoryMb: 2048,
+    runtime: 'sf-csharp',
+    maxMemoryMb: 2048,
     source: 'main.cs',
     compile: { argv: ['mcs', '-out:main.exe', 'main.cs'] },
-    run: sh('for m in /usr/bin/mono /usr/bin/mono-sgen; do [ -x "$m" ] && exec "$m" main.exe; done; exit 127'),
+    run: sh(
+      'for m in /usr/bin/mono /usr/bin/mono-sgen; do [ -x "$m" ] && exec "$m" main.exe; done; exit 127',
+    ),
     debian: 'mono-mcs',
   },
 };

@@ -58,7 +58,11 @@ export function sandboxFusionRoutes(app: FastifyInstance, o: SandboxFusionRouteO
 }
 
 /** On the apiserver: `/sandboxfusion/*`, `run_code` with the caller's key (and `fncall:run`). */
-export function sandboxFusionApiRoutes(app: FastifyInstance, iam: Iam, fncall: FnCallService): void {
+export function sandboxFusionApiRoutes(
+  app: FastifyInstance,
+  iam: Iam,
+  fncall: FnCallService,
+): void {
   sandboxFusionRoutes(app, {
     fncall,
     prefix: '/sandboxfusion',
@@ -120,7 +124,8 @@ export function buildSandboxFusionListener(o: SandboxFusionListenerOptions): Fas
   });
   app.setErrorHandler((err, req, reply) => {
     const e = toHttpError(err, req.id);
-    if (e.status >= 500 && e.code === 'internal') req.log.error({ err }, 'sandboxfusion call failed');
+    if (e.status >= 500 && e.code === 'internal')
+      req.log.error({ err }, 'sandboxfusion call failed');
     return reply.code(e.status).send(e.toJSON());
   });
   for (const prefix of ['', '/sandboxfusion'])

@@ -52,9 +52,13 @@ async function setup() {
 
 const body = { language: 'python', code: 'print(1)' };
 
-test('POST /sandboxfusion/run_code needs a key and answers SandboxFusion\'s shape', async () => {
+test("POST /sandboxfusion/run_code needs a key and answers SandboxFusion's shape", async () => {
   const { api, edge } = await setup();
-  const anon = await api.app.inject({ method: 'POST', url: '/sandboxfusion/run_code', payload: body });
+  const anon = await api.app.inject({
+    method: 'POST',
+    url: '/sandboxfusion/run_code',
+    payload: body,
+  });
   assert.equal(anon.statusCode, 401);
   assert.equal(edge.fncallDouble.calls.length, 0);
   const res = await api.app.inject({
@@ -67,8 +71,20 @@ test('POST /sandboxfusion/run_code needs a key and answers SandboxFusion\'s shap
   assert.deepEqual(res.json(), {
     status: 'Success',
     message: '',
-    compile_result: { status: 'Finished', execution_time: 0.01, return_code: 0, stdout: '', stderr: '' },
-    run_result: { status: 'Finished', execution_time: 0.01, return_code: 0, stdout: 'ran main.cpp\n', stderr: '' },
+    compile_result: {
+      status: 'Finished',
+      execution_time: 0.01,
+      return_code: 0,
+      stdout: '',
+      stderr: '',
+    },
+    run_result: {
+      status: 'Finished',
+      execution_time: 0.01,
+      return_code: 0,
+      stdout: 'ran main.cpp\n',
+      stderr: '',
+    },
     executor_pod_name: null,
     files: { 'out.txt': b64('x') },
   });
@@ -77,11 +93,14 @@ test('POST /sandboxfusion/run_code needs a key and answers SandboxFusion\'s shap
   assert.equal(sent?.projectId, api.rootProjectId);
   const ping = await api.app.inject({ method: 'GET', url: '/sandboxfusion/v1/ping' });
   assert.equal(ping.json(), 'pong');
-  const langs = (await api.app.inject({ method: 'GET', url: '/sandboxfusion/languages' })).json() as {
-    language: string;
-  }[];
+  const langs = (await api.app.inject({ method: 'GET', url: '/sandboxfusion/languages' })).json<
+    { language: string }[]
+  >();
   for (const l of ['python', 'cpp', 'c', 'go', 'java', 'rust', 'nodejs', 'typescript', 'bash'])
-    assert.ok(langs.some((x) => x.language === l), l);
+    assert.ok(
+      langs.some((x) => x.language === l),
+      l,
+    );
 });
 
 test('a key without fncall:run is refused on /sandboxfusion/run_code', async () => {
@@ -147,7 +166,10 @@ test('the keyless listener runs every call in its project, whatever the request 
     body: JSON.stringify({ ...body, files: { 'a.bin': 'A'.repeat(2 * 1024 * 1024) } }),
   });
   assert.equal(huge.status, 413);
-  assert.equal(((await huge.json()) as { error: { code: string } }).error.code, 'payload_too_large');
+  assert.equal(
+    ((await huge.json()) as { error: { code: string } }).error.code,
+    'payload_too_large',
+  );
   const bad = await fetch(`${url}/run_code`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
@@ -164,10 +186,7 @@ test('run status follows SandboxFusion: Error, then a time limit, then a non-zer
   assert.equal(runStatus(null, fin(0)).status, 'Success');
   assert.equal(runStatus(fin(0), fin(2)).status, 'Failed');
   assert.equal(runStatus(fin(1), null).status, 'Failed');
-  assert.equal(
-    runStatus(fin(0), { ...fin(null), status: 'TimeLimitExceeded' }).status,
-    'Failed',
-  );
+  assert.equal(runStatus(fin(0), { ...fin(null), status: 'TimeLimitExceeded' }).status, 'Failed');
   assert.deepEqual(runStatus({ ...fin(null), status: 'Error', stderr: 'boom' }, null), {
     status: 'SandboxError',
     message: 'boom',
@@ -195,7 +214,10 @@ test('run status follows SandboxFusion: Error, then a time limit, then a non-zer
   assert.equal(garbage.status, 'SandboxError');
   // A direct step: the call's own result; a signal is a negative return_code, a time limit none.
   const r = (outcome: 'ok' | 'timeout' | 'signaled' | 'output_limit', exitCode: number) =>
-    fromFnCall({ exitCode, stdout: 'o', stderr: 'e', truncated: false, outcome, durationMs: 1500 }, true);
+    fromFnCall(
+      { exitCode, stdout: 'o', stderr: 'e', truncated: false, outcome, durationMs: 1500 },
+      true,
+    );
   assert.deepEqual(r('ok', 0).run_result, {
     status: 'Finished',
     return_code: 0,
@@ -217,7 +239,9 @@ test('toFnCall bounds: timeouts, memory, files, paths', () => {
   assert.equal(call.timeoutMs, 30_000);
   assert.equal(direct, false);
   // No compile step: compile_timeout does not count; one step and nothing to fetch is direct.
-  const py = toFnCall(parse({ run_timeout: 2, compile_timeout: 200, files: { 'a.txt': b64('é') } }));
+  const py = toFnCall(
+    parse({ run_timeout: 2, compile_timeout: 200, files: { 'a.txt': b64('é') } }),
+  );
   assert.equal(py.direct, true);
   // Text files only: FnCall's own python runtime, the files as text.
   assert.equal(py.call.language, 'python');
@@ -225,12 +249,17 @@ test('toFnCall bounds: timeouts, memory, files, paths', () => {
   assert.deepEqual(py.call.files, { 'a.txt': 'é' });
   assert.equal(py.call.timeoutMs, 2_000);
   // A file that is not UTF-8 goes through the driver, which writes its bytes.
-  const bin = toFnCall(parse({ run_timeout: 2, files: { 'a.bin': Buffer.from([0xff, 0]).toString('base64') } }));
+  const bin = toFnCall(
+    parse({ run_timeout: 2, files: { 'a.bin': Buffer.from([0xff, 0]).toString('base64') } }),
+  );
   assert.equal(bin.call.language, 'sf-base');
   assert.equal(bin.call.timeoutMs, 2_250);
   assert.equal(toFnCall(parse({ language: 'typescript' })).call.language, 'sf-node');
   assert.equal(toFnCall(parse({ run_timeout: 2, fetch_files: ['a'] })).call.timeoutMs, 7_000);
-  assert.throws(() => toFnCall(parse({ language: 'c', compile_timeout: 200, run_timeout: 200 })), /290/);
+  assert.throws(
+    () => toFnCall(parse({ language: 'c', compile_timeout: 200, run_timeout: 200 })),
+    /290/,
+  );
   assert.throws(() => parse({ run_timeout: -1 }));
   assert.throws(() => parse({ run_timeout: 1e9 }));
   assert.throws(() => parse({ fetch_files: ['a/../../b'] }));
@@ -243,6 +272,8 @@ test('toFnCall bounds: timeouts, memory, files, paths', () => {
   assert.equal(task.memory_mb, -1);
   assert.equal(driven({ memory_limit_MB: 256 }).memory_mb, 256);
   assert.equal(toFnCall(parse({ memory_limit_MB: 256 })).call.memoryMb, 256);
-  const php = JSON.parse(toFnCall(parse({ language: 'php', code: 'echo 1;' })).call.stdin!) as SandboxFusionTask;
+  const php = JSON.parse(
+    toFnCall(parse({ language: 'php', code: 'echo 1;' })).call.stdin!,
+  ) as SandboxFusionTask;
   assert.equal(php.code, '<?php\necho 1;');
 });

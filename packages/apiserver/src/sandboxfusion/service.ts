@@ -47,7 +47,9 @@ function relativePath(p: string): boolean {
   );
 }
 
-const path = z.string().refine(relativePath, 'must be a relative path without `.`, `..` or empty parts');
+const path = z
+  .string()
+  .refine(relativePath, 'must be a relative path without `.`, `..` or empty parts');
 
 const seconds = z.number().finite().positive().max(SANDBOXFUSION_MAX_TOTAL_SECONDS);
 
@@ -65,7 +67,10 @@ export const RunCodeBody = z.object({
     .superRefine((files, ctx) => {
       const names = Object.keys(files);
       if (names.length > SANDBOXFUSION_MAX_FILES)
-        ctx.addIssue({ code: z.ZodIssueCode.custom, message: `at most ${SANDBOXFUSION_MAX_FILES} files` });
+        ctx.addIssue({
+          code: z.ZodIssueCode.custom,
+          message: `at most ${SANDBOXFUSION_MAX_FILES} files`,
+        });
       for (const name of names) {
         if (!relativePath(name))
           ctx.addIssue({
@@ -149,7 +154,9 @@ export function sandboxFusionLanguages(): string[] {
 
 /** The language's entry, or `invalid_argument` naming the ones served. */
 export function sandboxFusionLanguage(name: string): SandboxFusionLanguage {
-  const lang = Object.hasOwn(SANDBOXFUSION_LANGUAGES, name) ? SANDBOXFUSION_LANGUAGES[name] : undefined;
+  const lang = Object.hasOwn(SANDBOXFUSION_LANGUAGES, name)
+    ? SANDBOXFUSION_LANGUAGES[name]
+    : undefined;
   if (lang) return lang;
   const why = Object.hasOwn(SANDBOXFUSION_MISSING, name) ? ` (${SANDBOXFUSION_MISSING[name]})` : '';
   throw new DsecError(
@@ -277,7 +284,8 @@ export function runStatus(
   run: CommandRunResult | null,
 ): { status: RunCodeResponse['status']; message: string } {
   const steps = [compile, run].filter((s): s is CommandRunResult => s !== null);
-  for (const s of steps) if (s.status === 'Error') return { status: 'SandboxError', message: s.stderr ?? '' };
+  for (const s of steps)
+    if (s.status === 'Error') return { status: 'SandboxError', message: s.stderr ?? '' };
   if (steps.some((s) => s.status === 'TimeLimitExceeded')) return { status: 'Failed', message: '' };
   if (steps.some((s) => s.return_code !== null && s.return_code !== 0))
     return { status: 'Failed', message: '' };
@@ -323,12 +331,25 @@ function fromDirect(result: FnCallResult, executor: string | null): RunCodeRespo
       run = { status: 'TimeLimitExceeded', return_code: null, ...base };
       break;
     case 'output_limit':
-      return { ...sandboxError(outputLimit, executor), run_result: { status: 'Finished', return_code: null, ...base } };
+      return {
+        ...sandboxError(outputLimit, executor),
+        run_result: { status: 'Finished', return_code: null, ...base },
+      };
     default:
-      return sandboxError(`the sandbox failed the call (${result.outcome}): ${result.reason ?? ''}`, executor);
+      return sandboxError(
+        `the sandbox failed the call (${result.outcome}): ${result.reason ?? ''}`,
+        executor,
+      );
   }
   const { status, message } = runStatus(null, run);
-  return { status, message, compile_result: null, run_result: run, executor_pod_name: executor, files: {} };
+  return {
+    status,
+    message,
+    compile_result: null,
+    run_result: run,
+    executor_pod_name: executor,
+    files: {},
+  };
 }
 
 /** Reads the step results out of the FnCall's result (the driver's answer, or a direct step's). */
@@ -351,7 +372,9 @@ export function fromFnCall(
   const compile = answer.compile ? commandResult(answer.compile) : null;
   const run = answer.run ? commandResult(answer.run) : null;
   const cut = answer.compile?.truncated === true || answer.run?.truncated === true;
-  const { status, message } = cut ? { status: 'SandboxError' as const, message: outputLimit } : runStatus(compile, run);
+  const { status, message } = cut
+    ? { status: 'SandboxError' as const, message: outputLimit }
+    : runStatus(compile, run);
   return {
     status,
     message,
@@ -391,7 +414,10 @@ export async function runCode(
     const e = toDsecError(err);
     // A runtime this edge lacks (its image not prepared) is the sandbox's failure, not the caller's.
     if (e.code === 'invalid_argument' && e.field === 'language')
-      return sandboxError(`no runtime ${call.language} on the edges: ${e.message}`, deps.executorName ?? null);
+      return sandboxError(
+        `no runtime ${call.language} on the edges: ${e.message}`,
+        deps.executorName ?? null,
+      );
     throw e;
   }
   return fromFnCall(result, direct, deps.executorName ?? null);

@@ -179,9 +179,18 @@ function timePhase(m: Meter): TimePhase {
 }
 
 /** Runs argv in `cwd` with `stdin`; resolves with stdout, rejects on a non-zero exit. */
-function runTool(argv: string[], cwd: string, stdin: string, env?: NodeJS.ProcessEnv): Promise<string> {
+function runTool(
+  argv: string[],
+  cwd: string,
+  stdin: string,
+  env?: NodeJS.ProcessEnv,
+): Promise<string> {
   return new Promise((res, rej) => {
-    const child = spawn(argv[0]!, argv.slice(1), { cwd, env: env ?? process.env, stdio: ['pipe', 'pipe', 'pipe'] });
+    const child = spawn(argv[0]!, argv.slice(1), {
+      cwd,
+      env: env ?? process.env,
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
     let out = '';
     let err = '';
     child.stdout.setEncoding('utf8').on('data', (c: string) => (out += c));
@@ -265,16 +274,26 @@ export async function benchSandboxFusion(
       });
       const text = await res.text();
       if (res.status !== 200) throw new Error(`HTTP ${res.status}: ${text.slice(0, 200)}`);
-      const r = JSON.parse(text) as { status: string; message: string; run_result?: { stdout?: string } };
+      const r = JSON.parse(text) as {
+        status: string;
+        message: string;
+        run_result?: { stdout?: string };
+      };
       if (r.status !== 'Success') throw new Error(`${r.status}: ${text.slice(0, 300)}`);
       return r.run_result?.stdout ?? '';
     };
     const input = (i: number) => `${(i * 7919) % 100_003} ${(i * 104_729) % 1_000_003}\n`;
-    const sum = (i: number) => `${(i * 7919) % 100_003 + ((i * 104_729) % 1_000_003)}\n`;
-    const sf = (i: number) => runCode({ language: 'python', code: FNCALL_PROGRAM, stdin: input(i) });
+    const sum = (i: number) => `${((i * 7919) % 100_003) + ((i * 104_729) % 1_000_003)}\n`;
+    const sf = (i: number) =>
+      runCode({ language: 'python', code: FNCALL_PROGRAM, stdin: input(i) });
     const native = async (i: number) => {
-      const r = await client.fncall.run({ language: 'python', code: FNCALL_PROGRAM, stdin: input(i) });
-      if (r.outcome !== 'ok' || r.exitCode !== 0) throw new Error(`${r.outcome}: ${r.stderr.slice(-200)}`);
+      const r = await client.fncall.run({
+        language: 'python',
+        code: FNCALL_PROGRAM,
+        stdin: input(i),
+      });
+      if (r.outcome !== 'ok' || r.exitCode !== 0)
+        throw new Error(`${r.outcome}: ${r.stderr.slice(-200)}`);
       return r.stdout;
     };
     // Warm-up: both pools (sf-base and python) start and fill.
@@ -299,9 +318,12 @@ export async function benchSandboxFusion(
       const code = lang === 'cpp' ? CPP_PROGRAM : GO_PROGRAM;
       const n = 100_000;
       const hasTool = onPath(lang === 'cpp' ? 'g++' : 'go');
-      if (!hasTool) notes.push(`${lang}: no ${lang === 'cpp' ? 'g++' : 'go'} on this host: no bare side`);
+      if (!hasTool)
+        notes.push(`${lang}: no ${lang === 'cpp' ? 'g++' : 'go'} on this host: no bare side`);
       // One unmeasured call each: the pool's first worker starts.
-      await runCode({ language: lang, code, stdin: `${n}\n`, compile_timeout: 120 }).catch(() => '');
+      await runCode({ language: lang, code, stdin: `${n}\n`, compile_timeout: 120 }).catch(
+        () => '',
+      );
       tick();
       const side = { sf: meter(), bare: meter() };
       for (let i = 0; i < compiledCalls; i++) {
@@ -315,7 +337,15 @@ export async function benchSandboxFusion(
           signal,
         );
         if (hasTool)
-          await slice(side.bare, 1, 1, () => bareCompiled(lang, `${n}\n`), () => expectedSum(n), tick, signal);
+          await slice(
+            side.bare,
+            1,
+            1,
+            () => bareCompiled(lang, `${n}\n`),
+            () => expectedSum(n),
+            tick,
+            signal,
+          );
         else tick();
       }
       const sfT = timePhase(side.sf);
@@ -323,13 +353,16 @@ export async function benchSandboxFusion(
       return {
         sandboxfusion: sfT,
         bare: bareT,
-        ratio: bareT && bareT.meanMs > 0 ? Math.round((sfT.meanMs / bareT.meanMs) * 100) / 100 : null,
+        ratio:
+          bareT && bareT.meanMs > 0 ? Math.round((sfT.meanMs / bareT.meanMs) * 100) / 100 : null,
       };
     };
     const cpp = await compiled('cpp');
     const go = await compiled('go');
     if (concurrency !== 32 || calls !== 2000)
-      notes.push(`shrunk run: ${calls} python calls at concurrency ${concurrency} (the issue's is 2000 at 32)`);
+      notes.push(
+        `shrunk run: ${calls} python calls at concurrency ${concurrency} (the issue's is 2000 at 32)`,
+      );
     const met =
       sfPhase.failures === 0 &&
       cpp.sandboxfusion.failures === 0 &&
@@ -360,7 +393,12 @@ export function registerSandboxFusionBench(bench: Command): void {
     )
     .option('--calls <n>', 'measured python calls per side', parseInteger, 2000)
     .option('--concurrency <n>', 'python calls in flight at once', parseInteger, 32)
-    .option('--compiled-calls <n>', 'compile-and-run calls per compiled language and side', parseInteger, 20)
+    .option(
+      '--compiled-calls <n>',
+      'compile-and-run calls per compiled language and side',
+      parseInteger,
+      20,
+    )
     .option('--warmup <n>', 'unmeasured python calls first', parseInteger, 500)
     .option(
       '--cache-dir <dir>',
@@ -368,7 +406,13 @@ export function registerSandboxFusionBench(bench: Command): void {
     )
     .action(
       async (
-        opts: { calls: number; concurrency: number; compiledCalls: number; warmup: number; cacheDir?: string },
+        opts: {
+          calls: number;
+          concurrency: number;
+          compiledCalls: number;
+          warmup: number;
+          cacheDir?: string;
+        },
         command: Command,
       ) => {
         const ctx = contextOf(command);

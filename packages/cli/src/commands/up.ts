@@ -58,7 +58,7 @@ export function register(program: Command): void {
     )
     .option(
       '--sandboxfusion-listen <host:port>',
-      'serve SandboxFusion\'s /run_code without a key on this address, every call in --sandboxfusion-project (default off; docs/fncall.md)',
+      "serve SandboxFusion's /run_code without a key on this address, every call in --sandboxfusion-project (default off; docs/fncall.md)",
       (v: string) => parseListenAddress(v, 'sandboxfusion-listen'),
     )
     .option(
@@ -140,7 +140,10 @@ export function register(program: Command): void {
             });
       ctx.out(`ready ${node.url}`);
       if ('sandboxFusionUrl' in node && node.sandboxFusionUrl)
-        logger.info({ url: node.sandboxFusionUrl }, `sandboxfusion: ${node.sandboxFusionUrl}/run_code`);
+        logger.info(
+          { url: node.sandboxFusionUrl },
+          `sandboxfusion: ${node.sandboxFusionUrl}/run_code`,
+        );
       logger.info(
         { url: node.url, adminKeyFile: `${stateDir}/admin.key` },
         `ready: admin key in ${stateDir}/admin.key; export DSEC_URL=${node.url}`,

@@ -24,17 +24,37 @@ export interface SandboxFusionToolkit {
 
 export const SANDBOXFUSION_TOOLKITS: readonly SandboxFusionToolkit[] = [
   { runtime: 'sf-base', debs: [], maxMemoryMb: 2048 },
-  { runtime: 'sf-gcc', toolkit: 'fncall-sf-gcc', debs: ['gcc', 'g++', 'libc6-dev'], maxMemoryMb: 2048 },
+  {
+    runtime: 'sf-gcc',
+    toolkit: 'fncall-sf-gcc',
+    debs: ['gcc', 'g++', 'libc6-dev'],
+    maxMemoryMb: 2048,
+  },
   { runtime: 'sf-go', toolkit: 'fncall-sf-go', debs: ['golang-go'], maxMemoryMb: 2048 },
-  { runtime: 'sf-java', toolkit: 'fncall-sf-java', debs: ['default-jdk-headless'], maxMemoryMb: 4096 },
+  {
+    runtime: 'sf-java',
+    toolkit: 'fncall-sf-java',
+    debs: ['default-jdk-headless'],
+    maxMemoryMb: 4096,
+  },
   { runtime: 'sf-rust', toolkit: 'fncall-sf-rust', debs: ['rustc'], maxMemoryMb: 2048 },
-  { runtime: 'sf-node', toolkit: 'fncall-sf-node', debs: ['nodejs', 'node-typescript'], maxMemoryMb: 2048 },
+  {
+    runtime: 'sf-node',
+    toolkit: 'fncall-sf-node',
+    debs: ['nodejs', 'node-typescript'],
+    maxMemoryMb: 2048,
+  },
   { runtime: 'sf-php', toolkit: 'fncall-sf-php', debs: ['php-cli'], maxMemoryMb: 2048 },
   { runtime: 'sf-lua', toolkit: 'fncall-sf-lua', debs: ['lua5.4'], maxMemoryMb: 2048 },
   { runtime: 'sf-perl', toolkit: 'fncall-sf-perl', debs: ['perl'], maxMemoryMb: 2048 },
   { runtime: 'sf-ruby', toolkit: 'fncall-sf-ruby', debs: ['ruby'], maxMemoryMb: 2048 },
   { runtime: 'sf-r', toolkit: 'fncall-sf-r', debs: ['r-base-core'], maxMemoryMb: 2048 },
-  { runtime: 'sf-pytest', toolkit: 'fncall-sf-pytest', debs: ['python3-pytest'], maxMemoryMb: 2048 },
+  {
+    runtime: 'sf-pytest',
+    toolkit: 'fncall-sf-pytest',
+    debs: ['python3-pytest'],
+    maxMemoryMb: 2048,
+  },
   { runtime: 'sf-verilog', toolkit: 'fncall-sf-verilog', debs: ['iverilog'], maxMemoryMb: 2048 },
   { runtime: 'sf-racket', toolkit: 'fncall-sf-racket', debs: ['racket'], maxMemoryMb: 2048 },
   { runtime: 'sf-d', toolkit: 'fncall-sf-d', debs: ['gdc'], maxMemoryMb: 2048 },
@@ -48,34 +68,32 @@ const BASE_ENV = {
 };
 
 /** The runtimes: python mode (the driver is Python), with the toolkit's tools on PATH. */
-export const SANDBOXFUSION_RUNTIMES: readonly FnCallRuntime[] = SANDBOXFUSION_TOOLKITS.map(
-  (t) => ({
-    name: t.runtime,
-    image: 'fncall-base',
-    ...(t.toolkit ? { toolkits: [t.toolkit] } : {}),
-    mode: 'python' as const,
-    entry: 'sandboxfusion_driver.py',
-    defaultMemoryMb: t.maxMemoryMb,
-    maxMemoryMb: t.maxMemoryMb,
-    env: { ...BASE_ENV, PYTHONDONTWRITEBYTECODE: '1' },
-    // The driver's own imports and the python runtime's, loaded once in the zygote.
-    preload: [
-      ...new Set([
-        'base64',
-        'json',
-        'selectors',
-        'signal',
-        'time',
-        'types',
-        'traceback',
-        'stat',
-        'linecache',
-        'resource',
-        ...(DEFAULT_FNCALL_RUNTIMES.find((r) => r.name === 'python')?.preload ?? []),
-      ]),
-    ],
-  }),
-);
+export const SANDBOXFUSION_RUNTIMES: readonly FnCallRuntime[] = SANDBOXFUSION_TOOLKITS.map((t) => ({
+  name: t.runtime,
+  image: 'fncall-base',
+  ...(t.toolkit ? { toolkits: [t.toolkit] } : {}),
+  mode: 'python' as const,
+  entry: 'sandboxfusion_driver.py',
+  defaultMemoryMb: t.maxMemoryMb,
+  maxMemoryMb: t.maxMemoryMb,
+  env: { ...BASE_ENV, PYTHONDONTWRITEBYTECODE: '1' },
+  // The driver's own imports and the python runtime's, loaded once in the zygote.
+  preload: [
+    ...new Set([
+      'base64',
+      'json',
+      'selectors',
+      'signal',
+      'time',
+      'types',
+      'traceback',
+      'stat',
+      'linecache',
+      'resource',
+      ...(DEFAULT_FNCALL_RUNTIMES.find((r) => r.name === 'python')?.preload ?? []),
+    ]),
+  ],
+}));
 
 /** Image recipes of the toolkits (built by `prepareFnCallImages` with `sandboxfusion`). */
 export const SANDBOXFUSION_IMAGE_RECIPES: EnvironmentRecipes = Object.fromEntries(

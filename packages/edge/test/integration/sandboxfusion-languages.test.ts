@@ -85,7 +85,7 @@ for (const c of cases) {
   });
 }
 
-test('go and rust compile errors are Failed with the compiler\'s words', async () => {
+test("go and rust compile errors are Failed with the compiler's words", async () => {
   for (const language of ['go', 'rust']) {
     const r = await run({ language, code: 'this is not a program' });
     assert.equal(r.status, 'Failed', JSON.stringify(r));

@@ -44,7 +44,11 @@ after(async () => {
 
 const b64 = (s: string | Buffer) => Buffer.from(s).toString('base64');
 const run = (body: Record<string, unknown>): Promise<RunCodeResponse> =>
-  runCode({ run: (_p, req, signal) => edge.fncall(req, { projectId: 'p1', signal }) }, principal, body);
+  runCode(
+    { run: (_p, req, signal) => edge.fncall(req, { projectId: 'p1', signal }) },
+    principal,
+    body,
+  );
 
 void describe('sandboxfusion: languages end to end', () => {
   test('python: stdin, files by base64, fetch_files, exit codes', async () => {
@@ -54,7 +58,7 @@ void describe('sandboxfusion: languages end to end', () => {
         'import sys',
         "data = open('in/data.bin', 'rb').read()",
         "open('out.bin', 'wb').write(data[::-1])",
-        "print(sum(map(int, input().split())), len(data))",
+        'print(sum(map(int, input().split())), len(data))',
         "print('warn', file=sys.stderr)",
       ].join('\n'),
       stdin: '1 2\n',
@@ -79,7 +83,11 @@ void describe('sandboxfusion: languages end to end', () => {
   });
 
   test('python: run_timeout is TimeLimitExceeded (Failed), memory_limit_MB holds', async () => {
-    const slow = await run({ language: 'python', code: 'import time\ntime.sleep(30)', run_timeout: 1 });
+    const slow = await run({
+      language: 'python',
+      code: 'import time\ntime.sleep(30)',
+      run_timeout: 1,
+    });
     assert.equal(slow.status, 'Failed');
     assert.equal(slow.run_result?.status, 'TimeLimitExceeded');
     assert.equal(slow.run_result?.return_code, null);
@@ -181,7 +189,7 @@ void describe('sandboxfusion: attacks', () => {
       { files: { 'a/./b': b64('x') } },
       { fetch_files: ['../../etc/passwd'] },
       { fetch_files: ['/etc/passwd'] },
-      { files: { 'x': 'not base64!' } },
+      { files: { x: 'not base64!' } },
     ]) {
       await assert.rejects(
         run({ language: 'python', code: 'print(1)', ...body }),
