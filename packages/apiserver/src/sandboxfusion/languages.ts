@@ -161,7 +161,18 @@ export const SANDBOXFUSION_LANGUAGES: Readonly<Record<string, SandboxFusionLangu
     runtime: 'sf-r',
     maxMemoryMb: 2048,
     source: 'main.R',
-    run: { argv: ['Rscript', 'main.R'] },
+    // libblas.so.3 and liblapack.so.3 are alternatives links: R finds them in their own directories.
+    run: {
+      argv: ['Rscript', 'main.R'],
+      env: {
+        LD_LIBRARY_PATH: [
+          '/usr/lib/x86_64-linux-gnu/blas',
+          '/usr/lib/x86_64-linux-gnu/lapack',
+          '/usr/lib/aarch64-linux-gnu/blas',
+          '/usr/lib/aarch64-linux-gnu/lapack',
+        ].join(':'),
+      },
+    },
     debian: 'r-base-core',
   },
   pytest: {
