@@ -64,7 +64,6 @@ export const SANDBOXFUSION_TOOLKITS: readonly SandboxFusionToolkit[] = [
 const BASE_ENV = {
   PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
   LANG: 'C.UTF-8',
-  HOME: '/tmp',
 };
 
 /** The runtimes: python mode (the driver is Python), with the toolkit's tools on PATH. */
