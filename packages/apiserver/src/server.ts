@@ -332,7 +332,7 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
   });
   fncallRoutes(app, fncall);
   // SandboxFusion's /run_code on FnCall, with a key (docs/fncall.md).
-  sandboxFusionApiRoutes(app, iam, fncall);
+  sandboxFusionApiRoutes(app, iam, fncall, (keyId) => limits.enterRequest(keyId));
   options.onFnCallService?.(fncall);
   ptyWebSocket(app, service, iam, { limits, guard });
   uiRoutes(app);

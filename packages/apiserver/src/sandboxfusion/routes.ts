@@ -1,4 +1,4 @@
-import Fastify, { type FastifyInstance, type FastifyRequest } from 'fastify';
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { DsecError, randomId } from '@dsec/core';
 import { FNCALL_SCOPE, type Iam, type Principal } from '@dsec/iam';
 import { authenticateRequest, principalOf } from '../auth.js';
@@ -17,7 +17,9 @@ export interface SandboxFusionRouteOptions {
   /** Runs the calls (scope, quota, routing). */
   fncall: Pick<FnCallService, 'run'>;
   /** The caller of a request: the key's principal, or the listener's project. */
-  principal: (req: FastifyRequest) => Promise<Principal>;
+  principal: (req: FastifyRequest) => Principal;
+  /** Runs before the body is read (the key check and per-key bounds): a refusal reads no body. */
+  admit?: ((req: FastifyRequest, reply: FastifyReply) => Promise<void>) | undefined;
   /** Path prefix (`/sandboxfusion`, or `''` on a listener of its own). */
   prefix: string;
   executorName?: string | undefined;
@@ -50,25 +52,42 @@ export function sandboxFusionRoutes(app: FastifyInstance, o: SandboxFusionRouteO
     reply.header('content-type', 'application/json').send('"pong"'),
   );
   app.get(`${o.prefix}/languages`, async () => languageList());
-  app.post(`${o.prefix}/run_code`, { bodyLimit: SANDBOXFUSION_BODY_LIMIT }, async (req, reply) => {
-    const principal = await o.principal(req);
+  const admit = o.admit;
+  const routeOptions = {
+    bodyLimit: SANDBOXFUSION_BODY_LIMIT,
+    ...(admit
+      ? { onRequest: async (req: FastifyRequest, reply: FastifyReply) => admit(req, reply) }
+      : {}),
+  };
+  app.post(`${o.prefix}/run_code`, routeOptions, async (req, reply) => {
+    const principal = o.principal(req);
     socketTimeout(req, SANDBOXFUSION_MAX_TOTAL_SECONDS * 1000 + SOCKET_GRACE_MS);
     return reply.send(await runCode(deps, principal, req.body, clientGone(reply)));
   });
 }
 
-/** On the apiserver: `/sandboxfusion/*`, `run_code` with the caller's key (and `fncall:run`). */
+/**
+ * On the apiserver: `/sandboxfusion/*`, `run_code` with the caller's key (and
+ * `fncall:run`), authenticated before its body is read and counted in the
+ * key's requests in flight (`enterRequest` returns the leave function), as
+ * `/v1/` routes are.
+ */
 export function sandboxFusionApiRoutes(
   app: FastifyInstance,
   iam: Iam,
   fncall: FnCallService,
+  enterRequest?: (keyId: string) => () => void,
 ): void {
   sandboxFusionRoutes(app, {
     fncall,
     prefix: '/sandboxfusion',
-    principal: async (req) => {
+    principal: principalOf,
+    admit: async (req, reply) => {
       await authenticateRequest(iam, req);
-      return principalOf(req);
+      if (enterRequest) {
+        const leave = enterRequest(principalOf(req).keyId);
+        reply.raw.once('close', leave).once('finish', leave);
+      }
     },
   });
 }
@@ -132,7 +151,7 @@ export function buildSandboxFusionListener(o: SandboxFusionListenerOptions): Fas
     sandboxFusionRoutes(app, {
       fncall: o.fncall,
       prefix,
-      principal: async () => principal,
+      principal: () => principal,
       executorName: o.executorName,
     });
   return app;
