@@ -1,7 +1,7 @@
 import { after, test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { AddressInfo } from 'node:net';
-import type { FnCallRequest } from '@dsec/core';
+import { DsecError, type FnCallRequest } from '@dsec/core';
 import { createTestApi, FakeEdge } from '../testing/index.js';
 import { addFnCall } from '../testing/fncall-double.js';
 import type { TestApi } from '../testing/index.js';
@@ -178,6 +178,23 @@ test('the keyless listener runs every call in its project, whatever the request 
   assert.equal(bad.status, 400);
   assert.equal(((await bad.json()) as { error: { field: string } }).error.field, 'language');
   assert.equal(edge.fncallDouble.calls.length, 2);
+});
+
+test('a runtime whose image the edge lacks answers SandboxError, not an HTTP error', async () => {
+  const { api, edge } = await setup();
+  edge.fncallDouble.onCall = () => ({
+    error: new DsecError('image_not_found', 'no layer fncall-sf-gcc'),
+  });
+  const res = await api.app.inject({
+    method: 'POST',
+    url: '/sandboxfusion/run_code',
+    headers: { authorization: `Bearer ${api.rootKey}` },
+    payload: { language: 'cpp', code: 'int main(){}' },
+  });
+  assert.equal(res.statusCode, 200);
+  const r = res.json<{ status: string; message: string }>();
+  assert.equal(r.status, 'SandboxError');
+  assert.match(r.message, /sf-gcc/);
 });
 
 test('run status follows SandboxFusion: Error, then a time limit, then a non-zero code', () => {

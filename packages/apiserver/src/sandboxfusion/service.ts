@@ -413,6 +413,12 @@ export async function runCode(
   } catch (err) {
     const e = toDsecError(err);
     // A runtime this edge lacks (its image not prepared) is the sandbox's failure, not the caller's.
+    // Its toolkit image not prepared on the edge: the sandbox's failure too.
+    if (e.code === 'image_not_found')
+      return sandboxError(
+        `the image of runtime ${call.language} is not on the edge (dsec fncall prepare --image sandboxfusion): ${e.message}`,
+        deps.executorName ?? null,
+      );
     if (e.code === 'invalid_argument' && e.field === 'language')
       return sandboxError(
         `no runtime ${call.language} on the edges: ${e.message}`,
