@@ -56,6 +56,30 @@ export { FnCallService } from './fncall-service.js';
 export type { FnCallBatchItem, FnCallFleetSource, FnCallServiceDeps } from './fncall-service.js';
 export { routeFnCall } from './fncall-routing.js';
 export type { FnCallEdgeCandidate, FnCallRoute, FnCallRouteRequest } from './fncall-routing.js';
+export {
+  buildSandboxFusionListener,
+  sandboxFusionRoutes,
+  SANDBOXFUSION_BODY_LIMIT,
+} from './sandboxfusion/routes.js';
+export type {
+  SandboxFusionListenerOptions,
+  SandboxFusionRouteOptions,
+} from './sandboxfusion/routes.js';
+export {
+  fromFnCall,
+  runCode,
+  runStatus,
+  RunCodeBody,
+  sandboxFusionLanguages,
+  toFnCall,
+} from './sandboxfusion/service.js';
+export type {
+  CommandRunResult,
+  RunCodeRequest,
+  RunCodeResponse,
+  SandboxFusionDeps,
+} from './sandboxfusion/service.js';
+export { SANDBOXFUSION_LANGUAGES } from './sandboxfusion/languages.js';
 export { ApiMetrics } from './metrics.js';
 export { API_LIMIT_DEFAULTS, CallerLimits, retryAfterSeconds } from './limits.js';
 export type { ApiLimits, StreamTicket } from './limits.js';

@@ -532,3 +532,43 @@ export type ResponseSchemasMatchTypes = [
   Check<Same<z.infer<typeof ProjectSchema>, Project>>,
   Check<Same<z.infer<typeof CreatedKeySchema>, CreatedKey>>,
 ];
+
+/** SandboxFusion's `CommandRunResult` (docs/fncall.md "SandboxFusion-compatible endpoint"). */
+const SandboxFusionCommandResult = z
+  .object({
+    status: z.enum(['Finished', 'Error', 'TimeLimitExceeded']),
+    execution_time: z.number().nullable(),
+    return_code: z.number().int().nullable(),
+    stdout: z.string().nullable(),
+    stderr: z.string().nullable(),
+  })
+  .openapi('SandboxFusionCommandResult');
+
+/** SandboxFusion's `RunCodeResponse`. */
+export const SandboxFusionRunCodeResponseSchema = z
+  .object({
+    status: z.enum(['Success', 'Failed', 'SandboxError']),
+    message: z.string(),
+    compile_result: SandboxFusionCommandResult.nullable(),
+    run_result: SandboxFusionCommandResult.nullable(),
+    executor_pod_name: z.string().nullable(),
+    files: z
+      .record(z.string(), z.string())
+      .openapi({ description: 'Fetched files, base64, by path.' }),
+  })
+  .openapi('SandboxFusionRunCodeResponse', {
+    description:
+      "SandboxFusion's answer: `Success` (every step finished with code 0), `Failed` (a non-zero code or a time limit), `SandboxError` (the sandbox failed the call).",
+  });
+
+export const SandboxFusionLanguagesSchema = z
+  .array(
+    z.object({
+      language: z.string(),
+      runtime: z.string(),
+      compiled: z.boolean(),
+      maxMemoryMb: z.number().int(),
+      debian: z.string(),
+    }),
+  )
+  .openapi('SandboxFusionLanguages');

@@ -24,6 +24,8 @@ import {
   LayerInfoSchema,
   ProjectSchema,
   SandboxEventSchema,
+  SandboxFusionLanguagesSchema,
+  SandboxFusionRunCodeResponseSchema,
   SandboxInfoSchema,
   SessionEventSchema,
   SessionInfoSchema,
@@ -38,6 +40,7 @@ import * as ioRequests from './schemas-io.js';
 import * as fncallRequests from './schemas-fncall.js';
 import * as displayRequests from './schemas-display.js';
 import * as buildRequests from './schemas-builds.js';
+import { RunCodeBody } from './sandboxfusion/service.js';
 /**
  * The OpenAPI 3.1 document of HTTP API v1, built from the zod schemas the
  * routes parse requests with (`schemas.ts`, `schemas-io.ts`) and the answer
@@ -95,6 +98,7 @@ const RenameBody = ioRequests.RenameBody.openapi('RenameBody');
 const DisplayInputBody = displayRequests.DisplayInputBody.openapi('DisplayInputBody');
 const FnCallBody = fncallRequests.FnCallBody.openapi('FnCallBody');
 const FnCallBatchBody = fncallRequests.FnCallBatchBody.openapi('FnCallBatchBody');
+const SandboxFusionRunCodeBody = RunCodeBody.openapi('SandboxFusionRunCodeBody');
 const {
   CommandParams,
   SessionParams,
@@ -861,6 +865,44 @@ export function operations(): Operation[] {
         200: { description: 'One line per call.', content: ndjson(FnCallBatchItemSchema) },
       },
       errors: [...AUTHED, 413, 429],
+    },
+    {
+      method: 'post',
+      route: '/sandboxfusion/run_code',
+      operationId: 'sandboxFusionRunCode',
+      tag: 'fncall',
+      summary: "SandboxFusion's /run_code on FnCall",
+      description:
+        'SandboxFusion\'s request and answer (docs/fncall.md "SandboxFusion-compatible endpoint"): ' +
+        'compiles and runs `code` in `language` with `compile_timeout`, `run_timeout`, ' +
+        '`memory_limit_MB`, `stdin`, `files` (base64 by relative path) and `fetch_files`. Unknown ' +
+        'fields are ignored, as SandboxFusion does. A language not served, a path with `..`, a ' +
+        'limit out of range is 400 `invalid_argument`; a program that fails is a 200.',
+      request: { body: { content: json(SandboxFusionRunCodeBody), required: true } },
+      responses: {
+        200: { description: 'How it ran.', content: json(SandboxFusionRunCodeResponseSchema) },
+      },
+      errors: [...AUTHED, 403, 413, 429],
+    },
+    {
+      method: 'get',
+      route: '/sandboxfusion/v1/ping',
+      operationId: 'sandboxFusionPing',
+      tag: 'fncall',
+      summary: 'SandboxFusion\'s liveness route: `"pong"`',
+      auth: false,
+      responses: { 200: { description: 'Up.', content: json(z.string()) } },
+      errors: [],
+    },
+    {
+      method: 'get',
+      route: '/sandboxfusion/languages',
+      operationId: 'sandboxFusionLanguages',
+      tag: 'fncall',
+      summary: 'The SandboxFusion languages served, their runtimes and Debian packages',
+      auth: false,
+      responses: { 200: { description: 'The list.', content: json(SandboxFusionLanguagesSchema) } },
+      errors: [],
     },
   );
   for (const action of ['pause', 'resume', 'stop', 'extend'] as const) {

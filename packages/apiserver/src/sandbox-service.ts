@@ -32,6 +32,7 @@ import {
 import type { Iam, Principal } from '@dsec/iam';
 import type { Placer } from '@dsec/placement';
 import type { ApiMetrics } from './metrics.js';
+import { requireVolumeScope } from './volume-service.js';
 
 /** Finds the client for an edge ID; a Map or a lookup function. */
 export type EdgeDirectory = Map<string, EdgeApi> | ((edgeId: string) => EdgeApi | undefined);
@@ -762,8 +763,12 @@ export class SandboxService {
     );
   }
 
-  /** A scoped key must hold a run scope for every layer the spec stacks. */
+  /**
+   * A scoped key must hold a run scope for every layer the spec stacks, and
+   * `volumes:use` to mount volumes.
+   */
   async #requireRunnable(principal: Principal, spec: SandboxSpec): Promise<void> {
+    if (spec.volumes?.length) await requireVolumeScope(this.#d.iam, principal);
     const layers: [string, string][] = [
       ['image', spec.image],
       ...(spec.workspace !== undefined ? [['workspace', spec.workspace] as [string, string]] : []),

@@ -246,7 +246,7 @@ export const KeyBody = z
     projectId: opaqueId,
     role: z.enum(['admin', 'member']).default('member'),
     name: text(128).optional(),
-    /** Key scopes (`sandboxes:snapshot`, `fncall:run`, `metrics:read`, `images:run:<pattern>`); IAM checks their form and that the caller holds them. Absent: unscoped. */
+    /** Key scopes (`sandboxes:snapshot`, `fncall:run`, `volumes:use`, `metrics:read`, `images:run:<pattern>`); IAM checks their form and that the caller holds them. Absent: unscoped. */
     scopes: z.array(z.string().max(300)).max(32).optional(),
   })
   .strict();

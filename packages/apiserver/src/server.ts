@@ -34,6 +34,7 @@ import { imageBuildRoutes } from './routes/image-builds.js';
 import { SandboxService } from './sandbox-service.js';
 import { fncallRoutes } from './routes/fncall.js';
 import { FnCallService } from './fncall-service.js';
+import { sandboxFusionApiRoutes } from './sandboxfusion/routes.js';
 import type { FnCallServiceDeps } from './fncall-service.js';
 import type { EdgeDirectory } from './sandbox-service.js';
 
@@ -138,6 +139,12 @@ export interface ApiServerOptions {
    * talking to each other. Default 1.
    */
   fncallQuotaShares?: number | undefined;
+  /**
+   * Handed the server's FnCall service once built: the keyless SandboxFusion
+   * listener (`buildSandboxFusionListener`) runs its calls through it, so they
+   * share this server's routing and quota buckets.
+   */
+  onFnCallService?: ((fncall: FnCallService) => void) | undefined;
 }
 
 export const TRANSPORT_DEFAULTS = {
@@ -353,16 +360,17 @@ export function buildApiServer(options: ApiServerOptions): FastifyInstance {
     limits: (p) => iam.fncallRateLimits(p),
     shares: options.fncallQuotaShares,
   });
-  fncallRoutes(
-    app,
-    new FnCallService({
-      edges: options.edges,
-      watcher,
-      admitCalls:
-        options.admitFnCalls ?? ((_principal, projectId, n) => fncallLimiter.acquire(projectId, n)),
-      audit: (keyId, action, outcome, details) => iam.audit(keyId, action, '', outcome, details),
-    }),
-  );
+  const fncall = new FnCallService({
+    edges: options.edges,
+    watcher,
+    admitCalls:
+      options.admitFnCalls ?? ((_principal, projectId, n) => fncallLimiter.acquire(projectId, n)),
+    audit: (keyId, action, outcome, details) => iam.audit(keyId, action, '', outcome, details),
+  });
+  fncallRoutes(app, fncall);
+  // SandboxFusion's /run_code on FnCall, with a key (docs/fncall.md).
+  sandboxFusionApiRoutes(app, iam, fncall, (keyId) => limits.enterRequest(keyId));
+  options.onFnCallService?.(fncall);
   ptyWebSocket(app, service, iam, { limits, guard });
   uiRoutes(app);
   adminRoutes(app, { iam, fleet: () => watcher.view(), images });

@@ -7,10 +7,17 @@ import {
   toDsecError,
   type EdgeApi,
   type EdgeVolumeApi,
+  type EdgeVolumeInfo,
   type SandboxSpec,
   type VolumeInfo,
 } from '@dsec/core';
-import type { Iam, Principal, VolumeRecord } from '@dsec/iam';
+import {
+  mayUseVolumes,
+  VOLUMES_SCOPE,
+  type Iam,
+  type Principal,
+  type VolumeRecord,
+} from '@dsec/iam';
 import type { EdgeDirectory, FleetSource } from './sandbox-service.js';
 
 export interface VolumeServiceDeps {
@@ -57,17 +64,14 @@ export class VolumeService {
       { projectId, name: input.name, sizeBytes: input.sizeMb * 2 ** 20, edgeId: edge.edgeId },
       { actorKeyId: principal.keyId },
     );
-    throwIfAborted(signal);
+    let made: EdgeVolumeInfo;
     try {
+      // Inside the try: a caller gone already drops the record it just made.
+      throwIfAborted(signal);
       // Not the caller's signal: a create cut half-way would leave the edge making a volume
-      // whose record is dropped (bytes outside the quota). It runs to its end either way.
-      const made = await volumesOf(edge).create({
-        projectId,
-        name: input.name,
-        sizeMb: input.sizeMb,
-      });
-      await this.#d.iam.markVolumeReady(projectId, input.name);
-      return { ...toInfo(record), state: 'ready', usedBytes: made.usedBytes, mountedBy: [] };
+      // whose record is dropped (bytes outside the quota). It runs to its end either way
+      // (mkfs has a time limit), so the apiserver always hears how it ended.
+      made = await volumesOf(edge).create({ projectId, name: input.name, sizeMb: input.sizeMb });
     } catch (err) {
       // The edge's create cleans up after itself, but an answer lost on the way (or a volume
       // of that name the record does not know, `conflict`) may leave bytes there: they go
@@ -90,6 +94,28 @@ export class VolumeService {
       );
       throw toDsecError(err);
     }
+    if (!(await this.#d.iam.markVolumeReady(projectId, input.name, record))) {
+      // A DELETE ran while the edge made it (the edge did not have it yet, so the
+      // record went): the volume must go too, or it would outlive its quota.
+      await volumesOf(edge)
+        .delete(projectId, input.name)
+        .catch((e: unknown) =>
+          this.#d.onWarning?.('volume deleted while being created: edge clean-up failed', {
+            edgeId: edge.edgeId,
+            projectId,
+            name: input.name,
+            err: String(e),
+          }),
+        );
+      throw new DsecError(
+        'volume_not_found',
+        `volume ${input.name} was deleted while being created`,
+        {
+          field: 'name',
+        },
+      );
+    }
+    return { ...toInfo(record), state: 'ready', usedBytes: made.usedBytes, mountedBy: [] };
   }
 
   async list(principal: Principal, projectId: string | undefined): Promise<VolumeInfo[]> {
@@ -187,6 +213,7 @@ export class VolumeService {
   }
 
   async #project(principal: Principal, projectId: string | undefined): Promise<string> {
+    await requireVolumeScope(this.#d.iam, principal);
     const project = projectId ?? principal.projectId;
     if (!(await this.#d.iam.canAccess(principal, project))) {
       await this.#d.iam.audit(principal.keyId, 'project.access', project, 'denied');
@@ -214,6 +241,20 @@ export class VolumeService {
     const { edges } = this.#d;
     return typeof edges === 'function' ? edges(edgeId) : edges.get(edgeId);
   }
+}
+
+/**
+ * A scoped key needs `volumes:use` for every volume operation, mounting
+ * included (`@dsec/iam` scopes): `permission_denied`, audited.
+ */
+export async function requireVolumeScope(iam: Iam, principal: Principal): Promise<void> {
+  if (mayUseVolumes(principal)) return;
+  await iam.audit(principal.keyId, 'volume', principal.projectId, 'denied', {
+    reason: 'no volumes scope',
+  });
+  throw new DsecError('permission_denied', `this key has no ${VOLUMES_SCOPE} scope`, {
+    field: 'volumes',
+  });
 }
 
 function volumesOf(edge: EdgeApi): EdgeVolumeApi {

@@ -14,8 +14,14 @@
  */
 import { chmod, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { ApiMetrics, buildApiServer, type ImageBuildLimits } from '@dsec/apiserver';
-import { SandboxIdCodec } from '@dsec/core';
+import {
+  ApiMetrics,
+  buildApiServer,
+  buildSandboxFusionListener,
+  type ImageBuildLimits,
+} from '@dsec/apiserver';
+import type { FnCallService } from '@dsec/apiserver';
+import { DsecError, SandboxIdCodec } from '@dsec/core';
 import type { EdgeApi, ImageStore, LayerInfo } from '@dsec/core';
 import {
   EdgeMetrics,
@@ -50,7 +56,7 @@ import type { Logger } from 'pino';
 import { apiBoundsOptions, type ApiBoundsConfig } from './config.js';
 import { e2bExtension, type E2bOptions, type LifecycleOptions } from './extensions.js';
 import { nodeImageBuilder } from './image-builder.js';
-import { listenApi } from './listen.js';
+import { listenApi, type Listening } from './listen.js';
 import { newClusterSecret, readOrCreateSecret, stopAll } from './roles.js';
 import { withServiceRanges } from './service-ranges.js';
 
@@ -104,6 +110,12 @@ export interface SingleNodeOptions {
   /** Serve the node's metrics (apiserver and edge) without a key at `host:port/metrics`. */
   metricsListen?: { host: string; port: number } | undefined;
   /**
+   * A keyless SandboxFusion listener bound to one project (docs/fncall.md
+   * "SandboxFusion-compatible endpoint"): every `/run_code` on it is a call of
+   * `projectId`, counted in its quota. Default: none.
+   */
+  sandboxFusion?: { host: string; port: number; projectId: string } | undefined;
+  /**
    * The apiserver's Host allow-list, per-caller limits and audit retention
    * (a cluster config's `apiserver` section; docs/security.md).
    */
@@ -128,6 +140,8 @@ export interface SingleNode {
   url: string;
   /** The admin listener's `/metrics` URL, with `metricsListen`. */
   metricsUrl?: string | undefined;
+  /** The keyless SandboxFusion listener's URL, with `sandboxFusion`. */
+  sandboxFusionUrl?: string | undefined;
   /** The admin API key of the root project (also in `stateDir/admin.key`). */
   adminKey: string;
   edge: Edge;
@@ -230,6 +244,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   // One node: its key-protected `/metrics` shows the edge's series too.
   const apiMetrics = new ApiMetrics();
   apiMetrics.included.push(edgeMetrics.registry);
+  let fncall: FnCallService | undefined;
   const app = buildApiServer({
     iam,
     edges,
@@ -255,12 +270,33 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
         }
       : {}),
     extend: e2bExtension(options.e2b),
+    onFnCallService: (service) => {
+      fncall = service;
+    },
     ...bounds.api,
   });
   const listening = await listenApi(app, {
     host: options.host ?? '127.0.0.1',
     port: options.port ?? 7420,
   });
+  let sandboxFusion: Listening | undefined;
+  if (options.sandboxFusion) {
+    const { projectId } = options.sandboxFusion;
+    if ((await iam.lineage(projectId)).length === 0) {
+      await listening.close(0);
+      watcher.stop();
+      await edge.close();
+      await control.close();
+      throw new DsecError('invalid_argument', `no project ${JSON.stringify(projectId)}`, {
+        field: 'sandboxfusion-project',
+      });
+    }
+    sandboxFusion = await listenApi(
+      buildSandboxFusionListener({ fncall: fncall!, projectId }),
+      options.sandboxFusion,
+    );
+    logger?.info({ url: sandboxFusion.url, projectId }, 'sandboxfusion listening');
+  }
   let admin: MetricsListener | undefined;
   if (options.metricsListen) {
     admin = await serveMetrics({ registries: apiMetrics.registries(), ...options.metricsListen });
@@ -270,6 +306,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
   return {
     url: listening.url,
     metricsUrl: admin?.url,
+    sandboxFusionUrl: sandboxFusion?.url,
     adminKey,
     edge,
     store,
@@ -278,6 +315,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     buildLayer: (input) => buildLayer(store, input),
     async close(closeOptions = {}) {
       await admin?.close();
+      await sandboxFusion?.close(closeOptions.drainMs);
       await listening.close(closeOptions.drainMs);
       watcher.stop();
       if (closeOptions.stopSandboxes) await stopAll(edge);

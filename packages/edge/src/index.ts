@@ -61,6 +61,12 @@ export {
 } from './fncall/pools.js';
 export { DEFAULT_FNCALL_RUNTIMES, type FnCallRuntime } from './fncall/runtimes.js';
 export {
+  SANDBOXFUSION_IMAGE_RECIPES,
+  SANDBOXFUSION_RUNTIMES,
+  SANDBOXFUSION_TOOLKITS,
+  type SandboxFusionToolkit,
+} from './fncall/sandboxfusion.js';
+export {
   FNCALL_IMAGE_RECIPES,
   prepareFnCallImages,
   type PrepareFnCallImagesOptions,

@@ -1106,12 +1106,28 @@ export class Iam {
     }
   }
 
-  /** Marks a volume made by its edge. */
-  async markVolumeReady(projectId: string, name: string): Promise<void> {
-    await this.#db.run("UPDATE volumes SET state = 'ready' WHERE project_id = ? AND name = ?", [
-      projectId,
-      name,
-    ]);
+  /**
+   * Marks a volume made by its edge. False when the record is gone (a delete
+   * ran while the edge made it): the caller must then remove the edge's
+   * volume, which no record and no quota would account for.
+   */
+  async markVolumeReady(
+    projectId: string,
+    name: string,
+    made?: { edgeId: string; createdAt: string },
+  ): Promise<boolean> {
+    // With `made`: only the record that create made (a later create of the name, on
+    // another edge, is another record, and this edge's volume is then unaccounted).
+    const r = made
+      ? await this.#db.run(
+          "UPDATE volumes SET state = 'ready' WHERE project_id = ? AND name = ? AND edge_id = ? AND created_at = ? AND state = 'creating'",
+          [projectId, name, made.edgeId, made.createdAt],
+        )
+      : await this.#db.run("UPDATE volumes SET state = 'ready' WHERE project_id = ? AND name = ?", [
+          projectId,
+          name,
+        ]);
+    return r.changes > 0;
   }
 
   /** The project's volume `name`; undefined when it has none. */

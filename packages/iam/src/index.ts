@@ -48,6 +48,7 @@ export {
   mayRunImage,
   mayReadMetrics,
   maySnapshot,
+  mayUseVolumes,
   METRICS_SCOPE,
   RUN_SCOPE_PREFIX,
   SCOPES,
@@ -56,6 +57,7 @@ export {
   SNAPSHOT_SCOPE,
   ungrantableScopes,
   unrunnableImages,
+  VOLUMES_SCOPE,
 } from './scopes.js';
 export type { Grantor, ScopeKind, ScopeSpec } from './scopes.js';
 export { globCovers, globMatch } from './glob.js';

@@ -22,6 +22,13 @@ import type { Principal } from './types.js';
  *   At most `MAX_PATTERN_WILDCARDS` stars per pattern; patterns are matched
  *   by hand in O(n·m) (`glob.ts`), never compiled to a RegExp.
  *
+ * - `volumes:use` is needed to create, list, read, delete or mount the
+ *   project's volumes (docs/volumes.md): a volume is state that outlives
+ *   sandboxes, so without it a key limited to `images:run:task-*` would
+ *   mount whatever the builder keeps there (hidden tests, answers), write
+ *   into it for later runs, or carry files from one run to the next that
+ *   no snapshot scope was needed to keep;
+ *
  * Those are *restrictive* (`SCOPES`): they give back, on a scoped key, a
  * right every unscoped key has. Other scopes are *additive*: they add a right
  * the role alone does not give, so no key holds them unless it carries them:
@@ -46,6 +53,7 @@ export const SNAPSHOT_SCOPE = 'sandboxes:snapshot';
 export const FNCALL_SCOPE = 'fncall:run';
 export const RUN_SCOPE_PREFIX = 'images:run:';
 export const METRICS_SCOPE = 'metrics:read';
+export const VOLUMES_SCOPE = 'volumes:use';
 /** Scopes on one key at most. */
 export const MAX_SCOPES = 32;
 /**
@@ -73,6 +81,7 @@ export interface ScopeSpec {
 export const SCOPES: readonly ScopeSpec[] = Object.freeze([
   { name: SNAPSHOT_SCOPE, family: false, kind: 'restrictive' },
   { name: FNCALL_SCOPE, family: false, kind: 'restrictive' },
+  { name: VOLUMES_SCOPE, family: false, kind: 'restrictive' },
   { name: RUN_SCOPE_PREFIX, family: true, kind: 'restrictive' },
   { name: METRICS_SCOPE, family: false, kind: 'additive' },
 ]);
@@ -145,6 +154,11 @@ export function maySnapshot(principal: Principal): boolean {
 /** Whether the principal may call FnCall runtimes (unscoped keys may). */
 export function mayCallFnCall(principal: Principal): boolean {
   return principal.scopes === undefined || principal.scopes.includes(FNCALL_SCOPE);
+}
+
+/** Whether the principal may use the project's volumes (unscoped keys may). */
+export function mayUseVolumes(principal: Principal): boolean {
+  return principal.scopes === undefined || principal.scopes.includes(VOLUMES_SCOPE);
 }
 
 /**

@@ -382,7 +382,7 @@ class DSecClient:
         timeout: Optional[float] = None,
     ) -> CreatedKey:
         """Creates an API key (``role`` ``"admin"`` or ``"member"``, the default).
-        ``scopes`` limit it (``sandboxes:snapshot``, ``fncall:run``,
+        ``scopes`` limit it (``sandboxes:snapshot``, ``fncall:run``, ``volumes:use``,
         ``images:run:<pattern>``) or add
         ``metrics:read``; a key grants only rights it holds. The secret in ``key`` is
         returned only this once."""

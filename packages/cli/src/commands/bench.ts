@@ -18,6 +18,7 @@ import { registerEnvsBench } from '../bench/envs.js';
 import { registerEvalBench } from '../bench/eval.js';
 import { registerFnCallBench } from '../bench/fncall.js';
 import { registerFuzzBench } from '../bench/fuzz.js';
+import { registerSandboxFusionBench } from '../bench/sandboxfusion.js';
 import { registerRegistryBench } from '../bench/registry.js';
 import { registerBuildBench } from '../bench/build.js';
 import { registerMicrovmBench } from '../bench/microvm.js';
@@ -589,6 +590,7 @@ export function register(program: Command): void {
   registerEvalBench(bench);
   registerEnvsBench(bench);
   registerFnCallBench(bench);
+  registerSandboxFusionBench(bench);
   registerFuzzBench(bench);
   registerRegistryBench(bench);
   registerBuildBench(bench);

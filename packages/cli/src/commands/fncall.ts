@@ -67,7 +67,12 @@ export function register(program: Command): void {
         '(needs root and the Debian mirror the first time; a second run builds nothing)',
     )
     .option('--cache-dir <dir>', 'downloads and build records (default <state-dir>/fncall-cache)')
-    .action(async (opts: { cacheDir?: string }, command: Command) => {
+    .option(
+      '--image <name>',
+      "also build this image: a SandboxFusion toolkit (fncall-sf-gcc, fncall-sf-go, …) or 'sandboxfusion' for all of them (docs/fncall.md); repeatable",
+      (v: string, prev: string[] = []) => [...prev, v],
+    )
+    .action(async (opts: { cacheDir?: string; image?: string[] }, command: Command) => {
       const ctx = contextOf(command);
       await prepare(ctx, opts);
     });
@@ -194,12 +199,17 @@ function wireItem(item: FnCallMapItem): unknown {
     : { index: item.index, result: item.result };
 }
 
-async function prepare(ctx: CliContext, opts: { cacheDir?: string }): Promise<void> {
+async function prepare(
+  ctx: CliContext,
+  opts: { cacheDir?: string; image?: string[] },
+): Promise<void> {
   const store = localStore(ctx);
   const progress = createProgress({ label: 'fncall prepare', enabled: !ctx.json });
   let steps = 0;
   const r = await prepareFnCallImages(store, {
     cacheDir: resolve(opts.cacheDir ?? join(ctx.options.stateDir, 'fncall-cache')),
+    // The default runtimes' images, and the ones asked for.
+    ...(opts.image ? { images: ['fncall-node', ...opts.image] } : {}),
     signal: ctx.signal,
     onProgress: () => progress.update(++steps),
   });

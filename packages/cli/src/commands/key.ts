@@ -14,7 +14,7 @@ export function register(program: Command): void {
     .option('--name <name>', 'a note to recognise the key by')
     .option(
       '--scope <scope>',
-      'limit the key (repeatable): sandboxes:snapshot, fncall:run, metrics:read, images:run:<pattern>; default unscoped',
+      'limit the key (repeatable): sandboxes:snapshot, fncall:run, volumes:use, metrics:read, images:run:<pattern>; default unscoped',
       collect,
     )
     .action(

@@ -97,3 +97,39 @@ void describe('dsec up --config: apiserver.metricsListen', () => {
     assert.deepEqual((await settingsFor(['up'])).apiBounds, {});
   });
 });
+
+void describe('dsec up --sandboxfusion-listen', () => {
+  test('off by default; the address and the project go together', async () => {
+    assert.equal((await settingsFor(['up'])).sandboxFusion, undefined);
+    assert.deepEqual(
+      (
+        await settingsFor([
+          'up',
+          '--sandboxfusion-listen',
+          '127.0.0.1:8080',
+          '--sandboxfusion-project',
+          'rl-team',
+        ])
+      ).sandboxFusion,
+      { host: '127.0.0.1', port: 8080, projectId: 'rl-team' },
+    );
+    for (const args of [
+      ['up', '--sandboxfusion-listen', '127.0.0.1:8080'],
+      ['up', '--sandboxfusion-project', 'rl-team'],
+      [
+        'up',
+        '--edges',
+        '2',
+        '--sandboxfusion-listen',
+        '127.0.0.1:8080',
+        '--sandboxfusion-project',
+        'p',
+      ],
+    ])
+      await assert.rejects(
+        settingsFor(args),
+        (e) => e instanceof DsecError && e.code === 'invalid_argument',
+        args.join(' '),
+      );
+  });
+});

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { DsecError } from '@dsec/core';
 import {
   loadClusterConfig,
   nodeRegistrySettings,
@@ -33,6 +34,9 @@ export interface UpFlags extends AdmissionFlags {
   gpus?: 'auto' | 'off';
   /** Parsed by the option itself. */
   metricsListen?: { host: string; port: number };
+  /** Parsed by the option itself. */
+  sandboxfusionListen?: { host: string; port: number };
+  sandboxfusionProject?: string;
   cgroupFavordynmods: boolean;
 }
 
@@ -46,6 +50,8 @@ export interface UpSettings {
   logRequests: boolean;
   /** The admin listener for `/metrics` (with `edges`, the apiserver's; edge i serves on port + i). */
   metricsListen: { host: string; port: number } | undefined;
+  /** The keyless SandboxFusion listener and the project its calls run in (both or neither). */
+  sandboxFusion: { host: string; port: number; projectId: string } | undefined;
   stopSandboxes: boolean;
   admission: AdmissionConfig;
   runtime: string | undefined;
@@ -99,6 +105,7 @@ export async function upSettings(
       (file.apiserver?.metricsListen !== undefined
         ? parseListenAddress(file.apiserver.metricsListen, 'apiserver.metricsListen')
         : undefined),
+    sandboxFusion: sandboxFusionListener(flags, flags.edges ?? up?.edges),
     stopSandboxes: flags.stopSandboxes === true || up?.stopSandboxes === true,
     admission: { ...up?.admission, ...defined(admissionConfig(flags)) },
     runtime: flags.runtime ?? up?.runtime,
@@ -121,4 +128,27 @@ export async function upSettings(
     }),
     registries: nodeRegistrySettings(file, ctx.io.env),
   };
+}
+
+/** `--sandboxfusion-listen` and `--sandboxfusion-project` go together. */
+function sandboxFusionListener(
+  flags: UpFlags,
+  edges: number | undefined,
+): UpSettings['sandboxFusion'] {
+  const listen = flags.sandboxfusionListen;
+  const project = flags.sandboxfusionProject;
+  if (listen === undefined && project === undefined) return undefined;
+  if (edges !== undefined)
+    throw new DsecError(
+      'invalid_argument',
+      '--sandboxfusion-listen is served by a single-node `dsec up` (without --edges)',
+      { field: 'sandboxfusion-listen' },
+    );
+  if (listen === undefined || project === undefined)
+    throw new DsecError(
+      'invalid_argument',
+      '--sandboxfusion-listen and --sandboxfusion-project go together: the keyless listener runs every call in that one project',
+      { field: listen === undefined ? 'sandboxfusion-listen' : 'sandboxfusion-project' },
+    );
+  return { ...listen, projectId: project };
 }

@@ -56,6 +56,15 @@ export function register(program: Command): void {
       'serve /metrics without a key on this admin address, e.g. 127.0.0.1:9464 (default off; with --edges N, edge i serves on port+i)',
       (v: string) => parseListenAddress(v, 'metrics-listen'),
     )
+    .option(
+      '--sandboxfusion-listen <host:port>',
+      "serve SandboxFusion's /run_code without a key on this address, every call in --sandboxfusion-project (default off; docs/fncall.md)",
+      (v: string) => parseListenAddress(v, 'sandboxfusion-listen'),
+    )
+    .option(
+      '--sandboxfusion-project <id>',
+      'the project the keyless SandboxFusion listener runs its calls in (its quotas count them)',
+    )
     .option('--stop-sandboxes', 'stop all sandboxes on shutdown instead of leaving them running')
     .option('--runtime <binary>', 'OCI runtime: crun (default where installed) or runc')
     .addOption(
@@ -116,6 +125,7 @@ export function register(program: Command): void {
               ...(opts.imageBuilds === false ? { imageBuilds: false as const } : {}),
               logger,
               metricsListen,
+              ...(up.sandboxFusion ? { sandboxFusion: up.sandboxFusion } : {}),
             })
           : await startLocalCluster({
               ...common,
@@ -134,6 +144,11 @@ export function register(program: Command): void {
               metricsListen,
             });
       ctx.out(`ready ${node.url}`);
+      if ('sandboxFusionUrl' in node && node.sandboxFusionUrl)
+        logger.info(
+          { url: node.sandboxFusionUrl },
+          `sandboxfusion: ${node.sandboxFusionUrl}/run_code`,
+        );
       logger.info(
         { url: node.url, adminKeyFile: `${stateDir}/admin.key` },
         `ready: admin key in ${stateDir}/admin.key; export DSEC_URL=${node.url}`,

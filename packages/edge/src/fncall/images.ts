@@ -1,5 +1,6 @@
-import type { ImageStore, LayerInfo } from '@dsec/core';
+import { DsecError, type ImageStore, type LayerInfo } from '@dsec/core';
 import { ensureEnvironment, type EnvironmentProgress, type EnvironmentRecipes } from '@dsec/images';
+import { SANDBOXFUSION_IMAGE_RECIPES } from './sandboxfusion.js';
 
 /**
  * The images DSec's own runtimes run on (docs/adr/0014-fncall.md): one Debian
@@ -17,6 +18,30 @@ export interface PrepareFnCallImagesOptions {
   cacheDir: string;
   signal?: AbortSignal | undefined;
   onProgress?: ((p: EnvironmentProgress) => void) | undefined;
+  /**
+   * Images to build besides the base: names of `FNCALL_IMAGE_RECIPES` or of
+   * `SANDBOXFUSION_IMAGE_RECIPES` (`fncall-sf-gcc`), or `'sandboxfusion'`
+   * for all of the latter. Default: the default runtimes' (`fncall-node`).
+   */
+  images?: readonly string[] | undefined;
+}
+
+/** Every recipe `prepareFnCallImages` knows. */
+const ALL_RECIPES: EnvironmentRecipes = { ...FNCALL_IMAGE_RECIPES, ...SANDBOXFUSION_IMAGE_RECIPES };
+
+function imagesToBuild(images: readonly string[] | undefined): string[] {
+  if (images === undefined) return Object.keys(FNCALL_IMAGE_RECIPES);
+  const out = new Set(['fncall-base']);
+  for (const name of images) {
+    if (name === 'sandboxfusion') {
+      for (const n of Object.keys(SANDBOXFUSION_IMAGE_RECIPES)) out.add(n);
+    } else if (name in ALL_RECIPES) out.add(name);
+    else
+      throw new DsecError('invalid_argument', `no FnCall image ${JSON.stringify(name)}`, {
+        field: 'images',
+      });
+  }
+  return [...out];
 }
 
 /**
@@ -31,8 +56,8 @@ export async function prepareFnCallImages(
 ): Promise<{ layers: LayerInfo[]; built: string[] }> {
   const layers: LayerInfo[] = [];
   const built: string[] = [];
-  for (const name of Object.keys(FNCALL_IMAGE_RECIPES)) {
-    const r = await ensureEnvironment(store, name, FNCALL_IMAGE_RECIPES, {
+  for (const name of imagesToBuild(options.images)) {
+    const r = await ensureEnvironment(store, name, ALL_RECIPES, {
       cacheDir: options.cacheDir,
       ...(options.signal ? { signal: options.signal } : {}),
       ...(options.onProgress ? { onProgress: options.onProgress } : {}),

@@ -19,6 +19,7 @@ import type { EdgeGpus } from '../gpu/edge-gpus.js';
 import type { EdgeStartOptions } from '../edge.js';
 import { DEFAULT_NETWORK_CATALOGUE } from '../network/policy.js';
 import { DEFAULT_FNCALL_RUNTIMES, validateRuntimes, type FnCallRuntime } from './runtimes.js';
+import { SANDBOXFUSION_RUNTIMES } from './sandboxfusion.js';
 import { workersToRetire, workersToStart, type PoolCounts, type PoolSizing } from './sizing.js';
 import { Worker, type FnCallHost, type WorkerRun, type ZygoteConfig } from './worker.js';
 
@@ -324,7 +325,10 @@ export class FnCallPools {
   constructor(deps: FnCallPoolsDeps, options: FnCallPoolsOptions = {}) {
     this.#deps = deps;
     this.#o = options;
-    const byName = new Map(DEFAULT_FNCALL_RUNTIMES.map((r) => [r.name, r]));
+    // The SandboxFusion runtimes are defaults too: a pool exists only once a call asks for it.
+    const byName = new Map(
+      [...DEFAULT_FNCALL_RUNTIMES, ...SANDBOXFUSION_RUNTIMES].map((r) => [r.name, r]),
+    );
     for (const r of options.runtimes ?? []) byName.set(r.name, r);
     this.#runtimes = validateRuntimes([...byName.values()]);
     this.#sizing = { ...DEFAULT_SIZING, ...options.sizing };

@@ -6,11 +6,10 @@ import {
   readFile,
   rmdir,
   statfs,
-  truncate,
   unlink,
   writeFile,
 } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import {
   checkVolumeName,
   checkVolumeSize,
@@ -33,6 +32,14 @@ const KEY_RE = /^[0-9a-f]{32}$/;
 /** Bounds the metadata file a restart reads (the platform writes it; a few hundred bytes). */
 const MAX_META_BYTES = 4096;
 const MKFS_TIMEOUT_MS = 120_000;
+/** Allocating a large image takes a while on some filesystems; bounded all the same. */
+const FALLOCATE_TIMEOUT_MS = 120_000;
+/**
+ * Disk a create must leave free for the rest of the node (edge.db, layers,
+ * upper images): 5% of the filesystem, at most 1 GiB.
+ */
+const RESERVE_FRACTION = 0.05;
+const MAX_RESERVE_BYTES = 2 ** 30;
 
 export interface VolumeStoreOptions {
   /** Where the images and their host-side mounts live (`<stateDir>/volumes`, local disk). */
@@ -84,6 +91,12 @@ export interface VolumeSource {
 export class VolumeStore implements EdgeVolumeApi {
   readonly #options: VolumeStoreOptions;
   readonly #entries = new Map<string, Entry>();
+  /**
+   * Creates make their images one at a time: the free-space check and the
+   * allocation are one step (two creates never both take the last room),
+   * and a burst of creates runs one mkfs at a time, not one per request.
+   */
+  #making: Promise<unknown> = Promise.resolve();
 
   private constructor(options: VolumeStoreOptions) {
     this.#options = options;
@@ -104,7 +117,13 @@ export class VolumeStore implements EdgeVolumeApi {
         await removeVolumeDir(dir, mounted.has(join(dir, MOUNT)));
         continue;
       }
-      if (!mounted.has(join(dir, MOUNT))) await mountImage(dir);
+      // One volume that no longer mounts (a damaged image) must not keep the
+      // node, and every other tenant's sandboxes, from starting: it stays
+      // listed, deletable, and refused at mount (`sources` tries again).
+      if (!mounted.has(join(dir, MOUNT)))
+        await mountImage(dir).catch((err: unknown) =>
+          options.log?.('volume: mount at open failed', { dir, err: String(err) }, 'error'),
+        );
       store.#entries.set(key, { ...meta, state: 'ready', dir });
     }
     return store;
@@ -132,7 +151,9 @@ export class VolumeStore implements EdgeVolumeApi {
       await mkdir(dir, { mode: 0o700 });
       made = true;
       await mkdir(join(dir, MOUNT), { mode: 0o700 });
-      await makeVolumeImage(join(dir, IMAGE), sizeMb);
+      const making = this.#making.then(() => makeVolumeImage(join(dir, IMAGE), sizeMb));
+      this.#making = making.catch(() => undefined);
+      await making;
       await mountImage(dir);
       // The volume's root, made by mkfs and touched by nothing else yet: every
       // user of every sandbox may create files there (sticky: not remove
@@ -145,7 +166,7 @@ export class VolumeStore implements EdgeVolumeApi {
       );
       entry.state = 'ready';
       this.#options.log?.('volume created', { projectId, name, sizeMb });
-      return await this.#info(entry);
+      return await this.#info(entry, await mountPoints());
     } catch (err) {
       this.#entries.delete(key);
       if (made) {
@@ -159,7 +180,7 @@ export class VolumeStore implements EdgeVolumeApi {
       }
       if (err instanceof DsecError) throw err;
       const code = (err as NodeJS.ErrnoException).code;
-      if (code === 'ENOSPC')
+      if (code === 'ENOSPC' || /No space left on device/.test(String(err)))
         throw new DsecError('capacity_exhausted', `no disk on edge for volume ${name}`, {
           cause: err,
         });
@@ -168,14 +189,16 @@ export class VolumeStore implements EdgeVolumeApi {
   }
 
   async get(projectId: string, name: string): Promise<EdgeVolumeInfo> {
-    return this.#info(this.#ready(projectId, name));
+    const entry = this.#ready(projectId, name);
+    return this.#info(entry, await mountPoints());
   }
 
   async list(projectId: string | undefined): Promise<EdgeVolumeInfo[]> {
     const entries = [...this.#entries.values()].filter(
       (e) => e.state === 'ready' && (projectId === undefined || e.projectId === projectId),
     );
-    return Promise.all(entries.map((e) => this.#info(e)));
+    const mounted = await mountPoints();
+    return Promise.all(entries.map((e) => this.#info(e, mounted)));
   }
 
   async delete(projectId: string, name: string): Promise<void> {
@@ -191,8 +214,10 @@ export class VolumeStore implements EdgeVolumeApi {
     try {
       // The record goes first: a crash from here on leaves a directory that
       // the next `open` recognises as an interrupted delete and removes.
-      await unlink(join(entry.dir, META));
-      await removeVolumeDir(entry.dir, true);
+      // Tolerant of an earlier delete that failed after its unmount: a retry finishes it.
+      await unlink(join(entry.dir, META)).catch(ignoreMissing);
+      const mounted = (await mountPoints()).has(join(entry.dir, MOUNT));
+      await removeVolumeDir(entry.dir, mounted);
     } catch (err) {
       // Still mounted (the unmount is what fails): the volume stays, its record written back.
       await writeFile(
@@ -257,9 +282,11 @@ export class VolumeStore implements EdgeVolumeApi {
     return entry;
   }
 
-  async #info(e: Entry): Promise<EdgeVolumeInfo> {
+  async #info(e: Entry, mounted: ReadonlySet<string>): Promise<EdgeVolumeInfo> {
     // statfs of the mount root: the platform's own path, nothing inside the volume.
-    const fs = await statfs(join(e.dir, MOUNT)).catch(() => undefined);
+    // Only while mounted: an empty mount point would report the node's own disk.
+    const mnt = join(e.dir, MOUNT);
+    const fs = mounted.has(mnt) ? await statfs(mnt).catch(() => undefined) : undefined;
     return {
       projectId: e.projectId,
       name: e.name,
@@ -277,13 +304,28 @@ export function volumeKey(projectId: string, name: string): string {
 }
 
 /**
- * A sparse ext4 image with a journal (a volume outlives sandboxes and edge
+ * An ext4 image with a journal (a volume outlives sandboxes and edge
  * crashes), no reserved blocks, one inode per 16 KiB, its root owned by
- * disk id 0 (each sandbox's root through the idmap).
+ * disk id 0 (each sandbox's root through the idmap). Its blocks are
+ * allocated up front (never a sparse file): a tenant that fills its volume
+ * uses what it was given, never the disk the node and other tenants share
+ * (a sparse image let volumes promise more than the disk holds, and the
+ * writes that found it full failed in every tenant's volume at once).
+ * `capacity_exhausted` when the disk has no room for it beside the reserve.
  */
 async function makeVolumeImage(image: string, sizeMb: number): Promise<void> {
+  const bytes = sizeMb * 2 ** 20;
+  const fs = await statfs(dirname(image));
+  const reserve = Math.min(MAX_RESERVE_BYTES, fs.blocks * fs.bsize * RESERVE_FRACTION);
+  if (fs.bavail * fs.bsize - bytes < reserve)
+    throw new DsecError(
+      'capacity_exhausted',
+      `no room on the edge's disk for a ${sizeMb} MiB volume (${Math.floor(
+        (fs.bavail * fs.bsize) / 2 ** 20,
+      )} MiB free)`,
+    );
   await writeFile(image, '', { mode: 0o600, flag: 'wx' });
-  await truncate(image, sizeMb * 2 ** 20);
+  await runTool('fallocate', ['-l', String(bytes), image], { timeoutMs: FALLOCATE_TIMEOUT_MS });
   await runTool(
     'mkfs.ext4',
     [

@@ -54,6 +54,60 @@ export interface paths {
     patch?: never;
     trace?: never;
   };
+  '/sandboxfusion/languages': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /** The SandboxFusion languages served, their runtimes and Debian packages */
+    get: operations['sandboxFusionLanguages'];
+    put?: never;
+    post?: never;
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/sandboxfusion/run_code': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    get?: never;
+    put?: never;
+    /**
+     * SandboxFusion's /run_code on FnCall
+     * @description SandboxFusion's request and answer (docs/fncall.md "SandboxFusion-compatible endpoint"): compiles and runs `code` in `language` with `compile_timeout`, `run_timeout`, `memory_limit_MB`, `stdin`, `files` (base64 by relative path) and `fetch_files`. Unknown fields are ignored, as SandboxFusion does. A language not served, a path with `..`, a limit out of range is 400 `invalid_argument`; a program that fails is a 200.
+     */
+    post: operations['sandboxFusionRunCode'];
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
+  '/sandboxfusion/v1/ping': {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    /** SandboxFusion's liveness route: `"pong"` */
+    get: operations['sandboxFusionPing'];
+    put?: never;
+    post?: never;
+    delete?: never;
+    options?: never;
+    head?: never;
+    patch?: never;
+    trace?: never;
+  };
   '/ui': {
     parameters: {
       query?: never;
@@ -1655,6 +1709,51 @@ export interface components {
       /** Format: date-time */
       time: string;
     };
+    SandboxFusionCommandResult: {
+      execution_time: number | null;
+      return_code: number | null;
+      /** @enum {string} */
+      status: 'Finished' | 'Error' | 'TimeLimitExceeded';
+      stderr: string | null;
+      stdout: string | null;
+    } | null;
+    SandboxFusionLanguages: {
+      compiled: boolean;
+      debian: string;
+      language: string;
+      maxMemoryMb: number;
+      runtime: string;
+    }[];
+    SandboxFusionRunCodeBody: {
+      code: string;
+      /** @default 10 */
+      compile_timeout?: number;
+      /** @default [] */
+      fetch_files?: string[];
+      /** @default {} */
+      files?: {
+        [key: string]: string | null;
+      };
+      language: string;
+      /** @default -1 */
+      memory_limit_MB?: number;
+      /** @default 10 */
+      run_timeout?: number;
+      stdin?: string | null;
+    };
+    /** @description SandboxFusion's answer: `Success` (every step finished with code 0), `Failed` (a non-zero code or a time limit), `SandboxError` (the sandbox failed the call). */
+    SandboxFusionRunCodeResponse: {
+      compile_result: components['schemas']['SandboxFusionCommandResult'];
+      executor_pod_name: string | null;
+      /** @description Fetched files, base64, by path. */
+      files: {
+        [key: string]: string;
+      };
+      message: string;
+      run_result: components['schemas']['SandboxFusionCommandResult'];
+      /** @enum {string} */
+      status: 'Success' | 'Failed' | 'SandboxError';
+    };
     SandboxInfo: {
       /** Format: date-time */
       createdAt: string;
@@ -1977,6 +2076,77 @@ export interface operations {
           'application/json': {
             [key: string]: unknown;
           };
+        };
+      };
+    };
+  };
+  sandboxFusionLanguages: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description The list. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['SandboxFusionLanguages'];
+        };
+      };
+    };
+  };
+  sandboxFusionRunCode: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody: {
+      content: {
+        'application/json': components['schemas']['SandboxFusionRunCodeBody'];
+      };
+    };
+    responses: {
+      /** @description How it ran. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': components['schemas']['SandboxFusionRunCodeResponse'];
+        };
+      };
+      400: components['responses']['BadRequest'];
+      401: components['responses']['Unauthenticated'];
+      403: components['responses']['PermissionDenied'];
+      413: components['responses']['PayloadTooLarge'];
+      429: components['responses']['TooManyRequests'];
+      500: components['responses']['Internal'];
+      503: components['responses']['Unavailable'];
+    };
+  };
+  sandboxFusionPing: {
+    parameters: {
+      query?: never;
+      header?: never;
+      path?: never;
+      cookie?: never;
+    };
+    requestBody?: never;
+    responses: {
+      /** @description Up. */
+      200: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          'application/json': string;
         };
       };
     };
