@@ -238,73 +238,83 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     failuresBeforeDown: Number.POSITIVE_INFINITY,
     ...(logger ? { log: edgeLog(logger.child({ component: 'watcher' })) } : {}),
   });
-  await watcher.refresh();
-  watcher.start();
-  const placer = new PowerOfKPlacer({ view: () => watcher.view() });
-  // One node: its key-protected `/metrics` shows the edge's series too.
-  const apiMetrics = new ApiMetrics();
-  apiMetrics.included.push(edgeMetrics.registry);
-  let fncall: FnCallService | undefined;
-  const app = buildApiServer({
-    iam,
-    edges,
-    watcher,
-    placer,
-    ids: new SandboxIdCodec(secret),
-    // Every request at info with logRequests; else warnings and failures only.
-    logger: logger
-      ? logger.child({ component: 'apiserver' }, { level: options.logRequests ? 'info' : 'warn' })
-      : (options.logRequests ?? false),
-    metrics: apiMetrics,
-    imagesList: (o) => listImages(store, o),
-    imagesRemove: (ref, project) => store.removeLayer(ref, { project }),
-    ...(options.imageBuilds !== false
-      ? {
-          imageBuilder: nodeImageBuilder({
-            store,
-            stateDir,
-            registries: options.registries ?? registrySettings(undefined, process.env),
-            network: options.imageBuilds?.network === false ? false : options.network,
-          }),
-          imageBuildLimits: options.imageBuilds?.limits,
-        }
-      : {}),
-    extend: e2bExtension(options.e2b),
-    onFnCallService: (service) => {
-      fncall = service;
-    },
-    ...bounds.api,
-  });
-  const listening = await listenApi(app, {
-    host: options.host ?? '127.0.0.1',
-    port: options.port ?? 7420,
-  });
+  // From here on a failure (the port taken, a route declared twice, an unknown project) closes
+  // what was opened: a node that failed to start leaves no edge, watcher or listener behind.
+  let listening: Listening | undefined;
   let sandboxFusion: Listening | undefined;
-  if (options.sandboxFusion) {
-    const { projectId } = options.sandboxFusion;
-    if ((await iam.lineage(projectId)).length === 0) {
-      await listening.close(0);
-      watcher.stop();
-      await edge.close();
-      await control.close();
-      throw new DsecError('invalid_argument', `no project ${JSON.stringify(projectId)}`, {
-        field: 'sandboxfusion-project',
-      });
-    }
-    sandboxFusion = await listenApi(
-      buildSandboxFusionListener({ fncall: fncall!, projectId }),
-      options.sandboxFusion,
-    );
-    logger?.info({ url: sandboxFusion.url, projectId }, 'sandboxfusion listening');
-  }
   let admin: MetricsListener | undefined;
-  if (options.metricsListen) {
-    admin = await serveMetrics({ registries: apiMetrics.registries(), ...options.metricsListen });
-    logger?.info({ url: admin.url }, 'metrics listening');
+  let fncall: FnCallService | undefined;
+  try {
+    await watcher.refresh();
+    watcher.start();
+    const placer = new PowerOfKPlacer({ view: () => watcher.view() });
+    // One node: its key-protected `/metrics` shows the edge's series too.
+    const apiMetrics = new ApiMetrics();
+    apiMetrics.included.push(edgeMetrics.registry);
+    const app = buildApiServer({
+      iam,
+      edges,
+      watcher,
+      placer,
+      ids: new SandboxIdCodec(secret),
+      // Every request at info with logRequests; else warnings and failures only.
+      logger: logger
+        ? logger.child({ component: 'apiserver' }, { level: options.logRequests ? 'info' : 'warn' })
+        : (options.logRequests ?? false),
+      metrics: apiMetrics,
+      imagesList: (o) => listImages(store, o),
+      imagesRemove: (ref, project) => store.removeLayer(ref, { project }),
+      ...(options.imageBuilds !== false
+        ? {
+            imageBuilder: nodeImageBuilder({
+              store,
+              stateDir,
+              registries: options.registries ?? registrySettings(undefined, process.env),
+              network: options.imageBuilds?.network === false ? false : options.network,
+            }),
+            imageBuildLimits: options.imageBuilds?.limits,
+          }
+        : {}),
+      extend: e2bExtension(options.e2b),
+      onFnCallService: (service) => {
+        fncall = service;
+      },
+      ...bounds.api,
+    });
+    listening = await listenApi(app, {
+      host: options.host ?? '127.0.0.1',
+      port: options.port ?? 7420,
+    });
+    if (options.sandboxFusion) {
+      const { projectId } = options.sandboxFusion;
+      if ((await iam.lineage(projectId)).length === 0) {
+        throw new DsecError('invalid_argument', `no project ${JSON.stringify(projectId)}`, {
+          field: 'sandboxfusion-project',
+        });
+      }
+      sandboxFusion = await listenApi(
+        buildSandboxFusionListener({ fncall: fncall!, projectId }),
+        options.sandboxFusion,
+      );
+      logger?.info({ url: sandboxFusion.url, projectId }, 'sandboxfusion listening');
+    }
+    if (options.metricsListen) {
+      admin = await serveMetrics({ registries: apiMetrics.registries(), ...options.metricsListen });
+      logger?.info({ url: admin.url }, 'metrics listening');
+    }
+  } catch (err) {
+    await admin?.close().catch(() => undefined);
+    await sandboxFusion?.close(0).catch(() => undefined);
+    await listening?.close(0).catch(() => undefined);
+    watcher.stop();
+    await edge.close().catch(() => undefined);
+    await control.close().catch(() => undefined);
+    throw err;
   }
+  const api = listening;
 
   return {
-    url: listening.url,
+    url: api.url,
     metricsUrl: admin?.url,
     sandboxFusionUrl: sandboxFusion?.url,
     adminKey,
@@ -316,7 +326,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
     async close(closeOptions = {}) {
       await admin?.close();
       await sandboxFusion?.close(closeOptions.drainMs);
-      await listening.close(closeOptions.drainMs);
+      await api.close(closeOptions.drainMs);
       watcher.stop();
       if (closeOptions.stopSandboxes) await stopAll(edge);
       await edge.close();

@@ -2,6 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { chmod, mkdtemp, readdir, readFile, rm, rmdir } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
+import { createServer, type AddressInfo } from 'node:net';
 import { basename, join } from 'node:path';
 import { startSingleNode, type SingleNode } from '@dsec/cluster';
 import { isDsecError } from '@dsec/core';
@@ -164,4 +165,28 @@ test('the CLI creates, execs, lists and removes sandboxes', async () => {
     assert.equal(missing.code, 1);
     assert.match(missing.stderr, /image_not_found/);
   });
+});
+
+test('a node whose port is taken fails to start and leaves nothing running: the same state dir starts again', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'dsec-cluster-it-'));
+  await chmod(dir, 0o711);
+  const stateDir = join(dir, 'state');
+  const edge = { cgroupParent: `dsec-test-${basename(dir)}` };
+  const taken = createServer();
+  await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+  const port = (taken.address() as AddressInfo).port;
+  const timers = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
+  const before = timers();
+  try {
+    await assert.rejects(startSingleNode({ stateDir, port, ...edge }), /EADDRINUSE|in use/i);
+    // The watcher's interval, the edge's sweeps and the control database went with the failure.
+    assert.ok(timers() <= before, `timers left running: ${timers() - before}`);
+    const node = await startSingleNode({ stateDir, port: 0, ...edge });
+    await node.close({ stopSandboxes: true });
+  } finally {
+    taken.close();
+    await rm(dir, { recursive: true, force: true });
+    for (const ctrl of await readdir('/sys/fs/cgroup'))
+      await rmdir(`/sys/fs/cgroup/${ctrl}/${edge.cgroupParent}`).catch(() => undefined);
+  }
 });
