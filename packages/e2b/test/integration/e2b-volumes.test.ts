@@ -22,7 +22,8 @@ test('E2B SDK: a volume made with Volume.create carries files between sandboxes'
     const a = await Sandbox.create('base', { volumeMounts: { '/data': vol } });
     await a.files.write('/data/note', 'kept across sandboxes');
     const ids = await a.commands.run('stat -c %u:%a /data/note');
-    assert.match(ids.stdout, /^0:/);
+    // Written as E2B's default user, `user` (uid 1000), who may write the volume's root.
+    assert.match(ids.stdout, /^1000:/);
     await a.kill();
 
     const b = await Sandbox.create('base', { volumeMounts: { '/mnt/shared': 'e2b-data' } });
