@@ -195,6 +195,8 @@ test('get, timeout, connect, kill and metrics; unknown IDs are 404, missing keys
       .sandboxID as string;
     assert.equal((await call('POST', `/sandboxes/${id}/timeout`, { timeout: 30 })).status, 204);
     const got = await call('GET', `/sandboxes/${id}`);
+    // The caller's own key, as create and connect answer it (the Python SDK's connect reads it here).
+    assert.equal(got.json!.envdAccessToken, api.rootKey);
     const end = Date.parse(got.json!.endAt as string);
     assert.ok(Math.abs(end - Date.now() - 30_000) < 5_000);
     // Connect only lengthens the TTL.

@@ -488,9 +488,12 @@ export function controlPlaneRoutes(scope: FastifyInstance, deps: ControlPlaneDep
   });
 
   scope.get('/sandboxes/:sandboxID', async (req, reply) => {
-    const { info, state } = await live(callerOf(req).principal, idParam(req), clientGone(reply));
+    const caller = callerOf(req);
+    const { info, state } = await live(caller.principal, idParam(req), clientGone(reply));
     return {
       ...listedSandbox(info, state),
+      // SandboxDetail carries it: the Python SDK's `connect` takes envd's token from this answer.
+      envdAccessToken: caller.key,
       allowInternetAccess: null,
       domain: deps.sandboxDomain ?? null,
       lifecycle: lifecycleOf(info),
