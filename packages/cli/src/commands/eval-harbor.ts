@@ -15,11 +15,10 @@ import {
   type HarborResult,
   type HarborTask,
 } from '@dsec/eval';
-import { loadClusterConfig, nodeRegistrySettings } from '@dsec/cluster';
+import { loadClusterConfig, nodeBuildNetwork, nodeRegistrySettings } from '@dsec/cluster';
 import { buildDockerfile } from '@dsec/images';
 import type { CliContext } from '../context.js';
 import { formatTable } from '../format.js';
-import { nodeBuildNetwork } from './image-build.js';
 import { createProgress } from '../progress.js';
 import { localStore } from '../stores.js';
 

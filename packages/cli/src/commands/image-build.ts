@@ -3,13 +3,10 @@ import { join } from 'node:path';
 import type { Command } from 'commander';
 import { DsecError, parseLayerRef } from '@dsec/core';
 import type { ImageStore, LayerKind, LayerRef } from '@dsec/core';
-import { loadClusterConfig, nodeRegistrySettings } from '@dsec/cluster';
-import { LinuxNetwork, type NetworkOptions } from '@dsec/edge';
+import { loadClusterConfig, nodeBuildNetwork, nodeRegistrySettings } from '@dsec/cluster';
 import { mountErofs, unmount } from '@dsec/native';
 import {
   buildDockerfile,
-  egressBuildNetwork,
-  type BuildNetwork,
   buildFromDebs,
   buildLayer,
   importOci,
@@ -322,49 +319,4 @@ async function buildFromDockerfile(
   } finally {
     progress.done();
   }
-}
-
-/**
- * The node's egress machinery for one build, opened only when a build runs
- * (a cached build costs nothing): a `LinuxNetwork` with a table and address
- * range of its own under `stateDir`, so a running edge's sandboxes and the
- * build never share a slot; closed (table and range given back) with the
- * build's namespace.
- */
-export function nodeBuildNetwork(
-  stateDir: string,
-  options: Omit<NetworkOptions, 'stateDir'>,
-): BuildNetwork {
-  return {
-    async open(request) {
-      const manager = await LinuxNetwork.open({ ...options, stateDir });
-      const close = async (): Promise<void> => {
-        // The manager waits for the kernel to drop the build's veth on unref'd
-        // timers: hold the process until its table and address range are gone.
-        const hold = setInterval(() => undefined, 1000);
-        try {
-          await manager.close();
-        } finally {
-          clearInterval(hold);
-        }
-      };
-      try {
-        const handle = await egressBuildNetwork(manager, { first: 0, count: 1 }).open(request);
-        return {
-          nsPath: handle.nsPath,
-          nameserver: handle.nameserver,
-          close: async () => {
-            try {
-              await handle.close();
-            } finally {
-              await close();
-            }
-          },
-        };
-      } catch (err) {
-        await close();
-        throw err;
-      }
-    },
-  };
 }
