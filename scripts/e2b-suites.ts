@@ -22,6 +22,9 @@
  * - Exclusions: scripts/e2b-suites/exclude.txt, a reason each. vitest leaves excluded files out
  *   (`exclude`), pytest deselects excluded tests at collection; the reports are checked
  *   afterwards, and an excluded test that shows up in one fails the run.
+ * - `--only PATH` (repeatable) runs just those test files (a `.py` path or pytest node ID goes to
+ *   the Python suite, any other to vitest); a suite none of them names does not run. Runs share
+ *   WORK's client chroot: run one at a time (`flock /var/tmp/dsec-e2b-suites.lock …`).
  * - Output: per suite passed/failed/skipped and the pass rate over the tests that need a server
  *   (a test file that creates, lists or connects to sandboxes or templates and mocks no HTTP),
  *   JSON with `--json`; `--out DIR` (default WORK/results) gets results.json, failures.txt
@@ -108,11 +111,13 @@ interface Options {
   gitDir: string;
   work: string;
   out: string;
+  /** `--only PATH` (repeatable): run just these test files (or pytest node IDs), per suite. */
+  only: string[];
 }
 
 function usage(message: string): never {
   process.stderr.write(
-    `e2b-suites: ${message}\nusage: node --import tsx scripts/e2b-suites.ts --git-dir DIR [--js] [--python] [--json] [--work DIR] [--out DIR]\n`,
+    `e2b-suites: ${message}\nusage: node --import tsx scripts/e2b-suites.ts --git-dir DIR [--js] [--python] [--json] [--work DIR] [--out DIR] [--only PATH]...\n`,
   );
   process.exit(2);
 }
@@ -124,6 +129,7 @@ function parseArgs(argv: string[]): Options {
   let gitDir = process.env.E2B_GIT_DIR;
   let work = '/var/tmp/dsec-e2b-suites';
   let out: string | undefined;
+  const only: string[] = [];
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     const value = (): string => {
@@ -137,10 +143,16 @@ function parseArgs(argv: string[]): Options {
     else if (a === '--git-dir') gitDir = value();
     else if (a === '--work') work = value();
     else if (a === '--out') out = value();
+    else if (a === '--only') only.push(value());
     else usage(`unknown argument ${JSON.stringify(a)}`);
   }
   if (!gitDir) usage('--git-dir (or E2B_GIT_DIR) is required: a bare git dir of e2b-dev/E2B');
   if (!js && !python) js = python = true;
+  // With --only, a suite runs only when some of the paths are its own (.py for Python).
+  if (only.length > 0) {
+    js &&= only.some((x) => !isPyPath(x));
+    python &&= only.some(isPyPath);
+  }
   work = resolve(work);
   return {
     js,
@@ -149,7 +161,12 @@ function parseArgs(argv: string[]): Options {
     gitDir: resolve(gitDir),
     work,
     out: resolve(out ?? join(work, 'results')),
+    only,
   };
+}
+
+function isPyPath(path: string): boolean {
+  return /\.py(::|$)/.test(path);
 }
 
 function log(line: string): void {
@@ -562,6 +579,7 @@ export default { ...base, test: { ...base.test, includeTaskLocation: true, proje
       '--reporter=json',
       `--outputFile=${report}`,
       '--reporter=default',
+      ...p.options.only.filter((x) => !isPyPath(x)),
     ],
     {
       cwd: jsDir,
@@ -620,7 +638,7 @@ async function runPython(
         client,
         '/bin/sh',
         '-c',
-        'cd /e2b/python-sdk && exec python3 -m pytest -p pytest_dsec_suites -p no:cacheprovider -n 2 -rN tests',
+        `cd /e2b/python-sdk && exec python3 -m pytest -p pytest_dsec_suites -p no:cacheprovider -n 2 -rN ${pyTargets(p.options.only)}`,
       ],
       { env },
       join(runDir, 'py.log'),
@@ -634,6 +652,13 @@ async function runPython(
   if (existsSync(join(client, deselected)))
     cpSync(join(client, deselected), `${report}.deselected`);
   return { code, report };
+}
+
+/** The pytest targets: `tests`, or the --only paths that are Python's, shell-quoted. */
+function pyTargets(only: string[]): string {
+  const paths = only.filter(isPyPath);
+  if (paths.length === 0) return 'tests';
+  return paths.map((x) => `'${x.replace(/'/g, `'\\''`)}'`).join(' ');
 }
 
 /** Throws unless each py exclusion deselected at least one test (read from the plugin's list). */
@@ -691,7 +716,9 @@ async function inner(p: Prepared): Promise<void> {
       const rs = readPyResults(report, p.pyDir!);
       results.push(...rs);
       summaries.push(summarize('py', rs, code, exclusions));
-      if (rs.length > 0) pyDeselected = checkPyDeselected(report, exclusions);
+      // A run of --only paths deselects only the exclusions among them, so none is checked.
+      if (rs.length > 0 && o.only.length === 0)
+        pyDeselected = checkPyDeselected(report, exclusions);
     }
   } finally {
     await new Promise<void>((r) => bridge.close(() => r()));
