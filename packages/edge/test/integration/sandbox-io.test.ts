@@ -228,6 +228,22 @@ test('files: write, read, stat, list, mkdir, rename, remove; names with spaces a
   assert.equal(leftovers.stdout.trim(), '0', 'no temp files are left behind');
 });
 
+test('reading a fifo or a device the sandbox made answers invalid_argument at once instead of hanging', async () => {
+  const dir = `/tmp/fifo-${randomId('d')}`;
+  await edge.runCommand(sb, {
+    shell: `mkdir -p ${dir} && mkfifo ${dir}/pipe && ln -s pipe ${dir}/link && ln -s /dev/zero ${dir}/zero`,
+  });
+  // Nobody ever writes to the fifo: a read that opened it would wait forever.
+  for (const path of [`${dir}/pipe`, `${dir}/link`, `${dir}/zero`, '/dev/zero']) {
+    await assert.rejects(
+      edge.io.readFile(sb, path),
+      (e) => isDsecError(e, 'invalid_argument'),
+      path,
+    );
+  }
+  await edge.io.remove(sb, dir, { recursive: true });
+});
+
 test('file operations stay inside the sandbox through symlinks and .. (SECURITY A9)', async () => {
   const d = `/tmp/a9-${randomId('d')}`;
   const marker = `host-file-${randomBytes(6).toString('hex')}`;
