@@ -347,6 +347,8 @@ const RegistriesSection = z
     ),
     /** A containers-auth.json with credentials (relative to the config file). */
     authFile: z.string().min(1).max(4096),
+    /** Registries API builds may pull `FROM` besides docker.io and those above (`*`: any). */
+    buildFrom: z.array(z.string().min(1).max(261)).max(MAX_REGISTRY_ENTRIES),
   })
   .partial()
   .strict();

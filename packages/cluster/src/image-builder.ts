@@ -4,6 +4,7 @@ import { isDsecError, type ImageStore } from '@dsec/core';
 import { LinuxNetwork, type EdgeNetworkOptions, type NetworkOptions } from '@dsec/edge';
 import {
   buildDockerfile,
+  buildPullHosts,
   egressBuildNetwork,
   type BuildNetwork,
   type RegistrySettings,
@@ -60,6 +61,8 @@ export function nodeImageBuilder(options: NodeImageBuilderOptions): ImageBuilder
         // The tenant wrote the Dockerfile: the node's DSEC_REGISTRY_USERNAME/PASSWORD go only
         // to the registries the node's config names, never to a host a FROM picks.
         credentialHosts: credentialHosts(options.registries),
+        // And its FROM pulls run on the node: only from registries the node's config allows.
+        pullHosts: buildPullHosts(options.registries),
         signal: request.signal,
         onProgress: (p) => {
           if (p.phase === 'step' || p.phase === 'output') request.onLog(p.message ?? '');

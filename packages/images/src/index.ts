@@ -56,11 +56,13 @@ export {
 } from './oci/registry.js';
 export type { ImportRegistryOptions, RegistryImportResult } from './oci/registry.js';
 export {
+  buildPullHosts,
   isInsecureRegistry,
   MAX_MIRRORS_PER_REGISTRY,
   MAX_REGISTRY_ENTRIES,
   pullSources,
   registriesConf,
+  registryHostOf,
   registrySettings,
 } from './oci/registries.js';
 export type { RegistryConfig, RegistrySettings } from './oci/registries.js';

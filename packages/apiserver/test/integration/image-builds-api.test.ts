@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { chmod, mkdir, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -208,6 +210,36 @@ void describe('image builds over the API', { timeout: 10 * 60_000 }, () => {
     const refused = await waitBuild(keys.a, changed.json['id'] as string);
     assert.equal(refused.status, 'failed');
     assert.equal(refused.errorCode, 'conflict');
+  });
+
+  test('attack: FROM and COPY --from of a registry the node does not allow fail before any pull: no request reaches the host', async () => {
+    // A "registry" on the node's loopback that only counts what reaches it.
+    let hits = 0;
+    const trap = createServer((_req, res) => res.writeHead(404).end());
+    // Connections, not requests: a registry client's TLS hello is no HTTP request.
+    trap.on('connection', () => hits++);
+    await new Promise<void>((r) => trap.listen(0, '127.0.0.1', r));
+    const trapPort = (trap.address() as AddressInfo).port;
+    const registryPort = registry.host.split(':')[1]!;
+    try {
+      for (const dockerfile of [
+        `FROM 127.0.0.1:${trapPort}/x:1\n`,
+        // The allowed registry under another name is another host.
+        `FROM localhost:${registryPort}/base/busybox:v1\n`,
+        `FROM ${baseRef}\nCOPY --from=127.0.0.1:${trapPort}/y:1 /a /a\n`,
+      ]) {
+        const tar = await context('trap', { Dockerfile: dockerfile });
+        const started = await build(keys.a, 'name=trap', tar);
+        assert.equal(started.status, 202, JSON.stringify(started.json));
+        const done = await waitBuild(keys.a, started.json['id'] as string);
+        assert.equal(done.status, 'failed', dockerfile);
+        assert.equal(done.errorCode, 'permission_denied', dockerfile);
+        assert.equal(done.errorDetails?.['reason'], 'from_registry', dockerfile);
+      }
+      assert.equal(hits, 0, 'the build reached the host it was refused');
+    } finally {
+      await new Promise<void>((r) => trap.close(() => r()));
+    }
   });
 
   test('a failing step fails the build with its instruction, line and output', async () => {

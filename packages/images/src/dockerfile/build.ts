@@ -33,7 +33,7 @@ import { withLockFile } from '../util/lock-file.js';
 import { runTool } from '../util/run-tool.js';
 import { stageContext, type ContextLimits } from './context.js';
 import { readStoredLayers } from './storage.js';
-import { baseImageRefs, checkBaseImages, copyFromImageRefs } from './onbuild.js';
+import { assertPullHost, baseImageRefs, checkBaseImages, copyFromImageRefs } from './onbuild.js';
 import type { BuildNetwork, BuildNetworkHandle } from './network.js';
 import {
   parseDockerfile,
@@ -137,6 +137,12 @@ export interface DockerfileBuildOptions extends DockerfileLimits, ContextLimits 
    * (`FROM attacker.example/x` would be sent the node's password).
    */
   credentialHosts?: readonly string[] | undefined;
+  /**
+   * The registry hosts `FROM` and `COPY --from` images may come from
+   * (`buildPullHosts`), checked before any pull. Absent: any host, as for
+   * `dsec image build` run by the node's operator.
+   */
+  pullHosts?: readonly string[] | undefined;
   signal?: AbortSignal | undefined;
   onProgress?(p: DockerfileBuildProgress): void;
 }
@@ -467,6 +473,10 @@ async function runBuild(
   let built = false;
   let removed = false;
   try {
+    const bases = baseImageRefs(input.parsed, input.buildArgs);
+    const copied = copyFromImageRefs(input.parsed);
+    // Every image's registry checked before the network opens or anything is pulled.
+    for (const ref of [...bases, ...copied]) assertPullHost(ref, options.pullHosts);
     if (options.network) {
       input.progress({ phase: 'network' });
       net = await options.network.open({
@@ -475,19 +485,8 @@ async function runBuild(
       });
     }
     // Base images pulled and checked first; bud then builds on exactly those (--pull=false).
-    await checkBaseImages(baseImageRefs(input.parsed, input.buildArgs), {
-      storage,
-      env,
-      authFile,
-      signal,
-    });
-    await checkBaseImages(copyFromImageRefs(input.parsed), {
-      storage,
-      env,
-      authFile,
-      refuseTriggers: false,
-      signal,
-    });
+    await checkBaseImages(bases, { storage, env, authFile, signal });
+    await checkBaseImages(copied, { storage, env, authFile, refuseTriggers: false, signal });
     const args = [
       ...storage,
       'bud',

@@ -1,7 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { isDsecError } from '@dsec/core';
-import { baseImageRefs, copyFromImageRefs } from './onbuild.js';
+import { buildPullHosts, registrySettings } from '../oci/registries.js';
+import { assertPullHost, baseImageRefs, copyFromImageRefs } from './onbuild.js';
 import { parseDockerfile } from './parse.js';
 
 test('base images: global ARGs expanded (a --build-arg over the default), stages and scratch skipped', () => {
@@ -70,5 +71,51 @@ test('COPY --from images (not stages) are listed to be pulled ahead; a variable 
   assert.throws(
     () => copyFromImageRefs(parseDockerfile('FROM debian\nARG X\nCOPY --from=$X /a /a\n')),
     (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'from_variable',
+  );
+});
+
+test('attack: an API build pulls FROM only the registries the node allows; the node, its network and look-alike hosts are refused', () => {
+  const allowed = buildPullHosts(
+    registrySettings({ insecure: ['127.0.0.1:5000'], buildFrom: ['ghcr.io'] }, {}),
+  )!;
+  for (const ok of [
+    'debian:bookworm',
+    'library/python:3.11',
+    'docker.io/library/debian',
+    'index.docker.io/x/y',
+    '127.0.0.1:5000/tasks/a:1',
+    'GHCR.io/owner/img:1',
+  ]) {
+    assert.doesNotThrow(() => assertPullHost(ok, allowed), ok);
+  }
+  for (const bad of [
+    '127.0.0.1:2379/x', // the node's own services on another port
+    '127.0.0.1/x',
+    'localhost:5000/x', // the same port under another name is another host
+    'localhost/x',
+    '10.0.0.5/x',
+    '169.254.169.254/latest',
+    '[::1]:5000/x',
+    'docker.io.evil.test/x',
+    'ghcr.io:444/x',
+    'ghcr.io.evil.test/x',
+  ]) {
+    assert.throws(
+      () => assertPullHost(bad, allowed),
+      (e: unknown) =>
+        isDsecError(e, 'permission_denied') && e.details?.['reason'] === 'from_registry',
+      bad,
+    );
+  }
+  // `*` is any host; no list at all (the operator's own CLI builds) too.
+  assert.equal(buildPullHosts(registrySettings({ buildFrom: ['*'] }, {})), undefined);
+  assert.doesNotThrow(() => assertPullHost('10.0.0.5/x', undefined));
+  assert.deepEqual(
+    buildPullHosts(registrySettings({}, { DSEC_BUILD_REGISTRIES: 'quay.io, Registry.Test:8443' })),
+    ['docker.io', 'quay.io', 'registry.test:8443'],
+  );
+  assert.throws(
+    () => registrySettings({ buildFrom: ['not a host/x'] }, {}),
+    (e: unknown) => isDsecError(e, 'invalid_argument') && e.field === 'registries.buildFrom',
   );
 });

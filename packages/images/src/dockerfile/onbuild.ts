@@ -1,4 +1,5 @@
 import { DsecError } from '@dsec/core';
+import { registryHostOf } from '../oci/registries.js';
 import { runTool } from '../util/run-tool.js';
 import type { ParsedDockerfile } from './parse.js';
 
@@ -101,6 +102,23 @@ export function assertRegistryRef(ref: string, line: number): void {
       { field: 'dockerfile', details: { reason: 'image_transport', line } },
     );
   }
+}
+
+/**
+ * Refuses an image of a registry outside `allowed` (`permission_denied`,
+ * `details.reason` `from_registry`): the pull runs on the node, so a tenant's
+ * `FROM 127.0.0.1:2379/x` or `FROM 10.0.0.5/x` would reach the node's own
+ * services and network.
+ */
+export function assertPullHost(ref: string, allowed: readonly string[] | undefined): void {
+  if (allowed === undefined) return;
+  const host = registryHostOf(ref);
+  if (allowed.includes(host)) return;
+  throw new DsecError(
+    'permission_denied',
+    `FROM ${ref.slice(0, 200)}: this node does not pull from ${host.slice(0, 100)} for builds sent to the API; its operator can list the registry in the config's registries.buildFrom (or DSEC_BUILD_REGISTRIES)`,
+    { field: 'dockerfile', details: { reason: 'from_registry', ref: ref.slice(0, 200), host } },
+  );
 }
 
 function unquote(s: string | undefined): string | undefined {

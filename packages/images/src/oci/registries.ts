@@ -16,6 +16,12 @@ export interface RegistrySettings {
   mirrors: Record<string, string[]>;
   /** A containers-auth.json file with credentials (default: `REGISTRY_AUTH_FILE`). */
   authFile?: string | undefined;
+  /**
+   * Registry hosts (`host[:port]`, lower case; `*` for any) a build sent to the
+   * API may pull `FROM`, besides `docker.io` and the registries above (see
+   * `buildPullHosts`). Absent: none besides those.
+   */
+  buildFrom?: string[] | undefined;
 }
 
 /** The config file's `registries` section, as far as it is given. */
@@ -95,6 +101,17 @@ export function registrySettings(
       addMirror(entry.slice(0, eq).trim(), m.trim(), 'DSEC_REGISTRY_MIRRORS');
     }
   }
+  const buildFrom = new Set<string>();
+  const addBuildFrom = (h: unknown, where: string) => {
+    buildFrom.add(h === '*' ? '*' : checkHost(h, where));
+    if (buildFrom.size > MAX_REGISTRY_ENTRIES) tooMany(where, MAX_REGISTRY_ENTRIES);
+  };
+  if (config?.buildFrom !== undefined) {
+    if (!Array.isArray(config.buildFrom))
+      notA('registries.buildFrom', 'a list of host[:port] (or "*")');
+    for (const h of config.buildFrom) addBuildFrom(h, 'registries.buildFrom');
+  }
+  for (const h of splitList(env.DSEC_BUILD_REGISTRIES)) addBuildFrom(h, 'DSEC_BUILD_REGISTRIES');
   const authFile = config?.authFile ?? (env.REGISTRY_AUTH_FILE || undefined);
   if (authFile !== undefined && (typeof authFile !== 'string' || authFile === ''))
     notA('registries.authFile', 'a file path');
@@ -102,7 +119,37 @@ export function registrySettings(
     insecure: [...insecure],
     mirrors: { ...mirrors },
     ...(authFile ? { authFile } : {}),
+    ...(buildFrom.size > 0 ? { buildFrom: [...buildFrom] } : {}),
   };
+}
+
+/**
+ * The registry hosts a build sent to the API may pull `FROM` (a tenant wrote
+ * its Dockerfile, and the pull runs on the node, outside any sandbox's
+ * network policy): `docker.io`, the insecure and mirrored registries, their
+ * mirrors' hosts and `buildFrom`. Undefined (any host) when `buildFrom`
+ * holds `*`.
+ */
+export function buildPullHosts(settings: RegistrySettings): string[] | undefined {
+  if (settings.buildFrom?.includes('*')) return undefined;
+  const hosts = new Set<string>(['docker.io', ...settings.insecure, ...(settings.buildFrom ?? [])]);
+  for (const [registry, mirrors] of Object.entries(settings.mirrors)) {
+    hosts.add(registry);
+    for (const m of mirrors) hosts.add(m.split('/')[0]!);
+  }
+  return [...hosts];
+}
+
+/**
+ * The registry host of an image reference as containers/image reads it: the
+ * first path component when it holds a `.` or `:` or is `localhost`, else
+ * `docker.io` (lower case; `index.docker.io` is `docker.io`).
+ */
+export function registryHostOf(ref: string): string {
+  const slash = ref.indexOf('/');
+  const first = slash < 0 ? '' : ref.slice(0, slash).toLowerCase();
+  if (slash < 0 || !/[.:]|^localhost$/.test(first)) return 'docker.io';
+  return first === 'index.docker.io' ? 'docker.io' : first;
 }
 
 /**
