@@ -1,6 +1,10 @@
 import { join } from 'node:path';
-import type { ImageBuilder } from '@dsec/apiserver';
-import { isDsecError, type ImageStore } from '@dsec/core';
+import {
+  DEFAULT_IMAGE_BUILD_LIMITS,
+  type ImageBuilder,
+  type ImageBuildRequest,
+} from '@dsec/apiserver';
+import { DsecError, isDsecError, type ImageStore, type LayerInfo } from '@dsec/core';
 import { LinuxNetwork, type EdgeNetworkOptions, type NetworkOptions } from '@dsec/edge';
 import {
   buildDockerfile,
@@ -23,6 +27,13 @@ export interface NodeImageBuilderOptions {
    * run as root gives them none at all.
    */
   network?: EdgeNetworkOptions | false | undefined;
+  /**
+   * Builds that may run at once, each in a buildah storage root of its own
+   * (`buildah-api/N/`): a build holds its root's lock from the first pull to
+   * the import, so with one shared root one tenant's two-hour build held up
+   * every other tenant's. Default: the API's `maxBuilds`.
+   */
+  concurrency?: number | undefined;
 }
 
 /**
@@ -34,41 +45,57 @@ export interface NodeImageBuilderOptions {
  */
 export function nodeImageBuilder(options: NodeImageBuilderOptions): ImageBuilder {
   const { store, stateDir } = options;
-  let network: BuildNetwork | undefined;
+  const concurrency = options.concurrency ?? DEFAULT_IMAGE_BUILD_LIMITS.maxBuilds;
+  const slots = new StorageSlots(concurrency);
+  // Per slot, too: a build network's table and address range belong to its state directory.
+  let networks: BuildNetwork[] | undefined;
   if (options.network !== false && options.network?.mode !== 'none' && process.getuid?.() === 0) {
     const { mode: _mode, ...netOptions } = options.network ?? {};
-    network = nodeBuildNetwork(join(stateDir, 'build'), netOptions);
+    networks = Array.from({ length: concurrency }, (_, i) =>
+      nodeBuildNetwork(join(stateDir, 'build', String(i)), netOptions),
+    );
   }
+  const buildIn = async (
+    slot: number,
+    request: ImageBuildRequest,
+  ): Promise<{ layer: LayerInfo; cached: boolean }> => {
+    const result = await buildDockerfile(store, {
+      project: request.project,
+      name: request.name,
+      version: request.version,
+      kind: 'base',
+      contextDir: request.contextDir,
+      ...(request.dockerfile !== undefined ? { dockerfile: request.dockerfile } : {}),
+      buildArgs: request.buildArgs,
+      ...(request.target !== undefined ? { target: request.target } : {}),
+      registries: options.registries,
+      mounter: { mountErofs, unmount },
+      network: networks?.[slot],
+      timeoutMs: request.timeoutMs,
+      buildahRoot: join(stateDir, 'buildah-api', String(slot)),
+      // The node's own credentials for registries; nothing of the caller's environment.
+      env: process.env,
+      // The tenant wrote the Dockerfile: the node's DSEC_REGISTRY_USERNAME/PASSWORD go only
+      // to the registries the node's config names, never to a host a FROM picks.
+      credentialHosts: credentialHosts(options.registries),
+      // And its FROM pulls run on the node: only from registries the node's config allows.
+      pullHosts: buildPullHosts(options.registries),
+      signal: request.signal,
+      onProgress: (p) => {
+        if (p.phase === 'step' || p.phase === 'output') request.onLog(p.message ?? '');
+      },
+    });
+    return { layer: result.layer, cached: result.cached };
+  };
   return {
     workDir: join(stateDir, 'build-api'),
     async build(request) {
-      const result = await buildDockerfile(store, {
-        project: request.project,
-        name: request.name,
-        version: request.version,
-        kind: 'base',
-        contextDir: request.contextDir,
-        ...(request.dockerfile !== undefined ? { dockerfile: request.dockerfile } : {}),
-        buildArgs: request.buildArgs,
-        ...(request.target !== undefined ? { target: request.target } : {}),
-        registries: options.registries,
-        mounter: { mountErofs, unmount },
-        network,
-        timeoutMs: request.timeoutMs,
-        buildahRoot: join(stateDir, 'buildah'),
-        // The node's own credentials for registries; nothing of the caller's environment.
-        env: process.env,
-        // The tenant wrote the Dockerfile: the node's DSEC_REGISTRY_USERNAME/PASSWORD go only
-        // to the registries the node's config names, never to a host a FROM picks.
-        credentialHosts: credentialHosts(options.registries),
-        // And its FROM pulls run on the node: only from registries the node's config allows.
-        pullHosts: buildPullHosts(options.registries),
-        signal: request.signal,
-        onProgress: (p) => {
-          if (p.phase === 'step' || p.phase === 'output') request.onLog(p.message ?? '');
-        },
-      });
-      return { layer: result.layer, cached: result.cached };
+      const slot = await slots.take(request.signal);
+      try {
+        return await buildIn(slot, request);
+      } finally {
+        slots.give(slot);
+      }
     },
     remove: async (ref, project) => await store.removeLayer(ref, { project }),
     async tag(project, from, to) {
@@ -81,6 +108,45 @@ export function nodeImageBuilder(options: NodeImageBuilderOptions): ImageBuilder
       return await store.getLayer(to, { project });
     },
   };
+}
+
+/**
+ * A fixed set of numbered slots handed out one build each, first come first
+ * served; `take` waits for a slot given back (or the build's signal).
+ */
+export class StorageSlots {
+  private readonly free: number[];
+  private readonly waiting: Array<(slot: number) => void> = [];
+
+  constructor(count: number) {
+    if (!Number.isInteger(count) || count < 1) throw new RangeError(`slots: ${count}`);
+    this.free = Array.from({ length: count }, (_, i) => i);
+  }
+
+  async take(signal?: AbortSignal): Promise<number> {
+    const slot = this.free.shift();
+    if (slot !== undefined) return slot;
+    return await new Promise<number>((resolve, reject) => {
+      const onAbort = () => {
+        const i = this.waiting.indexOf(grant);
+        if (i >= 0) this.waiting.splice(i, 1);
+        reject(new DsecError('aborted', 'the build was cancelled while it waited for a slot'));
+      };
+      const grant = (s: number) => {
+        signal?.removeEventListener('abort', onAbort);
+        resolve(s);
+      };
+      if (signal?.aborted) return onAbort();
+      signal?.addEventListener('abort', onAbort, { once: true });
+      this.waiting.push(grant);
+    });
+  }
+
+  give(slot: number): void {
+    const next = this.waiting.shift();
+    if (next) next(slot);
+    else this.free.push(slot);
+  }
 }
 
 /**

@@ -271,6 +271,7 @@ export async function startSingleNode(options: SingleNodeOptions): Promise<Singl
               stateDir,
               registries: options.registries ?? registrySettings(undefined, process.env),
               network: options.imageBuilds?.network === false ? false : options.network,
+              concurrency: options.imageBuilds?.limits?.maxBuilds,
             }),
             imageBuildLimits: options.imageBuilds?.limits,
           }

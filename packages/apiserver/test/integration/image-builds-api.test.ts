@@ -323,7 +323,7 @@ void describe('image builds over the API', { timeout: 10 * 60_000 }, () => {
     assert.deepEqual(scratch, []);
   });
 
-  test('a build is cancelled with DELETE', async () => {
+  test("a build is cancelled with DELETE; while one tenant's build runs, another tenant's runs to the end beside it", async () => {
     const tar = await context('slow', {
       Dockerfile: `FROM ${baseRef}\nRUN sleep 120\n`,
     });
@@ -338,6 +338,16 @@ void describe('image builds over the API', { timeout: 10 * 60_000 }, () => {
       assert.equal(info.status, 'building', JSON.stringify(info));
       await sleep(200);
     }
+    // Each build has a storage root of its own: b's two-minute step holds up nobody else's.
+    const beside = await build(
+      keys.a,
+      'name=beside',
+      await context('beside', { Dockerfile: `FROM ${baseRef}\nRUN echo beside > /b.txt\n` }),
+    );
+    assert.equal(beside.status, 202, JSON.stringify(beside.json));
+    assert.equal((await waitBuild(keys.a, beside.json['id'] as string)).status, 'ready');
+    const slowNow = (await api(keys.b, 'GET', `/v1/images/builds/${id}`)).json;
+    assert.equal(slowNow['status'], 'building', 'the slow build is still running');
     assert.equal((await api(keys.a, 'DELETE', `/v1/images/builds/${id}`)).status, 404);
     const cancelled = await api(keys.b, 'DELETE', `/v1/images/builds/${id}`);
     assert.equal(cancelled.status, 200);
