@@ -688,6 +688,46 @@ export function controlDbConformance(name: string, fixture: ControlDbFixture): v
       assert.equal((await iam.usage(team.id)).imageBytes, 1000);
     });
 
+    test('volume bytes from 3 instances at once never overrun the quota, and one name is made once', async (t) => {
+      const { iam, root, location } = await fresh(t);
+      const instances = [
+        iam,
+        ...(await Promise.all([1, 2].map(async () => (await open(t, location)).iam))),
+      ];
+      const team = await iam.createProject(root, { name: 'team', quota: { volumeBytes: 1000 } });
+      const kids = await Promise.all(
+        ['k1', 'k2'].map((name) => iam.createProject(root, { name, parentId: team.id })),
+      );
+      const results = await Promise.allSettled(
+        Array.from({ length: 30 }, (_, i) =>
+          instances[i % 3]!.createVolume({
+            projectId: kids[i % 2]!.id,
+            name: `v${i}`,
+            sizeBytes: 100,
+            edgeId: 'e1',
+          }),
+        ),
+      );
+      assert.equal(results.filter((r) => r.status === 'fulfilled').length, 10);
+      for (const r of results) {
+        if (r.status === 'rejected')
+          assert.ok(isDsecError(r.reason, 'quota_exceeded'), String(r.reason));
+      }
+      assert.equal((await iam.usage(team.id)).volumeBytes, 1000);
+      // The same name from every instance at once: one volume, the others `conflict`.
+      const made = results.find((r) => r.status === 'fulfilled')!.value;
+      assert.equal(await iam.deleteVolume(made.projectId, made.name), true);
+      const same = await Promise.allSettled(
+        instances.map((x) =>
+          x.createVolume({ projectId: made.projectId, name: 'same', sizeBytes: 1, edgeId: 'e1' }),
+        ),
+      );
+      assert.equal(same.filter((r) => r.status === 'fulfilled').length, 1);
+      for (const r of same) {
+        if (r.status === 'rejected') assert.ok(isDsecError(r.reason, 'conflict'), String(r.reason));
+      }
+    });
+
     test('pending reservations lapse; bound ones live until the sandbox expires', async (t) => {
       let now = 1_000_000;
       const { iam, root } = await fresh(t, {
