@@ -535,9 +535,9 @@ function testEnv(node: Node, cert: string): NodeJS.ProcessEnv {
   return {
     ...env,
     E2B_DOMAIN: DOMAIN,
-    E2B_API_KEY: node.apiKey,
-    // DSec keys are `dsec_…`, not `e2b_` + hex: the SDK's own switch for other key formats.
-    E2B_VALIDATE_API_KEY: 'false',
+    // The admin key in E2B's format (`dsec key create --e2b` prints a key so): the SDKs' own key
+    // check passes as with an E2B key, so E2B_VALIDATE_API_KEY is left unset.
+    E2B_API_KEY: `e2b_${Buffer.from(node.apiKey.slice('dsk_'.length), 'base64url').toString('hex')}`,
     DSEC_E2B_SUITES_DOMAIN: DOMAIN,
     NODE_EXTRA_CA_CERTS: cert,
   };

@@ -58,3 +58,5 @@ export {
   type E2bOptions,
   type LifecycleOptions,
 } from './extensions.js';
+/** E2B's spelling of a DSec API key (`dsec key create --e2b`). */
+export { e2bKeyForm } from '@dsec/iam';

@@ -1,6 +1,6 @@
 import type { IncomingHttpHeaders } from 'node:http';
 import { checkSandboxUser, DsecError, isDsecError } from '@dsec/core';
-import type { Iam, Principal } from '@dsec/iam';
+import { fromE2bKeyForm, type Iam, type Principal } from '@dsec/iam';
 
 /**
  * Credentials of an E2B client. The SDKs send the API key as `X-API-Key` to
@@ -10,6 +10,8 @@ import type { Iam, Principal } from '@dsec/iam';
  * in-sandbox, is authorised by IAM exactly as a native call with that key:
  * the key's project and its descendants, another project's sandbox not found.
  * `Authorization: Bearer` is accepted too; `Basic` carries the envd user.
+ * A key may come in E2B's format (`e2b_` + hex, `dsec key create --e2b`), so
+ * the SDKs' own key check needs no `E2B_VALIDATE_API_KEY=false`.
  */
 
 /** An authenticated caller and the raw key (echoed as the envd access token; never logged). */
@@ -26,11 +28,11 @@ export function credentialOf(
 ): { key: string; header: string } | undefined {
   for (const header of ['x-api-key', 'x-access-token', 'e2b-traffic-access-token']) {
     const v = headers[header];
-    if (typeof v === 'string' && v.trim() !== '') return { key: v.trim(), header };
+    if (typeof v === 'string' && v.trim() !== '') return { key: fromE2bKeyForm(v.trim()), header };
   }
   const auth = headers.authorization;
   const m = typeof auth === 'string' ? /^Bearer +(\S+) *$/i.exec(auth) : null;
-  return m?.[1] ? { key: m[1], header: 'authorization' } : undefined;
+  return m?.[1] ? { key: fromE2bKeyForm(m[1]), header: 'authorization' } : undefined;
 }
 
 /**

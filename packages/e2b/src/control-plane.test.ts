@@ -4,6 +4,7 @@ import { ApiMetrics, CallerLimits, SandboxService } from '@dsec/apiserver';
 import { createTestApi, FakeEdge, ScriptedEdge } from '@dsec/apiserver/testing';
 import type { TestApi } from '@dsec/apiserver/testing';
 import { isDsecError } from '@dsec/core';
+import { e2bKeyForm, fromE2bKeyForm } from '@dsec/iam';
 import { PowerOfKPlacer } from '@dsec/placement';
 import { createBodyOf, egressTarget, metadataFilter, TEMPLATE_LABEL } from './control-plane.js';
 import { toDsecSandboxId } from './ids.js';
@@ -355,4 +356,26 @@ test('control-plane requests count against the requests in flight of their key, 
   } finally {
     await api.close();
   }
+});
+
+test("a key in E2B's format (e2b_ + hex) is the same key; a look-alike or another key's spelling is not", async () => {
+  await withApi(async (api, call) => {
+    const e2bKey = e2bKeyForm(api.rootKey)!;
+    assert.match(e2bKey, /^e2b_[0-9a-f]{64}$/);
+    assert.equal(fromE2bKeyForm(e2bKey), api.rootKey);
+    assert.equal((await call('GET', '/v2/sandboxes', undefined, e2bKey)).status, 200);
+    const created = await call('POST', '/v2/sandboxes', { templateID: 'base' }, e2bKey);
+    assert.equal(created.status, 201, JSON.stringify(created.json));
+    // One hex digit changed, upper case, short, long: unauthenticated, not another key's access.
+    const flipped = e2bKey.slice(0, -1) + (e2bKey.endsWith('0') ? '1' : '0');
+    for (const bad of [flipped, e2bKey.toUpperCase(), e2bKey.slice(0, -2), `${e2bKey}00`]) {
+      assert.equal((await call('GET', '/v2/sandboxes', undefined, bad)).status, 401, bad);
+    }
+    assert.equal(e2bKeyForm('not-a-key'), undefined);
+    assert.equal(
+      e2bKeyForm(`dsk_${'A'.repeat(42)}B`),
+      undefined,
+      'spare bits set: not a key we made',
+    );
+  });
 });

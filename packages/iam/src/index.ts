@@ -36,7 +36,7 @@ export { EdgeRegistry, EDGE_ID_PATTERN } from './edge-registry.js';
 export type { EdgeProbe, EdgeRecord, EdgeRegistration } from './edge-registry.js';
 export { MIGRATIONS, SCHEMA_VERSION } from './db/migrations.js';
 export { canonicalJson, requestFingerprint } from './fingerprint.js';
-export { API_KEY_PATTERN, hashApiKey } from './keys.js';
+export { API_KEY_PATTERN, e2bKeyForm, fromE2bKeyForm, hashApiKey } from './keys.js';
 export {
   checkScopes,
   FNCALL_SCOPE,

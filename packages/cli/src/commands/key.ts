@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { e2bKeyForm } from '@dsec/cluster';
 import { contextOf } from '../context.js';
 import { collect, parseRole } from '../parse.js';
 
@@ -17,9 +18,19 @@ export function register(program: Command): void {
       'limit the key (repeatable): sandboxes:snapshot, fncall:run, volumes:use, metrics:read, images:run:<pattern>; default unscoped',
       collect,
     )
+    .option(
+      '--e2b',
+      "print the key in E2B's format (e2b_ + hex): the same secret, for E2B_API_KEY, which E2B's SDKs then take without E2B_VALIDATE_API_KEY=false",
+    )
     .action(
       async (
-        opts: { project: string; role?: 'admin' | 'member'; name?: string; scope?: string[] },
+        opts: {
+          project: string;
+          role?: 'admin' | 'member';
+          name?: string;
+          scope?: string[];
+          e2b?: boolean;
+        },
         command: Command,
       ) => {
         const ctx = contextOf(command);
@@ -30,12 +41,13 @@ export function register(program: Command): void {
           scopes: opts.scope,
           signal: ctx.signal,
         });
+        const e2bKey = opts.e2b ? e2bKeyForm(created.key) : undefined;
         if (ctx.json) {
-          ctx.printJson(created);
+          ctx.printJson(e2bKey !== undefined ? { ...created, e2bKey } : created);
           return;
         }
         // The secret alone on stdout so `KEY=$(dsec key create ...)` works.
-        ctx.out(created.key);
+        ctx.out(e2bKey ?? created.key);
         ctx.err(
           `key ${created.id} (${created.role} of ${created.projectId}); store it now, it is not shown again`,
         );
