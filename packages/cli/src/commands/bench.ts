@@ -132,7 +132,7 @@ export function register(program: Command): void {
   bench
     .command('sdk')
     .description(
-      'exec `true` on one sandbox through the TypeScript SDK, the Python SDK and the unmodified e2b SDK (E2B API)',
+      'exec `true` on one sandbox through the TypeScript SDK, the Python SDK, the unmodified e2b SDK (E2B API) and each Python framework provider (inspect_ai, swerex, verifiers, tinker, harbor)',
     )
     .option('--iterations <n>', 'measured round trips per client', '200')
     .option('--warmup <n>', 'unmeasured round trips first', '20')
