@@ -6,7 +6,13 @@ import type { TestApi } from '@dsec/apiserver/testing';
 import { isDsecError } from '@dsec/core';
 import { e2bKeyForm, fromE2bKeyForm } from '@dsec/iam';
 import { PowerOfKPlacer } from '@dsec/placement';
-import { createBodyOf, egressTarget, metadataFilter, TEMPLATE_LABEL } from './control-plane.js';
+import {
+  createBodyOf,
+  egressTarget,
+  MAX_MCP_BYTES,
+  metadataFilter,
+  TEMPLATE_LABEL,
+} from './control-plane.js';
 import { toDsecSandboxId } from './ids.js';
 import { USER_LABEL } from './lifecycle.js';
 import { registerE2bRoutes } from './register.js';
@@ -114,13 +120,22 @@ test('create maps the template, metadata, envs, timeout and network onto a nativ
     assert.equal(detail.json!.templateID, 'big');
     assert.deepEqual(detail.json!.metadata, {});
 
+    // E2B's SDK starts the template's mcp-gateway itself; create only accepts the config.
+    const withMcp = await call('POST', '/v2/sandboxes', {
+      templateID: 'base',
+      mcp: { github: { githubPersonalAccessToken: 'x' } },
+    });
+    assert.equal(withMcp.status, 201, JSON.stringify(withMcp.json));
+
     for (const [bad, field] of [
       [{}, 'templateID'],
       [{ templateID: 'base', autoPause: 'yes' }, 'autoPause'],
       [{ templateID: 'base', autoResume: { enabled: 1 } }, 'autoResume.enabled'],
       [{ templateID: 'base', network: { allowPublicTraffic: 'on' } }, 'network.allowPublicTraffic'],
       [{ templateID: 'base', metadata: { [USER_LABEL]: 'root' } }, `metadata.${USER_LABEL}`],
-      [{ templateID: 'base', mcp: { x: {} } }, 'mcp'],
+      [{ templateID: 'base', mcp: ['x'] }, 'mcp'],
+      [{ templateID: 'base', mcp: 'x' }, 'mcp'],
+      [{ templateID: 'base', mcp: { x: 'y'.repeat(MAX_MCP_BYTES) } }, 'mcp'],
       [{ templateID: 'base', metadata: { [TEMPLATE_LABEL]: 'x' } }, `metadata.${TEMPLATE_LABEL}`],
       [{ templateID: 'base', metadata: { k: 1 } }, 'metadata.k'],
       [{ templateID: 'base', envVars: { '1BAD': 'x' } }, 'envVars.1BAD'],

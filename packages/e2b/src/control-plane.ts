@@ -175,12 +175,33 @@ export function egressTarget(entry: unknown, field: string): NetworkTarget {
 const ALL_V4: NetworkTarget = { cidr: '0.0.0.0/0' };
 const ALL_V6: NetworkTarget = { cidr: '::/0' };
 
+/** The most bytes of JSON an `mcp` config may take (the SDK passes it on a command line). */
+export const MAX_MCP_BYTES = 64 * 1024;
+
+/**
+ * `mcp` is accepted but not acted on: E2B's SDK itself starts the template's `mcp-gateway`
+ * binary with this config once the sandbox runs (and kills the sandbox when that fails), so
+ * DSec only checks that it is an object of bounded size.
+ */
+function checkMcp(v: unknown): void {
+  if (v === undefined || v === null) return;
+  if (typeof v !== 'object' || Array.isArray(v)) {
+    throw new DsecError('invalid_argument', 'mcp must be an object', { field: 'mcp' });
+  }
+  const bytes = Buffer.byteLength(JSON.stringify(v));
+  if (bytes > MAX_MCP_BYTES) {
+    throw new DsecError('invalid_argument', `mcp: at most ${MAX_MCP_BYTES} bytes of JSON`, {
+      field: 'mcp',
+    });
+  }
+}
+
 /** Features of E2B's create that DSec does not have, refused by name rather than ignored. */
 function refuseUnsupported(b: Body): void {
   const refuse = (field: string, why: string) => {
     throw new DsecError('invalid_argument', `${field}: ${why}`, { field });
   };
-  if (b.mcp !== undefined && b.mcp !== null) refuse('mcp', 'the MCP gateway is not part of DSec');
+  checkMcp(b.mcp);
   const iam = b.iam as Body | undefined;
   if (
     iam &&
