@@ -34,6 +34,11 @@ export interface ImageBuildRequest {
   buildArgs: Record<string, string>;
   target?: string | undefined;
   timeoutMs: number;
+  /**
+   * Stages `FROM` these references start from these layers of the store
+   * (resolved in the caller's view), never pulled (`buildDockerfile`'s `storeBases`).
+   */
+  storeBases?: Record<string, { ref: string; project?: string | undefined; digest: string }>;
   signal: AbortSignal;
   /** One line of the build's output (buildah's `STEP` lines and each step's output). */
   onLog(line: string): void;
@@ -237,6 +242,14 @@ export class ImageBuildService {
     input: Omit<StartBuildInput, 'body' | 'dockerfile'> & {
       prepare(work: string, contextDir: string): Promise<{ dockerfile: string }>;
       onLog?: ((line: string) => void) | undefined;
+      /**
+       * `FROM` reference → layer `name[:version]` the stage starts from
+       * instead of pulling it: the layer the caller's view resolves the
+       * name to (the platform's first), so a build never starts from a
+       * layer its caller could not start a sandbox from;
+       * `invalid_argument` when the view holds none (naming only the layer).
+       */
+      storeBases?: Record<string, string> | undefined;
     },
   ): Promise<ImageBuildInfo> {
     const { iam } = this.deps;
@@ -290,6 +303,23 @@ export class ImageBuildService {
         `${image} is ${holder.project === undefined ? "the platform's" : "an ancestor project's"}; a build under that name would never be used`,
         { field: 'name', details: { reason: 'name_taken' } },
       );
+    }
+    const storeBases: NonNullable<ImageBuildRequest['storeBases']> = {};
+    for (const [from, layerRef] of Object.entries(input.storeBases ?? {})) {
+      const want = parseLayerRef(layerRef);
+      const layer = want && visible.find((l) => formatLayerRef(l) === formatLayerRef(want));
+      if (!layer) {
+        throw new DsecError(
+          'invalid_argument',
+          `FROM ${from.slice(0, 130)}: its base image ${layerRef.slice(0, 130)} is not there`,
+          { field: 'fromImage', details: { reason: 'store_base', ref: layerRef.slice(0, 300) } },
+        );
+      }
+      storeBases[from] = {
+        ref: formatLayerRef(layer),
+        ...(layer.project !== undefined ? { project: layer.project } : {}),
+        digest: layer.digest,
+      };
     }
     // The bound per project holds for a tenant's whole tree: its child projects (it may make
     // a thousand of each) share its slots, else one tenant takes every slot of the node.
@@ -364,6 +394,7 @@ export class ImageBuildService {
           buildArgs: input.buildArgs ?? {},
           target: input.target,
           timeoutMs,
+          ...(Object.keys(storeBases).length > 0 ? { storeBases } : {}),
           signal: record.controller.signal,
           onLog: (line) => {
             this.#log(record, line);

@@ -30,6 +30,7 @@
 export { buildApiServer, API_VERSION, BODY_LIMIT_BYTES } from './server.js';
 export type { ApiServerOptions } from './server.js';
 export { SandboxService } from './sandbox-service.js';
+export { ImageService, type ImageCatalog } from './image-service.js';
 export { VolumeService } from './volume-service.js';
 export type { VolumeServiceDeps } from './volume-service.js';
 export {

@@ -285,6 +285,29 @@ test('apiserver bounds: allowed hosts, limits and audit retention, for buildApiS
   );
 });
 
+test('e2b.imageAliases map an image name to a layer or a registry image, never a transport or DSec name', () => {
+  const base = { database: 'c.db', apiserver: {} };
+  const imageAliases = {
+    'e2bdev/base': 'layer:e2b-base:1',
+    'python:3': 'mirror.local:5000/library/python:3',
+  };
+  const config = parseClusterConfig({ ...base, e2b: { imageAliases } }, '/etc/dsec');
+  assert.deepEqual(config.e2b?.imageAliases, imageAliases);
+  for (const bad of [
+    { 'e2bdev/base': 'oci:/var/lib/secret' },
+    { 'e2bdev/base': 'localhost/dsec-store-base-x' },
+    { 'e2bdev/base': 'layer:Bad Name' },
+    { 'oci:/x': 'busybox' },
+    { 'e2bdev/base': '' },
+  ]) {
+    assert.throws(
+      () => parseClusterConfig({ ...base, e2b: { imageAliases: bad } }, '/etc/dsec'),
+      (err: unknown) => isDsecError(err) && err.code === 'invalid_argument',
+      JSON.stringify(bad),
+    );
+  }
+});
+
 test('e2b.templates take a template string or a partial create body with the user to run as', () => {
   const base = { database: 'c.db', apiserver: {} };
   const config = parseClusterConfig(

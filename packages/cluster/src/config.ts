@@ -220,6 +220,19 @@ const E2bTemplate = z.union([
     }),
 ]);
 
+/** An image reference as a Dockerfile's FROM takes it (no transport; not DSec's own names). */
+const Ref = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$/, 'an image reference (host/name:tag)')
+  .refine((r) => !/^localhost\/dsec-/i.test(r), "localhost/dsec-… names are DSec's own")
+  .refine(
+    (r) =>
+      !/^(?:docker:\/\/|(?:docker-archive|docker-daemon|oci|oci-archive|dir|containers-storage|ostree|sif|tarball):)/i.test(
+        r,
+      ),
+    'an image reference, not a transport (oci:/path reads the host files)',
+  );
+
 const E2bSection = z
   .object({
     /**
@@ -227,6 +240,18 @@ const E2bSection = z
      * native create body (`{ image, initUser | user, memoryLimitMb, … }`, docs/e2b.md).
      */
     templates: z.record(z.string().min(1), E2bTemplate).optional(),
+    /**
+     * Template builds' `fromImage` → `layer:<name[:version]>` (a layer of the
+     * store, in the caller's view) or a registry reference, read before
+     * pulling; `e2bdev/base` defaults to the template `base`'s image (docs/e2b.md).
+     */
+    imageAliases: z
+      .record(
+        Ref,
+        z.union([z.string().regex(/^layer:[a-z0-9][a-z0-9._-]*(?::[A-Za-z0-9._-]+)?$/), Ref]),
+      )
+      .refine((r) => Object.keys(r).length <= 64, 'at most 64 image aliases')
+      .optional(),
     /** Serve `<port>-<sandboxId>.<domain>` host names. */
     sandboxDomain: z.string().min(1).optional(),
   })

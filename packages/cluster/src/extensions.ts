@@ -5,6 +5,12 @@ import { registerE2bRoutes, type E2bTemplates } from '@dsec/e2b';
 export interface E2bOptions {
   /** Template name → DSec image (`image[:v][/workspace][+toolkit]…`) or a partial create body. */
   templates?: E2bTemplates | undefined;
+  /**
+   * Template builds' `fromImage` names read as other images before pulling:
+   * `{ "e2bdev/base": "layer:my-base:1" }` (a layer of the store) or a
+   * registry reference. `e2bdev/base` defaults to the template `base`'s image.
+   */
+  imageAliases?: Record<string, string> | undefined;
   /** Serve `<port>-<sandboxId>.<domain>` host names (a wildcard DNS name pointing here). */
   sandboxDomain?: string | undefined;
   /** How often a filesystem watch re-lists its directory (default 250). */
@@ -39,6 +45,7 @@ export function e2bExtension(options: E2bOptions = {}): ApiServerOptions['extend
       images,
       builds,
       templates: { ...DEFAULT_E2B_TEMPLATES, ...options.templates },
+      ...(options.imageAliases ? { imageAliases: options.imageAliases } : {}),
       ...(options.sandboxDomain ? { sandboxDomain: options.sandboxDomain } : {}),
       ...(options.watchIntervalMs ? { watchIntervalMs: options.watchIntervalMs } : {}),
     });

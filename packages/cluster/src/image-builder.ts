@@ -68,6 +68,7 @@ export function nodeImageBuilder(options: NodeImageBuilderOptions): ImageBuilder
       ...(request.dockerfile !== undefined ? { dockerfile: request.dockerfile } : {}),
       buildArgs: request.buildArgs,
       ...(request.target !== undefined ? { target: request.target } : {}),
+      ...(request.storeBases ? { storeBases: request.storeBases } : {}),
       registries: options.registries,
       mounter: { mountErofs, unmount },
       network: networks?.[slot],

@@ -22,6 +22,8 @@ export { registerE2bRoutes } from './register.js';
 export type { E2bRoutesDeps } from './register.js';
 export type { E2bTemplateBody, E2bTemplates } from './templates.js';
 export { parseTemplateString, resolveTemplate } from './templates.js';
+export { resolveImageAlias, E2B_BASE_IMAGE } from './template-build.js';
+export type { E2bImageAliases } from './template-build.js';
 export { toDsecSandboxId, toE2bSandboxId } from './ids.js';
 export { ENVD_VERSION, TEMPLATE_LABEL } from './control-plane.js';
 export {

@@ -13,7 +13,7 @@ import { AutoPauser, E2bSandboxAccess } from './lifecycle.js';
 import type { E2bImages } from './control-plane.js';
 import { installSandboxRouting } from './sandbox-routing.js';
 import { sandboxRoutes } from './sandbox-routes.js';
-import { templateBuildRoutes } from './template-build.js';
+import { templateBuildRoutes, type E2bImageAliases } from './template-build.js';
 import type { E2bTemplates } from './templates.js';
 import { e2bVolumeRoutes } from './volume-routes.js';
 
@@ -31,6 +31,8 @@ export interface E2bRoutesDeps {
    * any other template is read as `image[/workspace][+toolkit]…` (docs/e2b.md).
    */
   templates?: E2bTemplates | undefined;
+  /** Template builds' `fromImage` names read as other images or layers (`resolveImageAlias`). */
+  imageAliases?: E2bImageAliases | undefined;
   /**
    * The wildcard domain of the host-routed form `<port>-<sandboxId>.<domain>`,
    * answered to clients as the sandbox `domain`. Without it, any host whose
@@ -72,6 +74,7 @@ export function registerE2bRoutes(app: FastifyInstance, deps: E2bRoutesDeps): vo
       iam: deps.iam,
       builds: deps.builds,
       templates: deps.templates,
+      imageAliases: deps.imageAliases,
       limits: deps.limits,
     });
   }

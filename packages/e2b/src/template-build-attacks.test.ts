@@ -5,10 +5,15 @@ import { join } from 'node:path';
 import { PassThrough } from 'node:stream';
 import { test } from 'node:test';
 import Fastify, { type FastifyInstance } from 'fastify';
-import { ImageBuildService, type ImageBuilder } from '@dsec/apiserver';
+import {
+  ImageBuildService,
+  ImageService,
+  type ImageBuilder,
+  type ImageBuildRequest,
+} from '@dsec/apiserver';
 import { isDsecError, type LayerInfo } from '@dsec/core';
 import { openControlDb } from '@dsec/iam';
-import { templateBuildRoutes } from './template-build.js';
+import { resolveImageAlias, templateBuildRoutes } from './template-build.js';
 import { TemplateFiles } from './template-files.js';
 
 // Attacks on E2B template builds (adversarial review of h/imgbuild).
@@ -231,4 +236,129 @@ test("stored template files count in the project's imageBytes quota (child proje
   await put(child.id, 'e'.repeat(64), 100);
   assert.equal(await files.present(child.id, 'b'.repeat(64)), false);
   assert.equal((await iam.usage(tenant.id)).imageBytes, 2048 + 200);
+});
+
+test('image aliases: only the whole name is aliased, so a caller cannot steer an alias to another registry or layer', () => {
+  const aliases = { 'e2bdev/base': 'layer:team-base:1', 'python:3': 'mirror.local:5000/python:3' };
+  // Docker Hub's spellings of the same name are that name.
+  for (const from of ['e2bdev/base', 'e2bdev/base:latest', 'docker.io/e2bdev/base:latest'])
+    assert.deepEqual(resolveImageAlias(from, aliases), { from, layer: 'team-base:1' });
+  assert.deepEqual(resolveImageAlias('docker.io/library/python:3', aliases), {
+    from: 'mirror.local:5000/python:3',
+  });
+  // Another registry's, another tag's or a digest's image of that name is not the alias: it is
+  // pulled as named (under the node's registry settings and credential hosts), never rewritten.
+  for (const from of [
+    'evil.example/e2bdev/base',
+    'evil.example:5000/e2bdev/base:latest',
+    'e2bdev/base:other',
+    `e2bdev/base@sha256:${'a'.repeat(64)}`,
+    'e2bdev/base-evil',
+  ])
+    assert.deepEqual(resolveImageAlias(from, aliases, { base: 'busybox' }), { from });
+  // Without an alias, e2bdev/base is the template `base`'s image (its base only).
+  assert.deepEqual(resolveImageAlias('e2bdev/base', {}, { base: 'e2b-base:2/ws+tool' }), {
+    from: 'e2bdev/base',
+    layer: 'e2b-base:2',
+  });
+  assert.deepEqual(resolveImageAlias('e2bdev/base', {}, {}), { from: 'e2bdev/base' });
+  // An operator's alias to DSec's own names or a transport is refused when the routes are made.
+  const app = Fastify();
+  for (const bad of ['localhost/dsec-build-x', 'oci:/etc', 'layer:Bad Name'])
+    assert.throws(
+      () =>
+        templateBuildRoutes(app, {
+          iam: {} as never,
+          builds: { workDir: '/nonexistent' } as never,
+          imageAliases: { 'e2bdev/base': bad },
+        }),
+      (e: unknown) => isDsecError(e, 'invalid_argument'),
+    );
+});
+
+test("an alias to a layer builds on the caller's view: never another tenant's private layer", async (t) => {
+  const db = await openControlDb(':memory:');
+  t.after(() => db.close());
+  const { iam } = db;
+  const root = await iam.authenticate((await iam.bootstrap()).key);
+  const a = await iam.createProject(root, { name: 'tenant-a' });
+  const b = await iam.createProject(root, { name: 'tenant-b' });
+  const keyA = (await iam.createKey(root, { projectId: a.id, role: 'admin' })).key;
+  const keyB = (await iam.createKey(root, { projectId: b.id, role: 'admin' })).key;
+  const work = await mkdtemp(join(tmpdir(), 'dsec-e2b-alias-'));
+  t.after(() => rm(work, { recursive: true, force: true }));
+  const layer = (name: string, digit: string, project?: string): LayerInfo =>
+    ({
+      name,
+      version: '1',
+      kind: 'base',
+      digest: `sha256:${digit.repeat(64)}`,
+      sizeBytes: 1,
+      createdAt: new Date().toISOString(),
+      ...(project !== undefined ? { project } : {}),
+    }) as LayerInfo;
+  // Every owner's records: the catalog does not filter, ImageService's view does.
+  const stored = [layer('e2b-base', 'a'), layer('team-base', 'b', b.id)];
+  const requests: ImageBuildRequest[] = [];
+  const builder: ImageBuilder = {
+    workDir: work,
+    build: async (r) => {
+      requests.push(r);
+      const l = layer(r.name, 'c', r.project);
+      return { layer: { ...l, version: r.version }, cached: false };
+    },
+    remove: async () => undefined,
+    tag: async (project, _from, to) => {
+      const [name, version] = to.split(':') as [string, string];
+      return { ...layer(name, 'c', project), version };
+    },
+  };
+  const images = new ImageService({ iam, catalog: { list: async () => stored } });
+  const builds = new ImageBuildService({ iam, images, builder });
+  const app = Fastify();
+  templateBuildRoutes(app, {
+    iam,
+    builds,
+    templates: { base: 'e2b-base:1' },
+    imageAliases: { 'e2bdev/team': 'layer:team-base:1' },
+  });
+  await app.ready();
+  t.after(() => app.close());
+  const build = async (key: string, name: string, fromImage: string) => {
+    const created = await app.inject({
+      method: 'POST',
+      url: '/v3/templates',
+      headers: { 'x-api-key': key },
+      payload: { name },
+    });
+    assert.equal(created.statusCode, 202, created.body);
+    const { buildID } = created.json<{ buildID: string }>();
+    return await app.inject({
+      method: 'POST',
+      url: `/v2/templates/${name}/builds/${buildID}`,
+      headers: { 'x-api-key': key },
+      payload: { fromImage, steps: [] },
+    });
+  };
+  // E2B's base is the platform's template image, for anyone.
+  assert.equal((await build(keyA, 'from-base', 'e2bdev/base')).statusCode, 202);
+  await builds.settle();
+  assert.deepEqual(requests.at(-1)!.storeBases, {
+    'e2bdev/base': { ref: 'e2b-base:1', digest: `sha256:${'a'.repeat(64)}` },
+  });
+  // Tenant B's private layer is B's alone: A's build through the same alias is refused, and the
+  // answer does not say whose it is.
+  const refused = await build(keyA, 'steal', 'e2bdev/team');
+  assert.equal(refused.statusCode, 400, refused.body);
+  assert.ok(!refused.body.includes(b.id), refused.body);
+  assert.equal(requests.length, 1);
+  assert.equal((await build(keyB, 'mine', 'e2bdev/team')).statusCode, 202);
+  await builds.settle();
+  assert.deepEqual(requests.at(-1)!.storeBases, {
+    'e2bdev/team': { ref: 'team-base:1', project: b.id, digest: `sha256:${'b'.repeat(64)}` },
+  });
+  // A name that is not the alias is pulled as named: no store base, FROM as the caller wrote it.
+  assert.equal((await build(keyA, 'other', 'evil.example/e2bdev/base')).statusCode, 202);
+  await builds.settle();
+  assert.equal(requests.at(-1)!.storeBases, undefined);
 });

@@ -17,13 +17,14 @@ import {
   LAYER_NAME_PATTERN,
   LAYER_PROJECT_PATTERN,
   LAYER_VERSION_PATTERN,
+  parseLayerRef,
   type LayerInfo,
 } from '@dsec/core';
 import type { Iam, Principal } from '@dsec/iam';
 import { authenticateE2b, type E2bCaller } from './auth.js';
 import { e2bErrorBody } from './errors.js';
 import { TemplateFiles, type TemplateFilesLimits } from './template-files.js';
-import type { E2bTemplates } from './templates.js';
+import { resolveTemplate, type E2bTemplates } from './templates.js';
 
 /**
  * E2B's template builds (`Template.build`, `Template.exists`, tags) on
@@ -238,13 +239,86 @@ function stepError(step: string, message: string): DsecError {
   });
 }
 
+// ---- base image aliases ----------------------------------------------------------
+
+/** E2B's own base image, which `Template().fromBaseImage()` builds from. */
+export const E2B_BASE_IMAGE = 'e2bdev/base';
+/** An alias value naming a layer of the store rather than a registry image. */
+const LAYER_PREFIX = 'layer:';
+
+/**
+ * Image references a template build's `fromImage` is read as before
+ * anything is pulled (`e2b.imageAliases`): `layer:<name[:version]>` builds
+ * on that layer of the store (the one the caller's view resolves the name
+ * to, as `Sandbox.create` would), any other value is the registry image
+ * the build pulls instead.
+ */
+export type E2bImageAliases = Record<string, string>;
+
+/** containers/image transports (`oci:/path` reads the host's files), as the builder refuses them. */
+const TRANSPORT =
+  /^(?:docker:\/\/|(?:docker-archive|docker-daemon|oci|oci-archive|dir|containers-storage|ostree|sif|tarball):)/i;
+
+/** `docker.io/library/x:latest`, `docker.io/x`, `x:latest` and `x` are one name. */
+function normalizeImage(ref: string): string {
+  let r = ref.toLowerCase();
+  r = r.replace(/^(?:docker\.io|index\.docker\.io|registry-1\.docker\.io)\//, '');
+  r = r.replace(/^library\//, '');
+  return r.endsWith(':latest') ? r.slice(0, -':latest'.length) : r;
+}
+
+/** An alias's target checked: a layer reference or a registry reference (config time). */
+export function checkImageAlias(from: string, to: string): void {
+  const ok = to.startsWith(LAYER_PREFIX)
+    ? parseLayerRef(to.slice(LAYER_PREFIX.length)) !== undefined
+    : /^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$/.test(to) &&
+      !/^localhost\/dsec-/i.test(to) &&
+      !TRANSPORT.test(to);
+  if (!ok || !/^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$/.test(from)) {
+    throw new DsecError(
+      'invalid_argument',
+      `image alias ${JSON.stringify(from.slice(0, 130))}: ${JSON.stringify(to.slice(0, 130))} is neither layer:<name[:version]> nor an image reference`,
+      { field: 'imageAliases' },
+    );
+  }
+}
+
+/**
+ * What a build's `fromImage` stands for: the operator's alias of that
+ * exact name (after Docker Hub's spellings: `docker.io/`, `library/`,
+ * `:latest`), else, for E2B's `e2bdev/base`, the image of the template
+ * `base`; else the name itself, pulled as it is. Only a whole name
+ * matches: `e2bdev/base:other`, `evil.example/e2bdev/base` or a digest are
+ * not aliased, so a caller picks neither the registry nor the layer an
+ * alias leads to. `from` is what the Dockerfile's `FROM` names; `layer`
+ * the store layer it stands for.
+ */
+export function resolveImageAlias(
+  fromImage: string,
+  aliases: E2bImageAliases = {},
+  templates: E2bTemplates = {},
+): { from: string; layer?: string } {
+  const want = normalizeImage(fromImage);
+  let to: string | undefined;
+  for (const [name, target] of Object.entries(aliases))
+    if (normalizeImage(name) === want) to = target;
+  if (to === undefined && want === E2B_BASE_IMAGE && Object.hasOwn(templates, 'base')) {
+    to = `${LAYER_PREFIX}${resolveTemplate('base', templates).image}`;
+  }
+  if (to === undefined) return { from: fromImage };
+  if (to.startsWith(LAYER_PREFIX)) return { from: fromImage, layer: to.slice(LAYER_PREFIX.length) };
+  return { from: to };
+}
+
 // ---- the routes ---------------------------------------------------------------
 
 export interface TemplateBuildDeps {
   iam: Iam;
   builds: ImageBuildService;
-  /** Operator-defined template names (they exist for `Template.exists`). */
+  /** Operator-defined template names (they exist for `Template.exists`; `base` is `e2bdev/base`'s default). */
   templates?: E2bTemplates | undefined;
+  /** `fromImage` names read as other images or as layers before a build pulls (`resolveImageAlias`). */
+  imageAliases?: E2bImageAliases | undefined;
   limits?: CallerLimits | undefined;
   files?: Partial<TemplateFilesLimits> | undefined;
 }
@@ -275,6 +349,7 @@ interface TemplateBuild {
 
 /** Registers the template build routes (two scopes: the API-key ones, and the upload link's). */
 export function templateBuildRoutes(app: FastifyInstance, deps: TemplateBuildDeps): void {
+  for (const [from, to] of Object.entries(deps.imageAliases ?? {})) checkImageAlias(from, to);
   // Stored files count in the project's imageBytes quota (as layers do).
   const files = new TemplateFiles(() => join(deps.builds.workDir, 'e2b-files'), deps.files, {
     bind: async (project, key, bytes) =>
@@ -408,8 +483,12 @@ export function templateBuildRoutes(app: FastifyInstance, deps: TemplateBuildDep
         throw new DsecError('conflict', `build ${buildID} was started already`);
       const start = startOf(objectOf(req.body));
       const project = safeProject(principal.projectId);
+      const alias =
+        start.fromImage !== undefined && start.fromTemplate === undefined
+          ? resolveImageAlias(start.fromImage, deps.imageAliases, deps.templates)
+          : undefined;
       const { dockerfile, stepOfLine } = templateDockerfile(
-        start,
+        alias ? { ...start, fromImage: alias.from } : start,
         (hash) => `files/${TemplateFiles.checkHash(hash)}`,
       );
       const hashes = [
@@ -417,6 +496,8 @@ export function templateBuildRoutes(app: FastifyInstance, deps: TemplateBuildDep
       ];
       b.status = 'building';
       log(b, `Building ${b.name} from ${start.fromImage ?? '?'} (${start.steps.length} steps)`);
+      if (alias && (alias.layer !== undefined || alias.from !== start.fromImage))
+        log(b, `${start.fromImage}: the node's ${alias.layer ?? alias.from}`);
       if (start.readyCmd) log(b, 'readyCmd is recorded by E2B only: DSec does not run it', 'warn');
       if (start.startCmd)
         log(b, 'startCmd is the image entrypoint: DSec does not run it at create', 'warn');
@@ -432,6 +513,7 @@ export function templateBuildRoutes(app: FastifyInstance, deps: TemplateBuildDep
             return { dockerfile: 'Dockerfile' };
           },
           onLog: (line) => log(b, line),
+          ...(alias?.layer !== undefined ? { storeBases: { [alias.from]: alias.layer } } : {}),
         });
       } catch (err) {
         b.status = 'waiting';

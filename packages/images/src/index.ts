@@ -75,8 +75,10 @@ export {
   DEFAULT_MAX_BUILD_BYTES,
   DEFAULT_MAX_OUTPUT_BYTES,
   credentialHostsOf,
+  rewriteStoreBases,
 } from './dockerfile/build.js';
 export type {
+  StoreBase,
   DockerfileBuildOptions,
   DockerfileBuildProgress,
   DockerfileBuildResult,

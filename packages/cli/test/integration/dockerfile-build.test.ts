@@ -22,6 +22,7 @@ import { startSingleNode, type SingleNode } from '@dsec/cluster';
 import { LinuxNetwork } from '@dsec/edge';
 import {
   buildDockerfile,
+  buildLayer,
   DirImageStore,
   egressBuildNetwork,
   makeBusyboxRootfs,
@@ -502,5 +503,97 @@ void describe('Dockerfile builds', { timeout: 10 * 60_000 }, () => {
     } finally {
       if (open) await other.close();
     }
+  });
+
+  void test('FROM a store base: built on the layer, never pulled; a project layer stays sandbox-made; a replaced record and DSec names are refused', async () => {
+    const root = join(dir, 'store-base');
+    await makeBusyboxRootfs(root);
+    await writeFile(join(root, 'etc/marker'), 'from the store\n');
+    const platform = await buildLayer(store, {
+      name: 'sb-base',
+      version: '1',
+      kind: 'base',
+      from: { dir: root },
+      config: { env: ['PATH=/bin:/usr/bin', 'FROM_STORE=yes'] },
+    });
+    const own = await buildLayer(store, {
+      name: 'sb-own',
+      version: '1',
+      kind: 'base',
+      from: { dir: root },
+      project: 'proj-sb',
+    });
+    // No registry knows e2bdev/base (and the Dockerfile names it): only the store can serve it.
+    const ctx = await context(
+      'store-base',
+      'FROM e2bdev/base\nRUN cat /etc/marker > /built && echo "$FROM_STORE" >> /built\n',
+    );
+    const built = await buildDockerfile(
+      store,
+      options(ctx, {
+        name: 'sb-built',
+        storeBases: { 'e2bdev/base': { ref: 'sb-base:1', digest: platform.digest } },
+      }),
+    );
+    const tree = await unpack(built.layer.digest, 'sb-built');
+    assert.equal(await readFile(join(tree, 'built'), 'utf8'), 'from the store\nyes\n');
+    // The platform's base is imported as a pulled base is (recorded by diff ID, its set-id
+    // bits kept); the build's own step is not.
+    assert.match(built.layers[0]!.ref, /^oci-diff:/);
+    assert.equal(built.layers.at(-1)!.ref, '');
+    // A project's layer is that project's own making: no set-id bit survives.
+    const mine = await buildDockerfile(
+      store,
+      options(ctx, {
+        name: 'sb-mine',
+        project: 'proj-sb',
+        storeBases: {
+          'e2bdev/base': { ref: 'sb-own:1', project: 'proj-sb', digest: own.digest },
+        },
+      }),
+    );
+    const mineTree = await unpack(mine.layer.digest, 'sb-mine');
+    assert.equal(await readFile(join(mineTree, 'built'), 'utf8'), 'from the store\n\n');
+    assert.deepEqual(
+      mine.layers.map((l) => l.ref),
+      mine.layers.map(() => ''),
+    );
+    // The base's digest is in the cache key: the same build on another base runs again.
+    assert.notEqual(mine.inputDigest, built.inputDigest);
+    // A record replaced since it was resolved is not built on.
+    await assert.rejects(
+      buildDockerfile(
+        store,
+        options(ctx, {
+          name: 'sb-stale',
+          noCache: true,
+          storeBases: { 'e2bdev/base': { ref: 'sb-base:1', digest: `sha256:${'0'.repeat(64)}` } },
+        }),
+      ),
+      (e: unknown) => isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'store_base',
+    );
+    // The local copies are gone, and no Dockerfile can name one of DSec's own images.
+    const images = spawnSync(
+      'buildah',
+      [
+        '--root',
+        join(stateDir, 'buildah', 'root'),
+        '--runroot',
+        join(stateDir, 'buildah', 'run'),
+        'images',
+        '--json',
+      ],
+      { encoding: 'utf8' },
+    ).stdout;
+    assert.ok(!images.includes('dsec-store-base-'), images);
+    const named = await context(
+      'store-base-named',
+      'FROM localhost/dsec-store-base-0123456789abcdef-0\n',
+    );
+    await assert.rejects(
+      buildDockerfile(store, options(named, { name: 'sb-named' })),
+      (e: unknown) =>
+        isDsecError(e, 'invalid_argument') && e.details?.['reason'] === 'reserved_image_name',
+    );
   });
 });

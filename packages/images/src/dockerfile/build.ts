@@ -7,6 +7,7 @@ import {
   DEFAULT_LAYER_VERSION,
   DsecError,
   isDsecError,
+  parseLayerRef,
   throwIfAborted,
   type ImageStore,
   type ImageConfig,
@@ -143,9 +144,34 @@ export interface DockerfileBuildOptions extends DockerfileLimits, ContextLimits 
    * `dsec image build` run by the node's operator.
    */
   pullHosts?: readonly string[] | undefined;
+  /**
+   * Stages whose `FROM` names one of these references start from the
+   * store's layer instead (`FROM e2bdev/base` → the platform's
+   * `e2b-base:1`): the layer (a `base`, read from the namespace its record
+   * names, `project` absent for the platform's, and refused unless its
+   * digest is still `digest`) is copied into buildah's storage under a
+   * name of DSec's own and the stage built on it, never pulled. The
+   * caller decides what a build may start from (the build API resolves a
+   * layer in the caller's own view); the names are resolved before any
+   * pull, so such a reference never reaches a registry.
+   */
+  storeBases?: Record<string, StoreBase> | undefined;
   signal?: AbortSignal | undefined;
   onProgress?(p: DockerfileBuildProgress): void;
 }
+
+/** A layer of the store a stage starts `FROM` (`DockerfileBuildOptions.storeBases`). */
+export interface StoreBase {
+  /** `name:version`. */
+  ref: string;
+  /** The namespace it is read from (absent: the platform's). */
+  project?: string | undefined;
+  /** The layer's digest when it was resolved: a record replaced since is refused. */
+  digest: string;
+}
+
+/** The names store bases get in buildah's storage (no Dockerfile may name them itself). */
+const STORE_BASE_PREFIX = 'localhost/dsec-store-base-';
 
 export interface DockerfileBuildResult {
   layer: LayerInfo;
@@ -212,6 +238,7 @@ export async function buildDockerfile(
   const dockerfilePath = resolve(contextDir, options.dockerfile ?? 'Dockerfile');
   const dockerfileText = await readDockerfile(dockerfilePath, options);
   const parsed = parseDockerfile(dockerfileText, options);
+  const storeBases = checkStoreBases(options.storeBases);
   if (
     options.target !== undefined &&
     !parsed.stages.some((s) => s.name === options.target!.toLowerCase())
@@ -239,6 +266,10 @@ export async function buildDockerfile(
       target: options.target?.toLowerCase() ?? '',
       kind,
       networkAllow: [...networkAllow].sort(),
+      // Only when there are some: the digests of builds without them stay as they were.
+      ...(storeBases.length > 0
+        ? { storeBases: storeBases.map(([from, b]) => [from, b.project ?? '', b.ref, b.digest]) }
+        : {}),
     });
     const source = `dockerfile@${inputDigest}`;
     if (!options.noCache) {
@@ -274,6 +305,8 @@ export async function buildDockerfile(
           buildahRoot,
           work,
           dockerfileText,
+          storeBases,
+          store,
           layoutDir: join(work, 'layout'),
           signal: signal.signal,
           timedOut: signal.timedOut,
@@ -424,6 +457,8 @@ interface RunBuildInput {
   buildahRoot: string;
   work: string;
   dockerfileText: string;
+  storeBases: [string, StoreBase][];
+  store: ImageStore;
   layoutDir: string;
   signal: AbortSignal;
   timedOut: () => boolean;
@@ -452,7 +487,23 @@ async function runBuild(
   await writeFile(registriesFile, registriesConf(options.registries), { mode: 0o600 });
   const authFile = await credentials(options, input.parsed, work);
   const dockerfileCopy = join(work, 'Dockerfile');
-  await writeFile(dockerfileCopy, input.dockerfileText, { mode: 0o600 });
+  const workHash = createHash('sha256').update(work).digest('hex').slice(0, 16);
+  // Each store base under a name of this build's: a platform's layer named as a pulled base
+  // (its layers shared by diff ID, as an import's), a project's as this build's own (its
+  // files sandbox-made: a tenant's layer keeps no set-id bit or device node it could not write).
+  const localBases = new Map(
+    input.storeBases.map(([from, b], i) => [
+      from,
+      b.project === undefined
+        ? `${STORE_BASE_PREFIX}${workHash}-${i}`
+        : `localhost/dsec-build-${workHash}-base-${i}`,
+    ]),
+  );
+  await writeFile(
+    dockerfileCopy,
+    rewriteStoreBases(input.dockerfileText, input.parsed, localBases),
+    { mode: 0o600 },
+  );
   const env: NodeJS.ProcessEnv = {
     PATH: process.env['PATH'] ?? '/usr/sbin:/usr/bin:/sbin:/bin',
     HOME: work,
@@ -464,7 +515,7 @@ async function runBuild(
   };
   await writeFile(join(work, 'containers.conf'), '');
   await writeFile(join(work, 'storage.conf'), '[storage]\ndriver = "overlay"\n');
-  const tag = `localhost/dsec-build-${createHash('sha256').update(work).digest('hex').slice(0, 16)}`;
+  const tag = `localhost/dsec-build-${workHash}`;
 
   let net: BuildNetworkHandle | undefined;
   // The network is closed once the RUN steps are over, while the image is imported.
@@ -473,10 +524,11 @@ async function runBuild(
   let built = false;
   let removed = false;
   try {
-    const bases = baseImageRefs(input.parsed, input.buildArgs);
+    // The store's bases are not pulled; every other image's registry is checked before the
+    // network opens or anything is pulled.
+    const pulled = baseImageRefs(input.parsed, input.buildArgs).filter((r) => !localBases.has(r));
     const copied = copyFromImageRefs(input.parsed);
-    // Every image's registry checked before the network opens or anything is pulled.
-    for (const ref of [...bases, ...copied]) assertPullHost(ref, options.pullHosts);
+    for (const ref of [...pulled, ...copied]) assertPullHost(ref, options.pullHosts);
     if (options.network) {
       input.progress({ phase: 'network' });
       net = await options.network.open({
@@ -485,7 +537,17 @@ async function runBuild(
       });
     }
     // Base images pulled and checked first; bud then builds on exactly those (--pull=false).
-    await checkBaseImages(bases, { storage, env, authFile, signal });
+    for (const [i, [from, base]] of input.storeBases.entries()) {
+      input.progress({ phase: 'base', message: `FROM ${from}: the store's ${base.ref}` });
+      await importStoreBase(input.store, base, localBases.get(from)!, {
+        storage,
+        env,
+        mounter: options.mounter,
+        dir: join(work, `base-${i}`),
+        signal,
+      });
+    }
+    await checkBaseImages(pulled, { storage, env, authFile, signal });
     await checkBaseImages(copied, { storage, env, authFile, refuseTriggers: false, signal });
     const args = [
       ...storage,
@@ -557,6 +619,10 @@ async function runBuild(
       await runTool('buildah', [...storage, 'rm', '--all'], { env }).catch(() => undefined);
     if (!removed)
       await runTool('buildah', [...storage, 'rmi', '--force', tag], { env }).catch(() => undefined);
+    for (const name of localBases.values())
+      await runTool('buildah', [...storage, 'rmi', '--force', name], { env }).catch(
+        () => undefined,
+      );
     await runTool('umount', [join(buildahRoot, 'root', 'overlay')]).catch(() => undefined);
     await closeNet();
   }
@@ -954,6 +1020,144 @@ function checkDomain(d: string): string {
     );
   }
   return domain;
+}
+
+/** `storeBases` checked: references and layer names well formed, at most 16. */
+function checkStoreBases(bases: Record<string, StoreBase> | undefined): [string, StoreBase][] {
+  const entries = Object.entries(bases ?? {});
+  if (entries.length > 16) {
+    throw new DsecError('invalid_argument', 'at most 16 store bases', { field: 'storeBases' });
+  }
+  for (const [from, base] of entries) {
+    if (!/^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$/.test(from) || from.startsWith('localhost/dsec-')) {
+      throw new DsecError(
+        'invalid_argument',
+        `store base ${from.slice(0, 80)}: not an image reference`,
+        {
+          field: 'storeBases',
+        },
+      );
+    }
+    if (parseLayerRef(base.ref) === undefined || !/^sha256:[0-9a-f]{64}$/.test(base.digest)) {
+      throw new DsecError(
+        'invalid_argument',
+        `store base ${from}: ${base.ref.slice(0, 80)} is not a layer`,
+        {
+          field: 'storeBases',
+        },
+      );
+    }
+  }
+  return entries;
+}
+
+/**
+ * The Dockerfile buildah gets: each stage's `FROM` that names a store base
+ * names its local copy instead (the `FROM` must be one line, as the E2B
+ * template build writes it).
+ */
+export function rewriteStoreBases(
+  text: string,
+  parsed: ParsedDockerfile,
+  local: ReadonlyMap<string, string>,
+): string {
+  if (local.size === 0) return text;
+  const lines = text.split('\n');
+  for (const stage of parsed.stages) {
+    const name = local.get(stage.from);
+    const ins = stage.instructions[0];
+    if (name === undefined || ins === undefined) continue;
+    const i = ins.line - 1;
+    const m = /^(\s*FROM\s+(?:--platform=\S+\s+)?)(\S+)(.*)$/i.exec(lines[i] ?? '');
+    if (!m || m[2] !== stage.from) {
+      throw new DsecError(
+        'invalid_argument',
+        `FROM ${stage.from} (line ${ins.line}): a store base's FROM must be on one line`,
+        { field: 'dockerfile', details: { reason: 'store_base', line: ins.line } },
+      );
+    }
+    lines[i] = `${m[1]}${name}${m[3]}`;
+  }
+  return lines.join('\n');
+}
+
+/**
+ * Copies the store's layer `base` into buildah's storage as image `name`:
+ * its EROFS mounted read-only, its tree copied (`cp -a`: owners, modes,
+ * links, xattrs) into a `scratch` container, its config's environment and
+ * working directory set, committed. `invalid_argument` (`store_base`) when
+ * the record is gone, replaced or not a base.
+ */
+async function importStoreBase(
+  store: ImageStore,
+  base: StoreBase,
+  name: string,
+  o: {
+    storage: string[];
+    env: NodeJS.ProcessEnv;
+    mounter: ErofsMounter;
+    dir: string;
+    signal: AbortSignal;
+  },
+): Promise<void> {
+  const refused = (why: string): DsecError =>
+    new DsecError('invalid_argument', `the base image ${base.ref}: ${why}`, {
+      field: 'dockerfile',
+      details: { reason: 'store_base', ref: base.ref },
+    });
+  const layer = await store
+    .getLayer(base.ref, base.project !== undefined ? { project: base.project } : {})
+    .catch((err: unknown) => {
+      if (isDsecError(err, 'image_not_found')) throw refused('no such layer');
+      throw err;
+    });
+  if (layer.digest !== base.digest) throw refused('the layer was replaced during the build');
+  if (layer.kind !== 'base') throw refused(`a ${layer.kind} layer, not a base`);
+  const { storage, env, signal } = o;
+  const mnt = join(o.dir, 'mnt');
+  await mkdir(mnt, { recursive: true });
+  const image = await store.blobPath(layer.digest, { signal });
+  const blobDevice = layer.blobDigest ? await store.blobPath(layer.blobDigest) : undefined;
+  const container = `dsec-store-base-${createHash('sha256').update(name).digest('hex').slice(0, 16)}`;
+  await runTool('buildah', [...storage, 'rm', container], { env }).catch(() => undefined);
+  await runTool(
+    'buildah',
+    [...storage, 'from', '--quiet', '--pull=false', '--name', container, 'scratch'],
+    { env, signal },
+  );
+  let mounted = false;
+  try {
+    const root = (
+      await runTool('buildah', [...storage, 'mount', container], { env, signal })
+    ).stdout.trim();
+    await o.mounter.mountErofs(image, mnt, blobDevice ? { blobDevice } : {});
+    mounted = true;
+    // The copy never follows a link of the layer's (-a is -d: links are copied as links).
+    await runTool('cp', ['-a', '--', `${mnt}/.`, `${root}/`], { signal });
+    await o.mounter.unmount([mnt], { detach: true });
+    mounted = false;
+    const config = layer.config ?? {};
+    await runTool(
+      'buildah',
+      [
+        ...storage,
+        'config',
+        ...(config.env ?? []).flatMap((e) => ['--env', e]),
+        ...(config.workingDir ? ['--workingdir', config.workingDir] : []),
+        ...(config.user ? ['--user', config.user] : []),
+        container,
+      ],
+      { env, signal },
+    );
+    await runTool(
+      'buildah',
+      [...storage, 'commit', '--quiet', '--format', 'oci', '--rm', container, name],
+      { env, signal },
+    );
+  } finally {
+    if (mounted) await o.mounter.unmount([mnt], { detach: true }).catch(() => undefined);
+    await runTool('buildah', [...storage, 'rm', container], { env }).catch(() => undefined);
+  }
 }
 
 function digestInputs(inputs: Record<string, unknown>): string {

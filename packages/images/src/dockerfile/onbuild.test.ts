@@ -4,6 +4,7 @@ import { isDsecError } from '@dsec/core';
 import { buildPullHosts, registrySettings } from '../oci/registries.js';
 import { assertPullHost, baseImageRefs, copyFromImageRefs } from './onbuild.js';
 import { parseDockerfile } from './parse.js';
+import { rewriteStoreBases } from './build.js';
 
 test('base images: global ARGs expanded (a --build-arg over the default), stages and scratch skipped', () => {
   const parsed = parseDockerfile(
@@ -117,5 +118,50 @@ test('attack: an API build pulls FROM only the registries the node allows; the n
   assert.throws(
     () => registrySettings({ buildFrom: ['not a host/x'] }, {}),
     (e: unknown) => isDsecError(e, 'invalid_argument') && e.field === 'registries.buildFrom',
+  );
+});
+
+test("DSec's own names in buildah's shared storage cannot be named by a Dockerfile (FROM or COPY --from)", () => {
+  for (const text of [
+    'FROM localhost/dsec-store-base-0123456789abcdef-0',
+    'FROM LOCALHOST/dsec-build-0123456789abcdef',
+    'FROM busybox\nCOPY --from=localhost/dsec-build-0123456789abcdef-base-0 / /x',
+  ]) {
+    assert.throws(
+      () => {
+        const parsed = parseDockerfile(text);
+        baseImageRefs(parsed, {});
+        copyFromImageRefs(parsed);
+      },
+      (e: unknown) => isDsecError(e) && e.details?.['reason'] === 'reserved_image_name',
+      text,
+    );
+  }
+});
+
+test('store bases: each stage FROM the name is rewritten to its local copy, nothing else; a split FROM is refused', () => {
+  const text = [
+    'FROM e2bdev/base',
+    'RUN echo e2bdev/base',
+    'FROM --platform=linux/amd64 e2bdev/base AS two',
+    'FROM e2bdev/base-other',
+    'FROM two',
+  ].join('\n');
+  const local = new Map([['e2bdev/base', 'localhost/dsec-store-base-x-0']]);
+  assert.equal(
+    rewriteStoreBases(text, parseDockerfile(text), local),
+    [
+      'FROM localhost/dsec-store-base-x-0',
+      'RUN echo e2bdev/base',
+      'FROM --platform=linux/amd64 localhost/dsec-store-base-x-0 AS two',
+      'FROM e2bdev/base-other',
+      'FROM two',
+    ].join('\n'),
+  );
+  assert.equal(rewriteStoreBases(text, parseDockerfile(text), new Map()), text);
+  const split = 'FROM \\\n e2bdev/base\nRUN true';
+  assert.throws(
+    () => rewriteStoreBases(split, parseDockerfile(split), local),
+    (e: unknown) => isDsecError(e) && e.details?.['reason'] === 'store_base',
   );
 });

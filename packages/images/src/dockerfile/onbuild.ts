@@ -95,6 +95,15 @@ const TRANSPORT =
  * `details.reason` `image_transport`): it would build on host files.
  */
 export function assertRegistryRef(ref: string, line: number): void {
+  // DSec's own names in buildah's shared storage (a build's image, a store base's copy):
+  // a Dockerfile naming one would build on what another build put there.
+  if (/^localhost\/dsec-/i.test(ref)) {
+    throw new DsecError(
+      'invalid_argument',
+      `${ref.slice(0, 80)} (line ${line}) is a name DSec keeps for its own images; name a registry image`,
+      { field: 'dockerfile', details: { reason: 'reserved_image_name', line } },
+    );
+  }
   if (TRANSPORT.test(ref)) {
     throw new DsecError(
       'invalid_argument',
